@@ -1,0 +1,14 @@
+"""cute-kernels: Hopper (sm_90a) kernels in CUTLASS's CuTe Python DSL.
+
+Three layers: `schedules` (when and where work runs), `collectives` (how a tile is computed) and
+this package (what is computed: kernels, torch ops, the compile cache, the CLI).
+
+    import cute_kernels as ck
+    ck.add(x, y); ck.axpby(2.0, x, -1.0, y); ck.sum(x, dim=-1)
+"""
+
+from cute_kernels import target  # noqa: F401  (sets the DSL's arch before cutlass is imported)
+from cute_kernels.ops import add, axpby, copy, sum  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["add", "axpby", "copy", "sum", "__version__"]

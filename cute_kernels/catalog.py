@@ -1,0 +1,260 @@
+"""The catalogue: every kernel of the curriculum, its parameters and how to compile it.
+
+A kernel's parameters split into its *config* (schedule choices: threads, unroll, tiling) and its
+*signature* (what the data is: dtypes, whether operands are 16-byte aligned, 32- or 64-bit
+indexing). Both name the compiled artifact in the cache key; neither includes a size, which stays
+symbolic. `representative()` is what the CPU test-suite compiles for every kernel, `sweep()` the
+full set behind `-m sweep`.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from cute_kernels import dtypes
+from cute_kernels.jit import CacheKey, default_cache, fake_stream
+
+from schedules.grid_stride import GridStride
+from schedules.row_tiling import RowTiling
+
+
+@dataclass(frozen=True)
+class Param:
+    default: Any
+    choices: tuple = ()
+    role: str = "config"  # "config" or "signature"
+    help: str = ""
+
+    def parse(self, text: str):
+        value = type(self.default)(text) if not isinstance(self.default, bool) else text in ("1", "true", "True")
+        if self.choices and value not in self.choices:
+            raise ValueError(f"must be one of {self.choices}, got {text!r}")
+        return value
+
+
+_SIG_COMMON = {
+    "dtype": Param("bf16", dtypes.FLOAT_NAMES, "signature", "element type"),
+    "aligned": Param(True, (True, False), "signature", "operands 16-byte aligned (128-bit vectors)"),
+    "index64": Param(False, (True, False), "signature", "64-bit indexing (>= 2^31 elements)"),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class KernelSpec:
+    name: str
+    family: str
+    lesson: int
+    summary: str
+    ops: tuple[str, ...] = ()
+    status: str = "planned"
+    params: dict[str, Param] = field(default_factory=dict)
+
+    # --- parameters -----------------------------------------------------------------------------
+    def resolve(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        p = {k: v.default for k, v in self.params.items()}
+        for k, v in (overrides or {}).items():
+            if k not in self.params:
+                raise ValueError(f"{self.name}: unknown parameter {k!r}; known: {sorted(self.params)}")
+            try:
+                p[k] = self.params[k].parse(v) if isinstance(v, str) else v
+            except ValueError as e:
+                raise ValueError(f"{self.name}: parameter {k}: {e}") from None
+            if self.params[k].choices and p[k] not in self.params[k].choices:
+                raise ValueError(f"{self.name}: parameter {k} must be one of {self.params[k].choices}, got {v!r}")
+        self.check(p)
+        return p
+
+    def check(self, p: dict[str, Any]) -> None:
+        pass
+
+    def key(self, p: dict[str, Any]) -> CacheKey:
+        def frag(role):
+            return ",".join(f"{k}={p[k]}" for k, v in self.params.items() if v.role == role)
+
+        return CacheKey(self.name, frag("config"), frag("signature"))
+
+    # --- compiling ------------------------------------------------------------------------------
+    def build(self, p: dict[str, Any]) -> tuple[Callable, tuple]:
+        raise NotImplementedError(f"{self.name} is {self.status}")
+
+    def dynamic_smem_bytes(self, p: dict[str, Any]) -> int | None:
+        return None
+
+    def compiled(self, **overrides):
+        """The compiled callable for these parameters, through the process-wide cache."""
+        return _compiled(self, tuple(sorted(overrides.items())))
+
+    def representative(self) -> list[dict[str, Any]]:
+        return [self.resolve()]
+
+    def sweep(self) -> list[dict[str, Any]]:
+        return self.representative()
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(spec: KernelSpec, items: tuple):
+    p = spec.resolve(dict(items))
+    return default_cache().get(spec.key(p), lambda: spec.build(p))
+
+
+def _index_sym(index64: bool, divisibility: int = 1):
+    return cute.sym_int64(divisibility=divisibility) if index64 else cute.sym_int32(divisibility=divisibility)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lesson 1: elementwise
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class ElementwiseSpec(KernelSpec):
+    def build(self, p):
+        from cute_kernels.kernels.elementwise import Elementwise
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        vec = dtypes.vec_of(p["dtype"], p["aligned"])
+        sched = GridStride(p["threads"], p["unroll"], p["ctas_per_sm"])
+        kernel = Elementwise(self.name.split(".")[1], dt, vec, p["index64"], sched)
+        n = _index_sym(p["index64"])
+        align = 16 if p["aligned"] else dt.width // 8
+
+        def t():
+            return cute.runtime.make_fake_tensor(dt, (n,), stride=(1,), assumed_align=align)
+
+        return kernel, (t(), t(), t(), Float32(1.0), Float32(1.0), Int32(1), fake_stream())
+
+    def representative(self):
+        return [self.resolve()]
+
+    def sweep(self):
+        return [
+            self.resolve({"dtype": d, "aligned": a, "index64": i})
+            for d, a, i in itertools.product(dtypes.FLOAT_NAMES, (True, False), (False, True))
+        ]
+
+
+def _elementwise(op: str, summary: str, ops: tuple[str, ...]) -> ElementwiseSpec:
+    return ElementwiseSpec(
+        name=f"elementwise.{op}",
+        family="elementwise",
+        lesson=1,
+        summary=summary,
+        ops=ops,
+        status="ready",
+        params={
+            **_SIG_COMMON,
+            "threads": Param(256, (128, 256, 512), help="threads per CTA"),
+            "unroll": Param(4, (1, 2, 4, 8), help="128-bit vectors in flight per thread"),
+            "ctas_per_sm": Param(8, (1, 2, 4, 8, 16), help="grid cap: resident CTAs per SM"),
+        },
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Lesson 2: reduction
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class RowSumSpec(KernelSpec):
+    def check(self, p):
+        RowTiling(p["threads"], p["threads_per_row"], p["unroll"])  # raises on a bad combination
+
+    def build(self, p):
+        from cute_kernels.kernels.reduction import RowSum
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        out_dt = dtypes.cutlass_of(p["out_dtype"])
+        vec = dtypes.vec_of(p["dtype"], p["aligned"])
+        tiling = RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
+        kernel = RowSum(dt, out_dt, vec, p["index64"], tiling)
+        m, n = _index_sym(p["index64"]), _index_sym(p["index64"])
+        x = cute.runtime.make_fake_tensor(
+            dt, (m, n), stride=(_index_sym(p["index64"], vec), 1),
+            assumed_align=16 if p["aligned"] else dt.width // 8,
+        )
+        s = _index_sym(p["index64"])
+        out = cute.runtime.make_fake_tensor(out_dt, (m, s), stride=(s, 1), assumed_align=out_dt.width // 8)
+        return kernel, (x, out, fake_stream())
+
+    def dynamic_smem_bytes(self, p):
+        from collectives.reduce import group_smem_slots
+
+        return 4 * group_smem_slots(p["threads"], p["threads_per_row"])
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"threads_per_row": 8})]
+
+    def sweep(self):
+        """Every (dtype, out dtype, alignment, threads-per-row) the ops pick, 32-bit indexing, plus
+        the 64-bit variants of the one-CTA-per-row tiling that huge rows use."""
+        out = []
+        for d, o, a, tpr in itertools.product(dtypes.FLOAT_NAMES, dtypes.FLOAT_NAMES, (True, False), (4, 32, 128, 256)):
+            out.append(self.resolve({"dtype": d, "out_dtype": o, "aligned": a, "threads_per_row": tpr}))
+        for d, o in itertools.product(dtypes.FLOAT_NAMES, ("fp32",)):
+            out.append(self.resolve({"dtype": d, "out_dtype": o, "index64": True}))
+        return out
+
+
+ROW_SUM = RowSumSpec(
+    name="reduction.row_sum",
+    family="reduction",
+    lesson=2,
+    summary="sum over the last dim (and, with a split pass, over all elements); fp32 accumulation, deterministic",
+    ops=("sum",),
+    status="ready",
+    params={
+        **_SIG_COMMON,
+        "out_dtype": Param("bf16", dtypes.FLOAT_NAMES, "signature", "output element type"),
+        "threads": Param(256, (128, 256, 512, 1024), help="threads per CTA"),
+        "threads_per_row": Param(256, (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), help="threads sharing one row"),
+        "unroll": Param(4, (1, 2, 4, 8), help="128-bit vectors in flight per thread"),
+    },
+)
+
+COPY = _elementwise("copy", "out = x, grid-stride over 128-bit vectors", ("copy",))
+ADD = _elementwise("add", "out = x + y (fp32 math, rounded once)", ("add",))
+AXPBY = _elementwise("axpby", "out = a*x + b*y (fp32 math, rounded once)", ("axpby",))
+
+
+# ---------------------------------------------------------------------------------------------
+# The rest of the curriculum: listed with its status so `cute-kernels list` shows the whole map.
+# ---------------------------------------------------------------------------------------------
+_PLANNED = [
+    ("gemv", "gemv", 3, "y = W x, decode-shaped, bandwidth-bound on W"),
+    ("rmsnorm", "rowwise", 4, "RMSNorm fwd/bwd, +residual, +FP8 out"),
+    ("layernorm", "rowwise", 5, "LayerNorm fwd/bwd (Welford)"),
+    ("softmax", "rowwise", 6, "softmax fwd/bwd"),
+    ("online_softmax", "rowwise", 7, "online softmax, cross-entropy, attention-state merge"),
+    ("transpose.naive", "transpose", 8, "naive transpose: uncoalesced writes"),
+    ("transpose.smem", "transpose", 9, "shared-memory transpose: padded, swizzled, TMA"),
+    ("gemm", "gemm", 10, "SIMT -> register-tiled -> WGMMA GEMM, cooperative and ping-pong"),
+    ("swiglu", "elementwise", 11, "SiLU / SwiGLU fwd/bwd"),
+    ("argmax", "rowwise", 12, "argmax, ties to the lowest index"),
+    ("fp8_gemm", "gemm", 13, "FP8 GEMM with 1x128 / 128x128 scales, grouped MoE GEMM"),
+    ("moe_dispatch", "moe", 14, "MoE dispatch/combine (described only)"),
+    ("flow_matching", "solver", 15, "flow-matching solver steps (described only)"),
+    ("voxelize", "pointcloud", 16, "point-cloud voxelization (described only)"),
+    ("fake_quant", "quant", 17, "QAT fake-quant with STE (described only)"),
+    ("flash_attn", "attention", 0, "FlashAttention forward/backward, split-KV decoding"),
+]
+
+KERNELS: dict[str, KernelSpec] = {s.name: s for s in (COPY, ADD, AXPBY, ROW_SUM)}
+for _name, _fam, _lesson, _summary in _PLANNED:
+    KERNELS[_name] = KernelSpec(_name, _fam, _lesson, _summary)
+
+
+def get(name: str) -> KernelSpec:
+    try:
+        return KERNELS[name]
+    except KeyError:
+        close = [k for k in KERNELS if name in k]
+        hint = f"; did you mean {close}?" if close else ""
+        raise KeyError(f"unknown kernel {name!r}{hint} (see `cute-kernels list`)") from None
+
+
+def ready() -> list[KernelSpec]:
+    return [s for s in KERNELS.values() if s.status == "ready"]

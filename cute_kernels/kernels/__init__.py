@@ -1,0 +1,1 @@
+"""What is computed: each kernel composes collectives under a schedule."""

@@ -1,0 +1,87 @@
+"""Sum over the last dim, and over all elements (curriculum lesson 2).
+
+Roofline: reads each input byte once and writes one value per row; N-1 adds per row, far below any
+arithmetic limit. The floor is input bytes / read bandwidth (H200: a 1 GiB bf16 tensor, ~0.26 ms).
+Schedule: row tiling (`schedules.row_tiling`); each thread folds its 128-bit vectors into a vector
+of fp32 accumulators, then the row's threads combine by warp butterfly and a shared-memory stage
+(`collectives.reduce`). Long rows are split over CTAs into fp32 partials that a second launch of the
+same kernel sums, so the result never depends on timing (no atomics).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from collectives.reduce import add, group_reduce, group_smem_slots
+from collectives.vector_io import as_vectors
+from schedules.grid_stride import strided_fold
+from schedules.row_tiling import RowTiling
+
+
+class RowSum:
+    """out[m, s] = sum of split `s` of row `m` of x (M, N); out has `splits` columns (1: final sum).
+
+    x has unit stride along N and a row stride divisible by `vec`; its base is 16-byte aligned when
+    vec > 1. Accumulation is fp32 in a fixed order; out is written in out's dtype.
+    """
+
+    def __init__(self, in_dtype, out_dtype, vec: int, index64: bool, tiling: RowTiling):
+        self.in_dtype, self.out_dtype = in_dtype, out_dtype
+        self.vec, self.index64, self.tiling = vec, index64, tiling
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, out: cute.Tensor, stream):
+        rows = x.shape[0]
+        splits = out.shape[1]
+        row_ctas = cute.ceil_div(rows, self.tiling.rows_per_cta)
+        self.kernel(x, out).launch(
+            grid=[row_ctas, splits, 1], block=[self.tiling.threads, 1, 1], stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, out: cute.Tensor):
+        vec = self.vec
+        tpr = self.tiling.threads_per_row
+        tidx, _, _ = cute.arch.thread_idx()
+        tile, split, _ = cute.arch.block_idx()
+        rows, n = x.shape
+        splits = out.shape[1]
+
+        smem = cutlass.memory.SmemAllocator()
+        slots = group_smem_slots(self.tiling.threads, tpr)
+        buf = None
+        if cutlass.const_expr(slots > 0):
+            buf = smem.allocate_tensor(Float32, cute.make_layout(slots), byte_alignment=16)
+
+        lane = tidx % tpr
+        if cutlass.const_expr(self.index64):
+            row = Int64(tile) * self.tiling.rows_per_cta + tidx // tpr
+        else:
+            row = tile * self.tiling.rows_per_cta + tidx // tpr
+        nv = n // vec
+        chunk = cute.ceil_div(nv, splits)
+        v_begin = split * chunk
+        v_count = cutlass.max(cutlass.min(nv - v_begin, chunk), 0)
+
+        acc = cute.full((vec,), 0.0, Float32)
+        if row < rows:
+            xv = as_vectors(x[row, None], n, vec)
+
+            def load(j):
+                return xv[None, v_begin + j].load()
+
+            def step(a, j, v):
+                return a + v.to(Float32)
+
+            acc = strided_fold(v_count, lane, tpr, self.tiling.unroll, load, step, acc)
+        total = acc.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        if cutlass.const_expr(vec > 1):
+            # The n % vec elements past the last vector belong to the last split.
+            t = nv * vec + lane
+            if row < rows and split == splits - 1 and lane < vec and t < n:
+                total = total + x[row, t].to(Float32)
+        total = group_reduce(total, add, tpr, buf, Float32(0.0))
+        if row < rows and lane == 0:
+            out[row, split] = total.to(self.out_dtype)

@@ -1,0 +1,131 @@
+"""Torch ops `cute_kernels::copy`, `::add`, `::axpby` (lesson 1).
+
+Outputs are new contiguous tensors of the input's shape and dtype. A non-contiguous input is first
+copied into a contiguous buffer (one extra read and write of it); operands whose data pointer is not
+16-byte aligned (a view with an odd offset) take the scalar variant of the kernel instead of the
+128-bit one. Math is fp32 with one rounding to the output dtype, as in torch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import catalog, dtypes
+from cute_kernels.ops._checks import aligned16, check_like, check_tensor, register_fake_and_guard
+from schedules.hardware import num_sms
+
+_INDEX32_LIMIT = 2**31 - 1
+_fns: dict[tuple, object] = {}
+_max_ctas: dict[int, int] = {}
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return (t if t.is_contiguous() else t.contiguous()).view(-1)
+
+
+def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: float, b: float) -> None:
+    """Run kernel `elementwise.<op>` on flat contiguous tensors (n >= 1)."""
+    n = out.numel()
+    key = (op, x.dtype, aligned16(x, y, out), n > _INDEX32_LIMIT)
+    fn = _fns.get(key)
+    if fn is None:
+        spec = catalog.get(f"elementwise.{op}")
+        fn = spec.compiled(dtype=dtypes.name_of(x.dtype), aligned=key[2], index64=key[3])
+        _fns[key] = fn
+    dev = out.device.index or 0
+    max_ctas = _max_ctas.get(dev)
+    if max_ctas is None:
+        max_ctas = _max_ctas[dev] = catalog.get(f"elementwise.{op}").params["ctas_per_sm"].default * num_sms(dev)
+    fn(x, y, out, a, b, max_ctas)
+
+
+def _unary_fake(x):
+    check_tensor("x", x)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _binary_fake(x, y):
+    check_tensor("x", x)
+    check_like("y", y, "x", x)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+# --- copy -------------------------------------------------------------------------------------
+torch.library.define("cute_kernels::copy", "(Tensor x) -> Tensor")
+
+
+@torch.library.impl("cute_kernels::copy", "CUDA")
+def _copy_cuda(x):
+    out = _unary_fake(x)
+    if out.numel():
+        xf = _flat(x)
+        _launch("copy", xf, xf, out.view(-1), 1.0, 0.0)
+    return out
+
+
+register_fake_and_guard("cute_kernels::copy", _unary_fake)
+torch.library.register_autograd(
+    "cute_kernels::copy", lambda ctx, g: g, setup_context=lambda ctx, inputs, output: None
+)
+
+# --- add --------------------------------------------------------------------------------------
+torch.library.define("cute_kernels::add", "(Tensor x, Tensor y) -> Tensor")
+
+
+@torch.library.impl("cute_kernels::add", "CUDA")
+def _add_cuda(x, y):
+    out = _binary_fake(x, y)
+    if out.numel():
+        _launch("add", _flat(x), _flat(y), out.view(-1), 1.0, 1.0)
+    return out
+
+
+register_fake_and_guard("cute_kernels::add", _binary_fake)
+torch.library.register_autograd(
+    "cute_kernels::add", lambda ctx, g: (g, g), setup_context=lambda ctx, inputs, output: None
+)
+
+# --- axpby ------------------------------------------------------------------------------------
+torch.library.define("cute_kernels::axpby", "(float a, Tensor x, float b, Tensor y) -> Tensor")
+
+
+@torch.library.impl("cute_kernels::axpby", "CUDA")
+def _axpby_cuda(a, x, b, y):
+    out = _binary_fake(x, y)
+    if out.numel():
+        _launch("axpby", _flat(x), _flat(y), out.view(-1), float(a), float(b))
+    return out
+
+
+def _axpby_fake(a, x, b, y):
+    return _binary_fake(x, y)
+
+
+register_fake_and_guard("cute_kernels::axpby", _axpby_fake)
+
+
+def _axpby_setup(ctx, inputs, output):
+    ctx.a, ctx.b = inputs[0], inputs[2]
+
+
+def _axpby_backward(ctx, g):
+    return None, g * ctx.a, None, g * ctx.b
+
+
+torch.library.register_autograd("cute_kernels::axpby", _axpby_backward, setup_context=_axpby_setup)
+
+
+# --- public wrappers --------------------------------------------------------------------------
+def copy(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of `x` (bf16/fp16/fp32, CUDA)."""
+    return torch.ops.cute_kernels.copy(x)
+
+
+def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x + y for tensors of the same shape and dtype."""
+    return torch.ops.cute_kernels.add(x, y)
+
+
+def axpby(a: float, x: torch.Tensor, b: float, y: torch.Tensor) -> torch.Tensor:
+    """a*x + b*y, computed in fp32 and rounded once to the dtype of x and y."""
+    return torch.ops.cute_kernels.axpby(float(a), x, float(b), y)

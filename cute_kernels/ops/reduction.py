@@ -1,0 +1,130 @@
+"""Torch ops `cute_kernels::row_sum` (sum over the last dim) and `::sum_all` (lesson 2).
+
+fp32 accumulation in a fixed order: the same input gives the same bits on every run (on a given GPU
+model: the split count follows the SM count). Rows too long to fill the GPU are split over CTAs;
+their fp32 partials are summed by a second launch of the same kernel, never by atomics. The output
+dtype defaults to the input's, like `torch.sum`. An input whose last dim is not unit-stride, or whose
+leading dims cannot be flattened to one row stride, is first copied to a contiguous buffer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import catalog, dtypes
+from cute_kernels.ops._checks import check_out_dtype, check_tensor, register_fake_and_guard
+from schedules.hardware import num_sms
+from schedules.row_tiling import plan_rows
+
+_INDEX32_LIMIT = 2**31 - 1
+_fns: dict[tuple, object] = {}
+
+
+def _kernel(dtype, out_dtype, aligned, index64, tiling):
+    key = (dtype, out_dtype, aligned, index64, tiling)
+    fn = _fns.get(key)
+    if fn is None:
+        fn = catalog.ROW_SUM.compiled(
+            dtype=dtypes.name_of(dtype), out_dtype=dtypes.name_of(out_dtype), aligned=aligned, index64=index64,
+            threads=tiling.threads, threads_per_row=tiling.threads_per_row, unroll=tiling.unroll,
+        )
+        _fns[key] = fn
+    return fn
+
+
+def _rows_of(x: torch.Tensor) -> torch.Tensor:
+    """x as a (M, N) matrix with unit stride along N (a view when possible)."""
+    n = x.shape[-1] if x.dim() else 1
+    if x.dim() and x.stride(-1) != 1:
+        x = x.contiguous()
+    try:
+        x2 = x.view(-1, n)
+    except RuntimeError:
+        x2 = x.contiguous().view(-1, n)
+    if x2.shape[0] <= 1:  # a single row: its stride is never used, give it one the kernel accepts
+        x2 = x2.as_strided((x2.shape[0], n), (-(-max(n, 1) // 16) * 16, 1))
+    return x2
+
+
+def _sum_rows(x2: torch.Tensor, out: torch.Tensor) -> None:
+    """out[m] = sum(x2[m, :]) for a (M, N) unit-stride matrix, M, N >= 1."""
+    m, n = x2.shape
+    vec = 16 // x2.element_size()
+    aligned = x2.data_ptr() % 16 == 0 and x2.stride(0) % vec == 0
+    v = vec if aligned else 1
+    index64 = max(m * x2.stride(0), n) > _INDEX32_LIMIT
+    sms = num_sms(x2.device.index or 0)
+    plan = plan_rows(m, n // v, sms)
+    if plan.splits == 1:
+        _kernel(x2.dtype, out.dtype, aligned, index64, plan.tiling)(x2, out.view(m, 1))
+        return
+    partial = torch.empty(m, plan.splits, dtype=torch.float32, device=x2.device)
+    _kernel(x2.dtype, torch.float32, aligned, index64, plan.tiling)(x2, partial)
+    stage2 = plan_rows(m, plan.splits, sms, max_splits=1)
+    _kernel(torch.float32, out.dtype, plan.splits % 4 == 0, False, stage2.tiling)(partial, out.view(m, 1))
+
+
+def _row_sum_fake(x, out_dtype=None):
+    check_tensor("x", x, min_ndim=1)
+    check_out_dtype("out_dtype", out_dtype)
+    return torch.empty(x.shape[:-1], dtype=out_dtype or x.dtype, device=x.device)
+
+
+def _sum_all_fake(x, out_dtype=None):
+    check_tensor("x", x)
+    check_out_dtype("out_dtype", out_dtype)
+    return torch.empty((), dtype=out_dtype or x.dtype, device=x.device)
+
+
+torch.library.define("cute_kernels::row_sum", "(Tensor x, ScalarType? out_dtype=None) -> Tensor")
+torch.library.define("cute_kernels::sum_all", "(Tensor x, ScalarType? out_dtype=None) -> Tensor")
+
+
+@torch.library.impl("cute_kernels::row_sum", "CUDA")
+def _row_sum_cuda(x, out_dtype=None):
+    out = _row_sum_fake(x, out_dtype)
+    if out.numel() == 0:
+        return out
+    if x.shape[-1] == 0:
+        return out.zero_()
+    _sum_rows(_rows_of(x), out.view(-1))
+    return out
+
+
+@torch.library.impl("cute_kernels::sum_all", "CUDA")
+def _sum_all_cuda(x, out_dtype=None):
+    out = _sum_all_fake(x, out_dtype)
+    if x.numel() == 0:
+        return out.zero_()
+    flat = (x if x.is_contiguous() else x.contiguous()).view(1, -1)
+    _sum_rows(_rows_of(flat), out.view(1))
+    return out
+
+
+register_fake_and_guard("cute_kernels::row_sum", _row_sum_fake)
+register_fake_and_guard("cute_kernels::sum_all", _sum_all_fake)
+
+
+def _row_sum_setup(ctx, inputs, output):
+    ctx.shape, ctx.dtype = inputs[0].shape, inputs[0].dtype
+
+
+def _row_sum_backward(ctx, g):
+    return g.unsqueeze(-1).expand(ctx.shape).to(ctx.dtype), None
+
+
+def _sum_all_backward(ctx, g):
+    return g.expand(ctx.shape).to(ctx.dtype), None
+
+
+torch.library.register_autograd("cute_kernels::row_sum", _row_sum_backward, setup_context=_row_sum_setup)
+torch.library.register_autograd("cute_kernels::sum_all", _sum_all_backward, setup_context=_row_sum_setup)
+
+
+def sum(x: torch.Tensor, dim: int | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:  # noqa: A001
+    """Sum of all elements (`dim=None`) or over the last dim (`dim=-1`), fp32-accumulated, deterministic."""
+    if dim is None:
+        return torch.ops.cute_kernels.sum_all(x, out_dtype)
+    if isinstance(x, torch.Tensor) and dim not in (-1, x.dim() - 1):
+        raise ValueError(f"dim must be None or the last dim (-1), got {dim}; move that dim last first")
+    return torch.ops.cute_kernels.row_sum(x, out_dtype)

@@ -1,0 +1,51 @@
+"""Fill the on-disk compile cache in parallel worker processes (CPU only: no kernel is launched).
+
+Each worker imports the DSL once and compiles its share of (kernel, params) into the shared cache
+directory; the per-key file locks of `cute_kernels.jit` make concurrent workers safe. The process
+that later runs the kernels loads them in ~2 ms each instead of tracing and compiling (~1.5 s).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+
+def _variants(sweep: bool):
+    from cute_kernels import catalog
+
+    out = []
+    for spec in catalog.ready():
+        for p in spec.sweep() if sweep else spec.representative():
+            out.append((spec.name, tuple(sorted(p.items()))))
+    return list(dict.fromkeys(out))
+
+
+def _compile_one(item) -> float:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # compile only; never create a CUDA context here
+    from cute_kernels import catalog
+    from cute_kernels.jit import default_cache
+
+    name, items = item
+    spec = catalog.get(name)
+    p = spec.resolve(dict(items))
+    t0 = time.perf_counter()
+    default_cache().get(spec.key(p), lambda: spec.build(p))
+    return time.perf_counter() - t0
+
+
+def precompile(items, jobs: int) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    if jobs <= 1:
+        for it in items:
+            _compile_one(it)
+    else:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
+            list(ex.map(_compile_one, items, chunksize=1))
+    return len(items), time.perf_counter() - t0
+
+
+def precompile_all(jobs: int = 1, sweep: bool = False) -> tuple[int, float]:
+    return precompile(_variants(sweep), jobs)

@@ -1,0 +1,254 @@
+"""Benchmark harness: CUDA-event medians with L2 flushed, ceilings measured in the same run,
+results as JSON + markdown + plot stamped with GPU, date and commit.
+
+Timing: each repetition first overwrites a buffer of twice the L2 size (outside the timed region),
+then records an event pair around one call; warm-up calls (compilation, autotuning, first-touch)
+are excluded; the figure is the median. Inputs are randn: low-entropy data (zeros, small
+integers) toggles fewer bits, runs at higher clocks and flatters a kernel.
+
+Ceilings: `copy_bandwidth` is a device-to-device copy of 1 GiB counting bytes read + written (the
+ceiling of memory-bound ops); `read_bandwidth` is the larger of that and torch.sum's read rate over
+1 GiB (the ceiling of reductions, which only read).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+_flush_buf: torch.Tensor | None = None
+
+
+def _flush_l2() -> None:
+    global _flush_buf
+    if _flush_buf is None:
+        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+        _flush_buf = torch.empty(2 * max(l2, 64 << 20) // 4, dtype=torch.int32, device="cuda")
+    _flush_buf.zero_()
+
+
+def do_bench(fn: Callable[[], object], *, warmup_ms: float = 30.0, rep_ms: float = 150.0,
+             min_reps: int = 10, max_reps: int = 500, flush: bool = True) -> dict:
+    """Median time of `fn()` in ms over CUDA events, L2 flushed before each repetition."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    n_warm = 0
+    while n_warm < 3 or (time.perf_counter() - t0) * 1e3 < warmup_ms:
+        fn()
+        n_warm += 1
+        if n_warm % 8 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    est_ms = max((time.perf_counter() - t0) * 1e3 / n_warm, 1e-3)
+    reps = int(min(max_reps, max(min_reps, rep_ms / est_ms)))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        if flush:
+            _flush_l2()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return {
+        "median_ms": statistics.median(times),
+        "p20_ms": times[int(0.2 * (len(times) - 1))],
+        "p80_ms": times[int(0.8 * (len(times) - 1))],
+        "reps": reps,
+    }
+
+
+def randn(*shape, dtype=torch.bfloat16, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    return torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy rate in TB/s, counting bytes read + written."""
+    x = randn(nbytes // 2, dtype=torch.bfloat16, seed=1)
+    y = torch.empty_like(x)
+    t = do_bench(lambda: y.copy_(x))["median_ms"]
+    return 2 * nbytes / (t * 1e-3) / 1e12
+
+
+def read_bandwidth(nbytes: int = 1 << 30) -> float:
+    """torch.sum's read rate over `nbytes` of bf16, in TB/s."""
+    x = randn(nbytes // 2, dtype=torch.bfloat16, seed=2)
+    t = do_bench(lambda: torch.sum(x))["median_ms"]
+    return nbytes / (t * 1e-3) / 1e12
+
+
+def host_overhead_us(fn: Callable[[], object], calls: int = 3000) -> float:
+    """Wall-clock microseconds per call of `fn` on a tiny input (GPU work is negligible, so the
+    loop is bound by the host: argument conversion, dispatch, launch)."""
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def commit() -> str:
+    c = os.environ.get("CK_COMMIT")
+    if c:
+        return c
+    try:
+        root = Path(__file__).resolve().parent.parent
+        h = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=root).returncode != 0
+        return h.stdout.strip() + ("-dirty" if dirty else "") if h.returncode == 0 else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def environment() -> dict:
+    import cutlass
+
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {
+        "gpu": p.name,
+        "sms": p.multi_processor_count,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit(),
+        "torch": torch.__version__,
+        "cutlass_dsl": cutlass.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def peer_versions(required: tuple[str, ...]) -> dict:
+    """Versions of the peers a suite compares against; a missing one fails the run loudly."""
+    out = {}
+    for mod in required:
+        try:
+            m = __import__(mod)
+        except Exception as e:  # a peer that does not import must not silently drop its column
+            raise SystemExit(f"peer {mod!r} failed to import ({e}); carry it (shared/device/prepare --peers)")
+        out[mod] = getattr(m, "__version__", "?")
+    return out
+
+
+@dataclass
+class Row:
+    case: str
+    dtype: str
+    shape: str
+    bytes: int
+    flops: int
+    ours_ms: float
+    refs_ms: dict = field(default_factory=dict)
+    ceiling: str = "copy"
+    ceiling_tbs: float = 0.0
+    note: str = ""
+
+    @property
+    def ours_tbs(self) -> float:
+        return self.bytes / (self.ours_ms * 1e-3) / 1e12
+
+    @property
+    def pct_ceiling(self) -> float:
+        return 100.0 * self.ours_tbs / self.ceiling_tbs if self.ceiling_tbs else float("nan")
+
+    def ratio(self, ref: str) -> float:
+        """Speed relative to a reference: > 1 means ours is faster."""
+        return self.refs_ms[ref] / self.ours_ms
+
+
+def progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def markdown_table(rows: list[Row], refs: list[str]) -> str:
+    head = ["case", "dtype", "shape", "MiB moved", "ours ms", "ours TB/s", "% ceiling"]
+    head += [f"{r} TB/s" for r in refs] + [f"x {r}" for r in refs]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r.case, r.dtype, r.shape, f"{r.bytes / 2**20:.1f}", f"{r.ours_ms:.4f}", f"{r.ours_tbs:.3f}",
+                 f"{r.pct_ceiling:.1f}"]
+        cells += [f"{r.bytes / (r.refs_ms[k] * 1e-3) / 1e12:.3f}" if k in r.refs_ms else "n/a" for k in refs]
+        cells += [f"{r.ratio(k):.3f}" if k in r.refs_ms else "n/a" for k in refs]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_results(name: str, out_dir: str | os.PathLike, meta: dict, rows: list[Row], refs: list[str],
+                  checks: list[dict], extra_md: str = "") -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "suite": name,
+        "meta": meta,
+        "rows": [dict(asdict(r), ours_tbs=r.ours_tbs, pct_ceiling=r.pct_ceiling) for r in rows],
+        "checks": checks,
+    }
+    files = {"json": out / f"{name}.json", "md": out / f"{name}.md"}
+    files["json"].write_text(json.dumps(payload, indent=1))
+    env = ", ".join(f"{k} {v}" for k, v in meta.items() if k not in ("ceilings",))
+    ceil = ", ".join(f"{k} {v:.3f} TB/s" for k, v in meta.get("ceilings", {}).items())
+    md = [f"# {name}", "", f"{env}", "", f"Ceilings measured in this run: {ceil}.", "",
+          "CUDA-event medians, L2 flushed before each repetition, randn inputs. `x ref` = ref time / our time "
+          "(> 1: ours faster).", "", markdown_table(rows, refs), ""]
+    if checks:
+        md += ["## Targets", "", "| target | measured | pass |", "|---|---|---|"]
+        md += [f"| {c['target']} | {c['measured']} | {'PASS' if c['ok'] else 'FAIL'} |" for c in checks]
+        md.append("")
+    if extra_md:
+        md += [extra_md, ""]
+    files["md"].write_text("\n".join(md))
+    try:
+        files["png"] = plot(name, out / f"{name}.png", rows, refs, meta)
+    except Exception as e:  # a missing matplotlib must not lose the numbers
+        progress(f"plot skipped: {e}")
+    return files
+
+
+def plot(name: str, path: Path, rows: list[Row], refs: list[str], meta: dict) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, list[Row]] = {}
+    for r in rows:
+        groups.setdefault(f"{r.case} {r.dtype}", []).append(r)
+    n = len(groups)
+    cols = min(3, n)
+    nrows = -(-n // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.6 * nrows), squeeze=False)
+    for ax, (g, rs) in zip(axes.flat, groups.items()):
+        xs = [r.bytes / 2**20 for r in rs]
+        ax.plot(xs, [r.ours_tbs for r in rs], "o-", label="cute-kernels", lw=2)
+        for ref in refs:
+            ys = [r.bytes / (r.refs_ms[ref] * 1e-3) / 1e12 if ref in r.refs_ms else float("nan") for r in rs]
+            ax.plot(xs, ys, "s--", label=ref, alpha=0.8)
+        ax.axhline(rs[0].ceiling_tbs, color="k", lw=0.8, ls=":", label=f"ceiling ({rs[0].ceiling})")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("MiB moved")
+        ax.set_ylabel("TB/s")
+        ax.set_title(g, fontsize=10)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle(f"{name} on {meta.get('gpu')} ({meta.get('date')}, {meta.get('commit')})", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

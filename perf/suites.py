@@ -1,0 +1,180 @@
+"""Benchmark suites for the catalogue: which cases, which references, which targets.
+
+`run(what)` with what = a kernel name (`elementwise.add`), a family (`elementwise`, `reduction`) or
+`all`. Each family writes `<family>.json`, `.md` and `.png` into the output folder.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from perf import harness as H
+
+MiB = 1 << 20
+
+
+def _compiled(fn):
+    return torch.compile(fn)
+
+
+def _time_refs(refs: dict, want: set[str]) -> dict:
+    return {k: H.do_bench(f)["median_ms"] for k, f in refs.items() if k in want}
+
+
+# ----------------------------------------------------------------------------------------------
+# Lesson 1: elementwise
+# ----------------------------------------------------------------------------------------------
+def elementwise(ops=("copy", "add", "axpby"), sizes_mib=None, dtypes=(torch.bfloat16, torch.float32),
+                quick=False, ceilings=None):
+    import cute_kernels as ck
+    from cute_kernels.ops import elementwise as ew
+
+    sizes_mib = sizes_mib or ([1, 256] if quick else [1, 4, 16, 64, 256, 1024, 2048])
+    copy_bw = ceilings["copy"]
+    eager = {
+        "copy": lambda x, y: x.clone(),
+        "add": lambda x, y: torch.add(x, y),
+        "axpby": lambda x, y: 2.0 * x + (-0.5) * y,
+    }
+    compiled = {op: _compiled(f) for op, f in eager.items()}
+    ours = {
+        "copy": lambda x, y: ck.copy(x),
+        "add": lambda x, y: ck.add(x, y),
+        "axpby": lambda x, y: ck.axpby(2.0, x, -0.5, y),
+    }
+    rows = []
+    for op in ops:
+        for dt in dtypes:
+            for mib in sizes_mib:
+                n = mib * MiB // torch.tensor([], dtype=dt).element_size()
+                x, y = H.randn(n, dtype=dt, seed=3), H.randn(n, dtype=dt, seed=4)
+                nbytes = (2 if op == "copy" else 3) * n * x.element_size()
+                H.progress(f"  elementwise.{op} {dt} {mib} MiB")
+                t = H.do_bench(lambda: ours[op](x, y))["median_ms"]
+                refs = {
+                    "torch": H.do_bench(lambda: eager[op](x, y))["median_ms"],
+                    "torch.compile": H.do_bench(lambda: compiled[op](x, y))["median_ms"],
+                }
+                rows.append(H.Row(f"elementwise.{op}", str(dt).replace("torch.", ""), f"{n}", nbytes, 0, t, refs,
+                                  "copy", copy_bw))
+                del x, y
+    checks = []
+    big = [r for r in rows if r.bytes / (2 if r.case.endswith("copy") else 3) >= 256 * MiB]
+    if big:
+        worst = min(big, key=lambda r: r.pct_ceiling)
+        checks.append({"target": ">= 92% of copy bandwidth, tensors >= 256 MiB",
+                       "measured": f"min {worst.pct_ceiling:.1f}% ({worst.case} {worst.dtype} {worst.shape})",
+                       "ok": worst.pct_ceiling >= 92.0})
+    worst = min(rows, key=lambda r: r.ratio("torch"))
+    checks.append({"target": ">= 0.97x torch at every size >= 1 MiB",
+                   "measured": f"min {worst.ratio('torch'):.3f}x ({worst.case} {worst.dtype} {worst.shape})",
+                   "ok": worst.ratio("torch") >= 0.97})
+
+    # Host overhead per call, tiny input.
+    x = H.randn(1024, dtype=torch.bfloat16, seed=5)
+    y = H.randn(1024, dtype=torch.bfloat16, seed=6)
+    out = torch.empty_like(x)
+    ck.add(x, y)
+    fn = next(iter(ew._fns.values()))
+    max_ctas = ew._max_ctas[x.device.index or 0]
+    direct = H.host_overhead_us(lambda: fn(x, y, out, 1.0, 1.0, max_ctas))
+    op = H.host_overhead_us(lambda: ck.add(x, y))
+    tmul = H.host_overhead_us(lambda: torch.mul(x, y))
+    overhead = {"compiled kernel, direct (TVM-FFI)": direct, "public op ck.add, eager": op, "torch.mul": tmul}
+    checks.append({"target": "host overhead: compiled kernel called directly <= 10 us",
+                   "measured": f"{direct:.1f} us", "ok": direct <= 10.0})
+    checks.append({"target": "host overhead: public torch op in eager <= 20 us",
+                   "measured": f"{op:.1f} us", "ok": op <= 20.0})
+    extra = "## Host overhead per call (1024 bf16 elements)\n\n| path | us/call |\n|---|---|\n" + "\n".join(
+        f"| {k} | {v:.1f} |" for k, v in overhead.items())
+    return rows, ["torch", "torch.compile"], checks, extra, {"overhead_us": overhead}
+
+
+# ----------------------------------------------------------------------------------------------
+# Lesson 2: reduction
+# ----------------------------------------------------------------------------------------------
+def reduction(shapes=None, dtypes=(torch.bfloat16, torch.float32), quick=False, ceilings=None):
+    import cute_kernels as ck
+
+    if shapes is None:
+        shapes = [(1, 1 << 27), (1, 1 << 29), (262144, 1024), (32768, 4096), (4096, 32768), (512, 262144),
+                  (8, 1 << 25), (1 << 21, 128)]
+        if quick:
+            shapes = [(1, 1 << 27), (32768, 4096)]
+    read_bw = ceilings["read"]
+    compiled_rows = _compiled(lambda x: x.sum(-1))
+    compiled_all = _compiled(lambda x: x.sum())
+    rows = []
+    for dt in dtypes:
+        for m, n in shapes:
+            x = H.randn(m, n, dtype=dt, seed=7)
+            nbytes = x.numel() * x.element_size() + m * x.element_size()
+            full = m == 1
+            H.progress(f"  reduction {'sum_all' if full else 'row_sum'} {dt} {m}x{n}")
+            if full:
+                t = H.do_bench(lambda: ck.sum(x))["median_ms"]
+                refs = {"torch": H.do_bench(lambda: torch.sum(x))["median_ms"],
+                        "torch.compile": H.do_bench(lambda: compiled_all(x))["median_ms"]}
+            else:
+                t = H.do_bench(lambda: ck.sum(x, dim=-1))["median_ms"]
+                refs = {"torch": H.do_bench(lambda: torch.sum(x, dim=-1))["median_ms"],
+                        "torch.compile": H.do_bench(lambda: compiled_rows(x))["median_ms"]}
+            rows.append(H.Row("reduction.sum_all" if full else "reduction.row_sum", str(dt).replace("torch.", ""),
+                              f"{m}x{n}", nbytes, 0, t, refs, "read", read_bw))
+            del x
+    big = [r for r in rows if r.bytes >= 256 * MiB]
+    checks = []
+    if big:
+        worst = min(big, key=lambda r: r.pct_ceiling)
+        checks.append({"target": ">= 90% of the read ceiling (inputs >= 256 MiB)",
+                       "measured": f"min {worst.pct_ceiling:.1f}% ({worst.case} {worst.dtype} {worst.shape})",
+                       "ok": worst.pct_ceiling >= 90.0})
+    return rows, ["torch", "torch.compile"], checks, "", {}
+
+
+SUITES = {"elementwise": elementwise, "reduction": reduction}
+PEERS: dict[str, tuple[str, ...]] = {"elementwise": (), "reduction": ()}  # QuACK/FA4 have no such op
+
+
+def run(what: str, out_dir=None, shapes=None, quick=False) -> int:
+    if not torch.cuda.is_available():
+        raise SystemExit("bench needs a CUDA GPU")
+    family = what.split(".")[0]
+    families = list(SUITES) if what == "all" else [family]
+    for f in families:
+        if f not in SUITES:
+            raise SystemExit(f"no benchmark suite for {what!r}; suites: {list(SUITES)} or 'all'")
+    meta = H.environment()
+    H.progress("measuring ceilings (1 GiB d2d copy, 1 GiB torch.sum)")
+    copy_bw = H.copy_bandwidth()
+    ceilings = {"copy": copy_bw, "read": max(copy_bw, H.read_bandwidth())}
+    meta["ceilings"] = ceilings
+    failed = 0
+    for f in families:
+        kwargs = {"quick": quick, "ceilings": ceilings}
+        if f == "elementwise" and "." in what:
+            kwargs["ops"] = (what.split(".")[1],)
+        if shapes:
+            if f == "elementwise":
+                kwargs["sizes_mib"] = [max(1, math.prod(shapes) * 2 // MiB)]
+            else:
+                kwargs["shapes"] = [tuple(shapes)]
+        H.progress(f"suite {f}")
+        m = dict(meta)
+        m["peers"] = H.peer_versions(PEERS[f]) or "none has this op"
+        rows, refs, checks, extra, more = SUITES[f](**kwargs)
+        m.update(more)
+        print(f"\n## {f}  ({meta['gpu']}, {meta['date']}, commit {meta['commit']})")
+        print(f"ceilings: copy {ceilings['copy']:.3f} TB/s, read {ceilings['read']:.3f} TB/s")
+        print(H.markdown_table(rows, refs))
+        for c in checks:
+            print(f"[{'PASS' if c['ok'] else 'FAIL'}] {c['target']}: {c['measured']}")
+            failed += not c["ok"]
+        if extra:
+            print(extra)
+        if out_dir:
+            files = H.write_results(f, out_dir, m, rows, refs, checks, extra)
+            print("wrote " + ", ".join(str(p) for p in files.values()))
+    return 0 if failed == 0 else 1
