@@ -1,7 +1,7 @@
 """Grid-stride schedule (curriculum lesson 1): a fixed-size grid walks any number of work items.
 
-A grid of `G` CTAs of `threads` threads (G at most `ctas_per_sm` per SM, fewer when the work is
-small) visits items `gtid, gtid + G*threads, ...`. Each pass a thread owns `unroll` items spaced one
+A grid of `G` CTAs of `threads` threads (G at most `ctas_per_sm` per SM; one item per thread when
+the work is smaller than that) visits items `gtid, gtid + G*threads, ...`. Each pass a thread owns `unroll` items spaced one
 grid apart, so a warp's 32 accesses stay contiguous and each thread has `unroll` independent loads in
 flight before it consumes the first one. Passes where every thread's items are in range run without
 predicates; only the last pass is guarded.
@@ -36,9 +36,9 @@ class GridStride:
         return self.ctas_per_sm * num_sms
 
     def grid(self, n_items: int, num_sms: int) -> int:
-        """Host-side grid size for `n_items` (the kernel computes the same from `max_ctas`)."""
-        per_cta = self.threads * self.unroll
-        return max(1, min(-(-n_items // per_cta), self.max_ctas(num_sms)))
+        """Grid size for `n_items`: one item per thread while that fits under the cap, so small
+        problems still spread over every SM; the cap once threads have to loop."""
+        return max(1, min(-(-n_items // self.threads), self.max_ctas(num_sms)))
 
 
 @cute.jit
@@ -59,7 +59,7 @@ def strided_fold(
     """
     per_pass = stride * unroll
     full_passes = n_items // per_pass
-    for p in cutlass.range(full_passes):
+    for p in cutlass.range(full_passes, unroll=1):
         base = p * per_pass + first
         vals = []
         for u in cutlass.range_constexpr(unroll):

@@ -8,6 +8,7 @@ small pass combines (never atomics: the result is deterministic).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -52,6 +53,7 @@ class RowPlan:
         return (-(-rows // self.tiling.rows_per_cta), self.splits)
 
 
+@functools.lru_cache(maxsize=4096)
 def plan_rows(rows: int, row_vectors: int, num_sms: int, *, threads: int = 256, unroll: int = 4,
               ctas_per_sm: int = 8, min_vectors_per_cta: int = 2048, max_splits: int = 4096) -> RowPlan:
     """Pick threads-per-row and column splits for `rows` rows of `row_vectors` vectors each.

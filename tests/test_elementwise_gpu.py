@@ -101,7 +101,7 @@ def test_named_errors():
         ck.add(x, x.float())
     with pytest.raises(ValueError, match="y has shape"):
         ck.add(x, x[:4])
-    with pytest.raises(TypeError, match="x has dtype torch.int32|x has dtype int32"):
+    with pytest.raises(TypeError, match="x has dtype int32"):
         ck.copy(x.int())
     with pytest.raises(ValueError, match="x must be on a CUDA device"):
         ck.copy(x.cpu())

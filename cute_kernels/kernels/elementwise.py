@@ -62,8 +62,8 @@ class Elementwise:
         stream,
     ):
         n = cute.size(out.shape)
-        per_cta = self.schedule.threads * self.schedule.unroll
-        ctas = cute.ceil_div(n // self.vec, per_cta)
+        # One vector per thread until the grid reaches its cap; past that, threads loop.
+        ctas = cute.ceil_div(n // self.vec, self.schedule.threads)
         ctas = cutlass.max(cutlass.min(ctas, max_ctas), 1)
         self.kernel(x, y, out, a, b).launch(
             grid=[ctas, 1, 1], block=[self.schedule.threads, 1, 1], stream=stream

@@ -78,10 +78,13 @@ class RowSum:
             acc = strided_fold(v_count, lane, tpr, self.tiling.unroll, load, step, acc)
         total = acc.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
         if cutlass.const_expr(vec > 1):
-            # The n % vec elements past the last vector belong to the last split.
-            t = nv * vec + lane
-            if row < rows and split == splits - 1 and lane < vec and t < n:
-                total = total + x[row, t].to(Float32)
+            # The n % vec elements past the last vector belong to the last split; with fewer than
+            # `vec` threads per row a lane takes several of them.
+            if row < rows and split == splits - 1:
+                for k in cutlass.range_constexpr(-(-vec // tpr)):
+                    t = nv * vec + lane + k * tpr
+                    if t < n:
+                        total = total + x[row, t].to(Float32)
         total = group_reduce(total, add, tpr, buf, Float32(0.0))
         if row < rows and lane == 0:
             out[row, split] = total.to(self.out_dtype)

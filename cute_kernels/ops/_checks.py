@@ -47,8 +47,30 @@ def aligned16(*ts: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in ts)
 
 
-def register_fake_and_guard(qualname: str, fake_fn) -> None:
-    """Register `fake_fn` as the op's fake impl, and as its CPU impl so that a CPU tensor gets the
-    checks' named error (fake_fn validates first) instead of the dispatcher's missing-kernel error."""
-    torch.library.register_fake(qualname)(fake_fn)
-    torch.library.impl(qualname, "CPU")(fake_fn)
+def register_op(qualname: str, schema: str, cuda_impl, fake_impl, backward=None, setup_context=None) -> None:
+    """Define `qualname` with its CUDA implementation and its fake (meta) implementation.
+
+    The fake implementation validates before it allocates, so it also serves as the CPU
+    implementation: a CPU tensor gets the named device error instead of the dispatcher's
+    missing-kernel error.
+    """
+    torch.library.define(qualname, schema)
+    torch.library.impl(qualname, "CUDA")(cuda_impl)
+    torch.library.impl(qualname, "CPU")(fake_impl)
+    torch.library.register_fake(qualname)(fake_impl)
+    if backward is not None:
+        torch.library.register_autograd(qualname, backward, setup_context=setup_context)
+
+
+def direct_call_ok(*ts) -> bool:
+    """True when a public op may call its CUDA implementation directly instead of going through
+    the dispatcher (which costs ~30 us of Python for a custom op with autograd): plain tensors, no
+    autograd needed, not being traced by torch.compile. Otherwise the registered op runs, so
+    autograd, FakeTensor and torch.compile see it as usual."""
+    if torch.compiler.is_compiling():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in ts:
+        if type(t) is not torch.Tensor or (grad and t.requires_grad):
+            return False
+    return True

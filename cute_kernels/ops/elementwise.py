@@ -11,12 +11,12 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.ops._checks import aligned16, check_like, check_tensor, register_fake_and_guard
+from cute_kernels.ops._checks import aligned16, check_like, check_tensor, direct_call_ok, register_op
 from schedules.hardware import num_sms
 
 _INDEX32_LIMIT = 2**31 - 1
 _fns: dict[tuple, object] = {}
-_max_ctas: dict[int, int] = {}
+_max_ctas: dict[tuple, int] = {}
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -25,17 +25,16 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: float, b: float) -> None:
     """Run kernel `elementwise.<op>` on flat contiguous tensors (n >= 1)."""
-    n = out.numel()
-    key = (op, x.dtype, aligned16(x, y, out), n > _INDEX32_LIMIT)
+    key = (op, x.dtype, aligned16(x, y, out), out.numel() > _INDEX32_LIMIT)
     fn = _fns.get(key)
     if fn is None:
         spec = catalog.get(f"elementwise.{op}")
-        fn = spec.compiled(dtype=dtypes.name_of(x.dtype), aligned=key[2], index64=key[3])
-        _fns[key] = fn
-    dev = out.device.index or 0
+        fn = _fns[key] = spec.compiled(dtype=dtypes.name_of(x.dtype), aligned=key[2], index64=key[3])
+    dev = (op, out.device.index or 0)
     max_ctas = _max_ctas.get(dev)
     if max_ctas is None:
-        max_ctas = _max_ctas[dev] = catalog.get(f"elementwise.{op}").params["ctas_per_sm"].default * num_sms(dev)
+        per_sm = catalog.get(f"elementwise.{op}").params["ctas_per_sm"].default
+        max_ctas = _max_ctas[dev] = per_sm * num_sms(dev[1])
     fn(x, y, out, a, b, max_ctas)
 
 
@@ -50,11 +49,10 @@ def _binary_fake(x, y):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-# --- copy -------------------------------------------------------------------------------------
-torch.library.define("cute_kernels::copy", "(Tensor x) -> Tensor")
+def _axpby_fake(a, x, b, y):
+    return _binary_fake(x, y)
 
 
-@torch.library.impl("cute_kernels::copy", "CUDA")
 def _copy_cuda(x):
     out = _unary_fake(x)
     if out.numel():
@@ -63,16 +61,6 @@ def _copy_cuda(x):
     return out
 
 
-register_fake_and_guard("cute_kernels::copy", _unary_fake)
-torch.library.register_autograd(
-    "cute_kernels::copy", lambda ctx, g: g, setup_context=lambda ctx, inputs, output: None
-)
-
-# --- add --------------------------------------------------------------------------------------
-torch.library.define("cute_kernels::add", "(Tensor x, Tensor y) -> Tensor")
-
-
-@torch.library.impl("cute_kernels::add", "CUDA")
 def _add_cuda(x, y):
     out = _binary_fake(x, y)
     if out.numel():
@@ -80,16 +68,6 @@ def _add_cuda(x, y):
     return out
 
 
-register_fake_and_guard("cute_kernels::add", _binary_fake)
-torch.library.register_autograd(
-    "cute_kernels::add", lambda ctx, g: (g, g), setup_context=lambda ctx, inputs, output: None
-)
-
-# --- axpby ------------------------------------------------------------------------------------
-torch.library.define("cute_kernels::axpby", "(float a, Tensor x, float b, Tensor y) -> Tensor")
-
-
-@torch.library.impl("cute_kernels::axpby", "CUDA")
 def _axpby_cuda(a, x, b, y):
     out = _binary_fake(x, y)
     if out.numel():
@@ -97,35 +75,39 @@ def _axpby_cuda(a, x, b, y):
     return out
 
 
-def _axpby_fake(a, x, b, y):
-    return _binary_fake(x, y)
-
-
-register_fake_and_guard("cute_kernels::axpby", _axpby_fake)
+def _no_context(ctx, inputs, output):
+    pass
 
 
 def _axpby_setup(ctx, inputs, output):
     ctx.a, ctx.b = inputs[0], inputs[2]
 
 
-def _axpby_backward(ctx, g):
-    return None, g * ctx.a, None, g * ctx.b
+register_op("cute_kernels::copy", "(Tensor x) -> Tensor", _copy_cuda, _unary_fake,
+            lambda ctx, g: g, _no_context)
+register_op("cute_kernels::add", "(Tensor x, Tensor y) -> Tensor", _add_cuda, _binary_fake,
+            lambda ctx, g: (g, g), _no_context)
+register_op("cute_kernels::axpby", "(float a, Tensor x, float b, Tensor y) -> Tensor", _axpby_cuda, _axpby_fake,
+            lambda ctx, g: (None, g * ctx.a, None, g * ctx.b), _axpby_setup)
 
 
-torch.library.register_autograd("cute_kernels::axpby", _axpby_backward, setup_context=_axpby_setup)
-
-
-# --- public wrappers --------------------------------------------------------------------------
+# --- public wrappers (eager calls skip the dispatcher; see direct_call_ok) -----------------------
 def copy(x: torch.Tensor) -> torch.Tensor:
     """A contiguous copy of `x` (bf16/fp16/fp32, CUDA)."""
+    if direct_call_ok(x):
+        return _copy_cuda(x)
     return torch.ops.cute_kernels.copy(x)
 
 
 def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """x + y for tensors of the same shape and dtype."""
+    if direct_call_ok(x, y):
+        return _add_cuda(x, y)
     return torch.ops.cute_kernels.add(x, y)
 
 
 def axpby(a: float, x: torch.Tensor, b: float, y: torch.Tensor) -> torch.Tensor:
     """a*x + b*y, computed in fp32 and rounded once to the dtype of x and y."""
+    if direct_call_ok(x, y):
+        return _axpby_cuda(float(a), x, float(b), y)
     return torch.ops.cute_kernels.axpby(float(a), x, float(b), y)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.ops._checks import check_out_dtype, check_tensor, register_fake_and_guard
+from cute_kernels.ops._checks import check_out_dtype, check_tensor, direct_call_ok, register_op
 from schedules.hardware import num_sms
 from schedules.row_tiling import plan_rows
 
@@ -46,15 +46,16 @@ def _rows_of(x: torch.Tensor) -> torch.Tensor:
     return x2
 
 
-def _sum_rows(x2: torch.Tensor, out: torch.Tensor) -> None:
-    """out[m] = sum(x2[m, :]) for a (M, N) unit-stride matrix, M, N >= 1."""
+def _sum_rows(x2: torch.Tensor, out: torch.Tensor, **plan_options) -> None:
+    """out[m] = sum(x2[m, :]) for a (M, N) unit-stride matrix, M, N >= 1. `plan_options` override
+    the schedule defaults of `plan_rows` (threads, unroll, ctas_per_sm; used by the tuner)."""
     m, n = x2.shape
     vec = 16 // x2.element_size()
     aligned = x2.data_ptr() % 16 == 0 and x2.stride(0) % vec == 0
     v = vec if aligned else 1
     index64 = max(m * x2.stride(0), n) > _INDEX32_LIMIT
     sms = num_sms(x2.device.index or 0)
-    plan = plan_rows(m, n // v, sms)
+    plan = plan_rows(m, n // v, sms, **plan_options)
     if plan.splits == 1:
         _kernel(x2.dtype, out.dtype, aligned, index64, plan.tiling)(x2, out.view(m, 1))
         return
@@ -76,11 +77,6 @@ def _sum_all_fake(x, out_dtype=None):
     return torch.empty((), dtype=out_dtype or x.dtype, device=x.device)
 
 
-torch.library.define("cute_kernels::row_sum", "(Tensor x, ScalarType? out_dtype=None) -> Tensor")
-torch.library.define("cute_kernels::sum_all", "(Tensor x, ScalarType? out_dtype=None) -> Tensor")
-
-
-@torch.library.impl("cute_kernels::row_sum", "CUDA")
 def _row_sum_cuda(x, out_dtype=None):
     out = _row_sum_fake(x, out_dtype)
     if out.numel() == 0:
@@ -91,7 +87,6 @@ def _row_sum_cuda(x, out_dtype=None):
     return out
 
 
-@torch.library.impl("cute_kernels::sum_all", "CUDA")
 def _sum_all_cuda(x, out_dtype=None):
     out = _sum_all_fake(x, out_dtype)
     if x.numel() == 0:
@@ -101,30 +96,21 @@ def _sum_all_cuda(x, out_dtype=None):
     return out
 
 
-register_fake_and_guard("cute_kernels::row_sum", _row_sum_fake)
-register_fake_and_guard("cute_kernels::sum_all", _sum_all_fake)
-
-
-def _row_sum_setup(ctx, inputs, output):
+def _setup(ctx, inputs, output):
     ctx.shape, ctx.dtype = inputs[0].shape, inputs[0].dtype
 
 
-def _row_sum_backward(ctx, g):
-    return g.unsqueeze(-1).expand(ctx.shape).to(ctx.dtype), None
-
-
-def _sum_all_backward(ctx, g):
-    return g.expand(ctx.shape).to(ctx.dtype), None
-
-
-torch.library.register_autograd("cute_kernels::row_sum", _row_sum_backward, setup_context=_row_sum_setup)
-torch.library.register_autograd("cute_kernels::sum_all", _sum_all_backward, setup_context=_row_sum_setup)
+register_op("cute_kernels::row_sum", "(Tensor x, ScalarType? out_dtype=None) -> Tensor", _row_sum_cuda, _row_sum_fake,
+            lambda ctx, g: (g.unsqueeze(-1).expand(ctx.shape).to(ctx.dtype), None), _setup)
+register_op("cute_kernels::sum_all", "(Tensor x, ScalarType? out_dtype=None) -> Tensor", _sum_all_cuda, _sum_all_fake,
+            lambda ctx, g: (g.expand(ctx.shape).to(ctx.dtype), None), _setup)
 
 
 def sum(x: torch.Tensor, dim: int | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:  # noqa: A001
     """Sum of all elements (`dim=None`) or over the last dim (`dim=-1`), fp32-accumulated, deterministic."""
+    direct = direct_call_ok(x)
     if dim is None:
-        return torch.ops.cute_kernels.sum_all(x, out_dtype)
+        return _sum_all_cuda(x, out_dtype) if direct else torch.ops.cute_kernels.sum_all(x, out_dtype)
     if isinstance(x, torch.Tensor) and dim not in (-1, x.dim() - 1):
         raise ValueError(f"dim must be None or the last dim (-1), got {dim}; move that dim last first")
-    return torch.ops.cute_kernels.row_sum(x, out_dtype)
+    return _row_sum_cuda(x, out_dtype) if direct else torch.ops.cute_kernels.row_sum(x, out_dtype)

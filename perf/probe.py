@@ -1,0 +1,34 @@
+"""Run one op a few times on randn data: a target for `ncu` and `compute-sanitizer`.
+
+    python3 -m perf.probe add bf16 268435456
+    python3 -m perf.probe row_sum bf16 65536 8192
+"""
+
+import sys
+
+import torch
+
+import cute_kernels as ck
+from perf.harness import randn
+
+
+def main(argv):
+    op, dt, *shape = argv
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
+    shape = [int(s) for s in shape]
+    x, y = randn(*shape, dtype=dtype, seed=1), randn(*shape, dtype=dtype, seed=2)
+    f = {
+        "copy": lambda: ck.copy(x),
+        "add": lambda: ck.add(x, y),
+        "axpby": lambda: ck.axpby(2.0, x, 0.5, y),
+        "row_sum": lambda: ck.sum(x, dim=-1),
+        "sum": lambda: ck.sum(x),
+    }[op]
+    for _ in range(3):
+        r = f()
+    torch.cuda.synchronize()
+    print(op, dt, shape, "ok", float(r.float().sum()))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,107 @@
+"""Schedule tuning on the GPU: time a small grid of configs per kernel on large randn inputs and
+rank them. The winners become the catalogue defaults (recorded in perf/results/tune.md).
+
+    python3 -m perf.tune [--out DIR] [--jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+import torch
+
+from perf import harness as H
+
+MiB = 1 << 20
+EW_GRID = dict(threads=(128, 256, 512), unroll=(2, 4, 8), ctas_per_sm=(4, 8, 16))
+RED_GRID = dict(threads=(256, 512), unroll=(2, 4, 8), ctas_per_sm=(4, 8, 16))
+
+
+def _ew_variants(ops, dtype):
+    for op, (t, u, c) in itertools.product(ops, itertools.product(*EW_GRID.values())):
+        yield op, dict(dtype=dtype, threads=t, unroll=u, ctas_per_sm=c)
+
+
+def tune_elementwise(ops=("copy", "add", "axpby"), sizes_mib=(8, 512)):
+    from cute_kernels import catalog
+    from schedules.hardware import num_sms
+
+    sms = num_sms()
+    rows = []
+    for mib in sizes_mib:
+        n = mib * MiB // 2
+        x, y = H.randn(n, seed=1), H.randn(n, seed=2)
+        out = torch.empty_like(x)
+        for op, p in _ew_variants(ops, "bf16"):
+            fn = catalog.get(f"elementwise.{op}").compiled(**p)
+            mc = p["ctas_per_sm"] * sms
+            t = H.do_bench(lambda: fn(x, y, out, 1.0, 1.0, mc), rep_ms=60)["median_ms"]
+            moved = (2 if op == "copy" else 3) * n * 2
+            rows.append((f"elementwise.{op}", mib, p["threads"], p["unroll"], p["ctas_per_sm"], t, moved / t / 1e9))
+        del x, y, out
+    return rows
+
+
+def tune_reduction(shapes=((1, 1 << 29), (65536, 8192), (1 << 20, 256))):
+    from cute_kernels.ops.reduction import _rows_of, _sum_rows
+
+    rows = []
+    for m, n in shapes:
+        x = H.randn(m, n, seed=3)
+        x2 = _rows_of(x)
+        out = torch.empty(m, dtype=torch.bfloat16, device="cuda")
+        for t, u, c in itertools.product(*RED_GRID.values()):
+            ms = H.do_bench(lambda: _sum_rows(x2, out, threads=t, unroll=u, ctas_per_sm=c), rep_ms=60)["median_ms"]
+            rows.append(("reduction.row_sum", f"{m}x{n}", t, u, c, ms, x.numel() * 2 / ms / 1e9))
+        del x, x2
+    return rows
+
+
+def precompile_variants(jobs: int):
+    from cute_kernels import catalog
+    from cute_kernels.precompile import precompile
+
+    items = [(f"elementwise.{op}", tuple(sorted(p.items()))) for op, p in _ew_variants(("copy", "add", "axpby"), "bf16")]
+    for t, u, tpr in itertools.product(RED_GRID["threads"], RED_GRID["unroll"], (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)):
+        if tpr > t:
+            continue
+        for d, o in (("bf16", "bf16"), ("bf16", "fp32"), ("fp32", "bf16")):
+            for aligned in (True, False):
+                p = catalog.ROW_SUM.resolve({"dtype": d, "out_dtype": o, "threads": t, "unroll": u,
+                                             "threads_per_row": tpr, "aligned": aligned})
+                items.append(("reduction.row_sum", tuple(sorted(p.items()))))
+    n, secs = precompile(list(dict.fromkeys(items)), jobs)
+    H.progress(f"precompiled {n} tuning variants in {secs:.1f} s")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--jobs", type=int, default=16)
+    args = ap.parse_args(argv)
+    precompile_variants(args.jobs)
+    lines = ["# Schedule tuning (bf16, randn, L2 flushed, CUDA-event medians)", "",
+             f"{H.environment()}", "", "| kernel | size | threads | unroll | ctas/SM | ms | GB/s |", "|---|---|---|---|---|---|---|"]
+    best = {}
+    for r in tune_elementwise() + tune_reduction():
+        lines.append("| " + " | ".join(str(v) if not isinstance(v, float) else f"{v:.4f}" for v in r) + " |")
+        k = (r[0], r[1])
+        if k not in best or r[5] < best[k][5]:
+            best[k] = r
+    lines += ["", "## Best per (kernel, size)", "", "| kernel | size | threads | unroll | ctas/SM | ms | GB/s |",
+              "|---|---|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(str(v) if not isinstance(v, float) else f"{v:.4f}" for v in r) + " |" for r in best.values()]
+    text = "\n".join(lines)
+    print("\n".join(lines[-(len(best) + 4):]))
+    if args.out:
+        from pathlib import Path
+
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "tune.md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
