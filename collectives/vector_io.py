@@ -20,3 +20,13 @@ def vec_elems(dtype, vec_bytes: int = 16) -> int:
 def as_vectors(t: cute.Tensor, n, vec: cutlass.Constexpr[int]) -> cute.Tensor:
     """View the first `(n // vec) * vec` elements of flat tensor `t` as (vec, n // vec) columns."""
     return cute.make_tensor(t.iterator, cute.make_layout((vec, n // vec), stride=(1, vec)))
+
+
+def extent(t: cute.Tensor, mode: int):
+    """Size of mode `mode` of `t`, in the width its layout declares.
+
+    Use this, not `t.shape[mode]`: in DSL 4.8.1 the Python `shape` tuple hands back Int32 elements
+    even for a 64-bit (`sym_int64`) dimension, silently truncating sizes past 2^31, while
+    `cute.size(t, mode=[i])` keeps the declared width.
+    """
+    return cute.size(t, mode=[mode])

@@ -21,6 +21,7 @@ from cutlass import Float32, Int32
 from cute_kernels import dtypes
 from cute_kernels.jit import CacheKey, default_cache, fake_stream
 
+from schedules.grid_stride import TUNED as _EW_TUNED
 from schedules.grid_stride import GridStride
 from schedules.row_tiling import RowTiling
 
@@ -138,6 +139,9 @@ class ElementwiseSpec(KernelSpec):
         ]
 
 
+_EW_DEFAULT = _EW_TUNED[-1][1]  # the large-problem schedule
+
+
 def _elementwise(op: str, summary: str, ops: tuple[str, ...]) -> ElementwiseSpec:
     return ElementwiseSpec(
         name=f"elementwise.{op}",
@@ -148,9 +152,9 @@ def _elementwise(op: str, summary: str, ops: tuple[str, ...]) -> ElementwiseSpec
         status="ready",
         params={
             **_SIG_COMMON,
-            "threads": Param(256, (128, 256, 512), help="threads per CTA"),
-            "unroll": Param(4, (1, 2, 4, 8), help="128-bit vectors in flight per thread"),
-            "ctas_per_sm": Param(8, (1, 2, 4, 8, 16), help="grid cap: resident CTAs per SM"),
+            "threads": Param(_EW_DEFAULT.threads, (128, 256, 512), help="threads per CTA"),
+            "unroll": Param(_EW_DEFAULT.unroll, (1, 2, 4, 8), help="128-bit vectors in flight per thread"),
+            "ctas_per_sm": Param(_EW_DEFAULT.ctas_per_sm, (1, 2, 4, 8, 16), help="grid cap: CTAs per SM"),
         },
     )
 

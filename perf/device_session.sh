@@ -1,30 +1,41 @@
 #!/usr/bin/env bash
-# One device call: fill the compile cache, run the GPU tests, optional tuning and ncu probes,
-# then the benchmarks. Logs and results go to $OUT; a short summary is printed last.
-#   bash perf/device_session.sh [tune] [ncu] [sanitize] [quick]
+# One device call: fill the compile cache, run the GPU tests (the >2^31-element ones in their own
+# process), optional tuning / ncu / sanitizer probes, then the benchmarks.
+# Everything is logged to $OUT/session.log; results to $OUT/<suite>.{json,md,png}; a summary is printed.
+#   bash perf/device_session.sh [tune] [ncu] [sanitize] [quick] [nobench]
 set -u
-OUT=${OUT:-/tmp/ck_out}; mkdir -p "$OUT"
-want() { case " $* " in *" $1 "*) return 0;; esac; return 1; }
+OUT=${OUT:-/tmp/ck_out}; mkdir -p "$OUT"; LOG="$OUT/session.log"; : > "$LOG"
 ARGS=" $* "
-python3 -m cute_kernels compile --all --sweep --jobs 16 > "$OUT/precompile.log" 2>&1; tail -1 "$OUT/precompile.log"
-python3 -m pytest -q tests -m gpu -p no:cacheprovider > "$OUT/pytest.log" 2>&1; echo "pytest: $(tail -1 "$OUT/pytest.log")"
-grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
-if [[ $ARGS == *" tune "* ]]; then python3 -m perf.tune --out "$OUT" > "$OUT/tune.log" 2>&1; tail -25 "$OUT/tune.log"; fi
-if [[ $ARGS == *" ncu "* ]]; then
+has() { [[ $ARGS == *" $1 "* ]]; }
+section() { echo "===== $1" >> "$LOG"; }
+section precompile; python3 -m cute_kernels compile --all --sweep --jobs 16 >> "$LOG" 2>&1; tail -1 "$LOG"
+section pytest; python3 -m pytest -q tests -m "gpu and not large" -p no:cacheprovider > "$OUT/.p1" 2>&1
+cat "$OUT/.p1" >> "$LOG"; echo "pytest (gpu): $(tail -1 "$OUT/.p1")"; grep -E "^(FAILED|ERROR)" "$OUT/.p1" | head -20
+section pytest-large; python3 -m pytest -q tests -m "large" -p no:cacheprovider > "$OUT/.p2" 2>&1
+cat "$OUT/.p2" >> "$LOG"; echo "pytest (large): $(tail -1 "$OUT/.p2")"; grep -E "^(FAILED|ERROR)" "$OUT/.p2" | head -20
+rm -f "$OUT/.p1" "$OUT/.p2"
+if has tune; then section tune; python3 -m perf.tune --out "$OUT" > "$OUT/.t" 2>&1; cat "$OUT/.t" >> "$LOG"; grep -v "^precompiled" "$OUT/.t" | tail -40; rm -f "$OUT/.t"; fi
+if has ncu; then
   M=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__occupancy_limit_registers,launch__grid_size,launch__block_size,dram__bytes_read.sum,dram__bytes_write.sum
   for p in "copy bf16 268435456" "add bf16 268435456" "sum bf16 536870912" "row_sum bf16 65536 8192"; do
-    ncu --clock-control none -k regex:kernel_cutlass --launch-skip 2 --launch-count 1 --metrics $M python3 -m perf.probe $p > "$OUT/ncu_${p// /_}.log" 2>&1
-    echo "ncu $p:"; grep -E "^\s+(gpu__|dram__|sm__|launch__)" "$OUT/ncu_${p// /_}.log" | awk '{print "   ", $1, $(NF-1), $NF}'
+    section "ncu $p"
+    ncu --clock-control none -k regex:kernel_cutlass --launch-skip 2 --launch-count 1 --metrics $M python3 -m perf.probe $p > "$OUT/.n" 2>&1
+    cat "$OUT/.n" >> "$LOG"
+    echo "ncu $p: $(grep -E "^\s+(gpu__time|dram__throughput|sm__warps|launch__registers|launch__grid)" "$OUT/.n" | awk '{printf "%s=%s ", $1, $NF}')"
   done
+  rm -f "$OUT/.n"
 fi
-if [[ $ARGS == *" sanitize "* ]]; then
+if has sanitize; then
   for p in "add bf16 1048579" "row_sum bf16 3 769" "sum fp32 1000003" "row_sum fp16 4096 7"; do
-    for tool in memcheck racecheck; do
-      r=$(compute-sanitizer --tool $tool --report-api-errors no python3 -m perf.probe $p 2>&1 | grep -E "ERROR SUMMARY|ok" | tr '\n' ' ')
-      echo "sanitizer $tool $p: $r"
+    for tool in memcheck racecheck synccheck; do
+      section "sanitizer $tool $p"
+      r=$(compute-sanitizer --tool $tool --report-api-errors no python3 -m perf.probe $p 2>&1 | tee -a "$LOG" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | tr '\n' ' ')
+      echo "sanitizer $tool $p: ${r:-no summary line (see log)}"
     done
   done
 fi
-Q=""; [[ $ARGS == *" quick "* ]] && Q="--quick"
-python3 -m cute_kernels bench all $Q --out "$OUT" > "$OUT/bench.log" 2>&1
-grep -E "^\[(PASS|FAIL)\]|^\| (elementwise|reduction)|^ceilings|^\| (compiled|public|torch\.mul)" "$OUT/bench.log"
+if ! has nobench; then
+  Q=""; has quick && Q="--quick"
+  section bench; python3 -m cute_kernels bench all $Q --out "$OUT" > "$OUT/.b" 2>&1; cat "$OUT/.b" >> "$LOG"
+  grep -E "^\[(PASS|FAIL)\]|^\| (elementwise|reduction)|^ceilings|^\| (compiled|public|torch\.mul)|Error|error" "$OUT/.b" | cut -c1-220; rm -f "$OUT/.b"
+fi

@@ -15,7 +15,7 @@ import torch
 from perf import harness as H
 
 MiB = 1 << 20
-EW_GRID = dict(threads=(128, 256, 512), unroll=(2, 4, 8), ctas_per_sm=(4, 8, 16))
+EW_GRID = dict(threads=(128, 256), unroll=(2, 4, 8), ctas_per_sm=(2, 4, 8, 16))
 RED_GRID = dict(threads=(256, 512), unroll=(2, 4, 8), ctas_per_sm=(4, 8, 16))
 
 
@@ -24,7 +24,7 @@ def _ew_variants(ops, dtype):
         yield op, dict(dtype=dtype, threads=t, unroll=u, ctas_per_sm=c)
 
 
-def tune_elementwise(ops=("copy", "add", "axpby"), sizes_mib=(8, 512)):
+def tune_elementwise(ops=("copy", "add", "axpby"), sizes_mib=(4, 64, 512)):
     from cute_kernels import catalog
     from schedules.hardware import num_sms
 
@@ -44,7 +44,7 @@ def tune_elementwise(ops=("copy", "add", "axpby"), sizes_mib=(8, 512)):
     return rows
 
 
-def tune_reduction(shapes=((1, 1 << 29), (65536, 8192), (1 << 20, 256))):
+def tune_reduction(shapes=((1, 1 << 29), (65536, 8192), (1 << 20, 256), (16384, 2048))):
     from cute_kernels.ops.reduction import _rows_of, _sum_rows
 
     rows = []
@@ -83,18 +83,33 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     precompile_variants(args.jobs)
     lines = ["# Schedule tuning (bf16, randn, L2 flushed, CUDA-event medians)", "",
-             f"{H.environment()}", "", "| kernel | size | threads | unroll | ctas/SM | ms | GB/s |", "|---|---|---|---|---|---|---|"]
+             f"{H.environment()}", "", "| kernel | size | threads | unroll | ctas/SM | ms | TB/s |", "|---|---|---|---|---|---|---|"]
+    table = tune_elementwise() + tune_reduction()
+    lines += ["| " + " | ".join(str(v) if not isinstance(v, float) else f"{v:.4f}" for v in r) + " |" for r in table]
+    # Per kernel: rank configs by their slowest ratio to the best config of each size (robust choice).
+    lines += ["", "## Configs ranked by worst-case fraction of the best, per kernel", ""]
     best = {}
-    for r in tune_elementwise() + tune_reduction():
-        lines.append("| " + " | ".join(str(v) if not isinstance(v, float) else f"{v:.4f}" for v in r) + " |")
-        k = (r[0], r[1])
-        if k not in best or r[5] < best[k][5]:
-            best[k] = r
-    lines += ["", "## Best per (kernel, size)", "", "| kernel | size | threads | unroll | ctas/SM | ms | GB/s |",
-              "|---|---|---|---|---|---|---|"]
-    lines += ["| " + " | ".join(str(v) if not isinstance(v, float) else f"{v:.4f}" for v in r) + " |" for r in best.values()]
+    for r in table:
+        best[(r[0], r[1])] = min(best.get((r[0], r[1]), 1e9), r[5])
+    summary = []
+    for kernel in dict.fromkeys(r[0] for r in table):
+        score = {}
+        for r in table:
+            if r[0] == kernel:
+                cfg = (r[2], r[3], r[4])
+                score[cfg] = min(score.get(cfg, 1.0), best[(r[0], r[1])] / r[5])
+        ranked = sorted(score.items(), key=lambda kv: -kv[1])[:5]
+        summary.append(f"{kernel}: " + "; ".join(f"t{c[0]} u{c[1]} c{c[2]} {v:.3f}" for c, v in ranked))
+        for r in table:
+            if r[0] == kernel and (r[2], r[3], r[4]) == ranked[0][0]:
+                summary.append(f"    at {r[1]}: {r[6]:.3f} TB/s ({best[(r[0], r[1])] / r[5]:.3f} of best)")
+    summary.append("best per (kernel, size):")
+    for r in table:
+        if r[5] == best[(r[0], r[1])]:
+            summary.append(f"    {r[0]} {r[1]}: t{r[2]} u{r[3]} c{r[4]} {r[6]:.3f} TB/s")
+    lines += summary
     text = "\n".join(lines)
-    print("\n".join(lines[-(len(best) + 4):]))
+    print("\n".join(summary))
     if args.out:
         from pathlib import Path
 

@@ -72,3 +72,20 @@ def strided_fold(
         if j < n_items:
             acc = step(acc, j, load(j))
     return acc
+
+
+MiB = 1 << 20
+
+# Chosen per problem size from `python3 -m perf.tune` on an H200 (perf/results/tune.md):
+# (exclusive upper bound on bytes moved, schedule); the last entry covers everything larger.
+TUNED: tuple[tuple[int | None, GridStride], ...] = (
+    (None, GridStride(threads=128, unroll=4, ctas_per_sm=4)),
+)
+
+
+def pick(bytes_moved: int) -> GridStride:
+    """The tuned grid-stride schedule for a problem that moves `bytes_moved` bytes."""
+    for bound, sched in TUNED:
+        if bound is None or bytes_moved < bound:
+            return sched
+    return TUNED[-1][1]

@@ -15,7 +15,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from collectives.vector_io import as_vectors
+from collectives.vector_io import as_vectors, extent
 from schedules.grid_stride import GridStride, strided_fold
 
 OPS = ("copy", "add", "axpby")
@@ -61,7 +61,7 @@ class Elementwise:
         max_ctas: Int32,
         stream,
     ):
-        n = cute.size(out.shape)
+        n = extent(out, 0)
         # One vector per thread until the grid reaches its cap; past that, threads loop.
         ctas = cute.ceil_div(n // self.vec, self.schedule.threads)
         ctas = cutlass.max(cutlass.min(ctas, max_ctas), 1)
@@ -76,8 +76,9 @@ class Elementwise:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
-        n = cute.size(out.shape)
+        n = extent(out, 0)
         if cutlass.const_expr(self.index64):
+            assert n.dtype is Int64, "64-bit variant traced with a 32-bit size"
             first = Int64(bidx) * threads + tidx
             stride = Int64(gdim) * threads
         else:

@@ -15,7 +15,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from collectives.reduce import add, group_reduce, group_smem_slots
-from collectives.vector_io import as_vectors
+from collectives.vector_io import as_vectors, extent
 from schedules.grid_stride import strided_fold
 from schedules.row_tiling import RowTiling
 
@@ -33,8 +33,8 @@ class RowSum:
 
     @cute.jit
     def __call__(self, x: cute.Tensor, out: cute.Tensor, stream):
-        rows = x.shape[0]
-        splits = out.shape[1]
+        rows = extent(x, 0)
+        splits = extent(out, 1)
         row_ctas = cute.ceil_div(rows, self.tiling.rows_per_cta)
         self.kernel(x, out).launch(
             grid=[row_ctas, splits, 1], block=[self.tiling.threads, 1, 1], stream=stream
@@ -46,8 +46,10 @@ class RowSum:
         tpr = self.tiling.threads_per_row
         tidx, _, _ = cute.arch.thread_idx()
         tile, split, _ = cute.arch.block_idx()
-        rows, n = x.shape
-        splits = out.shape[1]
+        rows, n = extent(x, 0), extent(x, 1)
+        splits = extent(out, 1)
+        if cutlass.const_expr(self.index64):
+            assert n.dtype is Int64 and rows.dtype is Int64, "64-bit variant traced with 32-bit sizes"
 
         smem = cutlass.memory.SmemAllocator()
         slots = group_smem_slots(self.tiling.threads, tpr)

@@ -12,30 +12,35 @@ import torch
 
 from cute_kernels import catalog, dtypes
 from cute_kernels.ops._checks import aligned16, check_like, check_tensor, direct_call_ok, register_op
+from schedules.grid_stride import GridStride, pick
 from schedules.hardware import num_sms
 
 _INDEX32_LIMIT = 2**31 - 1
 _fns: dict[tuple, object] = {}
-_max_ctas: dict[tuple, int] = {}
+_sms: dict[int, int] = {}
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
     return (t if t.is_contiguous() else t.contiguous()).view(-1)
 
 
-def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: float, b: float) -> None:
-    """Run kernel `elementwise.<op>` on flat contiguous tensors (n >= 1)."""
-    key = (op, x.dtype, aligned16(x, y, out), out.numel() > _INDEX32_LIMIT)
+def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: float, b: float,
+            schedule: GridStride | None = None) -> None:
+    """Run kernel `elementwise.<op>` on flat contiguous tensors (n >= 1) under the tuned schedule
+    for its size (or `schedule`)."""
+    n = out.numel()
+    sched = schedule or pick((2 if op == "copy" else 3) * n * out.element_size())
+    key = (op, x.dtype, aligned16(x, y, out), n > _INDEX32_LIMIT, sched)
     fn = _fns.get(key)
     if fn is None:
         spec = catalog.get(f"elementwise.{op}")
-        fn = _fns[key] = spec.compiled(dtype=dtypes.name_of(x.dtype), aligned=key[2], index64=key[3])
-    dev = (op, out.device.index or 0)
-    max_ctas = _max_ctas.get(dev)
-    if max_ctas is None:
-        per_sm = catalog.get(f"elementwise.{op}").params["ctas_per_sm"].default
-        max_ctas = _max_ctas[dev] = per_sm * num_sms(dev[1])
-    fn(x, y, out, a, b, max_ctas)
+        fn = _fns[key] = spec.compiled(dtype=dtypes.name_of(x.dtype), aligned=key[2], index64=key[3],
+                                       threads=sched.threads, unroll=sched.unroll, ctas_per_sm=sched.ctas_per_sm)
+    dev = out.device.index or 0
+    sms = _sms.get(dev)
+    if sms is None:
+        sms = _sms[dev] = num_sms(dev)
+    fn(x, y, out, a, b, sched.max_ctas(sms))
 
 
 def _unary_fake(x):
