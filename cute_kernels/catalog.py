@@ -23,6 +23,7 @@ from cute_kernels.jit import CacheKey, default_cache, fake_stream
 
 from schedules.grid_stride import TUNED as _EW_TUNED
 from schedules.grid_stride import GridStride
+from schedules.row_tiling import TUNED as _ROW_TUNED
 from schedules.row_tiling import RowTiling
 
 
@@ -119,7 +120,7 @@ class ElementwiseSpec(KernelSpec):
 
         dt = dtypes.cutlass_of(p["dtype"])
         vec = dtypes.vec_of(p["dtype"], p["aligned"])
-        sched = GridStride(p["threads"], p["unroll"], p["ctas_per_sm"])
+        sched = GridStride(p["threads"], p["unroll"], p["ctas_per_sm"], p["order"])
         kernel = Elementwise(self.name.split(".")[1], dt, vec, p["index64"], sched)
         n = _index_sym(p["index64"])
         align = 16 if p["aligned"] else dt.width // 8
@@ -155,6 +156,7 @@ def _elementwise(op: str, summary: str, ops: tuple[str, ...]) -> ElementwiseSpec
             "threads": Param(_EW_DEFAULT.threads, (128, 256, 512), help="threads per CTA"),
             "unroll": Param(_EW_DEFAULT.unroll, (1, 2, 4, 8), help="128-bit vectors in flight per thread"),
             "ctas_per_sm": Param(_EW_DEFAULT.ctas_per_sm, (1, 2, 4, 8, 16), help="grid cap: CTAs per SM"),
+            "order": Param(_EW_DEFAULT.order, ("grid", "cta"), help="items of a pass: a grid apart, or CTA-contiguous"),
         },
     )
 
@@ -182,7 +184,7 @@ class RowSumSpec(KernelSpec):
         )
         s = _index_sym(p["index64"])
         out = cute.runtime.make_fake_tensor(out_dt, (m, s), stride=(s, 1), assumed_align=out_dt.width // 8)
-        return kernel, (x, out, fake_stream())
+        return kernel, (x, out, Int32(1), fake_stream())
 
     def dynamic_smem_bytes(self, p):
         from collectives.reduce import group_smem_slots
@@ -213,9 +215,10 @@ ROW_SUM = RowSumSpec(
     params={
         **_SIG_COMMON,
         "out_dtype": Param("bf16", dtypes.FLOAT_NAMES, "signature", "output element type"),
-        "threads": Param(256, (128, 256, 512, 1024), help="threads per CTA"),
-        "threads_per_row": Param(256, (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), help="threads sharing one row"),
-        "unroll": Param(4, (1, 2, 4, 8), help="128-bit vectors in flight per thread"),
+        "threads": Param(_ROW_TUNED["threads"], (128, 256, 512, 1024), help="threads per CTA"),
+        "threads_per_row": Param(_ROW_TUNED["threads"], (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+                                 help="threads sharing one row"),
+        "unroll": Param(_ROW_TUNED["unroll"], (1, 2, 4, 8), help="128-bit vectors in flight per thread"),
     },
 )
 

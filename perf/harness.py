@@ -1,8 +1,10 @@
 """Benchmark harness: CUDA-event medians with L2 flushed, ceilings measured in the same run,
 results as JSON + markdown + plot stamped with GPU, date and commit.
 
-Timing: each repetition first overwrites a buffer of twice the L2 size (outside the timed region),
-then records an event pair around one call; warm-up calls (compilation, autotuning, first-touch)
+Timing: each repetition first overwrites a buffer of twice the L2 size and spins the GPU ~20 us
+(both outside the timed region, so the host has queued the call before the start event fires and
+the figure is device time; host overhead is measured separately by `host_overhead_us`), then
+records an event pair around one call; warm-up calls (compilation, autotuning, first-touch)
 are excluded; the figure is the median. Inputs are randn: low-entropy data (zeros, small
 integers) toggles fewer bits, runs at higher clocks and flatters a kernel.
 
@@ -58,6 +60,7 @@ def do_bench(fn: Callable[[], object], *, warmup_ms: float = 30.0, rep_ms: float
     for s, e in zip(starts, ends):
         if flush:
             _flush_l2()
+        torch.cuda._sleep(40_000)  # ~20 us of GPU spin: the call below is queued before `s` fires
         s.record()
         fn()
         e.record()

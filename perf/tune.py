@@ -15,13 +15,13 @@ import torch
 from perf import harness as H
 
 MiB = 1 << 20
-EW_GRID = dict(threads=(128, 256), unroll=(2, 4, 8), ctas_per_sm=(2, 4, 8, 16))
+EW_GRID = dict(threads=(128, 256), unroll=(2, 4, 8), ctas_per_sm=(2, 4, 16), order=("grid", "cta"))
 RED_GRID = dict(threads=(256, 512), unroll=(2, 4, 8), ctas_per_sm=(4, 8, 16))
 
 
 def _ew_variants(ops, dtype):
-    for op, (t, u, c) in itertools.product(ops, itertools.product(*EW_GRID.values())):
-        yield op, dict(dtype=dtype, threads=t, unroll=u, ctas_per_sm=c)
+    for op, (t, u, c, o) in itertools.product(ops, itertools.product(*EW_GRID.values())):
+        yield op, dict(dtype=dtype, threads=t, unroll=u, ctas_per_sm=c, order=o)
 
 
 def tune_elementwise(ops=("copy", "add", "axpby"), sizes_mib=(4, 64, 512)):
@@ -39,12 +39,13 @@ def tune_elementwise(ops=("copy", "add", "axpby"), sizes_mib=(4, 64, 512)):
             mc = p["ctas_per_sm"] * sms
             t = H.do_bench(lambda: fn(x, y, out, 1.0, 1.0, mc), rep_ms=60)["median_ms"]
             moved = (2 if op == "copy" else 3) * n * 2
-            rows.append((f"elementwise.{op}", mib, p["threads"], p["unroll"], p["ctas_per_sm"], t, moved / t / 1e9))
+            rows.append((f"elementwise.{op}", mib, p["threads"], p["unroll"], f'{p["ctas_per_sm"]}{p["order"][0]}', t,
+                         moved / t / 1e9))
         del x, y, out
     return rows
 
 
-def tune_reduction(shapes=((1, 1 << 29), (65536, 8192), (1 << 20, 256), (16384, 2048))):
+def tune_reduction(shapes=((1, 1 << 27), (1, 1 << 29), (32768, 4096), (65536, 8192), (1 << 20, 256), (16384, 2048))):
     from cute_kernels.ops.reduction import _rows_of, _sum_rows
 
     rows = []
@@ -83,7 +84,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     precompile_variants(args.jobs)
     lines = ["# Schedule tuning (bf16, randn, L2 flushed, CUDA-event medians)", "",
-             f"{H.environment()}", "", "| kernel | size | threads | unroll | ctas/SM | ms | TB/s |", "|---|---|---|---|---|---|---|"]
+             f"{H.environment()}", "", "| kernel | size | threads | unroll | ctas/SM (+order) | ms | TB/s |", "|---|---|---|---|---|---|---|"]
     table = tune_elementwise() + tune_reduction()
     lines += ["| " + " | ".join(str(v) if not isinstance(v, float) else f"{v:.4f}" for v in r) + " |" for r in table]
     # Per kernel: rank configs by their slowest ratio to the best config of each size (robust choice).

@@ -1,10 +1,10 @@
 """Grid-stride schedule (curriculum lesson 1): a fixed-size grid walks any number of work items.
 
-A grid of `G` CTAs of `threads` threads (G at most `ctas_per_sm` per SM; one item per thread when
-the work is smaller than that) visits items `gtid, gtid + G*threads, ...`. Each pass a thread owns `unroll` items spaced one
-grid apart, so a warp's 32 accesses stay contiguous and each thread has `unroll` independent loads in
-flight before it consumes the first one. Passes where every thread's items are in range run without
-predicates; only the last pass is guarded.
+A grid of at most `ctas_per_sm` CTAs per SM (fewer when one pass covers the problem) of `threads`
+threads walks the items in passes. In each pass a thread owns `unroll` items and issues all their
+loads before it consumes the first, so `unroll` loads per thread are in flight; a warp's 32
+accesses are always contiguous. `order` chooses how a pass is laid out (see `GridStride`). Passes
+in which every thread's items are in range run without predicates; only the last is guarded.
 """
 
 from __future__ import annotations
@@ -16,29 +16,53 @@ import cutlass
 import cutlass.cute as cute
 
 
+ORDERS = ("grid", "cta")
+
+
 @dataclass(frozen=True)
 class GridStride:
+    """`order` says which items one pass of a thread touches:
+    - "grid": its `unroll` items are one grid (G * threads items) apart; a pass of the whole grid
+      covers G * threads * unroll contiguous items, each CTA a strided comb of them.
+    - "cta": a CTA's pass covers `threads * unroll` contiguous items (its threads' items are
+      `threads` apart), and the CTA then jumps a grid ahead: fewer DRAM pages open per CTA.
+    """
+
     threads: int = 256
     unroll: int = 4
     ctas_per_sm: int = 8
+    order: str = "grid"
 
     def __post_init__(self):
         if self.threads % 32 or not 32 <= self.threads <= 1024:
             raise ValueError(f"threads must be a multiple of 32 in [32, 1024], got {self.threads}")
         if self.unroll < 1 or self.ctas_per_sm < 1:
             raise ValueError("unroll and ctas_per_sm must be >= 1")
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
 
     def __str__(self) -> str:
-        return f"t{self.threads}u{self.unroll}c{self.ctas_per_sm}"
+        return f"t{self.threads}u{self.unroll}c{self.ctas_per_sm}{self.order[0]}"
 
     def max_ctas(self, num_sms: int) -> int:
-        """Upper bound on the grid: enough resident CTAs to fill every SM `ctas_per_sm` deep."""
+        """Upper bound on the grid: `ctas_per_sm` CTAs for every SM."""
         return self.ctas_per_sm * num_sms
 
+    def items_per_cta_pass(self) -> int:
+        return self.threads * (self.unroll if self.order == "cta" else 1)
+
     def grid(self, n_items: int, num_sms: int) -> int:
-        """Grid size for `n_items`: one item per thread while that fits under the cap, so small
-        problems still spread over every SM; the cap once threads have to loop."""
-        return max(1, min(-(-n_items // self.threads), self.max_ctas(num_sms)))
+        """Grid size for `n_items`: as many CTAs as one pass needs while that fits under the cap
+        (small problems still spread over every SM), the cap once CTAs have to loop."""
+        return max(1, min(-(-n_items // self.items_per_cta_pass()), self.max_ctas(num_sms)))
+
+    def thread_walk(self, bidx, gdim, tidx):
+        """(first item, stride between a pass's items, stride between passes) of one thread; works
+        on host ints and on DSL integers alike."""
+        t, u = self.threads, self.unroll
+        if self.order == "cta":
+            return bidx * (t * u) + tidx, t, gdim * (t * u)
+        return bidx * t + tidx, gdim * t, gdim * (t * u)
 
 
 @cute.jit
@@ -46,27 +70,30 @@ def strided_fold(
     n_items,
     first,
     stride,
+    pass_stride,
     unroll: cutlass.Constexpr[int],
     load: Callable,
     step: Callable,
     acc,
 ):
-    """Fold `step(acc, j, load(j))` over j = first, first + stride, ... < n_items.
+    """Fold `step(acc, j, load(j))` over j = first + p * pass_stride + u * stride < n_items, for
+    passes p = 0, 1, ... and u < unroll.
 
-    Each pass issues `unroll` loads before the first `step`, so their latencies overlap. `load` and
-    `step` are trace-time callables; `acc` is any DSL value (a dummy for pure elementwise maps) and
-    is returned. The visiting order is fixed by (first, stride), which keeps folds deterministic.
+    The caller guarantees that pass p of every participating thread lies in
+    [p * pass_stride, (p + 1) * pass_stride), so passes below `n_items // pass_stride` need no bounds
+    checks. Each pass issues its `unroll` loads before the first `step`, so their latencies
+    overlap. `load` and `step` are trace-time callables; `acc` is any DSL value (a dummy for pure
+    maps) and is returned. The visiting order is fixed, which keeps folds deterministic.
     """
-    per_pass = stride * unroll
-    full_passes = n_items // per_pass
+    full_passes = n_items // pass_stride
     for p in cutlass.range(full_passes, unroll=1):
-        base = p * per_pass + first
+        base = p * pass_stride + first
         vals = []
         for u in cutlass.range_constexpr(unroll):
             vals.append(load(base + u * stride))
         for u in cutlass.range_constexpr(unroll):
             acc = step(acc, base + u * stride, vals[u])
-    base = full_passes * per_pass + first
+    base = full_passes * pass_stride + first
     for u in cutlass.range_constexpr(unroll):
         j = base + u * stride
         if j < n_items:

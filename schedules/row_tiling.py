@@ -44,23 +44,34 @@ class RowTiling:
 
 @dataclass(frozen=True)
 class RowPlan:
-    """A tiling plus the number of column splits for one (rows, row_vectors) problem."""
+    """A tiling, the number of column splits, and the cap on CTAs per split for one problem."""
 
     tiling: RowTiling
     splits: int
+    ctas_per_sm: int = 8
 
-    def grid(self, rows: int) -> tuple[int, int]:
-        return (-(-rows // self.tiling.rows_per_cta), self.splits)
+    def max_ctas(self, num_sms: int) -> int:
+        return self.ctas_per_sm * num_sms
+
+    def grid(self, rows: int, num_sms: int) -> tuple[int, int]:
+        tiles = -(-rows // self.tiling.rows_per_cta)
+        return (max(1, min(tiles, self.max_ctas(num_sms))), self.splits)
+
+
+# Tuned on an H200 with `python3 -m perf.tune` (perf/results/tune.md).
+TUNED = dict(threads=256, unroll=2, ctas_per_sm=16)
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_rows(rows: int, row_vectors: int, num_sms: int, *, threads: int = 256, unroll: int = 4,
-              ctas_per_sm: int = 8, min_vectors_per_cta: int = 2048, max_splits: int = 4096) -> RowPlan:
-    """Pick threads-per-row and column splits for `rows` rows of `row_vectors` vectors each.
+def plan_rows(rows: int, row_vectors: int, num_sms: int, *, threads: int = TUNED["threads"],
+              unroll: int = TUNED["unroll"], ctas_per_sm: int = TUNED["ctas_per_sm"],
+              min_vectors_per_cta: int = 2048, max_splits: int = 4096) -> RowPlan:
+    """Pick threads-per-row, column splits and the CTA cap for `rows` rows of `row_vectors` vectors.
 
     Threads per row: enough that each thread has about `unroll` vectors of its row, up to the CTA.
     Splits: when the row tiles alone leave SMs idle, cut each row into chunks of at least
-    `min_vectors_per_cta` vectors until about `ctas_per_sm` CTAs per SM are busy.
+    `min_vectors_per_cta` vectors until about `ctas_per_sm` CTAs per SM are busy. Otherwise CTAs
+    (at most `ctas_per_sm` per SM) walk the row tiles grid-stride.
     """
     tpr = min(threads, _pow2_at_least(max(1, -(-row_vectors // unroll))))
     tiling = RowTiling(threads=threads, threads_per_row=tpr, unroll=unroll)
@@ -71,4 +82,4 @@ def plan_rows(rows: int, row_vectors: int, num_sms: int, *, threads: int = 256, 
         want = -(-target // row_ctas)
         most = max(1, min(max_splits, row_vectors // min_vectors_per_cta))
         splits = max(1, min(want, most))
-    return RowPlan(tiling, splits)
+    return RowPlan(tiling, splits, ctas_per_sm)

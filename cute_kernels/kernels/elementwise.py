@@ -62,8 +62,8 @@ class Elementwise:
         stream,
     ):
         n = extent(out, 0)
-        # One vector per thread until the grid reaches its cap; past that, threads loop.
-        ctas = cute.ceil_div(n // self.vec, self.schedule.threads)
+        # One pass until the grid reaches its cap; past that, CTAs loop (see GridStride.grid).
+        ctas = cute.ceil_div(n // self.vec, self.schedule.items_per_cta_pass())
         ctas = cutlass.max(cutlass.min(ctas, max_ctas), 1)
         self.kernel(x, y, out, a, b).launch(
             grid=[ctas, 1, 1], block=[self.schedule.threads, 1, 1], stream=stream
@@ -71,7 +71,6 @@ class Elementwise:
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, y: cute.Tensor, out: cute.Tensor, a: Float32, b: Float32):
-        threads = self.schedule.threads
         vec = self.vec
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -79,11 +78,9 @@ class Elementwise:
         n = extent(out, 0)
         if cutlass.const_expr(self.index64):
             assert n.dtype is Int64, "64-bit variant traced with a 32-bit size"
-            first = Int64(bidx) * threads + tidx
-            stride = Int64(gdim) * threads
+            first, stride, pass_stride = self.schedule.thread_walk(Int64(bidx), Int64(gdim), Int64(tidx))
         else:
-            first = bidx * threads + tidx
-            stride = gdim * threads
+            first, stride, pass_stride = self.schedule.thread_walk(bidx, gdim, tidx)
 
         xv = as_vectors(x, n, vec)
         yv = as_vectors(y, n, vec)
@@ -99,7 +96,7 @@ class Elementwise:
             ov[None, j].store(self._apply(v[0], v[1], a, b))
             return acc
 
-        strided_fold(n // vec, first, stride, self.schedule.unroll, load, step, Int32(0))
+        strided_fold(n // vec, first, stride, pass_stride, self.schedule.unroll, load, step, Int32(0))
 
         if cutlass.const_expr(vec > 1):
             # Scalar tail: the last n % vec elements, one per thread of the last CTA.

@@ -24,7 +24,9 @@ class RowSum:
     """out[m, s] = sum of split `s` of row `m` of x (M, N); out has `splits` columns (1: final sum).
 
     x has unit stride along N and a row stride divisible by `vec`; its base is 16-byte aligned when
-    vec > 1. Accumulation is fp32 in a fixed order; out is written in out's dtype.
+    vec > 1. CTAs walk row tiles grid-stride (at most `max_ctas` of them per split), so a CTA's
+    launch cost is spread over many rows. Accumulation is fp32 in a fixed order; out is written in
+    out's dtype.
     """
 
     def __init__(self, in_dtype, out_dtype, vec: int, index64: bool, tiling: RowTiling):
@@ -32,20 +34,21 @@ class RowSum:
         self.vec, self.index64, self.tiling = vec, index64, tiling
 
     @cute.jit
-    def __call__(self, x: cute.Tensor, out: cute.Tensor, stream):
-        rows = extent(x, 0)
-        splits = extent(out, 1)
-        row_ctas = cute.ceil_div(rows, self.tiling.rows_per_cta)
+    def __call__(self, x: cute.Tensor, out: cute.Tensor, max_ctas: Int32, stream):
+        tiles = cute.ceil_div(extent(x, 0), self.tiling.rows_per_cta)
+        ctas = cutlass.max(cutlass.min(tiles, max_ctas), 1)
         self.kernel(x, out).launch(
-            grid=[row_ctas, splits, 1], block=[self.tiling.threads, 1, 1], stream=stream
+            grid=[ctas, extent(out, 1), 1], block=[self.tiling.threads, 1, 1], stream=stream
         )
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, out: cute.Tensor):
         vec = self.vec
         tpr = self.tiling.threads_per_row
+        rows_per_cta = self.tiling.rows_per_cta
         tidx, _, _ = cute.arch.thread_idx()
-        tile, split, _ = cute.arch.block_idx()
+        bidx, split, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
         rows, n = extent(x, 0), extent(x, 1)
         splits = extent(out, 1)
         if cutlass.const_expr(self.index64):
@@ -58,35 +61,39 @@ class RowSum:
             buf = smem.allocate_tensor(Float32, cute.make_layout(slots), byte_alignment=16)
 
         lane = tidx % tpr
-        if cutlass.const_expr(self.index64):
-            row = Int64(tile) * self.tiling.rows_per_cta + tidx // tpr
-        else:
-            row = tile * self.tiling.rows_per_cta + tidx // tpr
         nv = n // vec
         chunk = cute.ceil_div(nv, splits)
         v_begin = split * chunk
         v_count = cutlass.max(cutlass.min(nv - v_begin, chunk), 0)
+        tail = n - nv * vec
+        tiles = cute.ceil_div(rows, rows_per_cta)
 
-        acc = cute.full((vec,), 0.0, Float32)
-        if row < rows:
-            xv = as_vectors(x[row, None], n, vec)
+        for tile in cutlass.range(bidx, tiles, gdim, unroll=1):
+            if cutlass.const_expr(self.index64):
+                row = Int64(tile) * rows_per_cta + tidx // tpr
+            else:
+                row = tile * rows_per_cta + tidx // tpr
+            acc = cute.full((vec,), 0.0, Float32)
+            if row < rows:
+                xv = as_vectors(x[row, None], n, vec)
 
-            def load(j):
-                return xv[None, v_begin + j].load()
+                def load(j):
+                    return xv[None, v_begin + j].load()
 
-            def step(a, j, v):
-                return a + v.to(Float32)
+                def step(a, j, v):
+                    return a + v.to(Float32)
 
-            acc = strided_fold(v_count, lane, tpr, self.tiling.unroll, load, step, acc)
-        total = acc.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-        if cutlass.const_expr(vec > 1):
-            # The n % vec elements past the last vector belong to the last split; with fewer than
-            # `vec` threads per row a lane takes several of them.
-            if row < rows and split == splits - 1:
-                for k in cutlass.range_constexpr(-(-vec // tpr)):
-                    t = nv * vec + lane + k * tpr
-                    if t < n:
-                        total = total + x[row, t].to(Float32)
-        total = group_reduce(total, add, tpr, buf, Float32(0.0))
-        if row < rows and lane == 0:
-            out[row, split] = total.to(self.out_dtype)
+                acc = strided_fold(v_count, lane, tpr, tpr * self.tiling.unroll, self.tiling.unroll, load, step, acc)
+            total = acc.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            if cutlass.const_expr(vec > 1):
+                # The n % vec elements past the last vector belong to the last split; with fewer than
+                # `vec` threads per row a lane takes several of them.
+                if row < rows and split == splits - 1:
+                    for k in cutlass.range_constexpr(-(-vec // tpr)):
+                        if lane + k * tpr < tail:
+                            total = total + x[row, nv * vec + lane + k * tpr].to(Float32)
+            total = group_reduce(total, add, tpr, buf, Float32(0.0))
+            if row < rows and lane == 0:
+                out[row, split] = total.to(self.out_dtype)
+            if cutlass.const_expr(slots > 0):
+                cute.arch.barrier()  # the shared slots are rewritten by the next tile

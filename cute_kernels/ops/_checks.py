@@ -14,6 +14,8 @@ FLOAT_DTYPES = dtypes.FLOAT_TORCH
 
 
 def check_tensor(name: str, t, *, allowed=FLOAT_DTYPES, min_ndim: int = 0) -> None:
+    if type(t) is torch.Tensor and t.is_cuda and t.dtype in allowed and t.dim() >= min_ndim:
+        return  # the common case, decided in a few attribute reads
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cuda":
@@ -28,6 +30,8 @@ def check_tensor(name: str, t, *, allowed=FLOAT_DTYPES, min_ndim: int = 0) -> No
 def check_like(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
     """`t` must match `ref` in dtype, device and shape (no broadcasting, no type promotion)."""
     check_tensor(name, t)
+    if t.dtype is ref.dtype and t.shape == ref.shape and t.get_device() == ref.get_device():
+        return
     if t.dtype != ref.dtype:
         raise TypeError(f"{name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; cast one of them first")
     if t.device != ref.device:

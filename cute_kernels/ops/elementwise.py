@@ -16,12 +16,15 @@ from schedules.grid_stride import GridStride, pick
 from schedules.hardware import num_sms
 
 _INDEX32_LIMIT = 2**31 - 1
+_BYTES_PER_ELEM = {"copy": 2, "add": 3, "axpby": 3}  # tensors touched per element
 _fns: dict[tuple, object] = {}
 _sms: dict[int, int] = {}
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    return (t if t.is_contiguous() else t.contiguous()).view(-1)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t if t.dim() == 1 else t.view(-1)
 
 
 def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: float, b: float,
@@ -29,14 +32,15 @@ def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: flo
     """Run kernel `elementwise.<op>` on flat contiguous tensors (n >= 1) under the tuned schedule
     for its size (or `schedule`)."""
     n = out.numel()
-    sched = schedule or pick((2 if op == "copy" else 3) * n * out.element_size())
+    sched = schedule or pick(_BYTES_PER_ELEM[op] * n * out.element_size())
     key = (op, x.dtype, aligned16(x, y, out), n > _INDEX32_LIMIT, sched)
     fn = _fns.get(key)
     if fn is None:
         spec = catalog.get(f"elementwise.{op}")
         fn = _fns[key] = spec.compiled(dtype=dtypes.name_of(x.dtype), aligned=key[2], index64=key[3],
-                                       threads=sched.threads, unroll=sched.unroll, ctas_per_sm=sched.ctas_per_sm)
-    dev = out.device.index or 0
+                                       threads=sched.threads, unroll=sched.unroll, ctas_per_sm=sched.ctas_per_sm,
+                                       order=sched.order)
+    dev = out.get_device()
     sms = _sms.get(dev)
     if sms is None:
         sms = _sms[dev] = num_sms(dev)

@@ -57,12 +57,13 @@ def _sum_rows(x2: torch.Tensor, out: torch.Tensor, **plan_options) -> None:
     sms = num_sms(x2.device.index or 0)
     plan = plan_rows(m, n // v, sms, **plan_options)
     if plan.splits == 1:
-        _kernel(x2.dtype, out.dtype, aligned, index64, plan.tiling)(x2, out.view(m, 1))
+        _kernel(x2.dtype, out.dtype, aligned, index64, plan.tiling)(x2, out.view(m, 1), plan.max_ctas(sms))
         return
     partial = torch.empty(m, plan.splits, dtype=torch.float32, device=x2.device)
-    _kernel(x2.dtype, torch.float32, aligned, index64, plan.tiling)(x2, partial)
+    _kernel(x2.dtype, torch.float32, aligned, index64, plan.tiling)(x2, partial, plan.max_ctas(sms))
     stage2 = plan_rows(m, plan.splits, sms, max_splits=1)
-    _kernel(torch.float32, out.dtype, plan.splits % 4 == 0, False, stage2.tiling)(partial, out.view(m, 1))
+    _kernel(torch.float32, out.dtype, plan.splits % 4 == 0, False, stage2.tiling)(
+        partial, out.view(m, 1), stage2.max_ctas(sms))
 
 
 def _row_sum_fake(x, out_dtype=None):
