@@ -68,11 +68,13 @@ class RowSum:
         tail = n - nv * vec
         tiles = cute.ceil_div(rows, rows_per_cta)
 
-        for tile in cutlass.range(bidx, tiles, gdim, unroll=1):
-            if cutlass.const_expr(self.index64):
-                row = Int64(tile) * rows_per_cta + tidx // tpr
-            else:
-                row = tile * rows_per_cta + tidx // tpr
+        if cutlass.const_expr(self.index64):
+            bidx, gdim, tiles = Int64(bidx), Int64(gdim), Int64(tiles)
+        # Count the CTA's tiles and step by one: DSL 4.8.1 cannot trace a loop whose dynamic step is
+        # 64-bit (its step-sign select mixes integer widths).
+        my_tiles = (cutlass.max(tiles - bidx, 0) + gdim - 1) // gdim
+        for i in cutlass.range(my_tiles, unroll=1):
+            row = (bidx + i * gdim) * rows_per_cta + tidx // tpr
             acc = cute.full((vec,), 0.0, Float32)
             if row < rows:
                 xv = as_vectors(x[row, None], n, vec)
