@@ -155,7 +155,7 @@ def _elementwise(op: str, summary: str, ops: tuple[str, ...]) -> ElementwiseSpec
             **_SIG_COMMON,
             "threads": Param(_EW_DEFAULT.threads, (128, 256, 512), help="threads per CTA"),
             "unroll": Param(_EW_DEFAULT.unroll, (1, 2, 4, 8), help="128-bit vectors in flight per thread"),
-            "ctas_per_sm": Param(_EW_DEFAULT.ctas_per_sm, (1, 2, 4, 8, 16), help="grid cap: CTAs per SM"),
+            "ctas_per_sm": Param(_EW_DEFAULT.ctas_per_sm, (0, 1, 2, 4, 8, 16), help="grid cap: CTAs per SM (0: none)"),
             "order": Param(_EW_DEFAULT.order, ("grid", "cta"), help="items of a pass: a grid apart, or CTA-contiguous"),
         },
     )

@@ -15,7 +15,7 @@ import torch
 from perf import harness as H
 
 MiB = 1 << 20
-EW_GRID = dict(threads=(128, 256), unroll=(2, 4, 8), ctas_per_sm=(2, 4, 16), order=("grid", "cta"))
+EW_GRID = dict(threads=(128, 256), unroll=(2, 4, 8), ctas_per_sm=(4, 16, 0), order=("grid", "cta"))
 RED_GRID = dict(threads=(256, 512), unroll=(2, 4, 8), ctas_per_sm=(4, 8, 16))
 
 
@@ -24,7 +24,7 @@ def _ew_variants(ops, dtype):
         yield op, dict(dtype=dtype, threads=t, unroll=u, ctas_per_sm=c, order=o)
 
 
-def tune_elementwise(ops=("copy", "add", "axpby"), sizes_mib=(4, 64, 512)):
+def tune_elementwise(ops=("copy", "add", "axpby"), sizes_mib=(8, 512)):
     from cute_kernels import catalog
     from schedules.hardware import num_sms
 
@@ -36,7 +36,9 @@ def tune_elementwise(ops=("copy", "add", "axpby"), sizes_mib=(4, 64, 512)):
         out = torch.empty_like(x)
         for op, p in _ew_variants(ops, "bf16"):
             fn = catalog.get(f"elementwise.{op}").compiled(**p)
-            mc = p["ctas_per_sm"] * sms
+            from schedules.grid_stride import GridStride
+
+            mc = GridStride(p["threads"], p["unroll"], p["ctas_per_sm"], p["order"]).max_ctas(sms)
             t = H.do_bench(lambda: fn(x, y, out, 1.0, 1.0, mc), rep_ms=60)["median_ms"]
             moved = (2 if op == "copy" else 3) * n * 2
             rows.append((f"elementwise.{op}", mib, p["threads"], p["unroll"], f'{p["ctas_per_sm"]}{p["order"][0]}', t,

@@ -36,8 +36,8 @@ class GridStride:
     def __post_init__(self):
         if self.threads % 32 or not 32 <= self.threads <= 1024:
             raise ValueError(f"threads must be a multiple of 32 in [32, 1024], got {self.threads}")
-        if self.unroll < 1 or self.ctas_per_sm < 1:
-            raise ValueError("unroll and ctas_per_sm must be >= 1")
+        if self.unroll < 1 or self.ctas_per_sm < 0:
+            raise ValueError("unroll must be >= 1 and ctas_per_sm >= 0 (0: uncapped)")
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
 
@@ -45,8 +45,9 @@ class GridStride:
         return f"t{self.threads}u{self.unroll}c{self.ctas_per_sm}{self.order[0]}"
 
     def max_ctas(self, num_sms: int) -> int:
-        """Upper bound on the grid: `ctas_per_sm` CTAs for every SM."""
-        return self.ctas_per_sm * num_sms
+        """Upper bound on the grid: `ctas_per_sm` CTAs for every SM; 0 means no cap (one pass,
+        the hardware block scheduler balances the CTAs, as in torch's elementwise kernels)."""
+        return self.ctas_per_sm * num_sms if self.ctas_per_sm else 2**31 - 1
 
     def items_per_cta_pass(self) -> int:
         return self.threads * (self.unroll if self.order == "cta" else 1)
