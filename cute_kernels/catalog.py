@@ -140,10 +140,8 @@ class ElementwiseSpec(KernelSpec):
         ]
 
 
-_EW_DEFAULT = _EW_TUNED[-1][1]  # the large-problem schedule
-
-
 def _elementwise(op: str, summary: str, ops: tuple[str, ...]) -> ElementwiseSpec:
+    tuned = _EW_TUNED[op]
     return ElementwiseSpec(
         name=f"elementwise.{op}",
         family="elementwise",
@@ -153,10 +151,10 @@ def _elementwise(op: str, summary: str, ops: tuple[str, ...]) -> ElementwiseSpec
         status="ready",
         params={
             **_SIG_COMMON,
-            "threads": Param(_EW_DEFAULT.threads, (128, 256, 512), help="threads per CTA"),
-            "unroll": Param(_EW_DEFAULT.unroll, (1, 2, 4, 8), help="128-bit vectors in flight per thread"),
-            "ctas_per_sm": Param(_EW_DEFAULT.ctas_per_sm, (0, 1, 2, 4, 8, 16), help="grid cap: CTAs per SM (0: none)"),
-            "order": Param(_EW_DEFAULT.order, ("grid", "cta"), help="items of a pass: a grid apart, or CTA-contiguous"),
+            "threads": Param(tuned.threads, (128, 256, 512), help="threads per CTA"),
+            "unroll": Param(tuned.unroll, (1, 2, 4, 8), help="128-bit vectors in flight per thread"),
+            "ctas_per_sm": Param(tuned.ctas_per_sm, (0, 1, 2, 4, 8, 16), help="grid cap: CTAs per SM (0: none)"),
+            "order": Param(tuned.order, ("grid", "cta"), help="items of a pass: a grid apart, or CTA-contiguous"),
         },
     )
 

@@ -27,7 +27,7 @@ if has ncu; then
 fi
 if has sanitize; then
   for p in "add bf16 1048579" "row_sum bf16 3 769" "sum fp32 1000003" "row_sum fp16 4096 7"; do
-    for tool in memcheck racecheck synccheck; do
+    for tool in memcheck racecheck; do
       section "sanitizer $tool $p"
       r=$(compute-sanitizer --tool $tool --report-api-errors no python3 -m perf.probe $p 2>&1 | tee -a "$LOG" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | tr '\n' ' ')
       echo "sanitizer $tool $p: ${r:-no summary line (see log)}"

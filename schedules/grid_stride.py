@@ -102,18 +102,17 @@ def strided_fold(
     return acc
 
 
-MiB = 1 << 20
+# Chosen with `python3 -m perf.tune` on an H200 (perf/results/tune.md): for each op, the config
+# whose slowest size (8 MiB and 512 MiB, bf16) is closest to that size's best. All three favour the
+# uncapped, CTA-contiguous grid: one pass, balanced by the hardware block scheduler.
+TUNED: dict[str, GridStride] = {
+    "copy": GridStride(threads=128, unroll=2, ctas_per_sm=0, order="cta"),
+    "add": GridStride(threads=128, unroll=4, ctas_per_sm=0, order="cta"),
+    "axpby": GridStride(threads=256, unroll=4, ctas_per_sm=0, order="cta"),
+}
 
-# Chosen per problem size from `python3 -m perf.tune` on an H200 (perf/results/tune.md):
-# (exclusive upper bound on bytes moved, schedule); the last entry covers everything larger.
-TUNED: tuple[tuple[int | None, GridStride], ...] = (
-    (None, GridStride(threads=128, unroll=4, ctas_per_sm=4)),
-)
 
-
-def pick(bytes_moved: int) -> GridStride:
-    """The tuned grid-stride schedule for a problem that moves `bytes_moved` bytes."""
-    for bound, sched in TUNED:
-        if bound is None or bytes_moved < bound:
-            return sched
-    return TUNED[-1][1]
+def pick(op: str, bytes_moved: int) -> GridStride:
+    """The tuned grid-stride schedule for elementwise `op` (the tuning found no size dependence
+    worth a second config between 8 MiB and 2 GiB, so `bytes_moved` is not consulted yet)."""
+    return TUNED[op]

@@ -59,7 +59,7 @@ class RowPlan:
 
 
 # Tuned on an H200 with `python3 -m perf.tune` (perf/results/tune.md).
-TUNED = dict(threads=256, unroll=2, ctas_per_sm=16)
+TUNED = dict(threads=512, unroll=8, ctas_per_sm=4)
 
 
 @functools.lru_cache(maxsize=4096)

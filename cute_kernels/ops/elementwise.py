@@ -32,7 +32,7 @@ def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: flo
     """Run kernel `elementwise.<op>` on flat contiguous tensors (n >= 1) under the tuned schedule
     for its size (or `schedule`)."""
     n = out.numel()
-    sched = schedule or pick(_BYTES_PER_ELEM[op] * n * out.element_size())
+    sched = schedule or pick(op, _BYTES_PER_ELEM[op] * n * out.element_size())
     key = (op, x.dtype, aligned16(x, y, out), n > _INDEX32_LIMIT, sched)
     fn = _fns.get(key)
     if fn is None:
@@ -49,13 +49,13 @@ def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: flo
 
 def _unary_fake(x):
     check_tensor("x", x)
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _binary_fake(x, y):
     check_tensor("x", x)
     check_like("y", y, "x", x)
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _axpby_fake(a, x, b, y):
@@ -66,21 +66,21 @@ def _copy_cuda(x):
     out = _unary_fake(x)
     if out.numel():
         xf = _flat(x)
-        _launch("copy", xf, xf, out.view(-1), 1.0, 0.0)
+        _launch("copy", xf, xf, _flat(out), 1.0, 0.0)
     return out
 
 
 def _add_cuda(x, y):
     out = _binary_fake(x, y)
     if out.numel():
-        _launch("add", _flat(x), _flat(y), out.view(-1), 1.0, 1.0)
+        _launch("add", _flat(x), _flat(y), _flat(out), 1.0, 1.0)
     return out
 
 
 def _axpby_cuda(a, x, b, y):
     out = _binary_fake(x, y)
     if out.numel():
-        _launch("axpby", _flat(x), _flat(y), out.view(-1), float(a), float(b))
+        _launch("axpby", _flat(x), _flat(y), _flat(out), float(a), float(b))
     return out
 
 
