@@ -1,7 +1,7 @@
 """Benchmark harness: CUDA-event medians with L2 flushed, ceilings measured in the same run,
 results as JSON + markdown + plot stamped with GPU, date and commit.
 
-Timing: each repetition first reads a buffer of twice the L2 size and spins the GPU ~20 us
+Timing: each repetition first reads a buffer of twice the L2 size and spins the GPU ~100 us
 (both outside the timed region, so the host has queued the call before the start event fires and
 the figure is device time; host overhead is measured separately by `host_overhead_us`), then
 records an event pair around one call; warm-up calls (compilation, autotuning, first-touch)
@@ -64,7 +64,7 @@ def do_bench(fn: Callable[[], object], *, warmup_ms: float = 30.0, rep_ms: float
     for s, e in zip(starts, ends):
         if flush:
             _flush_l2()
-        torch.cuda._sleep(40_000)  # ~20 us of GPU spin: the call below is queued before `s` fires
+        torch.cuda._sleep(200_000)  # ~100 us of GPU spin: the call below is queued before `s` fires
         s.record()
         fn()
         e.record()
