@@ -30,8 +30,8 @@ def check_tensor(name: str, t, *, allowed=FLOAT_DTYPES, min_ndim: int = 0) -> No
 def check_like(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
     """`t` must match `ref` in dtype, device and shape (no broadcasting, no type promotion)."""
     check_tensor(name, t)
-    if t.dtype is ref.dtype and t.shape == ref.shape and t.get_device() == ref.get_device():
-        return
+    if type(t) is torch.Tensor and t.dtype is ref.dtype and t.shape == ref.shape and t.get_device() == ref.get_device():
+        return  # the common case (get_device is cheap, but unavailable on fake CUDA tensors without CUDA)
     if t.dtype != ref.dtype:
         raise TypeError(f"{name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; cast one of them first")
     if t.device != ref.device:

@@ -1,0 +1,74 @@
+"""CPU: every ready kernel compiles for sm_90a; the census shows what the kernel is meant to do
+(128-bit global accesses, shuffles where it reduces), no local memory, 64-bit variants index in 64
+bits. The full config sweep runs under `-m sweep`."""
+
+import re
+
+import pytest
+
+from cute_kernels import catalog
+from cute_kernels.artifacts import compile_with_artifacts
+
+READY = catalog.ready()
+
+
+def _id(spec, p):
+    return f"{spec.name}:{spec.key(p).config}:{spec.key(p).signature}"
+
+
+REPRESENTATIVE = [(s, p) for s in READY for p in s.representative()]
+SWEEP = [(s, p) for s in READY for p in s.sweep()]
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    out = {}
+    for spec, p in REPRESENTATIVE:
+        out[_id(spec, p)] = compile_with_artifacts(spec, p, str(tmp_path_factory.mktemp("art")))
+    return out
+
+
+@pytest.mark.parametrize("spec,p", REPRESENTATIVE, ids=[_id(s, p) for s, p in REPRESENTATIVE])
+def test_representative_compiles(reports, spec, p):
+    report, files = reports[_id(spec, p)]
+    assert files["ptx"].read_text().count(".target sm_90a") == 1
+    assert files["cubin"].read_bytes()[:4] == b"\x7fELF"
+    assert report.kernels and report.kernels[0].registers and report.kernels[0].registers <= 255
+    assert not report.spills, report.format()
+    assert report.ptx_census["ld.global.v4 (128-bit)"] > 0, "aligned variants must load 128 bits at a time"
+    if spec.family == "elementwise":
+        assert report.ptx_census["st.global.v4 (128-bit)"] > 0
+    if spec.family == "reduction":
+        assert report.ptx_census["shfl.sync"] > 0
+    if report.sass_census is not None:
+        assert report.sass_census["LDG.128"] > 0
+        assert report.sass_census["LDL/STL (spills)"] == 0
+
+
+@pytest.mark.parametrize("name", [s.name for s in READY])
+def test_64bit_variants_take_64bit_sizes(name, tmp_path):
+    spec = catalog.get(name)
+    report, files = compile_with_artifacts(spec, spec.resolve({"index64": True}), str(tmp_path))
+    ptx = files["ptx"].read_text()
+    # Sizes and strides are members of the tensor parameters (loaded at `param+offset`); each must
+    # be read as 64 bits, a 32-bit read would truncate tensors past 2^31 elements. (Plain scalar
+    # parameters, like axpby's fp32 a and b, have no offset.)
+    assert not re.search(r"ld\.param\.(?:b|u|s)32\s+%r\d+,\s*\[[^\]]*\+\d+\]", ptx), "a size is read as 32 bits"
+    assert "ld.param.v2.b32" not in ptx
+
+
+@pytest.mark.parametrize("name", ["elementwise.add", "reduction.row_sum"])
+def test_misaligned_variants_use_scalar_accesses(name, tmp_path):
+    spec = catalog.get(name)
+    report, _ = compile_with_artifacts(spec, spec.resolve({"aligned": False}), str(tmp_path))
+    assert report.ptx_census["ld.global.v4 (128-bit)"] == 0
+    assert report.ptx_census["ld.global (all)"] > 0
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("spec,p", SWEEP, ids=[_id(s, p) for s, p in SWEEP])
+def test_sweep_compiles(spec, p, tmp_path):
+    report, _ = compile_with_artifacts(spec, p, str(tmp_path))
+    assert not report.spills
+    if p.get("aligned", True):
+        assert report.ptx_census["ld.global.v4 (128-bit)"] > 0

@@ -1,0 +1,102 @@
+"""CPU: the compile cache: keys, memory/disk hits, fingerprint, and concurrent compiles of one key."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from cute_kernels import catalog
+from cute_kernels.jit import CacheKey, CompileCache, source_fingerprint
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_keys_separate_config_signature_and_arch():
+    spec = catalog.ADD
+    a = spec.key(spec.resolve())
+    b = spec.key(spec.resolve({"unroll": 2}))
+    c = spec.key(spec.resolve({"dtype": "fp16"}))
+    assert len({a.digest(), b.digest(), c.digest()}) == 3
+    assert "unroll=2" in b.config and "dtype=fp16" in c.signature
+    assert CacheKey("k", "c", "s", "sm_90a").digest() != CacheKey("k", "c", "s", "sm_100a").digest()
+    assert "sm_90a" in str(a)
+
+
+def test_no_sizes_in_keys():
+    # Sizes stay symbolic: nothing in a key depends on a tensor's extent.
+    for spec in catalog.ready():
+        k = spec.key(spec.resolve())
+        assert not any(ch.isdigit() and len(ch) > 4 for ch in str(k).replace("=", " ").split())
+
+
+def test_memory_then_disk_hits(tmp_path):
+    spec = catalog.COPY
+    p = spec.resolve({"dtype": "fp32"})
+    c1 = CompileCache(tmp_path)
+    f1 = c1.get(spec.key(p), lambda: spec.build(p))
+    assert c1.stats.compiles == 1
+    assert c1.get(spec.key(p), lambda: spec.build(p)) is f1
+    assert c1.stats.memory_hits == 1
+    objs = list((tmp_path / source_fingerprint()).glob("*.o"))
+    assert len(objs) == 1 and objs[0].stat().st_size > 0
+    c2 = CompileCache(tmp_path)  # a new process's view of the same directory
+    c2.get(spec.key(p), lambda: (_ for _ in ()).throw(AssertionError("must load, not compile")))
+    assert c2.stats.disk_hits == 1 and c2.stats.compiles == 0
+
+
+def test_corrupt_entry_is_recompiled(tmp_path):
+    spec = catalog.COPY
+    p = spec.resolve({"dtype": "fp16"})
+    CompileCache(tmp_path).get(spec.key(p), lambda: spec.build(p))
+    obj = next((tmp_path / source_fingerprint()).glob("*.o"))
+    obj.write_bytes(b"not an object file")
+    c = CompileCache(tmp_path)
+    import warnings
+
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        c.get(spec.key(p), lambda: spec.build(p))
+    assert c.stats.compiles == 1
+
+
+def test_memory_only_mode(tmp_path):
+    spec = catalog.COPY
+    p = spec.resolve()
+    c = CompileCache(tmp_path, disk=False)
+    c.get(spec.key(p), lambda: spec.build(p))
+    assert c.stats.compiles == 1 and not list(tmp_path.rglob("*.o"))
+
+
+def test_fingerprint_covers_project_sources():
+    fp = source_fingerprint()
+    assert len(fp) == 20
+    # Computed from the three packages' files: a changed kernel source changes every key's folder.
+    import hashlib
+
+    h = hashlib.sha256((ROOT / "cute_kernels" / "kernels" / "elementwise.py").read_bytes()).hexdigest()
+    assert h  # the file exists and is hashed (see jit.source_fingerprint)
+
+
+def test_concurrent_processes_compile_a_key_once(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from cute_kernels import catalog
+        from cute_kernels.jit import CompileCache
+        spec = catalog.AXPBY
+        p = spec.resolve({{"dtype": "fp16", "unroll": 2}})
+        c = CompileCache({str(tmp_path)!r})
+        c.get(spec.key(p), lambda: spec.build(p))
+        print("compiles", c.stats.compiles, "disk_hits", c.stats.disk_hits)
+        """
+    )
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a")
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(3)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    compiles = sum(int(o[0].split()[1]) for o in outs)
+    hits = sum(int(o[0].split()[3]) for o in outs)
+    assert compiles == 1 and hits == 2, outs

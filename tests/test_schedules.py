@@ -1,0 +1,88 @@
+"""CPU: schedule arithmetic: grid sizes, thread walks cover every item exactly once, row plans."""
+
+import itertools
+
+import pytest
+
+from schedules.grid_stride import TUNED, GridStride, pick
+from schedules.row_tiling import RowTiling, plan_rows
+
+
+def _visited(s: GridStride, n_items: int, grid: int):
+    """Replay strided_fold's visiting order on the host."""
+    seen = []
+    for b, t in itertools.product(range(grid), range(s.threads)):
+        first, stride, pass_stride = s.thread_walk(b, grid, t)
+        p = 0
+        while True:
+            base = p * pass_stride + first
+            if base >= n_items and p >= n_items // pass_stride:
+                break
+            for u in range(s.unroll):
+                j = base + u * stride
+                if j < n_items:
+                    seen.append(j)
+            p += 1
+    return seen
+
+
+@pytest.mark.parametrize("order", ["grid", "cta"])
+@pytest.mark.parametrize("n", [1, 31, 1000, 4096 + 3])
+@pytest.mark.parametrize("cap", [0, 1, 2])
+def test_every_item_visited_once(order, n, cap):
+    s = GridStride(threads=32, unroll=4, ctas_per_sm=cap, order=order)
+    grid = s.grid(n, num_sms=2)
+    seen = _visited(s, n, grid)
+    assert sorted(seen) == list(range(n))
+
+
+@pytest.mark.parametrize("order", ["grid", "cta"])
+def test_full_passes_need_no_bounds_check(order):
+    # strided_fold skips the bounds check for passes below n // pass_stride: they must be in range.
+    s = GridStride(threads=64, unroll=4, ctas_per_sm=1, order=order)
+    n, grid = 10_000, 3
+    for b, t in itertools.product(range(grid), range(s.threads)):
+        first, stride, pass_stride = s.thread_walk(b, grid, t)
+        for p in range(n // pass_stride):
+            assert p * pass_stride + first + (s.unroll - 1) * stride < n
+
+
+def test_grid_sizes():
+    s = GridStride(threads=128, unroll=4, ctas_per_sm=4, order="grid")
+    assert s.grid(1, 132) == 1
+    assert s.grid(128 * 10, 132) == 10  # one item per thread while under the cap
+    assert s.grid(10**9, 132) == 4 * 132
+    u = GridStride(threads=128, unroll=4, ctas_per_sm=0, order="cta")
+    assert u.grid(10**9, 132) == -(-(10**9) // 512)  # uncapped: one pass
+    assert str(u) == "t128u4c0c"
+
+
+def test_invalid_configs_are_named():
+    with pytest.raises(ValueError, match="threads"):
+        GridStride(threads=100)
+    with pytest.raises(ValueError, match="order"):
+        GridStride(order="random")
+    with pytest.raises(ValueError, match="threads_per_row"):
+        RowTiling(threads=256, threads_per_row=48)
+    with pytest.raises(ValueError, match="threads_per_row"):
+        RowTiling(threads=128, threads_per_row=256)
+
+
+def test_tuned_table_covers_every_op():
+    for op in ("copy", "add", "axpby"):
+        assert pick(op, 1 << 30) is TUNED[op]
+
+
+def test_row_plans():
+    sms = 132
+    # Many short rows: several rows per CTA, no split.
+    p = plan_rows(1 << 20, 16, sms, threads=256, unroll=4, ctas_per_sm=8)
+    assert p.splits == 1 and p.tiling.threads_per_row == 4 and p.tiling.rows_per_cta == 64
+    # One huge row: split over about ctas_per_sm CTAs per SM.
+    p = plan_rows(1, 1 << 24, sms, threads=512, unroll=8, ctas_per_sm=4)
+    assert p.splits == 4 * sms and p.tiling.threads_per_row == 512
+    # A short single row is never split into chunks below min_vectors_per_cta.
+    p = plan_rows(1, 100, sms)
+    assert p.splits == 1
+    assert plan_rows(3, 5000, sms, max_splits=1).splits == 1
+    assert p.grid(1, sms) == (1, 1)
