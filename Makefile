@@ -1,0 +1,24 @@
+# The two commands of the README. Each sets up .venv on first use (see .ci/install).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: main test install sweep figures
+
+install:
+	VENV=$(VENV) bash .ci/install
+
+# On a CPU: compile every kernel for sm_90a and print its resource report.
+# On a GPU: also run the benchmarks and write perf/results/local/.
+main: install
+	$(PY) -m cute_kernels main --out perf/results/local
+
+# CPU tests always run; GPU tests run when a GPU is present and skip cleanly otherwise.
+test: install
+	$(PY) -m pytest -q tests
+
+# The full compile sweep of every kernel config (slow).
+sweep: install
+	$(PY) -m pytest -q -m sweep tests
+
+figures: install
+	$(PY) docs/figures/make_figures.py

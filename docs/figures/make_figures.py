@@ -1,0 +1,129 @@
+"""Draw the thread-to-data pictures of the lesson 1-2 kernels from the schedule objects themselves.
+
+    python3 docs/figures/make_figures.py      # writes docs/figures/*.png
+
+The pictures replay `GridStride.thread_walk` and `plan_rows` on a toy size, so they show what the
+kernels actually do; change a schedule and the picture changes with it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from schedules.grid_stride import GridStride  # noqa: E402
+from schedules.row_tiling import plan_rows  # noqa: E402
+
+OUT = Path(__file__).resolve().parent
+
+
+def _walk(s: GridStride, n: int, grid: int):
+    """item -> (cta, thread, pass, u), replaying strided_fold."""
+    owner = {}
+    for b in range(grid):
+        for t in range(s.threads):
+            first, stride, pass_stride = s.thread_walk(b, grid, t)
+            p = 0
+            while p * pass_stride + first < n or p < n // pass_stride:
+                for u in range(s.unroll):
+                    j = p * pass_stride + first + u * stride
+                    if j < n:
+                        owner[j] = (b, t, p, u)
+                p += 1
+    return owner
+
+
+def grid_stride_orders():
+    threads, unroll, grid, n, width = 32, 2, 3, 320, 64
+    fig, axes = plt.subplots(2, 1, figsize=(11, 4.4))
+    cmap = plt.get_cmap("tab10")
+    for ax, order in zip(axes, ("grid", "cta")):
+        s = GridStride(threads=threads, unroll=unroll, ctas_per_sm=1, order=order)
+        owner = _walk(s, n, grid)
+        for j in range(n):
+            b, t, p, u = owner[j]
+            x, y = j % width, -(j // width)
+            ax.add_patch(Rectangle((x, y), 1, 1, facecolor=cmap(b), alpha=1.0 if p % 2 == 0 else 0.45,
+                                   edgecolor="white", lw=0.3, hatch="////" if u else None))
+        ax.set_xlim(0, width)
+        ax.set_ylim(-(n // width), 1)
+        ax.set_xticks([0, 32, 64])
+        ax.set_yticks([])
+        ax.set_xlabel(f"vector index mod {width} (rows continue downward)", fontsize=8)
+        ax.set_title(f'order="{order}": {grid} CTAs x {threads} threads, unroll {unroll}\n'
+                     "colour = CTA, pale = odd pass, hatched = 2nd item of a pass", fontsize=8.5)
+    fig.tight_layout()
+    fig.savefig(OUT / "grid_stride_orders.png", dpi=130)
+    plt.close(fig)
+
+
+def row_tiling():
+    cases = [(64, 16), (4, 4096), (1, 1 << 20)]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    for ax, (rows, vecs) in zip(axes, cases):
+        plan = plan_rows(rows, vecs, 132)
+        t = plan.tiling
+        text = (f"{rows} rows x {vecs} vectors\n"
+                f"threads/CTA {t.threads}, threads/row {t.threads_per_row}\n"
+                f"rows/CTA {t.rows_per_cta}, unroll {t.unroll}\n"
+                f"column splits {plan.splits}, CTA cap {plan.ctas_per_sm}/SM\n"
+                f"grid {plan.grid(rows, 132)}")
+        shown_rows = min(rows, 8)
+        for r in range(shown_rows):
+            cta = r // t.rows_per_cta
+            for sp in range(min(plan.splits, 8)):
+                ax.add_patch(Rectangle((sp, shown_rows - 1 - r), 1, 1, facecolor=plt.get_cmap("tab20")((cta * 7 + sp) % 20),
+                                       edgecolor="white"))
+        ax.set_xlim(0, max(min(plan.splits, 8), 1))
+        ax.set_ylim(0, shown_rows)
+        ax.set_xlabel("column chunks (splits; first 8)", fontsize=8)
+        ax.set_ylabel("rows (first 8)", fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_title(text, fontsize=7.5, loc="left")
+    fig.suptitle("row tiling chosen by plan_rows on an H200 (colour = which CTA owns the block)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(OUT / "row_tiling.png", dpi=130)
+    plt.close(fig)
+
+
+def reduction_tree():
+    fig, ax = plt.subplots(figsize=(11, 3.2))
+    lanes = 32
+    y = 0
+    for offset in (16, 8, 4, 2, 1):
+        for lane in range(lanes):
+            ax.add_patch(Rectangle((lane, -y), 1, 0.7, facecolor="#9ecae1", edgecolor="white"))
+            partner = lane ^ offset
+            if lane < partner:
+                ax.annotate("", xy=(partner + 0.5, -y - 0.05), xytext=(lane + 0.5, -y - 0.05),
+                            arrowprops=dict(arrowstyle="<->", lw=0.4, color="#555555", connectionstyle="arc3,rad=0.3"))
+        ax.text(-0.5, -y + 0.35, f"shfl.bfly {offset:>2}", ha="right", va="center", fontsize=7)
+        y += 1
+    ax.add_patch(Rectangle((0, -y), 8, 0.7, facecolor="#fdae6b", edgecolor="white"))
+    ax.text(8.5, -y + 0.35, "lane 0 of each warp -> smem[warp]; barrier; warps_per_row lanes reload and repeat",
+            fontsize=7, va="center")
+    ax.set_xlim(-5, lanes)
+    ax.set_ylim(-y - 0.3, 1)
+    ax.axis("off")
+    ax.set_title("collectives.reduce.group_reduce: each lane adds its partner's value (lane ^ offset); after 5 steps "
+                 "every lane holds the warp's sum,\nthen one shared-memory stage combines the warps of a row", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(OUT / "group_reduce.png", dpi=130)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    grid_stride_orders()
+    row_tiling()
+    reduction_tree()
+    print("wrote", ", ".join(p.name for p in sorted(OUT.glob("*.png"))))
