@@ -9,7 +9,6 @@ full set behind `-m sweep`.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -91,19 +90,14 @@ class KernelSpec:
 
     def compiled(self, **overrides):
         """The compiled callable for these parameters, through the process-wide cache."""
-        return _compiled(self, tuple(sorted(overrides.items())))
+        p = self.resolve(overrides)
+        return default_cache().get(self.key(p), lambda: self.build(p))
 
     def representative(self) -> list[dict[str, Any]]:
         return [self.resolve()]
 
     def sweep(self) -> list[dict[str, Any]]:
         return self.representative()
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled(spec: KernelSpec, items: tuple):
-    p = spec.resolve(dict(items))
-    return default_cache().get(spec.key(p), lambda: spec.build(p))
 
 
 def _index_sym(index64: bool, divisibility: int = 1):

@@ -58,12 +58,15 @@ def _project_root() -> Path:
 @functools.lru_cache(maxsize=1)
 def source_fingerprint() -> str:
     """Hash of the toolchain versions and of every .py file in the project's packages."""
+    return fingerprint_of(_project_root())
+
+
+def fingerprint_of(root: Path) -> str:
     import tvm_ffi
 
     h = hashlib.sha256()
     h.update(f"py{sys.version_info[0]}.{sys.version_info[1]}".encode())
     h.update(f"cutlass-dsl={cutlass.__version__};tvm-ffi={tvm_ffi.__version__}".encode())
-    root = _project_root()
     for pkg in _PROJECT_PACKAGES:
         for src in sorted((root / pkg).rglob("*.py")):
             h.update(src.relative_to(root).as_posix().encode())

@@ -19,10 +19,6 @@ def _compiled(fn):
     return torch.compile(fn)
 
 
-def _time_refs(refs: dict, want: set[str]) -> dict:
-    return {k: H.do_bench(f)["median_ms"] for k, f in refs.items() if k in want}
-
-
 # ----------------------------------------------------------------------------------------------
 # Lesson 1: elementwise
 # ----------------------------------------------------------------------------------------------
