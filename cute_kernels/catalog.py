@@ -13,7 +13,6 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
@@ -123,9 +122,6 @@ class ElementwiseSpec(KernelSpec):
             return cute.runtime.make_fake_tensor(dt, (n,), stride=(1,), assumed_align=align)
 
         return kernel, (t(), t(), t(), Float32(1.0), Float32(1.0), Int32(1), fake_stream())
-
-    def representative(self):
-        return [self.resolve()]
 
     def sweep(self):
         return [

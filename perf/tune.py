@@ -13,6 +13,7 @@ import sys
 import torch
 
 from perf import harness as H
+from schedules.grid_stride import GridStride
 
 MiB = 1 << 20
 EW_GRID = dict(threads=(128, 256), unroll=(2, 4, 8), ctas_per_sm=(4, 16, 0), order=("grid", "cta"))
@@ -36,8 +37,6 @@ def tune_elementwise(ops=("copy", "add", "axpby"), sizes_mib=(8, 512)):
         out = torch.empty_like(x)
         for op, p in _ew_variants(ops, "bf16"):
             fn = catalog.get(f"elementwise.{op}").compiled(**p)
-            from schedules.grid_stride import GridStride
-
             mc = GridStride(p["threads"], p["unroll"], p["ctas_per_sm"], p["order"]).max_ctas(sms)
             t = H.do_bench(lambda: fn(x, y, out, 1.0, 1.0, mc), rep_ms=60)["median_ms"]
             moved = (2 if op == "copy" else 3) * n * 2

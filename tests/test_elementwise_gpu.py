@@ -1,8 +1,6 @@
 """Elementwise copy/add/axpby on the GPU: bit-exact against torch where torch rounds once, bounded
 otherwise; poisoned outputs; odd sizes, misaligned and non-contiguous inputs; 64-bit indexing."""
 
-import math
-
 import pytest
 import torch
 

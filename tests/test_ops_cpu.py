@@ -55,7 +55,7 @@ def test_make_fx_traces_the_custom_ops():
     def f(x, y):
         return ck.sum(ck.axpby(0.5, ck.add(x, y), 2.0, y), dim=-1)
 
-    with FakeTensorMode() as mode:
+    with FakeTensorMode():
         x = torch.empty(16, 32, device="cuda", dtype=torch.float16)
         gm = make_fx(f, tracing_mode="fake")(x, x)
     targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}

@@ -18,7 +18,6 @@ from schedules.hardware import num_sms
 _INDEX32_LIMIT = 2**31 - 1
 _BYTES_PER_ELEM = {"copy": 2, "add": 3, "axpby": 3}  # tensors touched per element
 _fns: dict[tuple, object] = {}
-_sms: dict[int, int] = {}
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -40,11 +39,7 @@ def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: flo
         fn = _fns[key] = spec.compiled(dtype=dtypes.name_of(x.dtype), aligned=key[2], index64=key[3],
                                        threads=sched.threads, unroll=sched.unroll, ctas_per_sm=sched.ctas_per_sm,
                                        order=sched.order)
-    dev = out.get_device()
-    sms = _sms.get(dev)
-    if sms is None:
-        sms = _sms[dev] = num_sms(dev)
-    fn(x, y, out, a, b, sched.max_ctas(sms))
+    fn(x, y, out, a, b, sched.max_ctas(num_sms(out.get_device())))
 
 
 def _unary_fake(x):
