@@ -10,6 +10,7 @@ flight; the `n % vec` tail is done by scalar accesses of the last CTA.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import cutlass
 import cutlass.cute as cute
@@ -71,40 +72,55 @@ class Elementwise:
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, y: cute.Tensor, out: cute.Tensor, a: Float32, b: Float32):
-        vec = self.vec
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        n = extent(out, 0)
-        if cutlass.const_expr(self.index64):
-            assert n.dtype is Int64, "64-bit variant traced with a 32-bit size"
-            first, stride, pass_stride = self.schedule.thread_walk(Int64(bidx), Int64(gdim), Int64(tidx))
-        else:
-            first, stride, pass_stride = self.schedule.thread_walk(bidx, gdim, tidx)
+        ins = (x, y) if cutlass.const_expr(self.op != "copy") else (x,)
 
-        xv = as_vectors(x, n, vec)
-        yv = as_vectors(y, n, vec)
-        ov = as_vectors(out, n, vec)
-        uses_y = cutlass.const_expr(self.op != "copy")
+        def f(xv, yv=None):
+            return (self._apply(xv, yv, a, b),)
 
-        def load(j):
-            if cutlass.const_expr(uses_y):
-                return (xv[None, j].load(), yv[None, j].load())
-            return (xv[None, j].load(), None)
+        map_vectors(ins, (out,), f, self.vec, self.schedule, self.index64)
 
-        def step(acc, j, v):
-            ov[None, j].store(self._apply(v[0], v[1], a, b))
-            return acc
 
-        strided_fold(n // vec, first, stride, pass_stride, self.schedule.unroll, load, step, Int32(0))
+@cute.jit
+def map_vectors(ins: tuple, outs: tuple, f: Callable, vec: cutlass.Constexpr[int], schedule: cutlass.Constexpr,
+                index64: cutlass.Constexpr[bool]):
+    """The body of every elementwise kernel: `outs[k][i] = f(ins[0][i], ins[1][i], ...)[k]` for all i.
 
-        if cutlass.const_expr(vec > 1):
-            # Scalar tail: the last n % vec elements, one per thread of the last CTA.
-            tail_start = (n // vec) * vec
-            if bidx == gdim - 1:
-                t = tail_start + tidx
-                if t < n:
-                    if cutlass.const_expr(uses_y):
-                        out[t] = self._apply(x[t], y[t], a, b)
-                    else:
-                        out[t] = x[t]
+    All tensors are flat, of one length (that of `outs[0]`), 16-byte aligned when `vec` > 1. `f`
+    takes and returns TensorSSA vectors (`vec` elements; one element for the scalar tail) and returns
+    a tuple with one vector per output, already in that output's dtype. The grid walks 128-bit
+    vectors under `schedule` (a `GridStride`); the `n % vec` tail is done by the last CTA.
+    """
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    gdim, _, _ = cute.arch.grid_dim()
+    n = extent(outs[0], 0)
+    if cutlass.const_expr(index64):
+        assert n.dtype is Int64, "64-bit variant traced with a 32-bit size"
+        first, stride, pass_stride = schedule.thread_walk(Int64(bidx), Int64(gdim), Int64(tidx))
+    else:
+        first, stride, pass_stride = schedule.thread_walk(bidx, gdim, tidx)
+
+    in_v = [as_vectors(t, n, vec) for t in ins]
+    out_v = [as_vectors(t, n, vec) for t in outs]
+
+    def load(j):
+        return tuple(v[None, j].load() for v in in_v)
+
+    def step(acc, j, vals):
+        res = f(*vals)
+        for k in cutlass.range_constexpr(len(out_v)):
+            out_v[k][None, j].store(res[k])
+        return acc
+
+    strided_fold(n // vec, first, stride, pass_stride, schedule.unroll, load, step, Int32(0))
+
+    if cutlass.const_expr(vec > 1):
+        # Scalar tail: the last n % vec elements, one per thread of the last CTA.
+        tail_start = (n // vec) * vec
+        if bidx == gdim - 1:
+            t = tail_start + tidx
+            if t < n:
+                one = cute.make_layout(1)
+                res = f(*[cute.make_tensor(x.iterator + t, one).load() for x in ins])
+                for k in cutlass.range_constexpr(len(outs)):
+                    cute.make_tensor(outs[k].iterator + t, one).store(res[k])
