@@ -219,16 +219,11 @@ AXPBY = _elementwise("axpby", "out = a*x + b*y (fp32 math, rounded once)", ("axp
 # The rest of the curriculum: listed with its status so `cute-kernels list` shows the whole map.
 # ---------------------------------------------------------------------------------------------
 _PLANNED = [
-    ("gemv", "gemv", 3, "y = W x, decode-shaped, bandwidth-bound on W"),
     ("rmsnorm", "rowwise", 4, "RMSNorm fwd/bwd, +residual, +FP8 out"),
     ("layernorm", "rowwise", 5, "LayerNorm fwd/bwd (Welford)"),
     ("softmax", "rowwise", 6, "softmax fwd/bwd"),
     ("online_softmax", "rowwise", 7, "online softmax, cross-entropy, attention-state merge"),
-    ("transpose.naive", "transpose", 8, "naive transpose: uncoalesced writes"),
-    ("transpose.smem", "transpose", 9, "shared-memory transpose: padded, swizzled, TMA"),
     ("gemm", "gemm", 10, "SIMT -> register-tiled -> WGMMA GEMM, cooperative and ping-pong"),
-    ("swiglu", "elementwise", 11, "SiLU / SwiGLU fwd/bwd"),
-    ("argmax", "rowwise", 12, "argmax, ties to the lowest index"),
     ("fp8_gemm", "gemm", 13, "FP8 GEMM with 1x128 / 128x128 scales, grouped MoE GEMM"),
     ("moe_dispatch", "moe", 14, "MoE dispatch/combine (described only)"),
     ("flow_matching", "solver", 15, "flow-matching solver steps (described only)"),
@@ -253,3 +248,9 @@ def get(name: str) -> KernelSpec:
 
 def ready() -> list[KernelSpec]:
     return [s for s in KERNELS.values() if s.status == "ready"]
+
+
+# Lessons 3, 8, 9, 11, 12: GEMV, transposes, SiLU/SwiGLU, ArgMax (specs in their own module).
+from cute_kernels.specs_misc3 import SPECS as _MISC3  # noqa: E402
+
+KERNELS.update({s.name: s for s in _MISC3})

@@ -1,0 +1,128 @@
+"""ArgMax over the last dim (curriculum lesson 12: pair reductions and determinism).
+
+Roofline: reads each input byte once and writes one int64 per row; a few integer/compare operations
+per element. Floor: input bytes / read bandwidth (H200 ~4.2 TB/s: a 1 GiB bf16 tensor, ~0.26 ms).
+Schedule: the row tiling of the row sum (`schedules.row_tiling`): a row's threads stride over its
+128-bit vectors, each scanning its elements in index order for (best value, index); the pairs are
+packed into ordered Int64 keys (`collectives.arg_reduce`) and combined by `group_reduce` with max.
+Long rows are split over CTAs whose keys a second launch of this kernel reduces (keys in, index
+out): no atomics, the same bits every run. Ties resolve to the lowest index; a NaN wins (the first
+one), as in `torch.argmax`.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from collectives.arg_reduce import EMPTY, key_index, max_key, pack_key, scan_update
+from collectives.reduce import group_reduce, group_smem_slots
+from collectives.vector_io import as_vectors, extent
+from schedules.grid_stride import strided_fold
+from schedules.row_tiling import RowTiling
+
+
+class ArgMax:
+    """out[m, s] for x (M, N) with unit stride along N and a row stride divisible by `vec`.
+
+    `keys_in`: x holds Int64 keys (the partials of a split first pass) instead of values.
+    `keys_out`: out[m, s] is the key of split `s` of row m (a partial); else out has one column and
+    holds the index. CTAs walk row tiles grid-stride, at most `max_ctas` per split.
+    """
+
+    def __init__(self, in_dtype, vec: int, index64: bool, tiling: RowTiling, keys_in: bool, keys_out: bool):
+        self.in_dtype, self.vec, self.index64, self.tiling = in_dtype, vec, index64, tiling
+        self.keys_in, self.keys_out = keys_in, keys_out
+        if keys_in and vec != 1:
+            raise ValueError("the key pass reads one key at a time (vec=1)")
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, out: cute.Tensor, max_ctas: Int32, stream):
+        tiles = cute.ceil_div(extent(x, 0), self.tiling.rows_per_cta)
+        ctas = cutlass.max(cutlass.min(tiles, max_ctas), 1)
+        self.kernel(x, out).launch(
+            grid=[ctas, extent(out, 1), 1], block=[self.tiling.threads, 1, 1], stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, out: cute.Tensor):
+        vec = self.vec
+        tpr = self.tiling.threads_per_row
+        rows_per_cta = self.tiling.rows_per_cta
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, split, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        rows, n = extent(x, 0), extent(x, 1)
+        splits = extent(out, 1)
+
+        smem = cutlass.memory.SmemAllocator()
+        slots = group_smem_slots(self.tiling.threads, tpr)
+        buf = None
+        if cutlass.const_expr(slots > 0):
+            buf = smem.allocate_tensor(Int64, cute.make_layout(slots), byte_alignment=16)
+
+        lane = tidx % tpr
+        nv = n // vec
+        chunk = cute.ceil_div(nv, splits)
+        v_begin = split * chunk
+        v_count = cutlass.max(cutlass.min(nv - v_begin, chunk), 0)
+        tail = n - nv * vec
+        tiles = cute.ceil_div(rows, rows_per_cta)
+        if cutlass.const_expr(self.index64):
+            bidx, gdim, tiles = Int64(bidx), Int64(gdim), Int64(tiles)
+            v_begin = Int64(v_begin)
+        # What this thread scans: its vectors (if lane < v_count), then tail elements of the last split.
+        last = split == splits - 1
+        has = (lane < v_count) | (last & (lane < tail))
+        first = v_begin * vec + lane * vec
+        if lane >= v_count:
+            first = nv * vec + lane
+
+        my_tiles = (cutlass.max(tiles - bidx, 0) + gdim - 1) // gdim
+        for i in cutlass.range(my_tiles, unroll=1):
+            row = (bidx + i * gdim) * rows_per_cta + tidx // tpr
+            key = Int64(EMPTY)
+            if row < rows:
+                if cutlass.const_expr(self.keys_in):
+                    xr = x[row, None]
+
+                    def load_key(j):
+                        return xr[v_begin + j]
+
+                    def step_key(acc, j, k):
+                        return max_key(acc, k)
+
+                    key = strided_fold(v_count, lane, tpr, tpr * self.tiling.unroll, self.tiling.unroll,
+                                       load_key, step_key, key)
+                else:
+                    xv = as_vectors(x[row, None], n, vec)
+
+                    def load(j):
+                        return xv[None, v_begin + j].load()
+
+                    def step(acc, j, v):
+                        best, idx = acc
+                        for k in cutlass.range_constexpr(vec):
+                            best, idx = scan_update(best, idx, v[k].to(Float32), (v_begin + j) * vec + k)
+                        return (best, idx)
+
+                    state = (Float32(-float("inf")), first)
+                    state = strided_fold(v_count, lane, tpr, tpr * self.tiling.unroll, self.tiling.unroll,
+                                         load, step, state)
+                    best, idx = state
+                    if cutlass.const_expr(vec > 1):
+                        if last:
+                            for k in cutlass.range_constexpr(-(-vec // tpr)):
+                                if lane + k * tpr < tail:
+                                    e = nv * vec + lane + k * tpr
+                                    best, idx = scan_update(best, idx, x[row, e].to(Float32), e)
+                    key = pack_key(best, idx, has)
+            key = group_reduce(key, max_key, tpr, buf, Int64(EMPTY))
+            if row < rows and lane == 0:
+                if cutlass.const_expr(self.keys_out):
+                    out[row, split] = key
+                else:
+                    out[row, split] = key_index(key)
+            if cutlass.const_expr(slots > 0):
+                cute.arch.barrier()  # the shared slots are rewritten by the next tile

@@ -1,0 +1,165 @@
+"""Transpose, 2-D and batched (curriculum lessons 8 and 9: coalescing, bank conflicts, TMA).
+
+Roofline: out[b, j, i] = x[b, i, j] reads and writes every byte once: 2 x bytes, no arithmetic; the
+floor is bytes / copy bandwidth (H200 ~4.2 TB/s: a 256 MiB bf16 matrix, 0.13 ms).
+Schedule: one CTA per T x T tile of one batch entry (T = 128 bytes of elements: 64 bf16/fp16, 32
+fp32), grid (N/T, M/T, batch). Variants:
+
+- naive: each thread reads a 16-byte chunk of an input row (coalesced) and writes its elements down
+  a column of the output (each store of a warp touches 32 different rows: uncoalesced).
+- smem: the tile goes global -> shared (16-byte chunks, coalesced), is transposed inside shared
+  memory into a second tile (a warp reads one chunk of 32 consecutive rows, writes 32 consecutive
+  elements of a row), and goes shared -> global (16-byte chunks, coalesced). The tiles are padded by
+  16 bytes per row (`collectives.smem_tiles.padded_tile`; pad 0 shows the 8-way conflict).
+- swizzle: the same with the 128-byte CuTe swizzle instead of padding (`swizzled_tile`).
+- tma: the swizzled tiles are filled by one TMA load (`cp.async.bulk.tensor`, an mbarrier counts
+  the bytes) and drained by one TMA store; out-of-range rows and columns are clipped by the TMA unit.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+from cutlass.cute.nvgpu import cpasync
+
+from collectives.smem_tiles import chunk_elems, padded_tile, swizzled_tile
+from collectives.vector_io import extent
+
+VARIANTS = ("naive", "smem", "swizzle", "tma")
+
+
+def tile_size(dtype) -> int:
+    """Tile side in elements: one 128-byte row."""
+    return 1024 // dtype.width
+
+
+class Transpose:
+    """out (N, M, B) = x (M, N, B) with modes 0/1 swapped (batch last, unit stride along mode 1).
+
+    Aligned variants (vec > 1) need M and N multiples of 16 bytes of elements and 16-byte aligned
+    bases and batch strides; `vec == 1` is the any-shape scalar version (not for `tma`).
+    """
+
+    def __init__(self, variant: str, dtype, vec: int, index64: bool, threads: int = 128, pad: int = -1):
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        if variant == "tma" and vec == 1:
+            raise ValueError("the TMA variant needs 16-byte aligned rows (vec > 1)")
+        self.variant, self.dtype, self.vec, self.index64, self.threads = variant, dtype, vec, index64, threads
+        self.T = tile_size(dtype)
+        self.cv = chunk_elems(dtype)
+        self.pad = self.cv if pad < 0 else pad  # elements of padding per row (smem variant)
+
+    def _tile_layout(self):
+        if cutlass.const_expr(self.variant == "smem"):
+            return padded_tile(self.T, self.T, self.pad)
+        return swizzled_tile(self.T, self.T, self.dtype)
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, out: cute.Tensor, stream):
+        T = self.T
+        m, n, b = extent(x, 0), extent(x, 1), extent(x, 2)
+        grid = [(n + T - 1) // T, (m + T - 1) // T, b]
+        if cutlass.const_expr(self.variant == "tma"):
+            layout = self._tile_layout()
+            atom_l, tma_x = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), x, layout, (T, T))
+            atom_s, tma_o = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), out, layout, (T, T))
+            self.kernel_tma(atom_l, tma_x, atom_s, tma_o).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
+        else:
+            self.kernel(x, out).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
+
+    # --- pieces ---------------------------------------------------------------------------------
+    @cute.jit
+    def _smem_transpose(self, sA: cute.Tensor, sB: cute.Tensor):
+        """sB[c, r] = sA[r, c]. A warp's 32 lanes take 32 consecutive rows r and one 16-byte chunk
+        j: each reads sA[r, chunk j] (one 128-bit load) and writes its elements to rows j*cv + k of
+        sB at column r (32 consecutive elements of a row per store: conflict-free)."""
+        T, cv = self.T, self.cv
+        tidx, _, _ = cute.arch.thread_idx()
+        for it in cutlass.range_constexpr(T * (T // cv) // self.threads):
+            i = tidx + it * self.threads
+            r = i % T
+            j = i // T
+            v = cute.zipped_divide(sA, (1, cv))[(0, None), (r, j)].load()
+            for k in cutlass.range_constexpr(cv):
+                sB[j * cv + k, r] = v[k]
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, out: cute.Tensor):
+        T, vec = self.T, self.vec
+        tidx, _, _ = cute.arch.thread_idx()
+        tn, tm, b = cute.arch.block_idx()
+        m, n = extent(x, 0), extent(x, 1)
+        if cutlass.const_expr(self.index64):
+            b = Int64(b)
+        r0 = tm * T
+        c0 = tn * T
+        xb = x[None, None, b]
+        ob = out[None, None, b]
+        per_row = T // vec
+        passes = T * per_row // self.threads
+        unroll = min(passes, 4)  # 16-byte variants: every pass in flight; scalar ones: 4 at a time
+
+        if cutlass.const_expr(self.variant == "naive"):
+            for it in cutlass.range(passes, unroll=unroll):
+                i = tidx + it * self.threads
+                r = r0 + i // per_row
+                c = c0 + (i % per_row) * vec
+                if r < m and c < n:
+                    v = cute.zipped_divide(xb, (1, vec))[(0, None), (r, c // vec)].load()
+                    for k in cutlass.range_constexpr(vec):
+                        ob[c + k, r] = v[k]
+        else:
+            smem = cutlass.memory.SmemAllocator()
+            sA = smem.allocate_tensor(self.dtype, self._tile_layout(), byte_alignment=1024)
+            sB = smem.allocate_tensor(self.dtype, self._tile_layout(), byte_alignment=1024)
+            for it in cutlass.range(passes, unroll=unroll):
+                i = tidx + it * self.threads
+                r = i // per_row
+                c = (i % per_row) * vec
+                if r0 + r < m and c0 + c < n:
+                    v = cute.zipped_divide(xb, (1, vec))[(0, None), (r0 + r, (c0 + c) // vec)].load()
+                    cute.zipped_divide(sA, (1, vec))[(0, None), (r, c // vec)].store(v)
+            cute.arch.barrier()
+            self._smem_transpose(sA, sB)
+            cute.arch.barrier()
+            for it in cutlass.range(passes, unroll=unroll):
+                i = tidx + it * self.threads
+                r = i // per_row
+                c = (i % per_row) * vec
+                if c0 + r < n and r0 + c < m:
+                    v = cute.zipped_divide(sB, (1, vec))[(0, None), (r, c // vec)].load()
+                    cute.zipped_divide(ob, (1, vec))[(0, None), (c0 + r, (r0 + c) // vec)].store(v)
+
+    @cute.kernel
+    def kernel_tma(self, atom_l: cute.CopyAtom, tma_x: cute.Tensor, atom_s: cute.CopyAtom, tma_o: cute.Tensor):
+        T = self.T
+        tidx, _, _ = cute.arch.thread_idx()
+        tn, tm, b = cute.arch.block_idx()
+        smem = cutlass.memory.SmemAllocator()
+        sA = smem.allocate_tensor(self.dtype, self._tile_layout(), byte_alignment=1024)
+        sB = smem.allocate_tensor(self.dtype, self._tile_layout(), byte_alignment=1024)
+        mbar = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8).iterator
+
+        gX = cute.local_tile(tma_x[None, None, b], (T, T), (tm, tn))
+        gO = cute.local_tile(tma_o[None, None, b], (T, T), (tn, tm))
+        tAsA, tAgX = cpasync.tma_partition(atom_l, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
+                                           cute.group_modes(gX, 0, 2))
+        tBsB, tBgO = cpasync.tma_partition(atom_s, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
+                                           cute.group_modes(gO, 0, 2))
+        if tidx == 0:
+            cute.arch.mbarrier_init(mbar, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
+        if tidx == 0:
+            cute.arch.mbarrier_arrive_and_expect_tx(mbar, T * T * self.dtype.width // 8)
+            cute.copy(atom_l, tAgX, tAsA, tma_bar_ptr=mbar)
+        cute.arch.mbarrier_wait(mbar, Int32(0))
+        self._smem_transpose(sA, sB)
+        cute.arch.fence_proxy("async.shared", space="cta")  # our writes to sB, visible to the TMA unit
+        cute.arch.barrier()
+        if tidx == 0:
+            cute.copy(atom_s, tBsB, tBgO)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)  # sB must outlive the store's reads
