@@ -5,6 +5,7 @@
   cute-kernels compile --all [--jobs N]              fill the compile cache for every ready kernel
   cute-kernels bench KERNEL|FAMILY|all [--shape ...] [--out DIR] [--quick]   (GPU)
   cute-kernels main [--out DIR]                      compile + report everything; on a GPU also bench
+  cute-kernels layout|algebra|swizzle|atoms ...      study CuTe layouts, swizzles and banks (CPU; see study/cli.py)
 """
 
 from __future__ import annotations
@@ -141,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, metavar="DIR")
     s.add_argument("--quick", action="store_true")
     s.set_defaults(fn=cmd_main)
+
+    from cute_kernels.study.cli import add_parsers as add_study_parsers
+
+    add_study_parsers(sub)
     return p
 
 
