@@ -12,3 +12,8 @@ from cute_kernels.ops import add, axpby, copy, sum  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["add", "axpby", "copy", "sum", "__version__"]
+
+# Lessons 3, 8, 9, 11, 12: GEMV, transposes, SiLU/SwiGLU, ArgMax.
+from cute_kernels.ops import argmax, gemv, silu, swiglu, transpose  # noqa: E402
+
+__all__ += ["argmax", "gemv", "silu", "swiglu", "transpose"]

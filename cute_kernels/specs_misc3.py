@@ -182,5 +182,59 @@ TRANSPOSE_SMEM = _transpose("smem", "tile through padded shared memory: coalesce
 TRANSPOSE_SWIZZLE = _transpose("swizzle", "tile through 128-byte-swizzled shared memory (no padding)", 9)
 TRANSPOSE_TMA = _transpose("tma", "TMA load of the tile, swizzled smem transpose, TMA store", 9)
 
-SPECS: tuple[KernelSpec, ...] = (SILU_FWD, SILU_BWD, SWIGLU_FWD, SWIGLU_BWD, ARGMAX,
+
+# ---------------------------------------------------------------------------------------------
+# Lesson 3: GEMV
+# ---------------------------------------------------------------------------------------------
+GEMV_TUNED = dict(threads=256, unroll=4)
+
+
+@dataclass(frozen=True, eq=False)
+class GemvSpec(KernelSpec):
+    def check(self, p):
+        RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
+
+    def build(self, p):
+        from cute_kernels.kernels.gemv import Gemv
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        vec = dtypes.vec_of(p["dtype"], p["aligned"])
+        tiling = RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
+        kernel = Gemv(dt, p["cols"], vec, p["index64"], tiling)
+        sym = lambda d=1: _index_sym(p["index64"], d)  # noqa: E731
+        n, k = sym(), sym()
+        align = 16 if p["aligned"] else dt.width // 8
+        w = _fake(dt, (n, k), (sym(vec), 1), align)
+        xt = _fake(dt, (p["cols"], k), (sym(vec), 1), align)
+        y = _fake(dt, (n, p["cols"]), (sym(), sym()), dt.width // 8)
+        return kernel, (w, xt, y, Int32(1), fake_stream())
+
+    def dynamic_smem_bytes(self, p):
+        from collectives.reduce import group_smem_slots
+
+        return 4 * p["cols"] * group_smem_slots(p["threads"], p["threads_per_row"])
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"cols": 8, "threads_per_row": 256}),
+                self.resolve({"cols": 4, "dtype": "fp32", "threads_per_row": 32})]
+
+    def sweep(self):
+        return [self.resolve({"dtype": d, "aligned": a, "cols": c, "threads_per_row": t})
+                for d, a, c, t in itertools.product(dtypes.FLOAT_NAMES, (True, False), range(1, 9), (32, 64, 128, 256))]
+
+
+GEMV = GemvSpec(
+    name="gemv.rows", family="gemv", lesson=3,
+    summary="y = W x for x of 1-8 columns; row-parallel, fp32 accumulation, bandwidth-bound on W",
+    ops=("gemv",), status="ready",
+    params={
+        **_SIG_COMMON,
+        "cols": Param(1, tuple(range(1, 9)), "signature", "columns of x (decode batch)"),
+        "threads": Param(GEMV_TUNED["threads"], (128, 256, 512), help="threads per CTA"),
+        "threads_per_row": Param(64, (8, 16, 32, 64, 128, 256, 512), help="threads sharing one row of W"),
+        "unroll": Param(GEMV_TUNED["unroll"], (1, 2, 4, 8), help="128-bit vectors of W in flight per thread"),
+    },
+)
+
+SPECS: tuple[KernelSpec, ...] = (GEMV, SILU_FWD, SILU_BWD, SWIGLU_FWD, SWIGLU_BWD, ARGMAX,
                                  TRANSPOSE_NAIVE, TRANSPOSE_SMEM, TRANSPOSE_SWIZZLE, TRANSPOSE_TMA)

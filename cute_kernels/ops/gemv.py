@@ -1,0 +1,89 @@
+"""Torch op `cute_kernels::gemv`: y = W x for decode-shaped x (lesson 3).
+
+`gemv(w, x)`: w (N, K); x (K,) -> y (N,), or x (K, B) with 1 <= B <= 8 -> y (N, B), like `w @ x`.
+fp32 accumulation in a fixed order (deterministic), one rounding to the dtype of w and x (same
+dtype required). The kernel reads each column of x contiguously: pass x as the transposed view of a
+(B, K) tensor (`x = xt.t()`, e.g. the (B, K) activations of a decode step) and nothing is copied; a
+(K, B) row-major x is first transposed into a small (B, K) buffer. A w whose last dim is not
+unit-stride is copied (a (N, K) view with a row stride, e.g. a slice of a fused weight, is read in
+place). Not differentiable (inference op).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import catalog, dtypes
+from cute_kernels.ops._checks import check_tensor, direct_call_ok, register_op
+from cute_kernels.specs_misc3 import GEMV_TUNED
+from schedules.hardware import num_sms
+from schedules.row_tiling import plan_rows
+
+_INDEX32_LIMIT = 2**31 - 1
+MAX_COLS = 8
+_fns: dict[tuple, object] = {}
+
+
+def _gemv_fake(w, x):
+    check_tensor("w", w)
+    check_tensor("x", x)
+    if w.dim() != 2:
+        raise ValueError(f"w must be 2-D (N, K), got shape {tuple(w.shape)}")
+    if x.dim() not in (1, 2):
+        raise ValueError(f"x must be 1-D (K,) or 2-D (K, B), got shape {tuple(x.shape)}")
+    if x.dtype != w.dtype:
+        raise TypeError(f"x has dtype {x.dtype} but w has {w.dtype}; cast one of them first")
+    if x.device != w.device:
+        raise ValueError(f"x is on {x.device} but w is on {w.device}")
+    if x.shape[0] != w.shape[1]:
+        raise ValueError(f"x has {x.shape[0]} rows but w has {w.shape[1]} columns (shapes {tuple(w.shape)} and "
+                         f"{tuple(x.shape)})")
+    if x.dim() == 2 and not 1 <= x.shape[1] <= MAX_COLS:
+        raise ValueError(f"x must have 1 to {MAX_COLS} columns (decode-shaped), got {x.shape[1]}; use a GEMM")
+    shape = (w.shape[0],) if x.dim() == 1 else (w.shape[0], x.shape[1])
+    return torch.empty(shape, dtype=w.dtype, device=w.device)
+
+
+def _gemv_cuda(w, x):
+    y = _gemv_fake(w, x)
+    if y.numel() == 0:
+        return y
+    if w.shape[1] == 0:
+        return y.zero_()
+    if w.stride(-1) != 1:
+        w = w.contiguous()
+    n, k = w.shape
+    xt = x.view(1, k) if x.dim() == 1 else x.t()
+    if xt.stride(-1) != 1:
+        xt = xt.contiguous()
+    b = xt.shape[0]
+    if n == 1:
+        w = w.as_strided((1, k), (-(-k // 16) * 16, 1))
+    if b == 1:
+        xt = xt.as_strided((1, k), (-(-k // 16) * 16, 1))
+    vec = 16 // w.element_size()
+    aligned = (w.data_ptr() % 16 == 0 and xt.data_ptr() % 16 == 0 and w.stride(0) % vec == 0
+               and xt.stride(0) % vec == 0)
+    v = vec if aligned else 1
+    index64 = n * w.stride(0) > _INDEX32_LIMIT
+    sms = num_sms(w.device.index or 0)
+    unroll = GEMV_TUNED["unroll"] if b <= 4 else 2
+    plan = plan_rows(n, k // v, sms, threads=GEMV_TUNED["threads"], unroll=unroll, max_splits=1)
+    key = (w.dtype, b, aligned, index64, plan.tiling)
+    fn = _fns.get(key)
+    if fn is None:
+        fn = _fns[key] = catalog.get("gemv.rows").compiled(
+            dtype=dtypes.name_of(w.dtype), cols=b, aligned=aligned, index64=index64, threads=plan.tiling.threads,
+            threads_per_row=max(8, plan.tiling.threads_per_row), unroll=plan.tiling.unroll)
+    fn(w, xt, y.view(n, b), plan.max_ctas(sms))
+    return y
+
+
+register_op("cute_kernels::gemv", "(Tensor w, Tensor x) -> Tensor", _gemv_cuda, _gemv_fake)
+
+
+def gemv(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """w @ x for w (N, K) and x (K,) or (K, B), B <= 8; fp32 accumulation."""
+    if direct_call_ok(w, x):
+        return _gemv_cuda(w, x)
+    return torch.ops.cute_kernels.gemv(w, x)

@@ -1,0 +1,81 @@
+"""Torch op `cute_kernels::transpose`: swap the last two dims of a 2-D or batched 3-D tensor (lessons 8-9).
+
+`transpose(x, variant=...)` returns a new contiguous tensor `x.transpose(-2, -1).contiguous()`,
+bitwise. Variants (see `cute_kernels.kernels.transpose`): "naive" (uncoalesced writes, for
+comparison), "smem" (padded shared-memory tile), "swizzle" (swizzled tile), "tma" (TMA load and
+store of swizzled tiles; the default). The 16-byte variants need both dims multiples of 16 bytes of
+elements (8 bf16/fp16, 4 fp32) and 16-byte aligned data; otherwise the scalar version of the same
+variant runs ("tma" falls back to the scalar "swizzle"). Inputs whose last dim is not unit-stride,
+or whose batch dim cannot be expressed as one stride, are first copied to a contiguous buffer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import catalog, dtypes
+from cute_kernels.kernels.transpose import VARIANTS
+from cute_kernels.ops._checks import check_tensor, direct_call_ok, register_op
+
+_INDEX32_LIMIT = 2**31 - 1
+_fns: dict[tuple, object] = {}
+
+
+def _check(x, variant):
+    check_tensor("x", x)
+    if x.dim() not in (2, 3):
+        raise ValueError(f"x must be 2-D (M, N) or batched 3-D (B, M, N), got shape {tuple(x.shape)}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+
+
+def _transpose_fake(x, variant="tma"):
+    _check(x, variant)
+    shape = (*x.shape[:-2], x.shape[-1], x.shape[-2])
+    return torch.empty(shape, dtype=x.dtype, device=x.device)
+
+
+def _transpose_cuda(x, variant="tma"):
+    out = _transpose_fake(x, variant)
+    if out.numel() == 0:
+        return out
+    x3 = x if x.dim() == 3 else x.unsqueeze(0)
+    if x3.stride(-1) != 1:
+        x3 = x3.contiguous()
+    b, m, n = x3.shape
+    o3 = out if out.dim() == 3 else out.unsqueeze(0)
+    vec = 16 // x.element_size()
+    aligned = (m % vec == 0 and n % vec == 0 and x3.data_ptr() % 16 == 0 and x3.stride(1) % vec == 0
+               and (b == 1 or x3.stride(0) % vec == 0))
+    if variant == "tma" and not aligned:
+        variant = "swizzle"
+    index64 = max(b * x3.stride(0) if b > 1 else m * x3.stride(1), b * m * n) > _INDEX32_LIMIT
+    key = (variant, x.dtype, aligned, index64)
+    fn = _fns.get(key)
+    if fn is None:
+        fn = _fns[key] = catalog.get(f"transpose.{variant}").compiled(
+            dtype=dtypes.name_of(x.dtype), aligned=aligned, index64=index64)
+    xs = x3.permute(1, 2, 0)
+    if b == 1:  # a single batch entry: its stride is never used; give it one the kernel accepts
+        xs = xs.as_strided((m, n, 1), (x3.stride(1), 1, m * x3.stride(1)))
+    fn(xs, o3.permute(1, 2, 0))
+    return out
+
+
+def _setup(ctx, inputs, output):
+    ctx.variant = inputs[1] if len(inputs) > 1 else "tma"
+
+
+def _backward(ctx, g):
+    return torch.ops.cute_kernels.transpose(g.contiguous(), ctx.variant), None
+
+
+register_op("cute_kernels::transpose", "(Tensor x, str variant=\"tma\") -> Tensor", _transpose_cuda, _transpose_fake,
+            _backward, _setup)
+
+
+def transpose(x: torch.Tensor, variant: str = "tma") -> torch.Tensor:
+    """`x.transpose(-2, -1).contiguous()` for 2-D or 3-D x, by the given kernel variant."""
+    if direct_call_ok(x):
+        return _transpose_cuda(x, variant)
+    return torch.ops.cute_kernels.transpose(x, variant)
