@@ -130,10 +130,10 @@ def _parse_tuple(text: str) -> IntTuple:
         if tok == "(":
             pos += 1
             items = [item()]
-            while tokens[pos] == ",":
+            while pos < len(tokens) and tokens[pos] == ",":
                 pos += 1
                 items.append(item())
-            if tokens[pos] != ")":
+            if pos >= len(tokens) or tokens[pos] != ")":
                 raise ValueError(f"cannot parse {text!r}: expected ')'")
             pos += 1
             return tuple(items)
