@@ -102,8 +102,7 @@ class ArgMaxSpec(KernelSpec):
         return 8 * group_smem_slots(p["threads"], p["threads_per_row"])
 
     def representative(self):
-        return [self.resolve(), self.resolve({"threads_per_row": 8}), self.resolve({"keys_out": True}),
-                self.resolve({"dtype": "key", "aligned": False, "threads_per_row": 32})]
+        return [self.resolve(), self.resolve({"threads_per_row": 8}), self.resolve({"keys_out": True})]
 
     def sweep(self):
         out = []
@@ -156,10 +155,7 @@ class TransposeSpec(KernelSpec):
         return kernel, (x, out, fake_stream())
 
     def representative(self):
-        out = [self.resolve(), self.resolve({"dtype": "fp32"})]
-        if not self.name.endswith(".tma"):
-            out.append(self.resolve({"aligned": False}))
-        return out
+        return [self.resolve(), self.resolve({"dtype": "fp32"})]
 
     def sweep(self):
         al = (True,) if self.name.endswith(".tma") else (True, False)
