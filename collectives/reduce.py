@@ -1,9 +1,14 @@
-"""Warp and CTA-level reductions (curriculum lesson 2), shared by every row-wise kernel.
+"""Warp, CTA and cluster reductions (curriculum lessons 2 and 4-7), shared by every row-wise kernel.
 
 Threads are grouped into rows of `group` consecutive threads (a power of two). Within a warp the
 butterfly `shfl.sync.bfly` leaves the group's result in every lane; groups wider than a warp add a
 second stage through shared memory (one slot per warp), after which every thread of the group holds
-the result. The combination order is fixed, so results are bit-for-bit reproducible.
+the result. A row split over the CTAs of a cluster adds a third stage through distributed shared
+memory (`cluster_reduce`). The combination order is fixed, so results are bit-for-bit reproducible.
+
+A value is one scalar or a tuple of scalars reduced together through one set of shuffles and one
+barrier (e.g. the (max, sum-of-exp) state of softmax or the two sums of a LayerNorm backward); `op`
+then takes and returns tuples.
 """
 
 from __future__ import annotations
@@ -17,43 +22,109 @@ import cutlass.cute as cute
 WARP = 32
 
 
+def _parts(val) -> tuple:
+    return val if isinstance(val, tuple) else (val,)
+
+
+def _whole(parts: tuple, like):
+    return tuple(parts) if isinstance(like, tuple) else parts[0]
+
+
+def width_of(val) -> int:
+    """Scalars a value carries (1 for a scalar, len for a tuple)."""
+    return len(_parts(val))
+
+
+def shuffle_bfly(val, offset: int):
+    """`shfl.sync.bfly` of a scalar or of each scalar of a tuple."""
+    return _whole(tuple(cute.arch.shuffle_sync_bfly(v, offset=offset) for v in _parts(val)), val)
+
+
 @cute.jit
 def warp_reduce(val, op: Callable, group: cutlass.Constexpr[int] = WARP):
     """Butterfly reduction over aligned groups of `group` (<= 32) lanes; every lane gets its group's result."""
     offset = group // 2
     while cutlass.const_expr(offset > 0):
-        val = op(val, cute.arch.shuffle_sync_bfly(val, offset=offset))
+        val = op(val, shuffle_bfly(val, offset))
         offset = offset // 2
     return val
 
 
-def group_smem_slots(threads: int, group: int) -> int:
+def group_smem_slots(threads: int, group: int, width: int = 1) -> int:
     """Shared-memory slots `group_reduce` needs for a CTA of `threads` (0 when groups fit in a warp)."""
-    return threads // WARP if group > WARP else 0
+    return width * (threads // WARP) if group > WARP else 0
 
 
 @cute.jit
 def group_reduce(val, op: Callable, group: cutlass.Constexpr[int], smem: cute.Tensor, init):
     """Reduce `val` over groups of `group` consecutive threads (power of two, <= CTA size).
 
-    `smem` holds `group_smem_slots(threads, group)` elements of val's type (unused when the group fits
-    in a warp). Every thread of a group returns the group's result. Ends with the slots free for reuse
-    only after the caller's next barrier.
+    `smem` holds `group_smem_slots(threads, group, width_of(val))` elements of val's type (unused
+    when the group fits in a warp). Every thread of a group returns the group's result. Ends with
+    the slots free for reuse only after the caller's next barrier.
     """
     val = warp_reduce(val, op, min(group, WARP))
     if cutlass.const_expr(group > WARP):
+        width = width_of(val)
         warps_per_group = group // WARP
         lane = cute.arch.lane_idx()
         warp = cute.arch.warp_idx()
         if lane == 0:
-            smem[warp] = val
+            for i in cutlass.range_constexpr(width):
+                smem[warp * width + i] = _parts(val)[i]
         cute.arch.barrier()
         first = (warp // warps_per_group) * warps_per_group
         partial = init
         if lane < warps_per_group:
-            partial = smem[first + lane]
+            partial = _whole(tuple(smem[(first + lane) * width + i] for i in range(width)), init)
         val = warp_reduce(partial, op, warps_per_group)
     return val
 
 
+def cluster_smem_slots(rows_per_cta: int, cluster_n: int, width: int = 1) -> int:
+    """Shared-memory slots one `cluster_reduce` call site needs (0 without a cluster)."""
+    return rows_per_cta * cluster_n * width if cluster_n > 1 else 0
+
+
+@cute.jit
+def cluster_reduce(val, op: Callable, cluster_n: cutlass.Constexpr[int], smem: cute.Tensor,
+                   row_in_cta, lane_in_row, rank):
+    """Combine per-CTA row results over the `cluster_n` CTAs of a cluster (distributed shared memory).
+
+    Every thread of a row holds the CTA's result `val` for that row (after `group_reduce`). Lane `r`
+    (r < cluster_n) of the row writes it into slot [row_in_cta, rank] of CTA `r`'s `smem`
+    (`cluster_smem_slots` elements); after a cluster barrier (arrive.release / wait.acquire) each
+    thread folds the `cluster_n` slots of its row in rank order, so every CTA gets the same bits.
+
+    Reuse: a call site's slots may be rewritten only after the next cluster barrier of every peer;
+    callers give each call site of a tile its own slots and alternate two sets between tiles (a
+    peer that reaches tile i+2 has passed tile i+1's barrier, which every reader of tile i's slots
+    had to arrive at after reading them).
+    """
+    width = width_of(val)
+    if lane_in_row < cluster_n:
+        base = (row_in_cta * cluster_n + rank) * width
+        for i in cutlass.range_constexpr(width):
+            remote = cute.arch.map_dsmem_ptr(smem.iterator + (base + i), lane_in_row)
+            cute.arch.inline_ptx("st.shared::cluster.f32 [{$r0}], {$r1};",
+                                 read_only_args=[cutlass.Int32(remote.toint()), _parts(val)[i]])
+    cute.arch.cluster_arrive()
+    cute.arch.cluster_wait()
+    first = row_in_cta * cluster_n * width
+    acc = _whole(tuple(smem[first + i] for i in range(width)), val)
+    for r in cutlass.range_constexpr(1, cluster_n):
+        acc = op(acc, _whole(tuple(smem[first + r * width + i] for i in range(width)), val))
+    return acc
+
+
 add = operator.add
+
+
+def add_pairs(a, b):
+    """Element-wise sum of two tuples (several sums reduced at once)."""
+    return tuple(x + y for x, y in zip(a, b))
+
+
+@cute.jit
+def fmax(a, b):
+    return cute.arch.fmax(a, b)

@@ -83,3 +83,71 @@ def plan_rows(rows: int, row_vectors: int, num_sms: int, *, threads: int = TUNED
         most = max(1, min(max_splits, row_vectors // min_vectors_per_cta))
         splits = max(1, min(want, most))
     return RowPlan(tiling, splits, ctas_per_sm)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows held in registers (norms, softmax, cross-entropy): the row is loaded once, reduced, and
+# the output computed from registers, so a row must fit in the registers of one CTA or a cluster.
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HeldRowPlan:
+    """`tiling.unroll` is the number of 128-bit vectors each thread holds (vpt); a row spans
+    `cluster_n` CTAs of a cluster (1: one CTA), `tiling.threads_per_row` threads in each."""
+
+    tiling: RowTiling
+    cluster_n: int = 1
+    ctas_per_sm: int = 2
+
+    def capacity(self, vec: int) -> int:
+        """Longest row (elements) this plan holds."""
+        return self.tiling.threads_per_row * self.tiling.unroll * vec * self.cluster_n
+
+    def max_ctas(self, num_sms: int) -> int:
+        return self.ctas_per_sm * num_sms
+
+
+# Elements of one held tensor per thread: `target` is what the planner aims for (more threads per
+# row below it), `max` the most before a row spills into a cluster. The norms' forward also holds
+# the weight (64 fp32 x + weight spill at 128 registers); backward kernels hold x and dy.
+HELD_TUNED = {
+    "fwd": dict(target_elems=32, max_elems=64, min_threads=256, max_tpr=512),
+    "norm_fwd": dict(target_elems=32, max_elems=32, min_threads=256, max_tpr=512),
+    "bwd": dict(target_elems=16, max_elems=32, min_threads=256, max_tpr=512),
+    # LayerNorm backward in a cluster: the cluster stage's extra registers spill at 32 elements.
+    "ln_bwd": dict(target_elems=16, max_elems=32, min_threads=256, max_tpr=512, cluster_elems=16),
+}
+MAX_CLUSTER = 8  # the portable cluster size on Hopper
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int = 64, min_threads: int = 256,
+                   max_tpr: int = 512, max_cluster: int = MAX_CLUSTER, regs_per_thread: int = 128,
+                   cluster_elems: int | None = None) -> HeldRowPlan:
+    """Threads per row, vectors per thread and cluster size for rows of `n` elements in `vec`-element
+    vectors, held in registers.
+
+    Threads per row: the power of two that gives each thread about `target_elems` elements, up to
+    `max_tpr`. Vectors per thread: the power of two that then covers the row. A row longer than
+    `max_tpr * max_elems` elements is spread over a cluster of up to `max_cluster` CTAs whose
+    partial reductions meet in distributed shared memory, each CTA then holding at most
+    `cluster_elems` (default `max_elems`) per thread. Raises ValueError past that.
+    CTAs: at least `min_threads` threads (several short rows per CTA); `ctas_per_sm` from a
+    register estimate of `regs_per_thread`, used by kernels that walk rows grid-stride.
+    """
+    nv = max(1, -(-n // vec))
+    vpt_target = max(1, target_elems // vec)
+    vpt_max = max(1, max_elems // vec)
+    tpr = min(max_tpr, _pow2_at_least(-(-nv // vpt_target)))
+    cluster = 1
+    vpt = _pow2_at_least(-(-nv // tpr))
+    if vpt > vpt_max:
+        vpt_max = max(1, (cluster_elems or max_elems) // vec)
+        cluster = _pow2_at_least(-(-nv // (tpr * vpt_max)))
+        if cluster > max_cluster:
+            raise ValueError(
+                f"rows of {n} elements exceed what {max_cluster} CTAs hold in registers "
+                f"({max_cluster * tpr * vpt_max * vec} elements)")
+        vpt = _pow2_at_least(-(-nv // (tpr * cluster)))
+    threads = max(tpr, min_threads)
+    ctas_per_sm = max(1, min(8, 65536 // (threads * regs_per_thread)))
+    return HeldRowPlan(RowTiling(threads=threads, threads_per_row=tpr, unroll=vpt), cluster, ctas_per_sm)

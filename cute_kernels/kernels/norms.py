@@ -1,0 +1,231 @@
+"""RMSNorm and LayerNorm, forward and backward (curriculum lessons 4-5).
+
+Roofline: forward reads x (and the residual) once and writes y (and the residual sum): 2 tensor
+passes (4 with a residual) plus O(N) for weight/bias and O(M) for the saved statistics; the floor is
+those bytes / copy bandwidth (H200: 256 MiB in + 256 MiB out of bf16 in ~0.12 ms). Backward reads
+x and dy and writes dx (3 passes; 4 with a residual gradient) plus fp32 weight-gradient partials of
+(CTAs x N). ~5-10 flops per element: far below the arithmetic limit.
+
+Schedule: the row is held in registers (`collectives.rowwise`, planned by
+`schedules.row_tiling.plan_held_rows`): one CTA holds `rows_per_cta` rows, or a cluster of up to 8
+CTAs one long row; x is loaded once as 128-bit vectors, the statistics reduced by warp butterfly,
+shared memory and (cluster) distributed shared memory, and y computed from the registers.
+LayerNorm is two-pass in registers: mean first, then the sum of squared deviations (no
+cancellation, unlike sum(x^2) - mean^2). Backward CTAs walk row tiles grid-stride and accumulate
+dweight/dbias for their columns in fp32 registers; the CTA's row groups combine them in shared
+memory in a fixed order and write one fp32 partial row per CTA, summed over CTAs by the op.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from collectives.reduce import add, add_pairs
+from collectives.rowwise import RowReducer, RowSlice, cluster_start, my_tile_count
+from collectives.vector_io import extent
+from schedules.row_tiling import HeldRowPlan
+
+
+class _RowKernel:
+    """Launch geometry shared by the row-held kernels: CTAs x cluster ranks, grid-stride tiles."""
+
+    def __init__(self, vec: int, index64: bool, plan: HeldRowPlan):
+        self.vec, self.index64, self.plan = vec, index64, plan
+        self.threads = plan.tiling.threads
+        self.tpr = plan.tiling.threads_per_row
+        self.vpt = plan.tiling.unroll
+        self.cluster_n = plan.cluster_n
+        self.rows_per_cta = plan.tiling.rows_per_cta
+
+    def grid(self, rows, max_ctas):
+        tiles = (rows + self.rows_per_cta - 1) // self.rows_per_cta
+        ctas = cutlass.max(cutlass.min(tiles, max_ctas), 1)
+        cn = self.cluster_n
+        return dict(grid=[ctas, cn, 1], block=[self.threads, 1, 1], cluster=[1, cn, 1] if cn > 1 else None)
+
+
+class NormFwd(_RowKernel):
+    """y = (x - mean) * rstd * w + b (LayerNorm) or x * rstd * w (RMSNorm) for x (M, N).
+
+    Optional: `w`, `b` (N,); `res` (M, N): x + res is normalized and written to `res_out`
+    (rounded to its dtype first, so the backward sees exactly the stored sum). Writes rstd (and
+    mean for LayerNorm) per row in fp32 for the backward.
+    """
+
+    def __init__(self, kind: str, dtype, w_dtype, out_dtype, vec: int, index64: bool, plan: HeldRowPlan,
+                 has_weight: bool, has_bias: bool, has_residual: bool):
+        super().__init__(vec, index64, plan)
+        assert kind in ("rms", "layer")
+        self.kind, self.dtype, self.w_dtype, self.out_dtype = kind, dtype, w_dtype, out_dtype
+        self.has_weight, self.has_bias, self.has_residual = has_weight, has_bias, has_residual
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, w, b, res, out: cute.Tensor, res_out, mean, rstd: cute.Tensor,
+                 eps: Float32, max_ctas: Int32, stream):
+        self.kernel(x, w, b, res, out, res_out, mean, rstd, eps).launch(
+            **self.grid(extent(x, 0), max_ctas), stream=stream)
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, w, b, res, out: cute.Tensor, res_out, mean, rstd: cute.Tensor, eps: Float32):
+        layer = self.kind == "layer"
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, rank, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        rows, n = extent(x, 0), extent(x, 1)
+        smem = cutlass.memory.SmemAllocator()
+        red = RowReducer.allocate(smem, self.threads, self.tpr, self.cluster_n, (1, 1) if layer else (1,))
+        lane = tidx % self.tpr
+        sl = RowSlice(self.vec, self.tpr, self.vpt, lane, rank, n)
+        inv_n = cute.arch.rcp_approx(Float32(n))  # no IEEE-division subroutine call
+        cluster_start(self.cluster_n)
+        count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx, gdim, self.index64)
+        for i in cutlass.range(count, unroll=1):
+            row = (bidx + i * gdim) * self.rows_per_cta + tidx // self.tpr
+            ok = row < rows
+            parity = Int32(i % 2)
+            xs = sl.to_f32(sl.load(x[row, None], ok, 0.0))
+            if cutlass.const_expr(self.has_residual):
+                rs = sl.to_f32(sl.load(res[row, None], ok, 0.0))
+                xs = [(a + c).to(res_out.element_type).to(Float32) for a, c in zip(xs, rs)]
+                sl.store(res_out[row, None], ok, xs)
+            mu = Float32(0.0)
+            ds = xs
+            if cutlass.const_expr(layer):
+                mu = red.reduce(sl.sum(xs), add, Float32(0.0), 0, parity) * inv_n
+                ds = [v - mu for v in xs]
+                var = red.reduce(sl.masked_sum([d * d for d in ds]), add, Float32(0.0), 1, parity) * inv_n
+            else:
+                var = red.reduce(sl.sum([v * v for v in xs]), add, Float32(0.0), 0, parity) * inv_n
+            r = cute.math.rsqrt(var + eps)
+            ys = [d * r for d in ds]
+            if cutlass.const_expr(self.has_weight):
+                ws = sl.to_f32(sl.load(w, True, 0.0))
+                ys = [y * c for y, c in zip(ys, ws)]
+            if cutlass.const_expr(self.has_bias):
+                bs = sl.to_f32(sl.load(b, True, 0.0))
+                ys = [y + c for y, c in zip(ys, bs)]
+            sl.store(out[row, None], ok, ys)
+            if ok and lane == 0 and rank == 0:
+                rstd[row] = r
+                if cutlass.const_expr(layer):
+                    mean[row] = mu
+            red.end_tile()
+
+
+class NormBwd(_RowKernel):
+    """dx for y = norm(x) given dy, from x and the saved mean/rstd; plus fp32 partials of dweight
+    (and dbias) per CTA: dw_partial (CTAs, N), summed over CTAs by the caller.
+
+    RMSNorm:   xh = x * rstd,          dx = rstd * (w*dy - xh * mean(xh * w*dy))
+    LayerNorm: xh = (x - mean) * rstd, dx = rstd * (w*dy - xh * mean(xh * w*dy) - mean(w*dy))
+    dw = sum over rows of dy * xh, db = sum of dy. With `dres` (the gradient reaching the
+    residual-sum output) dx += dres.
+    """
+
+    def __init__(self, kind: str, dtype, w_dtype, vec: int, index64: bool, plan: HeldRowPlan,
+                 has_weight: bool, has_bias: bool, has_dres: bool):
+        super().__init__(vec, index64, plan)
+        self.kind, self.dtype, self.w_dtype = kind, dtype, w_dtype
+        self.has_weight, self.has_bias, self.has_dres = has_weight, has_bias, has_dres
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, w, dy: cute.Tensor, dres, mean, rstd: cute.Tensor, dx: cute.Tensor,
+                 dw_partial, db_partial, max_ctas: Int32, stream):
+        self.kernel(x, w, dy, dres, mean, rstd, dx, dw_partial, db_partial).launch(
+            **self.grid(extent(x, 0), max_ctas), stream=stream)
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, w, dy: cute.Tensor, dres, mean, rstd: cute.Tensor, dx: cute.Tensor,
+               dw_partial, db_partial):
+        layer = self.kind == "layer"
+        vec, vpt, tpr = self.vec, self.vpt, self.tpr
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx0, rank, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        rows, n = extent(x, 0), extent(x, 1)
+        smem = cutlass.memory.SmemAllocator()
+        red = RowReducer.allocate(smem, self.threads, tpr, self.cluster_n, (2,) if layer else (1,))
+        lane = tidx % tpr
+        group = tidx // tpr
+        sl = RowSlice(vec, tpr, vpt, lane, rank, n)
+        inv_n = cute.arch.rcp_approx(Float32(n))  # no IEEE-division subroutine call
+        # dweight/dbias accumulators live in shared memory, one private copy per thread (no races, no
+        # barriers in the loop): in registers they would double the backward's register footprint.
+        dw_buf = self.accumulator(smem, group, lane) if self.has_weight else None
+        db_buf = self.accumulator(smem, group, lane) if self.has_bias else None
+        dw_acc = dw_buf[None, None, lane, group] if self.has_weight else None
+        db_acc = db_buf[None, None, lane, group] if self.has_bias else None
+        cluster_start(self.cluster_n)
+        count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx0, gdim, self.index64)
+        for i in cutlass.range(count, unroll=1):
+            row = (bidx + i * gdim) * self.rows_per_cta + group
+            ok = row < rows
+            parity = Int32(i % 2)
+            r = Float32(0.0)
+            mu = Float32(0.0)
+            if ok:
+                r = rstd[row]
+                if cutlass.const_expr(layer):
+                    mu = mean[row]
+            xs = sl.to_f32(sl.load(x[row, None], ok, 0.0))
+            dys = sl.to_f32(sl.load(dy[row, None], ok, 0.0))
+            xh = [(v - mu) * r for v in xs]
+            # Accumulate dweight/dbias first: dy is then dead once w * dy is formed, which keeps two
+            # (not three) row-sized fp32 arrays live across the reduction.
+            for k in cutlass.range_constexpr(vpt):
+                if cutlass.const_expr(self.has_weight):
+                    dw_acc[None, k].store(dw_acc[None, k].load() + dys[k] * xh[k])
+                if cutlass.const_expr(self.has_bias):
+                    db_acc[None, k].store(db_acc[None, k].load() + dys[k])
+            wdy = dys
+            if cutlass.const_expr(self.has_weight):
+                ws = sl.to_f32(sl.load(w, True, 0.0))
+                wdy = [d * c for d, c in zip(dys, ws)]
+            c1 = Float32(0.0)
+            c2 = Float32(0.0)
+            if cutlass.const_expr(layer):
+                c1, c2 = red.reduce((sl.sum([a * g for a, g in zip(xh, wdy)]), sl.sum(wdy)), add_pairs,
+                                    (Float32(0.0), Float32(0.0)), 0, parity)
+            else:
+                c1 = red.reduce(sl.sum([a * g for a, g in zip(xh, wdy)]), add, Float32(0.0), 0, parity)
+            c1 = c1 * inv_n
+            c2 = c2 * inv_n
+            dxs = [(g - (a * c1 + c2)) * r for a, g in zip(xh, wdy)]
+            if cutlass.const_expr(self.has_dres):
+                drs = sl.to_f32(sl.load(dres[row, None], ok, 0.0))
+                dxs = [d + e for d, e in zip(dxs, drs)]
+            sl.store(dx[row, None], ok, dxs)
+            red.end_tile()
+        cute.arch.barrier()
+        if cutlass.const_expr(self.has_weight):
+            self.write_partial(smem, dw_buf, dw_partial, sl, group, bidx0)
+        if cutlass.const_expr(self.has_bias):
+            self.write_partial(smem, db_buf, db_partial, sl, group, bidx0)
+
+    def accumulator(self, smem, group, lane) -> cute.Tensor:
+        """This thread's zeroed (vec, vpt) fp32 accumulator in shared memory: element (e, k) of
+        row group g, lane l at ((g * vpt + k) * tpr + l) * vec + e, so a row group's accumulators
+        for vector k are contiguous (conflict-free 128-bit accesses)."""
+        vec, vpt, tpr = self.vec, self.vpt, self.tpr
+        buf = smem.allocate_tensor(
+            Float32, cute.make_layout((vec, vpt, tpr, self.rows_per_cta), stride=(1, tpr * vec, vec, vpt * tpr * vec)),
+            byte_alignment=16)
+        mine = buf[None, None, lane, group]
+        for k in range(vpt):
+            mine[None, k].store(cute.full((vec,), 0.0, Float32))
+        return buf
+
+    @cute.jit
+    def write_partial(self, smem, buf: cute.Tensor, partial: cute.Tensor, sl: RowSlice, group, bidx):
+        """Sum the accumulators of the CTA's row groups in group order (after a CTA barrier) and
+        write the CTA's partial row."""
+        if group == 0:
+            pv = sl.view(partial[bidx, None])
+            for k in cutlass.range_constexpr(self.vpt):
+                total = buf[None, k, sl.lane, 0].load()
+                for g in cutlass.range_constexpr(1, self.rows_per_cta):
+                    total = total + buf[None, k, sl.lane, g].load()
+                if sl.valid(k):
+                    pv[None, sl.index(k)].store(total)

@@ -1,0 +1,73 @@
+"""What the row-wise ops share: the (M, N) view of an input, the plan and compiled kernel for it."""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import catalog, dtypes
+from cute_kernels.specs_rowwise import config_of, tuning_of
+from schedules.hardware import num_sms
+from schedules.row_tiling import HELD_TUNED, plan_held_rows
+
+INDEX32_LIMIT = 2**31 - 1
+UNCAPPED = 2**31 - 1
+_fns: dict[tuple, object] = {}
+
+
+def rows_of(x: torch.Tensor) -> torch.Tensor:
+    """x as a (M, N) matrix with unit stride along N (a view when possible, else a contiguous copy)."""
+    n = x.shape[-1]
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    try:
+        x2 = x.view(-1, n)
+    except RuntimeError:
+        x2 = x.contiguous().view(-1, n)
+    if x2.shape[0] <= 1:  # a single row: its stride is never used; give it one the kernel accepts
+        x2 = x2.as_strided((x2.shape[0], n), (-(-max(n, 1) // 16) * 16, 1))
+    return x2
+
+
+def vector_ok(*ts) -> bool:
+    """128-bit variant: every operand's base 16-byte aligned, N and every row stride multiples of
+    the vector (the held-row kernels have no scalar tail)."""
+    vec = 16 // ts[0].element_size()
+    for t in ts:
+        if t is None:
+            continue
+        if t.data_ptr() % 16 or t.shape[-1] % vec or (t.dim() == 2 and t.shape[0] > 1 and t.stride(0) % vec):
+            return False
+    return True
+
+
+def launch_params(name: str, x2: torch.Tensor, *others, **signature):
+    """(compiled kernel, plan, max_ctas) for kernel `name` on the (M, N) matrix x2 (+ operands that
+    must share its vector class)."""
+    m, n = x2.shape
+    aligned = vector_ok(x2, *others)
+    vec = 16 // x2.element_size() if aligned else 1
+    index64 = max(m * max(x2.stride(0), n), n) > INDEX32_LIMIT
+    try:
+        plan = plan_held_rows(n, vec, **HELD_TUNED[tuning_of(name)])
+    except ValueError as e:
+        raise ValueError(f"x: {e}; {name.split('.')[0]} supports rows up to that length") from None
+    key = (name, x2.dtype, aligned, index64, plan, tuple(sorted(signature.items())))
+    fn = _fns.get(key)
+    if fn is None:
+        fn = _fns[key] = catalog.get(name).compiled(
+            dtype=dtypes.name_of(x2.dtype), aligned=aligned, index64=index64, **config_of(plan), **signature)
+    return fn, plan
+
+
+def grid_ctas(rows: int, plan, capped: bool, device) -> tuple[int, int]:
+    """(max_ctas argument, CTAs the kernel will launch along x) for `rows` rows."""
+    tiles = -(-rows // plan.tiling.rows_per_cta)
+    cap = plan.max_ctas(num_sms(device.index or 0)) if capped else UNCAPPED
+    return cap, max(1, min(tiles, cap))
+
+
+def max_row_length(name: str, dtype: torch.dtype) -> int:
+    """Longest row kernel family `name` holds (aligned rows)."""
+    vec = 16 // torch.tensor([], dtype=dtype).element_size()
+    t = HELD_TUNED[tuning_of(name)]
+    return t["max_tpr"] * (t.get("cluster_elems") or t["max_elems"]) // vec * vec * 8

@@ -1,0 +1,209 @@
+"""Torch ops `cute_kernels::rms_norm`, `::layer_norm` and their backward ops (lessons 4-5).
+
+`rms_norm(x, weight, eps, residual)` and `layer_norm(x, weight, bias, eps, residual)` normalize over
+the last dim; math in fp32, one rounding to x's dtype. With `residual`, x + residual (rounded to x's
+dtype) is normalized and also returned: `(y, x + residual)`, the fused pre-norm residual stream.
+The forward saves rstd (and mean) per row in fp32; the backward recomputes x-hat from them and
+writes dx in one pass, dweight/dbias as fp32 per-CTA partials summed here (a small (CTAs, N) sum).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import dtypes
+from cute_kernels.ops._checks import check_like, check_tensor, direct_call_ok, register_op
+from cute_kernels.ops._rowwise import grid_ctas, launch_params, rows_of
+
+
+def _check(x, weight, bias, residual):
+    check_tensor("x", x, min_ndim=1)
+    n = x.shape[-1]
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            check_tensor(name, t)
+            if tuple(t.shape) != (n,):
+                raise ValueError(f"{name} must have shape ({n},) (x's last dim), got {tuple(t.shape)}")
+            if t.device != x.device:
+                raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    if weight is not None and bias is not None and bias.dtype != weight.dtype:
+        raise TypeError(f"bias has dtype {bias.dtype} but weight has {weight.dtype}")
+    if residual is not None:
+        check_like("residual", residual, "x", x)
+
+
+def _empty(x):
+    return x.new_empty(0)
+
+
+def _fwd_fake(kind, x, weight, bias, residual, eps):
+    _check(x, weight, bias, residual)
+    m = x.numel() // x.shape[-1] if x.shape[-1] else x.shape[:-1].numel()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else _empty(x)
+    mean = torch.empty(m, dtype=torch.float32, device=x.device) if kind == "layer" else _empty(x).float()
+    rstd = torch.empty(m, dtype=torch.float32, device=x.device)
+    return out, res_out, mean, rstd
+
+
+def _fwd_cuda(kind, x, weight, bias, residual, eps):
+    out, res_out, mean, rstd = _fwd_fake(kind, x, weight, bias, residual, eps)
+    if out.numel() == 0:
+        return out, res_out, mean, rstd
+    x2 = rows_of(x)
+    r2 = rows_of(residual) if residual is not None else None
+    name = ("rmsnorm" if kind == "rms" else "layernorm") + ".fwd"
+    wt = weight if weight is not None else bias
+    sig = dict(weight=weight is not None, residual=residual is not None,
+               w_dtype=dtypes.name_of(wt.dtype) if wt is not None else dtypes.name_of(x.dtype))
+    if kind == "layer":
+        sig["bias"] = bias is not None
+    o2, ro2 = out.view(-1, x.shape[-1]), res_out.view(-1, x.shape[-1]) if residual is not None else None
+    fn, plan = launch_params(name, x2, r2, o2, ro2, weight, bias, **sig)
+    cap, _ = grid_ctas(x2.shape[0], plan, False, x.device)
+    fn(x2, weight, bias if kind == "layer" else None, r2, o2, ro2, mean if kind == "layer" else None, rstd,
+       float(eps), cap)
+    return out, res_out, mean, rstd
+
+
+def _bwd_fake(kind, x, weight, has_bias, dy, dres, mean, rstd):
+    """dx in x's dtype; dweight and dbias in the weight's dtype (fp32 without a weight); empty when absent."""
+    n = x.shape[-1]
+    wdt = weight.dtype if weight is not None else torch.float32
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dw = torch.empty(n, dtype=wdt, device=x.device) if weight is not None else _empty(x)
+    db = torch.empty(n, dtype=wdt, device=x.device) if has_bias else _empty(x)
+    return dx, dw, db
+
+
+def _bwd_cuda(kind, x, weight, has_bias, dy, dres, mean, rstd):
+    dx, dw, db = _bwd_fake(kind, x, weight, has_bias, dy, dres, mean, rstd)
+    n = x.shape[-1]
+    if x.numel() == 0:
+        return dx, dw.zero_(), db.zero_()
+    x2, dy2 = rows_of(x), rows_of(dy)
+    dr2 = rows_of(dres) if dres is not None else None
+    dx2 = dx.view(-1, n)
+    name = ("rmsnorm" if kind == "rms" else "layernorm") + ".bwd"
+    sig = dict(weight=weight is not None, residual=dres is not None,
+               w_dtype=dtypes.name_of(weight.dtype) if weight is not None else dtypes.name_of(x.dtype))
+    if kind == "layer":
+        sig["bias"] = has_bias
+    fn, plan = launch_params(name, x2, dy2, dr2, dx2, weight, **sig)
+    cap, ctas = grid_ctas(x2.shape[0], plan, True, x.device)
+    dw_p = torch.empty(ctas, n, dtype=torch.float32, device=x.device) if weight is not None else None
+    db_p = torch.empty(ctas, n, dtype=torch.float32, device=x.device) if has_bias else None
+    fn(x2, weight, dy2, dr2, mean if kind == "layer" else None, rstd, dx2, dw_p, db_p, cap)
+    if weight is not None:
+        dw = dw_p.sum(0).to(dw.dtype)
+    if has_bias:
+        db = db_p.sum(0).to(db.dtype)
+    return dx, dw, db
+
+
+# --- registration ---------------------------------------------------------------------------------
+def _rms_fwd_fake(x, weight, residual, eps):
+    out, res_out, _, rstd = _fwd_fake("rms", x, weight, None, residual, eps)
+    return out, res_out, rstd
+
+
+def _rms_fwd_cuda(x, weight, residual, eps):
+    out, res_out, _, rstd = _fwd_cuda("rms", x, weight, None, residual, eps)
+    return out, res_out, rstd
+
+
+def _ln_fwd_fake(x, weight, bias, residual, eps):
+    return _fwd_fake("layer", x, weight, bias, residual, eps)
+
+
+def _ln_fwd_cuda(x, weight, bias, residual, eps):
+    return _fwd_cuda("layer", x, weight, bias, residual, eps)
+
+
+def _rms_bwd_fake(x, weight, dy, dres, rstd):
+    return _bwd_fake("rms", x, weight, False, dy, dres, None, rstd)[:2]
+
+
+def _rms_bwd_cuda(x, weight, dy, dres, rstd):
+    return _bwd_cuda("rms", x, weight, False, dy, dres, None, rstd)[:2]
+
+
+def _ln_bwd_fake(x, weight, has_bias, dy, dres, mean, rstd):
+    return _bwd_fake("layer", x, weight, has_bias, dy, dres, mean, rstd)
+
+
+def _ln_bwd_cuda(x, weight, has_bias, dy, dres, mean, rstd):
+    return _bwd_cuda("layer", x, weight, has_bias, dy, dres, mean, rstd)
+
+
+def _rms_setup(ctx, inputs, output):
+    x, weight, residual, _ = inputs
+    out, res_out, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.has_res = residual is not None
+    ctx.save_for_backward(res_out if ctx.has_res else x, weight, rstd)
+
+
+def _rms_backward(ctx, g_out, g_res, g_rstd):
+    x, weight, rstd = ctx.saved_tensors
+    dres = g_res if ctx.has_res and g_res is not None else None
+    dx, dw = torch.ops.cute_kernels.rms_norm_bwd(x, weight, g_out.contiguous(), dres, rstd)
+    return dx, (dw if weight is not None else None), (dx if ctx.has_res else None), None
+
+
+def _ln_setup(ctx, inputs, output):
+    x, weight, bias, residual, _ = inputs
+    out, res_out, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.has_res, ctx.has_bias = residual is not None, bias is not None
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+    ctx.save_for_backward(res_out if ctx.has_res else x, weight, mean, rstd)
+
+
+def _ln_backward(ctx, g_out, g_res, g_mean, g_rstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dres = g_res if ctx.has_res and g_res is not None else None
+    dx, dw, db = torch.ops.cute_kernels.layer_norm_bwd(x, weight, ctx.has_bias, g_out.contiguous(), dres, mean, rstd)
+    return (dx, dw if weight is not None else None, db.to(ctx.bias_dtype) if ctx.has_bias else None,
+            dx if ctx.has_res else None, None)
+
+
+register_op("cute_kernels::rms_norm", "(Tensor x, Tensor? weight, Tensor? residual, float eps) -> (Tensor, Tensor, Tensor)",
+            _rms_fwd_cuda, _rms_fwd_fake, _rms_backward, _rms_setup)
+register_op("cute_kernels::rms_norm_bwd",
+            "(Tensor x, Tensor? weight, Tensor dy, Tensor? dres, Tensor rstd) -> (Tensor, Tensor)",
+            _rms_bwd_cuda, _rms_bwd_fake)
+register_op("cute_kernels::layer_norm",
+            "(Tensor x, Tensor? weight, Tensor? bias, Tensor? residual, float eps) -> (Tensor, Tensor, Tensor, Tensor)",
+            _ln_fwd_cuda, _ln_fwd_fake, _ln_backward, _ln_setup)
+register_op("cute_kernels::layer_norm_bwd",
+            "(Tensor x, Tensor? weight, bool has_bias, Tensor dy, Tensor? dres, Tensor mean, Tensor rstd) "
+            "-> (Tensor, Tensor, Tensor)",
+            _ln_bwd_cuda, _ln_bwd_fake)
+
+
+# --- public wrappers ------------------------------------------------------------------------------
+def _present(*ts):
+    return [t for t in ts if t is not None]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
+             residual: torch.Tensor | None = None):
+    """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight. With `residual`, normalizes
+    s = x + residual and returns (y, s)."""
+    if direct_call_ok(*_present(x, weight, residual)):
+        out, res_out, _ = _rms_fwd_cuda(x, weight, residual, float(eps))
+    else:
+        out, res_out, _ = torch.ops.cute_kernels.rms_norm(x, weight, residual, float(eps))
+    return (out, res_out) if residual is not None else out
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               eps: float = 1e-5, residual: torch.Tensor | None = None):
+    """LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * weight + bias (biased variance,
+    as torch). With `residual`, normalizes s = x + residual and returns (y, s)."""
+    if direct_call_ok(*_present(x, weight, bias, residual)):
+        out, res_out, _, _ = _ln_fwd_cuda(x, weight, bias, residual, float(eps))
+    else:
+        out, res_out, _, _ = torch.ops.cute_kernels.layer_norm(x, weight, bias, residual, float(eps))
+    return (out, res_out) if residual is not None else out

@@ -1,0 +1,162 @@
+"""Torch ops `cute_kernels::softmax`, `::log_softmax`, `::cross_entropy` and their backward ops
+(lessons 6-7), all over the last dim.
+
+softmax / log_softmax return x's dtype (fp32 math, one rounding). cross_entropy(logits, target)
+returns the per-row loss in fp32 (the public wrapper reduces it: mean over non-ignored rows, sum,
+or none); its backward recomputes the probabilities from the logits and the saved fp32
+log-sum-exp, so no (M, N) probability tensor is ever stored. Rows longer than one CTA holds are
+spread over a thread-block cluster (up to 8 CTAs) that reduces through distributed shared memory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels.ops._checks import check_like, check_tensor, direct_call_ok, register_op
+from cute_kernels.ops._rowwise import grid_ctas, launch_params, rows_of
+
+_TARGET_DTYPES = (torch.int64, torch.int32)
+
+
+def _sm_fake(x):
+    check_tensor("x", x, min_ndim=1)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _sm_run(name, x):
+    y = _sm_fake(x)
+    if y.numel():
+        x2 = rows_of(x)
+        y2 = y.view(-1, x.shape[-1])
+        fn, plan = launch_params(name, x2, y2)
+        fn(x2, y2, grid_ctas(x2.shape[0], plan, False, x.device)[0])
+    return y
+
+
+def _sm_bwd_fake(y, dy):
+    check_tensor("y", y, min_ndim=1)
+    check_like("dy", dy, "y", y)
+    return torch.empty(y.shape, dtype=y.dtype, device=y.device)
+
+
+def _sm_bwd_run(name, y, dy):
+    dx = _sm_bwd_fake(y, dy)
+    if dx.numel():
+        y2, dy2 = rows_of(y), rows_of(dy)
+        dx2 = dx.view(-1, y.shape[-1])
+        fn, plan = launch_params(name, y2, dy2, dx2)
+        fn(y2, dy2, dx2, grid_ctas(y2.shape[0], plan, False, y.device)[0])
+    return dx
+
+
+def _save_y(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+register_op("cute_kernels::softmax_bwd", "(Tensor y, Tensor dy) -> Tensor",
+            lambda y, dy: _sm_bwd_run("softmax.bwd", y, dy), _sm_bwd_fake)
+register_op("cute_kernels::log_softmax_bwd", "(Tensor y, Tensor dy) -> Tensor",
+            lambda y, dy: _sm_bwd_run("log_softmax.bwd", y, dy), _sm_bwd_fake)
+register_op("cute_kernels::softmax", "(Tensor x) -> Tensor", lambda x: _sm_run("softmax.fwd", x), _sm_fake,
+            lambda ctx, g: torch.ops.cute_kernels.softmax_bwd(ctx.saved_tensors[0], g.contiguous()), _save_y)
+register_op("cute_kernels::log_softmax", "(Tensor x) -> Tensor", lambda x: _sm_run("log_softmax.fwd", x), _sm_fake,
+            lambda ctx, g: torch.ops.cute_kernels.log_softmax_bwd(ctx.saved_tensors[0], g.contiguous()), _save_y)
+
+
+# --- cross-entropy -----------------------------------------------------------------------------------
+def _ce_check(logits, target):
+    check_tensor("logits", logits, min_ndim=2)
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be 2-D (rows, classes), got shape {tuple(logits.shape)}")
+    check_tensor("target", target, allowed=_TARGET_DTYPES, min_ndim=1)
+    if tuple(target.shape) != (logits.shape[0],):
+        raise ValueError(f"target must have shape ({logits.shape[0]},) (one class per row of logits), "
+                         f"got {tuple(target.shape)}")
+    if logits.shape[1] == 0 and logits.shape[0] > 0:
+        raise ValueError("logits must have at least one class (its last dim is 0)")
+
+
+def _ce_fake(logits, target, ignore_index):
+    _ce_check(logits, target)
+    m = logits.shape[0]
+    return (torch.empty(m, dtype=torch.float32, device=logits.device),
+            torch.empty(m, dtype=torch.float32, device=logits.device))
+
+
+def _ce_cuda(logits, target, ignore_index):
+    loss, lse = _ce_fake(logits, target, ignore_index)
+    if loss.numel():
+        x2 = rows_of(logits)
+        t = target.to(torch.int64).contiguous()
+        fn, plan = launch_params("cross_entropy.fwd", x2)
+        fn(x2, t, loss, lse, int(ignore_index), grid_ctas(x2.shape[0], plan, False, logits.device)[0])
+    return loss, lse
+
+
+def _ce_bwd_fake(logits, target, dloss, lse, ignore_index):
+    return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+
+
+def _ce_bwd_cuda(logits, target, dloss, lse, ignore_index):
+    dx = _ce_bwd_fake(logits, target, dloss, lse, ignore_index)
+    if dx.numel():
+        x2 = rows_of(logits)
+        fn, plan = launch_params("cross_entropy.bwd", x2, dx)
+        fn(x2, target.to(torch.int64).contiguous(), dloss.float().contiguous(), lse, dx, int(ignore_index),
+           grid_ctas(x2.shape[0], plan, False, logits.device)[0])
+    return dx
+
+
+def _ce_setup(ctx, inputs, output):
+    logits, target, ignore_index = inputs
+    ctx.mark_non_differentiable(output[1])
+    ctx.ignore_index = ignore_index
+    ctx.save_for_backward(logits, target, output[1])
+
+
+def _ce_backward(ctx, g_loss, g_lse):
+    logits, target, lse = ctx.saved_tensors
+    dx = torch.ops.cute_kernels.cross_entropy_bwd(logits, target, g_loss, lse, ctx.ignore_index)
+    return dx, None, None
+
+
+register_op("cute_kernels::cross_entropy_bwd",
+            "(Tensor logits, Tensor target, Tensor dloss, Tensor lse, int ignore_index) -> Tensor",
+            _ce_bwd_cuda, _ce_bwd_fake)
+register_op("cute_kernels::cross_entropy", "(Tensor logits, Tensor target, int ignore_index) -> (Tensor, Tensor)",
+            _ce_cuda, _ce_fake, _ce_backward, _ce_setup)
+
+
+# --- public wrappers ------------------------------------------------------------------------------
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """softmax over the last dim (fp32 math, output in x's dtype)."""
+    _last_dim(x, dim)
+    return _sm_run("softmax.fwd", x) if direct_call_ok(x) else torch.ops.cute_kernels.softmax(x)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """log-softmax over the last dim (fp32 math, output in x's dtype)."""
+    _last_dim(x, dim)
+    return _sm_run("log_softmax.fwd", x) if direct_call_ok(x) else torch.ops.cute_kernels.log_softmax(x)
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean",
+                  ignore_index: int = -100) -> torch.Tensor:
+    """Cross-entropy of (rows, classes) logits against integer targets, as torch.nn.functional.cross_entropy
+    (reduction 'mean' averages over rows whose target is not `ignore_index`). fp32 result."""
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if direct_call_ok(logits, target):
+        loss, _ = _ce_cuda(logits, target, int(ignore_index))
+    else:
+        loss, _ = torch.ops.cute_kernels.cross_entropy(logits, target, int(ignore_index))
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / (target != ignore_index).sum()
+
+
+def _last_dim(x, dim):
+    if isinstance(x, torch.Tensor) and dim not in (-1, x.dim() - 1):
+        raise ValueError(f"dim must be the last dim (-1), got {dim}; move that dim last first")

@@ -1,0 +1,173 @@
+"""Catalogue entries of the row-wise kernels (curriculum lessons 4-7): RMSNorm, LayerNorm,
+softmax, log-softmax, cross-entropy, forward and backward.
+
+Config: the held-row plan (`schedules.row_tiling.plan_held_rows`): threads per CTA, threads per
+row, 128-bit vectors held per thread, cluster size. Signature: dtypes, alignment (128-bit vectors
+need N, the row stride and the base 16-byte aligned; else the scalar variant), index width, and
+which optional operands exist (weight, bias, residual). Row length and count stay symbolic: one
+compiled kernel serves every N up to the plan's capacity.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from cute_kernels import dtypes
+from cute_kernels.catalog import _SIG_COMMON, KernelSpec, Param, _index_sym
+from cute_kernels.jit import fake_stream
+from schedules.row_tiling import HeldRowPlan, RowTiling, plan_held_rows
+
+_CONFIG = {
+    "threads": Param(256, (128, 256, 512, 1024), help="threads per CTA"),
+    "threads_per_row": Param(128, (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), help="threads sharing one row (per CTA)"),
+    "vpt": Param(4, (1, 2, 4, 8, 16, 32, 64), help="128-bit vectors of the row each thread holds in registers"),
+    "cluster_n": Param(1, (1, 2, 4, 8), help="CTAs of a cluster sharing one row (distributed shared memory)"),
+}
+
+
+def tuning_of(name: str) -> str:
+    """Which `HELD_TUNED` entry plans kernel `name`."""
+    if name == "layernorm.bwd":
+        return "ln_bwd"
+    if name.endswith(".bwd"):
+        return "bwd"
+    return "norm_fwd" if name.startswith(("rmsnorm", "layernorm")) else "fwd"
+
+
+def plan_of(p) -> HeldRowPlan:
+    return HeldRowPlan(RowTiling(p["threads"], p["threads_per_row"], p["vpt"]), p["cluster_n"])
+
+
+def config_of(plan: HeldRowPlan) -> dict:
+    t = plan.tiling
+    return dict(threads=t.threads, threads_per_row=t.threads_per_row, vpt=t.unroll, cluster_n=plan.cluster_n)
+
+
+@dataclass(frozen=True, eq=False)
+class RowwiseSpec(KernelSpec):
+    """`name` is `<family>.<fwd|bwd>`, family in rmsnorm, layernorm, softmax, log_softmax, cross_entropy."""
+
+    def check(self, p):
+        plan_of(p)  # raises on a bad combination
+
+    def build(self, p):
+        from cute_kernels.kernels import norms, softmax
+
+        fam, direction = self.name.split(".")
+        dt = dtypes.cutlass_of(p["dtype"])
+        vec = dtypes.vec_of(p["dtype"], p["aligned"])
+        i64 = p["index64"]
+        plan = plan_of(p)
+        n = _index_sym(i64, vec)
+        m = _index_sym(i64)
+        align = 16 if p["aligned"] else dt.width // 8
+
+        def mat(t=dt):
+            return cute.runtime.make_fake_tensor(t, (m, n), stride=(_index_sym(i64, vec), 1), assumed_align=align)
+
+        def vecn(t):
+            return cute.runtime.make_fake_tensor(t, (n,), stride=(1,), assumed_align=align if t is dt else t.width // 8)
+
+        def perrow(t=Float32):
+            return cute.runtime.make_fake_tensor(t, (m,), stride=(1,), assumed_align=4)
+
+        if fam in ("rmsnorm", "layernorm"):
+            kind = "rms" if fam == "rmsnorm" else "layer"
+            wdt = dtypes.cutlass_of(p["w_dtype"])
+            has_w, has_b = p["weight"], p.get("bias", False) and kind == "layer"
+            w = vecn(wdt) if has_w else None
+            b = vecn(wdt) if has_b else None
+            res = p["residual"]
+            mean = perrow() if kind == "layer" else None
+            if direction == "fwd":
+                k = norms.NormFwd(kind, dt, wdt, dt, vec, i64, plan, has_w, has_b, res)
+                return k, (mat(), w, b, mat() if res else None, mat(), mat() if res else None, mean, perrow(),
+                           Float32(1e-6), Int32(1), fake_stream())
+            k = norms.NormBwd(kind, dt, wdt, vec, i64, plan, has_w, has_b, res)
+            c = _index_sym(False)
+
+            def partial():
+                return cute.runtime.make_fake_tensor(Float32, (c, n), stride=(n, 1), assumed_align=16)
+
+            return k, (mat(), w, mat(), mat() if res else None, mean, perrow(), mat(),
+                       partial() if has_w else None, partial() if has_b else None, Int32(1), fake_stream())
+        if fam in ("softmax", "log_softmax"):
+            log = fam == "log_softmax"
+            if direction == "fwd":
+                return softmax.SoftmaxFwd(log, dt, vec, i64, plan), (mat(), mat(), Int32(1), fake_stream())
+            return softmax.SoftmaxBwd(log, dt, vec, i64, plan), (mat(), mat(), mat(), Int32(1), fake_stream())
+        # cross_entropy
+        from cutlass import Int64
+
+        tgt = perrow(Int64)
+        if direction == "fwd":
+            k = softmax.CrossEntropyFwd(dt, vec, i64, plan)
+            return k, (mat(), tgt, perrow(), perrow(), Int32(-100), Int32(1), fake_stream())
+        k = softmax.CrossEntropyBwd(dt, vec, i64, plan)
+        return k, (mat(), tgt, perrow(), perrow(), mat(), Int32(-100), Int32(1), fake_stream())
+
+    def representative(self):
+        """The plans the ops pick for a 4k row (one CTA) and a 64k row (a cluster); the scalar variant
+        for odd rows is compiled by tests/test_rowwise_compile.py."""
+        from schedules.row_tiling import HELD_TUNED
+
+        tuned = tuning_of(self.name)
+
+        out = []
+        for n, aligned in ((4096, True), (65536, True)):
+            vec = dtypes.vec_of("bf16", aligned)
+            plan = plan_held_rows(n, vec, **HELD_TUNED[tuned])
+            out.append(self.resolve({**config_of(plan), "aligned": aligned}))
+        return out
+
+    def sweep(self):
+        from schedules.row_tiling import HELD_TUNED
+
+        out = []
+        for d, a, n in itertools.product(dtypes.FLOAT_NAMES, (True, False), (1024, 4096, 16384, 32768, 131072)):
+            vec = dtypes.vec_of(d, a)
+            try:
+                plan = plan_held_rows(n, vec, **HELD_TUNED[tuning_of(self.name)])
+            except ValueError:
+                continue
+            out.append(self.resolve({**config_of(plan), "dtype": d, "aligned": a}))
+        return out
+
+
+def _spec(name: str, lesson: int, summary: str, ops: tuple[str, ...], extra: dict | None = None) -> RowwiseSpec:
+    direction = name.split(".")[1]
+    params = {**_SIG_COMMON, **(extra or {}), **_CONFIG}
+    if direction == "bwd":
+        params["threads_per_row"] = Param(64, _CONFIG["threads_per_row"].choices, help=_CONFIG["threads_per_row"].help)
+    return RowwiseSpec(name=name, family="rowwise", lesson=lesson, summary=summary, ops=ops, status="ready",
+                       params=params)
+
+
+_NORM_SIG = {
+    "w_dtype": Param("bf16", dtypes.FLOAT_NAMES, "signature", "weight/bias element type"),
+    "weight": Param(True, (True, False), "signature", "has a weight (scale)"),
+    "residual": Param(False, (True, False), "signature", "fused residual add (fwd) / residual gradient (bwd)"),
+}
+_LN_SIG = {**_NORM_SIG, "bias": Param(True, (True, False), "signature", "has a bias")}
+
+ROWWISE = [
+    _spec("rmsnorm.fwd", 4, "RMSNorm forward, row in registers; +weight, +residual (returns the sum)", ("rms_norm",),
+          _NORM_SIG),
+    _spec("rmsnorm.bwd", 4, "RMSNorm backward: dx, fp32 dweight partials, +residual gradient", ("rms_norm",),
+          _NORM_SIG),
+    _spec("layernorm.fwd", 5, "LayerNorm forward, two-pass in registers; +weight/bias, +residual", ("layer_norm",),
+          _LN_SIG),
+    _spec("layernorm.bwd", 5, "LayerNorm backward: dx, fp32 dweight/dbias partials", ("layer_norm",), _LN_SIG),
+    _spec("softmax.fwd", 6, "softmax over the last dim, one (m, l) reduction, one exp per element", ("softmax",)),
+    _spec("softmax.bwd", 6, "softmax backward: dx = y * (dy - sum(y * dy))", ("softmax",)),
+    _spec("log_softmax.fwd", 7, "log-softmax: x - (m + log l)", ("log_softmax",)),
+    _spec("log_softmax.bwd", 7, "log-softmax backward: dx = dy - exp(y) * sum(dy)", ("log_softmax",)),
+    _spec("cross_entropy.fwd", 7, "cross-entropy loss and log-sum-exp per row; probabilities never stored",
+          ("cross_entropy",)),
+    _spec("cross_entropy.bwd", 7, "cross-entropy backward: dx = (exp(x - lse) - onehot) * g, recomputed from x",
+          ("cross_entropy",)),
+]
