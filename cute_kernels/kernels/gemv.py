@@ -64,7 +64,6 @@ class Gemv:
         tiles = cute.ceil_div(rows, rows_per_cta)
         if cutlass.const_expr(self.index64):
             bidx, gdim, tiles = Int64(bidx), Int64(gdim), Int64(tiles)
-        xvs = [as_vectors(xt[c, None], k, vec) for c in range(B)]
 
         my_tiles = (cutlass.max(tiles - bidx, 0) + gdim - 1) // gdim
         for i in cutlass.range(my_tiles, unroll=1):
@@ -72,6 +71,7 @@ class Gemv:
             acc = tuple(cute.full((vec,), 0.0, Float32) for _ in range(B))
             if row < rows:
                 wv = as_vectors(w[row, None], k, vec)
+                xvs = [as_vectors(xt[c, None], k, vec) for c in range(B)]
 
                 def load(j):
                     return wv[None, j].load()
