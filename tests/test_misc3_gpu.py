@@ -1,0 +1,202 @@
+"""GEMV, SiLU/SwiGLU, ArgMax and transposes on the GPU: fp64 references, dtype-aware bounds,
+NaN-poisoned outputs, edge shapes (0/1 rows, 769, 5125), non-contiguous inputs, argmax ties and NaN,
+bitwise transposes for all four variants, autograd against torch."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.helpers import EPS, randn
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+VARIANTS = ["naive", "smem", "swizzle", "tma"]
+
+
+# --- GEMV ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", [(1, 1), (1, 4096), (769, 5125), (4096, 4096), (3, 16384), (5125, 64)])
+@pytest.mark.parametrize("cols", [0, 1, 3, 8])
+def test_gemv(dtype, n, k, cols):
+    import cute_kernels as ck
+
+    w = randn(n, k, dtype=dtype)
+    x = randn(k, dtype=dtype) if cols == 0 else randn(cols, k, dtype=dtype).t()
+    y = ck.gemv(w, x)
+    ref = w.double() @ x.double()
+    bound = EPS[dtype] * ref.abs() + 4 * k**0.5 * 2.0**-24 * (w.double().abs() @ x.double().abs()) + 1e-30
+    assert y.shape == ref.shape and y.dtype == dtype
+    assert not torch.isnan(y).any()
+    assert ((y.double() - ref).abs() <= bound).all()
+
+
+def test_gemv_layouts_and_determinism():
+    import cute_kernels as ck
+
+    w = randn(1000, 4100, dtype=torch.bfloat16)
+    x = randn(4100, 5, dtype=torch.bfloat16)  # row-major (K, B): transposed into a buffer first
+    ref = w.double() @ x.double()
+    y = ck.gemv(w, x)
+    assert ((y.double() - ref).abs() <= 2**-8 * ref.abs() + 1e-3 * ref.abs().max()).all()
+    ws = randn(1000, 8192, dtype=torch.bfloat16)[:, 100:4200]  # row stride 8192, misaligned base
+    y2 = ck.gemv(ws, x)
+    ref2 = ws.double() @ x.double()
+    assert ((y2.double() - ref2).abs() <= 2**-8 * ref2.abs() + 1e-3 * ref2.abs().max()).all()
+    for _ in range(3):
+        assert torch.equal(ck.gemv(w, x), y)
+    assert ck.gemv(randn(0, 16), randn(16)).shape == (0,)
+    assert (ck.gemv(torch.empty(4, 0, device="cuda"), torch.empty(0, device="cuda")) == 0).all()
+
+
+# --- SiLU / SwiGLU -------------------------------------------------------------------------------
+def _close(out, ref, dtype, scale=4):
+    err = (out.double() - ref).abs()
+    bound = scale * EPS[dtype] * ref.abs() + scale * EPS[dtype] * 1e-3 * (ref.abs().max() + 1e-30)
+    assert (err <= bound).all(), f"max err {err.max().item()}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(0,), (1,), (769,), (5125, 3), (64, 11008), (1 << 22) + 3])
+def test_silu_swiglu_forward(dtype, shape):
+    import cute_kernels as ck
+
+    shape = shape if isinstance(shape, tuple) else (shape,)
+    g, u = randn(*shape, dtype=dtype), randn(*shape, dtype=dtype)
+    sd = torch.sigmoid(g.double())
+    y = ck.silu(g)
+    assert y.shape == g.shape and y.dtype == dtype and not torch.isnan(y).any()
+    _close(y, g.double() * sd, dtype)
+    out = ck.swiglu(g, u)
+    _close(out, g.double() * sd * u.double(), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_backward_vs_fp64_and_torch(dtype):
+    import cute_kernels as ck
+
+    g = randn(513, 1031, dtype=dtype).requires_grad_()
+    u = randn(513, 1031, dtype=dtype).requires_grad_()
+    dout = randn(513, 1031, dtype=dtype)
+    ck.swiglu(g, u).backward(dout)
+    gd, ud, dd = g.double(), u.double(), dout.double()
+    s = torch.sigmoid(gd)
+    _close(g.grad, dd * ud * s * (1 + gd * (1 - s)), dtype, scale=8)
+    _close(u.grad, dd * gd * s, dtype, scale=8)
+    gt, ut = g.detach().clone().requires_grad_(), u.detach().clone().requires_grad_()
+    (F.silu(gt) * ut).backward(dout)
+    assert (g.grad.double() - gt.grad.double()).abs().max() <= 16 * EPS[dtype] * gt.grad.double().abs().max()
+    x = randn(777, dtype=dtype).requires_grad_()
+    ck.silu(x).backward(dout.view(-1)[:777])
+    xd = x.double()
+    sx = torch.sigmoid(xd)
+    _close(x.grad, dout.view(-1)[:777].double() * sx * (1 + xd * (1 - sx)), dtype, scale=8)
+
+
+def test_swiglu_non_contiguous_and_compile():
+    import cute_kernels as ck
+
+    h = randn(300, 2 * 1000, dtype=torch.bfloat16)
+    g, u = h[:, :1000], h[:, 1000:]  # halves of a fused projection: copied first
+    _close(ck.swiglu(g, u), F.silu(g.double()) * u.double(), torch.bfloat16)
+    odd = randn(10001, dtype=torch.float16)[1:]  # misaligned: scalar variant
+    _close(ck.silu(odd), F.silu(odd.double()), torch.float16)
+    f = torch.compile(lambda a, b: ck.swiglu(a, b) + 1, fullgraph=True)
+    a, b = randn(64, 4096), randn(64, 4096)
+    assert torch.equal(f(a, b), ck.swiglu(a, b) + 1)
+
+
+# --- ArgMax --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (1, 31), (3, 769), (1000, 4096), (5125, 7), (2, 1 << 22 | 5),
+                                   (1, 50_000_003), (257, 128)])
+def test_argmax_exact(dtype, shape):
+    import cute_kernels as ck
+    from cute_kernels.ops.argmax import _argmax_rows
+    from cute_kernels.ops.reduction import _rows_of
+
+    x = randn(*shape, dtype=dtype)
+    out = torch.full(shape[:-1], -7, dtype=torch.int64, device="cuda")
+    _argmax_rows(_rows_of(x), out.view(-1))
+    assert torch.equal(out, torch.argmax(x, dim=-1))
+    assert torch.equal(ck.argmax(x), torch.argmax(x, dim=-1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_ties_nan_inf_zero(dtype):
+    import cute_kernels as ck
+
+    x = torch.zeros(8, 5000, dtype=dtype, device="cuda")
+    x[0, [17, 300, 4999]] = 3.0  # ties: lowest index
+    x[1] = -float("inf")  # all -inf: index 0
+    x[2, 4000] = float("nan")
+    x[2, 4500] = float("nan")
+    x[2, 10] = float("inf")  # the first NaN wins over inf
+    x[3] = -0.0
+    x[3, 2000] = 0.0  # -0 == +0: index 0
+    x[4, 4999] = float("inf")
+    x[5] = -1.0
+    x[5, [1234, 1235]] = float("-nan") if dtype == torch.float32 else float("nan")
+    x[6] = randn(5000, dtype=dtype)
+    x[6, 2500:] = x[6, :2500]  # every maximum appears twice
+    x[7] = 1.0
+    assert torch.equal(ck.argmax(x), torch.argmax(x, dim=-1))
+    big = torch.zeros(1, 30_000_000, dtype=dtype, device="cuda")  # split rows: ties across splits
+    big[0, [29_000_000, 7_000_001, 7_000_002]] = 1.0
+    assert ck.argmax(big).item() == 7_000_001
+    big[0, 20_000_000] = float("nan")
+    assert ck.argmax(big).item() == 20_000_000
+
+
+def test_argmax_strided_deterministic_keepdim():
+    import cute_kernels as ck
+
+    base = randn(300, 1024, dtype=torch.bfloat16)
+    v = base[:, :1000]
+    assert torch.equal(ck.argmax(v), torch.argmax(v, -1))
+    t = randn(512, 300, dtype=torch.float32).t()
+    assert torch.equal(ck.argmax(t), torch.argmax(t, -1))
+    b3 = randn(4, 6, 100, dtype=torch.float16)[:, ::2]
+    assert torch.equal(ck.argmax(b3, keepdim=True), torch.argmax(b3, -1, keepdim=True))
+    y = randn(64, 1 << 20, dtype=torch.bfloat16)
+    r = ck.argmax(y)
+    for _ in range(3):
+        assert torch.equal(ck.argmax(y), r)
+    assert ck.argmax(torch.empty(0, 5, device="cuda")).shape == (0,)
+    with pytest.raises(ValueError, match="empty last dim"):
+        ck.argmax(torch.empty(5, 0, device="cuda"))
+
+
+# --- Transpose -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (1, 8), (64, 64), (769, 5125), (5125, 769), (1024, 4096), (8, 4096),
+                                   (4096, 8), (3, 128, 200), (5, 769, 33), (2, 1000, 1000)])
+def test_transpose_bitwise(variant, dtype, shape):
+    import cute_kernels as ck
+
+    x = randn(*shape, dtype=dtype)
+    ref = x.transpose(-2, -1).contiguous()
+    out = ck.transpose(x, variant=variant)
+    assert out.shape == ref.shape and out.is_contiguous()
+    assert torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
+
+
+def test_transpose_poisoned_and_odd_layouts():
+    import cute_kernels as ck
+    from cute_kernels.ops.transpose import _transpose_cuda
+
+    x = randn(3, 777, 1030, dtype=torch.bfloat16)
+    for v in VARIANTS:
+        out = _transpose_cuda(x, v)
+        out.fill_(float("nan"))
+        out = _transpose_cuda(x, v)
+        assert torch.equal(out, x.transpose(-2, -1).contiguous())
+    base = randn(4, 512, 640, dtype=torch.float32)
+    for view in (base[:, :, :512], base[1:3], base[:, 8:264, 64:320], base.transpose(1, 2)):
+        for v in VARIANTS:
+            assert torch.equal(ck.transpose(view, variant=v), view.transpose(-2, -1).contiguous())
+    assert ck.transpose(torch.empty(0, 5, device="cuda")).shape == (5, 0)
+    g = randn(64, 96, dtype=torch.float32).requires_grad_()
+    ck.transpose(g, variant="swizzle").backward(torch.ones(96, 64, device="cuda"))
+    assert torch.equal(g.grad, torch.ones_like(g))
