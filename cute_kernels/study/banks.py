@@ -223,11 +223,13 @@ def phase_wavefronts(tile: SmemTile, phase: list[Access]) -> int:
     """Distinct 4-byte words per bank in one phase; the busiest bank sets the wavefronts."""
     words: dict[int, set[int]] = {}
     for _t, r, c, nbytes in phase:
-        a = tile.byte_addr(r, c)
-        # an access of n bytes covers contiguous bytes from its address (16-byte rows never
-        # straddle a swizzle unit: the swizzle moves >= 16-byte blocks)
-        for w in range(a // BANK_BYTES, (a + nbytes - 1) // BANK_BYTES + 1):
-            words.setdefault(w % BANKS, set()).add(w)
+        # an access of n bytes covers n / esize consecutive elements of the row; each element is
+        # placed by the layout and the swizzle on its own (a swizzle of units smaller than the
+        # access splits it)
+        for k in range(max(1, nbytes // tile.esize)):
+            a = tile.byte_addr(r, (c + k) % tile.cols)
+            for w in range(a // BANK_BYTES, (a + tile.esize - 1) // BANK_BYTES + 1):
+                words.setdefault(w % BANKS, set()).add(w)
     return max((len(s) for s in words.values()), default=0)
 
 

@@ -292,6 +292,14 @@ def png(panels: list[Panel], path: str | Path, title: str | None = None, dpi: in
         y += p.rows + 0.6
     fig.savefig(str(path), dpi=dpi)
     plt.close(fig)
+    try:  # a palette PNG: flat cells and text need few colors, and the file shrinks several-fold
+        from PIL import Image
+
+        with Image.open(path) as im:
+            small = im.convert("RGB").quantize(colors=96)
+        small.save(path, optimize=True)
+    except ImportError:  # pragma: no cover - pillow comes with matplotlib
+        pass
 
 
 def save(panels: list[Panel], path: str | Path, title: str | None = None) -> Path:
