@@ -133,7 +133,15 @@ SUITES = {"elementwise": elementwise, "reduction": reduction}
 PEERS: dict[str, tuple[str, ...]] = {"elementwise": (), "reduction": ()}  # QuACK/FA4 have no such op
 
 
+# Lessons 3, 8, 9, 11, 12: gemv, transpose, swiglu, argmax.
+from perf import suite_misc3 as _misc3  # noqa: E402
+
+SUITES.update(_misc3.SUITES)
+PEERS.update(_misc3.PEERS)
+
+
 def run(what: str, out_dir=None, shapes=None, quick=False) -> int:
+
     if not torch.cuda.is_available():
         raise SystemExit("bench needs a CUDA GPU")
     family = what.split(".")[0]

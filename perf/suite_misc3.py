@@ -1,0 +1,186 @@
+"""Benchmark suites for lessons 3, 8, 9, 11, 12: gemv, transpose, swiglu, argmax.
+
+Same conventions as `perf.suites`: ours vs torch eager vs torch.compile, TB/s over the bytes each op
+must move, % of the ceiling measured in the same run, ratios (> 1: ours faster). QuACK (0.6.5) has
+none of these as a standalone op (its SwiGLU lives in GEMM epilogues), so there is no peer column.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from perf import harness as H
+
+MiB = 1 << 20
+
+
+def _name(dt):
+    return str(dt).replace("torch.", "")
+
+
+def _worst(rows, pred=lambda r: True):
+    sel = [r for r in rows if pred(r)]
+    return min(sel, key=lambda r: r.pct_ceiling) if sel else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Lesson 3: GEMV (bytes counted: W only, as the target says; x and y are < 0.1% of them)
+# ----------------------------------------------------------------------------------------------
+def gemv(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):
+    import cute_kernels as ck
+
+    shapes = shapes or ([(4096, 4096), (16384, 16384)] if quick else
+                        [(4096, 4096), (8192, 8192), (16384, 16384), (14336, 4096), (4096, 14336), (1024, 16384)])
+    cols = (1, 8) if quick else (1, 2, 4, 8)
+    copy_bw = ceilings["copy"]
+    compiled = torch.compile(lambda w, x: w @ x)
+    rows = []
+    for dt in dtypes:
+        for n, k in shapes:
+            w = H.randn(n, k, dtype=dt, seed=11)
+            for b in cols:
+                x = H.randn(b, k, dtype=dt, seed=12).t()  # (K, B) with contiguous columns
+                H.progress(f"  gemv {_name(dt)} {n}x{k} B={b}")
+                t = H.do_bench(lambda: ck.gemv(w, x))["median_ms"]
+                refs = {"torch": H.do_bench(lambda: w @ x)["median_ms"],
+                        "torch.compile": H.do_bench(lambda: compiled(w, x))["median_ms"]}
+                rows.append(H.Row("gemv", _name(dt), f"{n}x{k} B={b}", w.numel() * w.element_size(),
+                                  2 * n * k * b, t, refs, "copy", copy_bw))
+    checks = []
+    square = _worst(rows, lambda r: r.shape.split(" ")[0] in ("4096x4096", "8192x8192", "16384x16384"))
+    if square:
+        checks.append({"target": ">= 90% of copy bandwidth (bytes of W), W 4096-16384 square",
+                       "measured": f"min {square.pct_ceiling:.1f}% ({square.dtype} {square.shape})",
+                       "ok": square.pct_ceiling >= 90.0})
+    return rows, ["torch", "torch.compile"], checks, "", {}
+
+
+# ----------------------------------------------------------------------------------------------
+# Lessons 8-9: transpose, all four variants side by side
+# ----------------------------------------------------------------------------------------------
+def transpose(shapes=None, dtypes=(torch.bfloat16, torch.float32), quick=False, ceilings=None):
+    import cute_kernels as ck
+
+    shapes = shapes or ([(8192, 8192), (16, 2048, 2048)] if quick else
+                        [(4096, 4096), (8192, 8192), (16384, 16384), (4096, 16384), (32, 2048, 2048), (256, 512, 512)])
+    copy_bw = ceilings["copy"]
+    compiled = torch.compile(lambda x: x.transpose(-2, -1).contiguous())
+    rows = []
+    for dt in dtypes:
+        for shape in shapes:
+            x = H.randn(*shape, dtype=dt, seed=13)
+            nbytes = 2 * x.numel() * x.element_size()
+            refs = {"torch": H.do_bench(lambda: x.transpose(-2, -1).contiguous())["median_ms"],
+                    "torch.compile": H.do_bench(lambda: compiled(x))["median_ms"]}
+            for v in ("naive", "smem", "swizzle", "tma"):
+                H.progress(f"  transpose.{v} {_name(dt)} {shape}")
+                t = H.do_bench(lambda: ck.transpose(x, variant=v))["median_ms"]
+                rows.append(H.Row(f"transpose.{v}", _name(dt), "x".join(map(str, shape)), nbytes, 0, t, refs,
+                                  "copy", copy_bw))
+    checks = []
+    big = [r for r in rows if r.bytes >= 2 * 64 * MiB]
+    if big:
+        best = {}
+        for r in big:
+            key = (r.dtype, r.shape)
+            if key not in best or r.pct_ceiling > best[key].pct_ceiling:
+                best[key] = r
+        worst = min(best.values(), key=lambda r: r.pct_ceiling)
+        checks.append({"target": ">= 95% of copy bandwidth, best variant, tensors >= 64 MiB",
+                       "measured": f"min over shapes {worst.pct_ceiling:.1f}% ({worst.case} {worst.dtype} {worst.shape})",
+                       "ok": worst.pct_ceiling >= 95.0})
+    table = ["## Variants side by side (TB/s)", "", "| dtype | shape | naive | smem (padded) | swizzle | tma | torch |",
+             "|---|---|---|---|---|---|---|"]
+    by = {}
+    for r in rows:
+        by.setdefault((r.dtype, r.shape), {})[r.case.split(".")[1]] = r
+    for (d, s), vs in by.items():
+        any_r = next(iter(vs.values()))
+        torch_tbs = any_r.bytes / (any_r.refs_ms["torch"] * 1e-3) / 1e12
+        table.append(f"| {d} | {s} | " + " | ".join(f"{vs[v].ours_tbs:.3f}" if v in vs else "n/a"
+                                                  for v in ("naive", "smem", "swizzle", "tma")) + f" | {torch_tbs:.3f} |")
+    return rows, ["torch", "torch.compile"], checks, "\n".join(table), {}
+
+
+# ----------------------------------------------------------------------------------------------
+# Lesson 11: SiLU / SwiGLU forward and backward
+# ----------------------------------------------------------------------------------------------
+def swiglu(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):
+    import torch.nn.functional as F
+
+    import cute_kernels as ck
+
+    shapes = shapes or ([(8192, 8192)] if quick else [(4096, 4096), (8192, 8192), (16384, 14336), (32768, 11008)])
+    copy_bw = ceilings["copy"]
+
+    def swiglu_bwd_eager(g, u, d):
+        g = g.detach().requires_grad_()
+        u = u.detach().requires_grad_()
+        return torch.autograd.grad(F.silu(g) * u, (g, u), d)
+
+    fwd_eager = lambda g, u: F.silu(g) * u  # noqa: E731
+    fwd_compiled = torch.compile(fwd_eager)
+    bwd_compiled = torch.compile(swiglu_bwd_eager)
+    silu_compiled = torch.compile(F.silu)
+    rows = []
+    for dt in dtypes:
+        for shape in shapes:
+            g, u, d = (H.randn(*shape, dtype=dt, seed=s) for s in (14, 15, 16))
+            e = g.numel() * g.element_size()
+            cases = [
+                ("silu.fwd", 2 * e, lambda: ck.silu(g), {"torch": lambda: F.silu(g), "torch.compile": lambda: silu_compiled(g)}),
+                ("swiglu.fwd", 3 * e, lambda: ck.swiglu(g, u),
+                 {"torch": lambda: fwd_eager(g, u), "torch.compile": lambda: fwd_compiled(g, u)}),
+                ("swiglu.bwd", 5 * e, lambda: torch.ops.cute_kernels.swiglu_backward(g, u, d),
+                 {"torch": lambda: swiglu_bwd_eager(g, u, d), "torch.compile": lambda: bwd_compiled(g, u, d)}),
+            ]
+            for case, nbytes, ours, refs in cases:
+                H.progress(f"  {case} {_name(dt)} {shape}")
+                t = H.do_bench(ours)["median_ms"]
+                r = {k: H.do_bench(f)["median_ms"] for k, f in refs.items()}
+                rows.append(H.Row(case, _name(dt), "x".join(map(str, shape)), nbytes, 0, t, r, "copy", copy_bw))
+    checks = []
+    big = lambda r: r.bytes >= 3 * 64 * MiB  # noqa: E731
+    for case, target in (("swiglu.fwd", 95.0), ("silu.fwd", 95.0), ("swiglu.bwd", 85.0)):
+        w = _worst(rows, lambda r: r.case == case and big(r))
+        if w:
+            checks.append({"target": f"{case} >= {target:.0f}% of copy bandwidth (>= 64 MiB per tensor)",
+                           "measured": f"min {w.pct_ceiling:.1f}% ({w.dtype} {w.shape})", "ok": w.pct_ceiling >= target})
+    w = min(rows, key=lambda r: r.ratio("torch.compile"))
+    checks.append({"target": ">= 0.97x torch.compile", "measured": f"min {w.ratio('torch.compile'):.3f}x "
+                   f"({w.case} {w.dtype} {w.shape})", "ok": w.ratio("torch.compile") >= 0.97})
+    return rows, ["torch", "torch.compile"], checks, "", {}
+
+
+# ----------------------------------------------------------------------------------------------
+# Lesson 12: ArgMax
+# ----------------------------------------------------------------------------------------------
+def argmax(shapes=None, dtypes=(torch.bfloat16, torch.float32), quick=False, ceilings=None):
+    import cute_kernels as ck
+
+    shapes = shapes or ([(32768, 4096), (1, 1 << 28)] if quick else
+                        [(32768, 4096), (4096, 32768), (256, 131072), (131072, 1024), (8, 1 << 24), (1, 1 << 28),
+                         (16384, 50257)])
+    read_bw = ceilings["read"]
+    compiled = torch.compile(lambda x: torch.argmax(x, dim=-1))
+    rows = []
+    for dt in dtypes:
+        for m, n in shapes:
+            x = H.randn(m, n, dtype=dt, seed=17)
+            H.progress(f"  argmax {_name(dt)} {m}x{n}")
+            assert torch.equal(ck.argmax(x), torch.argmax(x, dim=-1)), "argmax differs from torch"
+            t = H.do_bench(lambda: ck.argmax(x))["median_ms"]
+            refs = {"torch": H.do_bench(lambda: torch.argmax(x, dim=-1))["median_ms"],
+                    "torch.compile": H.do_bench(lambda: compiled(x))["median_ms"]}
+            rows.append(H.Row("argmax", _name(dt), f"{m}x{n}", x.numel() * x.element_size() + 8 * m, 0, t, refs,
+                              "read", read_bw))
+    checks = [{"target": "exact vs torch.argmax (every benchmarked case)", "measured": "equal", "ok": True}]
+    w = _worst(rows, lambda r: r.bytes >= 256 * MiB)
+    if w:
+        checks.append({"target": ">= 95% of the read ceiling (inputs >= 256 MiB)",
+                       "measured": f"min {w.pct_ceiling:.1f}% ({w.dtype} {w.shape})", "ok": w.pct_ceiling >= 95.0})
+    return rows, ["torch", "torch.compile"], checks, "", {}
+
+
+SUITES = {"gemv": gemv, "transpose": transpose, "swiglu": swiglu, "argmax": argmax}
+PEERS: dict[str, tuple[str, ...]] = {k: () for k in SUITES}  # QuACK has no standalone op for these
