@@ -33,6 +33,8 @@ def tuning_of(name: str) -> str:
     """Which `HELD_TUNED` entry plans kernel `name`."""
     if name == "layernorm.bwd":
         return "ln_bwd"
+    if name == "cross_entropy.bwd":  # holds only x (no dy row): as much as a forward
+        return "fwd"
     if name.endswith(".bwd"):
         return "bwd"
     return "norm_fwd" if name.startswith(("rmsnorm", "layernorm")) else "fwd"

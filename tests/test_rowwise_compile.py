@@ -1,0 +1,81 @@
+"""CPU: the row-wise kernels (lessons 4-7) compile for sm_90a under the plans the ops pick: no
+spills, registers within the CTA's budget, 128-bit accesses on aligned rows, scalar accesses on odd
+rows, the cluster stage (DSMEM stores + cluster barrier) only where a row spans a cluster."""
+
+import pytest
+
+from cute_kernels import catalog
+from cute_kernels.artifacts import compile_with_artifacts
+from cute_kernels.specs_rowwise import ROWWISE, config_of, tuning_of
+from schedules.row_tiling import HELD_TUNED, plan_held_rows
+
+NAMES = [s.name for s in ROWWISE]
+
+
+def _params(name, n, dtype="bf16", aligned=True, **extra):
+    vec = 16 // {"bf16": 2, "fp16": 2, "fp32": 4}[dtype] if aligned else 1
+    plan = plan_held_rows(n, vec, **HELD_TUNED[tuning_of(name)])
+    return catalog.get(name).resolve({**config_of(plan), "dtype": dtype, "aligned": aligned, **extra})
+
+
+def _compile(name, p, tmp_path):
+    report, files = compile_with_artifacts(catalog.get(name), p, str(tmp_path))
+    k = report.kernels[0]
+    assert k.registers and k.registers <= 65536 // p["threads"] and k.registers <= 255, report.format()
+    assert not report.spills, report.format()
+    return report, files["ptx"].read_text()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_aligned_rows_use_128bit_accesses(name, tmp_path):
+    report, ptx = _compile(name, _params(name, 4096), tmp_path)
+    c = report.ptx_census
+    assert c["ld.global.v4 (128-bit)"] > 0
+    if name != "cross_entropy.fwd":  # writes one loss per row, no row output
+        assert c["st.global.v4 (128-bit)"] > 0
+    assert "barrier.cluster" not in ptx and "mapa" not in ptx
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_odd_rows_use_the_scalar_variant(name, tmp_path):
+    report, _ = _compile(name, _params(name, 769, aligned=False), tmp_path)
+    assert report.ptx_census["ld.global.v4 (128-bit)"] == 0
+    assert report.ptx_census["ld.global (all)"] > 0
+
+
+@pytest.mark.parametrize("name", ["rmsnorm.fwd", "layernorm.bwd", "softmax.fwd", "cross_entropy.fwd"])
+def test_long_rows_reduce_across_a_cluster(name, tmp_path):
+    n = 65536 if name == "layernorm.bwd" else 131072
+    p = _params(name, n)
+    assert p["cluster_n"] > 1
+    report, ptx = _compile(name, p, tmp_path)
+    assert "st.shared::cluster" in ptx and "mapa.shared::cluster" in ptx
+    assert "barrier.cluster.arrive" in ptx and "barrier.cluster.wait" in ptx
+    assert report.ptx_census["ld.global.v4 (128-bit)"] > 0
+
+
+@pytest.mark.parametrize("name,dtype", [("softmax.fwd", "fp32"), ("rmsnorm.bwd", "fp32"), ("layernorm.fwd", "fp16")])
+def test_other_dtypes(name, dtype, tmp_path):
+    report, _ = _compile(name, _params(name, 8192, dtype=dtype), tmp_path)
+    assert report.ptx_census["ld.global.v4 (128-bit)"] > 0
+
+
+def test_norm_options_compile(tmp_path):
+    """RMSNorm with a residual and an fp32 weight; LayerNorm without weight/bias."""
+    _compile("rmsnorm.fwd", _params("rmsnorm.fwd", 4096, residual=True, w_dtype="fp32"), tmp_path / "a")
+    _compile("rmsnorm.bwd", _params("rmsnorm.bwd", 4096, residual=True), tmp_path / "b")
+    _compile("layernorm.fwd", _params("layernorm.fwd", 4096, weight=False, bias=False), tmp_path / "c")
+
+
+def test_plans_cover_the_required_row_lengths():
+    """Rows the ops hold in one CTA or a cluster (bf16): softmax/log-softmax forward and cross-entropy
+    256k, RMSNorm, LayerNorm forward and the softmax backwards 128k, LayerNorm backward 64k."""
+    for name in NAMES:
+        fam, direction = name.split(".")
+        most = 262144 if fam == "cross_entropy" or (fam in ("softmax", "log_softmax") and direction == "fwd") \
+            else 65536 if name == "layernorm.bwd" else 131072
+        for n in (1, 7, 769, 1024, 4096, 5125, 16384, most):
+            for aligned in (True, False):
+                vec = 8 if aligned else 1
+                plan = plan_held_rows(n, vec, **HELD_TUNED[tuning_of(name)])
+                assert plan.capacity(vec) >= n and plan.cluster_n <= 8

@@ -1,0 +1,266 @@
+"""Row-wise ops on the GPU (lessons 4-7): RMSNorm, LayerNorm, softmax, log-softmax, cross-entropy,
+forward and backward, against fp32/fp64 references.
+
+Error bound (issue 3): in bf16/fp16 our max abs error against the fp64 reference is at most twice
+torch's own implementation in the same dtype, plus 1e-3 * max|ref|. Outputs are poisoned: every
+float `torch.empty` the ops make while a test runs is filled with NaN, so an unwritten element
+fails. Shapes: rows {0, 1, 769} x N {1, 7, 769, 4096, 5125, 65536, 262144} (rows longer than an op
+holds must raise a named error), strided and non-contiguous inputs, autograd against torch
+autograd of the fp32 reference."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cute_kernels as ck
+from cute_kernels.ops._rowwise import max_row_length
+from tests.helpers import randn
+
+pytestmark = pytest.mark.gpu
+
+ROWS = [0, 1, 769]
+COLS = [1, 7, 769, 4096, 5125, 65536, 262144]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    real = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        t = real(*args, **kwargs)
+        if t.is_floating_point() and t.numel():
+            t.fill_(float("nan"))
+        return t
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+
+
+def check(out, ref, torch_out, what=""):
+    """max|out - ref| <= 2 * max|torch_out - ref| + 1e-3 * max|ref| (ref in fp64), no NaN where ref is finite."""
+    out, ref, torch_out = out.double(), ref.double(), torch_out.double()
+    assert out.shape == ref.shape, (what, out.shape, ref.shape)
+    if ref.numel() == 0:
+        return
+    fin = torch.isfinite(ref)
+    if not fin.any():  # e.g. a mean over no rows: NaN in both
+        assert not torch.isfinite(out).any(), f"{what}: finite where the reference is not"
+        return
+    assert torch.isfinite(out[fin]).all(), f"{what}: non-finite outputs (unwritten or overflow)"
+    err = (out - ref)[fin].abs().max().item()
+    terr = (torch_out - ref)[fin].abs().max().item()
+    bound = 2 * terr + 1e-3 * ref[fin].abs().max().item()
+    assert err <= bound, f"{what}: max err {err:.3e} > bound {bound:.3e} (torch's own: {terr:.3e})"
+
+
+def _supported(name, n, dtype):
+    return n <= max_row_length(name, dtype)
+
+
+# --- RMSNorm / LayerNorm -----------------------------------------------------------------------------
+def _rms_ref(x, w, eps):
+    xf = x.double()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return y * w.double() if w is not None else y
+
+
+def _ln_ref(x, w, b, eps):
+    return F.layer_norm(x.double(), x.shape[-1:], w.double() if w is not None else None,
+                        b.double() if b is not None else None, eps)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("n", COLS)
+def test_rms_norm_forward(dtype, m, n):
+    x, w = randn(m, n, dtype=dtype), randn(n, dtype=dtype)
+    if not _supported("rmsnorm.fwd", n, dtype) and m > 0:
+        with pytest.raises(ValueError, match="x: rows of"):
+            ck.rms_norm(x, w)
+        return
+    check(ck.rms_norm(x, w, 1e-6), _rms_ref(x, w, 1e-6), F.rms_norm(x, (n,), w, 1e-6), "rms_norm")
+    check(ck.rms_norm(x), _rms_ref(x, None, 1e-6), F.rms_norm(x, (n,), None, 1e-6), "rms_norm, no weight")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("n", COLS)
+def test_layer_norm_forward(dtype, m, n):
+    x, w, b = randn(m, n, dtype=dtype), randn(n, dtype=dtype), randn(n, dtype=dtype)
+    x = x + 3.0  # a mean far from 0: one-pass sum(x^2) - mean^2 would cancel
+    if not _supported("layernorm.fwd", n, dtype) and m > 0:
+        with pytest.raises(ValueError, match="x: rows of"):
+            ck.layer_norm(x, w, b)
+        return
+    check(ck.layer_norm(x, w, b, 1e-5), _ln_ref(x, w, b, 1e-5), F.layer_norm(x, (n,), w, b, 1e-5), "layer_norm")
+    check(ck.layer_norm(x), _ln_ref(x, None, None, 1e-5), F.layer_norm(x, (n,)), "layer_norm, no affine")
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_residual(kind, dtype):
+    m, n = 769, 4096
+    x, r, w = randn(m, n, dtype=dtype), randn(m, n, dtype=dtype), randn(n, dtype=torch.float32)
+    if kind == "rms":
+        y, s = ck.rms_norm(x, w, 1e-6, residual=r)
+    else:
+        y, s = ck.layer_norm(x, w, None, 1e-5, residual=r)
+    s_torch = x + r
+    assert torch.equal(s, s_torch), "residual sum must equal x + residual rounded to x's dtype"
+    ref = _rms_ref(s_torch, w, 1e-6) if kind == "rms" else _ln_ref(s_torch, w, None, 1e-5)
+    tout = (F.rms_norm(s_torch.float(), (n,), w, 1e-6) if kind == "rms" else
+            F.layer_norm(s_torch.float(), (n,), w, None, 1e-5)).to(dtype)
+    check(y, ref, tout, f"{kind} + residual")
+
+
+def _grads(fn, inputs, dy):
+    for t in inputs:
+        if t is not None:
+            t.grad = None
+    out = fn(*inputs)
+    out = out[0] if isinstance(out, tuple) else out
+    out.backward(dy)
+    return [t.grad if t is not None else None for t in inputs]
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("m,n", [(1, 7), (769, 769), (769, 4096), (300, 5125), (64, 65536), (8, 131072), (0, 64)])
+def test_norm_backward(kind, dtype, m, n):
+    name = ("rmsnorm" if kind == "rms" else "layernorm") + ".bwd"
+    if not _supported(name, n, dtype):
+        pytest.skip(f"{name} holds rows up to {max_row_length(name, dtype)}")
+    x = randn(m, n, dtype=dtype).requires_grad_()
+    w = randn(n, dtype=dtype).requires_grad_()
+    b = randn(n, dtype=dtype).requires_grad_() if kind == "layer" else None
+    dy = randn(m, n, dtype=dtype)
+    if kind == "rms":
+        ours = _grads(lambda x, w: ck.rms_norm(x, w, 1e-6), [x, w], dy)
+        theirs = _grads(lambda x, w: F.rms_norm(x, (n,), w, 1e-6), [x, w], dy)
+        xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+        ref = _grads(lambda x, w: _rms_ref(x, w, 1e-6), [xr, wr], dy.double())
+    else:
+        ours = _grads(lambda x, w, b: ck.layer_norm(x, w, b, 1e-5), [x, w, b], dy)
+        theirs = _grads(lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5), [x, w, b], dy)
+        xr, wr, br = (t.detach().double().requires_grad_() for t in (x, w, b))
+        ref = _grads(lambda x, w, b: _ln_ref(x, w, b, 1e-5), [xr, wr, br], dy.double())
+    for o, t, r, what in zip(ours, theirs, ref, ("dx", "dweight", "dbias")):
+        check(o, r, t, f"{kind} {what}")
+
+
+def test_norm_backward_with_residual():
+    m, n = 257, 2048
+    x, r = randn(m, n).requires_grad_(), randn(m, n).requires_grad_()
+    w = randn(n).requires_grad_()
+    y, s = ck.rms_norm(x, w, 1e-6, residual=r)
+    dy, ds = randn(m, n), randn(m, n)
+    torch.autograd.backward([y, s], [dy, ds])
+    xr, rr, wr = (t.detach().double().requires_grad_() for t in (x, r, w))
+    sr = xr + rr
+    torch.autograd.backward([_rms_ref(sr, wr, 1e-6), sr], [dy.double(), ds.double()])
+    xt, rt, wt = (t.detach().clone().requires_grad_() for t in (x, r, w))
+    st = xt + rt
+    torch.autograd.backward([F.rms_norm(st, (n,), wt, 1e-6), st], [dy, ds])
+    check(x.grad, xr.grad, xt.grad, "dx")
+    check(r.grad, rr.grad, rt.grad, "dresidual")
+    check(w.grad, wr.grad, wt.grad, "dweight")
+
+
+# --- softmax / log-softmax ---------------------------------------------------------------------------
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("n", COLS)
+def test_softmax_forward(log, dtype, m, n):
+    x = randn(m, n, dtype=dtype) * 4
+    ours = ck.log_softmax(x) if log else ck.softmax(x)
+    ref = torch.log_softmax(x.double(), -1) if log else torch.softmax(x.double(), -1)
+    theirs = torch.log_softmax(x, -1) if log else torch.softmax(x, -1)
+    check(ours, ref, theirs, "log_softmax" if log else "softmax")
+
+
+def test_softmax_masked_rows():
+    """-inf logits (masks) give 0 probability; a row that is entirely -inf gives NaN, as torch."""
+    x = randn(4, 1000, dtype=torch.float32)
+    x[0, 10:] = float("-inf")
+    x[1] = float("-inf")
+    y = ck.softmax(x)
+    ref = torch.softmax(x, -1)
+    assert torch.allclose(y[0], ref[0], atol=1e-6) and (y[0, 10:] == 0).all()
+    assert torch.isnan(y[1]).all() and torch.isnan(ref[1]).all()
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n", [(1, 7), (769, 769), (769, 4096), (300, 5125), (64, 65536), (8, 131072), (0, 64)])
+def test_softmax_backward(log, dtype, m, n):
+    name = ("log_softmax" if log else "softmax") + ".bwd"
+    if not _supported(name, n, dtype):
+        pytest.skip(f"{name} holds rows up to {max_row_length(name, dtype)}")
+    x = (randn(m, n, dtype=dtype) * 2).requires_grad_()
+    dy = randn(m, n, dtype=dtype)
+    f_ours = ck.log_softmax if log else ck.softmax
+    f_torch = (lambda t: torch.log_softmax(t, -1)) if log else (lambda t: torch.softmax(t, -1))
+    ours = _grads(f_ours, [x], dy)[0]
+    theirs = _grads(f_torch, [x], dy)[0]
+    xr = x.detach().double().requires_grad_()
+    ref = _grads(f_torch, [xr], dy.double())[0]
+    check(ours, ref, theirs, name)
+
+
+# --- cross-entropy -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("n", COLS)
+def test_cross_entropy_forward_backward(dtype, m, n):
+    x = (randn(m, n, dtype=dtype) * 3).requires_grad_()
+    t = torch.randint(0, n, (m,), device="cuda")
+    if m > 2:
+        t[::7] = -100  # ignored rows
+    for reduction in ("none", "mean", "sum"):
+        ours = ck.cross_entropy(x, t, reduction=reduction)
+        theirs = F.cross_entropy(x.float(), t, reduction=reduction)
+        ref = F.cross_entropy(x.double(), t, reduction=reduction)
+        check(ours, ref, theirs, f"cross_entropy {reduction}")
+    if m == 0:
+        return
+    dloss = randn(m, dtype=torch.float32)
+    ours = _grads(lambda x: ck.cross_entropy(x, t, reduction="none"), [x], dloss)[0]
+    theirs = _grads(lambda x: F.cross_entropy(x, t, reduction="none"), [x], dloss.to(dtype))[0]
+    xr = x.detach().double().requires_grad_()
+    ref = _grads(lambda x: F.cross_entropy(x, t, reduction="none"), [xr], dloss.double())[0]
+    check(ours, ref, theirs, "cross_entropy dx")
+
+
+# --- layouts, compile ---------------------------------------------------------------------------------
+def test_strided_and_noncontiguous_inputs():
+    base = randn(300, 4160)
+    view = base[:, :4096]  # row stride 4160: read in place
+    check(ck.softmax(view), torch.softmax(view.double(), -1), torch.softmax(view, -1), "strided softmax")
+    w = randn(4096)
+    check(ck.rms_norm(view, w), _rms_ref(view, w, 1e-6), F.rms_norm(view, (4096,), w, 1e-6), "strided rms_norm")
+    t = randn(512, 300, dtype=torch.float16).t()  # last dim not unit-stride: copied first
+    check(ck.log_softmax(t), torch.log_softmax(t.double(), -1), torch.log_softmax(t, -1), "transposed")
+    odd = randn(10 * 4096 + 1, dtype=torch.bfloat16)[1:].view(10, 4096)  # misaligned base: scalar variant
+    check(ck.layer_norm(odd), _ln_ref(odd, None, None, 1e-5), F.layer_norm(odd, (4096,)), "misaligned")
+    b3 = randn(4, 6, 1000, dtype=torch.bfloat16)[:, ::2]  # 3-D, leading dims not flattenable
+    check(ck.softmax(b3), torch.softmax(b3.double(), -1), torch.softmax(b3, -1), "3-D strided")
+
+
+def test_torch_compile_fullgraph():
+    x = randn(64, 4096, dtype=torch.bfloat16)
+    w = randn(4096, dtype=torch.bfloat16)
+    t = torch.randint(0, 4096, (64,), device="cuda")
+    f = torch.compile(lambda x: ck.cross_entropy(ck.softmax(ck.layer_norm(ck.rms_norm(x, w), w, w)), t),
+                      fullgraph=True)
+    eager = ck.cross_entropy(ck.softmax(ck.layer_norm(ck.rms_norm(x, w), w, w)), t)
+    assert torch.equal(f(x), eager)
+
+
+def test_deterministic_weight_gradient():
+    x = randn(4096, 1024).requires_grad_()
+    w = randn(1024).requires_grad_()
+    dy = randn(4096, 1024)
+    g = _grads(lambda x, w: ck.layer_norm(x, w, None), [x, w], dy)[1].clone()
+    for _ in range(3):
+        assert torch.equal(_grads(lambda x, w: ck.layer_norm(x, w, None), [x, w], dy)[1], g)
