@@ -17,3 +17,7 @@ __all__ = ["add", "axpby", "copy", "sum", "__version__"]
 from cute_kernels.ops import argmax, gemv, silu, swiglu, transpose  # noqa: E402
 
 __all__ += ["argmax", "gemv", "silu", "swiglu", "transpose"]
+
+from cute_kernels.ops import cross_entropy, layer_norm, log_softmax, rms_norm, softmax  # noqa: E402
+
+__all__ += ["cross_entropy", "layer_norm", "log_softmax", "rms_norm", "softmax"]

@@ -219,10 +219,6 @@ AXPBY = _elementwise("axpby", "out = a*x + b*y (fp32 math, rounded once)", ("axp
 # The rest of the curriculum: listed with its status so `cute-kernels list` shows the whole map.
 # ---------------------------------------------------------------------------------------------
 _PLANNED = [
-    ("rmsnorm", "rowwise", 4, "RMSNorm fwd/bwd, +residual, +FP8 out"),
-    ("layernorm", "rowwise", 5, "LayerNorm fwd/bwd (Welford)"),
-    ("softmax", "rowwise", 6, "softmax fwd/bwd"),
-    ("online_softmax", "rowwise", 7, "online softmax, cross-entropy, attention-state merge"),
     ("gemm", "gemm", 10, "SIMT -> register-tiled -> WGMMA GEMM, cooperative and ping-pong"),
     ("fp8_gemm", "gemm", 13, "FP8 GEMM with 1x128 / 128x128 scales, grouped MoE GEMM"),
     ("moe_dispatch", "moe", 14, "MoE dispatch/combine (described only)"),
@@ -254,3 +250,9 @@ def ready() -> list[KernelSpec]:
 from cute_kernels.specs_misc3 import SPECS as _MISC3  # noqa: E402
 
 KERNELS.update({s.name: s for s in _MISC3})
+
+
+# Lessons 4-7: row-wise kernels held in registers (norms, softmax, cross-entropy).
+from cute_kernels.specs_rowwise import ROWWISE  # noqa: E402
+
+KERNELS.update({s.name: s for s in ROWWISE})

@@ -139,6 +139,12 @@ from perf import suite_misc3 as _misc3  # noqa: E402
 SUITES.update(_misc3.SUITES)
 PEERS.update(_misc3.PEERS)
 
+# Lessons 4-7: norms, softmax, cross-entropy.
+from perf import suite_rowwise as _rowwise  # noqa: E402
+
+SUITES.update(_rowwise.SUITES)
+PEERS.update(_rowwise.PEERS)
+
 
 def run(what: str, out_dir=None, shapes=None, quick=False) -> int:
 

@@ -132,3 +132,16 @@ def test_cli_subcommands(tmp_path, capsys):
         main(["swizzle", "3", "4", "3", "--tile", "8by64"])
     with pytest.raises(SystemExit, match="layout"):
         main(["layout", "(4,8):(8)"])
+
+
+def test_operand_layouts_match_the_dsl_helpers(monkeypatch):
+    """The pictures use the GEMM collective's builders when present; they must equal the DSL's
+    hopper_helpers (the fallback), K-major and MN-major."""
+    with_collective = [atoms.operand_smem("a", m, (128, 128, 64), "bf16", 2) for m in ("k", "mn")]
+    boxes = atoms.tma_boxes("a", "mn", (128, 128, 64), "bf16")
+    monkeypatch.setattr(atoms, "_pipeline_collective", lambda: None)
+    assert with_collective == [atoms.operand_smem("a", m, (128, 128, 64), "bf16", 2) for m in ("k", "mn")]
+    assert str(with_collective[0]) == "S<3,4,3> o 0 o ((8,16),(64,1),(1,2)):((64,512),(1,0),(0,8192))"
+    fallback = atoms.tma_boxes("a", "mn", (128, 128, 64), "bf16")
+    assert (boxes.box_elems, boxes.boxes, boxes.box) == (fallback.box_elems, fallback.boxes, fallback.box)
+    assert (boxes.box_elems, boxes.boxes) == (4096, 2)

@@ -12,3 +12,9 @@ from cute_kernels.ops.swiglu import silu, swiglu  # noqa: E402
 from cute_kernels.ops.transpose import transpose  # noqa: E402
 
 __all__ += ["argmax", "gemv", "silu", "swiglu", "transpose"]
+
+# Lessons 4-7: row-wise ops (norms, softmax, cross-entropy).
+from cute_kernels.ops.norms import layer_norm, rms_norm  # noqa: E402
+from cute_kernels.ops.softmax import cross_entropy, log_softmax, softmax  # noqa: E402
+
+__all__ += ["cross_entropy", "layer_norm", "log_softmax", "rms_norm", "softmax"]

@@ -7,9 +7,9 @@ operand layouts of `cutlass.utils.hopper_helpers.make_smem_layout_a/b`, the tile
 `cpasync.make_tiled_tma_atom`) and converts it to this package's plain records. When a kernel's
 configuration changes (tile, dtype, major-ness, warpgroups), the pictures change with it.
 
-The project's GEMM collectives build their layouts with the same helpers; `operand_smem`,
-`accumulator` and `tma_boxes` take the same arguments (tile M/N/K, dtype, major) so a kernel's
-config maps directly onto them.
+Where the project's GEMM collectives exist (`collectives/tma_pipeline.py`: `operand_smem_layout`,
+`operand_tma`), `operand_smem` and `tma_boxes` call them, so the pictures are the kernels' own
+layouts; otherwise they call the DSL helpers those collectives are built on.
 """
 
 from __future__ import annotations
@@ -70,10 +70,22 @@ def as_tile(layout: Layout, dtype: str, name: str | None = None) -> "_banks.Smem
                             name=name or str(layout))
 
 
+def _pipeline_collective():
+    """`collectives.tma_pipeline` (the GEMM kernels' own layout and TMA builders) when present."""
+    try:
+        from collectives import tma_pipeline
+    except ImportError:
+        return None
+    if hasattr(tma_pipeline, "operand_smem_layout") and hasattr(tma_pipeline, "operand_tma"):
+        return tma_pipeline
+    return None
+
+
 def operand_smem(operand: str = "a", major: str = "k", tile_mnk=(128, 128, 64), dtype: str = "bf16",
                  stages: int = 1) -> Layout:
-    """`hopper_helpers.make_smem_layout_a/b`: the staged shared-memory layout of operand A (M, K)
-    or B (N, K), the atom the helper picks for the major-ness and width, tiled to the CTA tile."""
+    """The staged shared-memory layout of operand A (M, K) or B (N, K): built by the GEMM
+    collective (`collectives.tma_pipeline.operand_smem_layout`) when it exists, else by the DSL's
+    `hopper_helpers.make_smem_layout_a/b` (the same atom choice and tiling)."""
     import cutlass.utils.hopper_helpers as sm90
     from cutlass.tensor_utils import LayoutEnum
 
@@ -83,6 +95,10 @@ def operand_smem(operand: str = "a", major: str = "k", tile_mnk=(128, 128, 64), 
     # A: row-major (M, K) is K-major; B: the DSL names (N, K) with K contiguous ROW_MAJOR too
     enum = LayoutEnum.ROW_MAJOR if m == "k" else LayoutEnum.COL_MAJOR
     dt = _dtype(dtype)
+    rows = tile_mnk[0] if operand == "a" else tile_mnk[1]
+    coll = _pipeline_collective()
+    if coll is not None:
+        return in_dsl(lambda: from_dsl(coll.operand_smem_layout(enum, dt, rows, tile_mnk[2], stages)))
     fn = sm90.make_smem_layout_a if operand == "a" else sm90.make_smem_layout_b
     return in_dsl(lambda: from_dsl(fn(enum, tuple(tile_mnk), dt, stages)))
 
@@ -155,9 +171,17 @@ def tma_boxes(operand: str = "a", major: str = "k", tile_mnk=(128, 128, 64), dty
     tile = (mn, tile_mnk[2])
     box: dict[str, int] = {}
 
+    coll = _pipeline_collective()
+
+    def build(g):
+        if coll is not None:  # the GEMM collective's own TMA builder, on a 1-stage layout
+            staged = to_dsl(Layout((*one.shape, 1), (*one.stride, 0), one.swizzle, one.offset))
+            return coll.operand_tma(g, staged, tile[0], tile[1], 1)[0]
+        return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), g, to_dsl(one), tile)[0]
+
     @cute.jit
     def trace(g: cute.Tensor):
-        atom, _ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), g, to_dsl(one), tile)
+        atom = build(g)
         box["elems"] = int(cute.size(atom.layout_src_tv, mode=[1]))
 
     a = cute.sym_int32()
