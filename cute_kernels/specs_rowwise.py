@@ -72,7 +72,9 @@ class RowwiseSpec(KernelSpec):
             return cute.runtime.make_fake_tensor(t, (m, n), stride=(_index_sym(i64, vec), 1), assumed_align=align)
 
         def vecn(t):
-            return cute.runtime.make_fake_tensor(t, (n,), stride=(1,), assumed_align=align if t is dt else t.width // 8)
+            # The ops take the vector variant only when every operand, weight and bias included, is
+            # 16-byte aligned, so an fp32 weight next to bf16 rows is read as 128-bit vectors too.
+            return cute.runtime.make_fake_tensor(t, (n,), stride=(1,), assumed_align=16 if p["aligned"] else t.width // 8)
 
         def perrow(t=Float32):
             return cute.runtime.make_fake_tensor(t, (m,), stride=(1,), assumed_align=4)
