@@ -2,7 +2,7 @@
 # One device call: fill the compile cache, run the GPU tests (the >2^31-element ones in their own
 # process), optional tuning / ncu / sanitizer probes, then the benchmarks.
 # Everything is logged to $OUT/session.log; results to $OUT/<suite>.{json,md,png}; a summary is printed.
-#   bash perf/device_session.sh [tune] [ncu] [sanitize] [quick] [nobench]
+#   bash perf/device_session.sh [tune] [ncu] [small] [sanitize] [quick] [nobench]
 set -u
 OUT=${OUT:-/tmp/ck_out}; mkdir -p "$OUT"; LOG="$OUT/session.log"; : > "$LOG"
 ARGS=" $* "
@@ -23,8 +23,19 @@ if has ncu; then
     cat "$OUT/.n" >> "$LOG"
     echo "ncu $p: $(grep -E "^\s+(gpu__time|dram__throughput|sm__warps|launch__registers|launch__grid)" "$OUT/.n" | awk '{printf "%s=%s ", $1, $NF}')"
   done
+  # Small sizes: kernel duration of ours vs torch's (randn's two conversion kernels skipped).
+  for p in "copy bf16 524288" "add bf16 524288" "add fp32 262144"; do
+    for who in ours torch; do
+      if [ $who = ours ]; then K=regex:kernel_cutlass; S=2; A=$p; else K=regex:elementwise; S=4; A="torch.$p"; fi
+      section "ncu $who $p"
+      ncu --clock-control none -k $K --launch-skip $S --launch-count 1 --metrics $M python3 -m perf.probe $A > "$OUT/.n" 2>&1
+      cat "$OUT/.n" >> "$LOG"
+      echo "ncu $who $p: $(grep -E "^\s+(gpu__time|dram__throughput|launch__registers|launch__grid|launch__block)" "$OUT/.n" | awk '{printf "%s=%s ", $1, $NF}')"
+    done
+  done
   rm -f "$OUT/.n"
 fi
+if has small; then section small; python3 -m perf.small --out "$OUT" > "$OUT/.s" 2>&1; cat "$OUT/.s" >> "$LOG"; grep "^|" "$OUT/.s"; rm -f "$OUT/.s"; fi
 if has sanitize; then
   for p in "add bf16 1048579" "row_sum bf16 3 769" "sum fp32 1000003" "row_sum fp16 4096 7"; do
     for tool in memcheck racecheck; do

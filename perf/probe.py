@@ -2,6 +2,7 @@
 
     python3 -m perf.probe add bf16 268435456
     python3 -m perf.probe row_sum bf16 65536 8192
+    python3 -m perf.probe torch.add bf16 524288      (torch's kernel, for comparison)
 """
 
 import sys
@@ -23,6 +24,9 @@ def main(argv):
         "axpby": lambda: ck.axpby(2.0, x, 0.5, y),
         "row_sum": lambda: ck.sum(x, dim=-1),
         "sum": lambda: ck.sum(x),
+        "torch.copy": lambda: x.clone(),
+        "torch.add": lambda: torch.add(x, y),
+        "torch.sum": lambda: torch.sum(x),
     }[op]
     for _ in range(3):
         r = f()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.ops._checks import aligned16, check_like, check_tensor, direct_call_ok, register_op
+from cute_kernels.ops._checks import check_like, check_tensor, direct_call_ok, register_op
 from schedules.grid_stride import GridStride, pick
 from schedules.hardware import num_sms
 
@@ -29,17 +29,22 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: float, b: float,
             schedule: GridStride | None = None) -> None:
     """Run kernel `elementwise.<op>` on flat contiguous tensors (n >= 1) under the tuned schedule
-    for its size (or `schedule`)."""
+    for its size (or `schedule`). The common case costs one dict lookup: the compiled function and
+    its grid cap are cached together per (op, dtype, alignment, index width, schedule, device)."""
     n = out.numel()
     sched = schedule or pick(op, _BYTES_PER_ELEM[op] * n * out.element_size())
-    key = (op, x.dtype, aligned16(x, y, out), n > _INDEX32_LIMIT, sched)
-    fn = _fns.get(key)
-    if fn is None:
+    key = (op, x.dtype, x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0,
+           n > _INDEX32_LIMIT, id(sched), out.get_device())
+    hit = _fns.get(key)
+    if hit is None:
         spec = catalog.get(f"elementwise.{op}")
-        fn = _fns[key] = spec.compiled(dtype=dtypes.name_of(x.dtype), aligned=key[2], index64=key[3],
-                                       threads=sched.threads, unroll=sched.unroll, ctas_per_sm=sched.ctas_per_sm,
-                                       order=sched.order)
-    fn(x, y, out, a, b, sched.max_ctas(num_sms(out.get_device())))
+        fn = spec.compiled(dtype=dtypes.name_of(x.dtype), aligned=key[2], index64=key[3],
+                           threads=sched.threads, unroll=sched.unroll, ctas_per_sm=sched.ctas_per_sm,
+                           order=sched.order)
+        # Keyed by the schedule's identity (hashing a dataclass costs more than the lookup); keep
+        # the schedule alive with the entry so its id is never reused for another one.
+        hit = _fns[key] = (fn, sched.max_ctas(num_sms(key[5])), sched)
+    hit[0](x, y, out, a, b, hit[1])
 
 
 def _unary_fake(x):

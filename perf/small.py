@@ -1,0 +1,69 @@
+"""Small-size study of the elementwise kernels (1-8 MiB, where launch and DRAM latency dominate):
+times every schedule of a grid against torch, per size, through the compiled function called
+directly (no host overhead in the figure). Feeds `schedules.grid_stride.pick`'s size classes.
+
+    python3 -m perf.small [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+
+from perf import harness as H
+from schedules.grid_stride import GridStride
+
+MiB = 1 << 20
+GRID = dict(threads=(128, 256, 512), unroll=(1, 2, 4, 8), ctas_per_sm=(0,), order=("cta",))
+
+
+def study(ops=("copy", "add"), sizes_mib=(1, 2, 4, 8), dtypes=(torch.bfloat16, torch.float32)):
+    from cute_kernels import catalog
+    from cute_kernels import dtypes as D
+    from schedules.hardware import num_sms
+
+    sms = num_sms()
+    ref = {"copy": lambda x, y: x.clone(), "add": torch.add, "axpby": lambda x, y: 2.0 * x + (-0.5) * y}
+    lines = ["| op | dtype | MiB | torch us | best us | best config | x torch | tuned us | x torch (tuned) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for op, dt, mib in itertools.product(ops, dtypes, sizes_mib):
+        n = mib * MiB // torch.tensor([], dtype=dt).element_size()
+        x, y = H.randn(n, dtype=dt, seed=1), H.randn(n, dtype=dt, seed=2)
+        out = torch.empty_like(x)
+        t_ref = H.do_bench(lambda: ref[op](x, y), rep_ms=40)["median_ms"]
+        res = {}
+        for t, u, c, o in itertools.product(*GRID.values()):
+            sched = GridStride(t, u, c, o)
+            fn = catalog.get(f"elementwise.{op}").compiled(dtype=D.name_of(dt), threads=t, unroll=u, ctas_per_sm=c,
+                                                            order=o)
+            mc = sched.max_ctas(sms)
+            res[str(sched)] = H.do_bench(lambda: fn(x, y, out, 1.0, 1.0, mc), rep_ms=40)["median_ms"]
+        best = min(res, key=res.get)
+        from schedules.grid_stride import pick
+
+        tuned = str(pick(op, (2 if op == "copy" else 3) * n * x.element_size()))
+        lines.append(f"| {op} | {D.name_of(dt)} | {mib} | {t_ref*1e3:.2f} | {res[best]*1e3:.2f} | {best} | "
+                     f"{t_ref/res[best]:.3f} | {res.get(tuned, float('nan'))*1e3:.2f} | {t_ref/res.get(tuned, float('nan')):.3f} |")
+        H.progress(lines[-1])
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    table = study()
+    print(table)
+    if a.out:
+        import os
+
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "small.md"), "w") as f:
+            f.write(f"# Elementwise at small sizes\n\n{H.environment()}\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
