@@ -8,10 +8,10 @@ this package (what is computed: kernels, torch ops, the compile cache, the CLI).
 """
 
 from cute_kernels import target  # noqa: F401  (sets the DSL's arch before cutlass is imported)
-from cute_kernels.ops import add, axpby, copy, sum  # noqa: E402
+from cute_kernels.ops import add, axpby, copy, gemm, sum  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["add", "axpby", "copy", "sum", "__version__"]
+__all__ = ["add", "axpby", "copy", "gemm", "sum", "__version__"]
 
 # Lessons 3, 8, 9, 11, 12: GEMV, transposes, SiLU/SwiGLU, ArgMax.
 from cute_kernels.ops import argmax, gemv, silu, swiglu, transpose  # noqa: E402

@@ -219,7 +219,6 @@ AXPBY = _elementwise("axpby", "out = a*x + b*y (fp32 math, rounded once)", ("axp
 # The rest of the curriculum: listed with its status so `cute-kernels list` shows the whole map.
 # ---------------------------------------------------------------------------------------------
 _PLANNED = [
-    ("gemm", "gemm", 10, "SIMT -> register-tiled -> WGMMA GEMM, cooperative and ping-pong"),
     ("fp8_gemm", "gemm", 13, "FP8 GEMM with 1x128 / 128x128 scales, grouped MoE GEMM"),
     ("moe_dispatch", "moe", 14, "MoE dispatch/combine (described only)"),
     ("flow_matching", "solver", 15, "flow-matching solver steps (described only)"),
@@ -244,6 +243,17 @@ def get(name: str) -> KernelSpec:
 
 def ready() -> list[KernelSpec]:
     return [s for s in KERNELS.values() if s.status == "ready"]
+
+
+def register(*specs: KernelSpec) -> None:
+    for spec in specs:
+        KERNELS[spec.name] = spec
+
+
+# Families whose specs live in modules of their own (imported last: they build on KernelSpec).
+from cute_kernels.specs_gemm import GEMM  # noqa: E402
+
+register(GEMM)
 
 
 # Lessons 3, 8, 9, 11, 12: GEMV, transposes, SiLU/SwiGLU, ArgMax (specs in their own module).

@@ -167,7 +167,12 @@ class Row:
 
     @property
     def ours_tbs(self) -> float:
-        return self.bytes / (self.ours_ms * 1e-3) / 1e12
+        """TB/s, or TFLOP/s for compute-bound rows (ceiling "tflops")."""
+        return self.rate(self.ours_ms)
+
+    def rate(self, ms: float) -> float:
+        work = self.flops if self.ceiling == "tflops" else self.bytes
+        return work / (ms * 1e-3) / 1e12
 
     @property
     def pct_ceiling(self) -> float:
@@ -183,13 +188,14 @@ def progress(msg: str) -> None:
 
 
 def markdown_table(rows: list[Row], refs: list[str]) -> str:
-    head = ["case", "dtype", "shape", "MiB moved", "ours ms", "ours TB/s", "% ceiling"]
-    head += [f"{r} TB/s" for r in refs] + [f"x {r}" for r in refs]
+    unit = "TFLOP/s" if rows and rows[0].ceiling == "tflops" else "TB/s"
+    head = ["case", "dtype", "shape", "MiB moved", "ours ms", f"ours {unit}", "% ceiling"]
+    head += [f"{r} {unit}" for r in refs] + [f"x {r}" for r in refs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r.case, r.dtype, r.shape, f"{r.bytes / 2**20:.1f}", f"{r.ours_ms:.4f}", f"{r.ours_tbs:.3f}",
                  f"{r.pct_ceiling:.1f}"]
-        cells += [f"{r.bytes / (r.refs_ms[k] * 1e-3) / 1e12:.3f}" if k in r.refs_ms else "n/a" for k in refs]
+        cells += [f"{r.rate(r.refs_ms[k]):.3f}" if k in r.refs_ms else "n/a" for k in refs]
         cells += [f"{r.ratio(k):.3f}" if k in r.refs_ms else "n/a" for k in refs]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -232,6 +238,8 @@ def plot(name: str, path: Path, rows: list[Row], refs: list[str], meta: dict) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if rows and rows[0].ceiling == "tflops":
+        return _plot_bars(name, path, rows, refs, meta, plt)
     groups: dict[str, list[Row]] = {}
     for r in rows:
         groups.setdefault(f"{r.case} {r.dtype}", []).append(r)
@@ -255,6 +263,30 @@ def plot(name: str, path: Path, rows: list[Row], refs: list[str], meta: dict) ->
         ax.axis("off")
     axes.flat[0].legend(fontsize=8)
     fig.suptitle(f"{name} on {meta.get('gpu')} ({meta.get('date')}, {meta.get('commit')})", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_bars(name, path, rows, refs, meta, plt):
+    """Compute-bound suites: TFLOP/s per case, ours beside each reference."""
+    import numpy as np
+
+    labels = [f"{r.case}\n{r.shape}" for r in rows]
+    series = [("cute-kernels", [r.ours_tbs for r in rows])]
+    series += [(ref, [r.rate(r.refs_ms[ref]) if ref in r.refs_ms else 0.0 for r in rows]) for ref in refs]
+    x = np.arange(len(rows))
+    w = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rows) * len(series) / 2), 4.5))
+    for i, (lab, ys) in enumerate(series):
+        ax.bar(x + (i - (len(series) - 1) / 2) * w, ys, w, label=lab)
+    ax.axhline(rows[0].ceiling_tbs, color="k", lw=0.8, ls=":", label="dense bf16 peak (spec)")
+    ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("TFLOP/s")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(f"{name} on {meta.get('gpu')} ({meta.get('date')}, {meta.get('commit')})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

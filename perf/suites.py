@@ -133,6 +133,16 @@ SUITES = {"elementwise": elementwise, "reduction": reduction}
 PEERS: dict[str, tuple[str, ...]] = {"elementwise": (), "reduction": ()}  # QuACK/FA4 have no such op
 
 
+def _gemm(**kw):
+    from perf.suite_gemm import gemm
+
+    return gemm(**{k: v for k, v in kw.items() if k != "ceilings"})
+
+
+SUITES["gemm"] = _gemm
+PEERS["gemm"] = ("quack",)
+
+
 # Lessons 3, 8, 9, 11, 12: gemv, transpose, swiglu, argmax.
 from perf import suite_misc3 as _misc3  # noqa: E402
 

@@ -39,6 +39,9 @@ def test_representative_compiles(reports, spec, p):
         assert report.ptx_census["cp.async.bulk.tensor"] >= 2
         return
 
+    if spec.family == "gemm":
+        _check_gemm(report)
+        return
     assert report.ptx_census["ld.global.v4 (128-bit)"] > 0, "aligned variants must load 128 bits at a time"
     if spec.family == "elementwise":
         assert report.ptx_census["st.global.v4 (128-bit)"] > 0
@@ -49,7 +52,18 @@ def test_representative_compiles(reports, spec, p):
         assert report.sass_census["LDL/STL (spills)"] == 0
 
 
-@pytest.mark.parametrize("name", [s.name for s in READY])
+def _check_gemm(report):
+    """Warp-specialized TMA + WGMMA: the PTX has the async tensor-core and bulk-tensor instructions
+    and the register hand-over between warpgroups; nothing goes to local memory."""
+    ptx = report.ptx_census
+    assert ptx["wgmma.mma_async"] > 0 and ptx["cp.async.bulk.tensor"] > 0 and ptx["setmaxnreg"] >= 2
+    assert ptx["ld/st.local"] == 0
+    if report.sass_census is not None:
+        assert report.sass_census["HGMMA/QGMMA"] > 0 and report.sass_census["UTMALDG (TMA load)"] > 0
+        assert report.sass_census["UTMASTG (TMA store)"] > 0 and report.sass_census["LDL/STL (spills)"] == 0
+
+
+@pytest.mark.parametrize("name", [s.name for s in READY if "index64" in s.params])
 def test_64bit_variants_take_64bit_sizes(name, tmp_path):
     spec = catalog.get(name)
     report, files = compile_with_artifacts(spec, spec.resolve({"index64": True}), str(tmp_path))
@@ -74,6 +88,8 @@ def test_misaligned_variants_use_scalar_accesses(name, tmp_path):
 def test_sweep_compiles(spec, p, tmp_path):
     report, _ = compile_with_artifacts(spec, p, str(tmp_path))
     assert not report.spills
-    if p.get("aligned", True) and spec.name != "transpose.tma":
+    if spec.family == "gemm":
+        _check_gemm(report)
+    elif p.get("aligned", True) and spec.name != "transpose.tma":
 
         assert report.ptx_census["ld.global.v4 (128-bit)"] > 0

@@ -1,9 +1,10 @@
 """The torch-facing ops. Importing this registers the `cute_kernels::*` custom ops."""
 
 from cute_kernels.ops.elementwise import add, axpby, copy
+from cute_kernels.ops.gemm import gemm
 from cute_kernels.ops.reduction import sum
 
-__all__ = ["add", "axpby", "copy", "sum"]
+__all__ = ["add", "axpby", "copy", "gemm", "sum"]
 
 # Lessons 3, 8, 9, 11, 12: GEMV, transposes, SiLU/SwiGLU, ArgMax.
 from cute_kernels.ops.argmax import argmax  # noqa: E402

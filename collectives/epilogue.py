@@ -1,0 +1,160 @@
+"""GEMM epilogue: fused elementwise math on the fp32 accumulator, then registers -> shared memory
+(stmatrix for 16-bit outputs) -> global memory by TMA store, one (epi_m, epi_n) sub-tile at a time.
+
+`EpilogueOps` says what is fused: D = act(alpha * acc + beta * C + bias), with C an (M, N, L)
+tensor, bias an N-vector (broadcast over rows and batches), act one of relu / gelu (erf form, as
+torch's default) / silu. The math runs in fp32 on the accumulator registers, element by element,
+with each element's (m, n) coordinate taken from the same partition of an identity tensor (so the
+tails of M and N are predicated without knowing the MMA's register layout).
+
+The store walks the output tile in sub-tiles: convert a sub-tile's registers to the output dtype,
+write them to one of `epi_stages` smem buffers, fence the async proxy, sync the storing warpgroups
+on a named barrier, and let one warp issue the TMA store. Buffers are reused only after the TMA
+store that read them completed (bulk async-group wait), so stores overlap the next sub-tile.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32
+from cutlass.cute.nvgpu import cpasync
+
+ACTIVATIONS = ("none", "relu", "gelu", "silu")
+
+
+@dataclass(frozen=True)
+class EpilogueOps:
+    activation: str = "none"
+    bias: bool = False
+    source: bool = False  # beta * C
+    scale: bool = False  # alpha != 1
+
+    def __post_init__(self):
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+
+    @property
+    def fused(self) -> bool:
+        return self.activation != "none" or self.bias or self.source or self.scale
+
+    def __str__(self) -> str:
+        parts = [self.activation] + [n for n, on in (("bias", self.bias), ("c", self.source), ("alpha", self.scale)) if on]
+        return "+".join(parts)
+
+
+def activate(x, activation: str):
+    """fp32 activation of one value (trace-time choice)."""
+    if activation == "relu":
+        return cutlass.max(x, Float32(0.0))
+    if activation == "gelu":
+        return Float32(0.5) * x * (Float32(1.0) + cute.math.erf(x * Float32(1.0 / math.sqrt(2.0))))
+    if activation == "silu":
+        return x / (Float32(1.0) + cute.math.exp(-x))
+    return x
+
+
+@cute.jit
+def apply_ops(
+    ops: cutlass.Constexpr,
+    acc: cute.Tensor,
+    tCcC: cute.Tensor,
+    m0,
+    n0,
+    l,
+    mC: cute.Tensor,
+    bias: cute.Tensor,
+    alpha: Float32,
+    beta: Float32,
+):
+    """acc[i] = act(alpha * acc[i] + beta * C[m, n, l] + bias[n]) in place. tCcC holds each
+    accumulator element's (m, n) inside the tile (the MMA partition of an identity tensor); m0, n0
+    are the tile's origin. Reads outside (M, N) are skipped (the TMA store clips those elements)."""
+    if cutlass.const_expr(ops.fused):
+        rows = cute.size(mC, mode=[0]) if cutlass.const_expr(ops.source) else 0
+        cols = cute.size(bias, mode=[0]) if cutlass.const_expr(ops.bias) else 0
+        if cutlass.const_expr(ops.source):
+            cols = cute.size(mC, mode=[1])
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            v = acc[i]
+            if cutlass.const_expr(ops.scale):
+                v = v * alpha
+            if cutlass.const_expr(ops.source or ops.bias):
+                m = m0 + tCcC[i][0]
+                n = n0 + tCcC[i][1]
+                if cutlass.const_expr(ops.source):
+                    if m < rows and n < cols:
+                        v = v + beta * mC[m, n, l].to(Float32)
+                if cutlass.const_expr(ops.bias):
+                    if n < cols:
+                        v = v + bias[n].to(Float32)
+            acc[i] = activate(v, ops.activation)
+
+
+def smem_layout(c_layout, dtype, epi_tile, buffers: int):
+    """(epi_m, epi_n, buffers) swizzled smem layout for output sub-tiles."""
+    return sm90_utils.make_smem_layout_epi(dtype, c_layout, epi_tile, buffers)
+
+
+def store_tma(c: cute.Tensor, smem_staged, epi_tile):
+    """TMA store atom + coordinate tensor writing one (epi_m, epi_n) box of c (M, N, L)."""
+    return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), c,
+                                       cute.slice_(smem_staged, (None, None, 0)), epi_tile)
+
+
+@cute.jit
+def store_tile(
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    tid,
+    sC: cute.Tensor,
+    buf0,
+    buffers: cutlass.Constexpr[int],
+    counter,
+    tma_c: cute.CopyAtom,
+    gC_tile: cute.Tensor,
+    epi_tile: cutlass.Constexpr,
+    out_dtype: cutlass.Constexpr,
+    c_layout: cutlass.Constexpr,
+    barrier,
+    is_store_warp,
+    store_pipe,
+):
+    """Write the accumulator tile to gC_tile (tile_m, tile_n) through smem buffers
+    buf0 .. buf0 + buffers - 1 of sC (epi_m, epi_n, *). `tid` is the thread's index among the
+    storing warpgroups, `barrier` their named barrier, `counter` the running sub-tile count (picks
+    the buffer). Returns the updated counter."""
+    atom = sm90_utils.get_smem_store_op(c_layout, out_dtype, Float32)
+    stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(c_layout.is_m_major_c(), 4), out_dtype)
+    r2s = cute.make_tiled_copy_S(atom, cute.make_tiled_copy_C_atom(stmatrix, tiled_mma))
+    thr = r2s.get_slice(tid)
+    tRS_sC = thr.partition_D(sC)
+    tRS_acc = r2s.retile(acc)
+    frag_shape = cute.shape(thr.partition_S(sC))[:3]
+    r_acc = cute.make_rmem_tensor(frag_shape, Float32)
+    r_out = cute.make_rmem_tensor(frag_shape, out_dtype)
+    per_sub = cute.size(r_acc)
+
+    gC_epi = cute.zipped_divide(gC_tile, epi_tile)
+    bSG_sC, bSG_gC = cpasync.tma_partition(tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi)
+    subs_mn = gC_epi.shape[1]
+    order = cute.make_layout(subs_mn, stride=(subs_mn[1], 1))
+    for e in cutlass.range_constexpr(cute.size(gC_epi, mode=[1])):
+        for v in cutlass.range_constexpr(per_sub):
+            r_acc[v] = tRS_acc[e * per_sub + v]
+        r_out.store(r_acc.load().to(out_dtype))
+        buf = buf0 + counter % buffers
+        cute.copy(r2s, r_out, tRS_sC[(None, None, None, buf)])
+        cute.arch.fence_proxy("async.shared", space="cta")
+        barrier.arrive_and_wait()
+        if is_store_warp:
+            cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, order.get_hier_coord(e))])
+            store_pipe.producer_commit()
+            store_pipe.producer_acquire()
+        barrier.arrive_and_wait()
+        counter = counter + 1
+    return counter

@@ -1,0 +1,213 @@
+"""Hopper GEMM: D = act(alpha * A @ B + beta * C + bias), bf16/fp16 in, fp32 accumulation
+(curriculum lesson 10, the WGMMA rung of the ladder).
+
+Roofline: 2*M*N*K FLOPs over (M*K + K*N + M*N) * bytes; for 8192^3 bf16 that is 1.1 TFLOP over
+400 MB, so it is bound by the tensor cores (H200: 989 TFLOP/s dense bf16 by spec; cuBLAS reaches
+~680-740 here). Floor at 8192^3: ~1.1 ms at spec, ~1.5 ms at cuBLAS's rate.
+Schedule: `schedules.gemm.GemmSchedule` (warp-specialized: one TMA producer warp, two WGMMA consumer
+warpgroups, cooperative or ping-pong, persistent with a rasterized static tile walk, clusters with
+TMA multicast). Collectives: `tma_pipeline` (loads), `wgmma_mainloop` (math), `epilogue` (fused
+math + stmatrix + TMA store).
+
+Operands, as the kernel sees them: A (M, K, L), B (N, K, L), D and C (M, N, L); each may be K- or
+M/N-major (the unit-stride mode is a compile-time signature), all other sizes and strides symbolic.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync
+from cutlass.tensor_utils import LayoutEnum
+
+from collectives import epilogue as epi
+from collectives.epilogue import EpilogueOps
+from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma, produce_k_tiles
+from collectives.wgmma_mainloop import accumulate_mode, mma_k_tiles
+from schedules.gemm import GemmSchedule, TileWalk
+
+# Named barrier ids (0 is __syncthreads).
+_EPI_BAR = 1  # cooperative: both consumer warpgroups; ping-pong: 1 + warpgroup
+_ORDER_BAR = 3  # ping-pong mainloop turns: 3 + warpgroup
+
+
+class Gemm:
+    def __init__(self, ab_dtype, out_dtype, schedule: GemmSchedule, ops: EpilogueOps = EpilogueOps()):
+        self.ab_dtype, self.out_dtype = ab_dtype, out_dtype
+        self.s, self.ops = schedule, ops
+        self.acc_dtype = Float32
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        d: cute.Tensor,
+        c: cute.Tensor,
+        bias: cute.Tensor,
+        alpha: Float32,
+        beta: Float32,
+        max_clusters: Int32,
+        stream,
+    ):
+        s = self.s
+        a_major, b_major, d_major = LayoutEnum.from_tensor(a), LayoutEnum.from_tensor(b), LayoutEnum.from_tensor(d)
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.ab_dtype, self.ab_dtype, a_major.sm90_mma_major_mode(), b_major.sm90_mma_major_mode(),
+            self.acc_dtype, s.mma_atoms, tiler_mn=(64, s.tile_n))
+        ab_bytes, out_bytes = self.ab_dtype.width // 8, self.out_dtype.width // 8
+        stages = s.num_stages(ab_bytes, out_bytes)
+        epi_buffers = s.epi_stages * (s.consumer_wgs // s.consumers_per_tile)
+        sA_layout = operand_smem_layout(a_major, self.ab_dtype, s.tile_m, s.tile_k, stages)
+        sB_layout = operand_smem_layout(b_major, self.ab_dtype, s.tile_n, s.tile_k, stages)
+        sC_layout = epi.smem_layout(d_major, self.out_dtype, s.epi_tile, epi_buffers)
+        tma_a, tma_ga = operand_tma(a, sA_layout, s.tile_m, s.tile_k, s.cluster_n)
+        tma_b, tma_gb = operand_tma(b, sB_layout, s.tile_n, s.tile_k, s.cluster_m)
+        tma_d, tma_gd = epi.store_tma(d, sC_layout, s.epi_tile)
+
+        @cute.struct
+        class Storage:
+            bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
+            sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 1024]
+
+        self.storage = Storage
+        tiles_m = (cute.size(d, mode=[0]) + s.tile_m - 1) // s.tile_m
+        tiles_n = (cute.size(d, mode=[1]) + s.tile_n - 1) // s.tile_n
+        batch = cute.size(d, mode=[2])
+        clusters = ((tiles_m + s.cluster_m - 1) // s.cluster_m) * ((tiles_n + s.cluster_n - 1) // s.cluster_n) * batch
+        clusters = cutlass.max(cutlass.min(clusters, max_clusters), 1)
+        self.kernel(tiled_mma, tma_a, tma_ga, tma_b, tma_gb, tma_d, tma_gd, c, bias, alpha, beta,
+                    sA_layout, sB_layout, sC_layout, d_major).launch(
+            grid=[s.cluster_m, s.cluster_n, clusters], block=[s.threads, 1, 1],
+            cluster=[s.cluster_m, s.cluster_n, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(
+        self,
+        tiled_mma: cute.TiledMma,
+        tma_a: cute.CopyAtom,
+        mA: cute.Tensor,
+        tma_b: cute.CopyAtom,
+        mB: cute.Tensor,
+        tma_d: cute.CopyAtom,
+        mD: cute.Tensor,
+        mC: cute.Tensor,
+        bias: cute.Tensor,
+        alpha: Float32,
+        beta: Float32,
+        sA_layout: cute.ComposedLayout,
+        sB_layout: cute.ComposedLayout,
+        sC_layout: cute.ComposedLayout,
+        d_major: cutlass.Constexpr,
+    ):
+        s = self.s
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+        if warp == 0:
+            cpasync.prefetch_descriptor(tma_a)
+            cpasync.prefetch_descriptor(tma_b)
+            cpasync.prefetch_descriptor(tma_d)
+
+        cluster_layout = cute.make_layout((s.cluster_m, s.cluster_n, 1))
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cta_m, cta_n, _ = cluster_layout.get_flat_coord(rank)
+        mask_a = cute.make_layout_image_mask(cluster_layout, (cta_m, cta_n, 0), mode=1) if s.cluster_n > 1 else 0
+        mask_b = cute.make_layout_image_mask(cluster_layout, (cta_m, cta_n, 0), mode=0) if s.cluster_m > 1 else 0
+
+        smem = cutlass.memory.SmemAllocator()
+        st = smem.allocate(self.storage)
+        tx_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(sA_layout, (None, None, 0))) + cute.size_in_bytes(
+            self.ab_dtype, cute.slice_(sB_layout, (None, None, 0)))
+        pipe = make_pipeline(st.bars.data_ptr(), cute.size(sA_layout, mode=[2]), tx_bytes,
+                             (s.cluster_m, s.cluster_n), 4 * s.consumers_per_tile)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(s.cluster_m, s.cluster_n), is_relaxed=True)
+
+        sA = st.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
+        sB = st.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        sC = st.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
+
+        # Global tiles: (tile, tile_k, tiles_m/n, tiles_k, L) for A/B, (tile_m, tile_n, tiles_m, tiles_n, L) for D.
+        gA = cute.local_tile(mA, (s.tile_m, s.tile_k), (None, None, None))
+        gB = cute.local_tile(mB, (s.tile_n, s.tile_k), (None, None, None))
+        gD = cute.local_tile(mD, (s.tile_m, s.tile_n), (None, None, None))
+        tAsA, tAgA = cpasync.tma_partition(tma_a, cta_n, cute.make_layout(s.cluster_n),
+                                           cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+        tBsB, tBgB = cpasync.tma_partition(tma_b, cta_m, cute.make_layout(s.cluster_m),
+                                           cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+        k_tiles = cute.size(gA, mode=[3])
+        tiles_m = cute.size(gD, mode=[2])
+        tiles_n = cute.size(gD, mode=[3])
+        walk = TileWalk.create(tiles_m, tiles_n, cute.size(gD, mode=[4]), s)
+        n_tiles = walk.count()
+
+        pipeline.pipeline_init_wait(cluster_shape_mn=(s.cluster_m, s.cluster_n))
+
+        if wg == 0:
+            # ---- producer: one warp streams A/B K-blocks for every tile this cluster visits ----
+            cute.arch.setmaxregister_decrease(s.producer_regs)
+            if warp == 0:
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cute.size(sA_layout, mode=[2]))
+                for i in cutlass.range(n_tiles, unroll=1):
+                    tm, tn, tl = walk.coords(i, cta_m, cta_n, s)
+                    state = produce_k_tiles(pipe, state, k_tiles,
+                                            tma_a, tAgA[(None, tm, None, tl)], tAsA, mask_a,
+                                            tma_b, tBgB[(None, tn, None, tl)], tBsB, mask_b)
+                pipe.producer_tail(state)
+        else:
+            # ---- consumers: WGMMA mainloop + epilogue ----
+            cute.arch.setmaxregister_increase(s.consumer_regs)
+            stages = cute.size(sA_layout, mode=[2])
+            cwg = wg - 1  # 0 or 1
+            if cutlass.const_expr(s.kind == "cooperative"):
+                tid = tidx - 128  # 0..255 over both warpgroups
+                first, step = 0, 1
+                epi_bar = pipeline.NamedBarrier(barrier_id=_EPI_BAR, num_threads=256)
+                buf0 = 0
+                is_store_warp = warp == 4
+            else:
+                tid = tidx % 128
+                first, step = cwg, 2
+                epi_bar = pipeline.NamedBarrier(barrier_id=_EPI_BAR + cwg, num_threads=128)
+                buf0 = cwg * s.epi_stages
+                is_store_warp = warp % 4 == 0
+            thr_mma = tiled_mma.get_slice(tid)
+            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+            acc = cute.make_rmem_tensor(thr_mma.partition_C(gD[(None, None, 0, 0, 0)]).shape, self.acc_dtype)
+            tCcC = thr_mma.partition_C(cute.make_identity_tensor((s.tile_m, s.tile_n)))
+
+            accumulate_mode(tiled_mma)
+            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+            release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+            my_turn = pipeline.NamedBarrier(barrier_id=_ORDER_BAR + cwg, num_threads=256)
+            their_turn = pipeline.NamedBarrier(barrier_id=_ORDER_BAR + 1 - cwg, num_threads=256)
+            if cutlass.const_expr(s.kind == "pingpong"):
+                # The producer fills the ring tile after tile; warpgroup 2's first tile starts after
+                # tile 0's K-blocks, and each warpgroup skips the other's tiles (below).
+                read.advance(cwg * k_tiles)
+                release.advance(cwg * k_tiles)
+            store_pipe = pipeline.PipelineTmaStore.create(
+                num_stages=s.epi_stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * s.consumers_per_tile))
+            counter = Int32(0)
+            for i in cutlass.range(first, n_tiles, step, unroll=1):
+                tm, tn, tl = walk.coords(i, cta_m, cta_n, s)
+                if cutlass.const_expr(s.kind == "pingpong"):
+                    if i > 0:
+                        my_turn.wait()  # the other warpgroup has issued its mainloop
+                read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, k_tiles)
+                if cutlass.const_expr(s.kind == "pingpong"):
+                    their_turn.arrive()  # hand the tensor cores over; our epilogue overlaps their mainloop
+                    read.advance(k_tiles)
+                    release.advance(k_tiles)
+                epi.apply_ops(self.ops, acc, tCcC, tm * s.tile_m, tn * s.tile_n, tl, mC, bias, alpha, beta)
+                counter = epi.store_tile(tiled_mma, acc, tid, sC, buf0, s.epi_stages, counter, tma_d,
+                                         gD[(None, None, tm, tn, tl)], s.epi_tile, self.out_dtype, d_major,
+                                         epi_bar, is_store_warp, store_pipe)
+            store_pipe.producer_tail()

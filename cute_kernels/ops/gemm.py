@@ -1,0 +1,216 @@
+"""Torch op `cute_kernels::gemm`: act(a @ b + bias) with torch.matmul's semantics for 2-D and 3-D
+inputs (lesson 10).
+
+a is (M, K) or (L, M, K), b is (K, N) or (L, K, N) (a 2-D operand is shared by every batch), bf16 or
+fp16, either row- or column-major: the kernel reads both majors of both operands directly (TMA +
+WGMMA take K-major and MN-major tiles), so `a.t()` or `b.t()` cost nothing. The output is a new
+row-major tensor of a's dtype (or `out_dtype`); fp32 accumulation.
+
+Layouts TMA cannot address are copied first into a contiguous buffer (one extra read and write of
+that operand, counted in the benchmarks): no unit-stride dim, a leading stride or base address not
+16-byte aligned (e.g. K odd for a row-major bf16 A), or a 2-D operand paired with a batched one
+whose batch must be expanded. An output whose row length N is not a multiple of 8 is written into a
+padded buffer and returned as a view of it. K = 0 gives act(bias) (or zeros) without a launch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import dtypes
+from cute_kernels.ops._checks import direct_call_ok, register_op
+from schedules.gemm import GemmSchedule, default_schedule
+from schedules.gemm import grid as tile_grid
+from schedules.hardware import num_sms
+
+AB_TORCH = (torch.bfloat16, torch.float16)
+ACTIVATIONS = ("none", "relu", "gelu", "silu")
+_fns: dict[tuple, tuple] = {}
+_dummy_bias: dict[tuple, torch.Tensor] = {}
+
+
+def _check(a, b, bias, activation, out_dtype):
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be on a CUDA device, got device '{t.device}'")
+        if t.dtype not in AB_TORCH:
+            raise TypeError(f"{name} has dtype {t.dtype}; supported: bfloat16, float16")
+        if t.dim() not in (2, 3):
+            raise ValueError(f"{name} must be 2-D or 3-D, got shape {tuple(t.shape)}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"a has dtype {a.dtype} but b has {b.dtype}; cast one of them first")
+    if a.device != b.device:
+        raise ValueError(f"a is on {a.device} but b is on {b.device}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)}: inner dims differ ({a.shape[-1]} vs {b.shape[-2]})")
+    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
+        raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)}: batch sizes differ")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS[1:]} or None, got {activation!r}")
+    if out_dtype is not None and out_dtype not in AB_TORCH:
+        raise TypeError(f"out_dtype must be bfloat16, float16 or None, got {out_dtype}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != b.shape[-1]:
+            shape = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+            raise ValueError(f"bias must be a 1-D tensor of N={b.shape[-1]} elements, got {shape}")
+        if bias.device != a.device:
+            raise ValueError(f"bias is on {bias.device} but a is on {a.device}")
+
+
+def _out_shape(a, b):
+    m, n = a.shape[-2], b.shape[-1]
+    if a.dim() == 3 or b.dim() == 3:
+        return (a.shape[0] if a.dim() == 3 else b.shape[0], m, n)
+    return (m, n)
+
+
+def _tma_ok(t: torch.Tensor, unit: int) -> bool:
+    """t (rows, cols, L) view with unit stride on mode `unit`: TMA needs 16-byte aligned base and
+    non-unit strides that are multiples of 16 bytes."""
+    if t.stride(unit) != 1 and t.shape[unit] > 1:
+        return False
+    e = t.element_size()
+    return t.data_ptr() % 16 == 0 and all(
+        (t.stride(i) * e) % 16 == 0 and (t.stride(i) > 0 or t.shape[i] == 1) for i in range(3) if i != unit)
+
+
+def _operand(x3: torch.Tensor, k_dim: int):
+    """x3 as (rows, K, L) for the kernel plus its major ('k' or 'mn'); copies when TMA cannot read it.
+    x3 is (L, rows, K) when k_dim == 2 (A), (L, K, rows) when k_dim == 1 (B)."""
+    v = x3.permute(1, 2, 0) if k_dim == 2 else x3.permute(2, 1, 0)
+    if x3.shape[0] == 1:  # a single batch: its stride is never followed, give it an aligned one
+        v = v.as_strided(v.shape, (v.stride(0), v.stride(1), 16 * (v.shape[0] + v.shape[1])))
+    if _tma_ok(v, 1):
+        return v, "k"
+    if _tma_ok(v, 0):
+        return v, "mn"
+    # Copy into a K-major buffer with an aligned row stride (K padded to 8 elements with zeros).
+    rows, k, batch = v.shape
+    kp = -(-k // 8) * 8
+    buf = torch.zeros(batch, rows, kp, dtype=x3.dtype, device=x3.device)
+    buf[:, :, :k] = v.permute(2, 0, 1)
+    return buf[:, :, :k].permute(1, 2, 0), "k"
+
+
+def _compiled(dtype, out_dtype, a_major, b_major, activation, has_bias, sched: GemmSchedule, device):
+    key = (dtype, out_dtype, a_major, b_major, activation, has_bias, sched, device)
+    hit = _fns.get(key)
+    if hit is None:
+        from cute_kernels.specs_gemm import GEMM, params_for
+
+        fn = GEMM.compiled(**params_for(sched, dtype=dtypes.name_of(dtype), out_dtype=dtypes.name_of(out_dtype),
+                                        a_major="k" if a_major == "k" else "m", b_major="k" if b_major == "k" else "n",
+                                        activation=activation, bias=has_bias))
+        hit = _fns[key] = (fn, num_sms(device))
+    return hit
+
+
+def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: GemmSchedule | None = None):
+    activation = activation or "none"
+    _check(a, b, bias, activation, out_dtype)
+    out_dtype = out_dtype or a.dtype
+    shape = _out_shape(a, b)
+    m, n, k = a.shape[-2], b.shape[-1], a.shape[-1]
+    batch = shape[0] if len(shape) == 3 else 1
+    if m == 0 or n == 0 or batch == 0:
+        return torch.empty(shape, dtype=out_dtype, device=a.device)
+    if k == 0:
+        out = torch.zeros(shape, dtype=torch.float32, device=a.device)
+        if bias is not None:
+            out = out + bias.float()
+        return _act_torch(out, activation).to(out_dtype)
+
+    # (L, M, K) and (L, K, N). A batched A with a shared B is one big GEMM (L*M, K) @ (K, N) when A
+    # folds; a shared A with a batched B is expanded (and copied by `_operand`).
+    batch_fold = a.dim() == 3 and b.dim() == 2 and a.is_contiguous()
+    if batch_fold:
+        a3, b3 = a.reshape(1, batch * m, k), b.unsqueeze(0)
+    else:
+        a3 = a if a.dim() == 3 else a.unsqueeze(0).expand(batch, m, k)
+        b3 = b if b.dim() == 3 else b.unsqueeze(0).expand(batch, k, n)
+    av, a_major = _operand(a3, 2)
+    bv, b_major = _operand(b3, 1)
+    rows = av.shape[0]
+    lb = av.shape[2]
+    npad = -(-n // 8) * 8
+    out_buf = torch.empty(lb, rows, npad, dtype=out_dtype, device=a.device)
+    d = out_buf[:, :, :n].permute(1, 2, 0) if npad != n else out_buf.permute(1, 2, 0)
+    if lb == 1:
+        d = d.as_strided(d.shape, (d.stride(0), 1, 16 * (rows + npad)))
+
+    sched = schedule or default_schedule(rows, n, k)
+    fn, sms = _compiled(a.dtype, out_dtype, a_major, b_major, activation, bias is not None, sched, a.get_device())
+    if bias is None:
+        bkey = (out_dtype, a.get_device())
+        bias_t = _dummy_bias.get(bkey)
+        if bias_t is None:
+            bias_t = _dummy_bias[bkey] = torch.zeros(8, dtype=out_dtype, device=a.device)
+    else:
+        bias_t = bias if bias.dtype == out_dtype else bias.to(out_dtype)
+    tm, tn = -(-rows // sched.tile_m), -(-n // sched.tile_n)
+    max_clusters = tile_grid(tm, tn, lb, sched, sms)[2]
+    fn(av, bv, d, d, bias_t, 1.0, 0.0, max_clusters)
+    out = out_buf if npad == n else out_buf[:, :, :n]
+    if batch_fold:
+        return out.view(batch, m, n) if npad == n else out.reshape(batch, m, n)
+    return out[0] if len(shape) == 2 else out
+
+
+def _act_torch(x, activation):
+    if activation == "relu":
+        return torch.relu(x)
+    if activation == "gelu":
+        return torch.nn.functional.gelu(x)
+    if activation == "silu":
+        return torch.nn.functional.silu(x)
+    return x
+
+
+def _gemm_fake(a, b, bias=None, activation="none", out_dtype=None):
+    activation = activation or "none"
+    _check(a, b, bias, activation, out_dtype)
+    return torch.empty(_out_shape(a, b), dtype=out_dtype or a.dtype, device=a.device)
+
+
+def _setup(ctx, inputs, output):
+    a, b, bias, activation, out_dtype = inputs
+    ctx.save_for_backward(a, b, bias)
+    ctx.activation = activation or "none"
+
+
+def _backward(ctx, g):
+    """d(act(a @ b + bias)): the pre-activation is recomputed by one more GEMM when an activation is
+    fused (no extra memory kept); both operand gradients reuse the forward kernel with transposed
+    (free: other-major) operands."""
+    a, b, bias = ctx.saved_tensors
+    if ctx.activation != "none":
+        with torch.enable_grad():
+            pre = gemm(a.detach(), b.detach(), bias.detach() if bias is not None else None).float().requires_grad_()
+            (g,) = torch.autograd.grad(_act_torch(pre, ctx.activation), pre, g.float())
+        g = g.to(a.dtype)
+    ga = gb = gbias = None
+    if ctx.needs_input_grad[0]:
+        ga = gemm(g, b.transpose(-1, -2))
+        if a.dim() == 2 and ga.dim() == 3:
+            ga = ga.sum(0)
+    if ctx.needs_input_grad[1]:
+        gb = gemm(a.transpose(-1, -2), g)
+        if b.dim() == 2 and gb.dim() == 3:
+            gb = gb.sum(0)
+    if bias is not None and ctx.needs_input_grad[2]:
+        gbias = g.reshape(-1, g.shape[-1]).float().sum(0).to(bias.dtype)
+    return ga, gb, gbias, None, None
+
+
+register_op("cute_kernels::gemm", "(Tensor a, Tensor b, Tensor? bias=None, str? activation=None, "
+            "ScalarType? out_dtype=None) -> Tensor", _gemm_cuda, _gemm_fake, _backward, _setup)
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None,
+         out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """act(a @ b + bias) like torch.matmul for 2-D/3-D bf16/fp16 inputs (fp32 accumulation)."""
+    if direct_call_ok(a, b, *(() if bias is None else (bias,))):
+        return _gemm_cuda(a, b, bias, activation, out_dtype)
+    return torch.ops.cute_kernels.gemm(a, b, bias, activation, out_dtype)

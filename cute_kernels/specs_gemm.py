@@ -1,0 +1,114 @@
+"""Catalogue entry of the Hopper GEMM (lesson 10): its schedule parameters (config) and what the data
+is (signature: dtypes, operand majors, fused epilogue)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from cute_kernels import dtypes
+from cute_kernels.catalog import KernelSpec, Param
+from cute_kernels.jit import fake_stream
+from schedules.gemm import KINDS, GemmSchedule
+
+AB_DTYPES = ("bf16", "fp16")
+
+
+def schedule_of(p) -> GemmSchedule:
+    return GemmSchedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=p["tile_n"], tile_k=p["tile_k"],
+                        cluster_m=p["cluster_m"], cluster_n=p["cluster_n"], stages=p["stages"],
+                        raster_group=p["raster_group"], persistent=p["persistent"])
+
+
+def ops_of(p):
+    from collectives.epilogue import EpilogueOps
+
+    return EpilogueOps(p["activation"], p["bias"], p["source"], p["scale"])
+
+
+@dataclass(frozen=True, eq=False)
+class GemmSpec(KernelSpec):
+    def check(self, p):
+        schedule_of(p)  # raises on an impossible tile/cluster/register combination
+        ops_of(p)
+
+    def build(self, p):
+        from cute_kernels.kernels.gemm import Gemm
+
+        ab = dtypes.cutlass_of(p["dtype"])
+        out = dtypes.cutlass_of(p["out_dtype"])
+        s = schedule_of(p)
+
+        def sym(div=1):
+            return cute.sym_int32(divisibility=div)
+
+        m, n, k, batch = sym(), sym(), sym(), sym()
+
+        def operand(dt, rows, cols, rows_major):
+            v = 16 // (dt.width // 8)  # TMA: non-unit strides are multiples of 16 bytes
+            stride = (1, sym(v), sym(v)) if rows_major else (sym(v), 1, sym(v))
+            return cute.runtime.make_fake_tensor(dt, (rows, cols, batch), stride=stride, assumed_align=16)
+
+        a = operand(ab, m, k, p["a_major"] == "m")
+        b = operand(ab, n, k, p["b_major"] == "n")
+        d = operand(out, m, n, False)
+        c = cute.runtime.make_fake_tensor(out, (m, n, batch), stride=(sym(), sym(), sym()), assumed_align=out.width // 8)
+        bias = cute.runtime.make_fake_tensor(out, (sym(),), stride=(sym(),), assumed_align=out.width // 8)
+        return Gemm(ab, out, s, ops_of(p)), (a, b, d, c, bias, Float32(1.0), Float32(0.0), Int32(1), fake_stream())
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"schedule": "pingpong", "tile_n": 128})]
+
+    def sweep(self):
+        out = []
+        for kind, am, bm in itertools.product(KINDS, ("k", "m"), ("k", "n")):
+            over = {"schedule": kind, "a_major": am, "b_major": bm}
+            if kind == "pingpong":
+                over["tile_n"] = 128
+            out.append(self.resolve(over))
+        for act, bias in itertools.product(("relu", "gelu", "silu"), (True, False)):
+            out.append(self.resolve({"activation": act, "bias": bias}))
+        out.append(self.resolve({"source": True, "scale": True}))
+        out.append(self.resolve({"dtype": "fp16", "out_dtype": "fp16"}))
+        return out
+
+
+_d = GemmSchedule()
+GEMM = GemmSpec(
+    name="gemm",
+    family="gemm",
+    lesson=10,
+    summary="TMA + WGMMA GEMM, warp-specialized (cooperative | ping-pong), persistent, clusters, fused epilogue",
+    ops=("gemm",),
+    status="ready",
+    params={
+        "dtype": Param("bf16", AB_DTYPES, "signature", "A and B element type"),
+        "out_dtype": Param("bf16", AB_DTYPES, "signature", "output (and C, bias) element type"),
+        "a_major": Param("k", ("k", "m"), "signature", "A (M, K): unit stride along K (row-major) or M"),
+        "b_major": Param("k", ("k", "n"), "signature", "B as (N, K): unit stride along K (B col-major) or N"),
+        "activation": Param("none", ("none", "relu", "gelu", "silu"), "signature", "fused activation"),
+        "bias": Param(False, (True, False), "signature", "fused + bias[n]"),
+        "source": Param(False, (True, False), "signature", "fused + beta * C"),
+        "scale": Param(False, (True, False), "signature", "fused alpha * acc"),
+        "schedule": Param(_d.kind, KINDS, help="consumer warpgroups: split one tile, or alternate tiles"),
+        "tile_m": Param(_d.tile_m, (64, 128, 256), help="CTA tile rows"),
+        "tile_n": Param(_d.tile_n, (64, 96, 128, 160, 192, 224, 256), help="CTA tile columns"),
+        "tile_k": Param(_d.tile_k, (32, 64, 128), help="K-block per pipeline stage"),
+        "cluster_m": Param(_d.cluster_m, (1, 2, 4), help="CTAs per cluster along M (share B by multicast)"),
+        "cluster_n": Param(_d.cluster_n, (1, 2, 4), help="CTAs per cluster along N (share A by multicast)"),
+        "stages": Param(_d.stages, (0, 2, 3, 4, 5, 6, 7, 8), help="A/B smem stages (0: as many as fit)"),
+        "raster_group": Param(_d.raster_group, (1, 2, 4, 8, 16), help="cluster-rows per raster group"),
+        "persistent": Param(_d.persistent, (True, False), help="persistent CTAs walking tiles, or one tile each"),
+    },
+)
+
+
+def params_for(schedule: GemmSchedule, **signature) -> dict:
+    """Catalogue parameters for `schedule` plus signature overrides."""
+    return {"schedule": schedule.kind, "tile_m": schedule.tile_m, "tile_n": schedule.tile_n,
+            "tile_k": schedule.tile_k, "cluster_m": schedule.cluster_m, "cluster_n": schedule.cluster_n,
+            "stages": schedule.stages, "raster_group": schedule.raster_group, "persistent": schedule.persistent,
+            **signature}

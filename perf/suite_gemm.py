@@ -1,0 +1,61 @@
+"""GEMM benchmark suite (lesson 10): bf16 randn, ours (default schedule, and each schedule kind)
+beside cuBLAS (torch.matmul) and QuACK's gemm, TFLOP/s and ratios; the issue's shape table."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from perf import harness as H
+
+PEAK_BF16_TFLOPS = 989.4  # H100/H200 SXM dense bf16, by spec: the "% ceiling" column
+
+SHAPES = [
+    (8192, 8192, 8192), (4096, 4096, 4096), (2048, 2048, 2048),
+    (4096, 14336, 4096), (4096, 4096, 14336), (4096, 2112, 7168), (4096, 24576, 1536), (4096, 7168, 16384),
+    (16384, 8192, 1024),
+    (128, 7168, 2048), (64, 4096, 4096),
+]
+QUICK = [(8192, 8192, 8192), (4096, 4096, 4096), (128, 7168, 2048)]
+
+
+def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pingpong")):
+    from quack.gemm_interface import gemm as quack_gemm  # imported here: it patches CuTe classes
+
+    import cute_kernels as ck
+    from cute_kernels.ops.gemm import _gemm_cuda
+    from schedules.gemm import default_schedule
+
+    shapes = shapes or (QUICK if quick else SHAPES)
+    rows, notes = [], []
+    for m, n, k in shapes:
+        a, b = H.randn(m, k, seed=1), H.randn(k, n, seed=2)
+        flops = 2 * m * n * k
+        nbytes = (m * k + k * n + m * n) * 2
+        H.progress(f"  gemm {m}x{n}x{k}")
+        t = H.do_bench(lambda: ck.gemm(a, b))["median_ms"]
+        refs = {"cuBLAS": H.do_bench(lambda: torch.matmul(a, b))["median_ms"],
+                "QuACK": H.do_bench(lambda: quack_gemm(a, b))["median_ms"]}
+        for kind in schedules:
+            s = default_schedule(m, n, k, kind)
+            refs[f"ours {kind}"] = H.do_bench(lambda: _gemm_cuda(a, b, schedule=s))["median_ms"]
+        rows.append(H.Row("gemm", "bfloat16", f"{m}x{n}x{k}", nbytes, flops, t, refs, "tflops", PEAK_BF16_TFLOPS,
+                          note=str(default_schedule(m, n, k))))
+        notes.append(f"| {m}x{n}x{k} | {default_schedule(m, n, k)} |")
+    geo = math.exp(sum(math.log(r.ratio("cuBLAS")) for r in rows) / len(rows))
+    worst = min(rows, key=lambda r: r.ratio("cuBLAS"))
+    worst_q = min(rows, key=lambda r: r.ratio("QuACK"))
+    big = [r for r in rows if r.shape == "8192x8192x8192"]
+    checks = [
+        {"target": "geomean >= 1.05x cuBLAS", "measured": f"{geo:.3f}x", "ok": geo >= 1.05},
+        {"target": "no shape below 0.95x cuBLAS", "measured": f"min {worst.ratio('cuBLAS'):.3f}x ({worst.shape})",
+         "ok": worst.ratio("cuBLAS") >= 0.95},
+        {"target": ">= 1.0x QuACK per shape", "measured": f"min {worst_q.ratio('QuACK'):.3f}x ({worst_q.shape})",
+         "ok": worst_q.ratio("QuACK") >= 1.0},
+    ]
+    if big:
+        checks.append({"target": ">= 740 TFLOP/s at 8192^3", "measured": f"{big[0].ours_tbs:.0f} TFLOP/s",
+                       "ok": big[0].ours_tbs >= 740})
+    extra = "## Default schedule per shape\n\n| shape | schedule |\n|---|---|\n" + "\n".join(notes)
+    return rows, ["cuBLAS", "QuACK"] + [f"ours {k}" for k in schedules], checks, extra, {}

@@ -1,0 +1,223 @@
+"""GEMM schedules (curriculum lesson 10): who computes which output tile, with which warps, when.
+
+A `GemmSchedule` fixes everything about *when and where* a Hopper GEMM runs, none of *how* a tile
+is computed (that is `collectives/`):
+
+* warp roles: warpgroup 0 is the producer (one warp issues the TMA loads; it gives its registers
+  away with `setmaxnreg.dec` down to `producer_regs`), warpgroups 1 and 2 are consumers (WGMMA and
+  epilogue, `setmaxnreg.inc` up to `consumer_regs`). 40 + 2 x 232 registers x 128 threads fit the
+  SM's 64K-register file.
+* `kind="cooperative"`: both consumer warpgroups work on the same output tile, split along M (each
+  owns `tile_m / 2` rows), and share its epilogue.
+* `kind="pingpong"`: each consumer warpgroup owns whole tiles, alternating (the CTA's tiles 0, 2, 4...
+  go to warpgroup 1, tiles 1, 3, 5... to warpgroup 2). Named barriers order their mainloops so that
+  one warpgroup's epilogue overlaps the other's tensor-core work (FA3/CUTLASS ping-pong).
+* the tile scheduler: persistent (`persistent=True`: one CTA cluster per set of SMs, each walks its
+  share of the output tiles; the TMA pipeline keeps running across tile boundaries) or one tile
+  per cluster (`persistent=False`, the baseline). Tiles are visited in groups of `raster_group`
+  cluster-rows along M (a "swizzle"), so CTAs running at the same time share A rows and B columns
+  in L2.
+* clusters of `cluster_m x cluster_n` CTAs: the CTAs of a cluster row share B tiles, those of a
+  column share A tiles, loaded once by TMA multicast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90 (227 KiB)
+BARRIER_BYTES = 1024  # mbarriers and alignment slack
+KINDS = ("cooperative", "pingpong")
+
+
+@dataclass(frozen=True)
+class GemmSchedule:
+    kind: str = "cooperative"
+    tile_m: int = 128
+    tile_n: int = 256
+    tile_k: int = 64
+    cluster_m: int = 2
+    cluster_n: int = 1
+    stages: int = 0  # A/B pipeline stages; 0 = as many as fit in shared memory
+    epi_stages: int = 4  # output sub-tile buffers in flight per storing warpgroup
+    raster_group: int = 8  # cluster-rows along M per raster group (L2 reuse)
+    persistent: bool = True
+    producer_regs: int = 40
+    consumer_regs: int = 232
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
+            raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {self.tile_n}")
+        if self.tile_k % 16:
+            raise ValueError(f"tile_k must be a multiple of 16, got {self.tile_k}")
+        rows = self.tile_m // self.consumers_per_tile
+        if self.tile_m % (64 * self.consumers_per_tile):
+            raise ValueError(f"{self.kind}: tile_m must be a multiple of {64 * self.consumers_per_tile}")
+        if rows * self.tile_n // 128 > 128:
+            raise ValueError(
+                f"{self.kind} {self.tile_m}x{self.tile_n}: {rows * self.tile_n // 128} fp32 accumulators per "
+                "thread; at most 128 fit beside the pipeline's registers")
+        if self.cluster_m * self.cluster_n > 4 or self.cluster_m not in (1, 2, 4) or self.cluster_n not in (1, 2, 4):
+            raise ValueError("cluster must be 1x1, 2x1, 1x2, 2x2, 4x1 or 1x4")
+        if self.producer_regs + 2 * self.consumer_regs > 512 or self.producer_regs % 8 or self.consumer_regs % 8:
+            raise ValueError("register budget: producer + 2 x consumer <= 512 per thread, multiples of 8")
+
+    # --- warp roles ---------------------------------------------------------------------------
+    threads = 384  # 1 producer + 2 consumer warpgroups
+    consumer_wgs = 2
+
+    @property
+    def consumers_per_tile(self) -> int:
+        return 2 if self.kind == "cooperative" else 1
+
+    @property
+    def mma_atoms(self) -> tuple[int, int, int]:
+        """Warpgroups of the tiled MMA along (M, N, K)."""
+        return (self.consumers_per_tile, 1, 1)
+
+    @property
+    def epi_tile(self) -> tuple[int, int]:
+        """The output sub-tile that goes registers -> smem -> TMA store at a time."""
+        return (64 * self.consumers_per_tile, min(32, self.tile_n))
+
+    @property
+    def cluster_size(self) -> int:
+        return self.cluster_m * self.cluster_n
+
+    # --- shared memory ------------------------------------------------------------------------
+    def stage_bytes(self, ab_bytes: int) -> int:
+        return (self.tile_m + self.tile_n) * self.tile_k * ab_bytes
+
+    def epi_bytes(self, out_bytes: int) -> int:
+        buffers = self.epi_stages * (self.consumer_wgs // self.consumers_per_tile)
+        return buffers * self.epi_tile[0] * self.epi_tile[1] * out_bytes
+
+    def num_stages(self, ab_bytes: int, out_bytes: int) -> int:
+        if self.stages:
+            return self.stages
+        free = SMEM_BYTES - BARRIER_BYTES - self.epi_bytes(out_bytes)
+        return max(2, min(8, free // self.stage_bytes(ab_bytes)))
+
+    def smem_bytes(self, ab_bytes: int, out_bytes: int) -> int:
+        return self.num_stages(ab_bytes, out_bytes) * self.stage_bytes(ab_bytes) + self.epi_bytes(out_bytes) + BARRIER_BYTES
+
+    def fits(self, ab_bytes: int = 2, out_bytes: int = 2) -> bool:
+        return self.smem_bytes(ab_bytes, out_bytes) <= SMEM_BYTES and self.num_stages(ab_bytes, out_bytes) >= 2
+
+    def __str__(self) -> str:
+        p = "p" if self.persistent else "np"
+        return (f"{self.kind}_{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}"
+                f"_s{self.stages}_r{self.raster_group}_{p}")
+
+
+# --- tile order ---------------------------------------------------------------------------------
+def cluster_tile(t, clusters_m, clusters_n, group):
+    """Cluster coordinates (cm, cn, l) of the `t`-th cluster tile in raster order: groups of
+    `group` cluster-rows, M fastest inside a group, then N, then the next group, then the batch.
+    Works on Python ints (tests, pictures) and DSL integers (the kernel) alike."""
+    per_batch = clusters_m * clusters_n
+    l = t // per_batch
+    r = t - l * per_batch
+    per_group = group * clusters_n
+    g = r // per_group
+    first_m = g * group
+    rows = clusters_m - first_m
+    if isinstance(rows, int):
+        rows = min(rows, group)
+    else:
+        rows = cutlass.min(rows, group)
+    w = r - g * per_group
+    return first_m + w % rows, w // rows, l
+
+
+def tile_order(tiles_m: int, tiles_n: int, batch: int, s: GemmSchedule) -> list[tuple[int, int, int]]:
+    """Every cluster tile in the order the scheduler hands them out (host mirror, for tests and
+    pictures): a permutation of the (cluster_m, cluster_n, l) grid."""
+    cm, cn = -(-tiles_m // s.cluster_m), -(-tiles_n // s.cluster_n)
+    return [cluster_tile(t, cm, cn, s.raster_group) for t in range(cm * cn * batch)]
+
+
+def grid(tiles_m: int, tiles_n: int, batch: int, s: GemmSchedule, num_sms: int) -> tuple[int, int, int]:
+    """Launch grid (cluster_m, cluster_n, clusters): all cluster tiles, or for a persistent
+    schedule at most one cluster per `cluster_size` SMs."""
+    cm, cn = -(-tiles_m // s.cluster_m), -(-tiles_n // s.cluster_n)
+    total = max(1, cm * cn * batch)
+    if s.persistent:
+        total = min(total, max(1, num_sms // s.cluster_size))
+    return (s.cluster_m, s.cluster_n, total)
+
+
+@dataclass
+class TileWalk:
+    """The device side of the scheduler: the cluster tiles one cluster visits. Cluster `z` of
+    `Z` visits tiles z, z + Z, z + 2Z, ... (a static persistent schedule; with a grid of all tiles
+    it visits exactly one)."""
+
+    clusters_m: Int32
+    clusters_n: Int32
+    total: Int32
+    first: Int32
+    stride: Int32
+    group: int
+
+    @staticmethod
+    def create(tiles_m, tiles_n, batch, s: GemmSchedule) -> TileWalk:
+        _, _, z = cute.arch.block_idx()
+        gz = cute.arch.grid_dim()[2]
+        cm = (tiles_m + s.cluster_m - 1) // s.cluster_m
+        cn = (tiles_n + s.cluster_n - 1) // s.cluster_n
+        return TileWalk(cm, cn, cm * cn * batch, Int32(z), Int32(gz), s.raster_group)
+
+    def count(self):
+        """Tiles this cluster visits."""
+        return (cutlass.max(self.total - self.first, 0) + self.stride - 1) // self.stride
+
+    def coords(self, i, cta_m, cta_n, s: GemmSchedule):
+        """CTA tile coordinates (m, n, l) of this cluster's `i`-th tile, for the CTA at (cta_m, cta_n)
+        of its cluster."""
+        cm, cn, l = cluster_tile(self.first + i * self.stride, self.clusters_m, self.clusters_n, self.group)
+        return cm * s.cluster_m + cta_m, cn * s.cluster_n + cta_n, l
+
+
+# --- the choice -------------------------------------------------------------------------------
+def default_schedule(m: int, n: int, k: int, kind: str | None = None) -> GemmSchedule:
+    """A good schedule for an (m, n, k) problem without measuring (the `schedules` CLI measures)."""
+    kind = kind or "cooperative"
+    if kind == "pingpong":
+        return GemmSchedule(kind="pingpong", tile_m=128, tile_n=128, cluster_m=2 if m >= 256 else 1)
+    if m <= 64:
+        return GemmSchedule(kind="pingpong", tile_m=64, tile_n=128, cluster_m=1, cluster_n=2 if n >= 256 else 1)
+    if m <= 128:
+        return GemmSchedule(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2 if n >= 256 else 1)
+    return GemmSchedule(tile_m=128, tile_n=256, cluster_m=2)
+
+
+def candidates(m: int, n: int, k: int, limit: int = 32) -> list[GemmSchedule]:
+    """Schedules worth timing for (m, n, k), pruned by simple rules: the tile must fit the problem
+    (no tile more than twice the padded problem), smem must hold >= 3 stages, and the grid should
+    have at least a wave of tiles for large-tile configs."""
+    out = []
+    tiles = [(128, 256), (256, 128), (128, 128), (128, 192), (64, 256), (64, 128), (128, 64)]
+    for kind in KINDS:
+        for tm, tn in tiles:
+            for cm, cn in ((2, 1), (1, 2), (1, 1)):
+                try:
+                    s = GemmSchedule(kind=kind, tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn)
+                except ValueError:
+                    continue
+                if not s.fits() or s.num_stages(2, 2) < 3:
+                    continue
+                if tm > 2 * max(m, 64) or tn > 2 * max(n, 64):
+                    continue
+                if -(-m // tm) % cm and m > tm or -(-n // tn) % cn and n > tn:
+                    continue  # cluster does not divide the tile grid: idle CTAs
+                out.append(s)
+    d = default_schedule(m, n, k)
+    out.sort(key=lambda s: (s != d, -(s.tile_m * s.tile_n), s.kind != "cooperative"))
+    return out[:limit]

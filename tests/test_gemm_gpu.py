@@ -1,0 +1,150 @@
+"""GPU: the Hopper GEMM against an fp32 reference, at most 2x cuBLAS's bf16 error + 1e-4 (relative
+Frobenius), for both schedules, all four operand majors, batched, odd shapes and the fused epilogue."""
+
+import pytest
+import torch
+
+from tests.helpers import randn, rel_err
+
+pytestmark = pytest.mark.gpu
+
+ck = pytest.importorskip("cute_kernels")
+from cute_kernels.ops.gemm import _gemm_cuda  # noqa: E402
+from schedules.gemm import GemmSchedule  # noqa: E402
+
+SCHEDULES = {
+    "cooperative": GemmSchedule(kind="cooperative", tile_m=128, tile_n=256, cluster_m=2),
+    "pingpong": GemmSchedule(kind="pingpong", tile_m=128, tile_n=128, cluster_m=2),
+    "coop_1x2": GemmSchedule(kind="cooperative", tile_m=128, tile_n=128, cluster_m=1, cluster_n=2),
+    "nonpersistent": GemmSchedule(kind="cooperative", tile_m=128, tile_n=256, cluster_m=1, persistent=False),
+}
+
+
+def _operand(rows, cols, major, dtype, batch=None):
+    """(batch,) rows x cols with unit stride on `major` ('row': last dim, 'col': first)."""
+    shape = (batch, rows, cols) if batch else (rows, cols)
+    if major == "row":
+        return randn(*shape, dtype=dtype)
+    return randn(*shape[:-2], cols, rows, dtype=dtype).transpose(-1, -2)
+
+
+def _check(out, a, b, bias=None, activation=None):
+    ref = a.double() @ b.double()
+    cublas = (a @ b).double()
+    if bias is not None:
+        ref = ref + bias.double()
+        cublas = cublas + bias.double()
+    act = {None: lambda x: x, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+           "silu": torch.nn.functional.silu}[activation]
+    ref, cublas = act(ref), act(cublas)
+    assert out.shape == ref.shape and out.dtype == a.dtype
+    assert torch.isfinite(out).all(), "unwritten (NaN) or overflowed elements"
+    bound = 2 * rel_err(cublas, ref) + 1e-4
+    err = rel_err(out, ref)
+    assert err <= bound, f"rel err {err:.2e} > {bound:.2e}"
+
+
+def _poison_allocator(nbytes):
+    """Leave NaNs in the caching allocator's free blocks so an unwritten output shows up."""
+    torch.full((nbytes // 2 + 4096,), float("nan"), dtype=torch.bfloat16, device="cuda")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("sched", list(SCHEDULES))
+@pytest.mark.parametrize("a_major,b_major", [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")])
+def test_majors_and_schedules(sched, a_major, b_major):
+    m, n, k = 769, 2112, 1032
+    a = _operand(m, k, a_major, torch.bfloat16)
+    b = _operand(k, n, b_major, torch.bfloat16)
+    _poison_allocator(m * n * 2)
+    _check(_gemm_cuda(a, b, schedule=SCHEDULES[sched]), a, b)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 256, 64), (769, 2112, 16), (256, 128, 4096), (5125, 96, 200), (64, 4096, 4096),
+                                   (2048, 2048, 2048)])
+@pytest.mark.parametrize("sched", ["cooperative", "pingpong"])
+def test_shapes(m, n, k, sched):
+    a, b = randn(m, k), randn(k, n)
+    _poison_allocator(m * n * 2)
+    _check(_gemm_cuda(a, b, schedule=SCHEDULES[sched]), a, b)
+
+
+@pytest.mark.parametrize("m,n,k", [(769, 2112, 7), (33, 17, 9), (128, 100, 64)])
+def test_layouts_tma_cannot_read(m, n, k):
+    """Odd K (row stride not 16-byte aligned) and N not a multiple of 8: copied / padded by the op."""
+    a, b = randn(m, k), randn(k, n)
+    _check(ck.gemm(a, b), a, b)
+
+
+def test_default_schedule_and_fp16():
+    a, b = randn(1000, 1024, dtype=torch.float16), randn(1024, 3000, dtype=torch.float16)
+    _check(ck.gemm(a, b), a, b)
+
+
+@pytest.mark.parametrize("sched", ["cooperative", "pingpong"])
+def test_batched(sched):
+    a, b = randn(3, 300, 256), _operand(256, 520, "col", torch.bfloat16, batch=3)
+    out = _gemm_cuda(a, b, schedule=SCHEDULES[sched])
+    for i in range(3):
+        _check(out[i], a[i], b[i])
+
+
+def test_broadcast_batch():
+    a, b = randn(4, 100, 128), randn(128, 64)
+    out = ck.gemm(a, b)
+    assert out.shape == (4, 100, 64)
+    _check(out.reshape(400, 64), a.reshape(400, 128), b)
+    a2, b2 = randn(100, 128), randn(2, 128, 64)
+    out2 = ck.gemm(a2, b2)
+    for i in range(2):
+        _check(out2[i], a2, b2[i])
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "silu"])
+@pytest.mark.parametrize("sched", ["cooperative", "pingpong"])
+def test_fused_bias_activation(activation, sched):
+    m, n, k = 777, 1000, 512
+    a, b, bias = randn(m, k), randn(k, n), randn(n)
+    out = _gemm_cuda(a, b, bias, activation, schedule=SCHEDULES[sched])
+    _check(out, a, b, bias, activation)
+
+
+def test_k_zero_and_empty():
+    a, b, bias = randn(5, 0), randn(0, 7), randn(7)
+    torch.testing.assert_close(ck.gemm(a, b, bias, "relu"), torch.relu(bias).expand(5, 7))
+    assert ck.gemm(randn(0, 16), randn(16, 8)).shape == (0, 8)
+
+
+def test_autograd():
+    a = randn(130, 96).requires_grad_()
+    b = randn(96, 72).requires_grad_()
+    bias = randn(72).requires_grad_()
+    out = ck.gemm(a, b, bias, "gelu")
+    g = randn(*out.shape)
+    out.backward(g)
+    a2, b2, bias2 = (t.detach().float().requires_grad_() for t in (a, b, bias))
+    torch.nn.functional.gelu(a2 @ b2 + bias2).backward(g.float())
+    for ours, ref in ((a.grad, a2.grad), (b.grad, b2.grad), (bias.grad, bias2.grad)):
+        assert rel_err(ours, ref) < 2e-2
+
+
+def test_torch_compile_fullgraph():
+    a, b = randn(256, 128), randn(128, 192)
+
+    @torch.compile(fullgraph=True)
+    def f(x, y):
+        return ck.gemm(x, y, activation="relu") * 2
+
+    _check(f(a, b) / 2, a, b, activation="relu")
+
+
+def test_errors():
+    a = randn(16, 32)
+    with pytest.raises(ValueError, match="inner dims"):
+        ck.gemm(a, randn(16, 8))
+    with pytest.raises(TypeError, match="b has dtype"):
+        ck.gemm(a, randn(32, 8, dtype=torch.float32))
+    with pytest.raises(ValueError, match="activation"):
+        ck.gemm(a, randn(32, 8), activation="tanh")
+    with pytest.raises(ValueError, match="bias"):
+        ck.gemm(a, randn(32, 8), bias=randn(9))
