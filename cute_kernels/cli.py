@@ -4,6 +4,7 @@
   cute-kernels compile KERNEL [--config k=v ...] [--arch sm_90a] [--dump DIR]
   cute-kernels compile --all [--jobs N]              fill the compile cache for every ready kernel
   cute-kernels bench KERNEL|FAMILY|all [--shape ...] [--out DIR] [--quick]   (GPU)
+  cute-kernels schedules gemm --shape M N K [--out DIR]  rank candidate schedules (GPU)
   cute-kernels main [--out DIR]                      compile + report everything; on a GPU also bench
   cute-kernels layout|algebra|swizzle|atoms ...      study CuTe layouts, swizzles and banks (CPU; see study/cli.py)
 """
@@ -87,6 +88,25 @@ def cmd_bench(args) -> int:
     return suites.run(args.what, out_dir=args.out, shapes=args.shape, quick=args.quick)
 
 
+def cmd_schedules(args) -> int:
+    if args.kernel != "gemm":
+        raise SystemExit("schedules: only 'gemm' has switchable schedules so far")
+    import torch
+
+    if not torch.cuda.is_available():
+        from schedules.gemm import candidates, default_schedule
+
+        m, n, k = args.shape
+        print(f"no GPU here: the candidates that would be timed for {m}x{n}x{k} (default first):")
+        for s in candidates(m, n, k):
+            print(f"  {s}{'  (default)' if s == default_schedule(m, n, k) else ''}")
+        return 0
+    _find_perf()
+    from perf.schedule_search import search
+
+    return search(*args.shape, out_dir=args.out, limit=args.limit)
+
+
 def cmd_main(args) -> int:
     """Compile and report every ready kernel; with a GPU, also run the benchmarks."""
     import torch
@@ -137,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, metavar="DIR", help="write <suite>.json/.md/.png here")
     s.add_argument("--quick", action="store_true", help="fewer sizes (smoke run)")
     s.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("schedules", help="time the candidate schedules of a kernel on one shape (GPU)")
+    s.add_argument("kernel", choices=["gemm"])
+    s.add_argument("--shape", nargs=3, type=int, required=True, metavar=("M", "N", "K"))
+    s.add_argument("--out", default=None, metavar="DIR")
+    s.add_argument("--limit", type=int, default=32, help="at most this many candidates")
+    s.set_defaults(fn=cmd_schedules)
 
     s = sub.add_parser("main", help="compile and report everything; on a GPU also benchmark")
     s.add_argument("--out", default=None, metavar="DIR")
