@@ -23,6 +23,7 @@ is computed (that is `collectives/`):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import cutlass
@@ -205,10 +206,12 @@ def estimate(s: GemmSchedule, m: int, n: int, k: int, batch: int = 1, num_sms: i
     return waves * s.tile_m * s.tile_n * k / eff
 
 
+@functools.lru_cache(maxsize=4096)
 def default_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: int = 132) -> GemmSchedule:
     """A good schedule for an (m, n, k) problem without measuring (`cute-kernels schedules gemm`
     measures): the tile with the least modelled time (`estimate`), clustered 2x1 when the tile grid
-    allows it (B tiles multicast to two CTAs), else 1x2, else unclustered."""
+    allows it (B tiles multicast to two CTAs), else 1x2, else unclustered. Cached: the op calls it
+    on every launch, and uncached its ~100 us of Python would show in small GEMMs."""
     best = None
     for (knd, tm, tn) in _TILE_EFF:
         if kind and knd != kind:
