@@ -20,6 +20,7 @@ from matplotlib.patches import Rectangle  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from schedules.gemm import GemmSchedule, tile_order  # noqa: E402
 from schedules.grid_stride import GridStride  # noqa: E402
 from schedules.row_tiling import plan_rows  # noqa: E402
 
@@ -122,7 +123,97 @@ def reduction_tree():
     plt.close(fig)
 
 
+def gemm_timelines(k_tiles: int = 4, tiles: int = 4):
+    """Who works when in the two warp-specialized schedules, for one CTA's first tiles: the producer
+    warp's TMA loads (one box per K-block), the consumers' WGMMA mainloops and epilogues. Replayed
+    from the schedule's rules (cooperative: both warpgroups on every tile; ping-pong: alternate
+    tiles, mainloops ordered by the named-barrier turn), with unit costs: TMA 1, WGMMA of a K-block 1
+    per warpgroup-tile-half (cooperative) or 2 (one warpgroup owns the whole tile), epilogue 3."""
+    fig, axes = plt.subplots(2, 1, figsize=(12, 4.6), sharex=True)
+    colors = {"tma": "#8da0cb", "mma": "#66c2a5", "epi": "#fc8d62"}
+    for ax, kind in zip(axes, ("cooperative", "pingpong")):
+        rows = {"producer warp (TMA)": 2.0, "consumer WG 1": 1.0, "consumer WG 2": 0.0}
+        loads, t = [], 0.0
+        for i in range(tiles * k_tiles):
+            loads.append(t)
+            ax.add_patch(Rectangle((t, 2.0), 0.9, 0.7, color=colors["tma"]))
+            t += 1.0
+        if kind == "cooperative":
+            free = 0.0
+            for tile in range(tiles):
+                start = max(free, loads[tile * k_tiles] + 1)
+                cur = start
+                for kb in range(k_tiles):
+                    cur = max(cur, loads[tile * k_tiles + kb] + 1)
+                    for y in (1.0, 0.0):
+                        ax.add_patch(Rectangle((cur, y), 0.95, 0.7, color=colors["mma"]))
+                    cur += 1.0
+                for y in (1.0, 0.0):
+                    ax.add_patch(Rectangle((cur, y), 2.9, 0.7, color=colors["epi"]))
+                    ax.text(cur + 1.45, y + 0.35, f"epi {tile}", ha="center", va="center", fontsize=7)
+                free = cur + 3.0
+        else:
+            wg_free = [0.0, 0.0]
+            turn = 0.0  # the tensor cores are handed over at the end of each mainloop
+            for tile in range(tiles):
+                wg = tile % 2
+                y = 1.0 if wg == 0 else 0.0
+                cur = max(wg_free[wg], turn, loads[tile * k_tiles] + 1)
+                for kb in range(k_tiles):
+                    cur = max(cur, loads[tile * k_tiles + kb] + 1)
+                    ax.add_patch(Rectangle((cur, y), 1.9, 0.7, color=colors["mma"]))
+                    cur += 2.0
+                turn = cur
+                ax.add_patch(Rectangle((cur, y), 2.9, 0.7, color=colors["epi"]))
+                ax.text(cur + 1.45, y + 0.35, f"epi {tile}", ha="center", va="center", fontsize=7)
+                wg_free[wg] = cur + 3.0
+        ax.set_yticks([v + 0.35 for v in rows.values()], list(rows))
+        ax.set_ylim(-0.2, 2.9)
+        ax.set_xlim(0, 40)
+        ax.set_title(f"{kind}: " + ("both consumer warpgroups compute each tile (half the rows each), then both run "
+                                    "its epilogue: the tensor cores idle during epilogues" if kind == "cooperative" else
+                                    "warpgroups alternate tiles; one's epilogue overlaps the other's mainloop "
+                                    "(ordered by named barriers)"), fontsize=9)
+    handles = [Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    axes[0].legend(handles, ["TMA load of a K-block (A + B)", "WGMMA on a K-block", "epilogue (convert, stmatrix, TMA store)"],
+                   fontsize=8, loc="upper right", ncol=3)
+    axes[1].set_xlabel("time (unit costs; a schematic replay of the schedule rules, not a measurement)")
+    fig.tight_layout()
+    fig.savefig(OUT / "gemm_timelines.png", dpi=120)
+    plt.close(fig)
+
+
+def gemm_raster(tiles_m: int = 12, tiles_n: int = 6):
+    """The order in which the persistent scheduler hands out output tiles (schedules.gemm.tile_order):
+    groups of `raster_group` cluster-rows, M fastest inside a group."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 5.2))
+    for ax, s in zip(axes, (GemmSchedule(cluster_m=1, raster_group=1), GemmSchedule(cluster_m=2, raster_group=2))):
+        order = tile_order(tiles_m, tiles_n, 1, s)
+        for i, (cm, cn, _) in enumerate(order):
+            for dm in range(s.cluster_m):
+                m = cm * s.cluster_m + dm
+                shade = plt.cm.viridis(i / len(order))
+                ax.add_patch(Rectangle((cn, tiles_m - 1 - m), 1, 1, color=shade, ec="w"))
+                ax.text(cn + 0.5, tiles_m - 0.5 - m, str(i), ha="center", va="center", fontsize=7,
+                        color="w" if i < 0.6 * len(order) else "k")
+        ax.set_xlim(0, tiles_n)
+        ax.set_ylim(0, tiles_m)
+        ax.set_aspect("equal")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_xlabel("tile column (N)")
+        ax.set_ylabel("tile row (M)")
+        ax.set_title(f"cluster {s.cluster_m}x{s.cluster_n}, raster_group {s.raster_group}", fontsize=9)
+    fig.suptitle("schedules.gemm.tile_order: the number is when a (cluster) tile is handed out; with 132 SMs "
+                 "busy at once,\nneighbours in time share A rows and B columns in L2", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(OUT / "gemm_raster.png", dpi=120)
+    plt.close(fig)
+
+
 if __name__ == "__main__":
+    gemm_timelines()
+    gemm_raster()
     grid_stride_orders()
     row_tiling()
     reduction_tree()
