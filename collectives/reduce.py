@@ -56,12 +56,21 @@ def group_smem_slots(threads: int, group: int, width: int = 1) -> int:
 
 
 @cute.jit
-def group_reduce(val, op: Callable, group: cutlass.Constexpr[int], smem: cute.Tensor, init):
+def group_reduce(val, op: Callable, group: cutlass.Constexpr[int], smem: cute.Tensor, init=None):
     """Reduce `val` over groups of `group` consecutive threads (power of two, <= CTA size).
 
     `smem` holds `group_smem_slots(threads, group, width_of(val))` elements of val's type (unused
-    when the group fits in a warp). Every thread of a group returns the group's result. Ends with
-    the slots free for reuse only after the caller's next barrier.
+    when the group fits in a warp). Every thread of a group returns the group's result (the same
+    bits in every thread when `op` commutes exactly, as add and max do). Every thread of the CTA
+    must call it (a CTA barrier when `group > WARP`). Ends with the slots free for reuse only after
+    the caller's next barrier. `init` (op's identity) is ignored; kept for existing callers.
+
+    Groups wider than a warp: lane 0 of each warp stores its warp's result; after the barrier lane
+    `l` of every warp loads the partial of warp `l % warps_per_group` of its group (one broadcast
+    per slot), and a butterfly over `warps_per_group` lanes leaves the group's result in all 32
+    lanes. (Loading only in lanes < warps_per_group, the others padded with `init`, would leave the
+    result in those lanes only: a butterfly over aligned groups of `warps_per_group` lanes never
+    mixes them with the rest. Row-wise kernels need it in every lane.)
     """
     val = warp_reduce(val, op, min(group, WARP))
     if cutlass.const_expr(group > WARP):
@@ -73,10 +82,8 @@ def group_reduce(val, op: Callable, group: cutlass.Constexpr[int], smem: cute.Te
             for i in cutlass.range_constexpr(width):
                 smem[warp * width + i] = _parts(val)[i]
         cute.arch.barrier()
-        first = (warp // warps_per_group) * warps_per_group
-        partial = init
-        if lane < warps_per_group:
-            partial = _whole(tuple(smem[(first + lane) * width + i] for i in range(width)), init)
+        src = (warp // warps_per_group) * warps_per_group + lane % warps_per_group
+        partial = _whole(tuple(smem[src * width + i] for i in range(width)), val)
         val = warp_reduce(partial, op, warps_per_group)
     return val
 
