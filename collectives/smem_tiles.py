@@ -12,6 +12,12 @@ meant for the GEMM and the bank-conflict study tool:
   `j` land in 8 distinct bank groups with no wasted bytes. For 128-byte rows this is exactly TMA's
   128-byte swizzle mode, so the same tile can be filled and drained by TMA.
 
+Allocate tiles with `allocate_tile`: it puts a swizzle on the shared-memory pointer, where it acts on
+byte addresses (as TMA, WGMMA and the GEMM's tiles expect). Passing the composed layout itself to
+`SmemAllocator.allocate_tensor` makes the swizzle act on element offsets instead: for 2- and 4-byte
+elements that is a different permutation (bits 5-7 or 6-8 of the byte address), which neither
+matches TMA's 128-byte mode nor removes the conflicts.
+
 The functions build layouts and must be called while tracing (inside `@cute.jit`/`@cute.kernel`).
 `chunk_elems` is the number of elements in 16 bytes.
 """
@@ -49,6 +55,14 @@ def swizzled_tile(rows: int, cols: int, dtype):
     """(rows, cols) row-major, rows of exactly 128 bytes, under `swizzle_128b` (rows % 8 == 0)."""
     assert cols * dtype.width == 1024 and rows % 8 == 0, "swizzled_tile: rows must be 128 bytes, rows % 8 == 0"
     return cute.make_composed_layout(swizzle_128b(), 0, cute.make_layout((rows, cols), stride=(cols, 1)))
+
+
+def allocate_tile(smem, dtype, layout, byte_alignment: int = 1024):
+    """A tile of `layout` (from `padded_tile` or `swizzled_tile`) from `smem` (a `SmemAllocator`); a
+    swizzle goes on the pointer, so it acts on byte addresses (see the module docstring)."""
+    if isinstance(layout, cute.ComposedLayout):
+        return smem.allocate_tensor(dtype, layout.outer, byte_alignment=byte_alignment, swizzle=layout.inner)
+    return smem.allocate_tensor(dtype, layout, byte_alignment=byte_alignment)
 
 
 def bank_of(byte_offset: int) -> int:

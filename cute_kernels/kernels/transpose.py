@@ -23,7 +23,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
-from collectives.smem_tiles import chunk_elems, padded_tile, swizzled_tile
+from collectives.smem_tiles import allocate_tile, chunk_elems, padded_tile, swizzled_tile
 from collectives.vector_io import extent
 
 VARIANTS = ("naive", "smem", "swizzle", "tma")
@@ -112,8 +112,8 @@ class Transpose:
                         ob[c + k, r] = v[k]
         else:
             smem = cutlass.memory.SmemAllocator()
-            sA = smem.allocate_tensor(self.dtype, self._tile_layout(), byte_alignment=1024)
-            sB = smem.allocate_tensor(self.dtype, self._tile_layout(), byte_alignment=1024)
+            sA = allocate_tile(smem, self.dtype, self._tile_layout())
+            sB = allocate_tile(smem, self.dtype, self._tile_layout())
             for it in cutlass.range(passes, unroll=unroll):
                 i = tidx + it * self.threads
                 r = i // per_row
@@ -134,12 +134,15 @@ class Transpose:
 
     @cute.kernel
     def kernel_tma(self, atom_l: cute.CopyAtom, tma_x: cute.Tensor, atom_s: cute.CopyAtom, tma_o: cute.Tensor):
+        """Warp 0 drives the TMA unit. The TMA copies must be called by a whole warp (the DSL elects
+        the issuing lane with `elect.sync`, which under a one-thread branch deadlocks); the barrier
+        set-up is one elected lane's."""
         T = self.T
-        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tn, tm, b = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
-        sA = smem.allocate_tensor(self.dtype, self._tile_layout(), byte_alignment=1024)
-        sB = smem.allocate_tensor(self.dtype, self._tile_layout(), byte_alignment=1024)
+        sA = allocate_tile(smem, self.dtype, self._tile_layout())
+        sB = allocate_tile(smem, self.dtype, self._tile_layout())
         mbar = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8).iterator
 
         gX = cute.local_tile(tma_x[None, None, b], (T, T), (tm, tn))
@@ -148,18 +151,20 @@ class Transpose:
                                            cute.group_modes(gX, 0, 2))
         tBsB, tBgO = cpasync.tma_partition(atom_s, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
                                            cute.group_modes(gO, 0, 2))
-        if tidx == 0:
-            cute.arch.mbarrier_init(mbar, 1)
+        if warp == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_init(mbar, 1)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
-        if tidx == 0:
-            cute.arch.mbarrier_arrive_and_expect_tx(mbar, T * T * self.dtype.width // 8)
+        if warp == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar, T * T * self.dtype.width // 8)
             cute.copy(atom_l, tAgX, tAsA, tma_bar_ptr=mbar)
         cute.arch.mbarrier_wait(mbar, Int32(0))
         self._smem_transpose(sA, sB)
         cute.arch.fence_proxy("async.shared", space="cta")  # our writes to sB, visible to the TMA unit
         cute.arch.barrier()
-        if tidx == 0:
+        if warp == 0:
             cute.copy(atom_s, tBsB, tBgO)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # sB must outlive the store's reads
