@@ -41,5 +41,5 @@ def test_bad_requests_are_named():
     assert r.returncode != 0 and "unknown kernel" in r.stderr
     r = _run("compile", "elementwise.add", "--config", "unroll=3")
     assert r.returncode != 0 and "unroll" in r.stderr
-    r = _run("compile", "gemm")
+    r = _run("compile", "moe_dispatch")
     assert r.returncode != 0 and "planned" in r.stderr

@@ -25,15 +25,19 @@ def test_keys_separate_config_signature_and_arch():
 
 def test_kernels_compile_against_symbolic_sizes():
     # Every extent and stride of the tensors a kernel is compiled against is symbolic (or a static
-    # unit stride), so a new size never recompiles; the cache key holds no size either.
+    # unit stride), so a new size never recompiles; the cache key holds no size either. The one
+    # exception is an extent that *is* a signature parameter (GEMV's 1-8 columns of x), which names
+    # the compiled variant anyway.
     from cutlass.cute.typing import SymInt
 
     for spec in catalog.ready():
-        _, args = spec.build(spec.resolve())
+        p = spec.resolve()
+        static_ok = {v for k, v in p.items() if spec.params[k].role == "signature" and type(v) is int}
+        _, args = spec.build(p)
         tensors = [a for a in args if hasattr(a, "shape") and hasattr(a, "stride")]
         assert tensors
         for t in tensors:
-            assert all(isinstance(d, SymInt) for d in t.shape), (spec.name, t.shape)
+            assert all(isinstance(d, SymInt) or d in static_ok for d in t.shape), (spec.name, t.shape)
             assert all(isinstance(d, SymInt) or d == 1 for d in t.stride), (spec.name, t.stride)
 
 
