@@ -8,7 +8,7 @@ cluster when more than one CTA shares the tile.
 
 Device side: `produce_k_tiles` is the producer warp's loop for one output tile (acquire a stage,
 issue both TMA loads on its full barrier); the consumers' half is `collectives.wgmma_mainloop`.
-The same pipeline feeds the FP8 GEMM and attention.
+The same pipeline feeds the FP8 GEMM (plus a scale box per stage) and attention.
 """
 
 from __future__ import annotations
@@ -65,14 +65,21 @@ def produce_k_tiles(
     tBgB: cute.Tensor,
     tBsB: cute.Tensor,
     mask_b,
+    tma_s: cute.CopyAtom = None,
+    tSgS: cute.Tensor = None,
+    tSsS: cute.Tensor = None,
 ):
     """Load the `k_tiles` K-blocks of one output tile: tAgA/tBgB are this tile's (TMA, k) global
-    views, tAsA/tBsB the (TMA, stage) shared ring. Returns the advanced producer state."""
+    views, tAsA/tBsB the (TMA, stage) shared ring. With `tma_s` (FP8 block scales) a third box,
+    the tile's A scales of the K-block, lands in the same stage on the same full barrier (the
+    pipeline's tx count includes its bytes; not multicast). Returns the advanced producer state."""
     for k in cutlass.range(k_tiles, unroll=1):
         pipe.producer_acquire(state)
         bar = pipe.producer_get_barrier(state)
         cute.copy(tma_a, tAgA[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=mask_a)
         cute.copy(tma_b, tBgB[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=mask_b)
+        if cutlass.const_expr(tma_s is not None):
+            cute.copy(tma_s, tSgS[(None, k)], tSsS[(None, state.index)], tma_bar_ptr=bar)
         pipe.producer_commit(state)
         state.advance()
     return state

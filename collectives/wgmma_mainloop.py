@@ -6,8 +6,13 @@ group, and waits until at most `in_flight` groups are still running before relea
 stage to the producer. With `in_flight=1` the tensor cores always have the next stage's WGMMAs
 queued while the previous stage's buffer is handed back.
 
-The accumulator is fp32 in registers. FP8 promotion (a second fp32 accumulator flushed every few
-K-blocks) builds on `mma_k_tiles` by splitting the K range.
+The accumulator is fp32 in registers. `mma_k_tiles_promoted` is the FP8 variant (two-level
+accumulation, DeepGEMM's "promotion"): Hopper's FP8 WGMMA adds its products into the accumulator
+with fewer mantissa bits than fp32, so a long K inside the tensor core loses precision. Each
+K-block (one stage, 128 deep: one scale block) is computed into a zeroed temporary accumulator;
+after the WGMMAs complete, the CUDA cores add temp * scale (the block's sa[row] * sb[col-block],
+`collectives.block_scales`) into the fp32 main accumulator. Scale loads are issued before the
+wait so their latency hides behind the tensor cores.
 """
 
 from __future__ import annotations
@@ -66,4 +71,47 @@ def mma_k_tiles(
     for _ in cutlass.range(prologue, unroll=1):
         pipe.consumer_release(release_state)
         release_state.advance()
+    return read_state, release_state
+
+
+@cute.jit
+def mma_k_tiles_promoted(
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    temp: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+    pipe,
+    read_state,
+    release_state,
+    k_tiles,
+    scales,
+):
+    """acc = sum over the `k_tiles` K-blocks of scale_k * (A_k @ B_k), each block's product
+    accumulated by WGMMA in `temp` (same shape as acc) and promoted into acc on the CUDA cores.
+    `scales` is a `collectives.block_scales.BlockScales` (prefetch / fetch / promote). Same
+    arguments, ACCUMULATE setting and returned states as `mma_k_tiles`.
+
+    Per K-block: B scales (global) -> wait stage -> zero temp, WGMMAs, commit -> A scales (smem of
+    that stage) -> wait for the WGMMAs -> release the stage -> acc += temp * sa * sb. The tensor
+    cores idle during this warpgroup's promotion unless the other consumer warpgroup has WGMMAs
+    queued (both schedules run two consumer warpgroups, so they mostly do).
+    """
+    k_blocks = cute.size(tCrA, mode=[2])
+    acc.fill(0.0)
+    for k in cutlass.range(k_tiles, unroll=1):
+        sb = scales.prefetch(k)
+        pipe.consumer_wait(read_state)
+        temp.fill(0.0)
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(k_blocks):
+            cute.gemm(tiled_mma, temp, tCrA[(None, None, kb, read_state.index)],
+                      tCrB[(None, None, kb, read_state.index)], temp)
+        warpgroup.commit_group()
+        s = scales.fetch(sb, read_state.index)
+        warpgroup.wait_group(0)
+        pipe.consumer_release(release_state)
+        release_state.advance()
+        read_state.advance()
+        scales.promote(acc, temp, s)
     return read_state, release_state

@@ -219,7 +219,6 @@ AXPBY = _elementwise("axpby", "out = a*x + b*y (fp32 math, rounded once)", ("axp
 # The rest of the curriculum: listed with its status so `cute-kernels list` shows the whole map.
 # ---------------------------------------------------------------------------------------------
 _PLANNED = [
-    ("fp8_gemm", "gemm", 13, "FP8 GEMM with 1x128 / 128x128 scales, grouped MoE GEMM"),
     ("moe_dispatch", "moe", 14, "MoE dispatch/combine (described only)"),
     ("flow_matching", "solver", 15, "flow-matching solver steps (described only)"),
     ("voxelize", "pointcloud", 16, "point-cloud voxelization (described only)"),
@@ -266,3 +265,9 @@ KERNELS.update({s.name: s for s in _MISC3})
 from cute_kernels.specs_rowwise import ROWWISE  # noqa: E402
 
 KERNELS.update({s.name: s for s in ROWWISE})
+
+
+# Lesson 13: FP8 block-scaled GEMM (the GEMM kernel's blockwise mode).
+from cute_kernels.specs_fp8 import FP8_GEMM  # noqa: E402
+
+register(FP8_GEMM)

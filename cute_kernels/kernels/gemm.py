@@ -11,6 +11,12 @@ math + stmatrix + TMA store).
 
 Operands, as the kernel sees them: A (M, K, L), B (N, K, L), D and C (M, N, L); each may be K- or
 M/N-major (the unit-stride mode is a compile-time signature), all other sizes and strides symbolic.
+
+FP8 block-scaled mode (`blockwise=True`, lesson 13, launched by `Gemm.fp8`): A and B are e4m3,
+K-major, with fp32 scales sa (M, K/128, L) per 1x128 block and sb (N/128, K/128, L) per 128x128
+block (`collectives.block_scales`). The same kernel body runs with tile_k = 128 (one scale block
+per stage), the producer adds the tile's sa box to each stage, and the consumers run
+`mma_k_tiles_promoted` (two-level accumulation) instead of `mma_k_tiles`.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 from cutlass.tensor_utils import LayoutEnum
 
+from collectives import block_scales
 from collectives import epilogue as epi
 from collectives.epilogue import EpilogueOps
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma, produce_k_tiles
-from collectives.wgmma_mainloop import accumulate_mode, mma_k_tiles
+from collectives.wgmma_mainloop import accumulate_mode, mma_k_tiles, mma_k_tiles_promoted
 from schedules.gemm import GemmSchedule, TileWalk
 
 # Named barrier ids (0 is __syncthreads).
@@ -35,10 +42,12 @@ _ORDER_BAR = 3  # ping-pong mainloop turns: 3 + warpgroup
 
 
 class Gemm:
-    def __init__(self, ab_dtype, out_dtype, schedule: GemmSchedule, ops: EpilogueOps = EpilogueOps()):
+    def __init__(self, ab_dtype, out_dtype, schedule: GemmSchedule, ops: EpilogueOps = EpilogueOps(),
+                 blockwise: bool = False):
         self.ab_dtype, self.out_dtype = ab_dtype, out_dtype
         self.s, self.ops = schedule, ops
         self.acc_dtype = Float32
+        self.blockwise = blockwise  # FP8 1x128 / 128x128 block scales, promoted accumulation
 
     @cute.jit
     def __call__(
@@ -53,6 +62,20 @@ class Gemm:
         max_clusters: Int32,
         stream,
     ):
+        self._launch(a, b, d, c, bias, alpha, beta, max_clusters, stream)
+
+    @cute.jit
+    def fp8(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, sa: cute.Tensor, sb: cute.Tensor,
+            max_clusters: Int32, stream):
+        """D = (A * sa) @ (B * sb)^T with block scales (`blockwise=True`): a (M, K, L) and b (N, K, L)
+        e4m3 K-major, sa (M, KB, L) fp32 unit stride along M, sb (NB, KB, L) fp32, d (M, N, L)."""
+        self._launch(a, b, d, d, d, Float32(1.0), Float32(0.0), max_clusters, stream, sa, sb)
+
+    @cute.jit
+    def _launch(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, bias: cute.Tensor,
+                alpha: Float32, beta: Float32, max_clusters: Int32, stream, sa: cute.Tensor = None,
+                sb: cute.Tensor = None):
+        """Host side of both entry points (runs while they are traced): layouts, TMA atoms, launch."""
         s = self.s
         a_major, b_major, d_major = LayoutEnum.from_tensor(a), LayoutEnum.from_tensor(b), LayoutEnum.from_tensor(d)
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
@@ -76,13 +99,28 @@ class Gemm:
             sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 1024]
 
         self.storage = Storage
+        scale_args = ()
+        if cutlass.const_expr(self.blockwise):
+            sS_layout = block_scales.smem_layout(s.tile_m, stages)
+            tma_s, tma_gs = operand_tma(sa, sS_layout, s.tile_m, 1, 1)
+
+            @cute.struct
+            class ScaledStorage:
+                bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+                sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
+                sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
+                sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 1024]
+                sS: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sS_layout)], 128]
+
+            self.storage = ScaledStorage
+            scale_args = (tma_s, tma_gs, sb, sS_layout)
         tiles_m = (cute.size(d, mode=[0]) + s.tile_m - 1) // s.tile_m
         tiles_n = (cute.size(d, mode=[1]) + s.tile_n - 1) // s.tile_n
         batch = cute.size(d, mode=[2])
         clusters = ((tiles_m + s.cluster_m - 1) // s.cluster_m) * ((tiles_n + s.cluster_n - 1) // s.cluster_n) * batch
         clusters = cutlass.max(cutlass.min(clusters, max_clusters), 1)
         self.kernel(tiled_mma, tma_a, tma_ga, tma_b, tma_gb, tma_d, tma_gd, c, bias, alpha, beta,
-                    sA_layout, sB_layout, sC_layout, d_major).launch(
+                    sA_layout, sB_layout, sC_layout, d_major, *scale_args).launch(
             grid=[s.cluster_m, s.cluster_n, clusters], block=[s.threads, 1, 1],
             cluster=[s.cluster_m, s.cluster_n, 1], stream=stream)
 
@@ -104,6 +142,10 @@ class Gemm:
         sB_layout: cute.ComposedLayout,
         sC_layout: cute.ComposedLayout,
         d_major: cutlass.Constexpr,
+        tma_s: cute.CopyAtom = None,
+        mSA: cute.Tensor = None,
+        mSB: cute.Tensor = None,
+        sS_layout: cute.Layout = None,
     ):
         s = self.s
         tidx, _, _ = cute.arch.thread_idx()
@@ -113,6 +155,8 @@ class Gemm:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
             cpasync.prefetch_descriptor(tma_d)
+            if cutlass.const_expr(self.blockwise):
+                cpasync.prefetch_descriptor(tma_s)
 
         cluster_layout = cute.make_layout((s.cluster_m, s.cluster_n, 1))
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
@@ -124,6 +168,8 @@ class Gemm:
         st = smem.allocate(self.storage)
         tx_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(sA_layout, (None, None, 0))) + cute.size_in_bytes(
             self.ab_dtype, cute.slice_(sB_layout, (None, None, 0)))
+        if cutlass.const_expr(self.blockwise):
+            tx_bytes += cute.size_in_bytes(Float32, cute.slice_(sS_layout, (None, None, 0)))
         pipe = make_pipeline(st.bars.data_ptr(), cute.size(sA_layout, mode=[2]), tx_bytes,
                              (s.cluster_m, s.cluster_n), 4 * s.consumers_per_tile)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(s.cluster_m, s.cluster_n), is_relaxed=True)
@@ -140,6 +186,12 @@ class Gemm:
                                            cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
         tBsB, tBgB = cpasync.tma_partition(tma_b, cta_m, cute.make_layout(s.cluster_m),
                                            cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+        sS = tSsS = tSgS = None
+        if cutlass.const_expr(self.blockwise):
+            sS = st.sS.get_tensor(sS_layout)
+            gS = cute.local_tile(mSA, (s.tile_m, 1), (None, None, None))
+            tSsS, tSgS = cpasync.tma_partition(tma_s, 0, cute.make_layout(1),
+                                               cute.group_modes(sS, 0, 2), cute.group_modes(gS, 0, 2))
         k_tiles = cute.size(gA, mode=[3])
         tiles_m = cute.size(gD, mode=[2])
         tiles_n = cute.size(gD, mode=[3])
@@ -155,9 +207,10 @@ class Gemm:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cute.size(sA_layout, mode=[2]))
                 for i in cutlass.range(n_tiles, unroll=1):
                     tm, tn, tl = walk.coords(i, cta_m, cta_n, s)
+                    scale_box = (tma_s, tSgS[(None, tm, None, tl)], tSsS) if self.blockwise else ()
                     state = produce_k_tiles(pipe, state, k_tiles,
                                             tma_a, tAgA[(None, tm, None, tl)], tAsA, mask_a,
-                                            tma_b, tBgB[(None, tn, None, tl)], tBsB, mask_b)
+                                            tma_b, tBgB[(None, tn, None, tl)], tBsB, mask_b, *scale_box)
                 pipe.producer_tail(state)
         else:
             # ---- consumers: WGMMA mainloop + epilogue ----
@@ -181,6 +234,9 @@ class Gemm:
             tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
             acc = cute.make_rmem_tensor(thr_mma.partition_C(gD[(None, None, 0, 0, 0)]).shape, self.acc_dtype)
             tCcC = thr_mma.partition_C(cute.make_identity_tensor((s.tile_m, s.tile_n)))
+            if cutlass.const_expr(self.blockwise):
+                temp = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
+                slots = block_scales.element_slots(tiled_mma, s.tile_m, s.tile_n)
 
             accumulate_mode(tiled_mma)
             read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
@@ -201,7 +257,12 @@ class Gemm:
                 if cutlass.const_expr(s.kind == "pingpong"):
                     if i > 0:
                         my_turn.wait()  # the other warpgroup has issued its mainloop
-                read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, k_tiles)
+                if cutlass.const_expr(self.blockwise):
+                    scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, tl)
+                    read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read, release,
+                                                         k_tiles, scales)
+                else:
+                    read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, k_tiles)
                 if cutlass.const_expr(s.kind == "pingpong"):
                     their_turn.arrive()  # hand the tensor cores over; our epilogue overlaps their mainloop
                     read.advance(k_tiles)

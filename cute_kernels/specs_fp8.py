@@ -1,0 +1,87 @@
+"""Catalogue entry of the FP8 block-scaled GEMM (lesson 13): the Hopper GEMM kernel in its
+`blockwise` mode. Config: the schedule (restricted by `schedules.fp8_gemm`); signature: the output
+dtype. A and B are e4m3 K-major, the scales fp32 (see `collectives.block_scales`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+from cute_kernels import dtypes
+from cute_kernels.catalog import KernelSpec, Param
+from cute_kernels.jit import fake_stream
+from schedules.fp8_gemm import fp8_schedule
+from schedules.gemm import KINDS
+
+OUT_DTYPES = ("bf16", "fp16")
+
+
+def schedule_of(p):
+    return fp8_schedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=p["tile_n"], cluster_m=p["cluster_m"],
+                        cluster_n=p["cluster_n"], stages=p["stages"], raster_group=p["raster_group"],
+                        persistent=p["persistent"])
+
+
+def params_for(schedule, **signature) -> dict:
+    """Catalogue parameters of an FP8 `schedule` (a GemmSchedule from `schedules.fp8_gemm`)."""
+    return {"schedule": schedule.kind, "tile_m": schedule.tile_m, "tile_n": schedule.tile_n,
+            "cluster_m": schedule.cluster_m, "cluster_n": schedule.cluster_n, "stages": schedule.stages,
+            "raster_group": schedule.raster_group, "persistent": schedule.persistent, **signature}
+
+
+@dataclass(frozen=True, eq=False)
+class Fp8GemmSpec(KernelSpec):
+    def check(self, p):
+        schedule_of(p)  # raises ValueError naming an impossible tile / register / smem combination
+
+    def build(self, p):
+        from cute_kernels.kernels.gemm import Gemm
+
+        ab = cutlass.Float8E4M3FN
+        out = dtypes.cutlass_of(p["out_dtype"])
+        s = schedule_of(p)
+
+        def sym(div=1):
+            return cute.sym_int32(divisibility=div)
+
+        m, n, k, batch, kb, nb = sym(), sym(), sym(), sym(), sym(), sym()
+        a = cute.runtime.make_fake_tensor(ab, (m, k, batch), stride=(sym(16), 1, sym(16)), assumed_align=16)
+        b = cute.runtime.make_fake_tensor(ab, (n, k, batch), stride=(sym(16), 1, sym(16)), assumed_align=16)
+        d = cute.runtime.make_fake_tensor(out, (m, n, batch), stride=(sym(8), 1, sym(8)), assumed_align=16)
+        f32 = cutlass.Float32
+        sa = cute.runtime.make_fake_tensor(f32, (m, kb, batch), stride=(1, sym(4), sym(4)), assumed_align=16)
+        sb = cute.runtime.make_fake_tensor(f32, (nb, kb, batch), stride=(sym(), sym(), sym()), assumed_align=4)
+        return Gemm(ab, out, s, blockwise=True).fp8, (a, b, d, sa, sb, Int32(1), fake_stream())
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"schedule": "pingpong", "tile_m": 64})]
+
+    def sweep(self):
+        return self.representative() + [
+            self.resolve({"tile_n": 64}), self.resolve({"schedule": "pingpong", "tile_m": 64, "tile_n": 64}),
+            self.resolve({"cluster_m": 1, "persistent": False}), self.resolve({"out_dtype": "fp16"})]
+
+
+FP8_GEMM = Fp8GemmSpec(
+    name="fp8_gemm",
+    family="gemm",
+    lesson=13,
+    summary="FP8 e4m3 GEMM with 1x128 / 128x128 fp32 block scales, two-level (promoted) accumulation, "
+            "on the Hopper GEMM's TMA pipeline and warp roles",
+    ops=("fp8_gemm", "quantize_1x128", "quantize_128x128"),
+    status="ready",
+    params={
+        "out_dtype": Param("bf16", OUT_DTYPES, "signature", "output element type"),
+        "schedule": Param("cooperative", KINDS, help="consumer warpgroups: split one tile, or alternate tiles"),
+        "tile_m": Param(128, (64, 128), help="CTA tile rows (cooperative 128, ping-pong 64)"),
+        "tile_n": Param(128, (64, 128), help="CTA tile columns (a scale block or half of one)"),
+        "cluster_m": Param(2, (1, 2), help="CTAs per cluster along M (share B by multicast)"),
+        "cluster_n": Param(1, (1, 2), help="CTAs per cluster along N (share A by multicast)"),
+        "stages": Param(0, (0, 2, 3, 4, 5, 6), help="A/B/scale smem stages (0: as many as fit)"),
+        "raster_group": Param(8, (1, 2, 4, 8, 16), help="cluster-rows per raster group"),
+        "persistent": Param(True, (True, False), help="persistent CTAs walking tiles, or one tile each"),
+    },
+)

@@ -1,0 +1,91 @@
+"""Schedules of the FP8 block-scaled GEMM (curriculum lesson 13): the Hopper GEMM's schedules
+(`schedules.gemm.GemmSchedule`) restricted to what two-level accumulation allows.
+
+* tile_k = 128: one pipeline stage is one scale block along K (A scales are 1x128, B scales
+  128x128), so the promotion happens once per stage.
+* two fp32 accumulators per thread (the running sum and the block's temporary): a consumer
+  warpgroup's rows x tile_n / 128 values each, at most `MAX_PROMOTED_ACC` together with the
+  temporary so nothing spills (cooperative 128x128: 64 + 64; 128x256 would need 256 registers).
+* tile_n divides 128 or is a multiple of 128, so a tile column's B-scale block is known when the
+  kernel is traced (tile_n = 192 would straddle scale blocks differently from tile to tile).
+* each stage also holds the tile's A scales (tile_m fp32, one TMA box), so the stage count is
+  recomputed here with those bytes included.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from schedules.gemm import BARRIER_BYTES, SMEM_BYTES, GemmSchedule, estimate
+
+SCALE_BLOCK = 128  # K (and B's N) elements per scale
+MAX_PROMOTED_ACC = 128  # fp32 registers per thread for accumulator + temporary
+FP8_TILES = (("cooperative", 128, 128), ("pingpong", 64, 128), ("cooperative", 128, 64), ("pingpong", 64, 64))
+_FP8_EFF = {("cooperative", 128, 128): 1.0, ("pingpong", 64, 128): 0.8, ("cooperative", 128, 64): 0.75,
+            ("pingpong", 64, 64): 0.55}
+
+
+def acc_per_thread(s: GemmSchedule) -> int:
+    return s.tile_m // s.consumers_per_tile * s.tile_n // 128
+
+
+def promoted_error(s: GemmSchedule) -> str | None:
+    """Why schedule `s` cannot run the promoted FP8 mainloop (None when it can)."""
+    if s.tile_k != SCALE_BLOCK:
+        return f"tile_k must be {SCALE_BLOCK} (one scale block per stage), got {s.tile_k}"
+    if not (SCALE_BLOCK % s.tile_n == 0 or s.tile_n % SCALE_BLOCK == 0):
+        return f"tile_n must divide {SCALE_BLOCK} or be a multiple of it, got {s.tile_n}"
+    if 2 * acc_per_thread(s) > MAX_PROMOTED_ACC:
+        return (f"{s.kind} {s.tile_m}x{s.tile_n}: 2 x {acc_per_thread(s)} fp32 accumulators per thread "
+                f"(sum + block temporary) > {MAX_PROMOTED_ACC}; use 128x128 cooperative or 64x128 ping-pong")
+    return None
+
+
+def scale_stage_bytes(s: GemmSchedule) -> int:
+    return s.tile_m * 4
+
+
+def fp8_stages(s: GemmSchedule, out_bytes: int = 2) -> int:
+    """A/B/A-scale stages that fit in shared memory beside the epilogue buffers (at most 8)."""
+    free = SMEM_BYTES - BARRIER_BYTES - s.epi_bytes(out_bytes)
+    return max(2, min(8, free // (s.stage_bytes(1) + scale_stage_bytes(s))))
+
+
+def fp8_schedule(kind: str = "cooperative", tile_m: int = 128, tile_n: int = 128, cluster_m: int = 2,
+                 cluster_n: int = 1, stages: int = 0, raster_group: int = 8, persistent: bool = True) -> GemmSchedule:
+    """A GemmSchedule for the FP8 GEMM (tile_k 128, stages counted with the scale boxes); raises
+    ValueError naming the problem if the promoted mainloop cannot run it."""
+    s = GemmSchedule(kind=kind, tile_m=tile_m, tile_n=tile_n, tile_k=SCALE_BLOCK, cluster_m=cluster_m,
+                     cluster_n=cluster_n, stages=stages, raster_group=raster_group, persistent=persistent)
+    err = promoted_error(s)
+    if err:
+        raise ValueError(err)
+    if not stages:
+        s = GemmSchedule(**{**s.__dict__, "stages": fp8_stages(s)})
+    need = s.stages * (s.stage_bytes(1) + scale_stage_bytes(s)) + s.epi_bytes(2) + BARRIER_BYTES
+    if need > SMEM_BYTES:
+        raise ValueError(f"{s.stages} stages need {need} bytes of shared memory > {SMEM_BYTES}")
+    return s
+
+
+@functools.lru_cache(maxsize=4096)
+def default_fp8_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: int = 132) -> GemmSchedule:
+    """The FP8 tile with the least modelled time (`schedules.gemm.estimate`'s wave model with the
+    FP8 tiles' own efficiencies), clustered 2x1 when there are at least two tile rows."""
+    best = None
+    for knd, tm, tn in FP8_TILES:
+        if kind and knd != kind:
+            continue
+        cm = 2 if -(-m // tm) >= 2 else 1
+        s = fp8_schedule(knd, tm, tn, cluster_m=cm)
+        t = estimate(s, m, n, k, 1, num_sms) * _eff_correction(s)
+        if best is None or t < best[0] * 0.999:
+            best = (t, s)
+    return best[1]
+
+
+def _eff_correction(s: GemmSchedule) -> float:
+    """`estimate` divides by the bf16 tile efficiency table; correct it to the FP8 one."""
+    from schedules.gemm import _TILE_EFF
+
+    return _TILE_EFF.get((s.kind, s.tile_m, s.tile_n), 0.5) / _FP8_EFF[(s.kind, s.tile_m, s.tile_n)]
