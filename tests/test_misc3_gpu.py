@@ -1,6 +1,9 @@
 """GEMV, SiLU/SwiGLU, ArgMax and transposes on the GPU: fp64 references, dtype-aware bounds,
 NaN-poisoned outputs, edge shapes (0/1 rows, 769, 5125), non-contiguous inputs, argmax ties and NaN,
-bitwise transposes for all four variants, autograd against torch."""
+bitwise transposes for all four variants, autograd against torch.
+
+Parametrizations cover each size class once per dtype (not the full product), so the whole file
+runs in about a minute on an H200 with a cold compile cache."""
 
 import pytest
 import torch
@@ -16,8 +19,8 @@ VARIANTS = ["naive", "smem", "swizzle", "tma"]
 
 # --- GEMV ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,k", [(1, 1), (1, 4096), (769, 5125), (4096, 4096), (3, 16384), (5125, 64)])
-@pytest.mark.parametrize("cols", [0, 1, 3, 8])
+@pytest.mark.parametrize("n,k,cols", [(1, 1, 0), (1, 4096, 1), (769, 5125, 3), (4096, 4096, 8), (3, 16384, 0),
+                                      (5125, 64, 8), (769, 5125, 0)])
 def test_gemv(dtype, n, k, cols):
     import cute_kernels as ck
 
@@ -50,25 +53,42 @@ def test_gemv_layouts_and_determinism():
 
 
 # --- SiLU / SwiGLU -------------------------------------------------------------------------------
-def _close(out, ref, dtype, scale=4):
+def _close(out, ref, dtype, torch_out, scale=None, ulps=None):
+    """out against the fp64 `ref`, element by element: within twice torch's own worst error relative to
+    `scale` (torch_out vs ref) plus `ulps` ulps of `scale` (default |ref|; for a sum of terms that can
+    cancel, pass the magnitude of the terms). One ulp <= 2 * EPS * |x|; below the smallest normal the
+    spacing is tiny * 2 * EPS, so `ulps` of that cover subnormal results and exact zeros."""
+    assert out.shape == ref.shape and out.dtype == dtype
+    if ulps is None:  # bf16/fp16: one rounding of an fp32 result; fp32: fast exp + a few roundings
+        ulps = 4 if dtype == torch.float32 else 1
+    if ref.numel() == 0:
+        return
+    scale = ref.abs() if scale is None else scale
+    tiny = torch.finfo(dtype).tiny
     err = (out.double() - ref).abs()
-    bound = scale * EPS[dtype] * ref.abs() + scale * EPS[dtype] * 1e-3 * (ref.abs().max() + 1e-30)
-    assert (err <= bound).all(), f"max err {err.max().item()}"
+    torch_rel = ((torch_out.double() - ref).abs() / (scale + tiny)).max().item()
+    bound = (2 * torch_rel + ulps * 2 * EPS[dtype]) * (scale + tiny)
+    bad = err > bound
+    assert not bad.any(), (f"{int(bad.sum())} of {err.numel()} beyond 2x torch's relative error {torch_rel:.3g} + "
+                           f"{ulps} ulps: worst err {err.max().item():.3g}, ours/scale "
+                           f"{(err / (scale + tiny)).max().item():.3g}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(0,), (1,), (769,), (5125, 3), (64, 11008), (1 << 22) + 3])
+@pytest.mark.parametrize("shape", [(0,), (1,), (769,), (5125, 3), (1 << 22) + 3])
 def test_silu_swiglu_forward(dtype, shape):
     import cute_kernels as ck
 
     shape = shape if isinstance(shape, tuple) else (shape,)
     g, u = randn(*shape, dtype=dtype), randn(*shape, dtype=dtype)
-    sd = torch.sigmoid(g.double())
+    gd, ud = g.double(), u.double()
+    sd = torch.sigmoid(gd)
     y = ck.silu(g)
     assert y.shape == g.shape and y.dtype == dtype and not torch.isnan(y).any()
-    _close(y, g.double() * sd, dtype)
+    _close(y, gd * sd, dtype, F.silu(g))
     out = ck.swiglu(g, u)
-    _close(out, g.double() * sd * u.double(), dtype)
+    assert not torch.isnan(out).any()
+    _close(out, gd * sd * ud, dtype, F.silu(g) * u)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -79,18 +99,22 @@ def test_swiglu_backward_vs_fp64_and_torch(dtype):
     u = randn(513, 1031, dtype=dtype).requires_grad_()
     dout = randn(513, 1031, dtype=dtype)
     ck.swiglu(g, u).backward(dout)
-    gd, ud, dd = g.double(), u.double(), dout.double()
-    s = torch.sigmoid(gd)
-    _close(g.grad, dd * ud * s * (1 + gd * (1 - s)), dtype, scale=8)
-    _close(u.grad, dd * gd * s, dtype, scale=8)
     gt, ut = g.detach().clone().requires_grad_(), u.detach().clone().requires_grad_()
     (F.silu(gt) * ut).backward(dout)
-    assert (g.grad.double() - gt.grad.double()).abs().max() <= 16 * EPS[dtype] * gt.grad.double().abs().max()
+    gd, ud, dd = g.double(), u.double(), dout.double()
+    s = torch.sigmoid(gd)
+    # silu'(g) = s * (1 + g * (1 - s)) cancels near g = -1.28: bound by the terms' magnitude there
+    _close(g.grad, dd * ud * s * (1 + gd * (1 - s)), dtype, gt.grad, scale=(dd * ud * s * (1 + (gd * (1 - s)).abs())).abs())
+    _close(u.grad, dd * gd * s, dtype, ut.grad)
     x = randn(777, dtype=dtype).requires_grad_()
-    ck.silu(x).backward(dout.view(-1)[:777])
+    dy = dout.view(-1)[:777]
+    ck.silu(x).backward(dy)
+    xt = x.detach().clone().requires_grad_()
+    F.silu(xt).backward(dy)
     xd = x.double()
     sx = torch.sigmoid(xd)
-    _close(x.grad, dout.view(-1)[:777].double() * sx * (1 + xd * (1 - sx)), dtype, scale=8)
+    _close(x.grad, dy.double() * sx * (1 + xd * (1 - sx)), dtype, xt.grad,
+           scale=(dy.double() * sx * (1 + (xd * (1 - sx)).abs())).abs())
 
 
 def test_swiglu_non_contiguous_and_compile():
@@ -98,18 +122,19 @@ def test_swiglu_non_contiguous_and_compile():
 
     h = randn(300, 2 * 1000, dtype=torch.bfloat16)
     g, u = h[:, :1000], h[:, 1000:]  # halves of a fused projection: copied first
-    _close(ck.swiglu(g, u), F.silu(g.double()) * u.double(), torch.bfloat16)
+    _close(ck.swiglu(g, u), F.silu(g.double()) * u.double(), torch.bfloat16, F.silu(g) * u)
     odd = randn(10001, dtype=torch.float16)[1:]  # misaligned: scalar variant
-    _close(ck.silu(odd), F.silu(odd.double()), torch.float16)
+    _close(ck.silu(odd), F.silu(odd.double()), torch.float16, F.silu(odd))
     f = torch.compile(lambda a, b: ck.swiglu(a, b) + 1, fullgraph=True)
     a, b = randn(64, 4096), randn(64, 4096)
     assert torch.equal(f(a, b), ck.swiglu(a, b) + 1)
 
 
 # --- ArgMax --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 1), (1, 31), (3, 769), (1000, 4096), (5125, 7), (2, 1 << 22 | 5),
-                                   (1, 50_000_003), (257, 128)])
+@pytest.mark.parametrize("dtype,shape", [
+    *[(d, s) for d in DTYPES for s in [(1, 31), (3, 769), (5125, 7), (2, 1 << 22 | 5)]],
+    (torch.bfloat16, (1, 1)), (torch.float16, (1000, 4096)), (torch.float32, (1, 50_000_003)),
+    (torch.bfloat16, (257, 128))])
 def test_argmax_exact(dtype, shape):
     import cute_kernels as ck
     from cute_kernels.ops.argmax import _argmax_rows
@@ -170,16 +195,16 @@ def test_argmax_strided_deterministic_keepdim():
 # --- Transpose -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 1), (1, 8), (64, 64), (769, 5125), (5125, 769), (1024, 4096), (8, 4096),
-                                   (4096, 8), (3, 128, 200), (5, 769, 33), (2, 1000, 1000)])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 8), (64, 64), (769, 5125), (8, 4096), (4096, 8), (3, 128, 200),
+                                   (5, 769, 33), (2, 1000, 1000)])
 def test_transpose_bitwise(variant, dtype, shape):
     import cute_kernels as ck
 
     x = randn(*shape, dtype=dtype)
-    ref = x.transpose(-2, -1).contiguous()
+    ref = x.transpose(-2, -1).contiguous()  # (1, 8) -> (8, 1) keeps stride (1, 8): compare flattened
     out = ck.transpose(x, variant=variant)
     assert out.shape == ref.shape and out.is_contiguous()
-    assert torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
+    assert torch.equal(out.flatten().view(torch.uint8), ref.flatten().view(torch.uint8))
 
 
 def test_transpose_poisoned_and_odd_layouts():
