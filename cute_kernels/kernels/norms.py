@@ -225,7 +225,9 @@ class NormBwd(_RowKernel):
             pv = sl.view(partial[bidx, None])
             for k in cutlass.range_constexpr(self.vpt):
                 total = buf[None, k, sl.lane, 0].load()
-                for g in cutlass.range_constexpr(1, self.rows_per_cta):
+                # A runtime loop: short rows put up to 256 row groups in a CTA, and unrolling them
+                # all (x vpt) made the kernel take a minute to compile.
+                for g in cutlass.range(1, self.rows_per_cta, unroll=4):
                     total = total + buf[None, k, sl.lane, g].load()
                 if sl.valid(k):
                     pv[None, sl.index(k)].store(total)

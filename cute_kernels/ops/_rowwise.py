@@ -40,17 +40,29 @@ def vector_ok(*ts) -> bool:
     return True
 
 
-def launch_params(name: str, x2: torch.Tensor, *others, **signature):
-    """(compiled kernel, plan, max_ctas) for kernel `name` on the (M, N) matrix x2 (+ operands that
-    must share its vector class)."""
-    m, n = x2.shape
-    aligned = vector_ok(x2, *others)
-    vec = 16 // x2.element_size() if aligned else 1
-    index64 = max(m * max(x2.stride(0), n), n) > INDEX32_LIMIT
+def plan_for(name: str, dtype: torch.dtype, n: int, aligned: bool):
+    """The held-row plan kernel `name` uses for rows of `n` elements (ValueError naming x past its capacity)."""
+    vec = 16 // dtype.itemsize if aligned else 1
     try:
-        plan = plan_held_rows(n, vec, **HELD_TUNED[tuning_of(name)])
+        return plan_held_rows(n, vec, **HELD_TUNED[tuning_of(name)])
     except ValueError as e:
         raise ValueError(f"x: {e}; {name.split('.')[0]} supports rows up to that length") from None
+
+
+def kernel_params(name: str, dtype: torch.dtype, n: int, aligned: bool, index64: bool = False, **signature) -> dict:
+    """The catalogue parameters of the kernel the ops run for (M, n) rows: what `launch_params`
+    compiles, and what a test or bench can precompile (`cute_kernels.precompile.precompile`)."""
+    plan = plan_for(name, dtype, n, aligned)
+    return dict(dtype=dtypes.name_of(dtype), aligned=aligned, index64=index64, **config_of(plan), **signature)
+
+
+def launch_params(name: str, x2: torch.Tensor, *others, **signature):
+    """(compiled kernel, plan) for kernel `name` on the (M, N) matrix x2 (+ operands that must
+    share its vector class)."""
+    m, n = x2.shape
+    aligned = vector_ok(x2, *others)
+    index64 = max(m * max(x2.stride(0), n), n) > INDEX32_LIMIT
+    plan = plan_for(name, x2.dtype, n, aligned)
     key = (name, x2.dtype, aligned, index64, plan, tuple(sorted(signature.items())))
     fn = _fns.get(key)
     if fn is None:
