@@ -19,6 +19,7 @@ Speed: a module fixture compiles every kernel the tests use ahead, in parallel p
 CK_TEST_PRECOMPILE=0 to skip that (each kernel then compiles in the test, ~1.5 s each)."""
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -121,8 +122,11 @@ def compiled_ahead():
     from cute_kernels.precompile import precompile
 
     items = _kernels_used()
-    count, secs = precompile(items, jobs=min(16, os.cpu_count() or 1))
-    print(f"\nrow-wise GPU tests: {count} kernels compiled ahead in {secs:.1f} s")
+    try:
+        count, secs = precompile(items, jobs=min(16, os.cpu_count() or 1))
+        print(f"\nrow-wise GPU tests: {count} kernels compiled ahead in {secs:.1f} s")
+    except Exception as e:  # the test that needs the kernel then fails by name, compiling it itself
+        warnings.warn(f"row-wise GPU tests: compiling ahead failed ({type(e).__name__}: {e})", RuntimeWarning)
 
 
 @pytest.fixture(autouse=True)
