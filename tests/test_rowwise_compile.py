@@ -36,6 +36,35 @@ def test_aligned_rows_use_128bit_accesses(name, tmp_path):
     assert "barrier.cluster" not in ptx and "mapa" not in ptx
 
 
+def skipped_partial_loads(ptx: str) -> int:
+    """How many `ld.shared` right after a `bar.sync` (before the next shuffle/barrier) a branch can
+    skip. The CTA stage of `group_reduce` must load a warp partial in every lane: when only lanes
+    < warps_per_row loaded (the rest padded with 0), the butterfly over warps_per_row lanes left the
+    other lanes with 0 (the first H200 run: RMSNorm rstd = rsqrt(eps), errors ~1e4)."""
+    skipped, after_bar, branch = 0, False, False
+    for line in ptx.splitlines():
+        op = line.strip()
+        if op.startswith("bar.sync"):
+            after_bar, branch = True, False
+        elif after_bar and op.startswith(("shfl.sync", "barrier.", "ret")):
+            after_bar = False
+        elif after_bar and " bra" in f" {op}":
+            branch = True
+        elif after_bar and op.startswith("ld.shared"):
+            skipped += branch
+            after_bar = False
+    return skipped
+
+
+@pytest.mark.parametrize("name", ["rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "log_softmax.bwd",
+                                  "cross_entropy.fwd"])
+def test_every_lane_loads_a_warp_partial(name, tmp_path):
+    p = _params(name, 4096)
+    assert p["threads_per_row"] > 32  # the CTA stage of the reduction exists
+    _, ptx = _compile(name, p, tmp_path)
+    assert "ld.shared" in ptx and skipped_partial_loads(ptx) == 0
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_odd_rows_use_the_scalar_variant(name, tmp_path):
     report, _ = _compile(name, _params(name, 769, aligned=False), tmp_path)
