@@ -19,3 +19,8 @@ from cute_kernels.ops.norms import layer_norm, rms_norm  # noqa: E402
 from cute_kernels.ops.softmax import cross_entropy, log_softmax, softmax  # noqa: E402
 
 __all__ += ["cross_entropy", "layer_norm", "log_softmax", "rms_norm", "softmax"]
+
+# Lesson 13: FP8 block-scaled GEMM and its quantizers.
+from cute_kernels.ops.fp8_gemm import fp8_gemm, quantize_1x128, quantize_128x128  # noqa: E402
+
+__all__ += ["fp8_gemm", "quantize_1x128", "quantize_128x128"]

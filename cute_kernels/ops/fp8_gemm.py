@@ -1,0 +1,266 @@
+"""Torch ops of lesson 13: the FP8 block-scaled GEMM and the quantizers that feed it.
+
+    x_q, sa = ck.quantize_1x128(x)          # activations (M, K): one scale per row per 128 columns
+    w_q, sb = ck.quantize_128x128(w)        # weights (N, K): one scale per 128 x 128 block
+    y = ck.fp8_gemm(x_q, sa, w_q, sb)       # (M, N) bf16 = (x_q * sa) @ (w_q * sb)^T
+
+Shapes and layouts (validated, errors name the argument):
+
+* a (M, K) and b (N, K): float8_e4m3fn, unit stride along K (b is the weight as stored by
+  nn.Linear, "NT"). Other layouts, or K not a multiple of 16, are copied first (zero-padded in K).
+* sa (M, ceil(K/128)) float32. The kernel reads it MN-major with the column stride a multiple of 4
+  ("TMA-aligned", `tma_aligned_scales`); `quantize_1x128` returns it that way already, any other
+  layout is copied into it (M x K/128 x 4 bytes: small beside A).
+* sb (ceil(N/128), ceil(K/128)) float32, any strides.
+* the result is a new (M, N) tensor of `out_dtype` (bf16 by default, or fp16), fp32 accumulation
+  promoted every 128 K (see `collectives.wgmma_mainloop.mma_k_tiles_promoted`).
+
+Quantization (`quantize_1x128`, `quantize_128x128`): per block, amax = max |x| (at least 1e-4),
+scale = amax / 448 (448 = e4m3's largest finite value), rounded up to a power of two when
+`ue8m0=True` (UE8M0 scales: only an exponent); q = e4m3(x * (1 / scale)), round-to-nearest-even,
+saturating (|x * (1/scale)| <= 448 by construction, up to one rounding). These are torch
+implementations: the reference the GEMM tests use, exact and deterministic; the dequantized value
+is q * scale.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import dtypes
+from cute_kernels.ops._checks import direct_call_ok, register_op
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+BLOCK = 128
+OUT_TORCH = (torch.bfloat16, torch.float16)
+_fns: dict[tuple, tuple] = {}
+
+
+def _blocks(x: int) -> int:
+    return -(-x // BLOCK)
+
+
+def _check_operand(name, t, rows_name):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device, got device '{t.device}'")
+    if t.dtype != E4M3:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected torch.float8_e4m3fn (quantize it with "
+                        f"ck.quantize_1x128 / ck.quantize_128x128)")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D ({rows_name}, K), got shape {tuple(t.shape)}")
+
+
+def _check_scale(name, s, shape, what, device):
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
+    if s.dtype != torch.float32:
+        raise TypeError(f"{name} has dtype {s.dtype}; expected torch.float32 ({what})")
+    if tuple(s.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} ({what}), got {tuple(s.shape)}")
+    if s.device != device:
+        raise ValueError(f"{name} is on {s.device} but a is on {device}")
+
+
+def _check(a, sa, b, sb, out_dtype):
+    _check_operand("a", a, "M")
+    _check_operand("b", b, "N")
+    if a.device != b.device:
+        raise ValueError(f"a is on {a.device} but b is on {b.device}")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)}: K differs ({a.shape[1]} vs {b.shape[1]}); "
+                         "b is (N, K), the weight as stored")
+    m, k = a.shape
+    n = b.shape[0]
+    _check_scale("sa", sa, (m, _blocks(k)), "one per row of a per 128 columns", a.device)
+    _check_scale("sb", sb, (_blocks(n), _blocks(k)), "one per 128 x 128 block of b", a.device)
+    if out_dtype is not None and out_dtype not in OUT_TORCH:
+        raise TypeError(f"out_dtype must be bfloat16, float16 or None, got {out_dtype}")
+
+
+# --- layouts the kernel reads -------------------------------------------------------------------
+def tma_aligned_scales(sa: torch.Tensor) -> torch.Tensor:
+    """sa (M, KB) as the kernel reads it: unit stride along M, K-block stride a multiple of 4
+    elements (16 bytes) and at least M, 16-byte aligned base. Returns sa itself when it already is,
+    else a copy (DeepGEMM's `get_mn_major_tma_aligned_tensor`)."""
+    m, kb = sa.shape
+    if sa.stride(0) == 1 and sa.stride(1) % 4 == 0 and sa.stride(1) >= m and sa.data_ptr() % 16 == 0:
+        return sa
+    mp = -(-m // 4) * 4
+    buf = torch.empty(kb, mp, dtype=sa.dtype, device=sa.device)
+    buf[:, :m] = sa.t()
+    return buf[:, :m].t()
+
+
+def _k_major(x: torch.Tensor) -> torch.Tensor:
+    """x (rows, K) with unit stride along K, a 16-byte aligned row stride and base (TMA's rules),
+    copied (K zero-padded to a multiple of 16) when it is not."""
+    rows, k = x.shape
+    if x.stride(1) == 1 and x.stride(0) % 16 == 0 and k % 16 == 0 and x.data_ptr() % 16 == 0:
+        return x
+    kp = -(-k // 16) * 16
+    buf = torch.zeros(rows, kp, dtype=x.dtype, device=x.device)
+    buf[:, :k] = x
+    return buf
+
+
+def _as3(x: torch.Tensor) -> torch.Tensor:
+    """(rows, cols) -> (rows, cols, 1) with a batch stride TMA accepts (never followed)."""
+    return x.unsqueeze(-1).as_strided((*x.shape, 1), (*x.stride(), 16 * (x.shape[0] + x.shape[1]) * 4))
+
+
+def _compiled(out_dtype, sched, device):
+    key = (out_dtype, sched, device)
+    hit = _fns.get(key)
+    if hit is None:
+        from cute_kernels.specs_fp8 import FP8_GEMM, params_for
+        from schedules.hardware import num_sms
+
+        fn = FP8_GEMM.compiled(**params_for(sched, out_dtype=dtypes.name_of(out_dtype)))
+        hit = _fns[key] = (fn, num_sms(device))
+    return hit
+
+
+def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None):
+    from schedules.fp8_gemm import default_fp8_schedule
+    from schedules.gemm import grid as tile_grid
+
+    _check(a, sa, b, sb, out_dtype)
+    out_dtype = out_dtype or torch.bfloat16
+    m, k = a.shape
+    n = b.shape[0]
+    if m == 0 or n == 0:
+        return torch.empty(m, n, dtype=out_dtype, device=a.device)
+    if k == 0:
+        return torch.zeros(m, n, dtype=out_dtype, device=a.device)
+    a, b = _k_major(a), _k_major(b)
+    sa = tma_aligned_scales(sa)
+    npad = -(-n // 8) * 8
+    out = torch.empty(m, npad, dtype=out_dtype, device=a.device)
+    d = out[:, :n] if npad != n else out
+    sched = schedule or default_fp8_schedule(m, n, k)
+    fn, sms = _compiled(out_dtype, sched, a.get_device())
+    max_clusters = tile_grid(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms)[2]
+    fn(_as3(a), _as3(b), _as3(d), _as3(sa), _as3(sb), max_clusters)
+    return d
+
+
+def _fp8_gemm_fake(a, sa, b, sb, out_dtype=None):
+    _check(a, sa, b, sb, out_dtype)
+    return torch.empty(a.shape[0], b.shape[0], dtype=out_dtype or torch.bfloat16, device=a.device)
+
+
+register_op("cute_kernels::fp8_gemm", "(Tensor a, Tensor sa, Tensor b, Tensor sb, ScalarType? out_dtype=None) -> Tensor",
+            _fp8_gemm_cuda, _fp8_gemm_fake)
+
+
+def fp8_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+             out_dtype: torch.dtype | None = torch.bfloat16) -> torch.Tensor:
+    """(a * sa) @ (b * sb)^T: a (M, K) and b (N, K) float8_e4m3fn, sa (M, ceil(K/128)) and
+    sb (ceil(N/128), ceil(K/128)) float32 block scales; returns (M, N) `out_dtype`."""
+    if direct_call_ok(a, sa, b, sb):
+        return _fp8_gemm_cuda(a, sa, b, sb, out_dtype)
+    return torch.ops.cute_kernels.fp8_gemm(a, sa, b, sb, out_dtype)
+
+
+# --- quantization (torch reference implementations) ----------------------------------------------
+def _check_quant_input(name, x):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"{name} has dtype {x.dtype}; supported: bfloat16, float16, float32")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {tuple(x.shape)}")
+
+
+def _scale_of(amax: torch.Tensor, ue8m0: bool) -> torch.Tensor:
+    s = amax.float().clamp(min=1e-4) / E4M3_MAX
+    if ue8m0:
+        s = torch.exp2(torch.ceil(torch.log2(s)))
+    return s
+
+
+def quantize_1x128_reference(x: torch.Tensor, ue8m0: bool = False):
+    """(q (M, K) e4m3, sa (M, ceil(K/128)) fp32 in the GEMM's TMA-aligned MN-major layout)."""
+    m, k = x.shape
+    kb = _blocks(k)
+    xp = torch.nn.functional.pad(x.float(), (0, kb * BLOCK - k)).view(m, kb, BLOCK)
+    s = _scale_of(xp.abs().amax(dim=2), ue8m0)  # (M, KB)
+    q = (xp * (1.0 / s).unsqueeze(2)).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).view(m, kb * BLOCK)[:, :k]
+    mp = -(-m // 4) * 4
+    sa = torch.zeros(kb, mp, dtype=torch.float32, device=x.device)
+    sa[:, :m] = s.t()
+    return q.contiguous(), sa[:, :m].t()
+
+
+def quantize_128x128_reference(w: torch.Tensor, ue8m0: bool = False):
+    """(q (N, K) e4m3, sb (ceil(N/128), ceil(K/128)) fp32 row-major)."""
+    n, k = w.shape
+    nb, kb = _blocks(n), _blocks(k)
+    wp = torch.nn.functional.pad(w.float(), (0, kb * BLOCK - k, 0, nb * BLOCK - n)).view(nb, BLOCK, kb, BLOCK)
+    s = _scale_of(wp.abs().amax(dim=(1, 3)), ue8m0)  # (NB, KB)
+    q = (wp * (1.0 / s).view(nb, 1, kb, 1)).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).view(nb * BLOCK, kb * BLOCK)[:n, :k]
+    return q.contiguous(), s.contiguous()
+
+
+def dequantize_1x128(q: torch.Tensor, sa: torch.Tensor) -> torch.Tensor:
+    """fp32 q * sa (sa repeated over each row's 128-column blocks)."""
+    return q.float() * sa.repeat_interleave(BLOCK, dim=1)[:, : q.shape[1]]
+
+
+def dequantize_128x128(q: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    """fp32 q * sb (sb repeated over each 128 x 128 block)."""
+    n, k = q.shape
+    return q.float() * sb.repeat_interleave(BLOCK, dim=0).repeat_interleave(BLOCK, dim=1)[:n, :k]
+
+
+def _quant_1x128_fake(x, ue8m0=False):
+    _check_quant_input("x", x)
+    m, k = x.shape
+    mp = -(-m // 4) * 4
+    return (torch.empty(m, k, dtype=E4M3, device=x.device),
+            torch.empty_strided((m, _blocks(k)), (1, mp), dtype=torch.float32, device=x.device))
+
+
+def _quant_128x128_fake(w, ue8m0=False):
+    _check_quant_input("w", w)
+    n, k = w.shape
+    return torch.empty(n, k, dtype=E4M3, device=w.device), torch.empty(_blocks(n), _blocks(k), device=w.device)
+
+
+def _quant_1x128_cuda(x, ue8m0=False):
+    _check_quant_input("x", x)
+    return quantize_1x128_reference(x, ue8m0)
+
+
+def _quant_128x128_cuda(w, ue8m0=False):
+    _check_quant_input("w", w)
+    return quantize_128x128_reference(w, ue8m0)
+
+
+def _device_checked(fn, name):
+    def impl(x, ue8m0=False):
+        if isinstance(x, torch.Tensor) and x.device.type != "cuda":
+            raise ValueError(f"{name} must be on a CUDA device, got device '{x.device}'")
+        return fn(x, ue8m0)
+
+    return impl
+
+
+register_op("cute_kernels::quantize_1x128", "(Tensor x, bool ue8m0=False) -> (Tensor, Tensor)",
+            _quant_1x128_cuda, _device_checked(_quant_1x128_fake, "x"))
+register_op("cute_kernels::quantize_128x128", "(Tensor w, bool ue8m0=False) -> (Tensor, Tensor)",
+            _quant_128x128_cuda, _device_checked(_quant_128x128_fake, "w"))
+
+
+def quantize_1x128(x: torch.Tensor, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations (M, K) bf16/fp16/fp32 -> (e4m3 (M, K), fp32 scales (M, ceil(K/128)) in the
+    layout `fp8_gemm` reads without a copy). `ue8m0`: power-of-two scales."""
+    return torch.ops.cute_kernels.quantize_1x128(x, ue8m0)
+
+
+def quantize_128x128(w: torch.Tensor, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights (N, K) -> (e4m3 (N, K), fp32 scales (ceil(N/128), ceil(K/128)))."""
+    return torch.ops.cute_kernels.quantize_128x128(w, ue8m0)
