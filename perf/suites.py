@@ -155,6 +155,12 @@ from perf import suite_rowwise as _rowwise  # noqa: E402
 SUITES.update(_rowwise.SUITES)
 PEERS.update(_rowwise.PEERS)
 
+# Lesson 13: FP8 block-scaled GEMM.
+from perf import suite_fp8 as _fp8  # noqa: E402
+
+SUITES.update(_fp8.SUITES)
+PEERS.update(_fp8.PEERS)
+
 
 def run(what: str, out_dir=None, shapes=None, quick=False) -> int:
 

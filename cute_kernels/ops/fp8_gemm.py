@@ -177,8 +177,10 @@ def _check_quant_input(name, x):
 
 def _scale_of(amax: torch.Tensor, ue8m0: bool) -> torch.Tensor:
     s = amax.float().clamp(min=1e-4) / E4M3_MAX
-    if ue8m0:
-        s = torch.exp2(torch.ceil(torch.log2(s)))
+    if ue8m0:  # 2^ceil(log2 s), on the bits (exact on every device): bump the exponent if any mantissa bit
+        bits = s.view(torch.int32)
+        exp = (bits >> 23) + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+        s = (exp << 23).view(torch.float32)
     return s
 
 

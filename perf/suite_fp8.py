@@ -1,0 +1,93 @@
+"""FP8 block-scaled GEMM benchmark suite (lesson 13): ours (`ck.fp8_gemm`, 1x128 activation and
+128x128 weight scales) beside torch._scaled_mm with the same blockwise scales (cuBLASLt; it refuses
+some shapes, e.g. N = 2112, shown n/a), and the bf16 GEMMs (ours and cuBLAS) on the unquantized
+inputs; TFLOP/s, ratios, and DeepGEMM's accuracy metric per shape."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from perf import harness as H
+
+PEAK_FP8_TFLOPS = 1978.9  # H100/H200 SXM dense fp8, by spec: the "% ceiling" column
+ISSUE_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+SHAPES = [(m, n, k) for m in (64, 128, 4096) for n, k in ISSUE_NK]
+QUICK = [(4096, 2112, 7168), (4096, 7168, 2048), (128, 7168, 2048)]
+
+
+def _diff(x, y) -> float:
+    x, y = x.double(), y.double()
+    return (1 - 2 * (x * y).sum() / (x * x + y * y).sum()).item()
+
+
+def _scaled_mm(a, sa, b, sb):
+    """torch._scaled_mm with BlockWise1x128 (a) and BlockWise128x128 (b) scales, or None when this
+    torch / cuBLASLt refuses the shape."""
+    scale_a = sa if sa.stride(0) == 1 and sa.stride(1) == sa.shape[0] else sa.t().contiguous().t()
+    fn = lambda: torch._scaled_mm(a, b.t(), scale_a, sb.t(), out_dtype=torch.bfloat16)  # noqa: E731
+    try:
+        fn()
+        torch.cuda.synchronize()
+    except (RuntimeError, ValueError) as e:
+        H.progress(f"    torch._scaled_mm refused: {str(e).splitlines()[0][:120]}")
+        return None
+    return fn
+
+
+def fp8_gemm(shapes=None, quick=False, ceilings=None):
+    import cute_kernels as ck
+    from cute_kernels.ops.fp8_gemm import dequantize_1x128, dequantize_128x128
+    from schedules.fp8_gemm import default_fp8_schedule
+
+    shapes = shapes or (QUICK if quick else SHAPES)
+    rows, notes, diffs = [], [], []
+    for m, n, k in shapes:
+        x, w = H.randn(m, k, seed=1), H.randn(n, k, seed=2)
+        a, sa = ck.quantize_1x128(x)
+        b, sb = ck.quantize_128x128(w)
+        flops = 2 * m * n * k
+        nbytes = m * k + n * k + m * n * 2 + (sa.numel() + sb.numel()) * 4
+        H.progress(f"  fp8_gemm {m}x{n}x{k}")
+        out = ck.fp8_gemm(a, sa, b, sb)
+        ref = dequantize_1x128(a, sa) @ dequantize_128x128(b, sb).t()
+        diff = _diff(out, ref)
+        del ref
+        t = H.do_bench(lambda: ck.fp8_gemm(a, sa, b, sb))["median_ms"]
+        refs = {}
+        sm = _scaled_mm(a, sa, b, sb)
+        if sm is not None:
+            refs["torch._scaled_mm"] = H.do_bench(sm)["median_ms"]
+        wt = w.t()
+        refs["ours bf16"] = H.do_bench(lambda: ck.gemm(x, wt))["median_ms"]
+        refs["cuBLAS bf16"] = H.do_bench(lambda: torch.matmul(x, wt))["median_ms"]
+        s = default_fp8_schedule(m, n, k)
+        rows.append(H.Row("fp8_gemm", "e4m3", f"{m}x{n}x{k}", nbytes, flops, t, refs, "tflops", PEAK_FP8_TFLOPS,
+                          note=f"{s}; diff {diff:.1e}"))
+        diffs.append((diff, f"{m}x{n}x{k}"))
+        notes.append(f"| {m}x{n}x{k} | {s} | {diff:.2e} |")
+    worst = max(diffs)
+    checks = [{"target": "DeepGEMM diff < 1e-3 vs fp32 on dequantized inputs, every shape",
+               "measured": f"max {worst[0]:.2e} ({worst[1]})", "ok": worst[0] < 1e-3}]
+    with_sm = [r for r in rows if "torch._scaled_mm" in r.refs_ms]
+    if with_sm:
+        geo = math.exp(sum(math.log(r.ratio("torch._scaled_mm")) for r in with_sm) / len(with_sm))
+        low = min(with_sm, key=lambda r: r.ratio("torch._scaled_mm"))
+        checks.append({"target": ">= 1.0x torch._scaled_mm blockwise (geomean)", "measured": f"{geo:.3f}x",
+                       "ok": geo >= 1.0})
+        checks.append({"target": "no shape below 0.9x torch._scaled_mm",
+                       "measured": f"min {low.ratio('torch._scaled_mm'):.3f}x ({low.shape})",
+                       "ok": low.ratio("torch._scaled_mm") >= 0.9})
+    big = [r for r in rows if r.shape.startswith("4096x")]
+    if big:
+        geo = math.exp(sum(math.log(r.ratio("ours bf16")) for r in big) / len(big))
+        checks.append({"target": "M = 4096: fp8 faster than our bf16 GEMM (geomean)", "measured": f"{geo:.3f}x",
+                       "ok": geo > 1.0})
+    extra = ("## Default schedule and accuracy per shape\n\n| shape | schedule | DeepGEMM diff |\n|---|---|---|\n"
+             + "\n".join(notes))
+    return rows, ["torch._scaled_mm", "ours bf16", "cuBLAS bf16"], checks, extra, {}
+
+
+SUITES = {"fp8_gemm": fp8_gemm}
+PEERS: dict[str, tuple[str, ...]] = {"fp8_gemm": ()}
