@@ -86,3 +86,65 @@ def rescale(m_local, state):
 def log_sum_exp(state):
     m, s = state
     return m + cute.math.log(s, fastmath=True)
+
+
+# --- attention: the state of each row of an S block held in registers (FlashAttention) ----------
+# A consumer warpgroup holds S = Q K^T for its rows as an MMA accumulator; in its (rows, columns)
+# view (`acc_rows_view`) each thread has a few rows and, for each, some columns, the rest of a row
+# being spread over `row_threads` neighbouring lanes. m is kept reduced over those lanes (every
+# lane of a row agrees on it); l is the thread's own partial sum, reduced once in `finalize_rows`.
+# Logits are in raw units (before the softmax scale): exponents are exp2(s * scale_log2 - m * scale_log2).
+
+
+def acc_rows_view(acc: cute.Tensor) -> cute.Tensor:
+    """A Hopper WGMMA accumulator ((2, 2, V), MMA_M, MMA_N) seen as (rows, columns) of the thread:
+    ((2, MMA_M), (2, V, MMA_N)). Element (r, c) is the same register as in `acc`."""
+    lay = cute.make_layout(acc.layout.shape)  # compact, in the accumulator's own index order
+    s, d = lay.shape, lay.stride
+    rows = cute.make_layout((s[0][1], s[1]), stride=(d[0][1], d[1]))
+    cols = cute.make_layout((s[0][0], s[0][2], s[2]), stride=(d[0][0], d[0][2], d[2]))
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, cute.make_layout(
+        (rows.shape, cols.shape), stride=(rows.stride, cols.stride))))
+
+
+@cute.jit
+def update_rows(s_rows: cute.Tensor, o_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, scale_log2: Float32,
+                row_threads: cutlass.Constexpr[int] = 4):
+    """Fold one block of logits into the row states: m = max(m, rowmax(S)); S becomes the
+    unnormalized probabilities exp(scale * (S - m)); the old l and O rows are rescaled by
+    exp(scale * (m_old - m)) and l gains the block's row sums. Fully masked rows (all -inf so far)
+    stay (-inf, 0) with zero probabilities: the exponent's reference is `finite_ref(m)`."""
+    for r in cutlass.range_constexpr(cute.size(s_rows, mode=[0])):
+        m_old = m[r]
+        mx = m_old
+        for c in cutlass.range_constexpr(cute.size(s_rows, mode=[1])):
+            mx = cute.arch.fmax(mx, s_rows[r, c])
+        mx = cute.arch.warp_reduction_max(mx, threads_in_group=row_threads)
+        m[r] = mx
+        ref = finite_ref(mx) * scale_log2
+        corr = cute.math.exp2(m_old * scale_log2 - ref, fastmath=True)
+        total = Float32(0.0)
+        for c in cutlass.range_constexpr(cute.size(s_rows, mode=[1])):
+            p = cute.math.exp2(s_rows[r, c] * scale_log2 - ref, fastmath=True)
+            s_rows[r, c] = p
+            total = total + p
+        lsum[r] = lsum[r] * corr + total
+        for c in cutlass.range_constexpr(cute.size(o_rows, mode=[1])):
+            o_rows[r, c] = o_rows[r, c] * corr
+
+
+@cute.jit
+def finalize_rows(o_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, lse: cute.Tensor, scale: Float32,
+                  row_threads: cutlass.Constexpr[int] = 4):
+    """O rows /= l (lsum: each thread's partial l); lse = scale * m + log(l) (natural log). A row that saw no key keeps O = 0 and
+    gets lse = -inf."""
+    for r in cutlass.range_constexpr(cute.size(o_rows, mode=[0])):
+        total = cute.arch.warp_reduction_sum(lsum[r], threads_in_group=row_threads)
+        inv = Float32(0.0)
+        out = Float32(NEG_INF)
+        if total > Float32(0.0):
+            inv = cute.arch.rcp_approx(total)
+            out = m[r] * scale + cute.math.log(total, fastmath=True)
+        lse[r] = out
+        for c in cutlass.range_constexpr(cute.size(o_rows, mode=[1])):
+            o_rows[r, c] = o_rows[r, c] * inv

@@ -223,7 +223,6 @@ _PLANNED = [
     ("flow_matching", "solver", 15, "flow-matching solver steps (described only)"),
     ("voxelize", "pointcloud", 16, "point-cloud voxelization (described only)"),
     ("fake_quant", "quant", 17, "QAT fake-quant with STE (described only)"),
-    ("flash_attn", "attention", 0, "FlashAttention forward/backward, split-KV decoding"),
 ]
 
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in (COPY, ADD, AXPBY, ROW_SUM)}
@@ -271,3 +270,9 @@ KERNELS.update({s.name: s for s in ROWWISE})
 from cute_kernels.specs_fp8 import FP8_GEMM  # noqa: E402
 
 register(FP8_GEMM)
+
+
+# Issue 6: FlashAttention forward on Hopper (FA3 warp-specialized); backward and split-KV decoding planned.
+from cute_kernels.specs_attention import FLASH_ATTN  # noqa: E402
+
+register(FLASH_ATTN)

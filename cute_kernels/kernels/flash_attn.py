@@ -1,0 +1,300 @@
+"""FlashAttention forward on Hopper, FA3-style warp-specialized (issue 6):
+O = softmax(scale * Q K^T [softcap] [mask]) V and the fp32 log-sum-exp per query row.
+
+Roofline: 4 * S_q * S_k * D * H * B FLOPs (two GEMMs; half of that with a causal mask), over
+(2 S_q + 2 S_k) * D * H * B * 2 bytes of Q, K, V, O. At S = 4096, D = 128 that is ~2 * 4096 = 8K
+FLOP/byte per head: tensor-core bound (H200: 989 TFLOP/s dense bf16 by spec; FA3 reaches
+~600-700 on H100 at long sequences). The exponentials are the second ceiling: one MUFU ex2 per S
+element, 16 ops/clk/SM against 4096 (bf16 dense) / (2 * 64 * D / ...) tensor FLOPs, hence the
+overlap of one warpgroup's softmax with the other's GEMMs.
+
+Schedule: `schedules.attention.AttentionSchedule` (one producer warp: TMA of the Q tile once, then K
+and V blocks through two rings of smem stages; two consumer warpgroups of 64 Q rows each: WGMMA
+S = Q K^T from smem, mask + online softmax in registers, WGMMA O += P V with P from registers;
+named barriers alternate the consumers' GEMMs). Collectives: `tma_pipeline` (smem atoms, TMA atoms,
+the stage rings), `wgmma_mainloop.acc_as_a_operand` (P as the register A operand),
+`attention_mask` (block ranges, elementwise mask, softcap), `online_softmax` (row states),
+`epilogue.store_tile` (O via stmatrix + TMA store, staged through the warpgroup's own Q rows).
+
+Tensors, as the kernel sees them: Q and O (S_q, D, H_q, B), K (S_k, D, H_kv, B), V (D, S_k, H_kv, B)
+(V^T: the B operand of P V is MN-major), LSE (S_q, H_q, B) fp32. D is static (a signature
+parameter), every other size and stride symbolic; the unit-stride mode is D. GQA: query head h reads
+K/V head h // (H_q / H_kv). Rows past S_q / S_k are zero-filled by TMA loads and clipped by TMA
+stores; key columns past S_k are masked.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from collectives import epilogue as epi
+from collectives.attention_mask import MaskKind, apply_mask, apply_softcap, block_needs_mask, n_block_range
+from collectives.online_softmax import NEG_INF, acc_rows_view, finalize_rows, update_rows
+from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma
+from collectives.vector_io import extent
+from collectives.wgmma_mainloop import acc_as_a_operand
+from schedules.attention import AttentionSchedule, tile_coords
+
+# Named barrier ids (0 is __syncthreads).
+_EPI_BAR = 1  # the O store of consumer warpgroup w: 1 + w
+_TURN_BAR = 3  # ping-pong: consumer warpgroup w may issue its GEMMs: 3 + w
+_EPI_TILE = (64, 32)
+_EPI_STAGES = 2
+
+
+class FlashAttnFwd:
+    def __init__(self, dtype, head_dim: int, schedule: AttentionSchedule, mask: MaskKind = MaskKind(),
+                 softcap: bool = False):
+        self.dtype, self.d, self.s = dtype, head_dim, schedule
+        self.mask, self.softcap = mask, softcap
+
+    @cute.jit
+    def __call__(
+        self,
+        q: cute.Tensor,
+        k: cute.Tensor,
+        v: cute.Tensor,
+        o: cute.Tensor,
+        lse: cute.Tensor,
+        scale_log2: Float32,
+        scale_lse: Float32,
+        scale_over_cap: Float32,
+        cap: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        stream,
+    ):
+        s, d, dt = self.s, self.d, self.dtype
+        k_major = LayoutEnum.from_tensor(k).sm90_mma_major_mode()
+        v_layout = LayoutEnum.from_tensor(v)
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, LayoutEnum.from_tensor(q).sm90_mma_major_mode(), k_major, Float32, (1, 1, 1),
+            tiler_mn=(64, s.tile_n))
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, warpgroup.OperandMajorMode.K, v_layout.sm90_mma_major_mode(), Float32, (1, 1, 1),
+            tiler_mn=(64, d), a_source=warpgroup.OperandSource.RMEM)
+        stages = s.num_stages(d, dt.width // 8)
+        # Q: one (64, D) stage per consumer warpgroup; K: (tile_n, D) K-major; V^T: (D, tile_n) MN-major.
+        sQ_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, 64, d, s.consumer_wgs)
+        sK_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, d, stages)
+        sV_layout = operand_smem_layout(v_layout, dt, d, s.tile_n, stages)
+        sO_layout = epi.smem_layout(LayoutEnum.ROW_MAJOR, dt, _EPI_TILE, _EPI_STAGES)
+        tma_q, tma_gq = operand_tma(q, sQ_layout, 64, d, 1)
+        tma_k, tma_gk = operand_tma(k, sK_layout, s.tile_n, d, 1)
+        tma_v, tma_gv = operand_tma(v, sV_layout, d, s.tile_n, 1)
+        tma_o, tma_go = epi.store_tma(o, sO_layout, _EPI_TILE)
+
+        @cute.struct
+        class Storage:
+            q_bars: cute.struct.MemRange[cutlass.Int64, 2]
+            k_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            v_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+
+        self.storage = Storage
+        q_tiles = (extent(q, 0) + s.tile_m - 1) // s.tile_m
+        self.kernel(tiled_mma_qk, tiled_mma_pv, tma_q, tma_gq, tma_k, tma_gk, tma_v, tma_gv, tma_o, tma_go, lse,
+                    scale_log2, scale_lse, scale_over_cap, cap, window_left, window_right,
+                    sQ_layout, sK_layout, sV_layout, sO_layout).launch(
+            grid=[cutlass.max(q_tiles, 1), cute.size(q, mode=[2]), cute.size(q, mode=[3])],
+            block=[s.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(
+        self,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        tma_o: cute.CopyAtom,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        scale_log2: Float32,
+        scale_lse: Float32,
+        scale_over_cap: Float32,
+        cap: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
+    ):
+        s, d, dt, kind = self.s, self.d, self.dtype, self.mask
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+        if warp == 0:
+            cpasync.prefetch_descriptor(tma_q)
+            cpasync.prefetch_descriptor(tma_k)
+            cpasync.prefetch_descriptor(tma_v)
+            cpasync.prefetch_descriptor(tma_o)
+
+        smem = cutlass.memory.SmemAllocator()
+        st = smem.allocate(self.storage)
+        stages = cute.size(sK_layout, mode=[2])
+        q_stage = cute.slice_(sQ_layout, (None, None, 0))
+        q_bytes = cute.size_in_bytes(dt, q_stage) * s.consumer_wgs
+        kv_bytes = cute.size_in_bytes(dt, cute.slice_(sK_layout, (None, None, 0)))
+        consumer_warps = 4 * s.consumer_wgs
+        pipe_q = make_pipeline(st.q_bars.data_ptr(), 1, q_bytes, (1, 1), consumer_warps)
+        pipe_k = make_pipeline(st.k_bars.data_ptr(), stages, kv_bytes, (1, 1), consumer_warps)
+        pipe_v = make_pipeline(st.v_bars.data_ptr(), stages, kv_bytes, (1, 1), consumer_warps)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+
+        # ---- the tile: (q tile, query head, batch); its K/V head; its K/V block range ----
+        seqlen_q = extent(mQ, 0)
+        seqlen_k = extent(mK, 0)
+        bx, by, bz = cute.arch.block_idx()
+        q_tiles = (seqlen_q + s.tile_m - 1) // s.tile_m
+        m_block, h, b = tile_coords(bx, by, bz, q_tiles, kind.right)
+        hk = h // (cute.size(mQ, mode=[2]) // cute.size(mK, mode=[2]))
+        n_min, n_max = n_block_range(m_block, s.tile_m, s.tile_n, seqlen_q, seqlen_k, window_left, window_right,
+                                     kind)
+        n_count = cutlass.max(n_max - n_min, 0)
+
+        # Global tiles: Q/O (64, D, q sub-tiles of 64 rows), K (tile_n, D, blocks), V^T (D, tile_n, blocks).
+        gQ = cute.local_tile(mQ[(None, None, h, b)], (64, d), (None, 0))
+        gK = cute.local_tile(mK[(None, None, hk, b)], (s.tile_n, d), (None, 0))
+        gV = cute.local_tile(mV[(None, None, hk, b)], (d, s.tile_n), (0, None))
+        gO = cute.local_tile(mO[(None, None, h, b)], (64, d), (None, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        if wg == 0:
+            # ---- producer: one warp loads Q once, then K and V of each block, last block first ----
+            cute.arch.setmaxregister_decrease(s.producer_regs)
+            if warp == 0:
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                pipe_q.producer_acquire(q_state)
+                q_bar = pipe_q.producer_get_barrier(q_state)
+                for w in cutlass.range_constexpr(s.consumer_wgs):
+                    cute.copy(tma_q, tQgQ[(None, m_block * s.consumer_wgs + w)], tQsQ[(None, w)], tma_bar_ptr=q_bar)
+                pipe_q.producer_commit(q_state)
+                kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+                for i in cutlass.range(n_count, unroll=1):
+                    n = n_max - 1 - i
+                    pipe_k.producer_acquire(kv)
+                    cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, kv.index)], tma_bar_ptr=pipe_k.producer_get_barrier(kv))
+                    pipe_k.producer_commit(kv)
+                    pipe_v.producer_acquire(kv)
+                    cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, kv.index)], tma_bar_ptr=pipe_v.producer_get_barrier(kv))
+                    pipe_v.producer_commit(kv)
+                    kv.advance()
+                pipe_k.producer_tail(kv)
+                pipe_v.producer_tail(kv)
+        else:
+            # ---- consumers: 64 Q rows each ----
+            cute.arch.setmaxregister_increase(s.consumer_regs)
+            cwg = wg - 1
+            tid = tidx % 128
+            thr_qk = tiled_mma_qk.get_slice(tid)
+            thr_pv = tiled_mma_pv.get_slice(tid)
+            tSrQ = tiled_mma_qk.make_fragment_A(thr_qk.partition_A(sQ))
+            tSrK = tiled_mma_qk.make_fragment_B(thr_qk.partition_B(sK))
+            tOrV = tiled_mma_pv.make_fragment_B(thr_pv.partition_B(sV))
+            acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((64, s.tile_n)), Float32)
+            acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((64, d)), Float32)
+            tScS = thr_qk.partition_C(cute.make_identity_tensor((64, s.tile_n)))
+            tOcO = thr_pv.partition_C(cute.make_identity_tensor((64, d)))
+            s_rows = acc_rows_view(acc_s)
+            o_rows = acc_rows_view(acc_o)
+            rows = cute.size(o_rows, mode=[0])
+            row_max = cute.make_rmem_tensor((rows,), Float32)
+            row_sum = cute.make_rmem_tensor((rows,), Float32)
+            row_max.fill(NEG_INF)
+            row_sum.fill(0.0)
+            acc_o.fill(0.0)
+            tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
+            k_blocks_qk = cute.size(tSrQ, mode=[2])
+
+            row0 = m_block * s.tile_m + cwg * 64
+            off = seqlen_k - seqlen_q
+            my_turn = pipeline.NamedBarrier(barrier_id=_TURN_BAR + cwg, num_threads=256)
+            their_turn = pipeline.NamedBarrier(barrier_id=_TURN_BAR + 1 - cwg, num_threads=256)
+
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            pipe_q.consumer_wait(q_state)
+            if cutlass.const_expr(s.pingpong):
+                if cwg == 0:
+                    my_turn.arrive()  # warpgroup 1 goes first
+                my_turn.arrive_and_wait()
+            kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+            for i in cutlass.range(n_count, unroll=1):
+                n = n_max - 1 - i
+                # S = Q K^T
+                pipe_k.consumer_wait(kv)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(k_blocks_qk):
+                    tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                    cute.gemm(tiled_mma_qk, acc_s, tSrQ[(None, None, kb, cwg)], tSrK[(None, None, kb, kv.index)],
+                              acc_s)
+                warpgroup.commit_group()
+                if cutlass.const_expr(s.pingpong):
+                    their_turn.arrive()
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(kv)
+                # softcap, mask, online softmax (rescales O), P in registers
+                if cutlass.const_expr(self.softcap):
+                    apply_softcap(acc_s, scale_over_cap, cap)
+                if block_needs_mask(n, m_block, s.tile_m, s.tile_n, seqlen_q, seqlen_k, window_left, window_right,
+                                    kind):
+                    apply_mask(acc_s, tScS, row0, n * s.tile_n, seqlen_k, off, window_left, window_right, kind)
+                update_rows(s_rows, o_rows, row_max, row_sum, scale_log2)
+                p = acc_as_a_operand(acc_s, dt)
+                # O += P V
+                pipe_v.consumer_wait(kv)
+                if cutlass.const_expr(s.pingpong):
+                    my_turn.arrive_and_wait()
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(cute.size(p, mode=[2])):
+                    cute.gemm(tiled_mma_pv, acc_o, p[(None, None, kb)], tOrV[(None, None, kb, kv.index)], acc_o)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(kv)
+                kv.advance()
+            if cutlass.const_expr(s.pingpong):
+                if cwg == 0:
+                    their_turn.arrive()  # the last turn of warpgroup 2
+
+            # ---- epilogue: O /= l, LSE, O through this warpgroup's own Q rows (its S GEMMs are done) ----
+            lse = cute.make_rmem_tensor((rows,), Float32)
+            finalize_rows(o_rows, row_max, row_sum, lse, scale_lse)
+            c_rows = acc_rows_view(tOcO)
+            if c_rows[0, 0][1] == 0:
+                for r in cutlass.range_constexpr(rows):
+                    row = row0 + c_rows[r, 0][0]
+                    if row < seqlen_q:
+                        mLSE[row, h, b] = lse[r]
+            per_wg = cute.append(sO_layout.outer, cute.make_layout(s.consumer_wgs, stride=cute.cosize(q_stage)))
+            sO = cute.make_tensor(cute.recast_ptr(st.sQ.data_ptr(), sO_layout.inner, dt), per_wg)[
+                (None, None, None, cwg)]
+            store_pipe = pipeline.PipelineTmaStore.create(
+                num_stages=_EPI_STAGES, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128))
+            epi_bar = pipeline.NamedBarrier(barrier_id=_EPI_BAR + cwg, num_threads=128)
+            epi.store_tile(tiled_mma_pv, acc_o, tid, sO, 0, _EPI_STAGES, Int32(0), tma_o,
+                           gO[(None, None, m_block * s.consumer_wgs + cwg)], _EPI_TILE, dt, LayoutEnum.ROW_MAJOR,
+                           epi_bar, warp % 4 == 0, store_pipe)
+            store_pipe.producer_tail()

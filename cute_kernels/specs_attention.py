@@ -1,0 +1,106 @@
+"""Catalogue entry of FlashAttention forward on Hopper (issue 6): its schedule (config) and what the
+data is (signature: dtype, head dim, mask kind, softcap)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from cute_kernels import dtypes
+from cute_kernels.catalog import KernelSpec, Param
+from cute_kernels.jit import fake_stream
+from schedules.attention import HEAD_DIMS, KINDS, AttentionSchedule, default_schedule
+
+DTYPES = ("bf16", "fp16")
+MASKS = ("none", "causal", "window", "band")  # band: a window bounded on both sides (or causal + left)
+
+
+def mask_kind(mask: str):
+    from collectives.attention_mask import MaskKind
+
+    return {"none": MaskKind(), "causal": MaskKind(right=True), "window": MaskKind(left=True),
+            "band": MaskKind(left=True, right=True)}[mask]
+
+
+def mask_name(left: int, right: int) -> str:
+    """The catalogue mask for window bounds (-1: unbounded); causal is right = 0."""
+    return {(False, False): "none", (False, True): "causal", (True, False): "window", (True, True): "band"}[
+        (left >= 0, right >= 0)]
+
+
+def schedule_of(p) -> AttentionSchedule:
+    tile_n = p["tile_n"] or default_schedule(p["head_dim"]).tile_n
+    return AttentionSchedule(kind=p["schedule"], tile_n=tile_n, stages=p["stages"], pingpong=p["pingpong"])
+
+
+@dataclass(frozen=True, eq=False)
+class FlashAttnSpec(KernelSpec):
+    def check(self, p):
+        s = schedule_of(p)
+        if not s.fits(p["head_dim"]):
+            raise ValueError(f"{self.name}: {s} does not fit head_dim {p['head_dim']} "
+                             f"({s.smem_bytes(p['head_dim'])} B smem, {s.accumulators(p['head_dim'])} acc regs)")
+
+    def build(self, p):
+        from cute_kernels.kernels.flash_attn import FlashAttnFwd
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        d = p["head_dim"]
+
+        def sym(div=1):
+            return cute.sym_int32(divisibility=div)
+
+        sq, sk, hq, hk, b = sym(), sym(), sym(), sym(), sym()
+
+        def seq_major(rows, heads):  # (S, D, H, B), unit stride along D
+            return cute.runtime.make_fake_tensor(dt, (rows, d, heads, b), stride=(sym(8), 1, sym(8), sym(8)),
+                                                 assumed_align=16)
+
+        q, k, o = seq_major(sq, hq), seq_major(sk, hk), seq_major(sq, hq)
+        v = cute.runtime.make_fake_tensor(dt, (d, sk, hk, b), stride=(1, sym(8), sym(8), sym(8)), assumed_align=16)
+        lse = cute.runtime.make_fake_tensor(cutlass.Float32, (sq, hq, b), stride=(1, sym(), sym()), assumed_align=4)
+        kernel = FlashAttnFwd(dt, d, schedule_of(p), mask_kind(p["mask"]), p["softcap"])
+        return kernel, (q, k, v, o, lse, Float32(1.0), Float32(1.0), Float32(1.0), Float32(1.0), Int32(-1), Int32(-1),
+                        fake_stream())
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"head_dim": 64, "mask": "causal"})]
+
+    def sweep(self):
+        out = []
+        for d in HEAD_DIMS:
+            for mask in MASKS:
+                out.append(self.resolve({"head_dim": d, "mask": mask}))
+        out.append(self.resolve({"dtype": "fp16", "softcap": True}))
+        out.append(self.resolve({"pingpong": False}))
+        return out
+
+
+FLASH_ATTN = FlashAttnSpec(
+    name="flash_attn",
+    family="attention",
+    lesson=0,
+    summary="FlashAttention forward, FA3 warp-specialized: TMA Q/K/V rings, WGMMA QK^T and PV (P in registers), "
+            "ping-pong consumers; causal/window/softcap, GQA, LSE",
+    ops=("flash_attn",),
+    status="ready",
+    params={
+        "dtype": Param("bf16", DTYPES, "signature", "Q/K/V/O element type"),
+        "head_dim": Param(128, HEAD_DIMS, "signature", "head dimension D"),
+        "mask": Param("none", MASKS, "signature", "bounded sides of the key window: none, causal (right), "
+                      "window (left), band (both)"),
+        "softcap": Param(False, (True, False), "signature", "logit softcap: cap * tanh(scale * s / cap)"),
+        "schedule": Param("fa3", KINDS, help="fa3: warp-specialized producer + consumer warpgroups"),
+        "tile_n": Param(0, (0, 64, 80, 96, 112, 128, 160, 176, 192), help="K/V rows per stage (0: per head dim)"),
+        "stages": Param(0, (0, 2, 3, 4), help="K/V smem stages (0: as many as fit)"),
+        "pingpong": Param(True, (True, False), help="named barriers alternate the consumers' GEMMs"),
+    },
+)
+
+
+def params_for(schedule: AttentionSchedule, **signature) -> dict:
+    return {"schedule": schedule.kind, "tile_n": schedule.tile_n, "stages": schedule.stages,
+            "pingpong": schedule.pingpong, **signature}
