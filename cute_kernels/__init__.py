@@ -25,3 +25,7 @@ __all__ += ["cross_entropy", "layer_norm", "log_softmax", "rms_norm", "softmax"]
 from cute_kernels.ops import fp8_gemm, quantize_1x128, quantize_128x128  # noqa: E402
 
 __all__ += ["fp8_gemm", "quantize_1x128", "quantize_128x128"]
+
+from cute_kernels.ops import flash_attn  # noqa: E402
+
+__all__ += ["flash_attn"]

@@ -86,7 +86,7 @@ class AttentionSchedule:
                 + BARRIER_BYTES)
 
     def fits(self, head_dim: int, elem: int = 2) -> bool:
-        return self.smem_bytes(head_dim, elem) <= SMEM_BYTES and self.accumulators(head_dim) <= 160
+        return self.smem_bytes(head_dim, elem) <= SMEM_BYTES and self.accumulators(head_dim) <= 192
 
     def __str__(self) -> str:
         pp = "pp" if self.pingpong else "nopp"

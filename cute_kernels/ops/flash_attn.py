@@ -1,0 +1,177 @@
+"""Torch op `cute_kernels::flash_attn`: O = softmax(scale * Q K^T [softcap] [mask]) V and the fp32
+log-sum-exp (natural log) per query row, on Hopper (issue 6).
+
+q is (B, S_q, H_q, D), k and v are (B, S_k, H_kv, D), bf16 or fp16, D in {64, 96, 128, 192, 256},
+H_q a multiple of H_kv (GQA/MQA: query head h reads K/V head h // (H_q / H_kv)). Any strides with a
+unit-stride last dim are read in place (e.g. slices of a packed QKV tensor, or (B, H, S, D) tensors
+transposed to (B, S, H, D)); strides TMA cannot address (not multiples of 16 bytes) are copied first.
+
+Masks, FlashAttention's convention: `causal` aligns the diagonal to the bottom right when
+S_q != S_k (query i sees keys j <= i + S_k - S_q); `window=(left, right)` keeps keys
+i + S_k - S_q - left <= j <= i + S_k - S_q + right, -1 meaning unbounded (causal is right = 0).
+A query that sees no key gets O = 0 and LSE = -inf. `softcap > 0` applies cap * tanh(s / cap) to
+the scaled logits.
+
+Returns O (B, S_q, H_q, D) in q's dtype, and with `return_lse=True` also LSE (B, H_q, S_q) fp32.
+The backward is not implemented yet: autograd is wired and raises NotImplementedError.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from cute_kernels import dtypes
+from cute_kernels.ops._checks import direct_call_ok, register_op
+from schedules.attention import HEAD_DIMS, AttentionSchedule, default_schedule
+
+AB_TORCH = (torch.bfloat16, torch.float16)
+LOG2E = math.log2(math.e)
+_fns: dict[tuple, object] = {}
+
+
+def _check(q, k, v, window_left, window_right, softmax_scale, softcap):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be on a CUDA device, got device '{t.device}'")
+        if t.dtype not in AB_TORCH:
+            raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; supported: bfloat16, float16")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; cast one of them first")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    d = q.shape[3]
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head dim (q.shape[3]) must be one of {HEAD_DIMS}, got {d}")
+    if k.shape[3] != d or v.shape[3] != d:
+        raise ValueError(f"head dims differ: q {d}, k {k.shape[3]}, v {v.shape[3]} (a different V head dim is "
+                         "not supported)")
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
+    hq, hk = q.shape[2], k.shape[2]
+    if hk == 0 or hq % hk:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk}) (GQA/MQA)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(3) != 1 and t.shape[3] > 1:
+            raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {tuple(t.stride())}")
+    for name, w in (("window[0] (left)", window_left), ("window[1] (right)", window_right)):
+        if w < -1:
+            raise ValueError(f"{name} must be >= 0, or -1 for unbounded, got {w}")
+    if softmax_scale is not None and not softmax_scale > 0:
+        raise ValueError(f"softmax_scale must be > 0, got {softmax_scale}")
+    if not softcap >= 0:
+        raise ValueError(f"softcap must be >= 0 (0: off), got {softcap}")
+
+
+def _bounds(causal, window_left, window_right):
+    right = 0 if causal else window_right
+    return window_left, right
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    e = t.element_size()
+    return t.data_ptr() % 16 == 0 and all((t.stride(i) * e) % 16 == 0 or t.shape[i] == 1 for i in range(3))
+
+
+def _kernel_view(t: torch.Tensor, v_layout: bool = False) -> torch.Tensor:
+    """(B, S, H, D) -> the kernel's (S, D, H, B) (or (D, S, H, B) for V), copied when TMA cannot
+    read it; strides of size-1 modes (never followed) replaced by small aligned ones."""
+    if not _tma_ok(t):
+        t = t.contiguous()
+    b, s, h, d = t.shape
+    strides = [t.stride(i) if t.shape[i] > 1 else 8 * (s + h + d) for i in range(3)]
+    if max(strides) >= 2**31:
+        raise ValueError(f"strides {tuple(t.stride())} need 64-bit indexing (not supported yet)")
+    t = t.as_strided(t.shape, (*strides, 1))
+    return t.permute(3, 1, 2, 0) if v_layout else t.permute(1, 3, 2, 0)
+
+
+def _compiled(dtype, d, mask, softcap: bool, sched: AttentionSchedule):
+    key = (dtype, d, mask, softcap, sched)
+    fn = _fns.get(key)
+    if fn is None:
+        from cute_kernels.specs_attention import FLASH_ATTN, params_for
+
+        fn = _fns[key] = FLASH_ATTN.compiled(**params_for(sched, dtype=dtypes.name_of(dtype), head_dim=d, mask=mask,
+                                                          softcap=softcap))
+    return fn
+
+
+def _flash_attn_cuda(q, k, v, causal=False, window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0,
+                     schedule: AttentionSchedule | None = None):
+    _check(q, k, v, window_left, window_right, softmax_scale, softcap)
+    b, sq, hq, d = q.shape
+    sk = k.shape[1]
+    out = torch.empty(b, sq, hq, d, dtype=q.dtype, device=q.device)
+    lse = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    if sk == 0:
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    from cute_kernels.specs_attention import mask_name
+
+    left, right = _bounds(causal, window_left, window_right)
+    cap = 2 * (sq + sk) + 1  # a bound past every row: the same mask, no int32 overflow
+    left, right = min(left, cap), min(right, cap)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    sched = schedule or default_schedule(d, right >= 0)
+    fn = _compiled(q.dtype, d, mask_name(left, right), softcap > 0, sched)
+    lse_v = lse.permute(2, 1, 0)
+    if softcap > 0:
+        fn(_kernel_view(q), _kernel_view(k), _kernel_view(v, True), _kernel_view(out), lse_v,
+           LOG2E, 1.0, scale / softcap, float(softcap), left, right)
+    else:
+        fn(_kernel_view(q), _kernel_view(k), _kernel_view(v, True), _kernel_view(out), lse_v,
+           scale * LOG2E, scale, 1.0, 1.0, left, right)
+    return out, lse
+
+
+def _flash_attn_fake(q, k, v, causal=False, window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0):
+    _check(q, k, v, window_left, window_right, softmax_scale, softcap)
+    b, sq, hq, d = q.shape
+    return (torch.empty(b, sq, hq, d, dtype=q.dtype, device=q.device),
+            torch.empty(b, hq, sq, dtype=torch.float32, device=q.device))
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, causal, window_left, window_right, softmax_scale, softcap = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.window = causal, (window_left, window_right)
+    ctx.softmax_scale, ctx.softcap = softmax_scale, softcap
+
+
+def _backward(ctx, g_out, g_lse):
+    raise NotImplementedError(
+        "cute_kernels.flash_attn: the backward pass is not implemented yet (issue 6, planned after the forward); "
+        "call it under torch.no_grad() or detach q, k, v")
+
+
+register_op("cute_kernels::flash_attn", "(Tensor q, Tensor k, Tensor v, bool causal=False, int window_left=-1, "
+            "int window_right=-1, float? softmax_scale=None, float softcap=0.0) -> (Tensor, Tensor)",
+            _flash_attn_cuda, _flash_attn_fake, _backward, _setup)
+
+
+def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+               window: tuple[int, int] = (-1, -1), softmax_scale: float | None = None, softcap: float = 0.0,
+               return_lse: bool = False):
+    """softmax(softmax_scale * q k^T) v for (B, S, H, D) bf16/fp16 tensors (see the module doc);
+    returns out, or (out, lse) with `return_lse`."""
+    if not (isinstance(window, (tuple, list)) and len(window) == 2):
+        raise ValueError(f"window must be a pair (left, right) of ints, -1 for unbounded, got {window!r}")
+    left, right = int(window[0]), int(window[1])
+    if direct_call_ok(q, k, v):
+        out, lse = _flash_attn_cuda(q, k, v, causal, left, right, softmax_scale, softcap)
+    else:
+        out, lse = torch.ops.cute_kernels.flash_attn(q, k, v, causal, left, right, softmax_scale, softcap)
+    return (out, lse) if return_lse else out

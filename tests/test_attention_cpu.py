@@ -1,0 +1,162 @@
+"""CPU: FlashAttention's schedule math, the mask's block ranges against a brute-force check of the
+rule, and the torch op in fake mode (shapes, named errors, the autograd stub)."""
+
+import itertools
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import cute_kernels as ck
+from collectives.attention_mask import MaskKind, block_needs_mask, n_block_range, visible
+from schedules.attention import HEAD_DIMS, AttentionSchedule, candidates, default_schedule, grid, tile_coords
+
+
+# --- schedule ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_default_schedules_fit(d):
+    s = default_schedule(d)
+    assert s.fits(d) and s.num_stages(d) >= 2 and s.threads == 384
+    assert s.smem_bytes(d) <= 232448
+    assert s.accumulators(d) <= 192  # S + O + P per thread under the 240-register budget
+    cs = candidates(d)
+    assert cs[0] == s and len(set(cs)) == len(cs) and all(c.fits(d) for c in cs)
+
+
+def test_stage_counts_and_errors():
+    assert default_schedule(128).num_stages(128) == 3  # Q 32 KiB + 3 x (K + V) 64 KiB (O reuses Q)
+    assert default_schedule(64).num_stages(64) == 4
+    assert AttentionSchedule(tile_n=128).kv_stage_bytes(128) == 65536
+    with pytest.raises(ValueError, match="tile_m"):
+        AttentionSchedule(tile_m=192)
+    with pytest.raises(ValueError, match="tile_n"):
+        AttentionSchedule(tile_n=72)
+    with pytest.raises(ValueError, match="register budget"):
+        AttentionSchedule(consumer_regs=248, producer_regs=24)
+    with pytest.raises(ValueError, match="head_dim"):
+        default_schedule(80)
+    assert not AttentionSchedule(tile_n=256).fits(256)
+
+
+def test_grid_and_lpt_order():
+    s = default_schedule(128)
+    assert grid(1000, 16, 2, s) == (8, 16, 2)
+    assert grid(1, 1, 1, s) == (1, 1, 1)
+    assert [tile_coords(x, 0, 0, 8, True)[0] for x in range(8)] == list(range(7, -1, -1))
+    assert [tile_coords(x, 3, 1, 8, False) for x in range(2)] == [(0, 3, 1), (1, 3, 1)]
+
+
+# --- masks: block ranges vs brute force ------------------------------------------------------------
+def _kind(left, right):
+    return MaskKind(left=left >= 0, right=right >= 0)
+
+
+def _cases():
+    seqs = [(1, 1), (17, 17), (1, 300), (300, 1), (128, 128), (129, 257), (257, 129), (64, 1000), (1000, 64)]
+    windows = [(-1, -1), (-1, 0), (5, 0), (0, 0), (70, -1), (-1, 33), (100, 3), (0, 200)]
+    tiles = [(128, 128), (128, 80), (128, 96)]
+    return list(itertools.product(seqs, windows, tiles))
+
+
+@pytest.mark.parametrize("seqs,window,tiles", _cases())
+def test_block_ranges_match_brute_force(seqs, window, tiles):
+    sq, sk = seqs
+    left, right = window
+    tm, tn = tiles
+    kind = _kind(left, right)
+    n_blocks = -(-sk // tn)
+    for m in range(-(-sq // tm)):
+        rows = range(m * tm, min(m * tm + tm, sq))
+        vis_blocks = {j // tn for i in rows for j in range(sk) if visible(i, j, sq, sk, left, right)}
+        n_min, n_max = n_block_range(m, tm, tn, sq, sk, left, right, kind)
+        assert 0 <= n_min and n_max <= n_blocks
+        assert all(n_min <= n < n_max for n in vis_blocks), (m, n_min, n_max, sorted(vis_blocks))
+        if vis_blocks:
+            assert n_max - 1 == max(vis_blocks)  # tight at the end (the diagonal side)
+        for n in range(n_min, n_max):
+            cols = range(n * tn, n * tn + tn)
+            masked = any(not visible(i, j, sq, sk, left, right) for i in rows for j in cols)
+            assert bool(block_needs_mask(n, m, tm, tn, sq, sk, left, right, kind)) == masked, (m, n)
+
+
+def test_causal_is_bottom_right_aligned():
+    # seqlen_q = 2, seqlen_k = 5: the last query sees every key, the first all but the last.
+    assert [visible(0, j, 2, 5, -1, 0) for j in range(5)] == [True] * 4 + [False]
+    assert all(visible(1, j, 2, 5, -1, 0) for j in range(5))
+    # seqlen_q = 5 > seqlen_k = 2: the first 3 queries see nothing.
+    assert not any(visible(i, j, 5, 2, -1, 0) for i in range(3) for j in range(2))
+    assert n_block_range(0, 128, 128, 5, 2, -1, 0, MaskKind(right=True)) == (0, 1)
+
+
+def test_skipped_blocks_with_a_long_causal_sequence():
+    """Causal at 64k: the CTA of q tile m visits m + 1 blocks (tile_m == tile_n), half the square."""
+    sq = sk = 65536 + 17
+    kind = MaskKind(right=True)
+    total = sum(n_block_range(m, 128, 128, sq, sk, -1, 0, kind)[1] for m in range(-(-sq // 128)))
+    n = -(-sq // 128)
+    assert total == n * (n + 1) // 2
+
+
+# --- the op in fake mode ---------------------------------------------------------------------------
+def _fake(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="cuda")
+
+
+def test_fake_mode_shapes():
+    with FakeTensorMode():
+        q, k, v = _fake(2, 100, 8, 128), _fake(2, 300, 2, 128), _fake(2, 300, 2, 128)
+        out, lse = torch.ops.cute_kernels.flash_attn(q, k, v, True, -1, -1, None, 0.0)
+        assert out.shape == (2, 100, 8, 128) and out.dtype == torch.bfloat16
+        assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32
+        out = ck.flash_attn(q.half(), k.half(), v.half(), window=(32, 0))
+        assert out.shape == q.shape and out.dtype == torch.float16
+        out, lse = ck.flash_attn(q, k, v, return_lse=True, softcap=30.0)
+        assert lse.shape == (2, 8, 100)
+
+
+@pytest.mark.parametrize("make,exc,match", [
+    (lambda: (_fake(1, 8, 2, 80), _fake(1, 8, 2, 80), _fake(1, 8, 2, 80)), ValueError, "head dim"),
+    (lambda: (_fake(1, 8, 2, 64), _fake(1, 8, 2, 64, dtype=torch.float16), _fake(1, 8, 2, 64)), TypeError,
+     "k has dtype"),
+    (lambda: (_fake(1, 8, 3, 64), _fake(1, 8, 2, 64), _fake(1, 8, 2, 64)), ValueError, "multiple of key/value heads"),
+    (lambda: (_fake(1, 8, 2, 64).float(), _fake(1, 8, 2, 64).float(), _fake(1, 8, 2, 64).float()), TypeError,
+     "q has dtype float32"),
+    (lambda: (_fake(1, 64, 2, 8).transpose(1, 3), _fake(1, 8, 2, 64), _fake(1, 8, 2, 64)), ValueError,
+     "contiguous last dim"),
+    (lambda: (_fake(1, 8, 2, 64), _fake(1, 8, 2, 64), _fake(1, 9, 2, 64)), ValueError, "same shape"),
+    (lambda: (_fake(8, 2, 64), _fake(1, 8, 2, 64), _fake(1, 8, 2, 64)), ValueError, "4-D"),
+    (lambda: (_fake(2, 8, 2, 64), _fake(1, 8, 2, 64), _fake(1, 8, 2, 64)), ValueError, "batch sizes"),
+])
+def test_named_errors(make, exc, match):
+    with FakeTensorMode():
+        q, k, v = make()
+        with pytest.raises(exc, match=match):
+            ck.flash_attn(q, k, v)
+
+
+def test_argument_errors():
+    with FakeTensorMode():
+        q = _fake(1, 8, 2, 64)
+        with pytest.raises(ValueError, match="window"):
+            ck.flash_attn(q, q, q, window=(-2, 0))
+        with pytest.raises(ValueError, match="window must be a pair"):
+            ck.flash_attn(q, q, q, window=5)
+        with pytest.raises(ValueError, match="softmax_scale"):
+            ck.flash_attn(q, q, q, softmax_scale=-1.0)
+        with pytest.raises(ValueError, match="softcap"):
+            ck.flash_attn(q, q, q, softcap=-1.0)
+
+
+def test_backward_raises_a_clear_error():
+    """The registered backward raises until it lands (autograd on fake CUDA tensors aborts on CPU-only
+    torch, so it is called directly; tests/test_attention_gpu.py goes through autograd)."""
+    from cute_kernels.ops.flash_attn import _backward
+
+    with pytest.raises(NotImplementedError, match="backward pass is not implemented"):
+        _backward(None, None, None)
+
+
+def test_cpu_tensor_gets_a_named_device_error():
+    x = torch.randn(1, 4, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="q must be on a CUDA device"):
+        ck.flash_attn(x, x, x)
