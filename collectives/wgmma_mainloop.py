@@ -117,18 +117,25 @@ def mma_k_tiles_promoted(
     return read_state, release_state
 
 
-def acc_as_a_operand(acc: cute.Tensor, dtype) -> cute.Tensor:
-    """The fp32 accumulator of one WGMMA, ((2, 2, V), MMA_M, MMA_N), converted to `dtype` as the
-    register A operand of a following WGMMA (`OperandSource.RMEM`): ((2, 2, 2), MMA_M, (V/2, MMA_N)).
+def acc_a_view(acc: cute.Tensor) -> cute.Tensor:
+    """A WGMMA accumulator ((2, 2, V), MMA_M, MMA_N) regrouped as the register A operand of a
+    following WGMMA, ((2, 2, 2), MMA_M, (V/2, MMA_N)): same registers, A's index order.
 
-    For 16-bit types the two layouts hold the same (row, column) elements in the same threads: a
-    64 x 16 K-block of A is two adjacent 8-column blocks of C, so the register tensor is just the
-    accumulator regrouped by pairs of column blocks (FlashAttention's P = softmax(S) feeding O += P V
-    without a trip through shared memory). V must be even (the C tile's N a multiple of 16)."""
+    For 16-bit operands the two layouts put the same (row, column) in the same thread: a 64 x 16
+    K-block of A is two adjacent 8-column blocks of C (tests/test_attention_compile.py checks it
+    element by element). V must be even (the C tile's N a multiple of 16)."""
     lay = cute.logical_divide(acc.layout, ((None, None, 2), None, None))  # ((2, 2, (2, V/2)), M, N)
     s, d = lay.shape, lay.stride
     view = cute.make_layout(((s[0][0], s[0][1], s[0][2][0]), s[1], (s[0][2][1], s[2])),
                             stride=((d[0][0], d[0][1], d[0][2][0]), d[1], (d[0][2][1], d[2])))
+    return cute.make_tensor(acc.iterator, view)
+
+
+def acc_as_a_operand(acc: cute.Tensor, dtype) -> cute.Tensor:
+    """The fp32 accumulator converted to `dtype` as the register A operand of the next WGMMA
+    (`OperandSource.RMEM`): FlashAttention's P = softmax(S) feeding O += P V without a trip
+    through shared memory."""
+    view = acc_a_view(acc)
     out = cute.make_rmem_tensor(view.shape, dtype)
-    out.store(cute.make_tensor(acc.iterator, view).load().to(dtype))
+    out.store(view.load().to(dtype))
     return out

@@ -1,0 +1,83 @@
+"""CPU: FlashAttention compiles for sm_90a with what the FA3 schedule is made of (WGMMA, TMA loads and
+stores, setmaxnreg hand-over, named barriers with ids for the ping-pong and the epilogue) and no
+local memory; and the two register-layout facts the kernel rests on, checked element by element."""
+
+import re
+
+import pytest
+
+from cute_kernels import catalog
+from cute_kernels.artifacts import compile_with_artifacts
+
+VARIANTS = [
+    {"head_dim": 128},
+    {"head_dim": 64, "mask": "causal"},
+    {"head_dim": 96, "mask": "window", "softcap": True, "dtype": "fp16"},
+    {"head_dim": 192, "mask": "band"},
+    {"head_dim": 256, "mask": "causal"},
+    {"head_dim": 128, "pingpong": False},
+]
+
+
+def _id(v):
+    return ",".join(f"{k}={x}" for k, x in v.items())
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=[_id(v) for v in VARIANTS])
+def compiled(request, tmp_path_factory):
+    spec = catalog.get("flash_attn")
+    p = spec.resolve(request.param)
+    report, files = compile_with_artifacts(spec, p, str(tmp_path_factory.mktemp("fa")))
+    return request.param, p, report, files["ptx"].read_text()
+
+
+def test_fa3_ingredients(compiled):
+    over, p, report, ptx = compiled
+    census = report.ptx_census
+    d = p["head_dim"]
+    from cute_kernels.specs_attention import schedule_of
+
+    s = schedule_of(p)
+    # S = Q K^T: D/16 WGMMAs; O += P V: tile_n/16 (one 64 x N instruction each, per consumer warpgroup)
+    assert census["wgmma.mma_async"] == d // 16 + s.tile_n // 16, report.format()
+    assert census["cp.async.bulk.tensor"] >= 4  # Q, K, V loads + the O store
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24\b", ptx)
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240\b", ptx)
+    assert re.search(r"bar\.sync\s+%r\d+, 128;", ptx)  # the epilogue's per-warpgroup barrier (id 1 + wg)
+    if s.pingpong:
+        assert len(re.findall(r"bar\.arrive\s+%r\d+, 256;", ptx)) >= 2  # ping-pong turns (ids 3, 4)
+        assert re.search(r"bar\.sync\s+%r\d+, 256;", ptx)
+    else:
+        assert "bar.arrive" not in ptx
+    assert census["ld/st.local"] == 0 and not report.spills, report.format()
+    assert "cvt.rn.bf16x2.f32" in ptx or "cvt.rn.f16x2.f32" in ptx  # P packed two at a time
+    if p["softcap"]:
+        assert "tanh.approx.f32" in ptx
+    sass = report.sass_census
+    if sass is not None:
+        assert sass["HGMMA/QGMMA"] > 0 and sass["UTMALDG (TMA load)"] >= 3 and sass["UTMASTG (TMA store)"] >= 1
+        assert sass["LDL/STL (spills)"] == 0
+
+
+@pytest.mark.parametrize("tile_n,d", [(128, 128), (80, 256), (96, 192), (128, 64)])
+def test_register_layouts(tile_n, d):
+    """acc_rows_view: each view row is one matrix row, a quad of lanes holds whole rows together;
+    acc_a_view: the accumulator regrouped as the P V WGMMA's A operand holds, register for register,
+    the (row, column) that operand expects."""
+    import cutlass.cute as cute
+
+    from cute_kernels.jit import compile_fn  # noqa: F401  (sets up the DSL target)
+    from tests import _attention_probe as probe
+
+    cute.compile(probe.probe, tile_n, d)
+    res = {t: (rows, a, c) for t, rows, a, c in probe.OUT[(tile_n, d)]}
+    for t, (rows, a, c) in res.items():
+        assert a == c, f"thread {t}: P as A operand != accumulator regrouped"
+        for row in rows:
+            assert len({r for r, _ in row}) == 1, f"thread {t}: a view row spans matrix rows"
+        assert len(rows) == 2 and len(rows[0]) == tile_n // 4
+    quad = [res[t][0] for t in (0, 1, 2, 3)]
+    for i in range(2):
+        cols = sorted(col for rows in quad for _, col in rows[i])
+        assert cols == list(range(tile_n)), "a quad of lanes must hold whole rows"
+        assert len({rows[i][0][0] for rows in quad}) == 1
