@@ -1,0 +1,141 @@
+"""GPU: FlashAttention forward against FA3's rule. With ref = the attention in fp32 (from the same
+bf16/fp16 inputs) and pt = the same attention computed by torch in the input dtype,
+
+    max|out - ref| <= 2 * max|pt - ref| + 2 * max|(ref + 0.3 - 0.3) - ref|   (the last in the input dtype)
+
+for every mask (none, causal bottom-right, windows, causal + window), GQA/MQA, head dims 64-256, fp16,
+softcap, strided inputs, sequence lengths 1, 17, 1000, mismatched S_q / S_k and 64k+; the LSE to 1e-3.
+Outputs are poisoned through the allocator (an unwritten element shows up as NaN)."""
+
+import math
+
+import pytest
+import torch
+
+from tests.helpers import randn
+
+pytestmark = pytest.mark.gpu
+
+ck = pytest.importorskip("cute_kernels")
+
+
+def _poison(nbytes):
+    torch.full((nbytes // 2 + 4096,), float("nan"), dtype=torch.bfloat16, device="cuda")
+    torch.cuda.synchronize()
+
+
+def _attention(q, k, v, left, right, scale, softcap, dtype):
+    """Attention with every op in `dtype` (fp32: the reference; bf16/fp16: what torch gets), rows
+    chunked so 64k sequences fit. Returns (out fp32, lse fp32 (B, H, S_q))."""
+    b, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    qh = q.to(dtype).transpose(1, 2)
+    kh = k.to(dtype).repeat_interleave(hq // hk, 2).transpose(1, 2)
+    vh = v.to(dtype).repeat_interleave(hq // hk, 2).transpose(1, 2)
+    off = sk - sq
+    j = torch.arange(sk, device=q.device)
+    outs, lses = [], []
+    chunk = max(1, min(sq, (1 << 28) // max(1, b * hq * sk)))
+    for i0 in range(0, sq, chunk):
+        i = torch.arange(i0, min(sq, i0 + chunk), device=q.device)[:, None]
+        s = (qh[:, :, i0:i0 + chunk] @ kh.transpose(-1, -2)) * scale
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        ok = torch.ones(i.shape[0], sk, dtype=torch.bool, device=q.device)
+        if right >= 0:
+            ok &= j[None, :] <= i + off + right
+        if left >= 0:
+            ok &= j[None, :] >= i + off - left
+        s = s.masked_fill(~ok, float("-inf"))
+        lses.append(torch.logsumexp(s.float(), -1))
+        p = torch.nan_to_num(torch.softmax(s, -1), nan=0.0)
+        outs.append((p.to(dtype) @ vh).float())
+    return torch.cat(outs, 2).transpose(1, 2), torch.cat(lses, 2)
+
+
+def _check(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    _poison(q.numel() * 2 + q.shape[0] * q.shape[1] * q.shape[2] * 4)
+    out, lse = ck.flash_attn(q, k, v, causal=causal, window=window, softmax_scale=softmax_scale, softcap=softcap,
+                             return_lse=True)
+    left, right = window[0], 0 if causal else window[1]
+    scale = softmax_scale or 1 / math.sqrt(q.shape[-1])
+    ref, lse_ref = _attention(q, k, v, left, right, scale, softcap, torch.float32)
+    pt, _ = _attention(q, k, v, left, right, scale, softcap, q.dtype)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
+    assert torch.isfinite(out).all(), "unwritten (NaN) or overflowed output elements"
+    ref_lp = ref.to(q.dtype)
+    atol = 2 * ((ref_lp + 0.3 - 0.3) - ref_lp).abs().max().item()
+    err = (out.float() - ref).abs().max().item()
+    bound = 2 * (pt - ref).abs().max().item() + atol
+    assert err <= bound, f"max err {err:.3e} > {bound:.3e} (pt err {(pt - ref).abs().max().item():.3e})"
+    torch.testing.assert_close(lse, lse_ref, atol=1e-3, rtol=1e-4)
+
+
+MASKS = {  # name: (causal, window); kernel mask kinds: none, causal, band, window, band
+    "none": (False, (-1, -1)),
+    "causal": (True, (-1, -1)),
+    "window": (False, (64, 32)),
+    "left": (False, (100, -1)),
+    "causal_left": (True, (50, -1)),
+}
+SEQS = [(1, 1), (17, 17), (1000, 1000), (17, 1000), (1000, 17), (113, 203)]
+
+
+@pytest.mark.parametrize("seqs", SEQS, ids=[f"{a}x{b}" for a, b in SEQS])
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("d", [64, 128])
+def test_masks_seqlens_gqa(d, mask, seqs):
+    sq, sk = seqs
+    causal, window = MASKS[mask]
+    q, k, v = randn(2, sq, 6, d), randn(2, sk, 2, d), randn(2, sk, 2, d)
+    _check(q, k, v, causal, window)
+
+
+@pytest.mark.parametrize("d,causal", [(96, False), (192, True), (256, False), (256, True)])
+def test_head_dims(d, causal):
+    q, k, v = randn(1, 1000, 4, d), randn(1, 1000, 4, d), randn(1, 1000, 4, d)
+    _check(q, k, v, causal)
+
+
+def test_mqa_fp16_scale_softcap():
+    q, k, v = randn(2, 300, 8, 128), randn(2, 500, 1, 128), randn(2, 500, 1, 128)
+    _check(q, k, v, causal=True)
+    h = [randn(2, 257, 4, 128, dtype=torch.float16) for _ in range(3)]
+    _check(*h)
+    _check(q, k, v, softmax_scale=0.3, softcap=5.0)  # logits pushed into the cap
+
+
+def test_strided_inputs():
+    """A packed QKV tensor and (B, H, S, D) tensors transposed to (B, S, H, D): read in place."""
+    qkv = randn(2, 333, 3, 4, 128)
+    _check(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=True)
+    q, k, v = (randn(2, 4, 333, 64).transpose(1, 2) for _ in range(3))
+    _check(q, k, v)
+
+
+@pytest.mark.parametrize("d,causal", [(128, True), (64, False)])
+def test_long_sequence(d, causal):
+    s = 65536 + 17
+    q, k, v = randn(1, s, 1, d), randn(1, s, 1, d), randn(1, s, 1, d)
+    _check(q, k, v, causal)
+
+
+def test_empty_and_keyless():
+    q = randn(2, 0, 4, 64)
+    out, lse = ck.flash_attn(q, q, q, return_lse=True)
+    assert out.shape == (2, 0, 4, 64) and lse.shape == (2, 4, 0)
+    q, k = randn(1, 5, 2, 64), randn(1, 0, 2, 64)
+    out, lse = ck.flash_attn(q, k, k, return_lse=True)
+    assert (out == 0).all() and (lse == float("-inf")).all()
+
+
+def test_autograd_stub_and_compile():
+    q, k, v = (randn(1, 64, 2, 64).requires_grad_() for _ in range(3))
+    out = ck.flash_attn(q, k, v, causal=True)
+    with pytest.raises(NotImplementedError, match="backward pass is not implemented"):
+        out.float().sum().backward()
+    f = torch.compile(lambda a, b, c: ck.flash_attn(a, b, c, causal=True), fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(f(q, k, v), ck.flash_attn(q, k, v, causal=True), atol=0, rtol=0)
