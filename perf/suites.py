@@ -161,6 +161,12 @@ from perf import suite_fp8 as _fp8  # noqa: E402
 SUITES.update(_fp8.SUITES)
 PEERS.update(_fp8.PEERS)
 
+# Issue 6: FlashAttention forward.
+from perf.suite_attention import attention as _attention  # noqa: E402
+
+SUITES["attention"] = _attention
+PEERS["attention"] = ("flash_attn",)
+
 
 def run(what: str, out_dir=None, shapes=None, quick=False) -> int:
 

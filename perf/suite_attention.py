@@ -1,0 +1,76 @@
+"""FlashAttention forward benchmark suite (issue 6): bf16 randn, (B, S, H, D) with batch x seqlen = 16k
+tokens, hidden 2048 (H = 2048 / D), S from 512 to 16k, causal and not; ours beside FlashAttention-4's
+CuTe interface (`flash_attn.cute.interface.flash_attn_func`, its Hopper path) and SDPA's cuDNN backend.
+TFLOP/s count 4 * B * H * S^2 * D FLOPs, halved for causal."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from perf import harness as H
+
+PEAK_BF16_TFLOPS = 989.4  # H100/H200 SXM dense bf16, by spec: the "% ceiling" column
+TOKENS, HIDDEN = 16384, 2048
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+SHAPES = [(TOKENS // s, s, HIDDEN // d, d) for d in (64, 128, 256) for s in SEQLENS]
+QUICK = [(TOKENS // s, s, HIDDEN // 128, 128) for s in (1024, 8192)]
+
+
+def _peers():
+    """The references: FA4 (imported here, never at module level: it patches CuTe classes) and SDPA
+    restricted to its cuDNN backend."""
+    from flash_attn.cute.interface import flash_attn_func  # a missing peer fails the run (perf.suites.PEERS)
+
+    def fa4(q, k, v, causal):
+        out = flash_attn_func(q, k, v, causal=causal)
+        return out[0] if isinstance(out, tuple) else out
+
+    refs = {"FA4": fa4}
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def cudnn(q, k, v, causal):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal).transpose(1, 2)
+
+    refs["SDPA cuDNN"] = cudnn
+    return refs
+
+
+def attention(shapes=None, quick=False, ceilings=None, causal=(False, True)):
+    import cute_kernels as ck
+
+    shapes = shapes or (QUICK if quick else SHAPES)
+    peers = _peers()
+    rows, notes = [], []
+    for shape in shapes:
+        b, s, h, d = shape if len(shape) == 4 else (*shape, 128)[:4]
+        q, k, v = (H.randn(b, s, h, d, seed=i) for i in range(3))
+        for c in causal:
+            flops = 4 * b * h * s * s * d // (2 if c else 1)
+            nbytes = 4 * b * s * h * d * 2
+            H.progress(f"  flash_attn B={b} S={s} H={h} D={d} causal={c}")
+            t = H.do_bench(lambda: ck.flash_attn(q, k, v, causal=c))["median_ms"]
+            refs = {}
+            for name, fn in peers.items():
+                try:
+                    refs[name] = H.do_bench(lambda: fn(q, k, v, c))["median_ms"]
+                except Exception as e:  # noqa: BLE001  (a peer that rejects the shape: no number)
+                    notes.append(f"| {name} | {b}x{s}x{h}x{d} causal={c} | {type(e).__name__}: {str(e)[:80]} |")
+            rows.append(H.Row("flash_attn" + (".causal" if c else ""), "bfloat16", f"{b}x{s}x{h}x{d}", nbytes, flops,
+                              t, refs, "tflops", PEAK_BF16_TFLOPS))
+    ref_names = list(peers)
+    checks = []
+    for name in ref_names:
+        have = [r for r in rows if name in r.refs_ms]
+        if have:
+            geo = math.exp(sum(math.log(r.ratio(name)) for r in have) / len(have))
+            worst = min(have, key=lambda r: r.ratio(name))
+            checks.append({"target": f"geomean >= 1.0x {name}", "measured": f"{geo:.3f}x (min {worst.ratio(name):.3f}x "
+                           f"at {worst.case} {worst.shape})", "ok": geo >= 1.0})
+    extra = ""
+    if notes:
+        extra = "## Peer failures\n\n| peer | shape | error |\n|---|---|---|\n" + "\n".join(notes)
+    return rows, ref_names, checks, extra, {}
