@@ -2,11 +2,11 @@
 O = softmax(scale * Q K^T [softcap] [mask]) V and the fp32 log-sum-exp per query row.
 
 Roofline: 4 * S_q * S_k * D * H * B FLOPs (two GEMMs; half of that with a causal mask), over
-(2 S_q + 2 S_k) * D * H * B * 2 bytes of Q, K, V, O. At S = 4096, D = 128 that is ~2 * 4096 = 8K
-FLOP/byte per head: tensor-core bound (H200: 989 TFLOP/s dense bf16 by spec; FA3 reaches
-~600-700 on H100 at long sequences). The exponentials are the second ceiling: one MUFU ex2 per S
-element, 16 ops/clk/SM against 4096 (bf16 dense) / (2 * 64 * D / ...) tensor FLOPs, hence the
-overlap of one warpgroup's softmax with the other's GEMMs.
+(2 S_q + 2 S_k) * D * H * B * 2 bytes of Q, K, V, O: S / 2 FLOP/byte at S_q = S_k = S (2048 at
+S = 4096), tensor-core bound (H200: 989 TFLOP/s dense bf16 by spec; FA3 reports ~600-750 on H100 at
+long sequences). The exponentials are the second ceiling: one MUFU ex2 per S element (16/clk/SM,
+~2.1 PFLOP/s-equivalent at D = 128), serial with the GEMMs unless one warpgroup's softmax overlaps
+the other's WGMMAs, hence the ping-pong.
 
 Schedule: `schedules.attention.AttentionSchedule` (one producer warp: TMA of the Q tile once, then K
 and V blocks through two rings of smem stages; two consumer warpgroups of 64 Q rows each: WGMMA
