@@ -249,9 +249,9 @@ def register(*specs: KernelSpec) -> None:
 
 
 # Families whose specs live in modules of their own (imported last: they build on KernelSpec).
-from cute_kernels.specs_gemm import GEMM  # noqa: E402
+from cute_kernels.specs_gemm import GEMM, GEMM_SIMT  # noqa: E402
 
-register(GEMM)
+register(GEMM, GEMM_SIMT)
 
 
 # Lessons 3, 8, 9, 11, 12: GEMV, transposes, SiLU/SwiGLU, ArgMax (specs in their own module).

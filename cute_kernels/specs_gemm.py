@@ -112,3 +112,55 @@ def params_for(schedule: GemmSchedule, **signature) -> dict:
             "tile_k": schedule.tile_k, "cluster_m": schedule.cluster_m, "cluster_n": schedule.cluster_n,
             "stages": schedule.stages, "raster_group": schedule.raster_group, "persistent": schedule.persistent,
             **signature}
+
+
+# --- the SIMT rungs of the ladder (shared-memory tiled, register tiled) --------------------------
+@dataclass(frozen=True, eq=False)
+class GemmSimtSpec(KernelSpec):
+    def check(self, p):
+        self.tiling(p)
+
+    @staticmethod
+    def tiling(p):
+        from cute_kernels.kernels.gemm_simt import SimtTiling
+
+        return SimtTiling(p["tile_m"], p["tile_n"], p["tile_k"], p["thr_m"], p["thr_n"])
+
+    def build(self, p):
+        from cute_kernels.kernels.gemm_simt import SimtGemm
+
+        ab, out = dtypes.cutlass_of(p["dtype"]), dtypes.cutlass_of(p["out_dtype"])
+        m, n, k = cute.sym_int32(), cute.sym_int32(), cute.sym_int32()
+
+        def mat(dt, rows, cols):
+            return cute.runtime.make_fake_tensor(dt, (rows, cols), stride=(cute.sym_int32(), 1),
+                                                 assumed_align=dt.width // 8)
+
+        return SimtGemm(ab, out, self.tiling(p)), (mat(ab, m, k), mat(ab, k, n), mat(out, m, n), fake_stream())
+
+    def representative(self):
+        return [self.resolve(RUNGS["smem"]), self.resolve(RUNGS["register"])]
+
+
+RUNGS = {
+    "smem": {"tile_m": 32, "tile_n": 32, "tile_k": 32, "thr_m": 1, "thr_n": 1},
+    "register": {"tile_m": 128, "tile_n": 128, "tile_k": 8, "thr_m": 8, "thr_n": 8},
+}
+
+GEMM_SIMT = GemmSimtSpec(
+    name="gemm.simt",
+    family="gemm_simt",
+    lesson=10,
+    summary="GEMM ladder on CUDA cores: shared-memory tiled (1 output/thread) and register tiled (8x8/thread)",
+    ops=("gemm_ladder",),
+    status="ready",
+    params={
+        "dtype": Param("bf16", ("bf16", "fp16", "fp32"), "signature", "A and B element type"),
+        "out_dtype": Param("bf16", ("bf16", "fp16", "fp32"), "signature", "C element type"),
+        "tile_m": Param(128, (16, 32, 64, 128), help="CTA tile rows"),
+        "tile_n": Param(128, (16, 32, 64, 128), help="CTA tile columns"),
+        "tile_k": Param(8, (8, 16, 32), help="K slice per shared-memory stage"),
+        "thr_m": Param(8, (1, 2, 4, 8), help="output rows per thread (register tile)"),
+        "thr_n": Param(8, (1, 2, 4, 8), help="output columns per thread (register tile)"),
+    },
+)

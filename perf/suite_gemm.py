@@ -58,4 +58,30 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
         checks.append({"target": ">= 740 TFLOP/s at 8192^3", "measured": f"{big[0].ours_tbs:.0f} TFLOP/s",
                        "ok": big[0].ours_tbs >= 740})
     extra = "## Default schedule per shape\n\n| shape | schedule |\n|---|---|\n" + "\n".join(notes)
+    extra += "\n\n" + ladder()
     return rows, ["cuBLAS", "QuACK"] + [f"ours {k}" for k in schedules], checks, extra, {}
+
+
+FMA_TFLOPS = 132 * 128 * 2 * 1.98e9 / 1e12  # fp32 FMA on the CUDA cores (~67 TFLOP/s)
+
+
+def ladder(m: int = 4096, n: int = 4096, k: int = 4096) -> str:
+    """Lesson 10's roofline steps on one shape: SIMT shared-memory tiled -> register tiled (CUDA
+    cores) -> WGMMA (tensor cores), each against its own ceiling, beside cuBLAS."""
+    import cute_kernels as ck
+    from cute_kernels.ops.gemm import gemm_ladder
+
+    a, b = H.randn(m, k, seed=1), H.randn(k, n, seed=2)
+    flops = 2 * m * n * k
+    steps = [("SIMT, shared-memory tiled (1 output/thread)", lambda: gemm_ladder(a, b, "smem"), FMA_TFLOPS),
+             ("SIMT, register tiled (8x8 outputs/thread)", lambda: gemm_ladder(a, b, "register"), FMA_TFLOPS),
+             ("WGMMA, TMA pipeline, warp-specialized", lambda: ck.gemm(a, b), PEAK_BF16_TFLOPS),
+             ("cuBLAS (torch.matmul)", lambda: torch.matmul(a, b), PEAK_BF16_TFLOPS)]
+    lines = [f"## The ladder at {m}x{n}x{k} (bf16 in, fp32 accumulation)", "",
+             "| rung | ms | TFLOP/s | ceiling TFLOP/s | % of its ceiling |", "|---|---|---|---|---|"]
+    for name, f, ceil in steps:
+        H.progress(f"  ladder: {name}")
+        t = H.do_bench(f, rep_ms=100)["median_ms"]
+        tf = flops / t / 1e9
+        lines.append(f"| {name} | {t:.3f} | {tf:.1f} | {ceil:.0f} | {100 * tf / ceil:.1f} |")
+    return "\n".join(lines)

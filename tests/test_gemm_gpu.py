@@ -148,3 +148,13 @@ def test_errors():
         ck.gemm(a, randn(32, 8), activation="tanh")
     with pytest.raises(ValueError, match="bias"):
         ck.gemm(a, randn(32, 8), bias=randn(9))
+
+
+@pytest.mark.parametrize("rung", ["smem", "register"])
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (769, 130, 77), (256, 256, 512)])
+def test_simt_ladder(rung, m, n, k):
+    from cute_kernels.ops.gemm import gemm_ladder
+
+    a, b = randn(m, k), randn(k, n).t().contiguous().t()  # b column-major: copied by the op
+    _poison_allocator(m * n * 2)
+    _check(gemm_ladder(a, b, rung), a, b)

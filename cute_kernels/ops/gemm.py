@@ -214,3 +214,33 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, act
     if direct_call_ok(a, b, *(() if bias is None else (bias,))):
         return _gemm_cuda(a, b, bias, activation, out_dtype)
     return torch.ops.cute_kernels.gemm(a, b, bias, activation, out_dtype)
+
+
+def gemm_ladder(a: torch.Tensor, b: torch.Tensor, rung: str = "register", out_dtype: torch.dtype | None = None):
+    """a @ b for 2-D inputs on the CUDA cores: the SIMT rungs of lesson 10's ladder ("smem": shared-
+    memory tiled, one output per thread; "register": 8x8 outputs per thread), for study and for the
+    benchmark's roofline steps. Not a registered op: use `gemm` in models. Inputs whose last dim is
+    not unit-stride are copied."""
+    from cute_kernels.specs_gemm import GEMM_SIMT, RUNGS
+
+    if rung not in RUNGS:
+        raise ValueError(f"rung must be one of {tuple(RUNGS)}, got {rung!r}")
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D torch.Tensor")
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be on a CUDA device, got device '{t.device}'")
+        if t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise TypeError(f"{name} has dtype {t.dtype}; supported: bfloat16, float16, float32")
+    if a.dtype != b.dtype:
+        raise TypeError(f"a has dtype {a.dtype} but b has {b.dtype}; cast one of them first")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)}: inner dims differ")
+    out_dtype = out_dtype or a.dtype
+    a = a if a.stride(1) == 1 else a.contiguous()
+    b = b if b.stride(1) == 1 else b.contiguous()
+    out = torch.empty(a.shape[0], b.shape[1], dtype=out_dtype, device=a.device)
+    if out.numel():
+        fn = GEMM_SIMT.compiled(dtype=dtypes.name_of(a.dtype), out_dtype=dtypes.name_of(out_dtype), **RUNGS[rung])
+        fn(a, b, out)
+    return out
