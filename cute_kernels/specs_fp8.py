@@ -1,6 +1,7 @@
 """Catalogue entry of the FP8 block-scaled GEMM (lesson 13): the Hopper GEMM kernel in its
-`blockwise` mode. Config: the schedule (restricted by `schedules.fp8_gemm`); signature: the output
-dtype. A and B are e4m3 K-major, the scales fp32 (see `collectives.block_scales`)."""
+`blockwise` mode. Config: the schedule (restricted by `schedules.fp8_gemm`) and the MoE grouping
+("none", "contiguous", "masked": `schedules.gemm.TileWalk.tile`); signature: the output dtype.
+A and B are e4m3 K-major, the scales fp32 (see `collectives.block_scales`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from cutlass import Int32
 from cute_kernels import dtypes
 from cute_kernels.catalog import KernelSpec, Param
 from cute_kernels.jit import fake_stream
-from schedules.fp8_gemm import fp8_schedule
-from schedules.gemm import KINDS
+from schedules.fp8_gemm import fp8_schedule, grouped_error
+from schedules.gemm import GROUPINGS, KINDS
 
 OUT_DTYPES = ("bf16", "fp16")
 
@@ -32,10 +33,18 @@ def params_for(schedule, **signature) -> dict:
             "raster_group": schedule.raster_group, "persistent": schedule.persistent, **signature}
 
 
+def grouped_params(grouping: str, schedule, **signature) -> dict:
+    """Catalogue parameters of a grouped FP8 GEMM ("contiguous" or "masked") with `schedule`."""
+    return {**params_for(schedule, **signature), "grouping": grouping}
+
+
 @dataclass(frozen=True, eq=False)
 class Fp8GemmSpec(KernelSpec):
     def check(self, p):
-        schedule_of(p)  # raises ValueError naming an impossible tile / register / smem combination
+        s = schedule_of(p)  # raises ValueError naming an impossible tile / register / smem combination
+        err = grouped_error(s, p["grouping"])
+        if err:
+            raise ValueError(err)
 
     def build(self, p):
         from cute_kernels.kernels.gemm import Gemm
@@ -54,7 +63,16 @@ class Fp8GemmSpec(KernelSpec):
         f32 = cutlass.Float32
         sa = cute.runtime.make_fake_tensor(f32, (m, kb, batch), stride=(1, sym(4), sym(4)), assumed_align=16)
         sb = cute.runtime.make_fake_tensor(f32, (nb, kb, batch), stride=(sym(), sym(), sym()), assumed_align=4)
-        return Gemm(ab, out, s, blockwise=True).fp8, (a, b, d, sa, sb, Int32(1), fake_stream())
+        if p["grouping"] == "none":
+            return Gemm(ab, out, s, blockwise=True).fp8, (a, b, d, sa, sb, Int32(1), fake_stream())
+        # Grouped: B and sb per expert (E); A, sa, d have L = 1 (contiguous) or E (masked), symbolic
+        # here; groups is the expert of each row (contiguous, M) or the valid rows per expert (masked, E).
+        experts = sym()
+        b = cute.runtime.make_fake_tensor(ab, (n, k, experts), stride=(sym(16), 1, sym(16)), assumed_align=16)
+        sb = cute.runtime.make_fake_tensor(f32, (nb, kb, experts), stride=(sym(), sym(), sym()), assumed_align=4)
+        groups = cute.runtime.make_fake_tensor(Int32, (sym(),), stride=(1,), assumed_align=4)
+        kernel = Gemm(ab, out, s, blockwise=True, grouping=p["grouping"])
+        return kernel.fp8_grouped, (a, b, d, sa, sb, groups, Int32(1), fake_stream())
 
     def representative(self):
         return [self.resolve(), self.resolve({"schedule": "pingpong", "tile_m": 64})]
@@ -62,7 +80,14 @@ class Fp8GemmSpec(KernelSpec):
     def sweep(self):
         return self.representative() + [
             self.resolve({"tile_n": 64}), self.resolve({"schedule": "pingpong", "tile_m": 64, "tile_n": 64}),
-            self.resolve({"cluster_m": 1, "persistent": False}), self.resolve({"out_dtype": "fp16"})]
+            self.resolve({"cluster_m": 1, "persistent": False}), self.resolve({"out_dtype": "fp16"}),
+            *self.grouped()]
+
+    def grouped(self):
+        """The MoE variants: contiguous (cooperative, 1x2 clusters), masked (both kinds)."""
+        return [self.resolve({"grouping": "contiguous", "cluster_m": 1, "cluster_n": 2}),
+                self.resolve({"grouping": "masked"}),
+                self.resolve({"grouping": "masked", "schedule": "pingpong", "tile_m": 64})]
 
 
 FP8_GEMM = Fp8GemmSpec(
@@ -71,7 +96,8 @@ FP8_GEMM = Fp8GemmSpec(
     lesson=13,
     summary="FP8 e4m3 GEMM with 1x128 / 128x128 fp32 block scales, two-level (promoted) accumulation, "
             "on the Hopper GEMM's TMA pipeline and warp roles",
-    ops=("fp8_gemm", "quantize_1x128", "quantize_128x128"),
+    ops=("fp8_gemm", "fp8_gemm_grouped_contiguous", "fp8_gemm_grouped_masked", "quantize_1x128",
+         "quantize_128x128"),
     status="ready",
     params={
         "out_dtype": Param("bf16", OUT_DTYPES, "signature", "output element type"),
@@ -83,5 +109,7 @@ FP8_GEMM = Fp8GemmSpec(
         "stages": Param(0, (0, 2, 3, 4, 5, 6), help="A/B/scale smem stages (0: as many as fit)"),
         "raster_group": Param(8, (1, 2, 4, 8, 16), help="cluster-rows per raster group"),
         "persistent": Param(True, (True, False), help="persistent CTAs walking tiles, or one tile each"),
+        "grouping": Param("none", GROUPINGS, help="MoE grouped GEMM: none, contiguous (expert per row block), "
+                                                  "masked (valid rows per expert)"),
     },
 )

@@ -10,16 +10,22 @@
   kernel is traced (tile_n = 192 would straddle scale blocks differently from tile to tile).
 * each stage also holds the tile's A scales (tile_m fp32, one TMA box), so the stage count is
   recomputed here with those bytes included.
+
+Grouped (MoE) walks (`schedules.gemm.TileWalk.tile`): "contiguous" needs the cooperative kind
+(padding tiles are skipped, which the ping-pong turn order cannot absorb) and cluster_m = 1 (two
+M tiles of a cluster may belong to different experts, so they cannot share B by multicast; A is
+shared along N instead); "masked" runs every schedule (its walk never skips a tile).
 """
 
 from __future__ import annotations
 
 import functools
 
-from schedules.gemm import BARRIER_BYTES, SMEM_BYTES, GemmSchedule, estimate
+from schedules.gemm import BARRIER_BYTES, GROUPINGS, SMEM_BYTES, GemmSchedule, estimate
 
 SCALE_BLOCK = 128  # K (and B's N) elements per scale
 MAX_PROMOTED_ACC = 128  # fp32 registers per thread for accumulator + temporary
+M_ALIGN = 128  # contiguous grouping: each expert's rows start at a multiple of this (DeepGEMM's)
 FP8_TILES = (("cooperative", 128, 128), ("pingpong", 64, 128), ("cooperative", 128, 64), ("pingpong", 64, 64))
 _FP8_EFF = {("cooperative", 128, 128): 1.0, ("pingpong", 64, 128): 0.8, ("cooperative", 128, 64): 0.75,
             ("pingpong", 64, 64): 0.55}
@@ -38,6 +44,22 @@ def promoted_error(s: GemmSchedule) -> str | None:
     if 2 * acc_per_thread(s) > MAX_PROMOTED_ACC:
         return (f"{s.kind} {s.tile_m}x{s.tile_n}: 2 x {acc_per_thread(s)} fp32 accumulators per thread "
                 f"(sum + block temporary) > {MAX_PROMOTED_ACC}; use 128x128 cooperative or 64x128 ping-pong")
+    return None
+
+
+def grouped_error(s: GemmSchedule, grouping: str) -> str | None:
+    """Why schedule `s` cannot run the `grouping` walk (None when it can)."""
+    if grouping not in GROUPINGS:
+        return f"grouping must be one of {GROUPINGS}, got {grouping!r}"
+    if grouping == "contiguous":
+        if s.kind != "cooperative":
+            return ("contiguous grouping needs schedule='cooperative' (padding tiles are skipped; the "
+                    "ping-pong turn order assumes every tile is computed)")
+        if s.cluster_m != 1:
+            return ("contiguous grouping needs cluster_m = 1 (the M tiles of a cluster may belong to different "
+                    "experts and cannot share B by multicast); use cluster_n = 2 to share A")
+        if M_ALIGN % s.tile_m:
+            return f"contiguous grouping needs tile_m to divide the {M_ALIGN}-row alignment, got {s.tile_m}"
     return None
 
 
@@ -69,7 +91,8 @@ def fp8_schedule(kind: str = "cooperative", tile_m: int = 128, tile_n: int = 128
 
 
 @functools.lru_cache(maxsize=4096)
-def default_fp8_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: int = 132) -> GemmSchedule:
+def default_fp8_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: int = 132,
+                         batch: int = 1) -> GemmSchedule:
     """The FP8 tile with the least modelled time (`schedules.gemm.estimate`'s wave model with the
     FP8 tiles' own efficiencies), clustered 2x1 when there are at least two tile rows."""
     best = None
@@ -78,7 +101,7 @@ def default_fp8_schedule(m: int, n: int, k: int, kind: str | None = None, num_sm
             continue
         cm = 2 if -(-m // tm) >= 2 else 1
         s = fp8_schedule(knd, tm, tn, cluster_m=cm)
-        t = estimate(s, m, n, k, 1, num_sms) * _eff_correction(s)
+        t = estimate(s, m, n, k, batch, num_sms) * _eff_correction(s)
         if best is None or t < best[0] * 0.999:
             best = (t, s)
     return best[1]
@@ -89,3 +112,17 @@ def _eff_correction(s: GemmSchedule) -> float:
     from schedules.gemm import _TILE_EFF
 
     return _TILE_EFF.get((s.kind, s.tile_m, s.tile_n), 0.5) / _FP8_EFF[(s.kind, s.tile_m, s.tile_n)]
+
+
+@functools.lru_cache(maxsize=4096)
+def default_grouped_schedule(grouping: str, m: int, n: int, k: int, groups: int = 1,
+                             num_sms: int = 132) -> GemmSchedule:
+    """Schedule of a grouped FP8 GEMM. "contiguous" (m: all rows): cooperative 128x128 with A
+    shared by 1x2 clusters when there are two tile columns. "masked" (m: the expected valid rows per
+    expert, `groups` experts): `default_fp8_schedule`'s wave model over groups x that problem."""
+    if grouping == "contiguous":
+        cn = 2 if -(-n // 128) >= 2 else 1
+        return fp8_schedule("cooperative", 128, 128, cluster_m=1, cluster_n=cn)
+    if grouping == "masked":
+        return default_fp8_schedule(max(m, 1), n, k, None, num_sms, max(groups, 1))
+    raise ValueError(f"grouping must be 'contiguous' or 'masked', got {grouping!r}")

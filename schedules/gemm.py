@@ -19,6 +19,13 @@ is computed (that is `collectives/`):
   in L2.
 * clusters of `cluster_m x cluster_n` CTAs: the CTAs of a cluster row share B tiles, those of a
   column share A tiles, loaded once by TMA multicast.
+* grouped walks (MoE, only M grouped; `TileWalk.tile`, chosen when the kernel is traced): B holds
+  one weight per expert along its batch mode L. "contiguous": the experts' rows are concatenated
+  in A (each expert's block starts at a multiple of the tile), a device vector gives each row's
+  expert (-1: padding); a tile's B batch is the expert of its first row and tiles of padding are
+  skipped. "masked": A is (max_m, K, E), a device vector gives each expert's valid rows; the walk
+  enumerates only the cluster tiles below those counts (expert after expert, raster order inside
+  each), so nothing is skipped and no host synchronization is needed.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from cutlass import Int32
 SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90 (227 KiB)
 BARRIER_BYTES = 1024  # mbarriers and alignment slack
 KINDS = ("cooperative", "pingpong")
+GROUPINGS = ("none", "contiguous", "masked")
 
 
 @dataclass(frozen=True)
@@ -184,6 +192,77 @@ class TileWalk:
         of its cluster."""
         cm, cn, l = cluster_tile(self.first + i * self.stride, self.clusters_m, self.clusters_n, self.group)
         return cm * s.cluster_m + cta_m, cn * s.cluster_n + cta_n, l
+
+    def tile(self, i, cta_m, cta_n, s: GemmSchedule, grouping: str = "none", groups=None):
+        """(m, n, l, expert, valid) of this cluster's `i`-th tile: l indexes A, D and the A scales,
+        expert indexes B and the B scales, valid says whether the tile is computed at all. Without
+        grouping expert is l and valid the constant True (the dense kernel is unchanged).
+
+        groups: "contiguous": expert of each row of A (M,) int32, -1 for padding (read at the
+        tile's first row; `cluster_m` must be 1: two M tiles may need different B);
+        "masked": valid rows per expert (E,) int32 (`create_grouped` counted the tiles with it)."""
+        if grouping == "masked":
+            cm, cn, e = masked_cluster_tile(self.first + i * self.stride, groups, self.clusters_m, s.tile_m,
+                                            s.cluster_m, self.clusters_n, self.group)
+            return cm * s.cluster_m + cta_m, cn * s.cluster_n + cta_n, e, e, True
+        m, n, batch = self.coords(i, cta_m, cta_n, s)
+        if grouping == "contiguous":
+            e = groups[m * s.tile_m]
+            return m, n, batch, cutlass.max(e, 0), e >= 0
+        return m, n, batch, batch, True
+
+    @staticmethod
+    def create_grouped(tiles_m, tiles_n, batch, s: GemmSchedule, grouping: str, groups) -> TileWalk:
+        """`create`, for a grouped walk: "masked" walks only the cluster tiles of valid rows."""
+        walk = TileWalk.create(tiles_m, tiles_n, batch, s)
+        if grouping == "masked":
+            walk.total = masked_clusters(groups, walk.clusters_m, s.tile_m, s.cluster_m, walk.clusters_n)
+        return walk
+
+
+# --- grouped (MoE) walks ----------------------------------------------------------------------
+def masked_cluster_rows(valid_rows, clusters_m, tile_m, cluster_m):
+    """Cluster rows covering an expert's `valid_rows` (clamped to [0, the buffer's rows])."""
+    tiles = (cutlass.max(valid_rows, 0) + tile_m - 1) // tile_m
+    return cutlass.min((tiles + cluster_m - 1) // cluster_m, clusters_m)
+
+
+@cute.jit
+def masked_clusters(masked_m: cute.Tensor, clusters_m, tile_m: cutlass.Constexpr, cluster_m: cutlass.Constexpr,
+                    clusters_n):
+    """Cluster tiles of a masked grouped GEMM: sum over experts of their cluster rows x columns."""
+    total = Int32(0)
+    for e in cutlass.range(cute.size(masked_m), unroll=1):
+        total += masked_cluster_rows(masked_m[e], clusters_m, tile_m, cluster_m) * clusters_n
+    return total
+
+
+@cute.jit
+def masked_cluster_tile(t, masked_m: cute.Tensor, clusters_m, tile_m: cutlass.Constexpr,
+                        cluster_m: cutlass.Constexpr, clusters_n, group: cutlass.Constexpr):
+    """Cluster coordinates (cm, cn, expert) of the `t`-th valid cluster tile (t < the total of
+    `masked_clusters`): skip whole experts, then `cluster_tile`'s raster inside the expert."""
+    e = Int32(0)
+    base = Int32(0)
+    rows = masked_cluster_rows(masked_m[0], clusters_m, tile_m, cluster_m)
+    while t >= base + rows * clusters_n:
+        base += rows * clusters_n
+        e += 1
+        rows = masked_cluster_rows(masked_m[e], clusters_m, tile_m, cluster_m)
+    cm, cn, _ = cluster_tile(t - base, rows, clusters_n, group)
+    return cm, cn, e
+
+
+def masked_tile_order(masked_m: list[int], tiles_m: int, tiles_n: int, s: GemmSchedule) -> list[tuple[int, int, int]]:
+    """Host mirror of the masked walk (tests, pictures): every valid cluster tile (cm, cn, expert)
+    in the order the scheduler hands them out."""
+    cm, cn = -(-tiles_m // s.cluster_m), -(-tiles_n // s.cluster_n)
+    out = []
+    for e, rows in enumerate(masked_m):
+        r = min(-(-max(rows, 0) // s.tile_m), tiles_m)
+        r = min(-(-r // s.cluster_m), cm)
+        out += [(*cluster_tile(t, r, cn, s.raster_group)[:2], e) for t in range(r * cn)]
+    return out
 
 
 # --- the choice -------------------------------------------------------------------------------

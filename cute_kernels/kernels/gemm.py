@@ -17,6 +17,12 @@ K-major, with fp32 scales sa (M, K/128, L) per 1x128 block and sb (N/128, K/128,
 block (`collectives.block_scales`). The same kernel body runs with tile_k = 128 (one scale block
 per stage), the producer adds the tile's sa box to each stage, and the consumers run
 `mma_k_tiles_promoted` (two-level accumulation) instead of `mma_k_tiles`.
+
+Grouped FP8 (MoE, `grouping="contiguous"` or `"masked"`, launched by `Gemm.fp8_grouped`): B and sb
+hold one expert per batch index, and the tile walk (`schedules.gemm.TileWalk.tile`) gives each
+tile the expert whose B it multiplies: "contiguous" reads it per M tile from a device vector (tiles
+of padding rows are skipped), "masked" walks only the tiles below each expert's valid row count.
+Everything else (pipeline, promotion, epilogue) is the blockwise kernel.
 """
 
 from __future__ import annotations
@@ -43,11 +49,12 @@ _ORDER_BAR = 3  # ping-pong mainloop turns: 3 + warpgroup
 
 class Gemm:
     def __init__(self, ab_dtype, out_dtype, schedule: GemmSchedule, ops: EpilogueOps = EpilogueOps(),
-                 blockwise: bool = False):
+                 blockwise: bool = False, grouping: str = "none"):
         self.ab_dtype, self.out_dtype = ab_dtype, out_dtype
         self.s, self.ops = schedule, ops
         self.acc_dtype = Float32
         self.blockwise = blockwise  # FP8 1x128 / 128x128 block scales, promoted accumulation
+        self.grouping = grouping  # MoE grouped walk ("none", "contiguous", "masked"; FP8 only)
 
     @cute.jit
     def __call__(
@@ -72,9 +79,17 @@ class Gemm:
         self._launch(a, b, d, d, d, Float32(1.0), Float32(0.0), max_clusters, stream, sa, sb)
 
     @cute.jit
+    def fp8_grouped(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, sa: cute.Tensor, sb: cute.Tensor,
+                    groups: cute.Tensor, max_clusters: Int32, stream):
+        """Grouped (MoE) `fp8`: b (N, K, E) and sb (NB, KB, E) per expert. "contiguous": a, sa, d with
+        L = 1 and groups (M,) int32 the expert of each row (-1: padding); "masked": a (max_m, K, E),
+        sa, d likewise per expert and groups (E,) int32 the valid rows of each expert."""
+        self._launch(a, b, d, d, d, Float32(1.0), Float32(0.0), max_clusters, stream, sa, sb, groups)
+
+    @cute.jit
     def _launch(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, bias: cute.Tensor,
                 alpha: Float32, beta: Float32, max_clusters: Int32, stream, sa: cute.Tensor = None,
-                sb: cute.Tensor = None):
+                sb: cute.Tensor = None, groups: cute.Tensor = None):
         """Host side of both entry points (runs while they are traced): layouts, TMA atoms, launch."""
         s = self.s
         a_major, b_major, d_major = LayoutEnum.from_tensor(a), LayoutEnum.from_tensor(b), LayoutEnum.from_tensor(d)
@@ -114,6 +129,8 @@ class Gemm:
 
             self.storage = ScaledStorage
             scale_args = (tma_s, tma_gs, sb, sS_layout)
+            if cutlass.const_expr(self.grouping != "none"):
+                scale_args += (groups,)
         tiles_m = (cute.size(d, mode=[0]) + s.tile_m - 1) // s.tile_m
         tiles_n = (cute.size(d, mode=[1]) + s.tile_n - 1) // s.tile_n
         batch = cute.size(d, mode=[2])
@@ -146,6 +163,7 @@ class Gemm:
         mSA: cute.Tensor = None,
         mSB: cute.Tensor = None,
         sS_layout: cute.Layout = None,
+        groups: cute.Tensor = None,
     ):
         s = self.s
         tidx, _, _ = cute.arch.thread_idx()
@@ -195,7 +213,7 @@ class Gemm:
         k_tiles = cute.size(gA, mode=[3])
         tiles_m = cute.size(gD, mode=[2])
         tiles_n = cute.size(gD, mode=[3])
-        walk = TileWalk.create(tiles_m, tiles_n, cute.size(gD, mode=[4]), s)
+        walk = TileWalk.create_grouped(tiles_m, tiles_n, cute.size(gD, mode=[4]), s, self.grouping, groups)
         n_tiles = walk.count()
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(s.cluster_m, s.cluster_n))
@@ -206,11 +224,12 @@ class Gemm:
             if warp == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cute.size(sA_layout, mode=[2]))
                 for i in cutlass.range(n_tiles, unroll=1):
-                    tm, tn, tl = walk.coords(i, cta_m, cta_n, s)
-                    scale_box = (tma_s, tSgS[(None, tm, None, tl)], tSsS) if self.blockwise else ()
-                    state = produce_k_tiles(pipe, state, k_tiles,
-                                            tma_a, tAgA[(None, tm, None, tl)], tAsA, mask_a,
-                                            tma_b, tBgB[(None, tn, None, tl)], tBsB, mask_b, *scale_box)
+                    tm, tn, tl, te, valid = walk.tile(i, cta_m, cta_n, s, self.grouping, groups)
+                    if valid:  # B's batch index is the tile's expert (te is tl without grouping)
+                        scale_box = (tma_s, tSgS[(None, tm, None, tl)], tSsS) if self.blockwise else ()
+                        state = produce_k_tiles(pipe, state, k_tiles,
+                                                tma_a, tAgA[(None, tm, None, tl)], tAsA, mask_a,
+                                                tma_b, tBgB[(None, tn, None, te)], tBsB, mask_b, *scale_box)
                 pipe.producer_tail(state)
         else:
             # ---- consumers: WGMMA mainloop + epilogue ----
@@ -253,22 +272,25 @@ class Gemm:
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * s.consumers_per_tile))
             counter = Int32(0)
             for i in cutlass.range(first, n_tiles, step, unroll=1):
-                tm, tn, tl = walk.coords(i, cta_m, cta_n, s)
+                # valid is False only for padding tiles of the contiguous grouping (cooperative only:
+                # the ping-pong turn-taking assumes every tile is computed).
+                tm, tn, tl, te, valid = walk.tile(i, cta_m, cta_n, s, self.grouping, groups)
                 if cutlass.const_expr(s.kind == "pingpong"):
                     if i > 0:
                         my_turn.wait()  # the other warpgroup has issued its mainloop
-                if cutlass.const_expr(self.blockwise):
-                    scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, tl)
-                    read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read, release,
-                                                         k_tiles, scales)
-                else:
-                    read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, k_tiles)
-                if cutlass.const_expr(s.kind == "pingpong"):
-                    their_turn.arrive()  # hand the tensor cores over; our epilogue overlaps their mainloop
-                    read.advance(k_tiles)
-                    release.advance(k_tiles)
-                epi.apply_ops(self.ops, acc, tCcC, tm * s.tile_m, tn * s.tile_n, tl, mC, bias, alpha, beta)
-                counter = epi.store_tile(tiled_mma, acc, tid, sC, buf0, s.epi_stages, counter, tma_d,
-                                         gD[(None, None, tm, tn, tl)], s.epi_tile, self.out_dtype, d_major,
-                                         epi_bar, is_store_warp, store_pipe)
+                if valid:
+                    if cutlass.const_expr(self.blockwise):
+                        scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te)
+                        read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read,
+                                                             release, k_tiles, scales)
+                    else:
+                        read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, k_tiles)
+                    if cutlass.const_expr(s.kind == "pingpong"):
+                        their_turn.arrive()  # hand the tensor cores over; our epilogue overlaps their mainloop
+                        read.advance(k_tiles)
+                        release.advance(k_tiles)
+                    epi.apply_ops(self.ops, acc, tCcC, tm * s.tile_m, tn * s.tile_n, tl, mC, bias, alpha, beta)
+                    counter = epi.store_tile(tiled_mma, acc, tid, sC, buf0, s.epi_stages, counter, tma_d,
+                                             gD[(None, None, tm, tn, tl)], s.epi_tile, self.out_dtype, d_major,
+                                             epi_bar, is_store_warp, store_pipe)
             store_pipe.producer_tail()
