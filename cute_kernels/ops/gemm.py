@@ -95,7 +95,10 @@ def _operand(x3: torch.Tensor, k_dim: int):
 
 
 def _compiled(dtype, out_dtype, a_major, b_major, activation, has_bias, sched: GemmSchedule, device):
-    key = (dtype, out_dtype, a_major, b_major, activation, has_bias, sched, device)
+    # Keyed by the schedule's identity (hashing the dataclass costs more than the lookup; the
+    # default schedules come from an lru_cache, so equal ones are the same object); the entry keeps
+    # the schedule alive so its id cannot be reused.
+    key = (dtype, out_dtype, a_major, b_major, activation, has_bias, id(sched), device)
     hit = _fns.get(key)
     if hit is None:
         from cute_kernels.specs_gemm import GEMM, params_for
@@ -103,7 +106,7 @@ def _compiled(dtype, out_dtype, a_major, b_major, activation, has_bias, sched: G
         fn = GEMM.compiled(**params_for(sched, dtype=dtypes.name_of(dtype), out_dtype=dtypes.name_of(out_dtype),
                                         a_major="k" if a_major == "k" else "m", b_major="k" if b_major == "k" else "n",
                                         activation=activation, bias=has_bias))
-        hit = _fns[key] = (fn, num_sms(device))
+        hit = _fns[key] = (fn, num_sms(device), sched)
     return hit
 
 
@@ -141,7 +144,7 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
         d = d.as_strided(d.shape, (d.stride(0), 1, 16 * (rows + npad)))
 
     sched = schedule or default_schedule(rows, n, k)
-    fn, sms = _compiled(a.dtype, out_dtype, a_major, b_major, activation, bias is not None, sched, a.get_device())
+    fn, sms, _ = _compiled(a.dtype, out_dtype, a_major, b_major, activation, bias is not None, sched, a.get_device())
     if bias is None:
         bkey = (out_dtype, a.get_device())
         bias_t = _dummy_bias.get(bkey)
