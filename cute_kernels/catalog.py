@@ -276,3 +276,9 @@ register(FP8_GEMM)
 from cute_kernels.specs_attention import FLASH_ATTN  # noqa: E402
 
 register(FLASH_ATTN)
+
+
+# Issue 5: FP8 e4m3 quantizers feeding the FP8 GEMM (1x128 activations, 128x128 weights).
+from cute_kernels.specs_quant import QUANT  # noqa: E402
+
+register(*QUANT)

@@ -18,9 +18,13 @@ Shapes and layouts (validated, errors name the argument):
 Quantization (`quantize_1x128`, `quantize_128x128`): per block, amax = max |x| (at least 1e-4),
 scale = amax / 448 (448 = e4m3's largest finite value), rounded up to a power of two when
 `ue8m0=True` (UE8M0 scales: only an exponent); q = e4m3(x * (1 / scale)), round-to-nearest-even,
-saturating (|x * (1/scale)| <= 448 by construction, up to one rounding). These are torch
-implementations: the reference the GEMM tests use, exact and deterministic; the dequantized value
-is q * scale.
+saturating (|x * (1/scale)| <= 448 by construction, up to one rounding); the dequantized value is
+q * scale. The ops run the DSL kernels of `cute_kernels.kernels.quantize` (the math is
+`collectives.quantize`); `quantize_*_reference` are the same arithmetic in torch, bitwise equal to
+the kernels and identical on CPU and GPU (every division a true division: torch's CUDA
+`tensor / python_scalar` multiplies by the rounded reciprocal instead). NaN elements stay NaN and
+do not count in their block's amax; a block holding +-inf gets scale inf (its finite elements
+quantize to 0, its infinities to NaN).
 """
 
 from __future__ import annotations
@@ -82,16 +86,18 @@ def _check(a, sa, b, sb, out_dtype):
 
 # --- layouts the kernel reads -------------------------------------------------------------------
 def tma_aligned_scales(sa: torch.Tensor) -> torch.Tensor:
-    """sa (M, KB) as the kernel reads it: unit stride along M, K-block stride a multiple of 4
-    elements (16 bytes) and at least M, 16-byte aligned base. Returns sa itself when it already is,
-    else a copy (DeepGEMM's `get_mn_major_tma_aligned_tensor`)."""
-    m, kb = sa.shape
-    if sa.stride(0) == 1 and sa.stride(1) % 4 == 0 and sa.stride(1) >= m and sa.data_ptr() % 16 == 0:
+    """sa (M, KB), or (L, M, KB) for a batch of them (grouped GEMMs), as the kernel reads it: unit
+    stride along M, K-block stride a multiple of 4 elements (16 bytes) and at least M, batch stride
+    a multiple of 4, 16-byte aligned base. Returns sa itself when it already is, else a copy
+    (DeepGEMM's `get_mn_major_tma_aligned_tensor`)."""
+    m, kb = sa.shape[-2:]
+    if (sa.stride(-2) == 1 and sa.stride(-1) % 4 == 0 and sa.stride(-1) >= m and sa.data_ptr() % 16 == 0
+            and (sa.dim() == 2 or sa.stride(0) % 4 == 0)):
         return sa
     mp = -(-m // 4) * 4
-    buf = torch.empty(kb, mp, dtype=sa.dtype, device=sa.device)
-    buf[:, :m] = sa.t()
-    return buf[:, :m].t()
+    buf = torch.empty(*sa.shape[:-2], kb, mp, dtype=sa.dtype, device=sa.device)
+    buf[..., :m] = sa.transpose(-1, -2)
+    return buf[..., :m].transpose(-1, -2)
 
 
 def _k_major(x: torch.Tensor) -> torch.Tensor:
@@ -165,7 +171,7 @@ def fp8_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tenso
     return torch.ops.cute_kernels.fp8_gemm(a, sa, b, sb, out_dtype)
 
 
-# --- quantization (torch reference implementations) ----------------------------------------------
+# --- quantization: torch references and the kernels' ops ----------------------------------------------
 def _check_quant_input(name, x):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -175,8 +181,15 @@ def _check_quant_input(name, x):
         raise ValueError(f"{name} must be 2-D, got shape {tuple(x.shape)}")
 
 
+def _amax(x: torch.Tensor, dim) -> torch.Tensor:
+    """max |x| over `dim`, NaN ignored (the kernels' max.f32)."""
+    a = x.abs()
+    return torch.where(torch.isnan(a), torch.zeros_like(a), a).amax(dim=dim)
+
+
 def _scale_of(amax: torch.Tensor, ue8m0: bool) -> torch.Tensor:
-    s = amax.float().clamp(min=1e-4) / E4M3_MAX
+    # A tensor divisor: a true (correctly rounded) division on every device, as the kernels' div.rn.
+    s = amax.float().clamp(min=1e-4) / torch.full_like(amax, E4M3_MAX, dtype=torch.float32)
     if ue8m0:  # 2^ceil(log2 s), on the bits (exact on every device): bump the exponent if any mantissa bit
         bits = s.view(torch.int32)
         exp = (bits >> 23) + ((bits & 0x7FFFFF) != 0).to(torch.int32)
@@ -189,8 +202,8 @@ def quantize_1x128_reference(x: torch.Tensor, ue8m0: bool = False):
     m, k = x.shape
     kb = _blocks(k)
     xp = torch.nn.functional.pad(x.float(), (0, kb * BLOCK - k)).view(m, kb, BLOCK)
-    s = _scale_of(xp.abs().amax(dim=2), ue8m0)  # (M, KB)
-    q = (xp * (1.0 / s).unsqueeze(2)).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).view(m, kb * BLOCK)[:, :k]
+    s = _scale_of(_amax(xp, 2), ue8m0)  # (M, KB)
+    q = (xp * torch.reciprocal(s).unsqueeze(2)).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).view(m, kb * BLOCK)[:, :k]
     mp = -(-m // 4) * 4
     sa = torch.zeros(kb, mp, dtype=torch.float32, device=x.device)
     sa[:, :m] = s.t()
@@ -202,8 +215,8 @@ def quantize_128x128_reference(w: torch.Tensor, ue8m0: bool = False):
     n, k = w.shape
     nb, kb = _blocks(n), _blocks(k)
     wp = torch.nn.functional.pad(w.float(), (0, kb * BLOCK - k, 0, nb * BLOCK - n)).view(nb, BLOCK, kb, BLOCK)
-    s = _scale_of(wp.abs().amax(dim=(1, 3)), ue8m0)  # (NB, KB)
-    q = (wp * (1.0 / s).view(nb, 1, kb, 1)).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).view(nb * BLOCK, kb * BLOCK)[:n, :k]
+    s = _scale_of(_amax(wp, (1, 3)), ue8m0)  # (NB, KB)
+    q = (wp * torch.reciprocal(s).view(nb, 1, kb, 1)).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).view(nb * BLOCK, kb * BLOCK)[:n, :k]
     return q.contiguous(), s.contiguous()
 
 
@@ -232,14 +245,42 @@ def _quant_128x128_fake(w, ue8m0=False):
     return torch.empty(n, k, dtype=E4M3, device=w.device), torch.empty(_blocks(n), _blocks(k), device=w.device)
 
 
+_QUANT_CTAS_PER_SM = {"quantize.1x128": 4, "quantize.128x128": 2}  # at the kernels' 64 registers
+
+
+def _quant_launch(name, x, q, scales, ue8m0):
+    """Run kernel `name` on x (R, K) -> q, scales (both allocated by the caller)."""
+    from cute_kernels import catalog
+    from cute_kernels.specs_quant import ALIGN_ELEMS
+    from schedules.hardware import num_sms
+
+    r, k = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if r == 1:  # a single row: its stride is never followed; give it one the aligned variant accepts
+        x = x.as_strided((1, k), (-(-k // ALIGN_ELEMS) * ALIGN_ELEMS, 1))
+    aligned = k % ALIGN_ELEMS == 0 and x.stride(0) % ALIGN_ELEMS == 0 and x.data_ptr() % 16 == 0
+    index64 = max(r * x.stride(0), r * k) > 2**31 - 1
+    key = (name, x.dtype, aligned, index64, ue8m0)
+    fn = _fns.get(key)
+    if fn is None:
+        fn = _fns[key] = catalog.get(name).compiled(dtype=dtypes.name_of(x.dtype), aligned=aligned,
+                                                    index64=index64, ue8m0=ue8m0)
+    fn(x, q, scales, _QUANT_CTAS_PER_SM[name] * num_sms(x.get_device()))
+
+
 def _quant_1x128_cuda(x, ue8m0=False):
-    _check_quant_input("x", x)
-    return quantize_1x128_reference(x, ue8m0)
+    q, sa = _quant_1x128_fake(x, ue8m0)
+    if q.numel():
+        _quant_launch("quantize.1x128", x, q, sa, ue8m0)
+    return q, sa
 
 
 def _quant_128x128_cuda(w, ue8m0=False):
-    _check_quant_input("w", w)
-    return quantize_128x128_reference(w, ue8m0)
+    q, sb = _quant_128x128_fake(w, ue8m0)
+    if q.numel():
+        _quant_launch("quantize.128x128", w, q, sb, ue8m0)
+    return q, sb
 
 
 def _device_checked(fn, name):
@@ -260,9 +301,13 @@ register_op("cute_kernels::quantize_128x128", "(Tensor w, bool ue8m0=False) -> (
 def quantize_1x128(x: torch.Tensor, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Activations (M, K) bf16/fp16/fp32 -> (e4m3 (M, K), fp32 scales (M, ceil(K/128)) in the
     layout `fp8_gemm` reads without a copy). `ue8m0`: power-of-two scales."""
+    if direct_call_ok(x) and x.is_cuda:
+        return _quant_1x128_cuda(x, ue8m0)
     return torch.ops.cute_kernels.quantize_1x128(x, ue8m0)
 
 
 def quantize_128x128(w: torch.Tensor, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Weights (N, K) -> (e4m3 (N, K), fp32 scales (ceil(N/128), ceil(K/128)))."""
+    if direct_call_ok(w) and w.is_cuda:
+        return _quant_128x128_cuda(w, ue8m0)
     return torch.ops.cute_kernels.quantize_128x128(w, ue8m0)

@@ -1,0 +1,120 @@
+"""GPU: the FP8 quantizer kernels (issue 5) bitwise equal to the torch reference (run on the GPU
+and on the CPU), for 1x128 and 128x128, fp32 and power-of-two scales, bf16/fp16/fp32 inputs, odd
+shapes (K not a multiple of 128 or 16, one row), all-zero blocks, the NaN/inf policy, strided
+inputs, poisoned outputs; end to end, ck.fp8_gemm on the quantized operands against the bf16
+product within DeepGEMM's metric."""
+
+import pytest
+import torch
+
+from tests.helpers import randn
+
+pytestmark = pytest.mark.gpu
+
+ck = pytest.importorskip("cute_kernels")
+from cute_kernels.ops.fp8_gemm import quantize_1x128_reference, quantize_128x128_reference  # noqa: E402
+
+QUANT = {"1x128": (lambda x, u: ck.quantize_1x128(x, u), quantize_1x128_reference),
+         "128x128": (lambda x, u: ck.quantize_128x128(x, u), quantize_128x128_reference)}
+
+
+def _poison(nbytes):
+    torch.full((nbytes // 4 + 4096,), float("nan"), device="cuda")
+    torch.cuda.synchronize()
+
+
+def _same(a, b):
+    """Equal bits, NaN matching NaN (its sign and payload are not part of the contract)."""
+    a, b = a.cpu(), b.cpu()
+    assert a.shape == b.shape and a.dtype == b.dtype
+    if a.dtype == torch.float8_e4m3fn:
+        na, nb = torch.isnan(a.float()), torch.isnan(b.float())
+        assert torch.equal(na, nb), "NaN positions differ"
+        ai, bi = a.view(torch.uint8), b.view(torch.uint8)
+        bad = (ai != bi) & ~na
+        assert not bad.any(), f"{bad.sum().item()} of {a.numel()} e4m3 values differ, first at {bad.nonzero()[0].tolist()}"
+    else:
+        assert torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+def _check(kind, x, ue8m0):
+    run, ref = QUANT[kind]
+    _poison(x.numel() * 2)
+    q, s = run(x, ue8m0)
+    torch.cuda.synchronize()
+    q_gpu, s_gpu = ref(x, ue8m0)
+    q_cpu, s_cpu = ref(x.cpu(), ue8m0)
+    assert s.stride() == s_gpu.stride()
+    _same(q, q_gpu)
+    _same(s, s_gpu)
+    _same(q, q_cpu)
+    _same(s, s_cpu)
+    return q, s
+
+
+@pytest.mark.parametrize("kind", list(QUANT))
+@pytest.mark.parametrize("ue8m0", [False, True])
+@pytest.mark.parametrize("m,k", [(4096, 7168), (769, 200), (1, 16), (1, 7168), (5125, 128), (300, 1040), (130, 77)])
+def test_bitwise(kind, ue8m0, m, k):
+    _check(kind, randn(m, k) * 3, ue8m0)
+
+
+@pytest.mark.parametrize("kind", list(QUANT))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_dtypes(kind, dtype):
+    x = randn(257, 1536, dtype=dtype) * torch.logspace(-4, 4, 1536, device="cuda").to(dtype)
+    _check(kind, x, False)
+    _check(kind, x, True)
+
+
+@pytest.mark.parametrize("kind", list(QUANT))
+def test_zero_blocks_nan_inf(kind):
+    x = randn(300, 520)
+    x[:130, :128] = 0  # whole zero blocks, both granularities
+    x[200, 5] = float("nan")
+    x[250, 300] = float("inf")
+    x[260, 400] = -float("inf")
+    q, s = _check(kind, x, False)
+    assert torch.isnan(q[200, 5].float()) and torch.isinf(s).any()
+
+
+@pytest.mark.parametrize("kind", list(QUANT))
+def test_strided_inputs(kind):
+    base = randn(512, 2048)
+    _check(kind, base[:, 256:1792], False)  # row stride 2048: read in place
+    _check(kind, base[:, 3:1027], False)  # base not 16-byte aligned: the scalar variant
+    _check(kind, base.t()[:1000, :384], False)  # column-major: copied
+
+
+def test_empty():
+    q, s = ck.quantize_1x128(randn(0, 256))
+    assert q.shape == (0, 256) and s.shape == (0, 2)
+    q, s = ck.quantize_128x128(randn(5, 0))
+    assert q.shape == (5, 0) and s.shape == (1, 0)
+
+
+def calc_diff(x, y):
+    x, y = x.double(), y.double()
+    return (1 - 2 * (x * y).sum() / (x * x + y * y).sum()).item()
+
+
+@pytest.mark.parametrize("m,n,k", [(4096, 7168, 2048), (769, 2112, 7168), (64, 4096, 1040)])
+@pytest.mark.parametrize("ue8m0", [False, True])
+def test_end_to_end_gemm(m, n, k, ue8m0):
+    """DeepGEMM's check: the FP8 GEMM of the quantized operands against the bf16 product."""
+    x, w = randn(m, k), randn(n, k)
+    out = ck.fp8_gemm(*ck.quantize_1x128(x, ue8m0), *ck.quantize_128x128(w, ue8m0))
+    ref = x.float() @ w.float().t()
+    assert calc_diff(out, ref) < 1e-3
+
+
+def test_torch_compile():
+    x = randn(333, 1024)
+
+    @torch.compile(fullgraph=True)
+    def f(x):
+        return ck.quantize_1x128(x), ck.quantize_128x128(x)
+
+    (q, s), (w, sb) = f(x)
+    _same(q, quantize_1x128_reference(x)[0])
+    _same(w, quantize_128x128_reference(x)[0])
