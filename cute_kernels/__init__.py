@@ -26,6 +26,10 @@ from cute_kernels.ops import fp8_gemm, quantize_1x128, quantize_128x128  # noqa:
 
 __all__ += ["fp8_gemm", "quantize_1x128", "quantize_128x128"]
 
+from cute_kernels.ops import fp8_gemm_grouped_contiguous, fp8_gemm_grouped_masked  # noqa: E402
+
+__all__ += ["fp8_gemm_grouped_contiguous", "fp8_gemm_grouped_masked"]
+
 from cute_kernels.ops import flash_attn  # noqa: E402
 
 __all__ += ["flash_attn"]

@@ -193,13 +193,14 @@ class TileWalk:
         cm, cn, l = cluster_tile(self.first + i * self.stride, self.clusters_m, self.clusters_n, self.group)
         return cm * s.cluster_m + cta_m, cn * s.cluster_n + cta_n, l
 
-    def tile(self, i, cta_m, cta_n, s: GemmSchedule, grouping: str = "none", groups=None):
+    def tile(self, i, cta_m, cta_n, s: GemmSchedule, grouping: str = "none", groups=None, experts=None):
         """(m, n, l, expert, valid) of this cluster's `i`-th tile: l indexes A, D and the A scales,
         expert indexes B and the B scales, valid says whether the tile is computed at all. Without
         grouping expert is l and valid the constant True (the dense kernel is unchanged).
 
         groups: "contiguous": expert of each row of A (M,) int32, -1 for padding (read at the
-        tile's first row; `cluster_m` must be 1: two M tiles may need different B);
+        tile's first row; `cluster_m` must be 1: two M tiles may need different B; an expert
+        outside [0, experts) counts as padding, so a bad index never reads past B);
         "masked": valid rows per expert (E,) int32 (`create_grouped` counted the tiles with it)."""
         if grouping == "masked":
             cm, cn, e = masked_cluster_tile(self.first + i * self.stride, groups, self.clusters_m, s.tile_m,
@@ -208,7 +209,7 @@ class TileWalk:
         m, n, batch = self.coords(i, cta_m, cta_n, s)
         if grouping == "contiguous":
             e = groups[m * s.tile_m]
-            return m, n, batch, cutlass.max(e, 0), e >= 0
+            return m, n, batch, e, (e >= 0) & (e < experts)
         return m, n, batch, batch, True
 
     @staticmethod

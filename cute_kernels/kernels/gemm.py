@@ -214,6 +214,7 @@ class Gemm:
         tiles_m = cute.size(gD, mode=[2])
         tiles_n = cute.size(gD, mode=[3])
         walk = TileWalk.create_grouped(tiles_m, tiles_n, cute.size(gD, mode=[4]), s, self.grouping, groups)
+        experts = cute.size(mB, mode=[2]) if cutlass.const_expr(self.grouping == "contiguous") else None
         n_tiles = walk.count()
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(s.cluster_m, s.cluster_n))
@@ -224,7 +225,7 @@ class Gemm:
             if warp == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cute.size(sA_layout, mode=[2]))
                 for i in cutlass.range(n_tiles, unroll=1):
-                    tm, tn, tl, te, valid = walk.tile(i, cta_m, cta_n, s, self.grouping, groups)
+                    tm, tn, tl, te, valid = walk.tile(i, cta_m, cta_n, s, self.grouping, groups, experts)
                     if valid:  # B's batch index is the tile's expert (te is tl without grouping)
                         scale_box = (tma_s, tSgS[(None, tm, None, tl)], tSsS) if self.blockwise else ()
                         state = produce_k_tiles(pipe, state, k_tiles,
@@ -274,7 +275,7 @@ class Gemm:
             for i in cutlass.range(first, n_tiles, step, unroll=1):
                 # valid is False only for padding tiles of the contiguous grouping (cooperative only:
                 # the ping-pong turn-taking assumes every tile is computed).
-                tm, tn, tl, te, valid = walk.tile(i, cta_m, cta_n, s, self.grouping, groups)
+                tm, tn, tl, te, valid = walk.tile(i, cta_m, cta_n, s, self.grouping, groups, experts)
                 if cutlass.const_expr(s.kind == "pingpong"):
                     if i > 0:
                         my_turn.wait()  # the other warpgroup has issued its mainloop

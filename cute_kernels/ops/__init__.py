@@ -24,6 +24,9 @@ __all__ += ["cross_entropy", "layer_norm", "log_softmax", "rms_norm", "softmax"]
 from cute_kernels.ops.fp8_gemm import fp8_gemm, quantize_1x128, quantize_128x128  # noqa: E402
 
 __all__ += ["fp8_gemm", "quantize_1x128", "quantize_128x128"]
+from cute_kernels.ops.fp8_gemm_grouped import fp8_gemm_grouped_contiguous, fp8_gemm_grouped_masked  # noqa: E402
+
+__all__ += ["fp8_gemm_grouped_contiguous", "fp8_gemm_grouped_masked"]
 
 # Issue 6: FlashAttention forward (Hopper, FA3 schedule).
 from cute_kernels.ops.flash_attn import flash_attn  # noqa: E402

@@ -1,0 +1,284 @@
+"""Torch ops of lesson 13's grouped (MoE) FP8 GEMMs: one weight per expert, only M grouped. The
+kernel is the FP8 block-scaled GEMM (`ck.fp8_gemm`) with a grouped tile walk
+(`schedules.gemm.TileWalk.tile`); the scales are the same 1x128 (activations) and 128x128
+(weights) blocks.
+
+    y = ck.fp8_gemm_grouped_contiguous(a, sa, b, sb, m_indices)           # (M, N)
+    y = ck.fp8_gemm_grouped_masked(a, sa, b, sb, masked_m, expected_m)    # (E, max_m, N)
+
+Contiguous layout (prefill / training: every expert's tokens concatenated):
+
+* a (M, K) float8_e4m3fn, sa (M, ceil(K/128)) float32: as for `ck.fp8_gemm` (any sa layout, copied
+  into the TMA-aligned one when needed).
+* b (E, N, K) float8_e4m3fn, one (N, K) weight per expert; sb (E, ceil(N/128), ceil(K/128)) float32.
+* m_indices (M,) int32: the expert of each row of a, -1 for padding rows. Each expert's rows must
+  start at a multiple of 128 (`M_ALIGN`, DeepGEMM's alignment): the kernel reads the expert of a
+  128-row tile at the tile's first row and multiplies the whole tile by that expert's weight.
+  Tiles whose first row is padding (or names no expert in [0, E)) are skipped: their output rows
+  are left unwritten (unspecified), as are padding rows inside a computed tile (they hold that
+  expert's product of whatever a holds there).
+* returns (M, N) `out_dtype` (bf16 or fp16).
+
+Masked layout (decoding with expert parallelism: fixed per-expert buffers, CUDA-graph friendly):
+
+* a (E, max_m, K), sa (E, max_m, ceil(K/128)); b, sb as above.
+* masked_m (E,) int32: the valid rows of each expert, read by the kernel on the device (no host
+  synchronization, so the op can be captured in a CUDA graph); values are clamped to [0, max_m].
+* expected_m: a hint of the typical valid rows per expert for the schedule choice (default max_m).
+* returns (E, max_m, N); rows at or past masked_m[e] are unspecified.
+
+The torch references (`*_reference`) compute the same products in fp32 from the dequantized inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import dtypes
+from cute_kernels.ops._checks import direct_call_ok, register_op
+from cute_kernels.ops.fp8_gemm import (
+    E4M3,
+    OUT_TORCH,
+    _as3,
+    _blocks,
+    _k_major,
+    dequantize_1x128,
+    dequantize_128x128,
+    tma_aligned_scales,
+)
+from schedules.fp8_gemm import M_ALIGN  # noqa: F401  (re-exported: the contiguous layout's row alignment)
+
+_fns: dict[tuple, tuple] = {}
+
+
+# --- validation (shared by the real and fake implementations) -----------------------------------
+def _check_fp8(name, t, dims: str):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device, got device '{t.device}'")
+    if t.dtype != E4M3:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected torch.float8_e4m3fn (quantize it with "
+                        f"ck.quantize_1x128 / ck.quantize_128x128)")
+    if t.dim() != dims.count(",") + 1:
+        raise ValueError(f"{name} must be {dims.count(',') + 1}-D ({dims}), got shape {tuple(t.shape)}")
+
+
+def _check_scale(name, s, shape, what, device):
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
+    if s.dtype != torch.float32:
+        raise TypeError(f"{name} has dtype {s.dtype}; expected torch.float32 ({what})")
+    if tuple(s.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} ({what}), got {tuple(s.shape)}")
+    if s.device != device:
+        raise ValueError(f"{name} is on {s.device} but a is on {device}")
+
+
+def _check_index(name, t, shape, what, device):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected torch.int32 ({what})")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} ({what}), got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but a is on {device}")
+
+
+def _check_weights(a, b, sb):
+    """b (E, N, K) against a (..., K); returns (E, N, K)."""
+    _check_fp8("b", b, "E, N, K")
+    if a.device != b.device:
+        raise ValueError(f"a is on {a.device} but b is on {b.device}")
+    e, n, k = b.shape
+    if a.shape[-1] != k:
+        raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)}: K differs ({a.shape[-1]} vs {k}); "
+                         "b is (E, N, K), each expert's weight as stored")
+    _check_scale("sb", sb, (e, _blocks(n), _blocks(k)), "one per 128 x 128 block of each expert's b", a.device)
+    return e, n, k
+
+
+def _check_out(out_dtype):
+    if out_dtype is not None and out_dtype not in OUT_TORCH:
+        raise TypeError(f"out_dtype must be bfloat16, float16 or None, got {out_dtype}")
+
+
+def _check_contiguous(a, sa, b, sb, m_indices, out_dtype):
+    _check_fp8("a", a, "M, K")
+    e, n, k = _check_weights(a, b, sb)
+    m = a.shape[0]
+    _check_scale("sa", sa, (m, _blocks(k)), "one per row of a per 128 columns", a.device)
+    _check_index("m_indices", m_indices, (m,), "the expert of each row of a, -1 for padding", a.device)
+    _check_out(out_dtype)
+    return m, n, k, e
+
+
+def _check_masked(a, sa, b, sb, masked_m, expected_m, out_dtype):
+    _check_fp8("a", a, "E, max_m, K")
+    e, n, k = _check_weights(a, b, sb)
+    if a.shape[0] != e:
+        raise ValueError(f"a has {a.shape[0]} experts (dim 0) but b has {e}")
+    max_m = a.shape[1]
+    _check_scale("sa", sa, (e, max_m, _blocks(k)), "one per row of a per 128 columns", a.device)
+    _check_index("masked_m", masked_m, (e,), "the valid rows of each expert", a.device)
+    if expected_m is not None and (not isinstance(expected_m, int) or expected_m < 0):
+        raise ValueError(f"expected_m must be a non-negative int or None, got {expected_m!r}")
+    _check_out(out_dtype)
+    return e, max_m, n, k
+
+
+# --- layouts the kernel reads -------------------------------------------------------------------
+def _k_major3(x: torch.Tensor) -> torch.Tensor:
+    """x (L, rows, K) with unit stride along K and 16-byte aligned strides and base (TMA's rules),
+    copied (K zero-padded to a multiple of 16) when it is not."""
+    if x.stride(2) == 1 and x.stride(1) % 16 == 0 and x.stride(0) % 16 == 0 and x.shape[2] % 16 == 0 \
+            and x.data_ptr() % 16 == 0:
+        return x
+    kp = -(-x.shape[2] // 16) * 16
+    buf = torch.zeros(*x.shape[:2], kp, dtype=x.dtype, device=x.device)
+    buf[..., : x.shape[2]] = x
+    return buf
+
+
+def _per_expert(x: torch.Tensor) -> torch.Tensor:
+    """(E, rows, cols) -> the kernel's (rows, cols, E) view (no copy)."""
+    return x.permute(1, 2, 0)
+
+
+def _compiled(grouping, out_dtype, sched, device):
+    key = (grouping, out_dtype, sched, device)
+    hit = _fns.get(key)
+    if hit is None:
+        from cute_kernels.specs_fp8 import FP8_GEMM, grouped_params
+        from schedules.hardware import num_sms
+
+        fn = FP8_GEMM.compiled(**grouped_params(grouping, sched, out_dtype=dtypes.name_of(out_dtype)))
+        hit = _fns[key] = (fn, num_sms(device))
+    return hit
+
+
+# --- contiguous ---------------------------------------------------------------------------------
+def _contiguous_cuda(a, sa, b, sb, m_indices, out_dtype=None, schedule=None):
+    from schedules.fp8_gemm import default_grouped_schedule
+    from schedules.gemm import grid as tile_grid
+
+    m, n, k, e = _check_contiguous(a, sa, b, sb, m_indices, out_dtype)
+    out_dtype = out_dtype or torch.bfloat16
+    if m == 0 or n == 0:
+        return torch.empty(m, n, dtype=out_dtype, device=a.device)
+    if k == 0 or e == 0:
+        return torch.zeros(m, n, dtype=out_dtype, device=a.device)
+    a, b = _k_major(a), _k_major3(b)
+    sa = tma_aligned_scales(sa)
+    npad = -(-n // 8) * 8
+    out = torch.empty(m, npad, dtype=out_dtype, device=a.device)
+    d = out[:, :n] if npad != n else out
+    sched = schedule or default_grouped_schedule("contiguous", m, n, k)
+    fn, sms = _compiled("contiguous", out_dtype, sched, a.get_device())
+    max_clusters = tile_grid(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms)[2]
+    fn(_as3(a), _per_expert(b), _as3(d), _as3(sa), _per_expert(sb), m_indices.contiguous(), max_clusters)
+    return d
+
+
+def _contiguous_fake(a, sa, b, sb, m_indices, out_dtype=None):
+    m, n, _, _ = _check_contiguous(a, sa, b, sb, m_indices, out_dtype)
+    return torch.empty(m, n, dtype=out_dtype or torch.bfloat16, device=a.device)
+
+
+register_op("cute_kernels::fp8_gemm_grouped_contiguous",
+            "(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor m_indices, ScalarType? out_dtype=None) -> Tensor",
+            _contiguous_cuda, _contiguous_fake)
+
+
+def fp8_gemm_grouped_contiguous(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                                m_indices: torch.Tensor, out_dtype: torch.dtype | None = torch.bfloat16) -> torch.Tensor:
+    """Row r of the result is (a[r] * sa[r]) @ (b[m_indices[r]] * sb[m_indices[r]])^T: a (M, K) and
+    b (E, N, K) float8_e4m3fn, sa (M, ceil(K/128)), sb (E, ceil(N/128), ceil(K/128)) float32,
+    m_indices (M,) int32 (experts' rows 128-aligned, -1 padding); returns (M, N) `out_dtype`."""
+    if direct_call_ok(a, sa, b, sb, m_indices):
+        return _contiguous_cuda(a, sa, b, sb, m_indices, out_dtype)
+    return torch.ops.cute_kernels.fp8_gemm_grouped_contiguous(a, sa, b, sb, m_indices, out_dtype)
+
+
+# --- masked -------------------------------------------------------------------------------------
+def _masked_cuda(a, sa, b, sb, masked_m, expected_m=None, out_dtype=None, schedule=None):
+    from schedules.fp8_gemm import default_grouped_schedule
+    from schedules.gemm import grid as tile_grid
+
+    e, max_m, n, k = _check_masked(a, sa, b, sb, masked_m, expected_m, out_dtype)
+    out_dtype = out_dtype or torch.bfloat16
+    if e == 0 or max_m == 0 or n == 0:
+        return torch.empty(e, max_m, n, dtype=out_dtype, device=a.device)
+    if k == 0:
+        return torch.zeros(e, max_m, n, dtype=out_dtype, device=a.device)
+    a, b = _k_major3(a), _k_major3(b)
+    sa = tma_aligned_scales(sa)
+    npad = -(-n // 8) * 8
+    out = torch.empty(e, max_m, npad, dtype=out_dtype, device=a.device)
+    d = out[..., :n] if npad != n else out
+    expected = max_m if expected_m is None else min(max(expected_m, 1), max_m)
+    sched = schedule or default_grouped_schedule("masked", expected, n, k, e)
+    fn, sms = _compiled("masked", out_dtype, sched, a.get_device())
+    max_clusters = tile_grid(-(-max_m // sched.tile_m), -(-n // sched.tile_n), e, sched, sms)[2]
+    fn(_per_expert(a), _per_expert(b), _per_expert(d), _per_expert(sa), _per_expert(sb), masked_m.contiguous(),
+       max_clusters)
+    return d
+
+
+def _masked_fake(a, sa, b, sb, masked_m, expected_m=None, out_dtype=None):
+    e, max_m, n, _ = _check_masked(a, sa, b, sb, masked_m, expected_m, out_dtype)
+    return torch.empty(e, max_m, n, dtype=out_dtype or torch.bfloat16, device=a.device)
+
+
+register_op("cute_kernels::fp8_gemm_grouped_masked",
+            "(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor masked_m, int? expected_m=None, "
+            "ScalarType? out_dtype=None) -> Tensor",
+            _masked_cuda, _masked_fake)
+
+
+def fp8_gemm_grouped_masked(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                            masked_m: torch.Tensor, expected_m: int | None = None,
+                            out_dtype: torch.dtype | None = torch.bfloat16) -> torch.Tensor:
+    """result[e, :masked_m[e]] = (a[e] * sa[e]) @ (b[e] * sb[e])^T over the first masked_m[e] rows:
+    a (E, max_m, K), b (E, N, K) float8_e4m3fn, sa (E, max_m, ceil(K/128)), sb (E, ceil(N/128),
+    ceil(K/128)) float32, masked_m (E,) int32 read on the device; returns (E, max_m, N)."""
+    if direct_call_ok(a, sa, b, sb, masked_m):
+        return _masked_cuda(a, sa, b, sb, masked_m, expected_m, out_dtype)
+    return torch.ops.cute_kernels.fp8_gemm_grouped_masked(a, sa, b, sb, masked_m, expected_m, out_dtype)
+
+
+# --- torch references (fp32, on the dequantized inputs; they synchronize: tests only) -----------
+def fp8_gemm_grouped_contiguous_reference(a, sa, b, sb, m_indices) -> torch.Tensor:
+    """(M, N) fp32: row r = dequant(a)[r] @ dequant(b[m_indices[r]])^T; rows of padding (or of an
+    expert outside [0, E)) are 0."""
+    x = dequantize_1x128(a, sa)
+    out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device)
+    for e in range(b.shape[0]):
+        rows = (m_indices == e).nonzero().flatten()
+        if rows.numel():
+            out[rows] = x[rows] @ dequantize_128x128(b[e], sb[e]).t()
+    return out
+
+
+def fp8_gemm_grouped_masked_reference(a, sa, b, sb, masked_m) -> torch.Tensor:
+    """(E, max_m, N) fp32: expert e's first masked_m[e] rows = dequant(a[e]) @ dequant(b[e])^T,
+    the rest 0."""
+    e_count, max_m, _ = a.shape
+    out = torch.zeros(e_count, max_m, b.shape[1], dtype=torch.float32, device=a.device)
+    for e, rows in enumerate(masked_m.tolist()):
+        rows = min(max(rows, 0), max_m)
+        if rows:
+            out[e, :rows] = dequantize_1x128(a[e, :rows], sa[e, :rows]) @ dequantize_128x128(b[e], sb[e]).t()
+    return out
+
+
+def contiguous_layout(rows_per_expert: list[int], align: int = 128) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """m_indices (int32, CPU) for experts with these row counts, each padded to `align` rows with -1,
+    and each expert's (first row, rows) in it: how a caller builds the contiguous layout."""
+    idx, spans = [], []
+    for e, rows in enumerate(rows_per_expert):
+        spans.append((len(idx), rows))
+        padded = -(-rows // align) * align
+        idx += [e] * rows + [-1] * (padded - rows)
+    return torch.tensor(idx, dtype=torch.int32), spans
