@@ -108,12 +108,14 @@ def acc_rows_view(acc: cute.Tensor) -> cute.Tensor:
 
 
 @cute.jit
-def update_rows(s_rows: cute.Tensor, o_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, scale_log2: Float32,
-                row_threads: cutlass.Constexpr[int] = 4):
-    """Fold one block of logits into the row states: m = max(m, rowmax(S)); S becomes the
-    unnormalized probabilities exp(scale * (S - m)); the old l and O rows are rescaled by
-    exp(scale * (m_old - m)) and l gains the block's row sums. Fully masked rows (all -inf so far)
-    stay (-inf, 0) with zero probabilities: the exponent's reference is `finite_ref(m)`."""
+def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: cute.Tensor, scale_log2: Float32,
+                 row_threads: cutlass.Constexpr[int] = 4):
+    """Fold one block of logits into the row states, leaving O alone: m = max(m, rowmax(S)); S
+    becomes the unnormalized probabilities exp(scale * (S - m)); corr[r] = exp(scale * (m_old - m))
+    is the factor the row's earlier O and l are to be multiplied by (l here, O by `rescale_rows`,
+    possibly later: FA3's overlap rescales O once the previous P V GEMM has completed). Fully
+    masked rows (all -inf so far) stay (-inf, 0) with zero probabilities: the exponent's reference
+    is `finite_ref(m)`."""
     for r in cutlass.range_constexpr(cute.size(s_rows, mode=[0])):
         m_old = m[r]
         mx = m_old
@@ -122,15 +124,30 @@ def update_rows(s_rows: cute.Tensor, o_rows: cute.Tensor, m: cute.Tensor, lsum: 
         mx = cute.arch.warp_reduction_max(mx, threads_in_group=row_threads)
         m[r] = mx
         ref = finite_ref(mx) * scale_log2
-        corr = cute.math.exp2(m_old * scale_log2 - ref, fastmath=True)
+        corr[r] = cute.math.exp2(m_old * scale_log2 - ref, fastmath=True)
         total = Float32(0.0)
         for c in cutlass.range_constexpr(cute.size(s_rows, mode=[1])):
             p = cute.math.exp2(s_rows[r, c] * scale_log2 - ref, fastmath=True)
             s_rows[r, c] = p
             total = total + p
-        lsum[r] = lsum[r] * corr + total
+        lsum[r] = lsum[r] * corr[r] + total
+
+
+@cute.jit
+def rescale_rows(o_rows: cute.Tensor, corr: cute.Tensor):
+    """o_rows[r, :] *= corr[r]."""
+    for r in cutlass.range_constexpr(cute.size(o_rows, mode=[0])):
         for c in cutlass.range_constexpr(cute.size(o_rows, mode=[1])):
-            o_rows[r, c] = o_rows[r, c] * corr
+            o_rows[r, c] = o_rows[r, c] * corr[r]
+
+
+@cute.jit
+def update_rows(s_rows: cute.Tensor, o_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, scale_log2: Float32,
+                row_threads: cutlass.Constexpr[int] = 4):
+    """`softmax_rows` then `rescale_rows` of O by the same factors: one block folded in, in order."""
+    corr = cute.make_rmem_tensor((cute.size(s_rows, mode=[0]),), Float32)
+    softmax_rows(s_rows, m, lsum, corr, scale_log2, row_threads)
+    rescale_rows(o_rows, corr)
 
 
 @cute.jit

@@ -131,11 +131,13 @@ def acc_a_view(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, view)
 
 
-def acc_as_a_operand(acc: cute.Tensor, dtype) -> cute.Tensor:
+def acc_as_a_operand(acc: cute.Tensor, dtype, out: cute.Tensor | None = None) -> cute.Tensor:
     """The fp32 accumulator converted to `dtype` as the register A operand of the next WGMMA
     (`OperandSource.RMEM`): FlashAttention's P = softmax(S) feeding O += P V without a trip
-    through shared memory."""
+    through shared memory. Into `out` when given (registers that must outlive the accumulator's
+    next use: FA3's overlap keeps P_j while S_{j+1} is computed into the same accumulator)."""
     view = acc_a_view(acc)
-    out = cute.make_rmem_tensor(view.shape, dtype)
+    if out is None:
+        out = cute.make_rmem_tensor(view.shape, dtype)
     out.store(view.load().to(dtype))
     return out

@@ -33,12 +33,15 @@ def mask_name(left: int, right: int) -> str:
 
 def schedule_of(p) -> AttentionSchedule:
     tile_n = p["tile_n"] or default_schedule(p["head_dim"]).tile_n
-    return AttentionSchedule(kind=p["schedule"], tile_n=tile_n, stages=p["stages"], pingpong=p["pingpong"])
+    return AttentionSchedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=tile_n, stages=p["stages"],
+                             pingpong=p["pingpong"], overlap=p["overlap"])
 
 
 @dataclass(frozen=True, eq=False)
 class FlashAttnSpec(KernelSpec):
     def check(self, p):
+        if p["schedule"] == "fa2" or p["tile_m"] == 64:
+            p["pingpong"] = False  # no ping-pong without two consumer warpgroups of fa3 (see the param's help)
         s = schedule_of(p)
         if not s.fits(p["head_dim"]):
             raise ValueError(f"{self.name}: {s} does not fit head_dim {p['head_dim']} "
@@ -76,6 +79,10 @@ class FlashAttnSpec(KernelSpec):
                 out.append(self.resolve({"head_dim": d, "mask": mask}))
         out.append(self.resolve({"dtype": "fp16", "softcap": True}))
         out.append(self.resolve({"pingpong": False}))
+        out.append(self.resolve({"overlap": True}))
+        out.append(self.resolve({"overlap": True, "head_dim": 64, "mask": "causal"}))
+        out.append(self.resolve({"schedule": "fa2"}))
+        out.append(self.resolve({"schedule": "fa2", "tile_m": 64, "head_dim": 64, "mask": "causal"}))
         return out
 
 
@@ -83,8 +90,8 @@ FLASH_ATTN = FlashAttnSpec(
     name="flash_attn",
     family="attention",
     lesson=0,
-    summary="FlashAttention forward, FA3 warp-specialized: TMA Q/K/V rings, WGMMA QK^T and PV (P in registers), "
-            "ping-pong consumers; causal/window/softcap, GQA, LSE",
+    summary="FlashAttention forward, FA3 warp-specialized (or the FA2 arrangement): TMA Q/K/V rings, WGMMA QK^T "
+            "and PV (P in registers), ping-pong consumers, intra-warpgroup overlap; causal/window/softcap, GQA, LSE",
     ops=("flash_attn",),
     status="ready",
     params={
@@ -93,14 +100,18 @@ FLASH_ATTN = FlashAttnSpec(
         "mask": Param("none", MASKS, "signature", "bounded sides of the key window: none, causal (right), "
                       "window (left), band (both)"),
         "softcap": Param(False, (True, False), "signature", "logit softcap: cap * tanh(scale * s / cap)"),
-        "schedule": Param("fa3", KINDS, help="fa3: warp-specialized producer + consumer warpgroups"),
+        "schedule": Param("fa3", KINDS, help="fa3: warp-specialized producer + consumer warpgroups; fa2: every "
+                          "warpgroup computes, warp 0 loads in line (no producer, no setmaxnreg)"),
+        "tile_m": Param(128, (64, 128), help="Q rows per CTA (64 per computing warpgroup)"),
         "tile_n": Param(0, (0, 64, 80, 96, 112, 128, 160, 176, 192), help="K/V rows per stage (0: per head dim)"),
-        "stages": Param(0, (0, 2, 3, 4), help="K/V smem stages (0: as many as fit)"),
-        "pingpong": Param(True, (True, False), help="named barriers alternate the consumers' GEMMs"),
+        "stages": Param(0, (0, 1, 2, 3, 4), help="K/V smem stages (0: fa3 as many as fit, fa2 2)"),
+        "pingpong": Param(True, (True, False), help="named barriers alternate the consumers' GEMMs (fa3 with "
+                          "tile_m 128 only: set to False for fa2 and tile_m 64)"),
+        "overlap": Param(False, (True, False), help="fa3: issue the next S = Q K^T before this block's softmax"),
     },
 )
 
 
 def params_for(schedule: AttentionSchedule, **signature) -> dict:
-    return {"schedule": schedule.kind, "tile_n": schedule.tile_n, "stages": schedule.stages,
-            "pingpong": schedule.pingpong, **signature}
+    return {"schedule": schedule.kind, "tile_m": schedule.tile_m, "tile_n": schedule.tile_n,
+            "stages": schedule.stages, "pingpong": schedule.pingpong, "overlap": schedule.overlap, **signature}

@@ -1,7 +1,8 @@
 """Attention schedules (issue 6): who computes which Q tile of which head, with which warps, when.
 
 An `AttentionSchedule` fixes the *when and where* of a FlashAttention forward on Hopper, none of
-the *how* (that is `collectives/`: the TMA pipeline, WGMMA, the masks, the online softmax):
+the *how* (that is `collectives/`: the TMA pipeline, WGMMA, the masks, the online softmax). Both
+kinds run in the same kernel (`cute_kernels/kernels/flash_attn.py`), chosen at trace time:
 
 * `kind="fa3"` (warp-specialized, FlashAttention-3): warpgroup 0 is the producer (one warp issues
   the TMA loads: the Q tile once, then K and V blocks through two rings of `stages` swizzled smem
@@ -11,12 +12,21 @@ the *how* (that is `collectives/`: the TMA pipeline, WGMMA, the masks, the onlin
   operands in smem), masks and folds S into its online-softmax state (m, l) in registers, and adds
   P V into its O accumulator (WGMMA with P from registers). Named barriers take the consumers'
   GEMMs in turn (`pingpong`), so one warpgroup's softmax runs under the other's tensor-core work.
-* `kind="fa2"` (sliced Q, no warp specialization): planned; the same tile walk.
+  `overlap` (FA3 section 3.2, intra-warpgroup pipelining): a consumer issues S_{j+1} = Q K_{j+1}^T
+  and then O += P_j V_j before it waits, and runs the softmax of S_{j+1} while P_j V_j is still on
+  the tensor cores; O is rescaled after that GEMM completes. It costs no second fp32 S buffer:
+  P_j lives in its own bf16 registers (it is converted before S_{j+1} is issued).
+* `kind="fa2"` (FlashAttention-2's arrangement, no warp specialization): every warpgroup computes,
+  each owning 64 rows of the Q tile (sliced Q); there is no producer warpgroup and no `setmaxnreg`
+  (the 128 or 256 threads get up to 255 registers each). Warp 0, itself a compute warp, issues the
+  TMA loads in line: Q once, then, while the S = Q K^T of block j runs, K/V block j + stages - 1
+  into the stage every warp released after block j - 1 (stages 1: load, wait, compute; the default
+  2: double buffering as in FA2). Same collectives, same tile walk, no ping-pong, no overlap.
 * the tile walk: one CTA per (q tile, head, batch), grid (q_tiles, H_q, B). With a causal mask the
   q tiles are visited last-first (`reverse_m`): the CTAs of the longest rows (the most K/V blocks)
   start first, a cheap longest-processing-time order. A persistent LPT scheduler comes later.
 
-Registers: 24 + 2 x 240 = 504 <= 512 per thread-slot of the 64K file for 384 threads (FA3's
+Registers (fa3): 24 + 2 x 240 = 504 <= 512 per thread-slot of the 64K file for 384 threads (FA3's
 budget); three consumer warpgroups would be 32 + 3 x 160.
 """
 
@@ -27,30 +37,45 @@ from dataclasses import dataclass
 
 SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90 (227 KiB)
 BARRIER_BYTES = 1024  # mbarriers and alignment slack
-KINDS = ("fa3",)  # "fa2" planned
+KINDS = ("fa3", "fa2")
 HEAD_DIMS = (64, 96, 128, 192, 256)
+TILE_NS = (64, 80, 96, 112, 128, 160, 176, 192)
 
 
 @dataclass(frozen=True)
 class AttentionSchedule:
     kind: str = "fa3"
-    tile_m: int = 128  # Q rows per CTA (64 per consumer warpgroup)
+    tile_m: int = 128  # Q rows per CTA (64 per computing warpgroup): 64 or 128
     tile_n: int = 128  # K/V rows per pipeline stage
-    stages: int = 0  # K/V stages; 0 = as many as fit (at most 4)
-    consumer_wgs: int = 2
-    pingpong: bool = True  # named barriers alternate the consumers' GEMMs
+    stages: int = 0  # K/V stages; 0 = fa3: as many as fit (at most 4), fa2: 2
+    consumer_wgs: int = 0  # computing warpgroups; 0 = tile_m // 64
+    pingpong: bool | None = None  # named barriers alternate the consumers' GEMMs; None = on where possible
+    overlap: bool = False  # fa3: the next S = Q K^T is issued before this block's softmax
     producer_regs: int = 24
     consumer_regs: int = 240
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
-        if self.consumer_wgs != 2:
-            raise ValueError(f"consumer_wgs must be 2 (3 is planned), got {self.consumer_wgs}")
-        if self.tile_m != 64 * self.consumer_wgs:
-            raise ValueError(f"tile_m must be 64 x consumer_wgs = {64 * self.consumer_wgs}, got {self.tile_m}")
+        if self.tile_m not in (64, 128):
+            raise ValueError(f"tile_m must be 64 or 128 (64 rows per computing warpgroup; 192, three of them, is "
+                             f"planned), got {self.tile_m}")
+        wgs = self.consumer_wgs or self.tile_m // 64
+        if self.tile_m != 64 * wgs:
+            raise ValueError(f"tile_m must be 64 x consumer_wgs = {64 * wgs}, got {self.tile_m}")
+        object.__setattr__(self, "consumer_wgs", wgs)
+        if self.pingpong is None:
+            object.__setattr__(self, "pingpong", self.kind == "fa3" and wgs == 2)
+        if self.pingpong and (self.kind != "fa3" or wgs != 2):
+            raise ValueError(f"pingpong needs kind='fa3' with two consumer warpgroups (tile_m 128), got {self.kind} "
+                             f"with tile_m {self.tile_m}")
+        if self.overlap and self.kind != "fa3":
+            raise ValueError("overlap (the next S = Q K^T issued before the softmax) is an fa3 option; fa2 is the "
+                             "synchronous schedule")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {self.tile_n}")
+        if not 0 <= self.stages <= 4:
+            raise ValueError(f"stages must be in [1, 4], or 0 for the default, got {self.stages}")
         if self.producer_regs + self.consumer_wgs * self.consumer_regs > 512 or self.producer_regs % 8 \
                 or self.consumer_regs % 8 or self.producer_regs < 24 or self.consumer_regs > 256:
             raise ValueError("register budget: producer + consumers x consumer_regs <= 512 per thread, "
@@ -58,8 +83,18 @@ class AttentionSchedule:
 
     # --- warp roles ---------------------------------------------------------------------------
     @property
+    def warp_specialized(self) -> bool:
+        """A producer warpgroup (fa3) or every warpgroup computing and warp 0 loading in line (fa2)."""
+        return self.kind == "fa3"
+
+    @property
     def threads(self) -> int:
-        return 128 * (1 + self.consumer_wgs)
+        return 128 * (self.consumer_wgs + (1 if self.warp_specialized else 0))
+
+    @property
+    def prefetch(self) -> int:
+        """fa2: how many K/V blocks ahead warp 0 loads (the ring minus the stage being computed)."""
+        return 0 if self.warp_specialized else (self.stages or 2) - 1
 
     # --- registers (fp32 values per consumer thread) ------------------------------------------
     def accumulators(self, head_dim: int) -> int:
@@ -78,6 +113,8 @@ class AttentionSchedule:
         writes O into its own Q rows once its last S = Q K^T is done), so Q and K/V share smem."""
         if self.stages:
             return self.stages
+        if not self.warp_specialized:
+            return 2
         free = SMEM_BYTES - BARRIER_BYTES - self.q_bytes(head_dim, elem)
         return max(2, min(4, free // self.kv_stage_bytes(head_dim, elem)))
 
@@ -90,7 +127,8 @@ class AttentionSchedule:
 
     def __str__(self) -> str:
         pp = "pp" if self.pingpong else "nopp"
-        return f"{self.kind}_{self.tile_m}x{self.tile_n}_s{self.stages}_wg{self.consumer_wgs}_{pp}"
+        return (f"{self.kind}_{self.tile_m}x{self.tile_n}_s{self.stages}_wg{self.consumer_wgs}_{pp}"
+                + ("_ov" if self.overlap else ""))
 
 
 # Tile sizes per head dim (FA3's choices where the registers allow: O and S both live in registers,
@@ -105,17 +143,35 @@ def default_schedule(head_dim: int, causal: bool = False) -> AttentionSchedule:
     return AttentionSchedule(tile_n=_TILE_N[head_dim])
 
 
-def candidates(head_dim: int) -> list[AttentionSchedule]:
-    """Schedules worth timing for one head dim (`cute-kernels schedules attention`, planned)."""
-    out = []
-    for tn in (64, 80, 96, 112, 128, 160, 176, 192):
+def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[AttentionSchedule]:
+    """Schedules worth timing for one head dim (`cute-kernels schedules attention`), default first.
+
+    fa3 with tile_m 128: the default K/V block and its fitting neighbours (one smaller, one larger)
+    x ping-pong on/off x overlap on/off, plus two stages instead of as-many-as-fit; fa3 with one
+    consumer warpgroup (tile_m 64); fa2 with tile_m 128 and 64, the default block and the next
+    smaller one, two stages and one (fully synchronous). At most `limit` (~20 at every head dim)."""
+    d = default_schedule(head_dim, causal)
+    fitting = [tn for tn in TILE_NS if AttentionSchedule(tile_n=tn).fits(head_dim)]
+    i = fitting.index(d.tile_n)
+    near = [d.tile_n] + fitting[max(0, i - 1):i] + fitting[i + 1:i + 2]
+    specs = []
+    for tn in near:
         for pp in (True, False):
-            s = AttentionSchedule(tile_n=tn, pingpong=pp)
-            if s.fits(head_dim):
-                out.append(s)
-    d = default_schedule(head_dim)
-    out.sort(key=lambda s: (s != d, -s.tile_n))
-    return out
+            for ov in (False, True):
+                specs.append(dict(tile_n=tn, pingpong=pp, overlap=ov))
+    if d.num_stages(head_dim) > 2:
+        specs.append(dict(tile_n=d.tile_n, stages=2))
+    specs += [dict(tile_m=64, tile_n=d.tile_n), dict(tile_m=64, tile_n=d.tile_n, overlap=True)]
+    for tm in (128, 64):
+        for tn in near[:2]:
+            specs.append(dict(kind="fa2", tile_m=tm, tile_n=tn))
+    specs.append(dict(kind="fa2", tile_n=d.tile_n, stages=1))
+    out = []
+    for kw in specs:
+        s = AttentionSchedule(**kw)
+        if s.fits(head_dim) and s not in out:
+            out.append(s)
+    return out[:limit]
 
 
 # --- the tile walk ----------------------------------------------------------------------------

@@ -1,6 +1,8 @@
-"""CPU: FlashAttention compiles for sm_90a with what the FA3 schedule is made of (WGMMA, TMA loads and
-stores, setmaxnreg hand-over, named barriers with ids for the ping-pong and the epilogue) and no
-local memory; and the two register-layout facts the kernel rests on, checked element by element."""
+"""CPU: FlashAttention compiles for sm_90a with what each schedule is made of and no local memory:
+fa3 (WGMMA, TMA loads and stores, setmaxnreg hand-over, named barriers for the ping-pong and the
+epilogue), fa3 with the intra-warpgroup overlap (twice the WGMMA sites, consumer registers < 240),
+fa2 (no producer warpgroup, no setmaxnreg, TMA issued in line); and the two register-layout facts
+the kernel rests on, checked element by element."""
 
 import re
 
@@ -16,6 +18,13 @@ VARIANTS = [
     {"head_dim": 192, "mask": "band"},
     {"head_dim": 256, "mask": "causal"},
     {"head_dim": 128, "pingpong": False},
+    {"head_dim": 128, "overlap": True},
+    {"head_dim": 256, "mask": "causal", "overlap": True},
+    {"head_dim": 64, "overlap": True, "pingpong": False, "softcap": True},
+    {"head_dim": 128, "tile_m": 64},
+    {"head_dim": 128, "schedule": "fa2"},
+    {"head_dim": 64, "mask": "causal", "schedule": "fa2", "tile_m": 64},
+    {"head_dim": 256, "mask": "window", "schedule": "fa2", "stages": 1},
 ]
 
 
@@ -28,21 +37,33 @@ def compiled(request, tmp_path_factory):
     spec = catalog.get("flash_attn")
     p = spec.resolve(request.param)
     report, files = compile_with_artifacts(spec, p, str(tmp_path_factory.mktemp("fa")))
-    return request.param, p, report, files["ptx"].read_text()
+    sass = files["sass"].read_text() if "sass" in files else None
+    return request.param, p, report, files["ptx"].read_text(), sass
 
 
-def test_fa3_ingredients(compiled):
-    over, p, report, ptx = compiled
+def test_schedule_ingredients(compiled):
+    over, p, report, ptx, sass_text = compiled
     census = report.ptx_census
     d = p["head_dim"]
     from cute_kernels.specs_attention import schedule_of
 
     s = schedule_of(p)
-    # S = Q K^T: D/16 WGMMAs; O += P V: tile_n/16 (one 64 x N instruction each, per consumer warpgroup)
-    assert census["wgmma.mma_async"] == d // 16 + s.tile_n // 16, report.format()
+    # S = Q K^T: D/16 WGMMAs; O += P V: tile_n/16 (one 64 x N instruction each, per consumer warpgroup);
+    # the overlap issues each twice (first block / steady state, steady state / last block)
+    per_block = d // 16 + s.tile_n // 16
+    assert census["wgmma.mma_async"] == per_block * (2 if s.overlap else 1), report.format()
     assert census["cp.async.bulk.tensor"] >= 4  # Q, K, V loads + the O store
-    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24\b", ptx)
-    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240\b", ptx)
+    k = report.kernels[0]
+    assert k.threads is None or k.threads[0] == s.threads
+    if s.warp_specialized:
+        assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24\b", ptx)
+        assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240\b", ptx)
+    else:  # fa2: no producer warpgroup, no register hand-over; every thread may use up to 255
+        assert "setmaxnreg" not in ptx and census["setmaxnreg"] == 0
+        assert s.threads == 128 * s.consumer_wgs and k.registers <= 255
+    if sass_text is not None:  # the consumers' registers stay under setmaxnreg's 240 (fa3) / 255 (fa2)
+        top = max(int(r) for r in re.findall(r"\bR(\d+)\b", sass_text))
+        assert top < (240 if s.warp_specialized else 255), top
     assert re.search(r"bar\.sync\s+%r\d+, 128;", ptx)  # the epilogue's per-warpgroup barrier (id 1 + wg)
     if s.pingpong:
         assert len(re.findall(r"bar\.arrive\s+%r\d+, 256;", ptx)) >= 2  # ping-pong turns (ids 3, 4)

@@ -38,6 +38,59 @@ def test_stage_counts_and_errors():
     assert not AttentionSchedule(tile_n=256).fits(256)
 
 
+def test_fa2_and_overlap_schedules():
+    s = AttentionSchedule(kind="fa2")
+    assert not s.pingpong and not s.warp_specialized and s.threads == 256 and s.consumer_wgs == 2
+    assert s.num_stages(128) == 2 and s.prefetch == 1 and s.fits(128)
+    assert AttentionSchedule(kind="fa2", stages=1).prefetch == 0  # load, wait, compute
+    assert AttentionSchedule(kind="fa2", stages=3).prefetch == 2
+    s64 = AttentionSchedule(kind="fa2", tile_m=64)
+    assert s64.threads == 128 and s64.consumer_wgs == 1 and s64.q_bytes(128) == 16384
+    f64 = AttentionSchedule(tile_m=64)
+    assert f64.threads == 256 and not f64.pingpong and f64.warp_specialized
+    assert AttentionSchedule().pingpong and AttentionSchedule().threads == 384 and AttentionSchedule().prefetch == 0
+    ov = AttentionSchedule(overlap=True)
+    assert ov.accumulators(128) == AttentionSchedule().accumulators(128)  # P_j in its own bf16 registers
+    assert str(ov) == "fa3_128x128_s0_wg2_pp_ov" and str(AttentionSchedule()) == "fa3_128x128_s0_wg2_pp"
+    assert AttentionSchedule(pingpong=True) == AttentionSchedule()  # None resolves to the kind's default
+    with pytest.raises(ValueError, match="pingpong"):
+        AttentionSchedule(kind="fa2", pingpong=True)
+    with pytest.raises(ValueError, match="pingpong"):
+        AttentionSchedule(tile_m=64, pingpong=True)
+    with pytest.raises(ValueError, match="overlap"):
+        AttentionSchedule(kind="fa2", overlap=True)
+    with pytest.raises(ValueError, match="kind"):
+        AttentionSchedule(kind="fa1")
+    with pytest.raises(ValueError, match="stages"):
+        AttentionSchedule(stages=5)
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_candidate_lists(d):
+    """The list `cute-kernels schedules attention` times: default first, <= 24, both kinds, ping-pong
+    and overlap on and off, both tile_m; each round-trips through the catalogue's params."""
+    from cute_kernels.specs_attention import FLASH_ATTN, params_for, schedule_of
+
+    cs = candidates(d, causal=True)
+    assert cs[0] == default_schedule(d, True) and 10 <= len(cs) <= 24
+    assert len({str(c) for c in cs}) == len(cs) and all(c.fits(d) for c in cs)
+    assert {c.kind for c in cs} == {"fa3", "fa2"} and {c.tile_m for c in cs} == {64, 128}
+    assert {c.overlap for c in cs} == {True, False} and {c.pingpong for c in cs} == {True, False}
+    assert len(candidates(d, limit=5)) == 5
+    for c in cs:
+        p = FLASH_ATTN.resolve(params_for(c, head_dim=d, mask="causal"))
+        assert schedule_of(p) == c
+
+
+def test_catalogue_params_for_fa2():
+    from cute_kernels.specs_attention import FLASH_ATTN, schedule_of
+
+    p = FLASH_ATTN.resolve({"schedule": "fa2"})  # the pingpong param's default (True) means nothing for fa2
+    assert p["pingpong"] is False and schedule_of(p) == AttentionSchedule(kind="fa2")
+    with pytest.raises(ValueError, match="overlap"):
+        FLASH_ATTN.resolve({"schedule": "fa2", "overlap": True})
+
+
 def test_grid_and_lpt_order():
     s = default_schedule(128)
     assert grid(1000, 16, 2, s) == (8, 16, 2)

@@ -1,4 +1,4 @@
-"""FlashAttention forward on Hopper, FA3-style warp-specialized (issue 6):
+"""FlashAttention forward on Hopper, FA3-style warp-specialized or FA2-style (issue 6):
 O = softmax(scale * Q K^T [softcap] [mask]) V and the fp32 log-sum-exp per query row.
 
 Roofline: 4 * S_q * S_k * D * H * B FLOPs (two GEMMs; half of that with a causal mask), over
@@ -11,8 +11,12 @@ the other's WGMMAs, hence the ping-pong.
 Schedule: `schedules.attention.AttentionSchedule` (one producer warp: TMA of the Q tile once, then K
 and V blocks through two rings of smem stages; two consumer warpgroups of 64 Q rows each: WGMMA
 S = Q K^T from smem, mask + online softmax in registers, WGMMA O += P V with P from registers;
-named barriers alternate the consumers' GEMMs). Collectives: `tma_pipeline` (smem atoms, TMA atoms,
-the stage rings), `wgmma_mainloop.acc_as_a_operand` (P as the register A operand),
+named barriers alternate the consumers' GEMMs; with `overlap` each consumer also keeps S_{j+1} = Q K^T
+and P_j V in flight together, its softmax running under the second). `kind="fa2"` is the same kernel
+without warp specialization (trace-time branches): every warpgroup computes 64 Q rows, warp 0 issues
+the TMA loads in line between its own GEMMs, no setmaxnreg, no ping-pong. Collectives:
+`tma_pipeline` (smem atoms, TMA atoms, the stage rings), `wgmma_mainloop.acc_as_a_operand` (P as the
+register A operand),
 `attention_mask` (block ranges, elementwise mask, softcap), `online_softmax` (row states),
 `epilogue.store_tile` (O via stmatrix + TMA store, staged through the warpgroup's own Q rows).
 
@@ -25,6 +29,8 @@ stores; key columns past S_k are masked.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -35,10 +41,10 @@ from cutlass.tensor_utils import LayoutEnum
 
 from collectives import epilogue as epi
 from collectives.attention_mask import MaskKind, apply_mask, apply_softcap, block_needs_mask, n_block_range
-from collectives.online_softmax import NEG_INF, acc_rows_view, finalize_rows, update_rows
+from collectives.online_softmax import NEG_INF, acc_rows_view, finalize_rows, rescale_rows, softmax_rows, update_rows
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma
 from collectives.vector_io import extent
-from collectives.wgmma_mainloop import acc_as_a_operand
+from collectives.wgmma_mainloop import acc_a_view, acc_as_a_operand
 from schedules.attention import AttentionSchedule, tile_coords
 
 # Named barrier ids (0 is __syncthreads).
@@ -183,118 +189,228 @@ class FlashAttnFwd:
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        if wg == 0:
-            # ---- producer: one warp loads Q once, then K and V of each block, last block first ----
-            cute.arch.setmaxregister_decrease(s.producer_regs)
-            if warp == 0:
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                pipe_q.producer_acquire(q_state)
-                q_bar = pipe_q.producer_get_barrier(q_state)
-                for w in cutlass.range_constexpr(s.consumer_wgs):
-                    cute.copy(tma_q, tQgQ[(None, m_block * s.consumer_wgs + w)], tQsQ[(None, w)], tma_bar_ptr=q_bar)
-                pipe_q.producer_commit(q_state)
-                kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
-                for i in cutlass.range(n_count, unroll=1):
-                    n = n_max - 1 - i
-                    pipe_k.producer_acquire(kv)
-                    cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, kv.index)], tma_bar_ptr=pipe_k.producer_get_barrier(kv))
-                    pipe_k.producer_commit(kv)
-                    pipe_v.producer_acquire(kv)
-                    cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, kv.index)], tma_bar_ptr=pipe_v.producer_get_barrier(kv))
-                    pipe_v.producer_commit(kv)
-                    kv.advance()
-                pipe_k.producer_tail(kv)
-                pipe_v.producer_tail(kv)
+        pipes = SimpleNamespace(q=pipe_q, k=pipe_k, v=pipe_v)
+        loads = SimpleNamespace(q=tma_q, gq=tQgQ, sq=tQsQ, k=tma_k, gk=tKgK, sk=tKsK, v=tma_v, gv=tVgV, sv=tVsV)
+        tile = SimpleNamespace(m_block=m_block, h=h, b=b, n_max=n_max, n_count=n_count, seqlen_q=seqlen_q,
+                               seqlen_k=seqlen_k, left=window_left, right=window_right)
+        out = SimpleNamespace(mLSE=mLSE, tma_o=tma_o, gO=gO, sQ_ptr=st.sQ.data_ptr(), q_stage=q_stage,
+                              sO_layout=sO_layout, scale_log2=scale_log2, scale_lse=scale_lse,
+                              scale_over_cap=scale_over_cap, cap=cap)
+        if cutlass.const_expr(s.warp_specialized):
+            if wg == 0:
+                # ---- fa3 producer: one warp loads Q once, then K and V of each block, last block first ----
+                cute.arch.setmaxregister_decrease(s.producer_regs)
+                if warp == 0:
+                    self.load_q(pipes, loads, m_block)
+                    kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+                    for i in cutlass.range(n_count, unroll=1):
+                        self.load_kv(pipes, loads, kv, n_max - 1 - i)
+                        kv.advance()
+                    pipe_k.producer_tail(kv)
+                    pipe_v.producer_tail(kv)
+            else:
+                cute.arch.setmaxregister_increase(s.consumer_regs)
+                self.consumer(wg - 1, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, loads, tile, out)
         else:
-            # ---- consumers: 64 Q rows each ----
-            cute.arch.setmaxregister_increase(s.consumer_regs)
-            cwg = wg - 1
-            tid = tidx % 128
-            thr_qk = tiled_mma_qk.get_slice(tid)
-            thr_pv = tiled_mma_pv.get_slice(tid)
-            tSrQ = tiled_mma_qk.make_fragment_A(thr_qk.partition_A(sQ))
-            tSrK = tiled_mma_qk.make_fragment_B(thr_qk.partition_B(sK))
-            tOrV = tiled_mma_pv.make_fragment_B(thr_pv.partition_B(sV))
-            acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((64, s.tile_n)), Float32)
-            acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((64, d)), Float32)
-            tScS = thr_qk.partition_C(cute.make_identity_tensor((64, s.tile_n)))
-            tOcO = thr_pv.partition_C(cute.make_identity_tensor((64, d)))
-            s_rows = acc_rows_view(acc_s)
-            o_rows = acc_rows_view(acc_o)
-            rows = cute.size(o_rows, mode=[0])
-            row_max = cute.make_rmem_tensor((rows,), Float32)
-            row_sum = cute.make_rmem_tensor((rows,), Float32)
-            row_max.fill(NEG_INF)
-            row_sum.fill(0.0)
-            acc_o.fill(0.0)
-            tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
-            k_blocks_qk = cute.size(tSrQ, mode=[2])
+            # ---- fa2: every warpgroup computes its 64 rows; warp 0 also issues the loads in line ----
+            self.consumer(wg, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, loads, tile, out)
 
-            row0 = m_block * s.tile_m + cwg * 64
-            off = seqlen_k - seqlen_q
-            my_turn = pipeline.NamedBarrier(barrier_id=_TURN_BAR + cwg, num_threads=256)
-            their_turn = pipeline.NamedBarrier(barrier_id=_TURN_BAR + 1 - cwg, num_threads=256)
+    # --- the loads (fa3: the producer warp; fa2: warp 0 between its own GEMMs) --------------------
+    @cute.jit
+    def load_q(self, pipes: SimpleNamespace, loads: SimpleNamespace, m_block: Int32):
+        s = self.s
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        pipes.q.producer_acquire(q_state)
+        q_bar = pipes.q.producer_get_barrier(q_state)
+        for w in cutlass.range_constexpr(s.consumer_wgs):
+            cute.copy(loads.q, loads.gq[(None, m_block * s.consumer_wgs + w)], loads.sq[(None, w)], tma_bar_ptr=q_bar)
+        pipes.q.producer_commit(q_state)
 
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            pipe_q.consumer_wait(q_state)
-            if cutlass.const_expr(s.pingpong):
-                if cwg == 0:
-                    my_turn.arrive()  # warpgroup 1 goes first
-                my_turn.arrive_and_wait()
+    @cute.jit
+    def load_kv(self, pipes: SimpleNamespace, loads: SimpleNamespace, kv: pipeline.PipelineState, n: Int32):
+        """K and V^T of block n into stage kv.index, each on its ring's full barrier."""
+        pipes.k.producer_acquire(kv)
+        cute.copy(loads.k, loads.gk[(None, n)], loads.sk[(None, kv.index)], tma_bar_ptr=pipes.k.producer_get_barrier(kv))
+        pipes.k.producer_commit(kv)
+        pipes.v.producer_acquire(kv)
+        cute.copy(loads.v, loads.gv[(None, n)], loads.sv[(None, kv.index)], tma_bar_ptr=pipes.v.producer_get_barrier(kv))
+        pipes.v.producer_commit(kv)
+
+    @cute.jit
+    def load_kv_inline(self, pipes: SimpleNamespace, loads: SimpleNamespace, tile: SimpleNamespace, j: Int32):
+        """fa2: warp 0 loads the j-th block of the walk (block n_max - 1 - j) when there is one. Its
+        producer state is computed from j (no state carried through the consumers' branches)."""
+        stages = self.s.num_stages(self.d, self.dtype.width // 8)
+        if j < tile.n_count:
+            kv = pipeline.PipelineState(stages, j, j % stages, 1 - (j // stages) % 2)
+            self.load_kv(pipes, loads, kv, tile.n_max - 1 - j)
+
+    # --- the GEMMs of one K/V block (issued, committed, not waited for) -------------------------
+    @cute.jit
+    def qk_gemm(self, tiled_mma: cute.TiledMma, acc_s: cute.Tensor, tSrQ: cute.Tensor, tSrK: cute.Tensor, stage: Int32):
+        """S = Q K^T: D / 16 WGMMAs, both operands in smem."""
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+            cute.gemm(tiled_mma, acc_s, tSrQ[(None, None, kb)], tSrK[(None, None, kb, stage)], acc_s)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def pv_gemm(self, tiled_mma: cute.TiledMma, acc_o: cute.Tensor, p: cute.Tensor, tOrV: cute.Tensor, stage: Int32):
+        """O += P V: tile_n / 16 WGMMAs, P from registers."""
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(p, mode=[2])):
+            cute.gemm(tiled_mma, acc_o, p[(None, None, kb)], tOrV[(None, None, kb, stage)], acc_o)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def scores(self, acc_s: cute.Tensor, tScS: cute.Tensor, n: Int32, row0: Int32, tile: SimpleNamespace,
+               out: SimpleNamespace):
+        """Softcap, then the mask (only on blocks that cross the band's edges or the key end)."""
+        s, kind = self.s, self.mask
+        if cutlass.const_expr(self.softcap):
+            apply_softcap(acc_s, out.scale_over_cap, out.cap)
+        if block_needs_mask(n, tile.m_block, s.tile_m, s.tile_n, tile.seqlen_q, tile.seqlen_k, tile.left, tile.right,
+                            kind):
+            apply_mask(acc_s, tScS, row0, n * s.tile_n, tile.seqlen_k, tile.seqlen_k - tile.seqlen_q, tile.left,
+                       tile.right, kind)
+
+    # --- a computing warpgroup: 64 Q rows ------------------------------------------------------
+    @cute.jit
+    def consumer(self, cwg: Int32, tidx: Int32, warp: Int32, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+                 sQ: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor, pipes: SimpleNamespace, loads: SimpleNamespace,
+                 tile: SimpleNamespace, out: SimpleNamespace):
+        s, d, dt = self.s, self.d, self.dtype
+        stages = s.num_stages(d, dt.width // 8)
+        tid = tidx % 128
+        thr_qk = tiled_mma_qk.get_slice(tid)
+        thr_pv = tiled_mma_pv.get_slice(tid)
+        tSrQ = tiled_mma_qk.make_fragment_A(thr_qk.partition_A(sQ))[(None, None, None, cwg)]
+        tSrK = tiled_mma_qk.make_fragment_B(thr_qk.partition_B(sK))
+        tOrV = tiled_mma_pv.make_fragment_B(thr_pv.partition_B(sV))
+        acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((64, s.tile_n)), Float32)
+        acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((64, d)), Float32)
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((64, s.tile_n)))
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((64, d)))
+        s_rows = acc_rows_view(acc_s)
+        o_rows = acc_rows_view(acc_o)
+        rows = cute.size(o_rows, mode=[0])
+        row_max = cute.make_rmem_tensor((rows,), Float32)
+        row_sum = cute.make_rmem_tensor((rows,), Float32)
+        row_max.fill(NEG_INF)
+        row_sum.fill(0.0)
+        acc_o.fill(0.0)
+        tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
+        row0 = tile.m_block * s.tile_m + cwg * 64
+        n_count, n_max = tile.n_count, tile.n_max
+        my_turn = pipeline.NamedBarrier(barrier_id=_TURN_BAR + cwg, num_threads=256)
+        their_turn = pipeline.NamedBarrier(barrier_id=_TURN_BAR + 1 - cwg, num_threads=256)
+
+        if cutlass.const_expr(not s.warp_specialized):
+            # fa2: warp 0 loads Q and the first stages - 1 blocks before anyone computes
+            if warp == 0:
+                self.load_q(pipes, loads, tile.m_block)
+                for j in cutlass.range_constexpr(s.prefetch):
+                    self.load_kv_inline(pipes, loads, tile, Int32(j))
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipes.q.consumer_wait(q_state)
+        if cutlass.const_expr(s.pingpong):
+            if cwg == 0:
+                my_turn.arrive()  # warpgroup 1 goes first
+            my_turn.arrive_and_wait()
+        if cutlass.const_expr(not s.overlap):
             kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
             for i in cutlass.range(n_count, unroll=1):
                 n = n_max - 1 - i
+                if cutlass.const_expr(not s.warp_specialized and s.prefetch == 0):
+                    if warp == 0:  # fa2 with one stage: load this block, then everyone waits for it
+                        self.load_kv_inline(pipes, loads, tile, i)
                 # S = Q K^T
-                pipe_k.consumer_wait(kv)
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(k_blocks_qk):
-                    tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                    cute.gemm(tiled_mma_qk, acc_s, tSrQ[(None, None, kb, cwg)], tSrK[(None, None, kb, kv.index)],
-                              acc_s)
-                warpgroup.commit_group()
+                pipes.k.consumer_wait(kv)
+                self.qk_gemm(tiled_mma_qk, acc_s, tSrQ, tSrK, kv.index)
+                if cutlass.const_expr(s.pingpong):
+                    their_turn.arrive()
+                if cutlass.const_expr(not s.warp_specialized and s.prefetch > 0):
+                    if warp == 0:  # fa2: the load of a later block, under this block's S GEMM
+                        self.load_kv_inline(pipes, loads, tile, i + s.prefetch)
+                warpgroup.wait_group(0)
+                pipes.k.consumer_release(kv)
+                # softcap, mask, online softmax (rescales O), P in registers
+                self.scores(acc_s, tScS, n, row0, tile, out)
+                update_rows(s_rows, o_rows, row_max, row_sum, out.scale_log2)
+                p = acc_as_a_operand(acc_s, dt)
+                # O += P V
+                pipes.v.consumer_wait(kv)
+                if cutlass.const_expr(s.pingpong):
+                    my_turn.arrive_and_wait()
+                self.pv_gemm(tiled_mma_pv, acc_o, p, tOrV, kv.index)
+                warpgroup.wait_group(0)
+                pipes.v.consumer_release(kv)
+                kv.advance()
+        else:
+            # FA3's intra-warpgroup overlap: S_{j+1} and P_j V_j are in flight together; the softmax of
+            # S_{j+1} runs under P_j V_j, and O is rescaled once that GEMM is done.
+            p = cute.make_rmem_tensor(acc_a_view(acc_s).shape, dt)
+            corr = cute.make_rmem_tensor((rows,), Float32)
+            if n_count > 0:
+                kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+                pipes.k.consumer_wait(kv)
+                self.qk_gemm(tiled_mma_qk, acc_s, tSrQ, tSrK, kv.index)
                 if cutlass.const_expr(s.pingpong):
                     their_turn.arrive()
                 warpgroup.wait_group(0)
-                pipe_k.consumer_release(kv)
-                # softcap, mask, online softmax (rescales O), P in registers
-                if cutlass.const_expr(self.softcap):
-                    apply_softcap(acc_s, scale_over_cap, cap)
-                if block_needs_mask(n, m_block, s.tile_m, s.tile_n, seqlen_q, seqlen_k, window_left, window_right,
-                                    kind):
-                    apply_mask(acc_s, tScS, row0, n * s.tile_n, seqlen_k, off, window_left, window_right, kind)
-                update_rows(s_rows, o_rows, row_max, row_sum, scale_log2)
-                p = acc_as_a_operand(acc_s, dt)
-                # O += P V
-                pipe_v.consumer_wait(kv)
+                pipes.k.consumer_release(kv)
+                self.scores(acc_s, tScS, n_max - 1, row0, tile, out)
+                softmax_rows(s_rows, row_max, row_sum, corr, out.scale_log2)  # O is still 0: no rescale
+                acc_as_a_operand(acc_s, dt, p)
+                kv_v = kv.clone()
+                kv.advance()
+                for i in cutlass.range(1, n_count, unroll=1):
+                    n = n_max - 1 - i
+                    pipes.k.consumer_wait(kv)
+                    if cutlass.const_expr(s.pingpong):
+                        my_turn.arrive_and_wait()
+                    self.qk_gemm(tiled_mma_qk, acc_s, tSrQ, tSrK, kv.index)
+                    pipes.v.consumer_wait(kv_v)
+                    self.pv_gemm(tiled_mma_pv, acc_o, p, tOrV, kv_v.index)
+                    if cutlass.const_expr(s.pingpong):
+                        their_turn.arrive()
+                    warpgroup.wait_group(1)  # S_{j+1} done, P_j V_j may still run
+                    pipes.k.consumer_release(kv)
+                    self.scores(acc_s, tScS, n, row0, tile, out)
+                    softmax_rows(s_rows, row_max, row_sum, corr, out.scale_log2)
+                    warpgroup.wait_group(0)
+                    pipes.v.consumer_release(kv_v)
+                    rescale_rows(o_rows, corr)
+                    acc_as_a_operand(acc_s, dt, p)
+                    kv_v.advance()
+                    kv.advance()
+                pipes.v.consumer_wait(kv_v)
                 if cutlass.const_expr(s.pingpong):
                     my_turn.arrive_and_wait()
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(cute.size(p, mode=[2])):
-                    cute.gemm(tiled_mma_pv, acc_o, p[(None, None, kb)], tOrV[(None, None, kb, kv.index)], acc_o)
-                warpgroup.commit_group()
+                self.pv_gemm(tiled_mma_pv, acc_o, p, tOrV, kv_v.index)
                 warpgroup.wait_group(0)
-                pipe_v.consumer_release(kv)
-                kv.advance()
-            if cutlass.const_expr(s.pingpong):
-                if cwg == 0:
-                    their_turn.arrive()  # the last turn of warpgroup 2
+                pipes.v.consumer_release(kv_v)
+        if cutlass.const_expr(s.pingpong):
+            if cwg == 0:
+                their_turn.arrive()  # the last turn of warpgroup 2
 
-            # ---- epilogue: O /= l, LSE, O through this warpgroup's own Q rows (its S GEMMs are done) ----
-            lse = cute.make_rmem_tensor((rows,), Float32)
-            finalize_rows(o_rows, row_max, row_sum, lse, scale_lse)
-            c_rows = acc_rows_view(tOcO)
-            if c_rows[0, 0][1] == 0:
-                for r in cutlass.range_constexpr(rows):
-                    row = row0 + c_rows[r, 0][0]
-                    if row < seqlen_q:
-                        mLSE[row, h, b] = lse[r]
-            per_wg = cute.append(sO_layout.outer, cute.make_layout(s.consumer_wgs, stride=cute.cosize(q_stage)))
-            sO = cute.make_tensor(cute.recast_ptr(st.sQ.data_ptr(), sO_layout.inner, dt), per_wg)[
-                (None, None, None, cwg)]
-            store_pipe = pipeline.PipelineTmaStore.create(
-                num_stages=_EPI_STAGES, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128))
-            epi_bar = pipeline.NamedBarrier(barrier_id=_EPI_BAR + cwg, num_threads=128)
-            epi.store_tile(tiled_mma_pv, acc_o, tid, sO, 0, _EPI_STAGES, Int32(0), tma_o,
-                           gO[(None, None, m_block * s.consumer_wgs + cwg)], _EPI_TILE, dt, LayoutEnum.ROW_MAJOR,
-                           epi_bar, warp % 4 == 0, store_pipe)
-            store_pipe.producer_tail()
+        # ---- epilogue: O /= l, LSE, O through this warpgroup's own Q rows (its S GEMMs are done) ----
+        lse = cute.make_rmem_tensor((rows,), Float32)
+        finalize_rows(o_rows, row_max, row_sum, lse, out.scale_lse)
+        c_rows = acc_rows_view(tOcO)
+        if c_rows[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(rows):
+                row = row0 + c_rows[r, 0][0]
+                if row < tile.seqlen_q:
+                    out.mLSE[row, tile.h, tile.b] = lse[r]
+        sO_layout = out.sO_layout
+        per_wg = cute.append(sO_layout.outer, cute.make_layout(s.consumer_wgs, stride=cute.cosize(out.q_stage)))
+        sO = cute.make_tensor(cute.recast_ptr(out.sQ_ptr, sO_layout.inner, dt), per_wg)[(None, None, None, cwg)]
+        store_pipe = pipeline.PipelineTmaStore.create(
+            num_stages=_EPI_STAGES, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128))
+        epi_bar = pipeline.NamedBarrier(barrier_id=_EPI_BAR + cwg, num_threads=128)
+        epi.store_tile(tiled_mma_pv, acc_o, tid, sO, 0, _EPI_STAGES, Int32(0), out.tma_o,
+                       out.gO[(None, None, tile.m_block * s.consumer_wgs + cwg)], _EPI_TILE, dt, LayoutEnum.ROW_MAJOR,
+                       epi_bar, warp % 4 == 0, store_pipe)
+        store_pipe.producer_tail()
