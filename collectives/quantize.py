@@ -4,9 +4,10 @@ FP8 norm output): the one place that defines the rounding.
 For a block of values (1 x 128 columns of a row, a whole row, or a 128 x 128 tile):
 
     amax  = max |v| over the block           (NaN ignored: max.f32 returns the other operand)
-    scale = max(amax, 1e-4) / 448            (IEEE division, round to nearest even; 448 = e4m3's max)
+    scale = max(amax, 1e-4) / 448            (correctly rounded division; 448 = e4m3's largest value)
     scale = 2^ceil(log2 scale) if ue8m0      (on the float's bits: +1 to the exponent if any mantissa bit)
-    q     = e4m3(v * (1 / scale))            (IEEE reciprocal; cvt.rn.satfinite: nearest-even, |q| <= 448)
+    q     = e4m3(v * (1 / scale))            (correctly rounded reciprocal; cvt.rn.satfinite: nearest-even,
+                                              saturating to +-448)
 
 and the dequantized value is q * scale. `cute_kernels.ops.fp8_gemm.quantize_*_reference` is the
 same arithmetic in torch (bitwise equal on CPU and GPU). Special values: a NaN element stays NaN
@@ -65,10 +66,30 @@ def held_amax(values, valid=None):
     return m
 
 
+INV_MAX = 1.0 / E4M3_MAX  # rounded to fp32 where used: RN(1/448)
+INF = float("inf")
+
+
+@cute.jit
+def div_by_max(a: Float32) -> Float32:
+    """a / 448 correctly rounded, for a >= 1e-4 or inf, without `div.rn.f32`: the compiler's
+    division carries a slow-path subroutine call whose calling convention made the norms spill.
+    This is that division's own fast path (Markstein: q0 = a * RN(1/448), remainder r =
+    fma(-q0, 448, a) exact, q0 + r * RN(1/448) in one fma is RN(a / 448) when nothing overflows
+    or goes subnormal, which a >= 1e-4 guarantees); inf stays inf."""
+    c = Float32(INV_MAX)
+    q0 = a * c
+    r = cute.math.fma(-q0, Float32(E4M3_MAX), a)
+    q = cute.math.fma(r, c, q0)
+    if a == Float32(INF):
+        q = a
+    return q
+
+
 @cute.jit
 def scale_of(amax: Float32, ue8m0: cutlass.Constexpr[bool]) -> Float32:
     """The block's fp32 scale from its amax (see the module docstring)."""
-    s = cute.arch.fmax(amax, Float32(AMAX_FLOOR)) / Float32(E4M3_MAX)
+    s = div_by_max(cute.arch.fmax(amax, Float32(AMAX_FLOOR)))
     if cutlass.const_expr(ue8m0):
         bits = s.bitcast(Int32)
         up = Int32(0)
@@ -78,9 +99,18 @@ def scale_of(amax: Float32, ue8m0: cutlass.Constexpr[bool]) -> Float32:
     return s
 
 
+@cute.jit
 def inverse(scale: Float32) -> Float32:
-    """1 / scale, correctly rounded (the reference's torch.reciprocal)."""
-    return Float32(1.0) / scale
+    """1 / scale correctly rounded (the reference's torch.reciprocal), for the scales `scale_of`
+    makes (normal, with a normal reciprocal, or inf): `rcp.rn.f32`'s fast path without its
+    slow-path call (see `div_by_max`): y0 = rcp.approx (MUFU.RCP), one Newton step in fma,
+    y0 + y0 * (1 - s * y0); 1 / inf = 0."""
+    y0 = cute.arch.rcp_approx(scale)
+    e = cute.math.fma(-scale, y0, Float32(1.0))
+    y = cute.math.fma(y0, e, y0)
+    if scale == Float32(INF):
+        y = Float32(0.0)
+    return y
 
 
 def to_e4m3(values, inv: Float32):

@@ -72,7 +72,8 @@ def _spec(block: str, summary: str, op: str, threads: int) -> QuantSpec:
             **_SIG_COMMON,
             "ue8m0": Param(False, (False, True), "signature", "power-of-two (UE8M0) scales"),
             "threads": Param(threads, (128, 256, 512), help="threads per CTA (8 per 128-column block-row)"),
-            "passes": Param(2, (1, 2, 4), help="block-rows per thread in flight (1x128 only; 128x128: 128 / groups)"),
+            "passes": Param(2, (1, 2, 4), help="block-rows per thread in flight (1x128 only, the op runs 1 on the scalar "
+                                               "variant; 128x128: 128 / groups)"),
         })
 
 

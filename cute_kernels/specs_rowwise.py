@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
@@ -69,7 +70,8 @@ class RowwiseSpec(KernelSpec):
         align = 16 if p["aligned"] else dt.width // 8
 
         def mat(t=dt):
-            return cute.runtime.make_fake_tensor(t, (m, n), stride=(_index_sym(i64, vec), 1), assumed_align=align)
+            a = align if t is dt else (16 if p["aligned"] else t.width // 8)
+            return cute.runtime.make_fake_tensor(t, (m, n), stride=(_index_sym(i64, vec), 1), assumed_align=a)
 
         def vecn(t):
             # The ops take the vector variant only when every operand, weight and bias included, is
@@ -88,9 +90,15 @@ class RowwiseSpec(KernelSpec):
             res = p["residual"]
             mean = perrow() if kind == "layer" else None
             if direction == "fwd":
-                k = norms.NormFwd(kind, dt, wdt, dt, vec, i64, plan, has_w, has_b, res)
-                return k, (mat(), w, b, mat() if res else None, mat(), mat() if res else None, mean, perrow(),
-                           Float32(1e-6), Int32(1), fake_stream())
+                fp8 = p.get("fp8_out", "none")
+                out, scales = mat(), None
+                if fp8 != "none":  # e4m3 y and fp32 scales (M, 1) or (M, ceil(N / 128)), any strides
+                    out = mat(cutlass.Float8E4M3FN)
+                    scales = cute.runtime.make_fake_tensor(Float32, (m, _index_sym(i64)),
+                                                           stride=(_index_sym(i64), _index_sym(i64)), assumed_align=4)
+                k = norms.NormFwd(kind, dt, wdt, dt, vec, i64, plan, has_w, has_b, res, fp8)
+                return k, (mat(), w, b, mat() if res else None, out, mat() if res else None, mean, perrow(),
+                           scales, Float32(1e-6), Int32(1), fake_stream())
             k = norms.NormBwd(kind, dt, wdt, vec, i64, plan, has_w, has_b, res)
             c = _index_sym(False)
 
@@ -157,14 +165,17 @@ _NORM_SIG = {
     "residual": Param(False, (True, False), "signature", "fused residual add (fwd) / residual gradient (bwd)"),
 }
 _LN_SIG = {**_NORM_SIG, "bias": Param(True, (True, False), "signature", "has a bias")}
+# Forward only (issue 3): y written as FP8 e4m3 with fp32 scales per row or per 1x128 block.
+_FP8_SIG = {"fp8_out": Param("none", ("none", "per_token", "block128"), "signature",
+                             "y as e4m3 + fp32 scales per token or per 1x128 block (the FP8 GEMM's sa)")}
 
 ROWWISE = [
-    _spec("rmsnorm.fwd", 4, "RMSNorm forward, row in registers; +weight, +residual (returns the sum)", ("rms_norm",),
-          _NORM_SIG),
+    _spec("rmsnorm.fwd", 4, "RMSNorm forward, row in registers; +weight, +residual (returns the sum), +FP8 e4m3 y",
+          ("rms_norm",), {**_NORM_SIG, **_FP8_SIG}),
     _spec("rmsnorm.bwd", 4, "RMSNorm backward: dx, fp32 dweight partials, +residual gradient", ("rms_norm",),
           _NORM_SIG),
-    _spec("layernorm.fwd", 5, "LayerNorm forward, two-pass in registers; +weight/bias, +residual", ("layer_norm",),
-          _LN_SIG),
+    _spec("layernorm.fwd", 5, "LayerNorm forward, two-pass in registers; +weight/bias, +residual, +FP8 e4m3 y",
+          ("layer_norm",), {**_LN_SIG, **_FP8_SIG}),
     _spec("layernorm.bwd", 5, "LayerNorm backward: dx, fp32 dweight/dbias partials", ("layer_norm",), _LN_SIG),
     _spec("softmax.fwd", 6, "softmax over the last dim, one (m, l) reduction, one exp per element", ("softmax",)),
     _spec("softmax.bwd", 6, "softmax backward: dx = y * (dy - sum(y * dy))", ("softmax",)),

@@ -14,12 +14,16 @@ from cute_kernels.artifacts import compile_with_artifacts
 QUANT = {
     "1x128": {},
     "1x128_fp32_ue8m0": {"dtype": "fp32", "ue8m0": True},
-    "1x128_unaligned": {"aligned": False},
+    "1x128_unaligned": {"aligned": False, "passes": 1},  # what the op runs
     "1x128_index64": {"index64": True},
     "128x128": {},
     "128x128_fp16_ue8m0": {"dtype": "fp16", "ue8m0": True},
     "128x128_unaligned": {"aligned": False},
 }
+
+
+def files_sass(tmp_path) -> str:
+    return "".join(f.read_text() for f in tmp_path.glob("*.sass"))
 
 
 def _compile(name, over, tmp_path):
@@ -28,13 +32,22 @@ def _compile(name, over, tmp_path):
     return spec.resolve(over), report, files["ptx"].read_text()
 
 
-def check_rounding(ptx: str, ue8m0: bool = False):
-    """The instructions that make the kernels bitwise equal to the torch reference."""
+def check_rounding(ptx: str, ue8m0: bool = False, whole_kernel: bool = True):
+    """The instructions that make the kernels bitwise equal to the torch reference: e4m3 by
+    cvt.rn.satfinite; scale = amax / 448 by Markstein's fma sequence on RN(1/448) = 0f3B124925
+    (correctly rounded, no div.rn.f32 and its slow-path call); 1 / scale by rcp.approx + one fma
+    Newton step (rcp.rn.f32's fast path); the NaN-ignoring max.f32; no flush-to-zero in the
+    quantization (`whole_kernel`: none anywhere but the rcp.approx seed; the norms keep their own
+    approximate rcp/rsqrt)."""
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
-    assert re.search(r"div\.rn\.f32\s+%r\d+, %r\d+, 0f43E00000;", ptx), "scale = amax / 448, IEEE"
-    assert "rcp.rn.f32" in ptx and "rcp.approx" not in ptx.split("div.rn.f32")[1]
+    assert re.search(r"fma\.rn\.f32\s+%r\d+, %r\d+, 0fC3E00000, %r\d+;", ptx), "remainder a - q0 * 448"
+    assert re.search(r"fma\.rn\.f32\s+%r\d+, %r\d+, 0f3B124925, %r\d+;", ptx), "q0 + r * RN(1/448)"
+    assert re.search(r"fma\.rn\.f32\s+%r\d+, %r\d+, %r\d+, 0f3F800000;", ptx), "Newton step 1 - s * y0"
+    assert "div.rn.f32" not in ptx and "rcp.rn.f32" not in ptx
     assert "0f38D1B717" in ptx  # the 1e-4 amax floor
-    assert ".ftz" not in ptx and "max.NaN" not in ptx
+    assert "max.NaN" not in ptx and "max.ftz" not in ptx and "mul.ftz" not in ptx and "fma.rn.ftz" not in ptx
+    if whole_kernel:
+        assert ptx.count(".ftz") == ptx.count("rcp.approx.ftz.f32")
     if ue8m0:
         assert "8388607" in ptx  # the mantissa mask of the power-of-two round-up
 
@@ -46,6 +59,8 @@ def test_quantizer_census(case, tmp_path):
     k = report.kernels[0]
     assert not report.spills and report.ptx_census["ld/st.local"] == 0, report.format()
     assert k.registers <= 64, report.format()  # ops/fp8_gemm._QUANT_CTAS_PER_SM assumes it
+    if report.sass_census is not None:
+        assert "f32_slowpath" not in files_sass(tmp_path)  # no float division subroutine calls
     check_rounding(ptx, p["ue8m0"])
     loads = report.ptx_census["ld.global.v4 (128-bit)"]
     if p["aligned"]:
@@ -56,3 +71,51 @@ def test_quantizer_census(case, tmp_path):
         assert "bar.sync" in ptx  # the CTA-wide amax
     else:
         assert "bar.sync" not in ptx and report.ptx_census["shfl.sync"] > 0  # 8-lane butterflies only
+
+
+# --- the norms' fused FP8 output (issue 3) -------------------------------------------------------
+def _norm_params(name, n, dtype="bf16", aligned=True, **extra):
+    from cute_kernels.specs_rowwise import config_of, tuning_of
+    from schedules.row_tiling import HELD_TUNED, plan_held_rows
+
+    vec = 16 // {"bf16": 2, "fp16": 2, "fp32": 4}[dtype] if aligned else 1
+    plan = plan_held_rows(n, vec, **HELD_TUNED[tuning_of(name)])
+    return catalog.get(name).resolve({**config_of(plan), "dtype": dtype, "aligned": aligned, **extra})
+
+
+NORMS = {  # (kernel, row length, overrides): one CTA, short rows (blocks across k), scalar rows, clusters
+    "rms_token_4096": ("rmsnorm.fwd", 4096, {}),
+    "rms_block_4096": ("rmsnorm.fwd", 4096, {}),
+    "rms_block_256": ("rmsnorm.fwd", 256, {}),
+    "rms_block_769_scalar": ("rmsnorm.fwd", 769, {"aligned": False}),
+    "rms_token_131072_cluster": ("rmsnorm.fwd", 131072, {}),
+    "rms_block_131072_cluster": ("rmsnorm.fwd", 131072, {}),
+    "ln_token_8192_fp32": ("layernorm.fwd", 8192, {"dtype": "fp32"}),
+    "ln_block_7168_residual": ("layernorm.fwd", 7168, {"residual": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(NORMS))
+def test_norm_fp8_census(case, tmp_path):
+    name, n, over = NORMS[case]
+    mode = "per_token" if "_token_" in case else "block128"
+    p = _norm_params(name, n, **{**over, "fp8_out": mode})
+    report, files = compile_with_artifacts(catalog.get(name), p, str(tmp_path))
+    ptx = files["ptx"].read_text()
+    k = report.kernels[0]
+    assert not report.spills and report.ptx_census["ld/st.local"] == 0, report.format()
+    assert k.registers <= min(255, 65536 // p["threads"]), report.format()
+    check_rounding(ptx, whole_kernel=False)
+    assert "cvt.rn.bf16" in ptx or p["dtype"] != "bf16"  # y rounded to x's dtype before quantizing
+    if p["aligned"]:
+        assert report.ptx_census["ld.global.v4 (128-bit)"] > 0
+    if p["cluster_n"] > 1:
+        assert "st.shared::cluster" in ptx
+
+
+def test_norm_without_fp8_is_unchanged(tmp_path):
+    """fp8_out=none: no e4m3 conversion, y stored in x's dtype as before."""
+    p = _norm_params("rmsnorm.fwd", 4096)
+    report, files = compile_with_artifacts(catalog.get("rmsnorm.fwd"), p, str(tmp_path))
+    ptx = files["ptx"].read_text()
+    assert "e4m3" not in ptx and report.ptx_census["st.global.v4 (128-bit)"] > 0

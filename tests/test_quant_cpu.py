@@ -89,3 +89,42 @@ def test_layouts(m, k):
     assert sa.shape == (m, kb) and sa.stride() == (1, -(-m // 4) * 4) and tma_aligned_scales(sa) is sa
     w, sb = quantize_128x128_reference(torch.randn(m, k))
     assert sb.shape == (-(-m // 128), kb) and sb.is_contiguous() and w.is_contiguous()
+
+
+def test_markstein_division_by_448_is_correctly_rounded():
+    """The kernels' amax / 448 (collectives.quantize.div_by_max: q0 = a * RN(1/448), r = fma(-q0,
+    448, a), q0 + r * RN(1/448)) against the correctly rounded quotient, for every fp32 in [1, 2)
+    (the steps scale exactly by powers of two, so one binade covers every amax >= 1e-4). fp64
+    emulates the fmas: the remainder is exact, and no fp64 sum lands on an fp32 midpoint."""
+    np = pytest.importorskip("numpy")
+    a = (np.arange(2**23, dtype=np.uint32) + np.uint32(0x3F800000)).view(np.float32)
+    c = np.float32(1) / np.float32(448)
+    q0 = a * c
+    rem64 = a.astype(np.float64) - q0.astype(np.float64) * 448.0
+    rem = rem64.astype(np.float32)
+    assert np.array_equal(rem.astype(np.float64), rem64)
+    t = q0.astype(np.float64) + rem.astype(np.float64) * np.float64(c)
+    assert not ((t.view(np.uint64) & np.uint64((1 << 29) - 1)) == (1 << 28)).any()
+    exact = (a.astype(np.float64) / 448.0).astype(np.float32)
+    assert np.array_equal(t.astype(np.float32), exact)
+    assert not np.array_equal(q0, exact)  # the plain multiply (torch's CUDA tensor / scalar) is not
+
+
+def test_norm_fp8_fake_mode_shapes_and_errors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import cute_kernels as ck
+
+    with FakeTensorMode():
+        x = torch.empty(3, 70, 300, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(300, dtype=torch.bfloat16, device="cuda")
+        q, s, _ = torch.ops.cute_kernels.rms_norm_fp8(x, w, None, 1e-6, "block128")
+        assert q.shape == x.shape and q.dtype == E4M3 and s.shape == (210, 3) and s.stride() == (1, 212)
+        q, s, r = torch.ops.cute_kernels.layer_norm_fp8(x, w, w, x, 1e-5, "per_token")
+        assert s.shape == (210, 1) and s.dtype == torch.float32 and r.shape == x.shape and r.dtype == x.dtype
+        with pytest.raises(ValueError, match="fp8_out must be"):
+            torch.ops.cute_kernels.rms_norm_fp8(x, w, None, 1e-6, "block64")
+    with pytest.raises(ValueError, match="fp8_out must be"):
+        ck.rms_norm(torch.randn(4, 16), fp8_out="e5m2")
+    with pytest.raises(ValueError, match="x must be on a CUDA device"):
+        ck.layer_norm(torch.randn(4, 16), fp8_out="per_token")

@@ -22,6 +22,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from collectives import quantize as fp8
 from collectives.reduce import add, add_pairs
 from collectives.rowwise import RowReducer, RowSlice, cluster_start, my_tile_count
 from collectives.vector_io import extent
@@ -52,30 +53,47 @@ class NormFwd(_RowKernel):
     Optional: `w`, `b` (N,); `res` (M, N): x + res is normalized and written to `res_out`
     (rounded to its dtype first, so the backward sees exactly the stored sum). Writes rstd (and
     mean for LayerNorm) per row in fp32 for the backward.
+
+    `fp8_out` (issue 3): "none" writes y in x's dtype; "per_token" / "block128" write y as e4m3
+    into `out` with fp32 `scales` (M, 1) / (M, ceil(N / 128)) (any strides): y is rounded to x's
+    dtype first (the y of the plain kernel), then quantized by `collectives.quantize`, so the
+    result is bitwise the unfused norm followed by the quantizer. The row's amax is one more
+    `RowReducer` site (per_token); a 128-column block's amax a butterfly over the lanes that hold
+    it (`collectives.quantize.row_block_amaxes`, shared memory when a block spans warps).
     """
 
     def __init__(self, kind: str, dtype, w_dtype, out_dtype, vec: int, index64: bool, plan: HeldRowPlan,
-                 has_weight: bool, has_bias: bool, has_residual: bool):
+                 has_weight: bool, has_bias: bool, has_residual: bool, fp8_out: str = "none"):
         super().__init__(vec, index64, plan)
-        assert kind in ("rms", "layer")
+        assert kind in ("rms", "layer") and fp8_out in ("none", "per_token", "block128")
         self.kind, self.dtype, self.w_dtype, self.out_dtype = kind, dtype, w_dtype, out_dtype
         self.has_weight, self.has_bias, self.has_residual = has_weight, has_bias, has_residual
+        self.fp8_out = fp8_out
 
     @cute.jit
-    def __call__(self, x: cute.Tensor, w, b, res, out: cute.Tensor, res_out, mean, rstd: cute.Tensor,
+    def __call__(self, x: cute.Tensor, w, b, res, out: cute.Tensor, res_out, mean, rstd: cute.Tensor, scales,
                  eps: Float32, max_ctas: Int32, stream):
-        self.kernel(x, w, b, res, out, res_out, mean, rstd, eps).launch(
+        self.kernel(x, w, b, res, out, res_out, mean, rstd, scales, eps).launch(
             **self.grid(extent(x, 0), max_ctas), stream=stream)
 
     @cute.kernel
-    def kernel(self, x: cute.Tensor, w, b, res, out: cute.Tensor, res_out, mean, rstd: cute.Tensor, eps: Float32):
+    def kernel(self, x: cute.Tensor, w, b, res, out: cute.Tensor, res_out, mean, rstd: cute.Tensor, scales,
+               eps: Float32):
         layer = self.kind == "layer"
         tidx, _, _ = cute.arch.thread_idx()
         bidx, rank, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         rows, n = extent(x, 0), extent(x, 1)
         smem = cutlass.memory.SmemAllocator()
-        red = RowReducer.allocate(smem, self.threads, self.tpr, self.cluster_n, (1, 1) if layer else (1,))
+        sites = (1, 1) if layer else (1,)
+        amax_site = len(sites)  # per_token: the row's amax
+        red = RowReducer.allocate(smem, self.threads, self.tpr, self.cluster_n,
+                                  sites + (1,) if self.fp8_out == "per_token" else sites)
+        block_buf = None
+        if cutlass.const_expr(self.fp8_out == "block128"):
+            slots = fp8.block_smem_slots(self.threads, self.vec, self.tpr, self.vpt)
+            if cutlass.const_expr(slots > 0):
+                block_buf = smem.allocate_tensor(Float32, cute.make_layout(slots), byte_alignment=16)
         lane = tidx % self.tpr
         sl = RowSlice(self.vec, self.tpr, self.vpt, lane, rank, n)
         inv_n = cute.arch.rcp_approx(Float32(n))  # no IEEE-division subroutine call
@@ -106,12 +124,40 @@ class NormFwd(_RowKernel):
             if cutlass.const_expr(self.has_bias):
                 bs = sl.to_f32(sl.load(b, True, 0.0))
                 ys = [y + c for y, c in zip(ys, bs)]
-            sl.store(out[row, None], ok, ys)
+            if cutlass.const_expr(self.fp8_out == "none"):
+                sl.store(out[row, None], ok, ys)
+            else:
+                ys = [y.to(self.dtype).to(Float32) for y in ys]  # the plain kernel's y
+                self.store_fp8(sl, red, block_buf, out, scales, row, ok, ys, amax_site, parity)
             if ok and lane == 0 and rank == 0:
                 rstd[row] = r
                 if cutlass.const_expr(layer):
                     mean[row] = mu
             red.end_tile()
+
+
+    @cute.jit
+    def store_fp8(self, sl: RowSlice, red: RowReducer, block_buf, out: cute.Tensor, scales: cute.Tensor, row, ok,
+                  ys, amax_site: cutlass.Constexpr[int], parity):
+        """Quantize the row's y (fp32 vectors) to e4m3 in `out`, its scales into `scales`."""
+        valid = [sl.valid(k) for k in range(self.vpt)]
+        if cutlass.const_expr(self.fp8_out == "per_token"):
+            amax = red.reduce(fp8.held_amax(ys, valid), fp8.fmax, Float32(0.0), amax_site, parity)
+            s = fp8.scale_of(amax, False)
+            sl.store(out[row, None], ok, fp8.to_e4m3(ys, fp8.inverse(s)))
+            if ok and sl.lane == 0 and sl.rank == 0:
+                scales[row, 0] = s
+        else:
+            amaxes = fp8.row_block_amaxes(sl, ys, block_buf)
+            _, kgroup = fp8.block_geometry(self.vec, self.tpr, self.vpt)
+            qs = []
+            for g in cutlass.range_constexpr(len(amaxes)):
+                s = fp8.scale_of(amaxes[g], False)
+                qs.extend(fp8.to_e4m3(ys[g * kgroup:(g + 1) * kgroup], fp8.inverse(s)))
+                blk, writer = fp8.block_of(sl, g)
+                if ok and writer:
+                    scales[row, blk] = s
+            sl.store(out[row, None], ok, qs)
 
 
 class NormBwd(_RowKernel):

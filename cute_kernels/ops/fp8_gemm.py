@@ -263,9 +263,9 @@ def _quant_launch(name, x, q, scales, ue8m0):
     index64 = max(r * x.stride(0), r * k) > 2**31 - 1
     key = (name, x.dtype, aligned, index64, ue8m0)
     fn = _fns.get(key)
-    if fn is None:
+    if fn is None:  # scalar variant: one pass (two took 73 registers, past the 64 the CTA count assumes)
         fn = _fns[key] = catalog.get(name).compiled(dtype=dtypes.name_of(x.dtype), aligned=aligned,
-                                                    index64=index64, ue8m0=ue8m0)
+                                                    index64=index64, ue8m0=ue8m0, passes=2 if aligned else 1)
     fn(x, q, scales, _QUANT_CTAS_PER_SM[name] * num_sms(x.get_device()))
 
 

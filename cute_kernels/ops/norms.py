@@ -5,6 +5,13 @@ the last dim; math in fp32, one rounding to x's dtype. With `residual`, x + resi
 dtype) is normalized and also returned: `(y, x + residual)`, the fused pre-norm residual stream.
 The forward saves rstd (and mean) per row in fp32; the backward recomputes x-hat from them and
 writes dx in one pass, dweight/dbias as fp32 per-CTA partials summed here (a small (CTAs, N) sum).
+
+`fp8_out="per_token" | "block128"` (forward only, no autograd; ops `rms_norm_fp8`,
+`layer_norm_fp8`): y comes back as float8_e4m3fn with fp32 scales over the M = numel / N rows,
+(M, 1) per token or (M, ceil(N / 128)) per 1 x 128 block in the FP8 GEMM's TMA-aligned layout
+(`ck.fp8_gemm(y_q, scales, w_q, sw)` reads it without a copy; per-token scales go in as
+`scales.expand(-1, ceil(N / 128))`). Bitwise, it is `ck.quantize_1x128` (or its per-token
+analogue) of the bf16/fp16/fp32 y the plain op returns: `(y_q, scales)`, `(y_q, scales, x + residual)`.
 """
 
 from __future__ import annotations
@@ -36,20 +43,37 @@ def _empty(x):
     return x.new_empty(0)
 
 
-def _fwd_fake(kind, x, weight, bias, residual, eps):
+FP8_MODES = ("per_token", "block128")
+
+
+def _fp8_scales(m: int, n: int, mode: str, device):
+    """fp32 scales of an FP8 y: (M, 1) per token, or (M, ceil(N/128)) MN-major, K-block stride a
+    multiple of 4 (`ops.fp8_gemm.tma_aligned_scales`'s layout)."""
+    if mode == "per_token":
+        return torch.empty(m, 1, dtype=torch.float32, device=device)
+    mp = -(-m // 4) * 4
+    return torch.empty_strided((m, -(-n // 128)), (1, mp), dtype=torch.float32, device=device)
+
+
+def _fwd_fake(kind, x, weight, bias, residual, eps, fp8_out="none"):
     _check(x, weight, bias, residual)
     m = x.numel() // x.shape[-1] if x.shape[-1] else x.shape[:-1].numel()
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    fp8 = fp8_out != "none"
+    out = torch.empty(x.shape, dtype=torch.float8_e4m3fn if fp8 else x.dtype, device=x.device)
     res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else _empty(x)
     mean = torch.empty(m, dtype=torch.float32, device=x.device) if kind == "layer" else _empty(x).float()
     rstd = torch.empty(m, dtype=torch.float32, device=x.device)
+    if fp8:
+        return out, res_out, mean, rstd, _fp8_scales(m, x.shape[-1], fp8_out, x.device)
     return out, res_out, mean, rstd
 
 
-def _fwd_cuda(kind, x, weight, bias, residual, eps):
-    out, res_out, mean, rstd = _fwd_fake(kind, x, weight, bias, residual, eps)
+def _fwd_cuda(kind, x, weight, bias, residual, eps, fp8_out="none"):
+    outs = _fwd_fake(kind, x, weight, bias, residual, eps, fp8_out)
+    out, res_out, mean, rstd = outs[:4]
+    scales = outs[4] if fp8_out != "none" else None
     if out.numel() == 0:
-        return out, res_out, mean, rstd
+        return outs
     x2 = rows_of(x)
     r2 = rows_of(residual) if residual is not None else None
     name = ("rmsnorm" if kind == "rms" else "layernorm") + ".fwd"
@@ -58,12 +82,14 @@ def _fwd_cuda(kind, x, weight, bias, residual, eps):
                w_dtype=dtypes.name_of(wt.dtype) if wt is not None else dtypes.name_of(x.dtype))
     if kind == "layer":
         sig["bias"] = bias is not None
+    if scales is not None:
+        sig["fp8_out"] = fp8_out
     o2, ro2 = out.view(-1, x.shape[-1]), res_out.view(-1, x.shape[-1]) if residual is not None else None
     fn, plan = launch_params(name, x2, r2, o2, ro2, weight, bias, **sig)
     cap, _ = grid_ctas(x2.shape[0], plan, False, x.device)
     fn(x2, weight, bias if kind == "layer" else None, r2, o2, ro2, mean if kind == "layer" else None, rstd,
-       float(eps), cap)
-    return out, res_out, mean, rstd
+       scales, float(eps), cap)
+    return outs
 
 
 def _bwd_fake(kind, x, weight, has_bias, dy, dres, mean, rstd):
@@ -182,15 +208,63 @@ register_op("cute_kernels::layer_norm_bwd",
             _ln_bwd_cuda, _ln_bwd_fake)
 
 
+def _rms_fp8_fake(x, weight, residual, eps, fp8_out):
+    _check_fp8_mode(fp8_out)
+    out, res_out, _, _, scales = _fwd_fake("rms", x, weight, None, residual, eps, fp8_out)
+    return out, scales, res_out
+
+
+def _rms_fp8_cuda(x, weight, residual, eps, fp8_out):
+    _check_fp8_mode(fp8_out)
+    out, res_out, _, _, scales = _fwd_cuda("rms", x, weight, None, residual, eps, fp8_out)
+    return out, scales, res_out
+
+
+def _ln_fp8_fake(x, weight, bias, residual, eps, fp8_out):
+    _check_fp8_mode(fp8_out)
+    out, res_out, _, _, scales = _fwd_fake("layer", x, weight, bias, residual, eps, fp8_out)
+    return out, scales, res_out
+
+
+def _ln_fp8_cuda(x, weight, bias, residual, eps, fp8_out):
+    _check_fp8_mode(fp8_out)
+    out, res_out, _, _, scales = _fwd_cuda("layer", x, weight, bias, residual, eps, fp8_out)
+    return out, scales, res_out
+
+
+def _check_fp8_mode(fp8_out):
+    if fp8_out not in FP8_MODES:
+        raise ValueError(f"fp8_out must be None, 'per_token' or 'block128', got {fp8_out!r}")
+
+
+register_op("cute_kernels::rms_norm_fp8",
+            "(Tensor x, Tensor? weight, Tensor? residual, float eps, str fp8_out) -> (Tensor, Tensor, Tensor)",
+            _rms_fp8_cuda, _rms_fp8_fake)
+register_op("cute_kernels::layer_norm_fp8",
+            "(Tensor x, Tensor? weight, Tensor? bias, Tensor? residual, float eps, str fp8_out) "
+            "-> (Tensor, Tensor, Tensor)",
+            _ln_fp8_cuda, _ln_fp8_fake)
+
+
 # --- public wrappers ------------------------------------------------------------------------------
 def _present(*ts):
     return [t for t in ts if t is not None]
 
 
+def _fp8_result(q, scales, res_out, residual):
+    return (q, scales, res_out) if residual is not None else (q, scales)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
-             residual: torch.Tensor | None = None):
+             residual: torch.Tensor | None = None, fp8_out: str | None = None):
     """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight. With `residual`, normalizes
-    s = x + residual and returns (y, s)."""
+    s = x + residual and returns (y, s). With `fp8_out` ("per_token" or "block128"): y as e4m3
+    plus fp32 scales, (y_q, scales) or (y_q, scales, s) (module docstring)."""
+    if fp8_out is not None:
+        _check_fp8_mode(fp8_out)
+        if direct_call_ok(*_present(x, weight, residual)):
+            return _fp8_result(*_rms_fp8_cuda(x, weight, residual, float(eps), fp8_out), residual)
+        return _fp8_result(*torch.ops.cute_kernels.rms_norm_fp8(x, weight, residual, float(eps), fp8_out), residual)
     if direct_call_ok(*_present(x, weight, residual)):
         out, res_out, _ = _rms_fwd_cuda(x, weight, residual, float(eps))
     else:
@@ -199,9 +273,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-               eps: float = 1e-5, residual: torch.Tensor | None = None):
+               eps: float = 1e-5, residual: torch.Tensor | None = None, fp8_out: str | None = None):
     """LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * weight + bias (biased variance,
-    as torch). With `residual`, normalizes s = x + residual and returns (y, s)."""
+    as torch). With `residual`, normalizes s = x + residual and returns (y, s). `fp8_out`: as
+    `rms_norm`."""
+    if fp8_out is not None:
+        _check_fp8_mode(fp8_out)
+        if direct_call_ok(*_present(x, weight, bias, residual)):
+            return _fp8_result(*_ln_fp8_cuda(x, weight, bias, residual, float(eps), fp8_out), residual)
+        return _fp8_result(*torch.ops.cute_kernels.layer_norm_fp8(x, weight, bias, residual, float(eps), fp8_out),
+                           residual)
     if direct_call_ok(*_present(x, weight, bias, residual)):
         out, res_out, _, _ = _ln_fwd_cuda(x, weight, bias, residual, float(eps))
     else:
