@@ -118,3 +118,70 @@ def test_torch_compile():
     (q, s), (w, sb) = f(x)
     _same(q, quantize_1x128_reference(x)[0])
     _same(w, quantize_128x128_reference(x)[0])
+
+
+# --- the norms' fused FP8 output (issue 3) -------------------------------------------------------
+def _per_token_reference(y):
+    from cute_kernels.ops.fp8_gemm import E4M3_MAX, _amax, _scale_of
+
+    s = _scale_of(_amax(y.float(), 1), False).unsqueeze(1)  # (M, 1)
+    q = (y.float() * torch.reciprocal(s)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, s
+
+
+def _norm(kind, x, w, b, res, fp8_out=None):
+    if kind == "rms":
+        return ck.rms_norm(x, w, 1e-6, res, fp8_out=fp8_out)
+    return ck.layer_norm(x, w, b, 1e-5, res, fp8_out=fp8_out)
+
+
+NORM_SHAPES = [(4096, 4096, torch.bfloat16, False), (769, 7168, torch.bfloat16, True), (1, 256, torch.bfloat16, False),
+               (333, 769, torch.bfloat16, False), (64, 131072, torch.bfloat16, False), (300, 2048, torch.float32, True),
+               (130, 200, torch.float16, False)]
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("mode", ["per_token", "block128"])
+@pytest.mark.parametrize("m,n,dtype,residual", NORM_SHAPES)
+def test_norm_fp8_bitwise(kind, mode, m, n, dtype, residual):
+    """Fused = the plain norm's y quantized by the reference, bit for bit (y rounded to x's dtype first)."""
+    x = randn(m, n, dtype=dtype)
+    x[: min(m, 3)] = 0  # all-zero rows: y = 0, the scale floor
+    w, b = randn(n, dtype=dtype), randn(n, dtype=dtype)
+    res = randn(m, n, dtype=dtype) if residual else None
+    plain = _norm(kind, x, w, b, res)
+    y = plain[0] if residual else plain
+    _poison(m * n * 2)
+    out = _norm(kind, x, w, b, res, mode)
+    q, s = out[0], out[1]
+    if residual:
+        assert torch.equal(out[2], plain[1])
+    if mode == "per_token":
+        q_ref, s_ref = _per_token_reference(y)
+    else:
+        q_ref, s_ref = quantize_1x128_reference(y)
+        assert s.stride() == s_ref.stride()
+    _same(q, q_ref)
+    _same(s, s_ref)
+
+
+def test_norm_fp8_feeds_the_gemm():
+    x, w = randn(1024, 4096), randn(4096)
+    wt = randn(2112, 4096)
+    q, s = ck.rms_norm(x, w, fp8_out="block128")
+    wq, sw = ck.quantize_128x128(wt)
+    out = ck.fp8_gemm(q, s, wq, sw)
+    ref = ck.rms_norm(x, w).float() @ wt.float().t()
+    assert calc_diff(out, ref) < 1e-3
+    q2, s2 = ck.rms_norm(x, w, fp8_out="per_token")
+    out2 = ck.fp8_gemm(q2, s2.expand(-1, 32), wq, sw)
+    assert calc_diff(out2, ref) < 1e-3
+
+
+def test_norm_fp8_3d_and_empty():
+    x = randn(2, 5, 512)
+    q, s = ck.layer_norm(x, fp8_out="block128")
+    assert q.shape == x.shape and s.shape == (10, 4)
+    _same(q.view(10, 512), quantize_1x128_reference(ck.layer_norm(x).view(10, 512))[0])
+    q, s = ck.rms_norm(randn(0, 512), fp8_out="per_token")
+    assert q.shape == (0, 512) and s.shape == (0, 1)
