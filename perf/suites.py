@@ -161,6 +161,12 @@ from perf import suite_fp8 as _fp8  # noqa: E402
 SUITES.update(_fp8.SUITES)
 PEERS.update(_fp8.PEERS)
 
+# Issue 5: FP8 quantizers (and the norms' fused FP8 output).
+from perf import suite_quant as _quant  # noqa: E402
+
+SUITES.update(_quant.SUITES)
+PEERS.update(_quant.PEERS)
+
 # Issue 6: FlashAttention forward.
 from perf.suite_attention import attention as _attention  # noqa: E402
 
