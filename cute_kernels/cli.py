@@ -5,6 +5,7 @@
   cute-kernels compile --all [--jobs N]              fill the compile cache for every ready kernel
   cute-kernels bench KERNEL|FAMILY|all [--shape ...] [--out DIR] [--quick]   (GPU)
   cute-kernels schedules gemm --shape M N K [--out DIR]  rank candidate schedules (GPU)
+  cute-kernels schedules attention --shape B S H D [--causal]   fa3/fa2 attention schedules (GPU)
   cute-kernels main [--out DIR]                      compile + report everything; on a GPU also bench
   cute-kernels layout|algebra|swizzle|atoms ...      study CuTe layouts, swizzles and banks (CPU; see study/cli.py)
 """
@@ -89,10 +90,29 @@ def cmd_bench(args) -> int:
 
 
 def cmd_schedules(args) -> int:
-    if args.kernel != "gemm":
-        raise SystemExit("schedules: only 'gemm' has switchable schedules so far")
     import torch
 
+    want = {"gemm": ("M", "N", "K"), "attention": ("B", "S", "H", "D")}[args.kernel]
+    if len(args.shape) != len(want):
+        raise SystemExit(f"schedules {args.kernel}: --shape takes {len(want)} sizes {' '.join(want)}, "
+                         f"got {len(args.shape)}")
+    if args.kernel == "attention":
+        from schedules.attention import HEAD_DIMS, candidates, default_schedule
+
+        b, s, h, d = args.shape
+        if d not in HEAD_DIMS:
+            raise SystemExit(f"schedules attention: D must be one of {HEAD_DIMS}, got {d}")
+        limit = min(args.limit, 24)
+        if not torch.cuda.is_available():
+            what = f"B={b} S={s} H={h} D={d}{' causal' if args.causal else ''}"
+            print(f"no GPU here: the candidates that would be timed for {what} (default first):")
+            for c in candidates(d, args.causal, limit):
+                print(f"  {c}{'  (default)' if c == default_schedule(d, args.causal) else ''}")
+            return 0
+        _find_perf()
+        from perf.schedule_search import search_attention
+
+        return search_attention(b, s, h, d, args.causal, out_dir=args.out, limit=limit)
     if not torch.cuda.is_available():
         from schedules.gemm import candidates, default_schedule
 
@@ -159,10 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("schedules", help="time the candidate schedules of a kernel on one shape (GPU)")
-    s.add_argument("kernel", choices=["gemm"])
-    s.add_argument("--shape", nargs=3, type=int, required=True, metavar=("M", "N", "K"))
+    s.add_argument("kernel", choices=["gemm", "attention"])
+    s.add_argument("--shape", nargs="+", type=int, required=True, metavar="SIZE",
+                   help="gemm: M N K; attention: B S H D (self-attention, bf16)")
+    s.add_argument("--causal", action="store_true", help="attention: a causal mask")
     s.add_argument("--out", default=None, metavar="DIR")
-    s.add_argument("--limit", type=int, default=32, help="at most this many candidates")
+    s.add_argument("--limit", type=int, default=32, help="at most this many candidates (attention: 24)")
     s.set_defaults(fn=cmd_schedules)
 
     s = sub.add_parser("main", help="compile and report everything; on a GPU also benchmark")

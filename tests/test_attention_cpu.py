@@ -213,3 +213,32 @@ def test_cpu_tensor_gets_a_named_device_error():
     x = torch.randn(1, 4, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="q must be on a CUDA device"):
         ck.flash_attn(x, x, x)
+
+
+# --- the schedule search's command line (CPU: prints the candidates) --------------------------------
+def _cli(*args):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    return subprocess.run([sys.executable, "-m", "cute_kernels", *args], cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the command times the candidates")
+def test_cli_schedules_attention_lists_candidates():
+    r = _cli("schedules", "attention", "--shape", "2", "8192", "16", "128", "--causal")
+    assert r.returncode == 0, r.stderr
+    lines = [ln.strip() for ln in r.stdout.splitlines()[1:]]
+    assert "B=2 S=8192 H=16 D=128 causal" in r.stdout
+    assert lines[0] == f"{default_schedule(128, True)}  (default)"
+    assert [ln.split()[0] for ln in lines] == [str(c) for c in candidates(128, True)]
+    r = _cli("schedules", "attention", "--shape", "1", "512", "8", "64", "--limit", "6")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 7, r.stdout
+
+
+def test_cli_schedules_attention_errors():
+    r = _cli("schedules", "attention", "--shape", "2", "8192", "16")
+    assert r.returncode != 0 and "takes 4 sizes B S H D" in r.stderr
+    r = _cli("schedules", "attention", "--shape", "2", "8192", "16", "80")
+    assert r.returncode != 0 and "D must be one of" in r.stderr
