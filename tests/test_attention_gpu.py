@@ -5,6 +5,7 @@ bf16/fp16 inputs) and pt = the same attention computed by torch in the input dty
 
 for every mask (none, causal bottom-right, windows, causal + window), GQA/MQA, head dims 64-256, fp16,
 softcap, strided inputs, sequence lengths 1, 17, 1000, mismatched S_q / S_k and 64k+; the LSE to 1e-3.
+The other schedules of the kernel (fa3 with overlap, with one consumer warpgroup; fa2) on a subset.
 Outputs are poisoned through the allocator (an unwritten element shows up as NaN)."""
 
 import math
@@ -53,11 +54,16 @@ def _attention(q, k, v, left, right, scale, softcap, dtype):
     return torch.cat(outs, 2).transpose(1, 2), torch.cat(lses, 2)
 
 
-def _check(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0):
+def _check(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0, schedule=None):
     torch.backends.cuda.matmul.allow_tf32 = False
     _poison(q.numel() * 2 + q.shape[0] * q.shape[1] * q.shape[2] * 4)
-    out, lse = ck.flash_attn(q, k, v, causal=causal, window=window, softmax_scale=softmax_scale, softcap=softcap,
-                             return_lse=True)
+    if schedule is None:
+        out, lse = ck.flash_attn(q, k, v, causal=causal, window=window, softmax_scale=softmax_scale, softcap=softcap,
+                                 return_lse=True)
+    else:
+        from cute_kernels.ops.flash_attn import _flash_attn_cuda
+
+        out, lse = _flash_attn_cuda(q, k, v, causal, window[0], window[1], softmax_scale, softcap, schedule=schedule)
     left, right = window[0], 0 if causal else window[1]
     scale = softmax_scale or 1 / math.sqrt(q.shape[-1])
     ref, lse_ref = _attention(q, k, v, left, right, scale, softcap, torch.float32)
@@ -97,6 +103,59 @@ def test_masks_seqlens_gqa(d, mask, seqs):
 def test_head_dims(d, causal):
     q, k, v = randn(1, 1000, 4, d), randn(1, 1000, 4, d), randn(1, 1000, 4, d)
     _check(q, k, v, causal)
+
+
+# --- the other schedules of the same kernel: fa3 with the intra-warpgroup overlap, fa2 (no warp
+# specialization), one computing warpgroup; each over the pipeline's wrap-around (8 K/V blocks),
+# partial blocks and a band, compiled once per (schedule, head dim, mask)
+def _schedule(name, d):
+    from schedules.attention import AttentionSchedule, default_schedule
+
+    tn = default_schedule(d).tile_n
+    return {
+        "fa3_overlap": AttentionSchedule(tile_n=tn, overlap=True),
+        "fa3_overlap_nopp": AttentionSchedule(tile_n=tn, overlap=True, pingpong=False),
+        "fa3_m64": AttentionSchedule(tile_m=64, tile_n=tn),
+        "fa2": AttentionSchedule(kind="fa2", tile_n=tn),
+        "fa2_m64_s1": AttentionSchedule(kind="fa2", tile_m=64, tile_n=tn, stages=1),
+        "fa2_s3": AttentionSchedule(kind="fa2", tile_n=tn, stages=3),
+    }[name]
+
+
+SCHEDULE_CASES = [(64, "causal"), (128, "window")]
+
+
+@pytest.mark.parametrize("d,mask", SCHEDULE_CASES, ids=[f"d{d}-{m}" for d, m in SCHEDULE_CASES])
+@pytest.mark.parametrize("name", ["fa3_overlap", "fa3_overlap_nopp", "fa3_m64", "fa2", "fa2_m64_s1"])
+def test_schedules(name, d, mask):
+    causal, window = MASKS[mask]
+    sched = _schedule(name, d)
+    for sq, sk in ((1000, 1000), (113, 203), (1000, 17), (1, 1)):  # 1000 x 17: q tiles that see no key
+        q, k, v = randn(2, sq, 6, d), randn(2, sk, 2, d), randn(2, sk, 2, d)
+        _check(q, k, v, causal, window, schedule=sched)
+
+
+@pytest.mark.parametrize("name", ["fa3_overlap", "fa2_s3"])
+def test_schedules_d256_and_empty_ranges(name):
+    """D = 256 (the overlap's register peak) over 13 K/V blocks; and S_q > S_k causal, where the first
+    q tiles see no key at all (the overlap's n_count == 0 path, the ping-pong's turn counts)."""
+    sched = _schedule(name, 256)
+    q, k, v = randn(1, 1000, 2, 256), randn(1, 1000, 2, 256), randn(1, 1000, 2, 256)
+    _check(q, k, v, True, schedule=sched)
+    q, k, v = randn(1, 700, 2, 256), randn(1, 90, 2, 256), randn(1, 90, 2, 256)
+    _check(q, k, v, True, schedule=sched)
+
+
+def test_schedules_agree():
+    """Every schedule computes the same attention to within the bf16 rounding of P (the same K/V
+    block order, the same row-state math); a sliding window (64, 32) of a 777-token sequence."""
+    from cute_kernels.ops.flash_attn import _flash_attn_cuda
+
+    q, k, v = randn(2, 777, 4, 128), randn(2, 777, 4, 128), randn(2, 777, 4, 128)
+    base = _flash_attn_cuda(q, k, v, False, 64, 32)[0].float()
+    for name in ("fa3_overlap", "fa3_overlap_nopp", "fa2", "fa3_m64", "fa2_m64_s1"):
+        out = _flash_attn_cuda(q, k, v, False, 64, 32, schedule=_schedule(name, 128))[0].float()
+        assert (out - base).abs().max().item() < 2e-2, name
 
 
 def test_mqa_fp16_scale_softcap():
