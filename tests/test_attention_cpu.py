@@ -242,3 +242,22 @@ def test_cli_schedules_attention_errors():
     assert r.returncode != 0 and "takes 4 sizes B S H D" in r.stderr
     r = _cli("schedules", "attention", "--shape", "2", "8192", "16", "80")
     assert r.returncode != 0 and "D must be one of" in r.stderr
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_schedule_replays_finish(d):
+    """The timeline replay of docs/figures/make_attention_figures.py runs each candidate's loops as the
+    kernel orders them (stage ring, in-line loads, ping-pong turns incl. the last hand-over, overlap):
+    none deadlocks for 1 to 7 K/V blocks, and every block's two GEMMs run once per warpgroup."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "figures" / "make_attention_figures.py"
+    spec = importlib.util.spec_from_file_location("make_attention_figures", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for s in candidates(d):
+        for blocks in range(1, 8):
+            bars = mod.replay(s, blocks)
+            gemms = [b for b in bars if b[0] == "tensor cores"]
+            assert len(gemms) == 2 * blocks * s.consumer_wgs, (str(s), blocks)

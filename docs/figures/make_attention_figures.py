@@ -1,0 +1,190 @@
+"""Draw the FlashAttention schedule timelines (docs/kernels/attention.md) by replaying each schedule's
+rules, as the kernel orders them, with unit costs.
+
+    python3 docs/figures/make_attention_figures.py      # writes docs/figures/attention_timelines.png
+
+A tiny event replay, not a measurement: one tensor-core queue per SM shared by the warpgroups (a
+WGMMA starts when the queue is free, in issue order), each warpgroup's own CUDA cores for the softmax,
+a TMA copy per K/V block. The programs below are the kernel's loops in `cute_kernels/kernels/
+flash_attn.py` (`consumer`, `load_kv`, `load_kv_inline`) written as steps; the ping-pong turns are
+the named barriers, the stage ring the mbarriers. Change a cost and the picture follows.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from schedules.attention import AttentionSchedule  # noqa: E402
+
+OUT = Path(__file__).resolve().parent
+COST = {"load": 0.6, "S": 1.0, "PV": 1.0, "softmax": 1.3, "issue": 0.05}
+COLORS = {"load": "#8da0cb", "S": "#66c2a5", "PV": "#1b9e77", "softmax": "#fc8d62"}
+
+
+def _programs(s: AttentionSchedule, blocks: int):
+    """Per actor, the steps of the kernel's loops. Steps: ("load", j), ("need", j) (wait for block j's
+    full barrier), ("mma", name, j, sync), ("wait", name, j), ("softmax", j), ("release", j),
+    ("turn_wait",), ("turn_give",)."""
+    stages = s.num_stages(128)
+    progs = {}
+    for w in range(s.consumer_wgs):
+        p = []
+        inline = not s.warp_specialized and w == 0
+        if inline:
+            p += [("load", j) for j in range(s.prefetch)]
+        if s.pingpong:
+            p.append(("turn_wait",))
+        if not s.overlap:
+            for j in range(blocks):
+                if inline and s.prefetch == 0:
+                    p.append(("load", j))
+                p += [("need", j), ("mma", "S", j, False)]
+                if s.pingpong:
+                    p.append(("turn_give",))
+                if inline and s.prefetch and j + s.prefetch < blocks:
+                    p.append(("load", j + s.prefetch))
+                p += [("wait", "S", j), ("softmax", j)]
+                if s.pingpong:
+                    p.append(("turn_wait",))
+                p += [("mma", "PV", j, False), ("wait", "PV", j), ("release", j)]
+        else:
+            p += [("need", 0), ("mma", "S", 0, False)]
+            if s.pingpong:
+                p.append(("turn_give",))
+            p += [("wait", "S", 0), ("softmax", 0)]
+            for j in range(1, blocks):
+                p.append(("need", j))
+                if s.pingpong:
+                    p.append(("turn_wait",))
+                p += [("mma", "S", j, False), ("mma", "PV", j - 1, False)]
+                if s.pingpong:
+                    p.append(("turn_give",))
+                p += [("wait", "S", j), ("softmax", j), ("wait", "PV", j - 1), ("release", j - 1)]
+            if s.pingpong:
+                p.append(("turn_wait",))
+            p += [("mma", "PV", blocks - 1, False), ("wait", "PV", blocks - 1), ("release", blocks - 1)]
+        if s.pingpong and w == 0:
+            p.append(("turn_give",))  # the last turn of warpgroup 2
+        progs[f"WG {w + 1}"] = p
+    if s.warp_specialized:
+        progs["producer"] = [("load", j) for j in range(blocks)]
+    return progs, stages
+
+
+def replay(s: AttentionSchedule, blocks: int = 5):
+    """[(actor, start, duration, kind, label)] of one CTA's first `blocks` K/V blocks."""
+    progs, stages = _programs(s, blocks)
+    actors = list(progs)
+    t = dict.fromkeys(actors, 0.0)
+    pc = dict.fromkeys(actors, 0)
+    tc_free, loaded, released, done = 0.0, {}, {}, {}
+    turn = ["WG 1", 0.0]
+    consumers = [a for a in actors if a.startswith("WG")]
+    bars = []
+
+    def start_of(a):
+        step = progs[a][pc[a]]
+        op = step[0]
+        if op == "load":
+            j = step[1]
+            if j >= stages:  # the stage of block j - stages must be released by every consumer
+                if any((c, j - stages) not in released for c in consumers):
+                    return math.inf
+                return max([t[a]] + [released[(c, j - stages)] for c in consumers])
+            return t[a]
+        if op == "need":
+            return max(t[a], loaded[step[1]]) if step[1] in loaded else math.inf
+        if op == "turn_wait":
+            return max(t[a], turn[1]) if turn[0] == a else math.inf
+        if op == "mma":
+            return max(t[a], tc_free)
+        if op == "wait":
+            return max(t[a], done[(a, step[1], step[2])])
+        return t[a]
+
+    while any(pc[a] < len(progs[a]) for a in actors):
+        ready = [(start_of(a), i, a) for i, a in enumerate(actors) if pc[a] < len(progs[a])]
+        st, _, a = min(ready)
+        if st == math.inf:
+            raise RuntimeError(f"deadlock in the replay of {s}")
+        step = progs[a][pc[a]]
+        op = step[0]
+        t[a] = st
+        if op == "load":
+            who = "TMA (producer warp)" if a == "producer" else "TMA (warp 0, in line)"
+            bars.append((who, st, COST["load"], "load", str(step[1])))
+            loaded[step[1]] = st + COST["load"]
+            t[a] = st + (COST["load"] if a == "producer" else COST["issue"])
+        elif op == "mma":
+            _, name, j, _sync = step
+            bars.append((a, st, COST[name], name, f"{name}{j}"))
+            bars.append(("tensor cores", st, COST[name], name, a[-1]))
+            tc_free = st + COST[name]
+            done[(a, name, j)] = tc_free
+            t[a] = st + COST["issue"]
+        elif op == "softmax":
+            bars.append((a, st, COST["softmax"], "softmax", f"sm{step[1]}"))
+            t[a] = st + COST["softmax"]
+        elif op == "release":
+            released[(a, step[1])] = st
+        elif op == "turn_give":
+            other = [c for c in consumers if c != a][0]
+            turn[0], turn[1] = other, st
+        pc[a] += 1
+    return bars
+
+
+def attention_timelines():
+    cases = [(AttentionSchedule(kind="fa2"), "fa2: no warp specialization; both warpgroups compute, warp 0 issues "
+                                              "the loads in line; GEMMs and softmaxes meet at random"),
+             (AttentionSchedule(), "fa3 (ping-pong): a producer warp loads ahead; named barriers hand the tensor "
+                                   "cores over, one warpgroup's softmax under the other's GEMMs"),
+             (AttentionSchedule(overlap=True), "fa3 + overlap: each warpgroup also issues S(j+1) with PV(j) and "
+                                               "runs softmax(j+1) while PV(j) is on the tensor cores")]
+    fig, axes = plt.subplots(len(cases), 1, figsize=(13, 8.2), sharex=True)
+    horizon = 0.0
+    for ax, (s, title) in zip(axes, cases):
+        bars = replay(s)
+        rows = ["tensor cores", "WG 2", "WG 1", "TMA (warp 0, in line)" if not s.warp_specialized else
+                "TMA (producer warp)"]
+        y = {r: i for i, r in enumerate(rows)}
+        for who, st, dur, kind, label in bars:
+            if who not in y:
+                continue
+            # a warpgroup's row: its GEMMs (while on the tensor cores) below, its softmax above
+            lo, hi = (0.0, 0.7) if not who.startswith("WG") else ((0.37, 0.33) if kind == "softmax" else (0.0, 0.33))
+            ax.add_patch(Rectangle((st, y[who] + lo), dur * 0.97, hi, color=COLORS[kind]))
+            if label:
+                ax.text(st + dur / 2, y[who] + lo + hi / 2, label, ha="center", va="center", fontsize=6)
+        end = max(st + dur for _, st, dur, _, _ in bars)
+        horizon = max(horizon, end)
+        busy = sum(dur for who, _, dur, _, _ in bars if who == "tensor cores")
+        ax.set_yticks([v + 0.35 for v in y.values()],
+                      [r + " (by WG)" if r == "tensor cores" else r for r in y])
+        ax.set_ylim(-0.2, len(rows))
+        ax.set_title(f"{title}\n{s}: 5 K/V blocks done at t = {end:.1f}, tensor cores busy {busy / end:.0%}",
+                     fontsize=8.5, loc="left")
+    axes[-1].set_xlim(0, horizon + 0.5)
+    handles = [Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
+    fig.legend(handles, ["TMA load of a K/V block", "S = Q K^T (WGMMA)", "O += P V (WGMMA)",
+                         "mask + online softmax (CUDA cores, MUFU ex2)"], fontsize=8, loc="upper center", ncol=4)
+    axes[-1].set_xlabel(f"time (unit costs {COST}; a replay of the schedule rules, not a measurement)", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.965))
+    fig.savefig(OUT / "attention_timelines.png", dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    attention_timelines()
+    print("wrote attention_timelines.png")
