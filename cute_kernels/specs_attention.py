@@ -106,7 +106,7 @@ FLASH_ATTN = FlashAttnSpec(
         "tile_n": Param(0, (0, 64, 80, 96, 112, 128, 160, 176, 192), help="K/V rows per stage (0: per head dim)"),
         "stages": Param(0, (0, 1, 2, 3, 4), help="K/V smem stages (0: fa3 as many as fit, fa2 2)"),
         "pingpong": Param(True, (True, False), help="named barriers alternate the consumers' GEMMs (fa3 with "
-                          "tile_m 128 only: set to False for fa2 and tile_m 64)"),
+                          "tile_m 128 only: fa2 and tile_m 64 resolve it to False)"),
         "overlap": Param(False, (True, False), help="fa3: issue the next S = Q K^T before this block's softmax"),
     },
 )
