@@ -206,7 +206,9 @@ class FlashAttnFwd:
                     for i in cutlass.range(n_count, unroll=1):
                         self.load_kv(pipes, loads, kv, n_max - 1 - i)
                         kv.advance()
-                    pipe_k.producer_tail(kv)
+                    # producer_tail advances the state it is given (a full turn of the ring: the
+                    # phase flips), so each ring gets its own copy of the state after the last load
+                    pipe_k.producer_tail(kv.clone())
                     pipe_v.producer_tail(kv)
             else:
                 cute.arch.setmaxregister_increase(s.consumer_regs)
