@@ -91,6 +91,18 @@ def test_catalogue_params_for_fa2():
         FLASH_ATTN.resolve({"schedule": "fa2", "overlap": True})
 
 
+def test_gpu_test_schedules_resolve():
+    """Every schedule tests/test_attention_gpu.py runs passes the catalogue's checks (smem and registers
+    fit its head dim): a misfit shows up here, not as a ValueError in the GPU session."""
+    from cute_kernels.specs_attention import FLASH_ATTN, params_for
+    from tests import test_attention_gpu as g
+
+    cases = [(d, n) for d, _ in g.SCHEDULE_CASES for n in g.SCHEDULE_NAMES]
+    cases += [(256, n) for n in g.D256_NAMES] + [(128, n) for n in g.AGREE_NAMES]
+    for d, name in cases:
+        FLASH_ATTN.resolve(params_for(g._schedule(name, d), head_dim=d))
+
+
 def test_grid_and_lpt_order():
     s = default_schedule(128)
     assert grid(1000, 16, 2, s) == (8, 16, 2)
