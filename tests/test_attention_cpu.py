@@ -260,7 +260,9 @@ def test_cli_schedules_attention_errors():
 def test_schedule_replays_finish(d):
     """The timeline replay of docs/figures/make_attention_figures.py runs each candidate's loops as the
     kernel orders them (stage ring, in-line loads, ping-pong turns incl. the last hand-over, overlap):
-    none deadlocks for 1 to 7 K/V blocks, and every block's two GEMMs run once per warpgroup."""
+    none deadlocks for 0 to 7 K/V blocks, and every block's two GEMMs run once per warpgroup. A token
+    model: it checks the order of the turns and the ring's block accounting, not mbarrier parities or
+    the producer's tails (the GPU smoke test `test_smoke_every_schedule_finishes` covers those)."""
     import importlib.util
     from pathlib import Path
 
@@ -269,7 +271,7 @@ def test_schedule_replays_finish(d):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     for s in candidates(d):
-        for blocks in range(1, 8):
+        for blocks in range(8):
             bars = mod.replay(s, blocks)
             gemms = [b for b in bars if b[0] == "tensor cores"]
             assert len(gemms) == 2 * blocks * s.consumer_wgs, (str(s), blocks)

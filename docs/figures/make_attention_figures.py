@@ -58,7 +58,7 @@ def _programs(s: AttentionSchedule, blocks: int):
                 if s.pingpong:
                     p.append(("turn_wait",))
                 p += [("mma", "PV", j, False), ("wait", "PV", j), ("release", j)]
-        else:
+        elif blocks:  # the kernel's `if n_count > 0` (a q tile without K/V blocks skips the whole loop)
             p += [("need", 0), ("mma", "S", 0, False)]
             if s.pingpong:
                 p.append(("turn_give",))
