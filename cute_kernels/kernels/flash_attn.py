@@ -412,6 +412,10 @@ class FlashAttnFwd:
         store_pipe = pipeline.PipelineTmaStore.create(
             num_stages=_EPI_STAGES, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128))
         epi_bar = pipeline.NamedBarrier(barrier_id=_EPI_BAR + cwg, num_threads=128)
+        # O overwrites this warpgroup's Q stage: each warp's tensor core reads its own 16 Q rows, so
+        # every warp's last S = Q K^T must be done before any warp writes (implied by the collective
+        # last P V GEMM; explicit here, once per tile)
+        epi_bar.arrive_and_wait()
         epi.store_tile(tiled_mma_pv, acc_o, tid, sO, 0, _EPI_STAGES, Int32(0), out.tma_o,
                        out.gO[(None, None, tile.m_block * s.consumer_wgs + cwg)], _EPI_TILE, dt, LayoutEnum.ROW_MAJOR,
                        epi_bar, warp % 4 == 0, store_pipe)
