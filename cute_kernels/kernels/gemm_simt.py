@@ -12,8 +12,8 @@ cores. What separates the two rungs is shared-memory traffic per FMA:
   step it reads 8 A and 8 B values and does 64 FMAs (an outer product): 4 FMAs per smem word.
 
 Schedule: one CTA per (tile_m, tile_n) output tile, K walked in tile_k slices: every thread copies
-its share of the A and B slices to shared memory (fp32, A stored transposed so the compute loop reads
-rows of both), barrier, the outer-product loop, barrier. Thread (tx, ty) owns rows ty + i*TY and
+its share of the A and B slices to shared memory (fp32, A stored transposed, rows padded by a word,
+so the compute loop reads rows of both), barrier, the outer-product loop, barrier. Thread (tx, ty) owns rows ty + i*TY and
 columns tx + j*TX (strided, so a warp's B reads are consecutive words: no bank conflicts).
 Operands: A (M, K) and B (K, N) row-major, C (M, N) row-major; sizes symbolic, edges predicated.
 """
@@ -83,7 +83,9 @@ class SimtGemm:
         m0, n0 = bm * t.tile_m, bn * t.tile_n
 
         smem = cutlass.memory.SmemAllocator()
-        sA = smem.allocate_tensor(Float32, cute.make_layout((t.tile_k, t.tile_m), stride=(t.tile_m, 1)), 16)
+        # A is stored transposed; its rows are padded by one word so that the copy's column writes
+        # (consecutive k of one row of A) land in different banks.
+        sA = smem.allocate_tensor(Float32, cute.make_layout((t.tile_k, t.tile_m), stride=(t.tile_m + 1, 1)), 16)
         sB = smem.allocate_tensor(Float32, cute.make_layout((t.tile_k, t.tile_n), stride=(t.tile_n, 1)), 16)
         acc = cute.make_rmem_tensor((t.thr_m, t.thr_n), Float32)
         acc.fill(0.0)
