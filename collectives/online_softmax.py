@@ -153,12 +153,13 @@ def update_rows(s_rows: cute.Tensor, o_rows: cute.Tensor, m: cute.Tensor, lsum: 
 @cute.jit
 def finalize_rows(o_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, lse: cute.Tensor, scale: Float32,
                   row_threads: cutlass.Constexpr[int] = 4):
-    """O rows /= l (lsum: each thread's partial l); lse = scale * m + log(l) (natural log). A row that saw no key keeps O = 0 and
-    gets lse = -inf."""
+    """O rows /= l (lsum: each thread's partial l); lse = scale * m + log(l) (natural log). A row that
+    saw no key keeps O = 0 and gets lse = +inf (FlashAttention's convention: a backward's
+    exp(S - lse) is then 0 for that row, not the NaN of -inf - -inf)."""
     for r in cutlass.range_constexpr(cute.size(o_rows, mode=[0])):
         total = cute.arch.warp_reduction_sum(lsum[r], threads_in_group=row_threads)
         inv = Float32(0.0)
-        out = Float32(NEG_INF)
+        out = Float32(float("inf"))
         if total > Float32(0.0):
             inv = cute.arch.rcp_approx(total)
             out = m[r] * scale + cute.math.log(total, fastmath=True)

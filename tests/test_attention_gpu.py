@@ -49,7 +49,8 @@ def _attention(q, k, v, left, right, scale, softcap, dtype):
         if left >= 0:
             ok &= j[None, :] >= i + off - left
         s = s.masked_fill(~ok, float("-inf"))
-        lses.append(torch.logsumexp(s.float(), -1))
+        lse = torch.logsumexp(s.float(), -1)
+        lses.append(lse.masked_fill(lse == float("-inf"), float("inf")))  # keyless rows: +inf, as FA
         p = torch.nan_to_num(torch.softmax(s, -1), nan=0.0)
         outs.append((p.to(dtype) @ vh).float())
     return torch.cat(outs, 2).transpose(1, 2), torch.cat(lses, 2)
@@ -203,7 +204,7 @@ def test_empty_and_keyless():
     assert out.shape == (2, 0, 4, 64) and lse.shape == (2, 4, 0)
     q, k = randn(1, 5, 2, 64), randn(1, 0, 2, 64)
     out, lse = ck.flash_attn(q, k, k, return_lse=True)
-    assert (out == 0).all() and (lse == float("-inf")).all()
+    assert (out == 0).all() and (lse == float("inf")).all()  # FA's convention for rows that see no key
 
 
 def test_autograd_stub_and_compile():

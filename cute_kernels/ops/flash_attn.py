@@ -9,7 +9,7 @@ transposed to (B, S, H, D)); strides TMA cannot address (not multiples of 16 byt
 Masks, FlashAttention's convention: `causal` aligns the diagonal to the bottom right when
 S_q != S_k (query i sees keys j <= i + S_k - S_q); `window=(left, right)` keeps keys
 i + S_k - S_q - left <= j <= i + S_k - S_q + right, -1 meaning unbounded (causal is right = 0).
-A query that sees no key gets O = 0 and LSE = -inf. `softcap > 0` applies cap * tanh(s / cap) to
+A query that sees no key gets O = 0 and LSE = +inf (as FlashAttention: exp(s - LSE) = 0, not NaN). `softcap > 0` applies cap * tanh(s / cap) to
 the scaled logits.
 
 Returns O (B, S_q, H_q, D) in q's dtype, and with `return_lse=True` also LSE (B, H_q, S_q) fp32.
@@ -116,7 +116,7 @@ def _flash_attn_cuda(q, k, v, causal=False, window_left=-1, window_right=-1, sof
         return out, lse
     if sk == 0:
         out.zero_()
-        lse.fill_(float("-inf"))
+        lse.fill_(float("inf"))
         return out, lse
     from cute_kernels.specs_attention import mask_name
 
