@@ -30,6 +30,6 @@ from cute_kernels.ops import fp8_gemm_grouped_contiguous, fp8_gemm_grouped_maske
 
 __all__ += ["fp8_gemm_grouped_contiguous", "fp8_gemm_grouped_masked"]
 
-from cute_kernels.ops import flash_attn  # noqa: E402
+from cute_kernels.ops import flash_attn, flash_attn_varlen  # noqa: E402
 
-__all__ += ["flash_attn"]
+__all__ += ["flash_attn", "flash_attn_varlen"]

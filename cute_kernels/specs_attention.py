@@ -56,7 +56,8 @@ class FlashAttnSpec(KernelSpec):
         def sym(div=1):
             return cute.sym_int32(divisibility=div)
 
-        sq, sk, hq, hk, b = sym(), sym(), sym(), sym(), sym()
+        sq, sk, hq, hk = sym(), sym(), sym(), sym()
+        b = 1 if p["varlen"] else sym()  # varlen: one packed batch, sequences delimited by cu_seqlens
 
         def seq_major(rows, heads):  # (S, D, H, B), unit stride along D
             return cute.runtime.make_fake_tensor(dt, (rows, d, heads, b), stride=(sym(8), 1, sym(8), sym(8)),
@@ -65,9 +66,14 @@ class FlashAttnSpec(KernelSpec):
         q, k, o = seq_major(sq, hq), seq_major(sk, hk), seq_major(sq, hq)
         v = cute.runtime.make_fake_tensor(dt, (d, sk, hk, b), stride=(1, sym(8), sym(8), sym(8)), assumed_align=16)
         lse = cute.runtime.make_fake_tensor(cutlass.Float32, (sq, hq, b), stride=(1, sym(), sym()), assumed_align=4)
-        kernel = FlashAttnFwd(dt, d, schedule_of(p), mask_kind(p["mask"]), p["softcap"])
-        return kernel, (q, k, v, o, lse, Float32(1.0), Float32(1.0), Float32(1.0), Float32(1.0), Int32(-1), Int32(-1),
-                        fake_stream())
+        kernel = FlashAttnFwd(dt, d, schedule_of(p), mask_kind(p["mask"]), p["softcap"], p["varlen"])
+        scalars = (Float32(1.0), Float32(1.0), Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), fake_stream())
+        if p["varlen"]:
+            batch1 = sym()
+            cu_q = cute.runtime.make_fake_tensor(cutlass.Int32, (batch1,), stride=(1,), assumed_align=4)
+            cu_k = cute.runtime.make_fake_tensor(cutlass.Int32, (batch1,), stride=(1,), assumed_align=4)
+            return kernel.call_varlen, (q, k, v, o, lse, cu_q, cu_k, Int32(1), *scalars)
+        return kernel, (q, k, v, o, lse, *scalars)
 
     def representative(self):
         return [self.resolve(), self.resolve({"head_dim": 64, "mask": "causal"})]
@@ -83,6 +89,9 @@ class FlashAttnSpec(KernelSpec):
         out.append(self.resolve({"overlap": True, "head_dim": 64, "mask": "causal"}))
         out.append(self.resolve({"schedule": "fa2"}))
         out.append(self.resolve({"schedule": "fa2", "tile_m": 64, "head_dim": 64, "mask": "causal"}))
+        out.append(self.resolve({"varlen": True}))
+        out.append(self.resolve({"varlen": True, "head_dim": 64, "mask": "causal", "overlap": True}))
+        out.append(self.resolve({"varlen": True, "schedule": "fa2", "mask": "band"}))
         return out
 
 
@@ -92,7 +101,7 @@ FLASH_ATTN = FlashAttnSpec(
     lesson=0,
     summary="FlashAttention forward, FA3 warp-specialized (or the FA2 arrangement): TMA Q/K/V rings, WGMMA QK^T "
             "and PV (P in registers), ping-pong consumers, intra-warpgroup overlap; causal/window/softcap, GQA, LSE",
-    ops=("flash_attn",),
+    ops=("flash_attn", "flash_attn_varlen"),
     status="ready",
     params={
         "dtype": Param("bf16", DTYPES, "signature", "Q/K/V/O element type"),
@@ -100,6 +109,8 @@ FLASH_ATTN = FlashAttnSpec(
         "mask": Param("none", MASKS, "signature", "bounded sides of the key window: none, causal (right), "
                       "window (left), band (both)"),
         "softcap": Param(False, (True, False), "signature", "logit softcap: cap * tanh(scale * s / cap)"),
+        "varlen": Param(False, (True, False), "signature", "packed sequences delimited by cu_seqlens (int32, B + 1): "
+                        "O stored from registers, predicated on each sequence's end"),
         "schedule": Param("fa3", KINDS, help="fa3: warp-specialized producer + consumer warpgroups; fa2: every "
                           "warpgroup computes, warp 0 loads in line (no producer, no setmaxnreg)"),
         "tile_m": Param(128, (64, 128), help="Q rows per CTA (64 per computing warpgroup)"),

@@ -227,6 +227,70 @@ def test_cpu_tensor_gets_a_named_device_error():
         ck.flash_attn(x, x, x)
 
 
+# --- varlen in fake mode: shapes and named errors (the offsets' values are trusted, as in FA) --------
+def _cu(n, dtype=torch.int32):
+    return torch.empty(n, dtype=dtype, device="cuda")
+
+
+def test_varlen_fake_mode_shapes():
+    with FakeTensorMode():
+        q, k, v = _fake(1000, 8, 128), _fake(1500, 2, 128), _fake(1500, 2, 128)
+        out, lse = torch.ops.cute_kernels.flash_attn_varlen(q, k, v, _cu(5), _cu(5), 600, 900, True, -1, -1, None,
+                                                            0.0)
+        assert out.shape == (1000, 8, 128) and out.dtype == torch.bfloat16
+        assert lse.shape == (8, 1000) and lse.dtype == torch.float32  # FA's varlen LSE: (heads, total_q)
+        out = ck.flash_attn_varlen(q.half(), k.half(), v.half(), _cu(3), _cu(3), 500, 500, window=(32, 0))
+        assert out.shape == q.shape and out.dtype == torch.float16
+        out, lse = ck.flash_attn_varlen(q, k, v, _cu(2), _cu(2), 1000, 1500, return_lse=True, softcap=30.0)
+        assert lse.shape == (8, 1000)
+
+
+@pytest.mark.parametrize("make,exc,match", [
+    (lambda: (_fake(8, 2, 80), _fake(8, 2, 80), _fake(8, 2, 80), _cu(2), _cu(2)), ValueError, "head dim"),
+    (lambda: (_fake(1, 8, 2, 64), _fake(8, 2, 64), _fake(8, 2, 64), _cu(2), _cu(2)), ValueError,
+     "q must be 3-D"),
+    (lambda: (_fake(8, 3, 64), _fake(8, 2, 64), _fake(8, 2, 64), _cu(2), _cu(2)), ValueError,
+     "multiple of key/value heads"),
+    (lambda: (_fake(8, 2, 64), _fake(8, 2, 64), _fake(9, 2, 64), _cu(2), _cu(2)), ValueError, "same shape"),
+    (lambda: (_fake(8, 2, 64), _fake(8, 2, 64), _fake(8, 2, 64), _cu(2, torch.int64), _cu(2)), TypeError,
+     "cu_seqlens_q must be int32"),
+    (lambda: (_fake(8, 2, 64), _fake(8, 2, 64), _fake(8, 2, 64), _cu(2), _cu(2).float()), TypeError,
+     "cu_seqlens_k must be int32"),
+    (lambda: (_fake(8, 2, 64), _fake(8, 2, 64), _fake(8, 2, 64), _cu(0), _cu(0)), ValueError, "length B \\+ 1 >= 1"),
+    (lambda: (_fake(8, 2, 64), _fake(8, 2, 64), _fake(8, 2, 64), torch.empty(1, 2, dtype=torch.int32, device="cuda"), _cu(2)),
+     ValueError,
+     "cu_seqlens_q must be 1-D"),
+    (lambda: (_fake(8, 2, 64), _fake(8, 2, 64), _fake(8, 2, 64), _cu(3), _cu(2)), ValueError,
+     "same length B \\+ 1"),
+])
+def test_varlen_named_errors(make, exc, match):
+    with FakeTensorMode():
+        q, k, v, cu_q, cu_k = make()
+        with pytest.raises(exc, match=match):
+            ck.flash_attn_varlen(q, k, v, cu_q, cu_k, 8, 8)
+
+
+def test_varlen_argument_errors():
+    with FakeTensorMode():
+        q, cu = _fake(8, 2, 64), _cu(2)
+        with pytest.raises(ValueError, match="max_seqlen_q must be >= 0"):
+            ck.flash_attn_varlen(q, q, q, cu, cu, -1, 8)
+        with pytest.raises(ValueError, match="window"):
+            ck.flash_attn_varlen(q, q, q, cu, cu, 8, 8, window=(0, -2))
+        with pytest.raises(ValueError, match="softcap"):
+            ck.flash_attn_varlen(q, q, q, cu, cu, 8, 8, softcap=-1.0)
+
+
+def test_varlen_cpu_tensor_and_backward_errors():
+    from cute_kernels.ops.flash_attn import _backward_varlen
+
+    x, cu = torch.randn(4, 2, 64, dtype=torch.bfloat16), torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="q must be on a CUDA device"):
+        ck.flash_attn_varlen(x, x, x, cu, cu, 4, 4)
+    with pytest.raises(NotImplementedError, match="backward pass is not implemented"):
+        _backward_varlen(None, None, None)
+
+
 # --- the schedule search's command line (CPU: prints the candidates) --------------------------------
 def _cli(*args):
     import subprocess

@@ -25,6 +25,24 @@ Tensors, as the kernel sees them: Q and O (S_q, D, H_q, B), K (S_k, D, H_kv, B),
 parameter), every other size and stride symbolic; the unit-stride mode is D. GQA: query head h reads
 K/V head h // (H_q / H_kv). Rows past S_q / S_k are zero-filled by TMA loads and clipped by TMA
 stores; key columns past S_k are masked.
+
+Varlen (`varlen=True`, entry `call_varlen`): B sequences packed along the row axis, Q/O
+(total_q, D, H_q, 1), K/V likewise, sequence b = rows [cu_seqlens[b], cu_seqlens[b + 1]) (int32,
+read on the device by every thread of the CTA, so every warp derives the same tile, the same
+block range and the same skip decision). The grid is (ceil(max_seqlen_q / tile_m), H_q, B); a CTA
+past its sequence's last q tile skips everything after the barrier init (producer and consumers
+alike: one CTA-uniform branch around the warp roles). Loads keep TMA with the packed tensors'
+descriptors: the sequence's views are `cute.domain_offset`s of the packed coordinate tensors by
+its first row, so a tile's tail rows are the next sequence's (or zero-filled past the end); they
+are harmless: keys past seqlen_k are masked (their P is 0), query rows past seqlen_q are computed
+and dropped. The O store is the part TMA cannot do with one descriptor: a (64, D) box clips only
+at the packed tensor's end, so a partial last tile would overwrite the next sequence's first rows.
+O is therefore stored straight from the accumulator registers with st.global (pairs of adjacent
+columns, 32 bits), predicated per row on seqlen_q (FA3 makes the same choice for varlen); no smem
+staging, no epilogue barrier (Q's smem is not reused). The alternative, a ragged TMA view (an
+extra mode whose coordinate is the sequence end, the base pointer shifted back by a large extent,
+so the box clips at the end of each sequence), keeps TMA stores but rests on an out-of-allocation
+base address; left for a measured need. LSE (total_q, H_q, 1): row q_start + i.
 """
 
 from __future__ import annotations
@@ -56,9 +74,9 @@ _EPI_STAGES = 2
 
 class FlashAttnFwd:
     def __init__(self, dtype, head_dim: int, schedule: AttentionSchedule, mask: MaskKind = MaskKind(),
-                 softcap: bool = False):
+                 softcap: bool = False, varlen: bool = False):
         self.dtype, self.d, self.s = dtype, head_dim, schedule
-        self.mask, self.softcap = mask, softcap
+        self.mask, self.softcap, self.varlen = mask, softcap, varlen
 
     @cute.jit
     def __call__(
@@ -76,6 +94,38 @@ class FlashAttnFwd:
         window_right: Int32,
         stream,
     ):
+        """Batched: Q/O (S_q, D, H_q, B), K (S_k, D, H_kv, B), V^T (D, S_k, H_kv, B), LSE (S_q, H_q, B)."""
+        self.launch(q, k, v, o, lse, None, None, None, scale_log2, scale_lse, scale_over_cap, cap, window_left,
+                    window_right, stream)
+
+    @cute.jit
+    def call_varlen(
+        self,
+        q: cute.Tensor,
+        k: cute.Tensor,
+        v: cute.Tensor,
+        o: cute.Tensor,
+        lse: cute.Tensor,
+        cu_seqlens_q: cute.Tensor,
+        cu_seqlens_k: cute.Tensor,
+        max_seqlen_q: Int32,
+        scale_log2: Float32,
+        scale_lse: Float32,
+        scale_over_cap: Float32,
+        cap: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        stream,
+    ):
+        """Packed sequences: Q/O (total_q, D, H_q, 1), K (total_k, D, H_kv, 1), V^T (D, total_k, H_kv, 1),
+        LSE (total_q, H_q, 1); sequence b is rows [cu_seqlens[b], cu_seqlens[b + 1]) (int32, B + 1)."""
+        self.launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, scale_log2, scale_lse,
+                    scale_over_cap, cap, window_left, window_right, stream)
+
+    @cute.jit
+    def launch(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, cu_seqlens_q,
+               cu_seqlens_k, max_seqlen_q, scale_log2: Float32, scale_lse: Float32, scale_over_cap: Float32,
+               cap: Float32, window_left: Int32, window_right: Int32, stream):
         s, d, dt = self.s, self.d, self.dtype
         k_major = LayoutEnum.from_tensor(k).sm90_mma_major_mode()
         v_layout = LayoutEnum.from_tensor(v)
@@ -94,7 +144,10 @@ class FlashAttnFwd:
         tma_q, tma_gq = operand_tma(q, sQ_layout, 64, d, 1)
         tma_k, tma_gk = operand_tma(k, sK_layout, s.tile_n, d, 1)
         tma_v, tma_gv = operand_tma(v, sV_layout, d, s.tile_n, 1)
-        tma_o, tma_go = epi.store_tma(o, sO_layout, _EPI_TILE)
+        if cutlass.const_expr(self.varlen):
+            tma_o, tma_go = None, o  # varlen: O rows stored from registers, predicated on the sequence end
+        else:
+            tma_o, tma_go = epi.store_tma(o, sO_layout, _EPI_TILE)
 
         @cute.struct
         class Storage:
@@ -106,11 +159,16 @@ class FlashAttnFwd:
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
 
         self.storage = Storage
-        q_tiles = (extent(q, 0) + s.tile_m - 1) // s.tile_m
+        if cutlass.const_expr(self.varlen):
+            q_tiles = (max_seqlen_q + s.tile_m - 1) // s.tile_m
+            batch = cute.size(cu_seqlens_q, mode=[0]) - 1
+        else:
+            q_tiles = (extent(q, 0) + s.tile_m - 1) // s.tile_m
+            batch = cute.size(q, mode=[3])
         self.kernel(tiled_mma_qk, tiled_mma_pv, tma_q, tma_gq, tma_k, tma_gk, tma_v, tma_gv, tma_o, tma_go, lse,
-                    scale_log2, scale_lse, scale_over_cap, cap, window_left, window_right,
+                    cu_seqlens_q, cu_seqlens_k, scale_log2, scale_lse, scale_over_cap, cap, window_left, window_right,
                     sQ_layout, sK_layout, sV_layout, sO_layout).launch(
-            grid=[cutlass.max(q_tiles, 1), cute.size(q, mode=[2]), cute.size(q, mode=[3])],
+            grid=[cutlass.max(q_tiles, 1), cute.size(q, mode=[2]), batch],
             block=[s.threads, 1, 1], stream=stream)
 
     @cute.kernel
@@ -124,9 +182,11 @@ class FlashAttnFwd:
         mK: cute.Tensor,
         tma_v: cute.CopyAtom,
         mV: cute.Tensor,
-        tma_o: cute.CopyAtom,
+        tma_o: cute.CopyAtom | None,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mCuQ: cute.Tensor | None,
+        mCuK: cute.Tensor | None,
         scale_log2: Float32,
         scale_lse: Float32,
         scale_over_cap: Float32,
@@ -146,7 +206,8 @@ class FlashAttnFwd:
             cpasync.prefetch_descriptor(tma_q)
             cpasync.prefetch_descriptor(tma_k)
             cpasync.prefetch_descriptor(tma_v)
-            cpasync.prefetch_descriptor(tma_o)
+            if cutlass.const_expr(not self.varlen):
+                cpasync.prefetch_descriptor(tma_o)
 
         smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(self.storage)
@@ -165,9 +226,20 @@ class FlashAttnFwd:
         sV = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
         # ---- the tile: (q tile, query head, batch); its K/V head; its K/V block range ----
-        seqlen_q = extent(mQ, 0)
-        seqlen_k = extent(mK, 0)
+        # Every thread computes the same values from the same reads (cu_seqlens included), so the
+        # producer and the consumers agree on the tile's existence, its blocks and their order.
         bx, by, bz = cute.arch.block_idx()
+        if cutlass.const_expr(self.varlen):
+            q_start = mCuQ[bz]
+            k_start = mCuK[bz]
+            seqlen_q = mCuQ[bz + 1] - q_start
+            seqlen_k = mCuK[bz + 1] - k_start
+            bt = 0  # the tensors' batch mode (one packed batch)
+        else:
+            seqlen_q = extent(mQ, 0)
+            seqlen_k = extent(mK, 0)
+            q_start = 0
+            bt = bz
         q_tiles = (seqlen_q + s.tile_m - 1) // s.tile_m
         m_block, h, b = tile_coords(bx, by, bz, q_tiles, kind.right)
         hk = h // (cute.size(mQ, mode=[2]) // cute.size(mK, mode=[2]))
@@ -175,11 +247,19 @@ class FlashAttnFwd:
                                      kind)
         n_count = cutlass.max(n_max - n_min, 0)
 
-        # Global tiles: Q/O (64, D, q sub-tiles of 64 rows), K (tile_n, D, blocks), V^T (D, tile_n, blocks).
-        gQ = cute.local_tile(mQ[(None, None, h, b)], (64, d), (None, 0))
-        gK = cute.local_tile(mK[(None, None, hk, b)], (s.tile_n, d), (None, 0))
-        gV = cute.local_tile(mV[(None, None, hk, b)], (d, s.tile_n), (0, None))
-        gO = cute.local_tile(mO[(None, None, h, b)], (64, d), (None, 0))
+        # Global tiles: Q/O (64, D, q sub-tiles of 64 rows), K (tile_n, D, blocks), V^T (D, tile_n, blocks);
+        # varlen: the sequence's first row is row 0 of its views (domain offsets of the packed tensors)
+        mQ_b, mK_b, mV_b, mO_b = mQ[(None, None, h, bt)], mK[(None, None, hk, bt)], mV[(None, None, hk, bt)], \
+            mO[(None, None, h, bt)]
+        if cutlass.const_expr(self.varlen):
+            mQ_b = cute.domain_offset((q_start, 0), mQ_b)
+            mO_b = cute.domain_offset((q_start, 0), mO_b)
+            mK_b = cute.domain_offset((k_start, 0), mK_b)
+            mV_b = cute.domain_offset((0, k_start), mV_b)
+        gQ = cute.local_tile(mQ_b, (64, d), (None, 0))
+        gK = cute.local_tile(mK_b, (s.tile_n, d), (None, 0))
+        gV = cute.local_tile(mV_b, (d, s.tile_n), (0, None))
+        gO = cute.local_tile(mO_b, (64, d), (None, 0))
         tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
                                            cute.group_modes(gQ, 0, 2))
         tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
@@ -191,31 +271,34 @@ class FlashAttnFwd:
 
         pipes = SimpleNamespace(q=pipe_q, k=pipe_k, v=pipe_v)
         loads = SimpleNamespace(q=tma_q, gq=tQgQ, sq=tQsQ, k=tma_k, gk=tKgK, sk=tKsK, v=tma_v, gv=tVgV, sv=tVsV)
-        tile = SimpleNamespace(m_block=m_block, h=h, b=b, n_max=n_max, n_count=n_count, seqlen_q=seqlen_q,
-                               seqlen_k=seqlen_k, left=window_left, right=window_right)
+        tile = SimpleNamespace(m_block=m_block, h=h, b=bt, n_max=n_max, n_count=n_count, seqlen_q=seqlen_q,
+                               seqlen_k=seqlen_k, left=window_left, right=window_right, q_start=q_start)
         out = SimpleNamespace(mLSE=mLSE, tma_o=tma_o, gO=gO, sQ_ptr=st.sQ.data_ptr(), q_stage=q_stage,
                               sO_layout=sO_layout, scale_log2=scale_log2, scale_lse=scale_lse,
                               scale_over_cap=scale_over_cap, cap=cap)
-        if cutlass.const_expr(s.warp_specialized):
-            if wg == 0:
-                # ---- fa3 producer: one warp loads Q once, then K and V of each block, last block first ----
-                cute.arch.setmaxregister_decrease(s.producer_regs)
-                if warp == 0:
-                    self.load_q(pipes, loads, m_block)
-                    kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
-                    for i in cutlass.range(n_count, unroll=1):
-                        self.load_kv(pipes, loads, kv, n_max - 1 - i)
-                        kv.advance()
-                    # producer_tail advances the state it is given (a full turn of the ring: the
-                    # phase flips), so each ring gets its own copy of the state after the last load
-                    pipe_k.producer_tail(kv.clone())
-                    pipe_v.producer_tail(kv)
+        # varlen: the grid covers the longest sequence; a CTA past its sequence's last q tile does
+        # nothing (a CTA-uniform condition: producer and consumers skip alike). Batched: always true.
+        if bx < q_tiles:
+            if cutlass.const_expr(s.warp_specialized):
+                if wg == 0:
+                    # ---- fa3 producer: one warp loads Q once, then K and V of each block, last block first ----
+                    cute.arch.setmaxregister_decrease(s.producer_regs)
+                    if warp == 0:
+                        self.load_q(pipes, loads, m_block)
+                        kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+                        for i in cutlass.range(n_count, unroll=1):
+                            self.load_kv(pipes, loads, kv, n_max - 1 - i)
+                            kv.advance()
+                        # producer_tail advances the state it is given (a full turn of the ring: the
+                        # phase flips), so each ring gets its own copy of the state after the last load
+                        pipe_k.producer_tail(kv.clone())
+                        pipe_v.producer_tail(kv)
+                else:
+                    cute.arch.setmaxregister_increase(s.consumer_regs)
+                    self.consumer(wg - 1, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, loads, tile, out)
             else:
-                cute.arch.setmaxregister_increase(s.consumer_regs)
-                self.consumer(wg - 1, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, loads, tile, out)
-        else:
-            # ---- fa2: every warpgroup computes its 64 rows; warp 0 also issues the loads in line ----
-            self.consumer(wg, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, loads, tile, out)
+                # ---- fa2: every warpgroup computes its 64 rows; warp 0 also issues the loads in line ----
+                self.consumer(wg, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, loads, tile, out)
 
     # --- the loads (fa3: the producer warp; fa2: warp 0 between its own GEMMs) --------------------
     @cute.jit
@@ -405,7 +488,34 @@ class FlashAttnFwd:
             for r in cutlass.range_constexpr(rows):
                 row = row0 + c_rows[r, 0][0]
                 if row < tile.seqlen_q:
-                    out.mLSE[row, tile.h, tile.b] = lse[r]
+                    out.mLSE[tile.q_start + row, tile.h, tile.b] = lse[r]
+        if cutlass.const_expr(self.varlen):
+            self.store_o_rows(tiled_mma_pv, acc_o, tOcO, tid, row0, tile,
+                              out.gO[(None, None, tile.m_block * s.consumer_wgs + cwg)])
+        else:
+            self.store_o_tma(tiled_mma_pv, acc_o, tid, warp, cwg, tile, out)
+
+    @cute.jit
+    def store_o_rows(self, tiled_mma: cute.TiledMma, acc_o: cute.Tensor, tOcO: cute.Tensor, tid: Int32, row0: Int32,
+                     tile: SimpleNamespace, gO: cute.Tensor):
+        """varlen: O straight from the accumulator registers to global memory, two adjacent columns (32
+        bits) per store, only rows inside the sequence. A TMA store of the (64, D) box would clip only at
+        the packed tensor's end and overwrite the next sequence's first rows."""
+        r_o = cute.make_rmem_tensor(acc_o.shape, self.dtype)
+        r_o.store(acc_o.load().to(self.dtype))
+        o_rows = acc_rows_view(r_o)
+        g_rows = acc_rows_view(tiled_mma.get_slice(tid).partition_C(gO))
+        c_rows = acc_rows_view(tOcO)
+        for r in cutlass.range_constexpr(cute.size(o_rows, mode=[0])):
+            if row0 + c_rows[r, 0][0] < tile.seqlen_q:
+                for c in cutlass.range_constexpr(cute.size(o_rows, mode=[1])):
+                    g_rows[r, c] = o_rows[r, c]
+
+    @cute.jit
+    def store_o_tma(self, tiled_mma_pv: cute.TiledMma, acc_o: cute.Tensor, tid: Int32, warp: Int32, cwg: Int32,
+                    tile: SimpleNamespace, out: SimpleNamespace):
+        """O through this warpgroup's own Q rows (its S GEMMs are done) and TMA stores of (64, 32) boxes."""
+        s, dt = self.s, self.dtype
         sO_layout = out.sO_layout
         per_wg = cute.append(sO_layout.outer, cute.make_layout(s.consumer_wgs, stride=cute.cosize(out.q_stage)))
         sO = cute.make_tensor(cute.recast_ptr(out.sQ_ptr, sO_layout.inner, dt), per_wg)[(None, None, None, cwg)]

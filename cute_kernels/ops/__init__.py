@@ -29,6 +29,6 @@ from cute_kernels.ops.fp8_gemm_grouped import fp8_gemm_grouped_contiguous, fp8_g
 __all__ += ["fp8_gemm_grouped_contiguous", "fp8_gemm_grouped_masked"]
 
 # Issue 6: FlashAttention forward (Hopper, FA3 schedule).
-from cute_kernels.ops.flash_attn import flash_attn  # noqa: E402
+from cute_kernels.ops.flash_attn import flash_attn, flash_attn_varlen  # noqa: E402
 
-__all__ += ["flash_attn"]
+__all__ += ["flash_attn", "flash_attn_varlen"]

@@ -14,6 +14,18 @@ the scaled logits.
 
 Returns O (B, S_q, H_q, D) in q's dtype, and with `return_lse=True` also LSE (B, H_q, S_q) fp32.
 The backward is not implemented yet: autograd is wired and raises NotImplementedError.
+
+`cute_kernels::flash_attn_varlen` (FlashAttention's varlen interface): q (total_q, H_q, D), k and v
+(total_k, H_kv, D) hold B sequences packed along the first axis; sequence b is rows
+[cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k/v
+(int32 tensors of length B + 1 on q's device); max_seqlen_q bounds every q length (it sizes the
+grid). Masks are per sequence (causal bottom-right aligned in each). Returns O (total_q, H_q, D)
+and LSE (H_q, total_q) fp32, FlashAttention's varlen LSE layout. Only the sequences' rows,
+[cu_seqlens_q[0], cu_seqlens_q[B]), are written. As in FlashAttention the offsets are trusted, not
+checked (that would cost a device-to-host sync): they must be non-decreasing, within q's / k's rows,
+and no q length may exceed max_seqlen_q (the rows past it would be left unwritten). K/V rows a
+sequence's last block reaches past its end (the next sequence's, or rows past cu_seqlens_k[B]) are
+read and masked; V there must be finite (its probabilities are 0, and 0 * inf is NaN in P V).
 """
 
 from __future__ import annotations
@@ -31,7 +43,8 @@ LOG2E = math.log2(math.e)
 _fns: dict[tuple, object] = {}
 
 
-def _check(q, k, v, window_left, window_right, softmax_scale, softcap):
+def _check(q, k, v, window_left, window_right, softmax_scale, softcap, varlen: bool = False):
+    dims, what = (3, "(total_seqlen, heads, head_dim)") if varlen else (4, "(batch, seqlen, heads, head_dim)")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -39,28 +52,28 @@ def _check(q, k, v, window_left, window_right, softmax_scale, softcap):
             raise ValueError(f"{name} must be on a CUDA device, got device '{t.device}'")
         if t.dtype not in AB_TORCH:
             raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; supported: bfloat16, float16")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+        if t.dim() != dims:
+            raise ValueError(f"{name} must be {dims}-D {what}, got shape {tuple(t.shape)}")
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; cast one of them first")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    d = q.shape[3]
+    d = q.shape[-1]
     if d not in HEAD_DIMS:
-        raise ValueError(f"head dim (q.shape[3]) must be one of {HEAD_DIMS}, got {d}")
-    if k.shape[3] != d or v.shape[3] != d:
-        raise ValueError(f"head dims differ: q {d}, k {k.shape[3]}, v {v.shape[3]} (a different V head dim is "
+        raise ValueError(f"head dim (q.shape[{dims - 1}]) must be one of {HEAD_DIMS}, got {d}")
+    if k.shape[-1] != d or v.shape[-1] != d:
+        raise ValueError(f"head dims differ: q {d}, k {k.shape[-1]}, v {v.shape[-1]} (a different V head dim is "
                          "not supported)")
     if k.shape != v.shape:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
-    if k.shape[0] != q.shape[0]:
+    if not varlen and k.shape[0] != q.shape[0]:
         raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
-    hq, hk = q.shape[2], k.shape[2]
+    hq, hk = q.shape[-2], k.shape[-2]
     if hk == 0 or hq % hk:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk}) (GQA/MQA)")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(3) != 1 and t.shape[3] > 1:
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
             raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {tuple(t.stride())}")
     for name, w in (("window[0] (left)", window_left), ("window[1] (right)", window_right)):
         if w < -1:
@@ -94,15 +107,24 @@ def _kernel_view(t: torch.Tensor, v_layout: bool = False) -> torch.Tensor:
     return t.permute(3, 1, 2, 0) if v_layout else t.permute(1, 3, 2, 0)
 
 
-def _compiled(dtype, d, mask, softcap: bool, sched: AttentionSchedule):
-    key = (dtype, d, mask, softcap, sched)
+def _compiled(dtype, d, mask, softcap: bool, sched: AttentionSchedule, varlen: bool = False):
+    key = (dtype, d, mask, softcap, sched, varlen)
     fn = _fns.get(key)
     if fn is None:
         from cute_kernels.specs_attention import FLASH_ATTN, params_for
 
         fn = _fns[key] = FLASH_ATTN.compiled(**params_for(sched, dtype=dtypes.name_of(dtype), head_dim=d, mask=mask,
-                                                          softcap=softcap))
+                                                          softcap=softcap, varlen=varlen))
     return fn
+
+
+def _scalars(d, softmax_scale, softcap):
+    """(scale_log2, scale_lse, scale_over_cap, cap) of the kernel: with a softcap the scale is folded
+    into the tanh's argument and the capped logits are used as they are."""
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    if softcap > 0:
+        return LOG2E, 1.0, scale / softcap, float(softcap)
+    return scale * LOG2E, scale, 1.0, 1.0
 
 
 def _flash_attn_cuda(q, k, v, causal=False, window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0,
@@ -123,16 +145,10 @@ def _flash_attn_cuda(q, k, v, causal=False, window_left=-1, window_right=-1, sof
     left, right = _bounds(causal, window_left, window_right)
     cap = 2 * (sq + sk) + 1  # a bound past every row: the same mask, no int32 overflow
     left, right = min(left, cap), min(right, cap)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
     sched = schedule or default_schedule(d, right >= 0)
     fn = _compiled(q.dtype, d, mask_name(left, right), softcap > 0, sched)
-    lse_v = lse.permute(2, 1, 0)
-    if softcap > 0:
-        fn(_kernel_view(q), _kernel_view(k), _kernel_view(v, True), _kernel_view(out), lse_v,
-           LOG2E, 1.0, scale / softcap, float(softcap), left, right)
-    else:
-        fn(_kernel_view(q), _kernel_view(k), _kernel_view(v, True), _kernel_view(out), lse_v,
-           scale * LOG2E, scale, 1.0, 1.0, left, right)
+    fn(_kernel_view(q), _kernel_view(k), _kernel_view(v, True), _kernel_view(out), lse.permute(2, 1, 0),
+       *_scalars(d, softmax_scale, softcap), left, right)
     return out, lse
 
 
@@ -174,4 +190,119 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         out, lse = _flash_attn_cuda(q, k, v, causal, left, right, softmax_scale, softcap)
     else:
         out, lse = torch.ops.cute_kernels.flash_attn(q, k, v, causal, left, right, softmax_scale, softcap)
+    return (out, lse) if return_lse else out
+
+
+# --- varlen: sequences packed along one axis, delimited by cu_seqlens ------------------------------
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left, window_right,
+                  softmax_scale, softcap):
+    _check(q, k, v, window_left, window_right, softmax_scale, softcap, varlen=True)
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32 (the B + 1 sequence offsets), got dtype "
+                            f"{str(t.dtype).replace('torch.', '')}")
+        if t.dim() != 1 or t.shape[0] < 1:
+            raise ValueError(f"{name} must be 1-D of length B + 1 >= 1, got shape {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q ({cu_seqlens_q.shape[0]}) and cu_seqlens_k ({cu_seqlens_k.shape[0]}) must "
+                         "have the same length B + 1")
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if m < 0:
+            raise ValueError(f"{name} must be >= 0, got {m}")
+
+
+def _out_ok(out: torch.Tensor, q: torch.Tensor) -> None:
+    """A caller's output buffer: q's shape, dtype and device, writable in place by the kernel."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must match q: shape {tuple(q.shape)}, dtype {q.dtype}, device {q.device}; got "
+                         f"{tuple(out.shape)}, {out.dtype}, {out.device}")
+    if out.stride(-1) != 1 or not _tma_ok(out[None]):
+        raise ValueError(f"out must have a unit-stride last dim, 16-byte aligned strides and address, got strides "
+                         f"{tuple(out.stride())}")
+
+
+def _flash_attn_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                            window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0,
+                            schedule: AttentionSchedule | None = None, out: torch.Tensor | None = None):
+    """The varlen forward; `out` (optional, q's shape) is written in place: only the rows of the
+    sequences, [cu_seqlens_q[0], cu_seqlens_q[B]), are touched."""
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left, window_right,
+                  softmax_scale, softcap)
+    total_q, hq, d = q.shape
+    if out is None:
+        out = torch.empty(total_q, hq, d, dtype=q.dtype, device=q.device)
+    else:
+        _out_ok(out, q)
+    lse = torch.empty(hq, total_q, dtype=torch.float32, device=q.device)
+    max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
+    if out.numel() == 0 or cu_seqlens_q.shape[0] == 1 or max_q == 0:
+        return out, lse
+    if k.shape[0] == 0:  # every sequence is keyless: O = 0, LSE = +inf on the sequences' rows (no host sync)
+        rows = torch.arange(total_q, device=q.device)
+        inside = (rows >= cu_seqlens_q[0]) & (rows < cu_seqlens_q[-1])
+        out.masked_fill_(inside[:, None, None], 0)
+        lse.masked_fill_(inside[None, :], float("inf"))
+        return out, lse
+    from cute_kernels.specs_attention import mask_name
+
+    left, right = _bounds(causal, window_left, window_right)
+    cap = 2 * (max_q + max_k) + 1  # a bound past every row: the same mask, no int32 overflow
+    left, right = min(left, cap), min(right, cap)
+    sched = schedule or default_schedule(d, right >= 0)
+    fn = _compiled(q.dtype, d, mask_name(left, right), softcap > 0, sched, varlen=True)
+    fn(_kernel_view(q[None]), _kernel_view(k[None]), _kernel_view(v[None], True), _kernel_view(out[None]),
+       lse.t()[:, :, None], cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_q,
+       *_scalars(d, softmax_scale, softcap), left, right)
+    return out, lse
+
+
+def _flash_attn_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                            window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left, window_right,
+                  softmax_scale, softcap)
+    total_q, hq, d = q.shape
+    return (torch.empty(total_q, hq, d, dtype=q.dtype, device=q.device),
+            torch.empty(hq, total_q, dtype=torch.float32, device=q.device))
+
+
+def _setup_varlen(ctx, inputs, output):
+    q, k, v, cu_q, cu_k = inputs[:5]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, cu_q, cu_k, out, lse)
+    ctx.rest = inputs[5:]
+
+
+def _backward_varlen(ctx, g_out, g_lse):
+    raise NotImplementedError(
+        "cute_kernels.flash_attn_varlen: the backward pass is not implemented yet (issue 6, planned after the "
+        "forward); call it under torch.no_grad() or detach q, k, v")
+
+
+register_op("cute_kernels::flash_attn_varlen", "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+            "int max_seqlen_q, int max_seqlen_k, bool causal=False, int window_left=-1, int window_right=-1, "
+            "float? softmax_scale=None, float softcap=0.0) -> (Tensor, Tensor)",
+            _flash_attn_varlen_cuda, _flash_attn_varlen_fake, _backward_varlen, _setup_varlen)
+
+
+def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                      window: tuple[int, int] = (-1, -1), softmax_scale: float | None = None, softcap: float = 0.0,
+                      return_lse: bool = False):
+    """Attention over packed sequences (see the module doc): q (total_q, H_q, D), k/v (total_k, H_kv, D),
+    cu_seqlens int32 (B + 1,); returns out (total_q, H_q, D), or (out, lse (H_q, total_q)) with `return_lse`."""
+    if not (isinstance(window, (tuple, list)) and len(window) == 2):
+        raise ValueError(f"window must be a pair (left, right) of ints, -1 for unbounded, got {window!r}")
+    left, right = int(window[0]), int(window[1])
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, left, right, softmax_scale,
+            softcap)
+    if direct_call_ok(q, k, v, *(t for t in (cu_seqlens_q, cu_seqlens_k) if isinstance(t, torch.Tensor))):
+        out, lse = _flash_attn_varlen_cuda(*args)
+    else:
+        out, lse = torch.ops.cute_kernels.flash_attn_varlen(*args)
     return (out, lse) if return_lse else out
