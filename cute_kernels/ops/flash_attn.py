@@ -19,7 +19,7 @@ The backward is not implemented yet: autograd is wired and raises NotImplemented
 (total_k, H_kv, D) hold B sequences packed along the first axis; sequence b is rows
 [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k/v
 (int32 tensors of length B + 1 on q's device); max_seqlen_q bounds every q length (it sizes the
-grid). Masks are per sequence (causal bottom-right aligned in each). Returns O (total_q, H_q, D)
+grid); max_seqlen_k is accepted for FlashAttention's signature and not needed. Masks are per sequence (causal bottom-right aligned in each). Returns O (total_q, H_q, D)
 and LSE (H_q, total_q) fp32, FlashAttention's varlen LSE layout. Only the sequences' rows,
 [cu_seqlens_q[0], cu_seqlens_q[B]), are written. As in FlashAttention the offsets are trusted, not
 checked (that would cost a device-to-host sync): they must be non-decreasing, within q's / k's rows,
@@ -240,7 +240,7 @@ def _flash_attn_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     else:
         _out_ok(out, q)
     lse = torch.empty(hq, total_q, dtype=torch.float32, device=q.device)
-    max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
+    max_q = int(max_seqlen_q)
     if out.numel() == 0 or cu_seqlens_q.shape[0] == 1 or max_q == 0:
         return out, lse
     if k.shape[0] == 0:  # every sequence is keyless: O = 0, LSE = +inf on the sequences' rows (no host sync)
@@ -252,7 +252,8 @@ def _flash_attn_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     from cute_kernels.specs_attention import mask_name
 
     left, right = _bounds(causal, window_left, window_right)
-    cap = 2 * (max_q + max_k) + 1  # a bound past every row: the same mask, no int32 overflow
+    cap = 2 * (q.shape[0] + k.shape[0]) + 1  # past every row of any sequence (not trusting max_seqlen_k): the
+    # same mask, no int32 overflow
     left, right = min(left, cap), min(right, cap)
     sched = schedule or default_schedule(d, right >= 0)
     fn = _compiled(q.dtype, d, mask_name(left, right), softcap > 0, sched, varlen=True)
