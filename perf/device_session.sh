@@ -5,7 +5,7 @@
 # $OUT/<suite>.{json,md,png}; a compact summary is printed.
 #
 #   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [small] [sanitize] [large]
-#     FAMILIES: comma list of test files' families (elementwise,reduction,gemm,misc3,rowwise,fp8,attention)
+#     FAMILIES: comma list of tests/test_<family>_gpu.py families (elementwise, ..., attention_varlen)
 #               or "all" (default: all); "none" skips the tests
 #     SUITES:   comma list of bench suites (see perf/suites.py SUITES) or "all"; default: none
 set -u
@@ -19,7 +19,7 @@ section() { echo "===== $1" >> "$LOG"; }
 P="-q -p no:cacheprovider -W ignore --tb=line -rf -o faulthandler_timeout=90"
 
 if [ "$TESTS" != none ]; then
-  [ "$TESTS" = all ] && TESTS=elementwise,reduction,gemm,misc3,rowwise,fp8,attention
+  [ "$TESTS" = all ] && TESTS=elementwise,reduction,gemm,misc3,rowwise,fp8_exact,fp8,fp8_grouped,quant,attention,attention_varlen
   for f in ${TESTS//,/ }; do
     section "pytest $f"
     timeout -k 5 -s INT 240 python3 -m pytest tests/test_${f}_gpu.py -m "gpu and not large" --maxfail=25 $P > "$OUT/.p" 2>&1
