@@ -158,3 +158,22 @@ def store_tile(
         barrier.arrive_and_wait()
         counter = counter + 1
     return counter
+
+
+@cute.jit
+def store_partial(acc: cute.Tensor, tCcC: cute.Tensor, mW: cute.Tensor, m0, n0, slot):
+    """Split-K: write the raw fp32 accumulator tile (origin m0, n0) to batch `slot` of the workspace mW
+    (M, Np, L * splits), straight from registers, predicated by each element's (m, n) from tCcC.
+
+    Plain st.global rather than the smem + TMA path of `store_tile`: stmatrix moves 16-bit elements
+    only, an fp32 staging buffer would take shared memory from the A/B stages, and the partials are
+    a small part of a split-K GEMM's traffic (2 x splits x M x N x 4 bytes against K x N x 2 of B).
+    Each warp instruction writes 8 rows x 32 contiguous bytes (WGMMA's accumulator pairs), full
+    sectors."""
+    rows = cute.size(mW, mode=[0])
+    cols = cute.size(mW, mode=[1])
+    for i in cutlass.range_constexpr(cute.size(acc)):
+        m = m0 + tCcC[i][0]
+        n = n0 + tCcC[i][1]
+        if m < rows and n < cols:
+            mW[m, n, slot] = acc[i]

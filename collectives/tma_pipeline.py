@@ -68,12 +68,18 @@ def produce_k_tiles(
     tma_s: cute.CopyAtom = None,
     tSgS: cute.Tensor = None,
     tSsS: cute.Tensor = None,
+    k_first=None,
 ):
     """Load the `k_tiles` K-blocks of one output tile: tAgA/tBgB are this tile's (TMA, k) global
     views, tAsA/tBsB the (TMA, stage) shared ring. With `tma_s` (FP8 block scales) a third box,
     the tile's A scales of the K-block, lands in the same stage on the same full barrier (the
-    pipeline's tx count includes its bytes; not multicast). Returns the advanced producer state."""
-    for k in cutlass.range(k_tiles, unroll=1):
+    pipeline's tx count includes its bytes; not multicast). With `k_first` (split-K) the K-blocks
+    are k_first .. k_first + k_tiles - 1 of the views, else 0 .. k_tiles - 1. Returns the advanced
+    producer state."""
+    for i in cutlass.range(k_tiles, unroll=1):
+        k = i
+        if cutlass.const_expr(k_first is not None):
+            k = k_first + i
         pipe.producer_acquire(state)
         bar = pipe.producer_get_barrier(state)
         cute.copy(tma_a, tAgA[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=mask_a)

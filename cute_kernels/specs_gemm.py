@@ -20,7 +20,7 @@ AB_DTYPES = ("bf16", "fp16")
 def schedule_of(p) -> GemmSchedule:
     return GemmSchedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=p["tile_n"], tile_k=p["tile_k"],
                         cluster_m=p["cluster_m"], cluster_n=p["cluster_n"], stages=p["stages"],
-                        raster_group=p["raster_group"], persistent=p["persistent"])
+                        raster_group=p["raster_group"], persistent=p["persistent"], split_k=p["split_k"])
 
 
 def ops_of(p):
@@ -34,6 +34,8 @@ class GemmSpec(KernelSpec):
     def check(self, p):
         schedule_of(p)  # raises on an impossible tile/cluster/register combination
         ops_of(p)
+        if p["split_k"] > 1 and p["source"]:
+            raise ValueError("split_k > 1 does not fuse beta * C (source); use split_k=1")
 
     def build(self, p):
         from cute_kernels.kernels.gemm import Gemm
@@ -57,6 +59,13 @@ class GemmSpec(KernelSpec):
         d = operand(out, m, n, False)
         c = cute.runtime.make_fake_tensor(out, (m, n, batch), stride=(sym(), sym(), sym()), assumed_align=out.width // 8)
         bias = cute.runtime.make_fake_tensor(out, (sym(),), stride=(sym(),), assumed_align=out.width // 8)
+        if s.split_k > 1:
+            # d (M, Np, L) and the fp32 workspace (M, Np, L * S), both contiguous, Np a multiple of 8.
+            npad = sym(8)
+            d = cute.runtime.make_fake_tensor(out, (m, npad, batch), stride=(npad, 1, sym(8)), assumed_align=16)
+            ws = cute.runtime.make_fake_tensor(Float32, (m, npad, sym()), stride=(npad, 1, sym(8)), assumed_align=16)
+            return Gemm(ab, out, s, ops_of(p)).split_k, (a, b, d, ws, bias, Float32(1.0), Int32(1), Int32(1),
+                                                         fake_stream())
         return Gemm(ab, out, s, ops_of(p)), (a, b, d, c, bias, Float32(1.0), Float32(0.0), Int32(1), fake_stream())
 
     def representative(self):
@@ -102,6 +111,8 @@ GEMM = GemmSpec(
         "stages": Param(_d.stages, (0, 2, 3, 4, 5, 6, 7, 8), help="A/B smem stages (0: as many as fit)"),
         "raster_group": Param(_d.raster_group, (1, 2, 4, 8, 16), help="cluster-rows per raster group"),
         "persistent": Param(_d.persistent, (True, False), help="persistent CTAs walking tiles, or one tile each"),
+        "split_k": Param(_d.split_k, tuple(range(1, 17)),
+                         help="K splits per tile (> 1: fp32 partials + a deterministic summing pass)"),
     },
 )
 
@@ -111,7 +122,7 @@ def params_for(schedule: GemmSchedule, **signature) -> dict:
     return {"schedule": schedule.kind, "tile_m": schedule.tile_m, "tile_n": schedule.tile_n,
             "tile_k": schedule.tile_k, "cluster_m": schedule.cluster_m, "cluster_n": schedule.cluster_n,
             "stages": schedule.stages, "raster_group": schedule.raster_group, "persistent": schedule.persistent,
-            **signature}
+            "split_k": schedule.split_k, **signature}
 
 
 # --- the SIMT rungs of the ladder (shared-memory tiled, register tiled) --------------------------

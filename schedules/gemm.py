@@ -57,6 +57,7 @@ class GemmSchedule:
     persistent: bool = True
     producer_regs: int = 40
     consumer_regs: int = 232
+    split_k: int = 1  # K splits per output tile (> 1: fp32 partials + a second, summing pass)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -76,6 +77,8 @@ class GemmSchedule:
             raise ValueError("cluster must be 1x1, 2x1, 1x2, 2x2, 4x1 or 1x4")
         if self.producer_regs + 2 * self.consumer_regs > 512 or self.producer_regs % 8 or self.consumer_regs % 8:
             raise ValueError("register budget: producer + 2 x consumer <= 512 per thread, multiples of 8")
+        if not 1 <= self.split_k <= 16:
+            raise ValueError(f"split_k must be in [1, 16], got {self.split_k}")
 
     # --- warp roles ---------------------------------------------------------------------------
     threads = 384  # 1 producer + 2 consumer warpgroups
@@ -121,8 +124,26 @@ class GemmSchedule:
 
     def __str__(self) -> str:
         p = "p" if self.persistent else "np"
+        split = f"_k{self.split_k}" if self.split_k > 1 else ""
         return (f"{self.kind}_{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}"
-                f"_s{self.stages}_r{self.raster_group}_{p}")
+                f"_s{self.stages}_r{self.raster_group}_{p}{split}")
+
+
+# --- split-K ------------------------------------------------------------------------------------
+def split_range(s, splits, k_tiles):
+    """K-blocks [first, first + count) of split `s` of `splits` over `k_tiles` K-blocks:
+    [s * k_tiles // splits, (s + 1) * k_tiles // splits). The ranges partition [0, k_tiles) exactly
+    and differ in length by at most one; a range is empty only when splits > k_tiles (the op clamps
+    splits to k_tiles; the kernel still writes an empty range's partial, zeros, so the summing pass
+    never reads an unwritten slot). Works on Python ints and DSL integers alike; the producer and the
+    consumers both call it, so they agree on every unit's K-blocks."""
+    first = s * k_tiles // splits
+    return first, (s + 1) * k_tiles // splits - first
+
+
+def effective_splits(s: GemmSchedule, k: int) -> int:
+    """The split count worth running for K = k: at most one split per K-block."""
+    return max(1, min(s.split_k, -(-k // s.tile_k)))
 
 
 # --- tile order ---------------------------------------------------------------------------------
@@ -156,7 +177,7 @@ def grid(tiles_m: int, tiles_n: int, batch: int, s: GemmSchedule, num_sms: int) 
     """Launch grid (cluster_m, cluster_n, clusters): all cluster tiles, or for a persistent
     schedule at most one cluster per `cluster_size` SMs."""
     cm, cn = -(-tiles_m // s.cluster_m), -(-tiles_n // s.cluster_n)
-    total = max(1, cm * cn * batch)
+    total = max(1, cm * cn * batch * s.split_k)
     if s.persistent:
         total = min(total, max(1, num_sms // s.cluster_size))
     return (s.cluster_m, s.cluster_n, total)
@@ -166,7 +187,11 @@ def grid(tiles_m: int, tiles_n: int, batch: int, s: GemmSchedule, num_sms: int) 
 class TileWalk:
     """The device side of the scheduler: the cluster tiles one cluster visits. Cluster `z` of
     `Z` visits tiles z, z + Z, z + 2Z, ... (a static persistent schedule; with a grid of all tiles
-    it visits exactly one)."""
+    it visits exactly one).
+
+    Split-K (`splits` > 1): the walk hands out work units, (cluster tile, split) pairs, split
+    slowest (unit u is tile u % tiles of split u // tiles), so the units running at one time cover
+    whole raster groups of one split; `k_range` gives a unit's K-blocks."""
 
     clusters_m: Int32
     clusters_n: Int32
@@ -174,6 +199,7 @@ class TileWalk:
     first: Int32
     stride: Int32
     group: int
+    tiles: Int32 = None  # cluster tiles per split (split-K only)
 
     @staticmethod
     def create(tiles_m, tiles_n, batch, s: GemmSchedule) -> TileWalk:
@@ -181,17 +207,40 @@ class TileWalk:
         gz = cute.arch.grid_dim()[2]
         cm = (tiles_m + s.cluster_m - 1) // s.cluster_m
         cn = (tiles_n + s.cluster_n - 1) // s.cluster_n
+        if cutlass.const_expr(s.split_k > 1):
+            tiles = cm * cn * batch
+            return TileWalk(cm, cn, tiles * s.split_k, Int32(z), Int32(gz), s.raster_group, tiles)
         return TileWalk(cm, cn, cm * cn * batch, Int32(z), Int32(gz), s.raster_group)
 
     def count(self):
-        """Tiles this cluster visits."""
+        """Tiles (split-K: work units) this cluster visits."""
         return (cutlass.max(self.total - self.first, 0) + self.stride - 1) // self.stride
+
+    def _unit(self, i, s: GemmSchedule):
+        """(cluster tile index, split) of this cluster's `i`-th unit."""
+        u = self.first + i * self.stride
+        if cutlass.const_expr(s.split_k > 1):
+            sp = u // self.tiles
+            return u - sp * self.tiles, sp
+        return u, 0
 
     def coords(self, i, cta_m, cta_n, s: GemmSchedule):
         """CTA tile coordinates (m, n, l) of this cluster's `i`-th tile, for the CTA at (cta_m, cta_n)
         of its cluster."""
-        cm, cn, l = cluster_tile(self.first + i * self.stride, self.clusters_m, self.clusters_n, self.group)
+        t, _ = self._unit(i, s)
+        cm, cn, l = cluster_tile(t, self.clusters_m, self.clusters_n, self.group)
         return cm * s.cluster_m + cta_m, cn * s.cluster_n + cta_n, l
+
+    def split(self, i, s: GemmSchedule):
+        """The split of this cluster's `i`-th unit (0 without split-K)."""
+        return self._unit(i, s)[1]
+
+    def k_range(self, i, k_tiles, s: GemmSchedule):
+        """(first K-block, K-blocks) of this cluster's `i`-th unit: `split_range` of its split, or
+        (0, k_tiles) without split-K."""
+        if cutlass.const_expr(s.split_k > 1):
+            return split_range(self.split(i, s), s.split_k, k_tiles)
+        return 0, k_tiles
 
     def tile(self, i, cta_m, cta_n, s: GemmSchedule, grouping: str = "none", groups=None, experts=None):
         """(m, n, l, expert, valid) of this cluster's `i`-th tile: l indexes A, D and the A scales,

@@ -82,13 +82,15 @@ class Elementwise:
 
 @cute.jit
 def map_vectors(ins: tuple, outs: tuple, f: Callable, vec: cutlass.Constexpr[int], schedule: cutlass.Constexpr,
-                index64: cutlass.Constexpr[bool]):
+                index64: cutlass.Constexpr[bool], with_index: cutlass.Constexpr[bool] = False):
     """The body of every elementwise kernel: `outs[k][i] = f(ins[0][i], ins[1][i], ...)[k]` for all i.
 
     All tensors are flat, of one length (that of `outs[0]`), 16-byte aligned when `vec` > 1. `f`
     takes and returns TensorSSA vectors (`vec` elements; one element for the scalar tail) and returns
     a tuple with one vector per output, already in that output's dtype. The grid walks 128-bit
     vectors under `schedule` (a `GridStride`); the `n % vec` tail is done by the last CTA.
+    With `with_index`, f's first argument is the flat index of the vector's first element (for
+    operands broadcast along a mode, e.g. the split-K GEMM's bias).
     """
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
@@ -107,7 +109,7 @@ def map_vectors(ins: tuple, outs: tuple, f: Callable, vec: cutlass.Constexpr[int
         return tuple(v[None, j].load() for v in in_v)
 
     def step(acc, j, vals):
-        res = f(*vals)
+        res = f(j * vec, *vals) if cutlass.const_expr(with_index) else f(*vals)
         for k in cutlass.range_constexpr(len(out_v)):
             out_v[k][None, j].store(res[k])
         return acc
@@ -121,6 +123,7 @@ def map_vectors(ins: tuple, outs: tuple, f: Callable, vec: cutlass.Constexpr[int
             t = tail_start + tidx
             if t < n:
                 one = cute.make_layout(1)
-                res = f(*[cute.make_tensor(x.iterator + t, one).load() for x in ins])
+                vals = [cute.make_tensor(x.iterator + t, one).load() for x in ins]
+                res = f(t, *vals) if cutlass.const_expr(with_index) else f(*vals)
                 for k in cutlass.range_constexpr(len(outs)):
                     cute.make_tensor(outs[k].iterator + t, one).store(res[k])

@@ -40,7 +40,14 @@ from collectives import epilogue as epi
 from collectives.epilogue import EpilogueOps
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma, produce_k_tiles
 from collectives.wgmma_mainloop import accumulate_mode, mma_k_tiles, mma_k_tiles_promoted
+from cute_kernels.kernels.elementwise import map_vectors
 from schedules.gemm import GemmSchedule, TileWalk
+from schedules.grid_stride import GridStride
+
+# Split-K's summing pass: 4 fp32 per 128-bit load, 128 threads x 4 vectors per CTA pass, uncapped grid
+# (the tuned elementwise "add" schedule).
+REDUCE_VEC = 4
+REDUCE_SCHEDULE = GridStride(threads=128, unroll=4, ctas_per_sm=0, order="cta")
 
 # Named barrier ids (0 is __syncthreads).
 _EPI_BAR = 1  # cooperative: both consumer warpgroups; ping-pong: 1 + warpgroup
@@ -55,6 +62,11 @@ class Gemm:
         self.acc_dtype = Float32
         self.blockwise = blockwise  # FP8 1x128 / 128x128 block scales, promoted accumulation
         self.grouping = grouping  # MoE grouped walk ("none", "contiguous", "masked"; FP8 only)
+        self.split = schedule.split_k > 1
+        if self.split and (blockwise or grouping != "none"):
+            raise ValueError("split_k > 1 is for the bf16/fp16 GEMM (not the FP8 block-scaled or grouped modes)")
+        if self.split and ops.source:
+            raise ValueError("split_k > 1 does not fuse beta * C (source); use split_k=1")
 
     @cute.jit
     def __call__(
@@ -70,6 +82,18 @@ class Gemm:
         stream,
     ):
         self._launch(a, b, d, c, bias, alpha, beta, max_clusters, stream)
+
+    @cute.jit
+    def split_k(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, ws: cute.Tensor, bias: cute.Tensor,
+                alpha: Float32, max_clusters: Int32, reduce_ctas: Int32, stream):
+        """Split-K (`schedule.split_k` = S > 1): d (M, Np, L) = act(alpha * sum_s partial_s + bias) in two
+        kernels on `stream`. The GEMM writes each (tile, split) unit's fp32 partial into ws
+        (M, Np, L * S), batch s * L + l; the second pass sums the S partials in order 0..S-1 (no
+        atomics: the result is bitwise reproducible) and applies the fused ops. d and ws are
+        contiguous ((L, M, Np) and (S, L, M, Np) in memory) with Np a multiple of 8; bias has N = size(b, 0)
+        elements (columns N..Np of d get act(alpha * 0) and are the caller's padding)."""
+        self._launch(a, b, d, d, bias, alpha, Float32(0.0), max_clusters, stream, ws=ws)
+        self._reduce_launch(ws, d, bias, alpha, cute.size(b, mode=[0]), reduce_ctas, stream)
 
     @cute.jit
     def fp8(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, sa: cute.Tensor, sb: cute.Tensor,
@@ -89,8 +113,8 @@ class Gemm:
     @cute.jit
     def _launch(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, bias: cute.Tensor,
                 alpha: Float32, beta: Float32, max_clusters: Int32, stream, sa: cute.Tensor = None,
-                sb: cute.Tensor = None, groups: cute.Tensor = None):
-        """Host side of both entry points (runs while they are traced): layouts, TMA atoms, launch."""
+                sb: cute.Tensor = None, groups: cute.Tensor = None, ws: cute.Tensor = None):
+        """Host side of the entry points (runs while they are traced): layouts, TMA atoms, launch."""
         s = self.s
         a_major, b_major, d_major = LayoutEnum.from_tensor(a), LayoutEnum.from_tensor(b), LayoutEnum.from_tensor(d)
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
@@ -104,7 +128,11 @@ class Gemm:
         sC_layout = epi.smem_layout(d_major, self.out_dtype, s.epi_tile, epi_buffers)
         tma_a, tma_ga = operand_tma(a, sA_layout, s.tile_m, s.tile_k, s.cluster_n)
         tma_b, tma_gb = operand_tma(b, sB_layout, s.tile_n, s.tile_k, s.cluster_m)
-        tma_d, tma_gd = epi.store_tma(d, sC_layout, s.epi_tile)
+        tma_d = None
+        if cutlass.const_expr(not self.split):  # split-K stores fp32 partials from registers
+            tma_d, tma_gd = epi.store_tma(d, sC_layout, s.epi_tile)
+        else:
+            tma_gd = d
 
         @cute.struct
         class Storage:
@@ -131,10 +159,14 @@ class Gemm:
             scale_args = (tma_s, tma_gs, sb, sS_layout)
             if cutlass.const_expr(self.grouping != "none"):
                 scale_args += (groups,)
+        if cutlass.const_expr(self.split):
+            scale_args = (None, None, None, None, None, ws)
         tiles_m = (cute.size(d, mode=[0]) + s.tile_m - 1) // s.tile_m
         tiles_n = (cute.size(d, mode=[1]) + s.tile_n - 1) // s.tile_n
         batch = cute.size(d, mode=[2])
         clusters = ((tiles_m + s.cluster_m - 1) // s.cluster_m) * ((tiles_n + s.cluster_n - 1) // s.cluster_n) * batch
+        if cutlass.const_expr(self.split):
+            clusters = clusters * s.split_k
         clusters = cutlass.max(cutlass.min(clusters, max_clusters), 1)
         self.kernel(tiled_mma, tma_a, tma_ga, tma_b, tma_gb, tma_d, tma_gd, c, bias, alpha, beta,
                     sA_layout, sB_layout, sC_layout, d_major, *scale_args).launch(
@@ -164,6 +196,7 @@ class Gemm:
         mSB: cute.Tensor = None,
         sS_layout: cute.Layout = None,
         groups: cute.Tensor = None,
+        mW: cute.Tensor = None,
     ):
         s = self.s
         tidx, _, _ = cute.arch.thread_idx()
@@ -172,7 +205,8 @@ class Gemm:
         if warp == 0:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
-            cpasync.prefetch_descriptor(tma_d)
+            if cutlass.const_expr(not self.split):
+                cpasync.prefetch_descriptor(tma_d)
             if cutlass.const_expr(self.blockwise):
                 cpasync.prefetch_descriptor(tma_s)
 
@@ -226,11 +260,17 @@ class Gemm:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cute.size(sA_layout, mode=[2]))
                 for i in cutlass.range(n_tiles, unroll=1):
                     tm, tn, tl, te, valid = walk.tile(i, cta_m, cta_n, s, self.grouping, groups, experts)
-                    if valid:  # B's batch index is the tile's expert (te is tl without grouping)
-                        scale_box = (tma_s, tSgS[(None, tm, None, tl)], tSsS) if self.blockwise else ()
-                        state = produce_k_tiles(pipe, state, k_tiles,
+                    if cutlass.const_expr(self.split):  # this unit's K-blocks only
+                        k0, kn = walk.k_range(i, k_tiles, s)
+                        state = produce_k_tiles(pipe, state, kn,
                                                 tma_a, tAgA[(None, tm, None, tl)], tAsA, mask_a,
-                                                tma_b, tBgB[(None, tn, None, te)], tBsB, mask_b, *scale_box)
+                                                tma_b, tBgB[(None, tn, None, te)], tBsB, mask_b, k_first=k0)
+                    else:
+                        if valid:  # B's batch index is the tile's expert (te is tl without grouping)
+                            scale_box = (tma_s, tSgS[(None, tm, None, tl)], tSsS) if self.blockwise else ()
+                            state = produce_k_tiles(pipe, state, k_tiles,
+                                                    tma_a, tAgA[(None, tm, None, tl)], tAsA, mask_a,
+                                                    tma_b, tBgB[(None, tn, None, te)], tBsB, mask_b, *scale_box)
                 pipe.producer_tail(state)
         else:
             # ---- consumers: WGMMA mainloop + epilogue ----
@@ -266,8 +306,12 @@ class Gemm:
             if cutlass.const_expr(s.kind == "pingpong"):
                 # The producer fills the ring tile after tile; warpgroup 2's first tile starts after
                 # tile 0's K-blocks, and each warpgroup skips the other's tiles (below).
-                read.advance(cwg * k_tiles)
-                release.advance(cwg * k_tiles)
+                if cutlass.const_expr(self.split):  # split-K units differ in K-blocks by one
+                    read.advance(cwg * walk.k_range(0, k_tiles, s)[1])
+                    release.advance(cwg * walk.k_range(0, k_tiles, s)[1])
+                else:
+                    read.advance(cwg * k_tiles)
+                    release.advance(cwg * k_tiles)
             store_pipe = pipeline.PipelineTmaStore.create(
                 num_stages=s.epi_stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * s.consumers_per_tile))
@@ -279,19 +323,61 @@ class Gemm:
                 if cutlass.const_expr(s.kind == "pingpong"):
                     if i > 0:
                         my_turn.wait()  # the other warpgroup has issued its mainloop
-                if valid:
-                    if cutlass.const_expr(self.blockwise):
-                        scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te)
-                        read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read,
-                                                             release, k_tiles, scales)
-                    else:
-                        read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, k_tiles)
+                if cutlass.const_expr(self.split):
+                    _, kn = walk.k_range(i, k_tiles, s)
+                    read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, kn)
                     if cutlass.const_expr(s.kind == "pingpong"):
-                        their_turn.arrive()  # hand the tensor cores over; our epilogue overlaps their mainloop
-                        read.advance(k_tiles)
-                        release.advance(k_tiles)
-                    epi.apply_ops(self.ops, acc, tCcC, tm * s.tile_m, tn * s.tile_n, tl, mC, bias, alpha, beta)
-                    counter = epi.store_tile(tiled_mma, acc, tid, sC, buf0, s.epi_stages, counter, tma_d,
-                                             gD[(None, None, tm, tn, tl)], s.epi_tile, self.out_dtype, d_major,
-                                             epi_bar, is_store_warp, store_pipe)
+                        their_turn.arrive()
+                        _, k_next = walk.k_range(i + 1, k_tiles, s)  # the other warpgroup's next unit
+                        read.advance(k_next)
+                        release.advance(k_next)
+                    epi.store_partial(acc, tCcC, mW, tm * s.tile_m, tn * s.tile_n,
+                                      walk.split(i, s) * cute.size(gD, mode=[4]) + tl)
+                else:
+                    if valid:
+                        if cutlass.const_expr(self.blockwise):
+                            scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te)
+                            read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read,
+                                                                 release, k_tiles, scales)
+                        else:
+                            read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, k_tiles)
+                        if cutlass.const_expr(s.kind == "pingpong"):
+                            their_turn.arrive()  # hand the tensor cores over; our epilogue overlaps their mainloop
+                            read.advance(k_tiles)
+                            release.advance(k_tiles)
+                        epi.apply_ops(self.ops, acc, tCcC, tm * s.tile_m, tn * s.tile_n, tl, mC, bias, alpha, beta)
+                        counter = epi.store_tile(tiled_mma, acc, tid, sC, buf0, s.epi_stages, counter, tma_d,
+                                                 gD[(None, None, tm, tn, tl)], s.epi_tile, self.out_dtype, d_major,
+                                                 epi_bar, is_store_warp, store_pipe)
             store_pipe.producer_tail()
+
+    @cute.jit
+    def _reduce_launch(self, ws: cute.Tensor, d: cute.Tensor, bias: cute.Tensor, alpha: Float32, n_cols,
+                       ctas: Int32, stream):
+        self.reduce_kernel(ws, d, bias, alpha).launch(grid=[cutlass.max(ctas, 1), 1, 1],
+                                                      block=[REDUCE_SCHEDULE.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def reduce_kernel(self, ws: cute.Tensor, d: cute.Tensor, bias: cute.Tensor, alpha: Float32):
+        """Split-K's second pass, an elementwise map (`map_vectors`) over the flat output: sum the
+        S fp32 partials of each element in the fixed order 0, 1, ..., S-1, then the fused ops
+        (`epilogue.apply_ops` on the vector, its column from the flat index), then the output dtype."""
+        total = cute.size(d)  # M * Np * L: one split's slab of ws
+        cols = cute.size(d, mode=[1])
+        out = cute.make_tensor(d.iterator, cute.make_layout(total))
+        planes = tuple(cute.make_tensor(ws.iterator + p * total, cute.make_layout(total))
+                       for p in range(self.s.split_k))
+
+        def f(idx, *vals):
+            acc = vals[0]
+            for v in vals[1:]:
+                acc = acc + v
+            if cutlass.const_expr(self.ops.fused):
+                r = cute.make_rmem_tensor(acc.shape, Float32)
+                r.store(acc)
+                coords = cute.make_identity_tensor((1, cute.size(r)))
+                epi.apply_ops(self.ops, r, coords, 0, idx % cols, 0, bias, bias, alpha, Float32(0.0))
+                acc = r.load()
+            return (acc.to(self.out_dtype),)
+
+        map_vectors(planes, (out,), f, REDUCE_VEC, REDUCE_SCHEDULE, False, with_index=True)
