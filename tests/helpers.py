@@ -13,6 +13,25 @@ def randn(*shape, dtype=torch.bfloat16, device="cuda", seed=None):
     return torch.randn(*shape, generator=g, dtype=torch.float32, device=device).to(dtype)
 
 
+def poison_empty(monkeypatch) -> None:
+    """Make `torch.empty` return NaN-filled floating tensors for the rest of a test, so an op that
+    leaves an output element unwritten fails the finiteness checks.
+
+    Only plain tensors that do not require grad are filled. torch.compile calls `torch.empty` too:
+    on a process's first Inductor compile its pattern matcher builds example inputs as fake tensors
+    with `torch.empty(..., requires_grad=True)`, and an in-place fill of such a leaf raises ("a leaf
+    Variable that requires grad is being used in an in-place operation"), failing the compile."""
+    real = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        t = real(*args, **kwargs)
+        if type(t) is torch.Tensor and t.is_floating_point() and t.numel() and not t.requires_grad:
+            t.fill_(float("nan"))
+        return t
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.double(), ref.double()
     den = ref.norm().item()
