@@ -30,6 +30,7 @@ is computed (that is `collectives/`):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -324,15 +325,65 @@ _TILE_EFF = {("cooperative", 128, 256): 1.0, ("cooperative", 256, 128): 0.98, ("
 
 
 def estimate(s: GemmSchedule, m: int, n: int, k: int, batch: int = 1, num_sms: int = 132) -> float:
-    """Model time (arbitrary units) of schedule `s` on (m, n, k): waves of tiles over the SMs times
-    the work of one tile divided by the tile's efficiency. It captures wave quantization (the last,
-    partial wave of tiles) and the cost of small tiles, which is what the choice between shapes
-    hinges on."""
+    """Model time (arbitrary units) of schedule `s` on (m, n, k): waves of work units (tiles, or
+    tiles x splits) over the SMs times the work of one unit divided by the tile's efficiency. It
+    captures wave quantization (the last, partial wave of tiles) and the cost of small tiles, which
+    is what the choice between tile shapes hinges on. Split-K's costs are added by
+    `estimate_streaming`, which the choice of split count uses."""
     tiles = -(-m // s.tile_m) * -(-n // s.tile_n) * batch
+    splits = effective_splits(s, k)
     slots = max(1, num_sms // s.cluster_size) * s.cluster_size
-    waves = -(-tiles // slots)
+    waves = -(-(tiles * splits) // slots)
     eff = _TILE_EFF.get((s.kind, s.tile_m, s.tile_n), 0.5)
-    return waves * s.tile_m * s.tile_n * k / eff
+    return waves * s.tile_m * s.tile_n * (k / splits) / eff
+
+
+# The memory side of the model, in `estimate`'s units (an SM's bf16 MACs at efficiency 1). Small-M
+# shapes are bound by streaming B, and one CTA's load pipeline pulls only so many bytes per second:
+# 64x4096x4096 with 64 CTAs of 64x64 streams (64 + 64) x 4096 x 2 bytes per CTA in 16.4 us and
+# 128x7168x2048 (112 CTAs of 64x128) 192 x 2048 x 2 in 13.4 us, both ~64 GB/s per CTA. Split-K buys
+# more CTAs (shorter K per unit) with fp32 workspace traffic and a second launch.
+_SM_MACS = 989.4e12 / 2 / 132  # bf16 MACs per second per SM (spec)
+_HBM_BW = 4.0e12  # bytes per second the chip streams (H200 copy ~4.2 TB/s)
+_CTA_BW = 64e9  # bytes per second one CTA's TMA pipeline sustains (measured above)
+_SPLIT_LAUNCH_S = 2e-6  # the summing pass: launch gap and tail
+
+
+def estimate_streaming(s: GemmSchedule, m: int, n: int, k: int, batch: int = 1, num_sms: int = 132) -> float:
+    """`estimate` bounded below by the operand streaming: each wave takes at least the time one CTA
+    needs to load its unit's A and B K-blocks ((tile_m + tile_n) x K / S x 2 bytes at `_CTA_BW`), the
+    whole GEMM at least (M K + K N + M N) x 2 bytes at `_HBM_BW`; split-K adds its workspace
+    traffic (the GEMM writes and the summing pass reads 2 x S x M x N x 4 bytes) and the second
+    launch. Used to decide the split count for grids too small to fill the SMs."""
+    tiles = -(-m // s.tile_m) * -(-n // s.tile_n) * batch
+    splits = effective_splits(s, k)
+    slots = max(1, num_sms // s.cluster_size) * s.cluster_size
+    waves = -(-(tiles * splits) // slots)
+    load = waves * (s.tile_m + s.tile_n) * (k / splits) * 2 / _CTA_BW
+    chip = (m * k + k * n + m * n) * 2 * batch / _HBM_BW
+    t = max(estimate(s, m, n, k, batch, num_sms), max(load, chip) * _SM_MACS)
+    if splits > 1:
+        t += (2 * splits * m * n * 4 * batch / _HBM_BW + _SPLIT_LAUNCH_S) * _SM_MACS
+    return t
+
+
+def best_split(s: GemmSchedule, m: int, n: int, k: int, batch: int = 1, num_sms: int = 132,
+               max_split: int = 8) -> GemmSchedule:
+    """`s` with the split count (1..max_split, at most one per K-block) of least `estimate_streaming`;
+    a split must win by 10% (the model's margin) to be taken. Only grids that leave SMs idle are
+    split: a full wave of tiles gains nothing from more, shorter units."""
+    tiles = -(-m // s.tile_m) * -(-n // s.tile_n) * batch
+    if tiles * s.cluster_size >= num_sms or s.split_k != 1:
+        return s
+    best, t_best = s, estimate_streaming(s, m, n, k, batch, num_sms)
+    for split in range(2, max_split + 1):
+        c = dataclasses.replace(s, split_k=split)
+        if effective_splits(c, k) < split:
+            break
+        t = estimate_streaming(c, m, n, k, batch, num_sms)
+        if t < 0.9 * t_best:
+            best, t_best = c, t
+    return best
 
 
 @functools.lru_cache(maxsize=4096)
@@ -353,7 +404,7 @@ def default_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: i
             if best is None or t < best[0] * 0.999:
                 best = (t, s)
             break  # the first cluster shape that fits is the preferred one
-    return best[1]
+    return best_split(best[1], m, n, k, 1, num_sms)  # split-K when the grid leaves SMs idle
 
 
 def candidates(m: int, n: int, k: int, limit: int = 32) -> list[GemmSchedule]:
@@ -377,5 +428,15 @@ def candidates(m: int, n: int, k: int, limit: int = 32) -> list[GemmSchedule]:
                     continue  # cluster does not divide the tile grid: idle CTAs
                 out.append(s)
     d = default_schedule(m, n, k)
-    out.sort(key=lambda s: (s != d, -(s.tile_m * s.tile_n), s.kind != "cooperative"))
-    return out[:limit]
+    # Split-K variants (2, 3, 4 splits) of the schedules whose grid leaves SMs idle, best modelled
+    # first; they take at most a quarter of the list.
+    splits = [dataclasses.replace(c, split_k=sp) for c in out for sp in (2, 3, 4)
+              if -(-m // c.tile_m) * -(-n // c.tile_n) * c.cluster_size < 132
+              and effective_splits(dataclasses.replace(c, split_k=sp), k) == sp]
+    splits.sort(key=lambda c: estimate_streaming(c, m, n, k))
+    splits = [c for c in splits if c != d][:limit // 4]
+    base = dataclasses.replace(d, split_k=1)  # the default's tile unsplit, to compare against
+    out.sort(key=lambda s: (s not in (d, base), s != d, -(s.tile_m * s.tile_n), s.kind != "cooperative"))
+    if d not in out:
+        out.insert(0, d)
+    return out[:limit - len(splits)] + splits

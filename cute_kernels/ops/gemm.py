@@ -15,11 +15,14 @@ padded buffer and returned as a view of it. K = 0 gives act(bias) (or zeros) wit
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import torch
 
 from cute_kernels import dtypes
 from cute_kernels.ops._checks import direct_call_ok, register_op
-from schedules.gemm import GemmSchedule, default_schedule
+from schedules.gemm import GemmSchedule, default_schedule, effective_splits
 from schedules.gemm import grid as tile_grid
 from schedules.hardware import num_sms
 
@@ -144,6 +147,8 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
         d = d.as_strided(d.shape, (d.stride(0), 1, 16 * (rows + npad)))
 
     sched = schedule or default_schedule(rows, n, k)
+    if sched.split_k > 1:
+        sched = _clamp_split(sched, k)
     fn, sms, _ = _compiled(a.dtype, out_dtype, a_major, b_major, activation, bias is not None, sched, a.get_device())
     if bias is None:
         bkey = (out_dtype, a.get_device())
@@ -154,11 +159,35 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
         bias_t = bias if bias.dtype == out_dtype else bias.to(out_dtype)
     tm, tn = -(-rows // sched.tile_m), -(-n // sched.tile_n)
     max_clusters = tile_grid(tm, tn, lb, sched, sms)[2]
-    fn(av, bv, d, d, bias_t, 1.0, 0.0, max_clusters)
+    if sched.split_k > 1:
+        _split_k(fn, av, bv, out_buf, bias_t, sched.split_k, max_clusters, sms)
+    else:
+        fn(av, bv, d, d, bias_t, 1.0, 0.0, max_clusters)
     out = out_buf if npad == n else out_buf[:, :, :n]
     if batch_fold:
         return out.view(batch, m, n) if npad == n else out.reshape(batch, m, n)
     return out[0] if len(shape) == 2 else out
+
+
+@functools.lru_cache(maxsize=256)
+def _clamp_split(sched: GemmSchedule, k: int) -> GemmSchedule:
+    """`sched` with at most one split per K-block (K = 16 with split_k = 4 runs as one split)."""
+    splits = effective_splits(sched, k)
+    return sched if splits == sched.split_k else dataclasses.replace(sched, split_k=splits)
+
+
+def _split_k(fn, av, bv, out_buf, bias_t, splits, max_clusters, sms):
+    """Split-K launch: a fresh fp32 workspace (S, L, M, Np) per call, the GEMM's partials into it,
+    the summing pass into out_buf (L, M, Np)."""
+    from cute_kernels.kernels.gemm import REDUCE_SCHEDULE, REDUCE_VEC
+
+    lb, rows, npad = out_buf.shape
+    if splits * out_buf.numel() >= 2**31:
+        raise ValueError(f"split_k={splits}: the workspace of {splits} x {out_buf.numel()} fp32 elements needs "
+                         "64-bit indexing; use split_k=1 for this shape")
+    ws = torch.empty(splits * lb, rows, npad, dtype=torch.float32, device=out_buf.device)
+    reduce_ctas = REDUCE_SCHEDULE.grid(out_buf.numel() // REDUCE_VEC, sms)
+    fn(av, bv, out_buf.permute(1, 2, 0), ws.permute(1, 2, 0), bias_t, 1.0, max_clusters, reduce_ctas)
 
 
 def _act_torch(x, activation):
