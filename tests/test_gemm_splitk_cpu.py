@@ -8,8 +8,15 @@ import pytest
 
 from cute_kernels.artifacts import compile_with_artifacts
 from cute_kernels.specs_gemm import GEMM
-from schedules.gemm import (GemmSchedule, candidates, default_schedule, effective_splits, estimate_streaming,
-                            grid, split_range)
+from schedules.gemm import (
+    GemmSchedule,
+    candidates,
+    default_schedule,
+    effective_splits,
+    estimate_streaming,
+    grid,
+    split_range,
+)
 
 
 @pytest.mark.parametrize("kb", [1, 2, 3, 5, 7, 16, 31, 32, 64, 65, 127, 1000])
