@@ -1,8 +1,11 @@
 """GEMM benchmark suite (lesson 10): bf16 randn, ours (default schedule, and each schedule kind)
-beside cuBLAS (torch.matmul) and QuACK's gemm, TFLOP/s and ratios; the issue's shape table."""
+beside cuBLAS (torch.matmul) and QuACK's gemm, TFLOP/s and ratios; the issue's shape table.
+Split-K: for M <= 256 "ours split-K" times the best-modelled split candidate, and where the default
+splits, "ours no split-K" times the same tile unsplit (the default schedule table says which)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -25,7 +28,7 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
 
     import cute_kernels as ck
     from cute_kernels.ops.gemm import _gemm_cuda
-    from schedules.gemm import default_schedule
+    from schedules.gemm import candidates, default_schedule
 
     shapes = shapes or (QUICK if quick else SHAPES)
     rows, notes = [], []
@@ -40,6 +43,13 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
         for kind in schedules:
             s = default_schedule(m, n, k, kind)
             refs[f"ours {kind}"] = H.do_bench(lambda: _gemm_cuda(a, b, schedule=s))["median_ms"]
+        d = default_schedule(m, n, k)
+        if d.split_k > 1:
+            s = dataclasses.replace(d, split_k=1)
+            refs["ours no split-K"] = H.do_bench(lambda: _gemm_cuda(a, b, schedule=s))["median_ms"]
+        split = d if d.split_k > 1 else next((c for c in candidates(m, n, k) if c.split_k > 1), None)
+        if split is not None and m <= 256:
+            refs["ours split-K"] = H.do_bench(lambda: _gemm_cuda(a, b, schedule=split))["median_ms"]
         rows.append(H.Row("gemm", "bfloat16", f"{m}x{n}x{k}", nbytes, flops, t, refs, "tflops", PEAK_BF16_TFLOPS,
                           note=str(default_schedule(m, n, k))))
         notes.append(f"| {m}x{n}x{k} | {default_schedule(m, n, k)} |")
@@ -59,7 +69,8 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
                        "ok": big[0].ours_tbs >= 740})
     extra = "## Default schedule per shape\n\n| shape | schedule |\n|---|---|\n" + "\n".join(notes)
     extra += "\n\n" + ladder()
-    return rows, ["cuBLAS", "QuACK"] + [f"ours {k}" for k in schedules], checks, extra, {}
+    cols = ["cuBLAS", "QuACK"] + [f"ours {k}" for k in schedules] + ["ours split-K", "ours no split-K"]
+    return rows, cols, checks, extra, {}
 
 
 FMA_TFLOPS = 132 * 128 * 2 * 1.98e9 / 1e12  # fp32 FMA on the CUDA cores (~67 TFLOP/s)

@@ -158,3 +158,68 @@ def test_simt_ladder(rung, m, n, k):
     a, b = randn(m, k), randn(k, n).t().contiguous().t()  # b column-major: copied by the op
     _poison_allocator(m * n * 2)
     _check(gemm_ladder(a, b, rung), a, b)
+
+
+# --- split-K (schedule.split_k > 1): fp32 partials + a deterministic summing pass ---------------
+SPLIT = {
+    "pp64x64_k2": GemmSchedule(kind="pingpong", tile_m=64, tile_n=64, cluster_m=1, cluster_n=2, split_k=2),
+    "pp64x128_k3": GemmSchedule(kind="pingpong", tile_m=64, tile_n=128, cluster_m=2, split_k=3),
+    "coop128x128_k4": GemmSchedule(kind="cooperative", tile_m=128, tile_n=128, cluster_m=1, split_k=4),
+}
+
+
+@pytest.mark.parametrize("sched", list(SPLIT))
+@pytest.mark.parametrize("m,n,k", [(64, 4096, 4096), (128, 7168, 2048), (96, 1000, 1000), (200, 100, 200),
+                                   (1, 256, 4160), (769, 520, 777)])
+def test_split_k_shapes(sched, m, n, k):
+    """K not a multiple of splits x tile_k (1000, 200, 4160, 777: uneven ranges), N not a multiple of 8
+    (100: padded output), M = 1 and M not a multiple of the tile."""
+    a, b = randn(m, k), randn(k, n)
+    _poison_allocator(m * n * 4 * 4)  # poisons the workspace's future blocks too
+    _check(_gemm_cuda(a, b, schedule=SPLIT[sched]), a, b)
+
+
+def test_split_k_default_schedule():
+    from schedules.gemm import default_schedule
+
+    assert default_schedule(64, 4096, 4096).split_k > 1
+    a, b = randn(64, 4096), randn(4096, 4096)
+    _check(ck.gemm(a, b), a, b)
+
+
+def test_split_k_clamped_to_k_blocks():
+    """K = 16 is one K-block: split_k = 4 runs as one split (no empty units), also K = 100 (2 blocks)."""
+    from cute_kernels.ops.gemm import _clamp_split
+
+    s = SPLIT["coop128x128_k4"]
+    assert _clamp_split(s, 16).split_k == 1 and _clamp_split(s, 100).split_k == 2
+    for k in (16, 100):
+        a, b = randn(300, k), randn(k, 512)
+        _check(_gemm_cuda(a, b, schedule=s), a, b)
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "silu"])
+@pytest.mark.parametrize("sched", ["pp64x64_k2", "coop128x128_k4"])
+def test_split_k_bias_activation(activation, sched):
+    m, n, k = 130, 1000, 2048
+    a, b, bias = randn(m, k), randn(k, n), randn(n)
+    _check(_gemm_cuda(a, b, bias, activation, schedule=SPLIT[sched]), a, b, bias, activation)
+
+
+def test_split_k_batched_majors_fp16():
+    a = _operand(64, 1024, "col", torch.float16, batch=3)
+    b = _operand(1024, 200, "col", torch.float16, batch=3)
+    out = _gemm_cuda(a, b, schedule=SPLIT["pp64x128_k3"])
+    for i in range(3):
+        _check(out[i], a[i], b[i])
+
+
+@pytest.mark.parametrize("sched", list(SPLIT))
+def test_split_k_is_deterministic(sched):
+    """No atomics: the partials are summed in split order, so two runs agree bit for bit."""
+    a, b, bias = randn(128, 7168 // 2), randn(7168 // 2, 2048), randn(2048)
+    first = _gemm_cuda(a, b, bias, "gelu", schedule=SPLIT[sched])
+    for _ in range(3):
+        _poison_allocator(128 * 2048 * 4 * 4)
+        again = _gemm_cuda(a, b, bias, "gelu", schedule=SPLIT[sched])
+        assert torch.equal(first.view(torch.int16), again.view(torch.int16))
