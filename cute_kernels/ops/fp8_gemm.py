@@ -45,7 +45,8 @@ def _blocks(x: int) -> int:
     return -(-x // BLOCK)
 
 
-def _check_operand(name, t, rows_name):
+def _check_operand(name, t, dims: str):
+    """An e4m3 CUDA tensor with the dims named in `dims` ("M, K", "E, N, K", ...)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cuda":
@@ -53,24 +54,29 @@ def _check_operand(name, t, rows_name):
     if t.dtype != E4M3:
         raise TypeError(f"{name} has dtype {t.dtype}; expected torch.float8_e4m3fn (quantize it with "
                         f"ck.quantize_1x128 / ck.quantize_128x128)")
-    if t.dim() != 2:
-        raise ValueError(f"{name} must be 2-D ({rows_name}, K), got shape {tuple(t.shape)}")
+    if t.dim() != dims.count(",") + 1:
+        raise ValueError(f"{name} must be {dims.count(',') + 1}-D ({dims}), got shape {tuple(t.shape)}")
+
+
+def _check_aux(name, t, dtype, shape, what, device):
+    """A side tensor (scales, expert ids, counts) of an exact dtype and shape on a's device."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected {dtype} ({what})")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} ({what}), got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but a is on {device}")
 
 
 def _check_scale(name, s, shape, what, device):
-    if not isinstance(s, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
-    if s.dtype != torch.float32:
-        raise TypeError(f"{name} has dtype {s.dtype}; expected torch.float32 ({what})")
-    if tuple(s.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape} ({what}), got {tuple(s.shape)}")
-    if s.device != device:
-        raise ValueError(f"{name} is on {s.device} but a is on {device}")
+    _check_aux(name, s, torch.float32, shape, what, device)
 
 
 def _check(a, sa, b, sb, out_dtype):
-    _check_operand("a", a, "M")
-    _check_operand("b", b, "N")
+    _check_operand("a", a, "M, K")
+    _check_operand("b", b, "N, K")
     if a.device != b.device:
         raise ValueError(f"a is on {a.device} but b is on {b.device}")
     if a.shape[1] != b.shape[1]:

@@ -37,10 +37,12 @@ import torch
 from cute_kernels import dtypes
 from cute_kernels.ops._checks import direct_call_ok, register_op
 from cute_kernels.ops.fp8_gemm import (
-    E4M3,
     OUT_TORCH,
     _as3,
     _blocks,
+    _check_aux,
+    _check_operand,
+    _check_scale,
     _k_major,
     dequantize_1x128,
     dequantize_128x128,
@@ -52,43 +54,9 @@ _fns: dict[tuple, tuple] = {}
 
 
 # --- validation (shared by the real and fake implementations) -----------------------------------
-def _check_fp8(name, t, dims: str):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cuda":
-        raise ValueError(f"{name} must be on a CUDA device, got device '{t.device}'")
-    if t.dtype != E4M3:
-        raise TypeError(f"{name} has dtype {t.dtype}; expected torch.float8_e4m3fn (quantize it with "
-                        f"ck.quantize_1x128 / ck.quantize_128x128)")
-    if t.dim() != dims.count(",") + 1:
-        raise ValueError(f"{name} must be {dims.count(',') + 1}-D ({dims}), got shape {tuple(t.shape)}")
-
-
-def _check_scale(name, s, shape, what, device):
-    if not isinstance(s, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
-    if s.dtype != torch.float32:
-        raise TypeError(f"{name} has dtype {s.dtype}; expected torch.float32 ({what})")
-    if tuple(s.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape} ({what}), got {tuple(s.shape)}")
-    if s.device != device:
-        raise ValueError(f"{name} is on {s.device} but a is on {device}")
-
-
-def _check_index(name, t, shape, what, device):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise TypeError(f"{name} has dtype {t.dtype}; expected torch.int32 ({what})")
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape} ({what}), got {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but a is on {device}")
-
-
 def _check_weights(a, b, sb):
     """b (E, N, K) against a (..., K); returns (E, N, K)."""
-    _check_fp8("b", b, "E, N, K")
+    _check_operand("b", b, "E, N, K")
     if a.device != b.device:
         raise ValueError(f"a is on {a.device} but b is on {b.device}")
     e, n, k = b.shape
@@ -105,23 +73,23 @@ def _check_out(out_dtype):
 
 
 def _check_contiguous(a, sa, b, sb, m_indices, out_dtype):
-    _check_fp8("a", a, "M, K")
+    _check_operand("a", a, "M, K")
     e, n, k = _check_weights(a, b, sb)
     m = a.shape[0]
     _check_scale("sa", sa, (m, _blocks(k)), "one per row of a per 128 columns", a.device)
-    _check_index("m_indices", m_indices, (m,), "the expert of each row of a, -1 for padding", a.device)
+    _check_aux("m_indices", m_indices, torch.int32, (m,), "the expert of each row of a, -1 for padding", a.device)
     _check_out(out_dtype)
     return m, n, k, e
 
 
 def _check_masked(a, sa, b, sb, masked_m, expected_m, out_dtype):
-    _check_fp8("a", a, "E, max_m, K")
+    _check_operand("a", a, "E, max_m, K")
     e, n, k = _check_weights(a, b, sb)
     if a.shape[0] != e:
         raise ValueError(f"a has {a.shape[0]} experts (dim 0) but b has {e}")
     max_m = a.shape[1]
     _check_scale("sa", sa, (e, max_m, _blocks(k)), "one per row of a per 128 columns", a.device)
-    _check_index("masked_m", masked_m, (e,), "the valid rows of each expert", a.device)
+    _check_aux("masked_m", masked_m, torch.int32, (e,), "the valid rows of each expert", a.device)
     if expected_m is not None and (not isinstance(expected_m, int) or expected_m < 0):
         raise ValueError(f"expected_m must be a non-negative int or None, got {expected_m!r}")
     _check_out(out_dtype)
