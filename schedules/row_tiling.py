@@ -11,6 +11,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int64
+
 
 def _pow2_at_least(x: int) -> int:
     p = 1
@@ -151,3 +155,52 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
     threads = max(tpr, min_threads)
     ctas_per_sm = max(1, min(8, 65536 // (threads * regs_per_thread)))
     return HeldRowPlan(RowTiling(threads=threads, threads_per_row=tpr, unroll=vpt), cluster, ctas_per_sm)
+
+
+# --- the device side: one thread's walk over row tiles and its share of a split row -------------
+@dataclass
+class SplitRowWalk:
+    """What one thread of a row-tiling kernel (launched on `row_tile_grid`) visits: CTA `bidx` of
+    `gdim` takes row tiles bidx, bidx + gdim, ... (`count` of them); on each, the thread is `lane` of
+    its row's threads and folds vectors [v_begin, v_begin + v_count) of split `split` of the row; the
+    `tail` = n % vec elements past the last vector belong to the last split. With 64-bit indexing the
+    tile arithmetic is widened (the loop still steps by one: DSL 4.8.1 cannot trace a loop whose
+    dynamic step is 64-bit). The tiling enters as two ints, not as a RowTiling: the tracer rebuilds
+    the dataclasses a staged loop uses, and would re-validate a RowTiling built from staged values."""
+
+    rows_per_cta: int
+    threads_per_row: int
+    lane: object
+    nv: object
+    v_begin: object
+    v_count: object
+    tail: object
+    bidx: object
+    gdim: object
+    count: object
+
+    @staticmethod
+    def create(tiling: RowTiling, rows, n, vec: int, splits, index64: bool) -> SplitRowWalk:
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, split, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        nv = n // vec
+        chunk = cute.ceil_div(nv, splits)
+        v_begin = split * chunk
+        v_count = cutlass.max(cutlass.min(nv - v_begin, chunk), 0)
+        tiles = cute.ceil_div(rows, tiling.rows_per_cta)
+        if index64:
+            bidx, gdim, tiles = Int64(bidx), Int64(gdim), Int64(tiles)
+        count = (cutlass.max(tiles - bidx, 0) + gdim - 1) // gdim
+        return SplitRowWalk(tiling.rows_per_cta, tiling.threads_per_row, tidx % tiling.threads_per_row, nv,
+                            v_begin, v_count, n - nv * vec, bidx, gdim, count)
+
+    def row(self, i):
+        """The row this thread works on in its CTA's `i`-th tile (may be >= rows: predicate it)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        return (self.bidx + i * self.gdim) * self.rows_per_cta + tidx // self.threads_per_row
+
+
+def row_tile_grid(rows, max_ctas, tiling: RowTiling):
+    """CTAs along x for a row-tiling kernel: one per row tile, at most `max_ctas`, at least one."""
+    return cutlass.max(cutlass.min(cute.ceil_div(rows, tiling.rows_per_cta), max_ctas), 1)

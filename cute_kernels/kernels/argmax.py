@@ -20,7 +20,7 @@ from collectives.arg_reduce import EMPTY, key_index, max_key, pack_key, scan_upd
 from collectives.reduce import group_reduce, group_smem_slots
 from collectives.vector_io import as_vectors, extent
 from schedules.grid_stride import strided_fold
-from schedules.row_tiling import RowTiling
+from schedules.row_tiling import RowTiling, SplitRowWalk, row_tile_grid
 
 
 class ArgMax:
@@ -39,8 +39,7 @@ class ArgMax:
 
     @cute.jit
     def __call__(self, x: cute.Tensor, out: cute.Tensor, max_ctas: Int32, stream):
-        tiles = cute.ceil_div(extent(x, 0), self.tiling.rows_per_cta)
-        ctas = cutlass.max(cutlass.min(tiles, max_ctas), 1)
+        ctas = row_tile_grid(extent(x, 0), max_ctas, self.tiling)
         self.kernel(x, out).launch(
             grid=[ctas, extent(out, 1), 1], block=[self.tiling.threads, 1, 1], stream=stream
         )
@@ -49,10 +48,6 @@ class ArgMax:
     def kernel(self, x: cute.Tensor, out: cute.Tensor):
         vec = self.vec
         tpr = self.tiling.threads_per_row
-        rows_per_cta = self.tiling.rows_per_cta
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, split, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
         rows, n = extent(x, 0), extent(x, 1)
         splits = extent(out, 1)
 
@@ -62,15 +57,10 @@ class ArgMax:
         if cutlass.const_expr(slots > 0):
             buf = smem.allocate_tensor(Int64, cute.make_layout(slots), byte_alignment=16)
 
-        lane = tidx % tpr
-        nv = n // vec
-        chunk = cute.ceil_div(nv, splits)
-        v_begin = split * chunk
-        v_count = cutlass.max(cutlass.min(nv - v_begin, chunk), 0)
-        tail = n - nv * vec
-        tiles = cute.ceil_div(rows, rows_per_cta)
+        w = SplitRowWalk.create(self.tiling, rows, n, vec, splits, self.index64)
+        lane, nv, v_begin, v_count, tail = w.lane, w.nv, w.v_begin, w.v_count, w.tail
+        _, split, _ = cute.arch.block_idx()
         if cutlass.const_expr(self.index64):
-            bidx, gdim, tiles = Int64(bidx), Int64(gdim), Int64(tiles)
             v_begin = Int64(v_begin)
         # What this thread scans: its vectors (if lane < v_count), then tail elements of the last split.
         last = split == splits - 1
@@ -79,9 +69,8 @@ class ArgMax:
         if lane >= v_count:
             first = nv * vec + lane
 
-        my_tiles = (cutlass.max(tiles - bidx, 0) + gdim - 1) // gdim
-        for i in cutlass.range(my_tiles, unroll=1):
-            row = (bidx + i * gdim) * rows_per_cta + tidx // tpr
+        for i in cutlass.range(w.count, unroll=1):
+            row = w.row(i)
             key = Int64(EMPTY)
             if row < rows:
                 if cutlass.const_expr(self.keys_in):

@@ -17,7 +17,7 @@ from cutlass import Float32, Int32, Int64
 from collectives.reduce import add, group_reduce, group_smem_slots
 from collectives.vector_io import as_vectors, extent
 from schedules.grid_stride import strided_fold
-from schedules.row_tiling import RowTiling
+from schedules.row_tiling import RowTiling, SplitRowWalk, row_tile_grid
 
 
 class RowSum:
@@ -35,8 +35,7 @@ class RowSum:
 
     @cute.jit
     def __call__(self, x: cute.Tensor, out: cute.Tensor, max_ctas: Int32, stream):
-        tiles = cute.ceil_div(extent(x, 0), self.tiling.rows_per_cta)
-        ctas = cutlass.max(cutlass.min(tiles, max_ctas), 1)
+        ctas = row_tile_grid(extent(x, 0), max_ctas, self.tiling)
         self.kernel(x, out).launch(
             grid=[ctas, extent(out, 1), 1], block=[self.tiling.threads, 1, 1], stream=stream
         )
@@ -45,10 +44,6 @@ class RowSum:
     def kernel(self, x: cute.Tensor, out: cute.Tensor):
         vec = self.vec
         tpr = self.tiling.threads_per_row
-        rows_per_cta = self.tiling.rows_per_cta
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, split, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
         rows, n = extent(x, 0), extent(x, 1)
         splits = extent(out, 1)
         if cutlass.const_expr(self.index64):
@@ -60,21 +55,11 @@ class RowSum:
         if cutlass.const_expr(slots > 0):
             buf = smem.allocate_tensor(Float32, cute.make_layout(slots), byte_alignment=16)
 
-        lane = tidx % tpr
-        nv = n // vec
-        chunk = cute.ceil_div(nv, splits)
-        v_begin = split * chunk
-        v_count = cutlass.max(cutlass.min(nv - v_begin, chunk), 0)
-        tail = n - nv * vec
-        tiles = cute.ceil_div(rows, rows_per_cta)
-
-        if cutlass.const_expr(self.index64):
-            bidx, gdim, tiles = Int64(bidx), Int64(gdim), Int64(tiles)
-        # Count the CTA's tiles and step by one: DSL 4.8.1 cannot trace a loop whose dynamic step is
-        # 64-bit (its step-sign select mixes integer widths).
-        my_tiles = (cutlass.max(tiles - bidx, 0) + gdim - 1) // gdim
-        for i in cutlass.range(my_tiles, unroll=1):
-            row = (bidx + i * gdim) * rows_per_cta + tidx // tpr
+        w = SplitRowWalk.create(self.tiling, rows, n, vec, splits, self.index64)
+        lane, nv, v_begin, v_count, tail = w.lane, w.nv, w.v_begin, w.v_count, w.tail
+        _, split, _ = cute.arch.block_idx()
+        for i in cutlass.range(w.count, unroll=1):
+            row = w.row(i)
             acc = cute.full((vec,), 0.0, Float32)
             if row < rows:
                 xv = as_vectors(x[row, None], n, vec)
