@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int32
 
 from collectives.reduce import add, group_reduce, group_smem_slots
 from collectives.vector_io import as_vectors, extent
 from schedules.grid_stride import strided_fold
-from schedules.row_tiling import RowTiling
+from schedules.row_tiling import RowTiling, SplitRowWalk, row_tile_grid
 
 
 class Gemv:
@@ -36,18 +36,13 @@ class Gemv:
 
     @cute.jit
     def __call__(self, w: cute.Tensor, xt: cute.Tensor, y: cute.Tensor, max_ctas: Int32, stream):
-        tiles = cute.ceil_div(extent(w, 0), self.tiling.rows_per_cta)
-        ctas = cutlass.max(cutlass.min(tiles, max_ctas), 1)
+        ctas = row_tile_grid(extent(w, 0), max_ctas, self.tiling)
         self.kernel(w, xt, y).launch(grid=[ctas, 1, 1], block=[self.tiling.threads, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, w: cute.Tensor, xt: cute.Tensor, y: cute.Tensor):
         vec, B = self.vec, self.cols
         tpr = self.tiling.threads_per_row
-        rows_per_cta = self.tiling.rows_per_cta
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
         rows, k = extent(w, 0), extent(w, 1)
 
         smem = cutlass.memory.SmemAllocator()
@@ -58,16 +53,10 @@ class Gemv:
             # One slot range per column: the B reductions of a tile need no barrier between them.
             bufs = [cute.make_tensor(buf.iterator + c * slots, cute.make_layout(slots)) for c in range(B)]
 
-        lane = tidx % tpr
-        nv = k // vec
-        tail = k - nv * vec
-        tiles = cute.ceil_div(rows, rows_per_cta)
-        if cutlass.const_expr(self.index64):
-            bidx, gdim, tiles = Int64(bidx), Int64(gdim), Int64(tiles)
-
-        my_tiles = (cutlass.max(tiles - bidx, 0) + gdim - 1) // gdim
-        for i in cutlass.range(my_tiles, unroll=1):
-            row = (bidx + i * gdim) * rows_per_cta + tidx // tpr
+        wk = SplitRowWalk.create(self.tiling, rows, k, vec, 1, self.index64)  # rows are never split
+        lane, nv, tail = wk.lane, wk.nv, wk.tail
+        for i in cutlass.range(wk.count, unroll=1):
+            row = wk.row(i)
             acc = tuple(cute.full((vec,), 0.0, Float32) for _ in range(B))
             if row < rows:
                 wv = as_vectors(w[row, None], k, vec)
