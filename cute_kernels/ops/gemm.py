@@ -21,7 +21,7 @@ import functools
 import torch
 
 from cute_kernels import dtypes
-from cute_kernels.ops._checks import direct_call_ok, register_op
+from cute_kernels.ops._checks import check_tensor, direct_call_ok, register_op
 from schedules.gemm import GemmSchedule, default_schedule, effective_splits
 from schedules.gemm import grid as tile_grid
 from schedules.hardware import num_sms
@@ -34,12 +34,7 @@ _dummy_bias: dict[tuple, torch.Tensor] = {}
 
 def _check(a, b, bias, activation, out_dtype):
     for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cuda":
-            raise ValueError(f"{name} must be on a CUDA device, got device '{t.device}'")
-        if t.dtype not in AB_TORCH:
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: bfloat16, float16")
+        check_tensor(name, t, allowed=AB_TORCH)
         if t.dim() not in (2, 3):
             raise ValueError(f"{name} must be 2-D or 3-D, got shape {tuple(t.shape)}")
     if a.dtype != b.dtype:
@@ -258,12 +253,9 @@ def gemm_ladder(a: torch.Tensor, b: torch.Tensor, rung: str = "register", out_dt
     if rung not in RUNGS:
         raise ValueError(f"rung must be one of {tuple(RUNGS)}, got {rung!r}")
     for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 2:
-            raise ValueError(f"{name} must be a 2-D torch.Tensor")
-        if t.device.type != "cuda":
-            raise ValueError(f"{name} must be on a CUDA device, got device '{t.device}'")
-        if t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: bfloat16, float16, float32")
+        check_tensor(name, t)
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D torch.Tensor, got shape {tuple(t.shape)}")
     if a.dtype != b.dtype:
         raise TypeError(f"a has dtype {a.dtype} but b has {b.dtype}; cast one of them first")
     if a.shape[1] != b.shape[0]:
