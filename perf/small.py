@@ -43,7 +43,7 @@ def study(ops=("copy", "add"), sizes_mib=(1, 2, 4, 8), dtypes=(torch.bfloat16, t
         best = min(res, key=res.get)
         from schedules.grid_stride import pick
 
-        tuned = str(pick(op, (2 if op == "copy" else 3) * n * x.element_size()))
+        tuned = str(pick(op, n * x.element_size()))
         lines.append(f"| {op} | {D.name_of(dt)} | {mib} | {t_ref*1e3:.2f} | {res[best]*1e3:.2f} | {best} | "
                      f"{t_ref/res[best]:.3f} | {res.get(tuned, float('nan'))*1e3:.2f} | {t_ref/res.get(tuned, float('nan')):.3f} |")
         H.progress(lines[-1])

@@ -15,7 +15,6 @@ from typing import Callable
 import cutlass
 import cutlass.cute as cute
 
-
 ORDERS = ("grid", "cta")
 
 
@@ -112,17 +111,16 @@ TUNED: dict[str, GridStride] = {
 }
 
 
-_TENSORS = {"copy": 2, "add": 3, "axpby": 3}
 _SMALL: dict[tuple, GridStride] = {}
 
 
-def pick(op: str, bytes_moved: int, num_sms: int = 132) -> GridStride:
-    """The tuned grid-stride schedule for elementwise `op`, with fewer vectors per thread for small
-    tensors: at least two CTAs per SM. ncu at 1 MiB (fp32 add, 3 MiB moved) showed the tuned
+def pick(op: str, tensor_bytes: int, num_sms: int = 132) -> GridStride:
+    """The tuned grid-stride schedule for elementwise `op` on tensors of `tensor_bytes` bytes each,
+    with fewer vectors per thread for small tensors: at least two CTAs per SM. ncu at 1 MiB (fp32 add, 3 MiB moved) showed the tuned
     config's 128 CTAs of 4 vectors per thread at 4.0 us against torch's 256 CTAs at 3.46 us: with
     under one CTA per SM, too few loads are in flight to cover DRAM latency."""
     s = TUNED[op]
-    vectors = bytes_moved // (_TENSORS.get(op, 3) * 16)
+    vectors = tensor_bytes // 16
     unroll = s.unroll
     while unroll > 1 and vectors < 2 * num_sms * s.threads * unroll:
         unroll //= 2

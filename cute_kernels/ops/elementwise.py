@@ -16,7 +16,6 @@ from schedules.grid_stride import GridStride, pick
 from schedules.hardware import num_sms
 
 _INDEX32_LIMIT = 2**31 - 1
-_BYTES_PER_ELEM = {"copy": 2, "add": 3, "axpby": 3}  # tensors touched per element
 _fns: dict[tuple, object] = {}
 
 
@@ -32,7 +31,7 @@ def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: flo
     for its size (or `schedule`). The common case costs one dict lookup: the compiled function and
     its grid cap are cached together per (op, dtype, alignment, index width, schedule, device)."""
     n = out.numel()
-    sched = schedule or pick(op, _BYTES_PER_ELEM[op] * n * out.element_size())
+    sched = schedule or pick(op, n * out.element_size())
     key = (op, x.dtype, x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0,
            n > _INDEX32_LIMIT, id(sched), out.get_device())
     hit = _fns.get(key)
