@@ -47,6 +47,21 @@ def check_out_dtype(name: str, dtype) -> None:
         raise TypeError(f"{name} must be one of bfloat16, float16, float32 or None, got {dtype}")
 
 
+def rows_of(x: torch.Tensor) -> torch.Tensor:
+    """x as a (M, N) matrix with unit stride along N, the input every row-wise kernel takes (a view
+    when possible, else a contiguous copy; a 0-d tensor is one row of one element)."""
+    n = x.shape[-1] if x.dim() else 1
+    if x.dim() and x.stride(-1) != 1:
+        x = x.contiguous()
+    try:
+        x2 = x.view(-1, n)
+    except RuntimeError:
+        x2 = x.contiguous().view(-1, n)
+    if x2.shape[0] <= 1:  # a single row: its stride is never used; give it one the kernel accepts
+        x2 = x2.as_strided((x2.shape[0], n), (-(-max(n, 1) // 16) * 16, 1))
+    return x2
+
+
 def aligned16(*ts: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in ts)
 

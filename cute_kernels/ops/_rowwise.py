@@ -1,4 +1,4 @@
-"""What the row-wise ops share: the (M, N) view of an input, the plan and compiled kernel for it."""
+"""What the row-wise ops share: the plan and compiled kernel for an (M, N) input (`_checks.rows_of`)."""
 
 from __future__ import annotations
 
@@ -12,20 +12,6 @@ from schedules.row_tiling import HELD_TUNED, plan_held_rows
 INDEX32_LIMIT = 2**31 - 1
 UNCAPPED = 2**31 - 1
 _fns: dict[tuple, object] = {}
-
-
-def rows_of(x: torch.Tensor) -> torch.Tensor:
-    """x as a (M, N) matrix with unit stride along N (a view when possible, else a contiguous copy)."""
-    n = x.shape[-1]
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    try:
-        x2 = x.view(-1, n)
-    except RuntimeError:
-        x2 = x.contiguous().view(-1, n)
-    if x2.shape[0] <= 1:  # a single row: its stride is never used; give it one the kernel accepts
-        x2 = x2.as_strided((x2.shape[0], n), (-(-max(n, 1) // 16) * 16, 1))
-    return x2
 
 
 def vector_ok(*ts) -> bool:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import dtypes
-from cute_kernels.ops._checks import check_like, check_tensor, direct_call_ok, register_op
-from cute_kernels.ops._rowwise import grid_ctas, launch_params, rows_of
+from cute_kernels.ops._checks import check_like, check_tensor, direct_call_ok, register_op, rows_of
+from cute_kernels.ops._rowwise import grid_ctas, launch_params
 
 
 def _check(x, weight, bias, residual):

@@ -13,6 +13,7 @@ import torch
 
 from cute_kernels import catalog, dtypes
 from cute_kernels.ops._checks import check_out_dtype, check_tensor, direct_call_ok, register_op
+from cute_kernels.ops._checks import rows_of as _rows_of
 from schedules.hardware import num_sms
 from schedules.row_tiling import plan_rows
 
@@ -30,20 +31,6 @@ def _kernel(dtype, out_dtype, aligned, index64, tiling):
         )
         _fns[key] = fn
     return fn
-
-
-def _rows_of(x: torch.Tensor) -> torch.Tensor:
-    """x as a (M, N) matrix with unit stride along N (a view when possible)."""
-    n = x.shape[-1] if x.dim() else 1
-    if x.dim() and x.stride(-1) != 1:
-        x = x.contiguous()
-    try:
-        x2 = x.view(-1, n)
-    except RuntimeError:
-        x2 = x.contiguous().view(-1, n)
-    if x2.shape[0] <= 1:  # a single row: its stride is never used, give it one the kernel accepts
-        x2 = x2.as_strided((x2.shape[0], n), (-(-max(n, 1) // 16) * 16, 1))
-    return x2
 
 
 def _sum_rows(x2: torch.Tensor, out: torch.Tensor, **plan_options) -> None:
