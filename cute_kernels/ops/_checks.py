@@ -47,6 +47,14 @@ def check_out_dtype(name: str, dtype) -> None:
         raise TypeError(f"{name} must be one of bfloat16, float16, float32 or None, got {dtype}")
 
 
+def flat(t: torch.Tensor) -> torch.Tensor:
+    """t as a 1-D contiguous tensor, the input every elementwise kernel takes (a view when t is
+    contiguous, else a contiguous copy)."""
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t if t.dim() == 1 else t.view(-1)
+
+
 def rows_of(x: torch.Tensor) -> torch.Tensor:
     """x as a (M, N) matrix with unit stride along N, the input every row-wise kernel takes (a view
     when possible, else a contiguous copy; a 0-d tensor is one row of one element)."""

@@ -11,18 +11,12 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.ops._checks import check_like, check_tensor, direct_call_ok, register_op
+from cute_kernels.ops._checks import check_like, check_tensor, direct_call_ok, flat, register_op
 from schedules.grid_stride import GridStride, pick
 from schedules.hardware import num_sms
 
 _INDEX32_LIMIT = 2**31 - 1
 _fns: dict[tuple, object] = {}
-
-
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t if t.dim() == 1 else t.view(-1)
 
 
 def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: float, b: float,
@@ -64,22 +58,22 @@ def _axpby_fake(a, x, b, y):
 def _copy_cuda(x):
     out = _unary_fake(x)
     if out.numel():
-        xf = _flat(x)
-        _launch("copy", xf, xf, _flat(out), 1.0, 0.0)
+        xf = flat(x)
+        _launch("copy", xf, xf, flat(out), 1.0, 0.0)
     return out
 
 
 def _add_cuda(x, y):
     out = _binary_fake(x, y)
     if out.numel():
-        _launch("add", _flat(x), _flat(y), _flat(out), 1.0, 1.0)
+        _launch("add", flat(x), flat(y), flat(out), 1.0, 1.0)
     return out
 
 
 def _axpby_cuda(a, x, b, y):
     out = _binary_fake(x, y)
     if out.numel():
-        _launch("axpby", _flat(x), _flat(y), _flat(out), float(a), float(b))
+        _launch("axpby", flat(x), flat(y), flat(out), float(a), float(b))
     return out
 
 

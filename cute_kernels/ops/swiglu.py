@@ -15,18 +15,12 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.ops._checks import aligned16, check_like, check_tensor, direct_call_ok, register_op
+from cute_kernels.ops._checks import aligned16, check_like, check_tensor, direct_call_ok, flat, register_op
 from cute_kernels.specs_misc3 import SWIGLU_TUNED
 from schedules.hardware import num_sms
 
 _INDEX32_LIMIT = 2**31 - 1
 _fns: dict[tuple, object] = {}
-
-
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t.view(-1)
 
 
 def _launch(op: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
@@ -57,7 +51,7 @@ def _silu_fake(x):
 def _silu_cuda(x):
     y = _silu_fake(x)
     if y.numel():
-        _launch("silu_fwd", [_flat(x)], [y.view(-1)])
+        _launch("silu_fwd", [flat(x)], [y.view(-1)])
     return y
 
 
@@ -70,7 +64,7 @@ def _silu_bwd_fake(x, dy):
 def _silu_bwd_cuda(x, dy):
     dx = _silu_bwd_fake(x, dy)
     if dx.numel():
-        _launch("silu_bwd", [_flat(x), _flat(dy)], [dx.view(-1)])
+        _launch("silu_bwd", [flat(x), flat(dy)], [dx.view(-1)])
     return dx
 
 
@@ -84,7 +78,7 @@ def _swiglu_fake(gate, up):
 def _swiglu_cuda(gate, up):
     out = _swiglu_fake(gate, up)
     if out.numel():
-        _launch("swiglu_fwd", [_flat(gate), _flat(up)], [out.view(-1)])
+        _launch("swiglu_fwd", [flat(gate), flat(up)], [out.view(-1)])
     return out
 
 
@@ -98,7 +92,7 @@ def _swiglu_bwd_fake(gate, up, dout):
 def _swiglu_bwd_cuda(gate, up, dout):
     dgate, dup = _swiglu_bwd_fake(gate, up, dout)
     if dgate.numel():
-        _launch("swiglu_bwd", [_flat(gate), _flat(up), _flat(dout)], [dgate.view(-1), dup.view(-1)])
+        _launch("swiglu_bwd", [flat(gate), flat(up), flat(dout)], [dgate.view(-1), dup.view(-1)])
     return dgate, dup
 
 
