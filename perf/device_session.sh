@@ -4,7 +4,8 @@
 # Logs go to $OUT/session.log (one file: the device returns at most 8), results to
 # $OUT/<suite>.{json,md,png}; a compact summary is printed.
 #
-#   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [small] [sanitize] [large]
+#   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [small] [sanitize] [large] [par]
+#   par: run the test families concurrently (TT=seconds per family, default 240)
 #     FAMILIES: comma list of tests/test_<family>_gpu.py families (elementwise, ..., attention_varlen)
 #               or "all" (default: all); "none" skips the tests
 #     SUITES:   comma list of bench suites (see perf/suites.py SUITES) or "all"; default: none
@@ -20,13 +21,20 @@ P="-q -p no:cacheprovider -W ignore --tb=line -rf -o faulthandler_timeout=90"
 
 if [ "$TESTS" != none ]; then
   [ "$TESTS" = all ] && TESTS=elementwise,reduction,gemm,misc3,rowwise,fp8_exact,fp8,fp8_grouped,quant,attention,attention_varlen
+  TT=${TT:-240}
+  runfam() {  # one family; log to $OUT/.p.$1
+    timeout -k 5 -s INT $TT python3 -m pytest tests/test_${1}_gpu.py -m "gpu and not large" --maxfail=25 $P > "$OUT/.p.$1" 2>&1
+  }
+  if has par; then  # families side by side (compiles are CPU-bound; 16 cores): correctness only, no timing
+    for f in ${TESTS//,/ }; do runfam $f & done; wait
+  fi
   for f in ${TESTS//,/ }; do
-    section "pytest $f"
-    timeout -k 5 -s INT 240 python3 -m pytest tests/test_${f}_gpu.py -m "gpu and not large" --maxfail=25 $P > "$OUT/.p" 2>&1
-    cat "$OUT/.p" >> "$LOG"
-    echo "tests $f: $(grep -E '(passed|failed|error)' "$OUT/.p" | tail -1)"; grep -E "^(FAILED|ERROR)" "$OUT/.p" | cut -c1-180 | head -8
+    has par || runfam $f
+    section "pytest $f"; cat "$OUT/.p.$f" >> "$LOG"
+    echo "tests $f: $(grep -E '(passed|failed|error)' "$OUT/.p.$f" | tail -1)"; grep -E "^(FAILED|ERROR)" "$OUT/.p.$f" | cut -c1-180 | head -8
+    grep -q -E '(passed|failed|error)' "$OUT/.p.$f" || tail -5 "$OUT/.p.$f"
+    rm -f "$OUT/.p.$f"
   done
-  rm -f "$OUT/.p"
 fi
 if has large; then
   section pytest-large; timeout -k 5 -s INT 300 python3 -m pytest tests -m large $P > "$OUT/.p" 2>&1
