@@ -123,3 +123,18 @@ def test_cpu_tensors_get_named_device_errors():
                     torch.ones(1, 1))
     with pytest.raises(ValueError, match="x must be on a CUDA device"):
         ck.quantize_1x128(torch.randn(4, 16))
+
+
+@pytest.mark.parametrize("m", [1, 64, 128, 769, 4096])
+@pytest.mark.parametrize("n,k", [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168),
+                                 (7168, 2048), (200, 300), (64, 16)])
+def test_default_schedules_are_valid_catalogue_params(m, n, k):
+    """What the ops launch must pass the catalogue's parameter check (the first H200 run failed every
+    large shape: the schedule chose 7-8 stages, the catalogue allowed at most 6)."""
+    from cute_kernels.specs_fp8 import FP8_GEMM, grouped_params, params_for
+    from schedules.fp8_gemm import default_grouped_schedule
+
+    for p in (params_for(default_fp8_schedule(m, n, k)),
+              grouped_params("contiguous", default_grouped_schedule("contiguous", m, n, k)),
+              grouped_params("masked", default_grouped_schedule("masked", m, n, k, 4))):
+        FP8_GEMM.check(FP8_GEMM.resolve(p))
