@@ -4,7 +4,8 @@
 # Logs go to $OUT/session.log (one file: the device returns at most 8), results to
 # $OUT/<suite>.{json,md,png}; a compact summary is printed.
 #
-#   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [small] [sanitize] [large] [par]
+#   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [small] [sanitize] [large] [par] [tunerows]
+#   tunerows: perf.tune_rows (held-row plan sweep; TR=timeout, TRARGS=its arguments)
 #   par: run the test families concurrently (TT=seconds per family, default 240)
 #     FAMILIES: comma list of tests/test_<family>_gpu.py families (elementwise, ..., attention_varlen)
 #               or "all" (default: all); "none" skips the tests
@@ -51,6 +52,7 @@ if has ncu; then
   done
   rm -f "$OUT/.n"
 fi
+if has tunerows; then section tune_rows; timeout ${TR:-300} python3 -m perf.tune_rows --out "$OUT" ${TRARGS:-} > "$OUT/.s" 2>&1; cat "$OUT/.s" >> "$LOG"; grep -E "^\| " "$OUT/.s" | tail -80; rm -f "$OUT/.s"; fi
 if has small; then section small; timeout 200 python3 -m perf.small --out "$OUT" > "$OUT/.s" 2>&1; cat "$OUT/.s" >> "$LOG"; grep "^|" "$OUT/.s"; rm -f "$OUT/.s"; fi
 if has sanitize; then
   for p in "add bf16 1048579" "row_sum bf16 3 769" "sum fp32 1000003" "gemm bf16 769 2112 1032"; do
@@ -72,3 +74,5 @@ if [ "$BENCH" != none ]; then
   done
   rm -f "$OUT/.b"
 fi
+# the device returns at most 8 files: pack everything into one archive beside the log
+( cd "$OUT" && ls | grep -v -E '^(session.log|results.tgz)$' > .list; [ -s .list ] && tar czf results.tgz -T .list && xargs rm -f < .list; rm -f .list )

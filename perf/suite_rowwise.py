@@ -59,7 +59,8 @@ def _fns(case, n, dtype):
             elif fam == "layernorm" and direction == "fwd":
                 from quack.rmsnorm import layernorm_fwd
 
-                cols["quack"] = lambda x: layernorm_fwd(x, w, b, 1e-5)
+                w32, b32 = w.float(), b.float()  # QuACK's LayerNorm takes fp32 weight and bias
+                cols["quack"] = lambda x: layernorm_fwd(x, w32, b32, 1e-5)
             elif fam == "softmax":
                 from quack.softmax import softmax as qsm
 
@@ -84,6 +85,12 @@ def _bench(case, f, x, t, dy):
 
 def rowwise(shapes=None, dtypes=(torch.bfloat16,), cases=tuple(CASES), quick=False, ceilings=None):
     copy_bw = ceilings["copy"]
+    try:  # torch.compile's backward donates saved buffers, which a retained graph cannot re-run
+        import torch._functorch.config as functorch_config
+
+        functorch_config.donated_buffer = False
+    except (ImportError, AttributeError):
+        pass
     if shapes is None:
         ns = N_QUICK if quick else N_ALL
         shapes = [(max(1, (256 * MiB // 2) // n), n) for n in ns]

@@ -1,0 +1,138 @@
+"""Sweep the held-row plans (threads, threads per row, vectors per thread, cluster, CTAs per SM) of
+the row-wise kernels on the GPU: which plan moves the bytes fastest per (kernel, N), against the
+plan `schedules.row_tiling.plan_held_rows` picks today. Feeds HELD_TUNED / plan_held_rows.
+
+    python3 -m perf.tune_rows [--n 4096,65536] [--kernels rmsnorm.fwd,...] [--out DIR] [--jobs 16]
+
+Inputs are bf16 with 256 MiB per (M, N) tensor, randn; CUDA-event medians with L2 flushed
+(`perf.harness.do_bench`); timed through the public ops, the plan swapped in by patching
+`cute_kernels.ops._rowwise.plan_for` (compiled ahead in parallel worker processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from perf import harness as H
+from schedules.row_tiling import HeldRowPlan, RowTiling
+
+MiB = 1 << 20
+KERNELS = ("rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "rmsnorm.bwd", "layernorm.bwd", "softmax.bwd")
+MOVED = {"fwd": 2, "bwd": 3}
+
+
+def candidates(n: int, vec: int = 8, bwd: bool = False) -> list[HeldRowPlan]:
+    """Plans that hold a row of `n` elements with 16-64 elements per thread (bwd: 8-32), CTAs of
+    128-512 threads, clusters of up to 8, and no more than 2x padding."""
+    out = []
+    for tpr in (32, 64, 128, 256, 512):
+        for elems in ((8, 16, 32) if bwd else (16, 32, 64)):
+            vpt = elems // vec
+            cluster = 1
+            while tpr * elems * cluster < n:
+                cluster *= 2
+            if cluster > 8 or tpr * elems * cluster >= 2 * n:
+                continue
+            for threads in sorted({max(tpr, 128), max(tpr, 256)}):
+                regs = 128 if bwd else 96
+                cps = max(1, min(8, 65536 // (threads * regs)))
+                for c in ((cps, 2 * cps) if bwd else (cps,)):
+                    out.append(HeldRowPlan(RowTiling(threads, tpr, vpt), cluster, c))
+    return list(dict.fromkeys(out))
+
+
+def _call(kernel: str, n: int, m: int):
+    import cute_kernels as ck
+
+    fam, direction = kernel.split(".")
+    x = H.randn(m, n, dtype=torch.bfloat16, seed=1)
+    w = H.randn(n, dtype=torch.bfloat16, seed=2)
+    b = H.randn(n, dtype=torch.bfloat16, seed=3)
+    f = {"rmsnorm": lambda x: ck.rms_norm(x, w, 1e-6), "layernorm": lambda x: ck.layer_norm(x, w, b, 1e-5),
+         "softmax": ck.softmax}[fam]
+    if direction == "fwd":
+        return lambda: f(x)
+    dy = H.randn(m, n, dtype=torch.bfloat16, seed=4)
+    xg = x.detach().requires_grad_()
+    y = f(xg)
+    y = y[0] if isinstance(y, tuple) else y
+    return lambda: torch.autograd.grad(y, xg, dy, retain_graph=True)
+
+
+def sweep(kernels, ns, jobs: int):
+    from cute_kernels.ops import _rowwise as R
+    from cute_kernels.precompile import precompile
+    from cute_kernels.specs_rowwise import config_of
+
+    plans = {(k, n): candidates(n, bwd=k.endswith(".bwd")) for k in kernels for n in ns}
+    items = []
+    for (k, n), ps in plans.items():
+        for p in ps:
+            params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p))
+            if k.startswith(("rmsnorm", "layernorm")):
+                params.update(weight=True, residual=False, w_dtype="bf16")
+            if k == "layernorm.bwd":
+                params["bias"] = True
+            from cute_kernels import catalog
+
+            items.append((k, tuple(sorted(catalog.get(k).resolve(params).items()))))
+    if jobs > 1:
+        H.progress(f"precompiling {len(items)} variants on {jobs} workers")
+        try:
+            precompile(list(dict.fromkeys(items)), jobs)
+        except Exception as e:  # a variant the spec rejects: compile lazily instead
+            H.progress(f"  precompile: {type(e).__name__}: {str(e)[:200]}")
+    ceil = H.copy_bandwidth() if hasattr(H, "copy_bandwidth") else None
+    orig = R.plan_for
+    lines = ["| kernel | N | plan | ctas/SM | us | TB/s | x default |", "|---|---|---|---|---|---|---|"]
+    best_rows = []
+    for (k, n), ps in plans.items():
+        m = max(1, 128 * MiB // n)
+        default = orig(k, torch.bfloat16, n, True)
+        res = []
+        for p in [default] + [p for p in ps if p != default]:
+            R.plan_for = lambda name, dtype, nn, aligned, _p=p: _p
+            try:
+                t = H.do_bench(_call(k, n, m))["median_ms"]
+            except Exception as e:
+                H.progress(f"  {k} {n} {p}: {type(e).__name__}: {str(e)[:120]}")
+                continue
+            finally:
+                R.plan_for = orig
+            res.append((t, p))
+            torch.cuda.empty_cache()
+        if not res:
+            continue
+        t0 = res[0][0]
+        nbytes = MOVED[k.split(".")[1]] * m * n * 2
+        for t, p in sorted(res, key=lambda r: r[0])[:4] + [res[0]]:
+            tag = " (default)" if p == default else ""
+            lines.append(f"| {k} | {n} | {p.tiling} c{p.cluster_n}{tag} | {p.ctas_per_sm} | {t * 1e3:.1f} | "
+                         f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} |")
+        best_rows.append((k, n, sorted(res, key=lambda r: r[0])[0]))
+        print("\n".join(lines[-5:]), flush=True)
+    return lines, ceil
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", default="4096,16384,65536,131072")
+    ap.add_argument("--kernels", default=",".join(KERNELS))
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    lines, _ = sweep(a.kernels.split(","), [int(v) for v in a.n.split(",")], a.jobs)
+    text = "# held-row plan sweep (bf16, 256 MiB per tensor)\n\n" + "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "tune_rows.md"), "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
