@@ -94,10 +94,11 @@ def strided_fold(
         for u in cutlass.range_constexpr(unroll):
             acc = step(acc, base + u * stride, vals[u])
     base = full_passes * pass_stride + first
-    for u in cutlass.range_constexpr(unroll):
-        j = base + u * stride
-        if j < n_items:
-            acc = step(acc, j, load(j))
+    if base < n_items:  # a branch over the partial pass: without it its predicated-off code still issues
+        for u in cutlass.range_constexpr(unroll):
+            j = base + u * stride
+            if j < n_items:
+                acc = step(acc, j, load(j))
     return acc
 
 

@@ -173,6 +173,55 @@ def test_argmax_ties_nan_inf_zero(dtype):
     assert ck.argmax(big).item() == 20_000_000
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 16, 769, 4096, 4099, 70_001])
+def test_argmax_two_level_positions(dtype, n):
+    """The two-level scan (vector max, then the position inside the best vector): ties inside a
+    vector and across vectors (values drawn from 7 integers), a NaN at the first, last and middle
+    slot of a vector and in the tail, -inf and all-equal rows, -0 against +0; aligned and strided."""
+    import cute_kernels as ck
+
+    g = torch.Generator(device="cuda")
+    g.manual_seed(n)
+    rows = 64
+    x = torch.randint(-3, 4, (rows, n), generator=g, device="cuda").to(dtype)
+    vec = 16 // x.element_size()
+    nan = float("nan")
+    for r, pos in enumerate([0, vec - 1, vec, vec + 3, n // 2, n - 1, (n // vec) * vec, n - 2]):
+        if 0 <= pos < n:
+            x[r, pos] = nan  # the only NaN of the row
+    for r, (a, b) in enumerate([(1, vec + 1), (vec - 1, vec - 2), (n - 1, 0), (n // 3, n // 2)], start=8):
+        if max(a, b) < n:
+            x[r, a] = nan
+            x[r, b] = nan  # two NaNs: the lower index wins
+    x[12] = -float("inf")
+    x[13] = 2.0
+    x[14] = -0.0
+    x[14, n // 2:] = 0.0  # -0 == +0: index 0
+    x[15] = -float("inf")
+    x[15, n - 1] = float("inf")
+    x[16] = float("inf")
+    x[17, :] = -5.0
+    x[17, n - 1] = -4.0  # the maximum in the tail (or the last vector)
+    x[18] = x[18].sort().values  # the maximum first reached in the last vectors
+    x[19] = x[19].sort(descending=True).values  # the maximum run starts at index 0
+    ref = torch.argmax(x, dim=-1)
+    assert torch.equal(ck.argmax(x), ref)
+    wide = torch.full((rows, n + 24), 9.0, dtype=dtype, device="cuda")
+    wide[:, :n] = x
+    assert torch.equal(ck.argmax(wide[:, :n]), ref)  # row stride n + 24 (aligned 128-bit vectors)
+    off = torch.full((rows, n + 1), 9.0, dtype=dtype, device="cuda")
+    off[:, 1:] = x
+    assert torch.equal(ck.argmax(off[:, 1:]), ref)  # misaligned start: the element-wise scan
+    if n >= 4096:  # one long row, split over CTAs: ties and NaNs across splits
+        length = 40 * n
+        big = torch.randint(-3, 3, (1, length), generator=g, device="cuda").to(dtype)
+        big[0, [length * 9 // 10, length * 7 // 10 + 1, length * 7 // 10]] = 3.0
+        assert ck.argmax(big).item() == length * 7 // 10
+        big[0, [length - 1, length // 2 + 5]] = nan
+        assert ck.argmax(big).item() == length // 2 + 5
+
+
 def test_argmax_strided_deterministic_keepdim():
     import cute_kernels as ck
 

@@ -1,10 +1,14 @@
 """ArgMax over the last dim (curriculum lesson 12: pair reductions and determinism).
 
-Roofline: reads each input byte once and writes one int64 per row; a few integer/compare operations
-per element. Floor: input bytes / read bandwidth (H200 ~4.2 TB/s: a 1 GiB bf16 tensor, ~0.26 ms).
+Roofline: reads each input byte once and writes one int64 per row. Floor: input bytes / read
+bandwidth (H200 ~4.2 TB/s: a 1 GiB bf16 tensor, ~0.26 ms). At 8 bf16 per 128-bit vector a
+compare-and-select per element is ~55 SASS instructions per vector, more than the SM issues at
+that bandwidth; the two-level scan below is ~14 (3 packed max.NaN, 2 compares, 6 selects).
 Schedule: the row tiling of the row sum (`schedules.row_tiling`): a row's threads stride over its
-128-bit vectors, each scanning its elements in index order for (best value, index); the pairs are
-packed into ordered Int64 keys (`collectives.arg_reduce`) and combined by `group_reduce` with max.
+128-bit vectors in index order, comparing each vector's NaN-propagating max with the running best
+once and keeping the best vector's words; the position inside that vector is found after the scan
+(`collectives.arg_reduce`: vector_max / improves / locate). The (best value, index) pairs are
+packed into ordered Int64 keys and combined by `group_reduce` with max.
 Long rows are split over CTAs whose keys a second launch of this kernel reduces (keys in, index
 out): no atomics, the same bits every run. Ties resolve to the lowest index; a NaN wins (the first
 one), as in `torch.argmax`.
@@ -16,7 +20,19 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from collectives.arg_reduce import EMPTY, key_index, max_key, pack_key, scan_update
+from collectives.arg_reduce import (
+    EMPTY,
+    improves,
+    key_index,
+    locate,
+    max_key,
+    neg_inf_word,
+    pack_key,
+    scan_update,
+    select,
+    vector_max,
+    vector_words,
+)
 from collectives.reduce import group_reduce, group_smem_slots
 from collectives.vector_io import as_vectors, extent
 from schedules.grid_stride import strided_fold
@@ -90,22 +106,38 @@ class ArgMax:
                     def load(j):
                         return xv[None, v_begin + j].load()
 
-                    def step(acc, j, v):
-                        best, idx = acc
-                        for k in cutlass.range_constexpr(vec):
-                            best, idx = scan_update(best, idx, v[k].to(Float32), (v_begin + j) * vec + k)
-                        return (best, idx)
-
-                    state = (Float32(-float("inf")), first)
-                    state = strided_fold(v_count, lane, tpr, tpr * self.tiling.unroll, self.tiling.unroll,
-                                         load, step, state)
-                    best, idx = state
                     if cutlass.const_expr(vec > 1):
+                        # Two levels: each vector's NaN-propagating max against the best once; the
+                        # best vector's words are kept and the position inside it found after the scan.
+                        def step(acc, j, v):
+                            best, pos, saved = acc[0], acc[1], acc[2:]
+                            words = vector_words(v)
+                            vm = vector_max(words, self.in_dtype)
+                            take = improves(vm, best)
+                            saved = [select(take, w, s) for w, s in zip(words, saved)]
+                            return (select(take, vm, best), select(take, (v_begin + j) * vec, pos), *saved)
+
+                        # Before any vector improves, the saved words are -inf, so `locate` gives 0.
+                        state = (Float32(-float("inf")), first, *[neg_inf_word(self.in_dtype)] * (
+                            vec * self.in_dtype.width // 32))
+                        state = strided_fold(v_count, lane, tpr, tpr * self.tiling.unroll, self.tiling.unroll,
+                                             load, step, state)
+                        best = state[0]
+                        idx = state[1] + locate(list(state[2:]), self.in_dtype, best)
                         if last:
                             for k in cutlass.range_constexpr(-(-vec // tpr)):
                                 if lane + k * tpr < tail:
                                     e = nv * vec + lane + k * tpr
                                     best, idx = scan_update(best, idx, x[row, e].to(Float32), e)
+                    else:
+
+                        def step1(acc, j, v):
+                            best, idx = acc
+                            return scan_update(best, idx, v[0].to(Float32), v_begin + j)
+
+                        state = (Float32(-float("inf")), first)
+                        best, idx = strided_fold(v_count, lane, tpr, tpr * self.tiling.unroll, self.tiling.unroll,
+                                                 load, step1, state)
                     key = pack_key(best, idx, has)
             key = group_reduce(key, max_key, tpr, buf, Int64(EMPTY))
             if row < rows and lane == 0:
