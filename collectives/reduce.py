@@ -88,6 +88,74 @@ def group_reduce(val, op: Callable, group: cutlass.Constexpr[int], smem: cute.Te
     return val
 
 
+def _spread_stages(width: int, group: int) -> list[tuple[int, int, int]]:
+    """(lane offset, values held, values split off) of each butterfly stage of `group_reduce_spread`."""
+    stages, m, offset = [], width, min(group, WARP) // 2
+    while offset > 0:
+        stages.append((offset, m, m // 2))
+        m = m // 2 + m % 2
+        offset //= 2
+    return stages
+
+
+@cute.jit
+def group_reduce_spread(vals: tuple, group: cutlass.Constexpr[int], smem: cute.Tensor):
+    """Sum each of the fp32 scalars `vals` (a tuple of `width` of them) over groups of `group`
+    consecutive threads, leaving each sum in ONE thread: about one shuffle per value, not one per
+    value and lane bit as `group_reduce` (which leaves every result in every lane) needs.
+
+    Returns a tuple of (sum, index, owner) triples, the same count in every thread: `sum` is the
+    total of value `index` (Int32, < width) when `owner` (Int32, 1 or 0) is 1; each index is owned
+    by exactly one thread of the group. Warp stage: at the stage of lane bit `o` a thread holding
+    `m` partial sums keeps half of them (the lower half when its bit is 0, the upper when 1), sends
+    the other half to lane `l ^ o` and adds what it receives; an odd one out is summed by both lanes
+    (a plain butterfly) and owned by the one whose bit is 0. Groups wider than a warp (`width` <=
+    `group` required) add one shared stage: owners store into `smem`
+    (`group_smem_slots(threads, group, width)` fp32 elements), a CTA barrier, and thread `i` of the
+    group adds value `i` of its warps in warp order. Every thread of the CTA must call it; the slots
+    are free again after the caller's next barrier. The combination order is fixed: deterministic.
+    """
+    width = len(vals)
+    lane = cute.arch.lane_idx()
+    vals, idx, own = list(vals), [cutlass.Int32(i) for i in range(width)], [cutlass.Int32(1)] * width
+    stages = _spread_stages(width, group)
+    for st in cutlass.range_constexpr(len(stages)):
+        offset, m, h = stages[st]
+        bit = (lane & offset) // offset  # 0 or 1
+        hi = bit != 0
+        nv, ni, no = [], [], []
+        for i in cutlass.range_constexpr(h):
+            send = cutlass.Float32(cutlass.select_(hi, vals[i], vals[i + h]))
+            keep = cutlass.Float32(cutlass.select_(hi, vals[i + h], vals[i]))
+            nv.append(keep + cute.arch.shuffle_sync_bfly(send, offset=offset))
+            ni.append(cutlass.Int32(cutlass.select_(hi, idx[i + h], idx[i])))
+            no.append(cutlass.Int32(cutlass.select_(hi, own[i + h], own[i])))
+        if cutlass.const_expr(m % 2 == 1):
+            last = vals[m - 1]
+            nv.append(last + cute.arch.shuffle_sync_bfly(last, offset=offset))
+            ni.append(idx[m - 1])
+            no.append(own[m - 1] * (cutlass.Int32(1) - bit))
+        vals, idx, own = nv, ni, no
+    out = tuple((vals[i], idx[i], own[i]) for i in range(len(vals)))
+    if cutlass.const_expr(group > WARP):
+        assert width <= group, "the shared stage gives one value per thread of the group"
+        warps_per_group = group // WARP
+        warp = cute.arch.warp_idx()
+        for i in cutlass.range_constexpr(len(vals)):
+            if own[i] != 0:
+                smem[warp * width + idx[i]] = vals[i]
+        cute.arch.barrier()
+        tidx, _, _ = cute.arch.thread_idx()
+        mine = tidx % group
+        first = (warp // warps_per_group) * warps_per_group
+        j = cutlass.min(mine, width - 1)
+        total = smem[first * width + j]
+        for w in cutlass.range_constexpr(1, warps_per_group):
+            total = total + smem[(first + w) * width + j]
+        out = ((total, j, cutlass.Int32(cutlass.select_(mine < width, 1, 0))),)
+    return out
+
+
 def cluster_smem_slots(rows_per_cta: int, cluster_n: int, width: int = 1) -> int:
     """Shared-memory slots one `cluster_reduce` call site needs (0 without a cluster)."""
     return rows_per_cta * cluster_n * width if cluster_n > 1 else 0

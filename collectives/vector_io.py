@@ -30,3 +30,25 @@ def extent(t: cute.Tensor, mode: int):
     `cute.size(t, mode=[i])` keeps the declared width.
     """
     return cute.size(t, mode=[mode])
+
+
+def widen_f32(v, dtype) -> list:
+    """The elements of a loaded vector `v` (TensorSSA of `dtype`) as a list of fp32 scalars.
+
+    bf16 is the top half of an fp32, so each 32-bit pair widens with one integer op per element
+    (`p << 16` for the even element, `p & 0xffff0000` for the odd one); the generic conversion
+    spends three ops per pair (it moves the odd element down first). Other types convert as usual.
+    """
+    n = cute.size(v.shape)
+    if dtype is not cutlass.BFloat16 or n % 2:
+        f = v.to(cutlass.Float32)
+        return [f[e] for e in range(n)]
+    r = cute.make_rmem_tensor((n,), dtype)
+    r.store(v)
+    pairs = cute.recast_tensor(r, cutlass.Int32)
+    out = []
+    for i in range(n // 2):
+        p = pairs[i]
+        out.append((p << 16).bitcast(cutlass.Float32))
+        out.append((p & cutlass.Int32(-65536)).bitcast(cutlass.Float32))
+    return out

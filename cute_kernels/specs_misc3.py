@@ -15,6 +15,7 @@ from cutlass import Int32
 from cute_kernels import dtypes
 from cute_kernels.catalog import _SIG_COMMON, KernelSpec, Param, _index_sym
 from cute_kernels.jit import fake_stream
+from schedules.gemv import TUNED as GEMV_SCHEDULES
 from schedules.grid_stride import GridStride
 from schedules.row_tiling import TUNED as _ROW_TUNED
 from schedules.row_tiling import RowTiling
@@ -182,13 +183,15 @@ TRANSPOSE_TMA = _transpose("tma", "TMA load of the tile, swizzled smem transpose
 # ---------------------------------------------------------------------------------------------
 # Lesson 3: GEMV
 # ---------------------------------------------------------------------------------------------
-GEMV_TUNED = dict(threads=256, unroll=4)
+GEMV_TUNED = {k: GEMV_SCHEDULES[1][k] for k in ("threads", "unroll")}  # defaults: the B = 1 schedule
 
 
 @dataclass(frozen=True, eq=False)
 class GemvSpec(KernelSpec):
     def check(self, p):
         RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
+        if p["row_block"] * p["cols"] > 32:
+            raise ValueError(f"row_block * cols must be <= 32, got {p['row_block']} * {p['cols']}")
 
     def build(self, p):
         from cute_kernels.kernels.gemv import Gemv
@@ -196,7 +199,7 @@ class GemvSpec(KernelSpec):
         dt = dtypes.cutlass_of(p["dtype"])
         vec = dtypes.vec_of(p["dtype"], p["aligned"])
         tiling = RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
-        kernel = Gemv(dt, p["cols"], vec, p["index64"], tiling)
+        kernel = Gemv(dt, p["cols"], vec, p["index64"], tiling, p["row_block"])
         sym = lambda d=1: _index_sym(p["index64"], d)  # noqa: E731
         n, k = sym(), sym()
         align = 16 if p["aligned"] else dt.width // 8
@@ -208,14 +211,17 @@ class GemvSpec(KernelSpec):
     def dynamic_smem_bytes(self, p):
         from collectives.reduce import group_smem_slots
 
-        return 4 * p["cols"] * group_smem_slots(p["threads"], p["threads_per_row"])
+        return 4 * group_smem_slots(p["threads"], p["threads_per_row"], p["cols"] * p["row_block"])
 
     def representative(self):
-        return [self.resolve(), self.resolve({"cols": 8, "threads_per_row": 256}),
-                self.resolve({"cols": 4, "dtype": "fp32", "threads_per_row": 32})]
+        return [self.resolve(), self.resolve({"cols": 8, "threads_per_row": 64, "threads": 128, "unroll": 1,
+                                              "row_block": 4}),
+                self.resolve({"cols": 4, "dtype": "fp32", "threads_per_row": 32, "row_block": 2})]
 
     def sweep(self):
-        return [self.resolve({"dtype": d, "aligned": a, "cols": c, "threads_per_row": t})
+        from schedules.gemv import ROW_BLOCK
+
+        return [self.resolve({"dtype": d, "aligned": a, "cols": c, "threads_per_row": t, "row_block": ROW_BLOCK[c]})
                 for d, a, c, t in itertools.product(dtypes.FLOAT_NAMES, (True, False), range(1, 9), (32, 64, 128, 256))]
 
 
@@ -228,7 +234,8 @@ GEMV = GemvSpec(
         "cols": Param(1, tuple(range(1, 9)), "signature", "columns of x (decode batch)"),
         "threads": Param(GEMV_TUNED["threads"], (128, 256, 512), help="threads per CTA"),
         "threads_per_row": Param(64, (8, 16, 32, 64, 128, 256, 512), help="threads sharing one row of W"),
-        "unroll": Param(GEMV_TUNED["unroll"], (1, 2, 4, 8), help="128-bit vectors of W in flight per thread"),
+        "unroll": Param(GEMV_TUNED["unroll"], (1, 2, 4, 8), help="k-vectors in flight per thread (R vectors of W each)"),
+        "row_block": Param(1, (1, 2, 4, 8), help="rows of W per thread (register tile R; the op picks it from B)"),
     },
 )
 

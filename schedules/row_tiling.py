@@ -69,15 +69,17 @@ TUNED = dict(threads=512, unroll=8, ctas_per_sm=4)
 @functools.lru_cache(maxsize=4096)
 def plan_rows(rows: int, row_vectors: int, num_sms: int, *, threads: int = TUNED["threads"],
               unroll: int = TUNED["unroll"], ctas_per_sm: int = TUNED["ctas_per_sm"],
-              min_vectors_per_cta: int = 2048, max_splits: int = 4096) -> RowPlan:
+              min_vectors_per_cta: int = 2048, max_splits: int = 4096,
+              vectors_per_thread: int | None = None) -> RowPlan:
     """Pick threads-per-row, column splits and the CTA cap for `rows` rows of `row_vectors` vectors.
 
-    Threads per row: enough that each thread has about `unroll` vectors of its row, up to the CTA.
+    Threads per row: enough that each thread has about `vectors_per_thread` (default `unroll`)
+    vectors of its row, up to the CTA.
     Splits: when the row tiles alone leave SMs idle, cut each row into chunks of at least
     `min_vectors_per_cta` vectors until about `ctas_per_sm` CTAs per SM are busy. Otherwise CTAs
     (at most `ctas_per_sm` per SM) walk the row tiles grid-stride.
     """
-    tpr = min(threads, _pow2_at_least(max(1, -(-row_vectors // unroll))))
+    tpr = min(threads, _pow2_at_least(max(1, -(-row_vectors // (vectors_per_thread or unroll)))))
     tiling = RowTiling(threads=threads, threads_per_row=tpr, unroll=unroll)
     row_ctas = -(-max(rows, 1) // tiling.rows_per_cta)
     target = ctas_per_sm * num_sms
@@ -112,14 +114,60 @@ class HeldRowPlan:
 
 # Elements of one held tensor per thread: `target` is what the planner aims for (more threads per
 # row below it), `max` the most before a row spills into a cluster. The norms' forward also holds
-# the weight (64 fp32 x + weight spill at 128 registers); backward kernels hold x and dy.
+# the weight (64 fp32 x + weight spill at 128 registers, i.e. at 512 threads); backward kernels hold
+# x and dy. Each family has settings per row length: (longest row in elements, settings), the last
+# entry (None) for the rest. Chosen from `perf/tune_rows.py` on an H200 (bf16, 256 MiB per tensor,
+# perf/results/2026-11-29-h200-tune-rows): one row per 128-thread CTA beats two rows per 256 at 4k
+# (RMSNorm 3.90 -> 4.14 TB/s, LayerNorm 2.74 -> 3.75, softmax 3.88 -> 4.18); long rows want more
+# CTAs resident (128-256 threads, larger clusters) rather than 512-thread CTAs of one per SM (softmax
+# 64k 2.40 -> 3.03 TB/s, RMSNorm 64k 1.98 -> 2.33). Configurations that spill are left out.
+_NORM_FWD = dict(target_elems=32, max_elems=32, min_threads=256, max_tpr=512)
+_BWD = dict(target_elems=16, max_elems=32, min_threads=256, max_tpr=512)
+# LayerNorm backward in a cluster: the cluster stage's extra registers spill at 32 elements.
+_LN_BWD = dict(target_elems=16, max_elems=32, min_threads=256, max_tpr=512, cluster_elems=16)
+_ONE_ROW_128 = dict(target_elems=32, max_elems=32, min_threads=128, max_tpr=128)
 HELD_TUNED = {
-    "fwd": dict(target_elems=32, max_elems=64, min_threads=256, max_tpr=512),
-    "norm_fwd": dict(target_elems=32, max_elems=32, min_threads=256, max_tpr=512),
-    "bwd": dict(target_elems=16, max_elems=32, min_threads=256, max_tpr=512),
-    # LayerNorm backward in a cluster: the cluster stage's extra registers spill at 32 elements.
-    "ln_bwd": dict(target_elems=16, max_elems=32, min_threads=256, max_tpr=512, cluster_elems=16),
+    "fwd": ((4096, _ONE_ROW_128), (None, dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=256))),
+    "rms_fwd": ((16384, _ONE_ROW_128), (65536, dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=128)),
+                (None, _NORM_FWD)),
+    "ln_fwd": ((4096, _ONE_ROW_128), (65536, dict(target_elems=32, max_elems=32, min_threads=128, max_tpr=256)),
+               (None, _NORM_FWD)),
+    "bwd": ((None, _BWD),),
+    "rms_bwd": ((4096, _ONE_ROW_128), (16384, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
+                (None, _BWD)),
+    # 16k: 512-thread CTAs, two per SM in the grid (registers allow one resident: the second wave
+    # balances the tail), 2.08 -> 2.40 TB/s.
+    "ln_bwd": ((4096, dict(_ONE_ROW_128, min_threads=256)), (16384, dict(_LN_BWD, regs_per_thread=64)),
+               (None, _LN_BWD)),
+    # cross-entropy backward holds only x: planned like the forwards before this table (not re-tuned)
+    "ce_bwd": ((None, dict(target_elems=32, max_elems=64, min_threads=256, max_tpr=512)),),
 }
+
+
+def held_settings(tuning: str, n: int) -> dict:
+    """`plan_held_rows` settings of family `tuning` for rows of `n` elements."""
+    for most, settings in HELD_TUNED[tuning]:
+        if most is None or n <= most:
+            return settings
+    raise AssertionError("the last entry of a HELD_TUNED family covers every row length")
+
+
+def plan_for_rows(tuning: str, n: int, vec: int) -> HeldRowPlan:
+    """The held-row plan of family `tuning` (a HELD_TUNED key) for rows of `n` elements in
+    `vec`-element vectors; ValueError when no cluster holds the row."""
+    return plan_held_rows(n, vec, **held_settings(tuning, n))
+
+
+def max_held_row(tuning: str, vec: int) -> int:
+    """Longest row (elements, a multiple of `vec`) family `tuning` holds."""
+    best = 0
+    for most, st in HELD_TUNED[tuning]:
+        tpr = max(st["max_tpr"], 512)  # plan_held_rows widens rows to 512 threads before giving up
+        cap = tpr * (st.get("cluster_elems") or st["max_elems"]) // vec * vec * MAX_CLUSTER
+        best = max(best, cap if most is None else min(cap, most))
+    return best
+
+
 MAX_CLUSTER = 8  # the portable cluster size on Hopper
 
 
@@ -147,6 +195,9 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
     if vpt > vpt_max:
         vpt_max = max(1, (cluster_elems or max_elems) // vec)
         cluster = _pow2_at_least(-(-nv // (tpr * vpt_max)))
+        while cluster > max_cluster and tpr < 512:  # wider CTAs before giving up
+            tpr *= 2
+            cluster = _pow2_at_least(-(-nv // (tpr * vpt_max)))
         if cluster > max_cluster:
             raise ValueError(
                 f"rows of {n} elements exceed what {max_cluster} CTAs hold in registers "
@@ -166,7 +217,9 @@ class SplitRowWalk:
     `tail` = n % vec elements past the last vector belong to the last split. With 64-bit indexing the
     tile arithmetic is widened (the loop still steps by one: DSL 4.8.1 cannot trace a loop whose
     dynamic step is 64-bit). The tiling enters as two ints, not as a RowTiling: the tracer rebuilds
-    the dataclasses a staged loop uses, and would re-validate a RowTiling built from staged values."""
+    the dataclasses a staged loop uses, and would re-validate a RowTiling built from staged values.
+    `row_block` > 1 (GEMV's register tile): each thread's row group owns `row_block` consecutive rows,
+    so a tile is `rows_per_cta * row_block` rows and `row(i)` is the first of the group's rows."""
 
     rows_per_cta: int
     threads_per_row: int
@@ -178,9 +231,10 @@ class SplitRowWalk:
     bidx: object
     gdim: object
     count: object
+    row_block: int = 1
 
     @staticmethod
-    def create(tiling: RowTiling, rows, n, vec: int, splits, index64: bool) -> SplitRowWalk:
+    def create(tiling: RowTiling, rows, n, vec: int, splits, index64: bool, row_block: int = 1) -> SplitRowWalk:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, split, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -188,19 +242,21 @@ class SplitRowWalk:
         chunk = cute.ceil_div(nv, splits)
         v_begin = split * chunk
         v_count = cutlass.max(cutlass.min(nv - v_begin, chunk), 0)
-        tiles = cute.ceil_div(rows, tiling.rows_per_cta)
+        tiles = cute.ceil_div(rows, tiling.rows_per_cta * row_block)
         if index64:
             bidx, gdim, tiles = Int64(bidx), Int64(gdim), Int64(tiles)
         count = (cutlass.max(tiles - bidx, 0) + gdim - 1) // gdim
         return SplitRowWalk(tiling.rows_per_cta, tiling.threads_per_row, tidx % tiling.threads_per_row, nv,
-                            v_begin, v_count, n - nv * vec, bidx, gdim, count)
+                            v_begin, v_count, n - nv * vec, bidx, gdim, count, row_block)
 
     def row(self, i):
         """The row this thread works on in its CTA's `i`-th tile (may be >= rows: predicate it)."""
         tidx, _, _ = cute.arch.thread_idx()
-        return (self.bidx + i * self.gdim) * self.rows_per_cta + tidx // self.threads_per_row
+        group = (self.bidx + i * self.gdim) * self.rows_per_cta + tidx // self.threads_per_row
+        return group * self.row_block
 
 
-def row_tile_grid(rows, max_ctas, tiling: RowTiling):
-    """CTAs along x for a row-tiling kernel: one per row tile, at most `max_ctas`, at least one."""
-    return cutlass.max(cutlass.min(cute.ceil_div(rows, tiling.rows_per_cta), max_ctas), 1)
+def row_tile_grid(rows, max_ctas, tiling: RowTiling, row_block: int = 1):
+    """CTAs along x for a row-tiling kernel: one per row tile (`rows_per_cta * row_block` rows), at
+    most `max_ctas`, at least one."""
+    return cutlass.max(cutlass.min(cute.ceil_div(rows, tiling.rows_per_cta * row_block), max_ctas), 1)

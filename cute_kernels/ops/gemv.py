@@ -15,9 +15,8 @@ import torch
 
 from cute_kernels import catalog, dtypes
 from cute_kernels.ops._checks import check_tensor, direct_call_ok, register_op
-from cute_kernels.specs_misc3 import GEMV_TUNED
+from schedules.gemv import plan_gemv
 from schedules.hardware import num_sms
-from schedules.row_tiling import plan_rows
 
 _INDEX32_LIMIT = 2**31 - 1
 MAX_COLS = 8
@@ -67,14 +66,13 @@ def _gemv_cuda(w, x):
     v = vec if aligned else 1
     index64 = n * w.stride(0) > _INDEX32_LIMIT
     sms = num_sms(w.device.index or 0)
-    unroll = GEMV_TUNED["unroll"] if b <= 4 else 2
-    plan = plan_rows(n, k // v, sms, threads=GEMV_TUNED["threads"], unroll=unroll, max_splits=1)
-    key = (w.dtype, b, aligned, index64, plan.tiling)
+    plan = plan_gemv(n, k // v, b, sms)
+    key = (w.dtype, b, aligned, index64, plan.tiling, plan.row_block)
     fn = _fns.get(key)
     if fn is None:
         fn = _fns[key] = catalog.get("gemv.rows").compiled(
             dtype=dtypes.name_of(w.dtype), cols=b, aligned=aligned, index64=index64, threads=plan.tiling.threads,
-            threads_per_row=max(8, plan.tiling.threads_per_row), unroll=plan.tiling.unroll)
+            threads_per_row=plan.tiling.threads_per_row, unroll=plan.tiling.unroll, row_block=plan.row_block)
     fn(w, xt, y.view(n, b), plan.max_ctas(sms))
     return y
 

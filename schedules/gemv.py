@@ -1,0 +1,58 @@
+"""GEMV schedule (lesson 3): how many rows of W each thread accumulates at once, and the row tiling
+that goes with it, by the number B of columns of x.
+
+Per 128-bit vector of W (8 bf16) a thread does 8*B fp32 FMAs whatever the schedule; what the
+register tile of R rows buys is the rest: the B vectors of x are loaded and widened once per R
+vectors of W (B/R loads, 8*B/R conversions per vector of W instead of B and 8*B). At B = 8 and
+4.2 TB/s the FMAs alone fill half of every SM's issue slots, so R = 4 there (about 94 instructions
+per vector of W, ~73% of issue at full bandwidth, against ~160 without the tile). Larger R tiles
+cost registers (R*B accumulators, R vectors of W per k-vector in flight), i.e. warps per SM:
+  R = 1 (B <= 2): the plain row walk, ~40-60 registers, 4 k-vectors in flight.
+  R = 2 (B 3-4): ~110 registers: two 256-thread CTAs per SM, 4 k-vectors (8 of W) in flight.
+  R = 4 (B 5-8): ~166 registers: three 128-thread CTAs per SM, 1 k-vector (4 of W) in flight.
+`vectors_per_thread` sets threads per row (k-vectors of a row per thread, up to the CTA): the
+group's R*B sums cost about one shuffle each (`group_reduce_spread`), a few % of the work at 4-8
+per thread. At R = 4 it is 4 so that W 4096 x 4096 makes 1024 row tiles (4 rows each) for the
+396 resident CTAs (~2.6 rounds each) rather than 512 (1 or 2 rounds: a third of the second round
+idle). `ctas_per_sm` caps the grid at the CTAs resident at the registers above.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from schedules.row_tiling import RowTiling, plan_rows
+
+# R by B: rows of W per thread for each column count of x.
+ROW_BLOCK = {1: 1, 2: 1, 3: 2, 4: 2, 5: 4, 6: 4, 7: 4, 8: 4}
+# The row tiling by R. R = 1 is the B = 1 schedule measured at 97% of copy bandwidth on 16384^2.
+TUNED = {
+    1: dict(threads=256, unroll=4, vectors_per_thread=4, ctas_per_sm=4),
+    2: dict(threads=256, unroll=4, vectors_per_thread=8, ctas_per_sm=2),
+    4: dict(threads=128, unroll=1, vectors_per_thread=4, ctas_per_sm=3),
+}
+
+
+@dataclass(frozen=True)
+class GemvPlan:
+    tiling: RowTiling
+    row_block: int
+    ctas_per_sm: int
+
+    def max_ctas(self, num_sms: int) -> int:
+        return self.ctas_per_sm * num_sms
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_gemv(rows: int, row_vectors: int, cols: int, num_sms: int) -> GemvPlan:
+    """Schedule for W of `rows` rows of `row_vectors` vectors and x of `cols` columns. The row walk
+    is `plan_rows`' (threads per row from the row length; rows never split)."""
+    r = ROW_BLOCK[cols]
+    t = TUNED[r]
+    p = plan_rows(-(-rows // r), row_vectors, num_sms, threads=t["threads"], unroll=t["unroll"],
+                  ctas_per_sm=t["ctas_per_sm"], vectors_per_thread=t["vectors_per_thread"], max_splits=1)
+    tiling = p.tiling
+    if tiling.threads_per_row < 8:  # lanes of a row: at least 8 (short rows waste a few lanes)
+        tiling = RowTiling(tiling.threads, 8, tiling.unroll)
+    return GemvPlan(tiling, r, t["ctas_per_sm"])
