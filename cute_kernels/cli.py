@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("compile", help="compile a kernel; print its resource report and census")
     s.add_argument("kernel", nargs="?")
-    s.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE")
+    s.add_argument("--config", nargs="*", action="extend", default=[], metavar="KEY=VALUE")
     s.add_argument("--arch", default=None, help="target (default: sm_90a)")
     s.add_argument("--dump", default=None, metavar="DIR", help="write .ptx/.cubin/.sass here")
     s.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON")

@@ -20,7 +20,7 @@ from cutlass import Float32, Int32
 from cute_kernels import dtypes
 from cute_kernels.catalog import _SIG_COMMON, KernelSpec, Param, _index_sym
 from cute_kernels.jit import fake_stream
-from schedules.row_tiling import HeldRowPlan, RowTiling, plan_held_rows
+from schedules.row_tiling import HeldRowPlan, RowTiling, plan_for_rows
 
 _CONFIG = {
     "threads": Param(256, (128, 256, 512, 1024), help="threads per CTA"),
@@ -31,14 +31,12 @@ _CONFIG = {
 
 
 def tuning_of(name: str) -> str:
-    """Which `HELD_TUNED` entry plans kernel `name`."""
-    if name == "layernorm.bwd":
-        return "ln_bwd"
-    if name == "cross_entropy.bwd":  # holds only x (no dy row): as much as a forward
-        return "fwd"
-    if name.endswith(".bwd"):
-        return "bwd"
-    return "norm_fwd" if name.startswith(("rmsnorm", "layernorm")) else "fwd"
+    """Which `HELD_TUNED` family plans kernel `name`."""
+    special = {"rmsnorm.fwd": "rms_fwd", "layernorm.fwd": "ln_fwd", "rmsnorm.bwd": "rms_bwd",
+               "layernorm.bwd": "ln_bwd", "cross_entropy.bwd": "ce_bwd"}
+    if name in special:
+        return special[name]
+    return "bwd" if name.endswith(".bwd") else "fwd"
 
 
 def plan_of(p) -> HeldRowPlan:
@@ -125,25 +123,21 @@ class RowwiseSpec(KernelSpec):
     def representative(self):
         """The plans the ops pick for a 4k row (one CTA) and a 64k row (a cluster); the scalar variant
         for odd rows is compiled by tests/test_rowwise_compile.py."""
-        from schedules.row_tiling import HELD_TUNED
-
         tuned = tuning_of(self.name)
 
         out = []
         for n, aligned in ((4096, True), (65536, True)):
             vec = dtypes.vec_of("bf16", aligned)
-            plan = plan_held_rows(n, vec, **HELD_TUNED[tuned])
+            plan = plan_for_rows(tuned, n, vec)
             out.append(self.resolve({**config_of(plan), "aligned": aligned}))
         return out
 
     def sweep(self):
-        from schedules.row_tiling import HELD_TUNED
-
         out = []
         for d, a, n in itertools.product(dtypes.FLOAT_NAMES, (True, False), (1024, 4096, 16384, 32768, 131072)):
             vec = dtypes.vec_of(d, a)
             try:
-                plan = plan_held_rows(n, vec, **HELD_TUNED[tuning_of(self.name)])
+                plan = plan_for_rows(tuning_of(self.name), n, vec)
             except ValueError:
                 continue
             out.append(self.resolve({**config_of(plan), "dtype": d, "aligned": a}))

@@ -7,14 +7,14 @@ import pytest
 from cute_kernels import catalog
 from cute_kernels.artifacts import compile_with_artifacts
 from cute_kernels.specs_rowwise import ROWWISE, config_of, tuning_of
-from schedules.row_tiling import HELD_TUNED, plan_held_rows
+from schedules.row_tiling import plan_for_rows
 
 NAMES = [s.name for s in ROWWISE]
 
 
 def _params(name, n, dtype="bf16", aligned=True, **extra):
     vec = 16 // {"bf16": 2, "fp16": 2, "fp32": 4}[dtype] if aligned else 1
-    plan = plan_held_rows(n, vec, **HELD_TUNED[tuning_of(name)])
+    plan = plan_for_rows(tuning_of(name), n, vec)
     return catalog.get(name).resolve({**config_of(plan), "dtype": dtype, "aligned": aligned, **extra})
 
 
@@ -106,5 +106,5 @@ def test_plans_cover_the_required_row_lengths():
         for n in (1, 7, 769, 1024, 4096, 5125, 16384, most):
             for aligned in (True, False):
                 vec = 8 if aligned else 1
-                plan = plan_held_rows(n, vec, **HELD_TUNED[tuning_of(name)])
+                plan = plan_for_rows(tuning_of(name), n, vec)
                 assert plan.capacity(vec) >= n and plan.cluster_n <= 8

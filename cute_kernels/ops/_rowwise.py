@@ -7,7 +7,7 @@ import torch
 from cute_kernels import catalog, dtypes
 from cute_kernels.specs_rowwise import config_of, tuning_of
 from schedules.hardware import num_sms
-from schedules.row_tiling import HELD_TUNED, plan_held_rows
+from schedules.row_tiling import max_held_row, plan_for_rows
 
 INDEX32_LIMIT = 2**31 - 1
 UNCAPPED = 2**31 - 1
@@ -30,7 +30,7 @@ def plan_for(name: str, dtype: torch.dtype, n: int, aligned: bool):
     """The held-row plan kernel `name` uses for rows of `n` elements (ValueError naming x past its capacity)."""
     vec = 16 // dtype.itemsize if aligned else 1
     try:
-        return plan_held_rows(n, vec, **HELD_TUNED[tuning_of(name)])
+        return plan_for_rows(tuning_of(name), n, vec)
     except ValueError as e:
         raise ValueError(f"x: {e}; {name.split('.')[0]} supports rows up to that length") from None
 
@@ -66,6 +66,4 @@ def grid_ctas(rows: int, plan, capped: bool, device) -> tuple[int, int]:
 
 def max_row_length(name: str, dtype: torch.dtype) -> int:
     """Longest row kernel family `name` holds (aligned rows)."""
-    vec = 16 // torch.tensor([], dtype=dtype).element_size()
-    t = HELD_TUNED[tuning_of(name)]
-    return t["max_tpr"] * (t.get("cluster_elems") or t["max_elems"]) // vec * vec * 8
+    return max_held_row(tuning_of(name), 16 // torch.tensor([], dtype=dtype).element_size())
