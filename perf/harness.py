@@ -78,6 +78,49 @@ def do_bench(fn: Callable[[], object], *, warmup_ms: float = 30.0, rep_ms: float
     }
 
 
+def do_bench_interleaved(fns: dict[str, Callable[[], object]], *, warmup_ms: float = 30.0, rep_ms: float = 150.0,
+                         min_reps: int = 10, max_reps: int = 500, flush: bool = True) -> dict[str, dict]:
+    """`do_bench` for several columns at once, measured in rounds: each round times every column
+    once (L2 flushed and the GPU spinning before each, as in `do_bench`), in an order rotated per
+    round. Clock and thermal drift over the run then lands on every column alike, instead of on
+    whichever was timed last: at a few microseconds per call (1-8 MiB elementwise) that drift is
+    several % between two separate `do_bench` calls of the same kernel."""
+    names = list(fns)
+    for f in fns.values():
+        f()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    n_warm = 0
+    while n_warm < 3 or (time.perf_counter() - t0) * 1e3 < warmup_ms:
+        for f in fns.values():
+            f()
+        n_warm += 1
+        if n_warm % 8 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    est_ms = max((time.perf_counter() - t0) * 1e3 / n_warm, 1e-3)
+    reps = int(min(max_reps, max(min_reps, rep_ms * len(names) / est_ms)))
+    events = {k: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+              for k in names}
+    for r in range(reps):
+        for j in range(len(names)):
+            k = names[(r + j) % len(names)]
+            if flush:
+                _flush_l2()
+            torch.cuda._sleep(200_000)
+            s, e = events[k][r]
+            s.record()
+            fns[k]()
+            e.record()
+    torch.cuda.synchronize()
+    out = {}
+    for k in names:
+        times = sorted(s.elapsed_time(e) for s, e in events[k])
+        out[k] = {"median_ms": statistics.median(times), "p20_ms": times[int(0.2 * (len(times) - 1))],
+                  "p80_ms": times[int(0.8 * (len(times) - 1))], "reps": reps}
+    return out
+
+
 def randn(*shape, dtype=torch.bfloat16, seed: int = 0) -> torch.Tensor:
     g = torch.Generator(device="cuda")
     g.manual_seed(seed)

@@ -47,11 +47,12 @@ def elementwise(ops=("copy", "add", "axpby"), sizes_mib=None, dtypes=(torch.bflo
                 x, y = H.randn(n, dtype=dt, seed=3), H.randn(n, dtype=dt, seed=4)
                 nbytes = (2 if op == "copy" else 3) * n * x.element_size()
                 H.progress(f"  elementwise.{op} {dt} {mib} MiB")
-                t = H.do_bench(lambda: ours[op](x, y))["median_ms"]
-                refs = {
-                    "torch": H.do_bench(lambda: eager[op](x, y))["median_ms"],
-                    "torch.compile": H.do_bench(lambda: compiled[op](x, y))["median_ms"],
-                }
+                # the three columns timed in interleaved rounds (H.do_bench_interleaved): at 1-16 MiB
+                # a call is a few microseconds and clock drift between separate runs is several %
+                res = H.do_bench_interleaved({"ours": lambda: ours[op](x, y), "torch": lambda: eager[op](x, y),
+                                              "torch.compile": lambda: compiled[op](x, y)})
+                t = res.pop("ours")["median_ms"]
+                refs = {k: v["median_ms"] for k, v in res.items()}
                 rows.append(H.Row(f"elementwise.{op}", str(dt).replace("torch.", ""), f"{n}", nbytes, 0, t, refs,
                                   "copy", copy_bw))
                 del x, y
