@@ -6,6 +6,7 @@ splits, "ours no split-K" times the same tile unsplit (the default schedule tabl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -37,19 +38,20 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
         flops = 2 * m * n * k
         nbytes = (m * k + k * n + m * n) * 2
         H.progress(f"  gemm {m}x{n}x{k}")
-        t = H.do_bench(lambda: ck.gemm(a, b))["median_ms"]
-        refs = {"cuBLAS": H.do_bench(lambda: torch.matmul(a, b))["median_ms"],
-                "QuACK": H.do_bench(lambda: quack_gemm(a, b))["median_ms"]}
+        # every column timed in the same interleaved rounds (H.do_bench_interleaved): no column
+        # gets the clock drift of a separate run
+        fns = {"ours": lambda: ck.gemm(a, b), "cuBLAS": lambda: torch.matmul(a, b),
+               "QuACK": lambda: quack_gemm(a, b)}
         for kind in schedules:
-            s = default_schedule(m, n, k, kind)
-            refs[f"ours {kind}"] = H.do_bench(lambda: _gemm_cuda(a, b, schedule=s))["median_ms"]
+            fns[f"ours {kind}"] = functools.partial(_gemm_cuda, a, b, schedule=default_schedule(m, n, k, kind))
         d = default_schedule(m, n, k)
         if d.split_k > 1:
-            s = dataclasses.replace(d, split_k=1)
-            refs["ours no split-K"] = H.do_bench(lambda: _gemm_cuda(a, b, schedule=s))["median_ms"]
+            fns["ours no split-K"] = functools.partial(_gemm_cuda, a, b, schedule=dataclasses.replace(d, split_k=1))
         split = d if d.split_k > 1 else next((c for c in candidates(m, n, k) if c.split_k > 1), None)
         if split is not None and m <= 256:
-            refs["ours split-K"] = H.do_bench(lambda: _gemm_cuda(a, b, schedule=split))["median_ms"]
+            fns["ours split-K"] = functools.partial(_gemm_cuda, a, b, schedule=split)
+        refs = {c: r["median_ms"] for c, r in H.do_bench_interleaved(fns).items()}
+        t = refs.pop("ours")
         rows.append(H.Row("gemm", "bfloat16", f"{m}x{n}x{k}", nbytes, flops, t, refs, "tflops", PEAK_BF16_TFLOPS,
                           note=str(default_schedule(m, n, k))))
         notes.append(f"| {m}x{n}x{k} | {default_schedule(m, n, k)} |")
