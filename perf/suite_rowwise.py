@@ -70,17 +70,20 @@ def _fns(case, n, dtype):
     return cols
 
 
-def _bench(case, f, x, t, dy):
+def _call(case, f, x, t, dy):
+    """The timed call of one column: the forward, or the backward of a retained graph."""
     fam, direction = case.split(".")
     args = (x, t) if fam == "cross_entropy" else (x,)
     if direction == "fwd":
-        with torch.no_grad():
-            return H.do_bench(lambda: f(*args))["median_ms"]
+        def fwd():
+            with torch.no_grad():
+                return f(*args)
+        return fwd
     xg = x.detach().requires_grad_()
     y = f(xg, t) if fam == "cross_entropy" else f(xg)
     y = y[0] if isinstance(y, tuple) else y
     g = dy if fam != "cross_entropy" else torch.ones_like(y)
-    return H.do_bench(lambda: torch.autograd.grad(y, xg, g, retain_graph=True))["median_ms"]
+    return lambda: torch.autograd.grad(y, xg, g, retain_graph=True)
 
 
 def rowwise(shapes=None, dtypes=(torch.bfloat16,), cases=tuple(CASES), quick=False, ceilings=None):
@@ -106,12 +109,16 @@ def rowwise(shapes=None, dtypes=(torch.bfloat16,), cases=tuple(CASES), quick=Fal
                 dy = H.randn(m, n, dtype=dt, seed=22) if direction == "bwd" else None
                 cols = _fns(case, n, dt)
                 nbytes = CASES[case] * x.numel() * x.element_size()
-                times = {}
+                calls = {}
                 for col, f in cols.items():
                     try:
-                        times[col] = _bench(case, f, x, t, dy)
+                        calls[col] = _call(case, f, x, t, dy)
+                        calls[col]()
                     except Exception as e:  # a column that cannot run this shape (e.g. a row too long)
+                        calls.pop(col, None)
                         H.progress(f"    {col}: skipped ({type(e).__name__}: {str(e)[:120]})")
+                # all columns in the same interleaved rounds: no column gets a separate run's clocks
+                times = {c: r["median_ms"] for c, r in H.do_bench_interleaved(calls).items()} if calls else {}
                 if "ours" not in times:
                     continue
                 ours = times.pop("ours")
