@@ -50,6 +50,19 @@ def merge(a, b):
 
 
 @cute.jit
+def fold(state, v):
+    """The state of a set extended by the fp32 elements of the TensorSSA `v`: the streaming update
+    (a kernel that does not hold the row folds each vector as it arrives). One exp per element and
+    one to rescale l; the exponent's reference is `finite_ref` of the new max, as in `merge`."""
+    m, s = state
+    m_new = cute.arch.fmax(m, v.reduce(cute.ReductionOp.MAX, Float32(NEG_INF), 0))
+    ref = finite_ref(m_new)
+    s = s * cute.math.exp2(m * Float32(LOG2E) - ref * Float32(LOG2E), fastmath=True) + exp_shifted(v, ref).reduce(
+        cute.ReductionOp.ADD, Float32(0.0), 0)
+    return (m_new, s)
+
+
+@cute.jit
 def exp_shifted(v, m):
     """exp(v - m) for a TensorSSA `v` (fp32) and a scalar reference `m` (finite)."""
     return cute.math.exp2(v * Float32(LOG2E) - m * Float32(LOG2E), fastmath=True)

@@ -261,9 +261,9 @@ KERNELS.update({s.name: s for s in _MISC3})
 
 
 # Lessons 4-7: row-wise kernels held in registers (norms, softmax, cross-entropy).
-from cute_kernels.specs_rowwise import ROWWISE  # noqa: E402
+from cute_kernels.specs_rowwise import ROWWISE, STREAMING  # noqa: E402
 
-KERNELS.update({s.name: s for s in ROWWISE})
+KERNELS.update({s.name: s for s in ROWWISE + STREAMING})
 
 
 # Lesson 13: FP8 block-scaled GEMM (the GEMM kernel's blockwise mode).

@@ -175,8 +175,82 @@ ROWWISE = [
     _spec("softmax.bwd", 6, "softmax backward: dx = y * (dy - sum(y * dy))", ("softmax",)),
     _spec("log_softmax.fwd", 7, "log-softmax: x - (m + log l)", ("log_softmax",)),
     _spec("log_softmax.bwd", 7, "log-softmax backward: dx = dy - exp(y) * sum(dy)", ("log_softmax",)),
-    _spec("cross_entropy.fwd", 7, "cross-entropy loss and log-sum-exp per row; probabilities never stored",
-          ("cross_entropy",)),
     _spec("cross_entropy.bwd", 7, "cross-entropy backward: dx = (exp(x - lse) - onehot) * g, recomputed from x",
           ("cross_entropy",)),
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cross-entropy forward: a streaming row reduction (the row sum's tiling), not a held row.
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class CrossEntropyFwdSpec(KernelSpec):
+    """Config: `schedules.row_tiling.plan_rows`'s tiling. Signature: logits dtype, alignment, index
+    width, and the pass (`mode`: whole rows, split partials, or the merge of the partials)."""
+
+    def check(self, p):
+        RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
+
+    def build(self, p):
+        from cutlass import Int64
+
+        from cute_kernels.kernels.softmax import CrossEntropyFwd
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        i64 = p["index64"]
+        vec = 2 if p["mode"] == "merge" else dtypes.vec_of(p["dtype"], p["aligned"])
+        tiling = RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
+        m = _index_sym(i64)
+        x_vec = dtypes.vec_of(p["dtype"], p["aligned"])
+        x = cute.runtime.make_fake_tensor(dt, (m, _index_sym(i64)), stride=(_index_sym(i64, x_vec), 1),
+                                          assumed_align=16 if p["aligned"] else dt.width // 8)
+        s2 = _index_sym(False, 2)
+        part = cute.runtime.make_fake_tensor(Float32, (_index_sym(i64), s2), stride=(s2, 1), assumed_align=8)
+
+        def perrow(t=Float32):
+            return cute.runtime.make_fake_tensor(t, (m,), stride=(1,), assumed_align=t.width // 8)
+
+        k = CrossEntropyFwd(dt, vec, i64, tiling, p["mode"])
+        return k, (x, perrow(Int64), part, perrow(), perrow(), Int32(-100), Int32(1), fake_stream())
+
+    def dynamic_smem_bytes(self, p):
+        from collectives.reduce import group_smem_slots
+
+        return 4 * group_smem_slots(p["threads"], p["threads_per_row"], 2)
+
+    def representative(self):
+        """The tilings the op picks for 32768 x 4096 (4 rows per CTA), 2048 x 65536 (one row per CTA)
+        and the first pass of a long row split over CTAs."""
+        from schedules.row_tiling import plan_rows
+
+        out = []
+        for m, n in ((32768, 4096), (2048, 65536)):
+            t = plan_rows(m, n // 8, 132, unroll=4).tiling
+            out.append(self.resolve({"threads": t.threads, "threads_per_row": t.threads_per_row, "unroll": t.unroll}))
+        out.append(self.resolve({"mode": "partial", "threads_per_row": 512}))
+        return out  # the merge pass (64-bit loads of pairs): tests/test_ce_stream_compile.py
+
+    def sweep(self):
+        out = []
+        for d, a, mode in itertools.product(dtypes.FLOAT_NAMES, (True, False), ("rows", "partial", "merge")):
+            for tpr in (8, 64, 512):
+                out.append(self.resolve({"dtype": d, "aligned": a, "mode": mode, "threads_per_row": tpr}))
+        for d in dtypes.FLOAT_NAMES:
+            out.append(self.resolve({"dtype": d, "index64": True}))
+        return out
+
+
+CE_FWD = CrossEntropyFwdSpec(
+    name="cross_entropy.fwd", family="rowwise", lesson=7,
+    summary="cross-entropy loss and log-sum-exp per row, streamed (online-softmax fold); probabilities never stored",
+    ops=("cross_entropy",), status="ready",
+    params={
+        **_SIG_COMMON,
+        "mode": Param("rows", ("rows", "partial", "merge"), "signature",
+                      "whole rows | split partials (m, l) | merge of the partials"),
+        "threads": Param(512, (128, 256, 512, 1024), help="threads per CTA"),
+        "threads_per_row": Param(128, (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), help="threads sharing one row"),
+        "unroll": Param(4, (1, 2, 4, 8), help="128-bit vectors in flight per thread"),
+    },
+)
+STREAMING = [CE_FWD]

@@ -11,6 +11,8 @@ one CTA per group of short rows or a cluster of up to 8 CTAs per long row. Each 
 online-softmax state (m, l) and its exps against its own max in one sweep; one reduction with the
 associative merge (`collectives.online_softmax.merge`) over warp, CTA and cluster gives the row's
 (m, l); the exps are then rescaled by exp(m_thread - m) / l instead of exponentiating again.
+Cross-entropy forward writes no row, so it does not hold one: it streams the row like the row sum
+(`CrossEntropyFwd`), any length, long rows split over CTAs and merged by a second pass.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from collectives.online_softmax import EMPTY, exp_shifted, local_state, log_sum_exp, merge, rescale
-from collectives.reduce import add
+from collectives.online_softmax import EMPTY, exp_shifted, fold, local_state, log_sum_exp, merge, rescale
+from collectives.reduce import add, group_reduce, group_smem_slots
 from collectives.rowwise import RowReducer, RowSlice, cluster_start, my_tile_count
-from collectives.vector_io import extent
+from collectives.vector_io import as_vectors, extent
 from cute_kernels.kernels.norms import _RowKernel
+from schedules.grid_stride import strided_fold
+from schedules.row_tiling import RowTiling, SplitRowWalk, row_tile_grid
 
 _NEG_INF = float("-inf")
 
@@ -107,39 +111,109 @@ class SoftmaxBwd(_RowLoop):
             red.end_tile()
 
 
-class CrossEntropyFwd(_RowLoop):
+class CrossEntropyFwd:
     """loss[m] = lse(x[m]) - x[m, target[m]] (0 where target == ignore_index) and lse[m], fp32.
-    A target outside [0, N) other than ignore_index gives NaN."""
+    A target outside [0, N) other than ignore_index gives NaN.
 
-    def __init__(self, dtype, vec: int, index64: bool, plan):
-        super().__init__(vec, index64, plan)
-        self.dtype = dtype
+    Not a held row: the forward only reduces, so it streams like the row sum (`kernels.reduction`):
+    the row tiling of `schedules.row_tiling.plan_rows`, each thread folding its vectors into an
+    online-softmax state (`online_softmax.fold`) through `strided_fold` (`unroll` vectors in
+    flight), the row's threads combining states with `merge` through `group_reduce`. The thread
+    that writes the row's result loads target[m] and x[m, target[m]] before the scan, so the
+    gather's latency hides behind it. `mode`:
+      "rows":    x (M, N) in, loss and lse out (`part` unused);
+      "partial": split `s` of each row (grid y) writes its state to part[m, 2s : 2s + 2];
+      "merge":   part (M, 2 * splits) in, merged in split order (64-bit loads of (m, l) pairs),
+                 loss and lse out (x read only at the target).
+    CTAs walk row tiles grid-stride, at most `max_ctas` per split. Deterministic: fixed order.
+    """
+
+    MODES = ("rows", "partial", "merge")
+
+    def __init__(self, dtype, vec: int, index64: bool, tiling: RowTiling, mode: str):
+        if mode not in self.MODES:
+            raise ValueError(f"mode must be one of {self.MODES}, got {mode!r}")
+        if mode == "merge" and vec != 2:
+            raise ValueError("the merge pass reads (m, l) pairs (vec=2)")
+        self.dtype, self.vec, self.index64, self.tiling, self.mode = dtype, vec, index64, tiling, mode
 
     @cute.jit
-    def __call__(self, x: cute.Tensor, target: cute.Tensor, loss: cute.Tensor, lse: cute.Tensor,
+    def __call__(self, x: cute.Tensor, target: cute.Tensor, part: cute.Tensor, loss: cute.Tensor, lse: cute.Tensor,
                  ignore_index: Int32, max_ctas: Int32, stream):
-        self.kernel(x, target, loss, lse, ignore_index).launch(**self.grid(extent(x, 0), max_ctas), stream=stream)
+        splits = 1
+        if cutlass.const_expr(self.mode == "partial"):
+            splits = extent(part, 1) // 2
+        ctas = row_tile_grid(extent(x, 0), max_ctas, self.tiling)
+        self.kernel(x, target, part, loss, lse, ignore_index).launch(
+            grid=[ctas, splits, 1], block=[self.tiling.threads, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, x: cute.Tensor, target: cute.Tensor, loss: cute.Tensor, lse: cute.Tensor, ignore_index: Int32):
-        red, sl, count, bidx, gdim, rows, n, group, lane, rank = self.setup(x, (2,))
-        for i in cutlass.range(count, unroll=1):
-            row = (bidx + i * gdim) * self.rows_per_cta + group
-            ok = row < rows
-            xs = sl.to_f32(sl.load(x[row, None], ok, _NEG_INF))
-            mine, _ = local_state(xs)
-            state = red.reduce(mine, merge, _empty(), 0, Int32(i % 2))
-            if ok and lane == 0 and rank == 0:
-                v = log_sum_exp(state)
-                t = target[row]
-                out = Float32(0.0)
-                if t != ignore_index.to(t.dtype):
-                    out = Float32(float("nan"))
-                    if t >= 0 and t < n:
-                        out = v - x[row, t].to(Float32)
-                loss[row] = out
-                lse[row] = v
-            red.end_tile()
+    def kernel(self, x: cute.Tensor, target: cute.Tensor, part: cute.Tensor, loss: cute.Tensor, lse: cute.Tensor,
+               ignore_index: Int32):
+        vec, tpr, unroll = self.vec, self.tiling.threads_per_row, self.tiling.unroll
+        merging = self.mode == "merge"
+        src = part if merging else x
+        rows, n, classes = extent(src, 0), extent(src, 1), extent(x, 1)
+        splits = 1
+        if cutlass.const_expr(self.mode == "partial"):
+            splits = extent(part, 1) // 2
+
+        smem = cutlass.memory.SmemAllocator()
+        slots = group_smem_slots(self.tiling.threads, tpr, 2)
+        buf = None
+        if cutlass.const_expr(slots > 0):
+            buf = smem.allocate_tensor(Float32, cute.make_layout(slots), byte_alignment=16)
+
+        w = SplitRowWalk.create(self.tiling, rows, n, vec, splits, self.index64)
+        lane, nv, v_begin, v_count, tail = w.lane, w.nv, w.v_begin, w.v_count, w.tail
+        _, split, _ = cute.arch.block_idx()
+        for i in cutlass.range(w.count, unroll=1):
+            row = w.row(i)
+            state = _empty()
+            t = Int32(-1).to(target.element_type)
+            xt = Float32(0.0)
+            if row < rows:
+                if cutlass.const_expr(self.mode != "partial"):
+                    if lane == 0:  # the gather, issued before the scan
+                        t = target[row]
+                        if t != ignore_index.to(t.dtype) and t >= 0 and t < classes:
+                            xt = x[row, t].to(Float32)
+                sv = as_vectors(src[row, None], n, vec)
+
+                def load(j):
+                    return sv[None, v_begin + j].load()
+
+                if cutlass.const_expr(merging):
+
+                    def step(acc, j, v):
+                        return merge(acc, (v[0], v[1]))
+                else:
+
+                    def step(acc, j, v):
+                        return fold(acc, v.to(Float32))
+
+                state = strided_fold(v_count, lane, tpr, tpr * unroll, unroll, load, step, state)
+                if cutlass.const_expr(vec > 1 and not merging):
+                    if split == splits - 1:  # the n % vec elements past the last vector
+                        for k in cutlass.range_constexpr(-(-vec // tpr)):
+                            if lane + k * tpr < tail:
+                                state = merge(state, (x[row, nv * vec + lane + k * tpr].to(Float32), Float32(1.0)))
+            state = group_reduce(state, merge, tpr, buf)
+            if row < rows and lane == 0:
+                if cutlass.const_expr(self.mode == "partial"):
+                    part[row, 2 * split] = state[0]
+                    part[row, 2 * split + 1] = state[1]
+                else:
+                    v = log_sum_exp(state)
+                    out = Float32(0.0)
+                    if t != ignore_index.to(t.dtype):
+                        out = Float32(float("nan"))
+                        if t >= 0 and t < classes:
+                            out = v - xt
+                    loss[row] = out
+                    lse[row] = v
+            if cutlass.const_expr(slots > 0):
+                cute.arch.barrier()  # the shared slots are rewritten by the next tile
 
 
 class CrossEntropyBwd(_RowLoop):

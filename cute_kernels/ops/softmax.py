@@ -6,14 +6,19 @@ returns the per-row loss in fp32 (the public wrapper reduces it: mean over non-i
 or none); its backward recomputes the probabilities from the logits and the saved fp32
 log-sum-exp, so no (M, N) probability tensor is ever stored. Rows longer than one CTA holds are
 spread over a thread-block cluster (up to 8 CTAs) that reduces through distributed shared memory.
+The cross-entropy forward holds no row: it streams rows of any length like the row sum (long rows
+split over CTAs, the partial states merged by a second launch).
 """
 
 from __future__ import annotations
 
 import torch
 
+from cute_kernels import catalog, dtypes
 from cute_kernels.ops._checks import check_like, check_tensor, direct_call_ok, register_op, rows_of
-from cute_kernels.ops._rowwise import grid_ctas, launch_params
+from cute_kernels.ops._rowwise import INDEX32_LIMIT, UNCAPPED, grid_ctas, launch_params
+from schedules.hardware import num_sms
+from schedules.row_tiling import plan_rows
 
 _TARGET_DTYPES = (torch.int64, torch.int32)
 
@@ -83,13 +88,58 @@ def _ce_fake(logits, target, ignore_index):
             torch.empty(m, dtype=torch.float32, device=logits.device))
 
 
+_ce_fns: dict[tuple, object] = {}
+
+
+def _ce_kernel(dtype, aligned, index64, mode, tiling):
+    key = (dtype, aligned, index64, mode, tiling)
+    fn = _ce_fns.get(key)
+    if fn is None:
+        fn = _ce_fns[key] = catalog.get("cross_entropy.fwd").compiled(
+            dtype=dtypes.name_of(dtype), aligned=aligned, index64=index64, mode=mode, threads=tiling.threads,
+            threads_per_row=tiling.threads_per_row, unroll=tiling.unroll)
+    return fn
+
+
+def _ce_rows(x2, t, loss, lse, ignore_index: int, **plan_options) -> None:
+    """loss, lse of the (M, N) unit-stride logits x2 (M, N >= 1): a streaming row reduction with the
+    row sum's plan (`plan_rows`, 4 vectors in flight: at 8 the compiler holds ~120 registers); long rows are split over CTAs into (m, l) partials that a second
+    launch merges in split order (deterministic, no atomics). `plan_options` go to `plan_rows`."""
+    m, n = x2.shape
+    vec = 16 // x2.element_size()
+    aligned = x2.data_ptr() % 16 == 0 and x2.stride(0) % vec == 0
+    index64 = max(m * x2.stride(0), n) > INDEX32_LIMIT
+    sms = num_sms(x2.device.index or 0)
+    plan = plan_rows(m, n // (vec if aligned else 1), sms, **{"unroll": 4, **plan_options})
+    if plan.splits == 1:
+        # One CTA per row tile (no grid-stride cap): the block scheduler balances the tail, whatever
+        # the occupancy the kernel's registers allow (a cap of 4 CTAs/SM at 3 resident is 1.33 waves).
+        _ce_kernel(x2.dtype, aligned, index64, "rows", plan.tiling)(
+            x2, t, _dummy_part(x2.device), loss, lse, ignore_index, UNCAPPED)
+        return
+    part = torch.empty(m, 2 * plan.splits, dtype=torch.float32, device=x2.device)
+    _ce_kernel(x2.dtype, aligned, index64, "partial", plan.tiling)(x2, t, part, loss, lse, ignore_index,
+                                                                    plan.max_ctas(sms))
+    stage2 = plan_rows(m, plan.splits, sms, max_splits=1)
+    _ce_kernel(x2.dtype, False, index64, "merge", stage2.tiling)(x2, t, part, loss, lse, ignore_index,
+                                                                 stage2.max_ctas(sms))  # x: the target only
+
+
+_dummies: dict = {}
+
+
+def _dummy_part(device):
+    """The `part` operand of a whole-rows launch (never read or written)."""
+    d = _dummies.get(device)
+    if d is None:
+        d = _dummies[device] = torch.empty(1, 2, dtype=torch.float32, device=device)
+    return d
+
+
 def _ce_cuda(logits, target, ignore_index):
     loss, lse = _ce_fake(logits, target, ignore_index)
     if loss.numel():
-        x2 = rows_of(logits)
-        t = target.to(torch.int64).contiguous()
-        fn, plan = launch_params("cross_entropy.fwd", x2)
-        fn(x2, t, loss, lse, int(ignore_index), grid_ctas(x2.shape[0], plan, False, logits.device)[0])
+        _ce_rows(rows_of(logits), target.to(torch.int64).contiguous(), loss, lse, int(ignore_index))
     return loss, lse
 
 
