@@ -144,10 +144,12 @@ class TransposeSpec(KernelSpec):
 
     def build(self, p):
         from cute_kernels.kernels.transpose import Transpose
+        from schedules.tile_order import TileOrder
 
         dt = dtypes.cutlass_of(p["dtype"])
         vec = dtypes.vec_of(p["dtype"], p["aligned"])
-        kernel = Transpose(self.name.split(".")[1], dt, vec, p["index64"], p["threads"], p.get("pad", -1))
+        kernel = Transpose(self.name.split(".")[1], dt, vec, p["index64"], p["threads"], p.get("pad", -1),
+                           TileOrder(p["order"], p["group"]))
         sym = lambda d=1: _index_sym(p["index64"], d)  # noqa: E731
         m, n, b = sym(), sym(), sym()
         align = 16 if p["aligned"] else dt.width // 8
@@ -169,6 +171,9 @@ def _transpose(variant: str, summary: str, lesson: int, extra=None) -> Transpose
         name=f"transpose.{variant}", family="transpose", lesson=lesson, summary=summary, ops=("transpose",),
         status="ready",
         params={**_SIG_COMMON, "threads": Param(128, (128, 256), help="threads per CTA (one T x T tile)"),
+                "order": Param("grouped", ("grouped", "row", "diagonal"),
+                               help="tile order (schedules.tile_order): row = the plain 2-D grid"),
+                "group": Param(32, (1, 4, 8, 16, 32, 64, 128), help="tile-rows per group (order=grouped)"),
                 **(extra or {})},
     )
 

@@ -56,13 +56,24 @@ def gemv(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):
 
 
 # ----------------------------------------------------------------------------------------------
-# Lessons 8-9: transpose, all four variants side by side
+# Lessons 8-9: transpose, all four variants side by side, and the tile orders compared
 # ----------------------------------------------------------------------------------------------
+TRANSPOSE_VARIANTS = ("naive", "smem", "swizzle", "tma")
+# tile orders (schedules/tile_order.py) against the default (grouped, 32 tile-rows): "row" is the
+# plain 2-D grid the kernels used before; each runs in the same interleaved rounds as the defaults
+TRANSPOSE_ORDERS = {
+    "row": {"order": "row"}, "diagonal": {"order": "diagonal"},
+    "g8": {"order": "grouped", "group": 8}, "g64": {"order": "grouped", "group": 64},
+}
+TRANSPOSE_ORDER_VARIANTS = ("swizzle", "tma")
+
+
 def transpose(shapes=None, dtypes=(torch.bfloat16, torch.float32), quick=False, ceilings=None):
-    import cute_kernels as ck
+    from cute_kernels.ops.transpose import _transpose_cuda
 
     shapes = shapes or ([(8192, 8192), (16, 2048, 2048)] if quick else
-                        [(4096, 4096), (8192, 8192), (16384, 16384), (4096, 16384), (32, 2048, 2048), (256, 512, 512)])
+                        [(4096, 4096), (8192, 8192), (16384, 16384), (4096, 16384), (8000, 8000), (32, 2048, 2048),
+                         (256, 512, 512)])
     copy_bw = ceilings["copy"]
     compiled = torch.compile(lambda x: x.transpose(-2, -1).contiguous())
     rows = []
@@ -70,15 +81,21 @@ def transpose(shapes=None, dtypes=(torch.bfloat16, torch.float32), quick=False, 
         for shape in shapes:
             x = H.randn(*shape, dtype=dt, seed=13)
             nbytes = 2 * x.numel() * x.element_size()
-            refs = {"torch": H.do_bench(lambda: x.transpose(-2, -1).contiguous())["median_ms"],
-                    "torch.compile": H.do_bench(lambda: compiled(x))["median_ms"]}
-            for v in ("naive", "smem", "swizzle", "tma"):
-                H.progress(f"  transpose.{v} {_name(dt)} {shape}")
-                t = H.do_bench(lambda: ck.transpose(x, variant=v))["median_ms"]
-                rows.append(H.Row(f"transpose.{v}", _name(dt), "x".join(map(str, shape)), nbytes, 0, t, refs,
-                                  "copy", copy_bw))
+            fns = {"torch": lambda: x.transpose(-2, -1).contiguous(), "torch.compile": lambda: compiled(x)}
+            for v in TRANSPOSE_VARIANTS:
+                fns[f"transpose.{v}"] = lambda v=v: _transpose_cuda(x, v)
+            for label, cfg in TRANSPOSE_ORDERS.items():
+                for v in TRANSPOSE_ORDER_VARIANTS:
+                    fns[f"transpose.{v}[{label}]"] = lambda v=v, cfg=cfg: _transpose_cuda(x, v, cfg)
+            H.progress(f"  transpose {_name(dt)} {shape}: {len(fns)} columns interleaved")
+            times = {k: r["median_ms"] for k, r in H.do_bench_interleaved(fns).items()}
+            refs = {k: times.pop(k) for k in ("torch", "torch.compile")}
+            for case, t in times.items():
+                order = case.partition("[")[2].rstrip("]") or "g32 (default)"
+                rows.append(H.Row(case, _name(dt), "x".join(map(str, shape)), nbytes, 0, t, refs, "copy", copy_bw,
+                                  note=f"order {order}"))
     checks = []
-    big = [r for r in rows if r.bytes >= 2 * 64 * MiB]
+    big = [r for r in rows if r.bytes >= 2 * 64 * MiB and "[" not in r.case]
     if big:
         best = {}
         for r in big:
@@ -86,19 +103,27 @@ def transpose(shapes=None, dtypes=(torch.bfloat16, torch.float32), quick=False, 
             if key not in best or r.pct_ceiling > best[key].pct_ceiling:
                 best[key] = r
         worst = min(best.values(), key=lambda r: r.pct_ceiling)
-        checks.append({"target": ">= 95% of copy bandwidth, best variant, tensors >= 64 MiB",
+        checks.append({"target": ">= 95% of copy bandwidth, best variant (default tile order), tensors >= 64 MiB",
                        "measured": f"min over shapes {worst.pct_ceiling:.1f}% ({worst.case} {worst.dtype} {worst.shape})",
                        "ok": worst.pct_ceiling >= 95.0})
-    table = ["## Variants side by side (TB/s)", "", "| dtype | shape | naive | smem (padded) | swizzle | tma | torch |",
-             "|---|---|---|---|---|---|---|"]
     by = {}
     for r in rows:
-        by.setdefault((r.dtype, r.shape), {})[r.case.split(".")[1]] = r
+        by.setdefault((r.dtype, r.shape), {})[r.case.split(".", 1)[1]] = r
+    table = ["## Variants side by side (TB/s, default tile order: grouped, 32 tile-rows)", "",
+             "| dtype | shape | naive | smem (padded) | swizzle | tma | torch | torch.compile |",
+             "|---|---|---|---|---|---|---|---|"]
     for (d, s), vs in by.items():
         any_r = next(iter(vs.values()))
-        torch_tbs = any_r.bytes / (any_r.refs_ms["torch"] * 1e-3) / 1e12
+        ref = lambda k: any_r.rate(any_r.refs_ms[k])  # noqa: E731
         table.append(f"| {d} | {s} | " + " | ".join(f"{vs[v].ours_tbs:.3f}" if v in vs else "n/a"
-                                                  for v in ("naive", "smem", "swizzle", "tma")) + f" | {torch_tbs:.3f} |")
+                                                  for v in TRANSPOSE_VARIANTS)
+                     + f" | {ref('torch'):.3f} | {ref('torch.compile'):.3f} |")
+    cols = [f"{v}[{o}]" if o else v for v in TRANSPOSE_ORDER_VARIANTS for o in ("", *TRANSPOSE_ORDERS)]
+    table += ["", "## Tile orders (% of copy bandwidth; plain name = default grouped g32, [row] = the old order)", "",
+              "| dtype | shape | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for (d, s), vs in by.items():
+        table.append(f"| {d} | {s} | " + " | ".join(f"{vs[c].pct_ceiling:.1f}" if c in vs else "n/a" for c in cols)
+                     + " |")
     return rows, ["torch", "torch.compile"], checks, "\n".join(table), {}
 
 

@@ -23,6 +23,10 @@ CASES = [
     ("gemv.rows", {"cols": 5, "threads": 128, "threads_per_row": 16, "unroll": 1, "row_block": 4, "aligned": False}),
     ("transpose.naive", {}), ("transpose.smem", {}), ("transpose.smem", {"pad": 0}), ("transpose.swizzle", {}),
     ("transpose.tma", {}), ("transpose.tma", {"dtype": "fp32"}), ("transpose.swizzle", {"aligned": False}),
+    # tile orders (schedules/tile_order.py): the old row-major one, diagonal, other group sizes, 64-bit
+    ("transpose.tma", {"order": "row"}), ("transpose.tma", {"order": "diagonal", "index64": True}),
+    ("transpose.swizzle", {"order": "diagonal", "index64": True}), ("transpose.smem", {"dtype": "fp32", "group": 8}),
+    ("transpose.naive", {"order": "row", "aligned": False, "index64": True}),
 ]
 
 

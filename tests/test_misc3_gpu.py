@@ -282,6 +282,44 @@ def test_transpose_bitwise(variant, dtype, shape):
     assert torch.equal(out.flatten().view(torch.uint8), ref.flatten().view(torch.uint8))
 
 
+@pytest.mark.parametrize("order", [{"order": "row"}, {"order": "diagonal"}, {"order": "grouped", "group": 1},
+                                   {"order": "grouped", "group": 4}, {"order": "grouped", "group": 64}], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_transpose_tile_orders(order, dtype):
+    """Every tile order (schedules/tile_order.py) on ragged tile grids (tile-rows not a multiple of
+    the group, partial tiles), batches, and a misaligned (scalar) input."""
+    from cute_kernels.ops.transpose import _transpose_cuda
+
+    for shape in [(769, 5125), (5, 769, 33), (3, 2100, 300), (1, 8), (4096, 8), (2, 1000, 1000)]:
+        x = randn(*shape, dtype=dtype)
+        for v in VARIANTS:
+            out = _transpose_cuda(x, v, order)
+            assert torch.equal(out, x.transpose(-2, -1).contiguous()), (v, shape)
+    x = randn(3, 515, 261, dtype=dtype)[:, 1:, 1:]  # 16-byte misaligned rows: the scalar builds
+    for v in VARIANTS:
+        assert torch.equal(_transpose_cuda(x, v, order), x.transpose(-2, -1).contiguous()), v
+
+
+def test_transpose_large_batch_and_64bit():
+    """A batch past the old grid-z limit (65535), and 64-bit indexing: > 2^31 elements over a batch
+    (aligned: the TMA and 16-byte builds) and in one dim (2^31 + 64 columns, one row: the scalar
+    builds, tile column offsets past 2^31)."""
+    import cute_kernels as ck
+
+    x = randn(70000, 3, 8, dtype=torch.float32)
+    for v in VARIANTS:
+        assert torch.equal(ck.transpose(x, variant=v), x.transpose(-2, -1).contiguous()), v
+    for shape in [(3, 26000, 27536), (1, 2**31 + 64)]:
+        x = torch.randint(-1000, 1000, shape, device="cuda", dtype=torch.int16).view(torch.bfloat16)
+        ref = x.transpose(-2, -1).contiguous()
+        for v in VARIANTS:
+            out = ck.transpose(x, variant=v)
+            assert torch.equal(out.flatten().view(torch.int16), ref.flatten().view(torch.int16)), (v, shape)
+            del out
+        del x, ref
+        torch.cuda.empty_cache()
+
+
 def test_transpose_poisoned_and_odd_layouts():
     import cute_kernels as ck
     from cute_kernels.ops.transpose import _transpose_cuda

@@ -5,7 +5,9 @@ bitwise. Variants (see `cute_kernels.kernels.transpose`): "naive" (uncoalesced w
 comparison), "smem" (padded shared-memory tile), "swizzle" (swizzled tile), "tma" (TMA load and
 store of swizzled tiles; the default). The 16-byte variants need both dims multiples of 16 bytes of
 elements (8 bf16/fp16, 4 fp32) and 16-byte aligned data; otherwise the scalar version of the same
-variant runs ("tma" falls back to the scalar "swizzle"). Inputs whose last dim is not unit-stride,
+variant runs ("tma" falls back to the scalar "swizzle"; also to "swizzle" for a dim of 2^31 elements,
+past the TMA unit's 32-bit coordinates). The tile order is the catalogue default (`order=grouped`,
+`schedules/tile_order.py`). Inputs whose last dim is not unit-stride,
 or whose batch dim cannot be expressed as one stride, are first copied to a contiguous buffer.
 """
 
@@ -35,7 +37,9 @@ def _transpose_fake(x, variant="tma"):
     return torch.empty(shape, dtype=x.dtype, device=x.device)
 
 
-def _transpose_cuda(x, variant="tma"):
+def _transpose_cuda(x, variant="tma", config=None):
+    """The op's CUDA body; `config` (a dict of catalog overrides, e.g. {"order": "row"}) is for the
+    benchmark's comparisons of schedules, not part of the op's schema."""
     out = _transpose_fake(x, variant)
     if out.numel() == 0:
         return out
@@ -47,14 +51,14 @@ def _transpose_cuda(x, variant="tma"):
     vec = 16 // x.element_size()
     aligned = (m % vec == 0 and n % vec == 0 and x3.data_ptr() % 16 == 0 and x3.stride(1) % vec == 0
                and (b == 1 or x3.stride(0) % vec == 0))
-    if variant == "tma" and not aligned:
+    if variant == "tma" and (not aligned or max(m, n) > _INDEX32_LIMIT - 128):  # TMA coordinates are s32
         variant = "swizzle"
     index64 = max(b * x3.stride(0) if b > 1 else m * x3.stride(1), b * m * n) > _INDEX32_LIMIT
-    key = (variant, x.dtype, aligned, index64)
+    key = (variant, x.dtype, aligned, index64, tuple(sorted((config or {}).items())))
     fn = _fns.get(key)
     if fn is None:
         fn = _fns[key] = catalog.get(f"transpose.{variant}").compiled(
-            dtype=dtypes.name_of(x.dtype), aligned=aligned, index64=index64)
+            dtype=dtypes.name_of(x.dtype), aligned=aligned, index64=index64, **(config or {}))
     xs = x3.permute(1, 2, 0)
     if b == 1:  # a single batch entry: its stride is never used; give it one the kernel accepts
         xs = xs.as_strided((m, n, 1), (x3.stride(1), 1, m * x3.stride(1)))
