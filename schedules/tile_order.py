@@ -48,13 +48,13 @@ class TileOrder:
 
     def tile(self, t, tiles_m, tiles_n):
         """(tm, tn, batch entry) of the `t`-th CTA (0 <= t < tiles_m * tiles_n * batch)."""
-        if self.order == "row":
-            return cluster_tile(t, tiles_m, tiles_n, 1)
         if self.order == "grouped":
             return cluster_tile(t, tiles_m, tiles_n, self.group)
         per_batch = tiles_m * tiles_n
         b = t // per_batch
         r = t - b * per_batch
+        if self.order == "row":  # = grouped with group 1, without its divisions by a runtime 1
+            return r // tiles_n, r % tiles_n, b
         tm = r % tiles_m
         return tm, (r // tiles_m + tm) % tiles_n, b
 
