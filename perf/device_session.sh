@@ -71,8 +71,10 @@ if [ "$BENCH" != none ]; then
     timeout -k 5 -s INT ${BT:-400} python3 -m cute_kernels bench "$b" $Q --out "$OUT" > "$OUT/.b" 2>&1
     cat "$OUT/.b" >> "$LOG"
     echo "bench $b:"; grep -E "^\[(PASS|FAIL)\]|Error|error" "$OUT/.b" | cut -c1-200 | head -12
+    # into the archive as each suite finishes (a call cut short still returns what was done)
+    ( cd "$OUT" && ls | grep -v -E '^(session.log|results.tar)$' | grep -v '^\.' > .list; [ -s .list ] && tar rf results.tar -T .list && xargs rm -f < .list; rm -f .list )
   done
   rm -f "$OUT/.b"
 fi
 # the device returns at most 8 files: pack everything into one archive beside the log
-( cd "$OUT" && ls | grep -v -E '^(session.log|results.tgz)$' > .list; [ -s .list ] && tar czf results.tgz -T .list && xargs rm -f < .list; rm -f .list )
+( cd "$OUT" && ls | grep -v -E '^(session.log|results.tar)$' > .list; [ -s .list ] && tar rf results.tar -T .list && xargs rm -f < .list; rm -f .list )
