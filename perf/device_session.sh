@@ -53,7 +53,7 @@ if has ncu; then
   rm -f "$OUT/.n"
 fi
 if has tunerows; then section tune_rows; timeout ${TR:-300} python3 -m perf.tune_rows --out "$OUT" ${TRARGS:-} > "$OUT/.s" 2>&1; cat "$OUT/.s" >> "$LOG"; grep -E "^\| " "$OUT/.s" | tail -80; rm -f "$OUT/.s"; fi
-if has small; then section small; timeout 200 python3 -m perf.small --out "$OUT" > "$OUT/.s" 2>&1; cat "$OUT/.s" >> "$LOG"; grep "^|" "$OUT/.s"; rm -f "$OUT/.s"; fi
+if has small; then section small; timeout ${ST:-200} python3 -m perf.small --out "$OUT" ${SMALLARGS:-} > "$OUT/.s" 2>&1; cat "$OUT/.s" >> "$LOG"; grep "^|" "$OUT/.s"; rm -f "$OUT/.s"; fi
 if has sanitize; then
   for p in "add bf16 1048579" "row_sum bf16 3 769" "sum fp32 1000003" "gemm bf16 769 2112 1032"; do
     for tool in memcheck racecheck; do

@@ -16,36 +16,51 @@ from perf import harness as H
 from schedules.grid_stride import GridStride
 
 MiB = 1 << 20
-GRID = dict(threads=(128, 256, 512), unroll=(1, 2, 4, 8), ctas_per_sm=(0,), order=("cta",))
+GRID = dict(threads=(128, 256, 512), unroll=(1, 2, 4, 8), ctas_per_sm=(0, 8, 16), order=("cta",))
 
 
-def study(ops=("copy", "add"), sizes_mib=(1, 2, 4, 8), dtypes=(torch.bfloat16, torch.float32)):
+def study(ops=("copy", "add"), sizes_mib=(1, 2, 4, 8), dtypes=(torch.bfloat16, torch.float32), jobs: int = 16):
+    """Every schedule of GRID against torch, per (op, dtype, size), all columns timed in the same
+    interleaved rounds (`H.do_bench_interleaved`). `ctas_per_sm` only sets the launch's grid cap
+    (a runtime argument): one compiled kernel per (threads, unroll, order)."""
     from cute_kernels import catalog
     from cute_kernels import dtypes as D
+    from cute_kernels.precompile import precompile
+    from schedules.grid_stride import pick
     from schedules.hardware import num_sms
 
     sms = num_sms()
     ref = {"copy": lambda x, y: x.clone(), "add": torch.add, "axpby": lambda x, y: 2.0 * x + (-0.5) * y}
-    lines = ["| op | dtype | MiB | torch us | best us | best config | x torch | tuned us | x torch (tuned) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    code = list(itertools.product(GRID["threads"], GRID["unroll"], GRID["order"]))
+    items = []
+    for op, dt in itertools.product(ops, dtypes):
+        spec = catalog.get(f"elementwise.{op}")
+        for t, u, o in code:
+            p = spec.resolve(dict(dtype=D.name_of(dt), threads=t, unroll=u, ctas_per_sm=0, order=o))
+            items.append((spec.name, tuple(sorted(p.items()))))
+    if jobs > 1:
+        H.progress(f"precompiling {len(items)} variants")
+        precompile(items, jobs)
+    lines = ["| op | dtype | MiB | torch us | best us | best config | x torch | tuned config | tuned us | x torch (tuned) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for op, dt, mib in itertools.product(ops, dtypes, sizes_mib):
         n = mib * MiB // torch.tensor([], dtype=dt).element_size()
         x, y = H.randn(n, dtype=dt, seed=1), H.randn(n, dtype=dt, seed=2)
         out = torch.empty_like(x)
-        t_ref = H.do_bench(lambda: ref[op](x, y), rep_ms=40)["median_ms"]
-        res = {}
-        for t, u, c, o in itertools.product(*GRID.values()):
-            sched = GridStride(t, u, c, o)
-            fn = catalog.get(f"elementwise.{op}").compiled(dtype=D.name_of(dt), threads=t, unroll=u, ctas_per_sm=c,
+        fns = {"torch": lambda: ref[op](x, y)}
+        for t, u, o in code:
+            fn = catalog.get(f"elementwise.{op}").compiled(dtype=D.name_of(dt), threads=t, unroll=u, ctas_per_sm=0,
                                                             order=o)
-            mc = sched.max_ctas(sms)
-            res[str(sched)] = H.do_bench(lambda: fn(x, y, out, 1.0, 1.0, mc), rep_ms=40)["median_ms"]
+            for c in GRID["ctas_per_sm"]:
+                sched = GridStride(t, u, c, o)
+                fns[str(sched)] = (lambda f, mc: lambda: f(x, y, out, 1.0, 1.0, mc))(fn, sched.max_ctas(sms))
+        res = {k: v["median_ms"] for k, v in H.do_bench_interleaved(fns, rep_ms=20, max_reps=200).items()}
+        t_ref = res.pop("torch")
         best = min(res, key=res.get)
-        from schedules.grid_stride import pick
-
         tuned = str(pick(op, n * x.element_size()))
         lines.append(f"| {op} | {D.name_of(dt)} | {mib} | {t_ref*1e3:.2f} | {res[best]*1e3:.2f} | {best} | "
-                     f"{t_ref/res[best]:.3f} | {res.get(tuned, float('nan'))*1e3:.2f} | {t_ref/res.get(tuned, float('nan')):.3f} |")
+                     f"{t_ref/res[best]:.3f} | {tuned} | {res.get(tuned, float('nan'))*1e3:.2f} | "
+                     f"{t_ref/res.get(tuned, float('nan')):.3f} |")
         H.progress(lines[-1])
     return "\n".join(lines)
 
@@ -53,8 +68,10 @@ def study(ops=("copy", "add"), sizes_mib=(1, 2, 4, 8), dtypes=(torch.bfloat16, t
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--sizes", default="1,2,4,8", help="MiB per tensor, comma list")
+    ap.add_argument("--ops", default="copy,add")
     a = ap.parse_args(argv)
-    table = study()
+    table = study(ops=tuple(a.ops.split(",")), sizes_mib=tuple(int(v) for v in a.sizes.split(",")))
     print(table)
     if a.out:
         import os
