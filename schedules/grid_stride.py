@@ -115,12 +115,31 @@ TUNED: dict[str, GridStride] = {
 
 _SMALL: dict[tuple, GridStride] = {}
 
+MiB = 1 << 20
+# Mid-size classes (bytes per tensor, upper bound exclusive) measured with `python3 -m perf.small`
+# on the H200, every schedule timed interleaved with torch (perf/results/2026-11-29-h200-7ddda47/
+# small.md): add at 64 MiB ran 0.94x torch with the tuned 4 vectors per thread and 0.997x with
+# one; at 4-16 MiB a grid capped at 16 CTAs per SM walking grid-stride (1.00-1.02x) beat one pass
+# of many small CTAs (0.96-0.98x). Sizes outside the classes keep `TUNED` (>= 256 MiB) or the
+# small-size rule below.
+SIZE_CLASSES: dict[str, tuple[tuple[int, int, GridStride], ...]] = {
+    "copy": ((2 * MiB, 16 * MiB, GridStride(threads=128, unroll=1, ctas_per_sm=16, order="cta")),),
+    "add": ((0, 2 * MiB, GridStride(threads=128, unroll=1, ctas_per_sm=16, order="cta")),
+            (2 * MiB, 32 * MiB, GridStride(threads=128, unroll=2, ctas_per_sm=16, order="cta")),
+            (32 * MiB, 256 * MiB, GridStride(threads=128, unroll=1, ctas_per_sm=0, order="cta"))),
+}
+
 
 def pick(op: str, tensor_bytes: int, num_sms: int = 132) -> GridStride:
-    """The tuned grid-stride schedule for elementwise `op` on tensors of `tensor_bytes` bytes each,
-    with fewer vectors per thread for small tensors: at least two CTAs per SM. ncu at 1 MiB (fp32 add, 3 MiB moved) showed the tuned
-    config's 128 CTAs of 4 vectors per thread at 4.0 us against torch's 256 CTAs at 3.46 us: with
-    under one CTA per SM, too few loads are in flight to cover DRAM latency."""
+    """The schedule for elementwise `op` on tensors of `tensor_bytes` bytes each: the measured
+    size class (`SIZE_CLASSES`) when one covers the size, else the tuned config with fewer
+    vectors per thread for small tensors: at least two CTAs per SM. ncu at 1 MiB (fp32 add, 3 MiB
+    moved) showed the tuned config's 128 CTAs of 4 vectors per thread at 4.0 us against torch's
+    256 CTAs at 3.46 us: with under one CTA per SM, too few loads are in flight to cover DRAM
+    latency."""
+    for lo, hi, cls in SIZE_CLASSES.get(op, ()):
+        if lo <= tensor_bytes < hi:
+            return cls
     s = TUNED[op]
     vectors = tensor_bytes // 16
     unroll = s.unroll
