@@ -117,7 +117,7 @@ _SMALL: dict[tuple, GridStride] = {}
 
 MiB = 1 << 20
 # Mid-size classes (bytes per tensor, upper bound exclusive) measured with `python3 -m perf.small`
-# on the H200, every schedule timed interleaved with torch (perf/results/2026-11-29-h200-7ddda47/
+# on the H200, every schedule timed interleaved with torch (perf/results/2026-11-29-h200-4cc902e/
 # small.md): add at 64 MiB ran 0.94x torch with the tuned 4 vectors per thread and 0.997x with
 # one; at 4-16 MiB a grid capped at 16 CTAs per SM walking grid-stride (1.00-1.02x) beat one pass
 # of many small CTAs (0.96-0.98x). Sizes outside the classes keep `TUNED` (>= 256 MiB) or the
