@@ -75,6 +75,7 @@ def strided_fold(
     load: Callable,
     step: Callable,
     acc,
+    tail_branch: cutlass.Constexpr[bool] = True,
 ):
     """Fold `step(acc, j, load(j))` over j = first + p * pass_stride + u * stride < n_items, for
     passes p = 0, 1, ... and u < unroll.
@@ -94,12 +95,21 @@ def strided_fold(
         for u in cutlass.range_constexpr(unroll):
             acc = step(acc, base + u * stride, vals[u])
     base = full_passes * pass_stride + first
-    # (a branch over this whole partial pass saves its predicated-off issue slots but made the
-    # compiler spill reduction.row_sum fp32 t512 r4 u8 to an 8-byte stack frame: kept per element)
-    for u in cutlass.range_constexpr(unroll):
-        j = base + u * stride
-        if j < n_items:
-            acc = step(acc, j, load(j))
+    # `tail_branch`: one branch over the whole partial pass, so its predicated-off code does not
+    # issue when it is empty (~70 instructions per row at N = 4096 for ArgMax; cross-entropy's
+    # 64-bit variant spills without it). The row sum passes False: with the branch the compiler
+    # spilled reduction.row_sum fp32 t512 r4 u8 to an 8-byte stack frame.
+    if cutlass.const_expr(tail_branch):
+        if base < n_items:
+            for u in cutlass.range_constexpr(unroll):
+                j = base + u * stride
+                if j < n_items:
+                    acc = step(acc, j, load(j))
+    else:
+        for u in cutlass.range_constexpr(unroll):
+            j = base + u * stride
+            if j < n_items:
+                acc = step(acc, j, load(j))
     return acc
 
 

@@ -70,7 +70,8 @@ class RowSum:
                 def step(a, j, v):
                     return a + v.to(Float32)
 
-                acc = strided_fold(v_count, lane, tpr, tpr * self.tiling.unroll, self.tiling.unroll, load, step, acc)
+                acc = strided_fold(v_count, lane, tpr, tpr * self.tiling.unroll, self.tiling.unroll, load, step, acc,
+                                   tail_branch=False)
             total = acc.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             if cutlass.const_expr(vec > 1):
                 # The n % vec elements past the last vector belong to the last split; with fewer than
