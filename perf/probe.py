@@ -4,6 +4,9 @@
     python3 -m perf.probe row_sum bf16 65536 8192
     python3 -m perf.probe torch.add bf16 524288      (torch's kernel, for comparison)
     python3 -m perf.probe gemm bf16 8192 8192 8192   (torch.mm for cuBLAS)
+    python3 -m perf.probe fp8_gemm e4m3 4096 7168 16384   (torch.fp8_gemm: cuBLAS blockwise)
+    python3 -m perf.probe flash_attn bf16 2 8192 16 128 [causal]   (fa4.flash_attn, sdpa.flash_attn)
+    python3 -m perf.probe rms_norm bf16 2048 65536   (quack.rms_norm; also softmax, quack.softmax)
 """
 
 import sys
@@ -16,8 +19,24 @@ from perf.harness import randn
 
 def main(argv):
     op, dt, *shape = argv
+    causal = "causal" in shape
+    shape = [int(s) for s in shape if s != "causal"]
+    if op in ("fp8_gemm", "torch.fp8_gemm"):
+        return _fp8(op, *shape)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
-    shape = [int(s) for s in shape]
+    if op.endswith("flash_attn"):
+        return _attention(op, dtype, causal, *shape)
+    if op in ("rms_norm", "quack.rms_norm", "softmax", "quack.softmax"):
+        x = randn(*shape, dtype=dtype, seed=1)
+        w = randn(shape[-1], dtype=dtype, seed=2)
+        if op.startswith("quack"):
+            from quack.rmsnorm import rmsnorm as qrms
+            from quack.softmax import softmax as qsm
+
+            f = (lambda: qrms(x, w, eps=1e-6)) if op.endswith("rms_norm") else (lambda: qsm(x))
+        else:
+            f = (lambda: ck.rms_norm(x, w, 1e-6)) if op == "rms_norm" else (lambda: ck.softmax(x))
+        return _run(op, dt, shape, f)
     if op in ("gemm", "torch.mm"):
         m, n, k = shape
         a, b = randn(m, k, dtype=dtype, seed=1), randn(k, n, dtype=dtype, seed=2)
@@ -42,6 +61,42 @@ def main(argv):
         r = f()
     torch.cuda.synchronize()
     print(op, dt, shape, "ok", float(r.float().sum()))
+
+
+def _run(op, dt, shape, f):
+    for _ in range(3):
+        r = f()
+    torch.cuda.synchronize()
+    r = r[0] if isinstance(r, tuple) else r
+    print(op, dt, shape, "ok", float(r.float().sum()))
+
+
+def _fp8(op, m, n, k):
+    from perf.suite_fp8 import _scaled_mm
+
+    x, w = randn(m, k, dtype=torch.bfloat16, seed=1), randn(n, k, dtype=torch.bfloat16, seed=2)
+    a, sa = ck.quantize_1x128(x)
+    b, sb = ck.quantize_128x128(w)
+    f = (lambda: ck.fp8_gemm(a, sa, b, sb)) if op == "fp8_gemm" else _scaled_mm(a, sa, b, sb)
+    _run(op, "e4m3", [m, n, k], f)
+
+
+def _attention(op, dtype, causal, b, s, h, d):
+    q, k, v = (randn(b, s, h, d, dtype=dtype, seed=i) for i in (1, 2, 3))
+    if op == "flash_attn":
+        f = lambda: ck.flash_attn(q, k, v, causal=causal)  # noqa: E731
+    elif op == "fa4.flash_attn":
+        from flash_attn.cute.interface import flash_attn_func
+
+        f = lambda: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+    else:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def f():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
+    _run(op, "bf16" if dtype == torch.bfloat16 else "fp16", [b, s, h, d, causal], f)
 
 
 if __name__ == "__main__":
