@@ -86,3 +86,22 @@ def test_row_plans():
     assert p.splits == 1
     assert plan_rows(3, 5000, sms, max_splits=1).splits == 1
     assert p.grid(1, sms) == (1, 1)
+
+
+def test_elementwise_size_classes_cover_their_ranges_and_compile_as_catalogue_params():
+    """Each measured size class is what `pick` returns inside its range (and only there), and is a
+    valid config of its kernel (the op compiles exactly these parameters)."""
+    from cute_kernels import catalog
+    from schedules.grid_stride import SIZE_CLASSES
+
+    for op, classes in SIZE_CLASSES.items():
+        spec = catalog.get(f"elementwise.{op}")
+        for lo, hi, cls in classes:
+            assert lo < hi
+            for size in (lo, (lo + hi) // 2, hi - 16):
+                if size >= 16:
+                    assert pick(op, size) is cls
+            assert pick(op, hi) is not cls
+            spec.check(spec.resolve(dict(threads=cls.threads, unroll=cls.unroll, ctas_per_sm=cls.ctas_per_sm,
+                                         order=cls.order)))
+    assert pick("axpby", 64 << 20) is TUNED["axpby"]  # no classes: the tuned config
