@@ -10,6 +10,18 @@ so for every k the row group reads one contiguous, coalesced run of tpr vectors,
 cluster owns one contiguous slice of the row. Vectors past the row's end are never loaded or
 stored; they hold a fill value (0 for sums, -inf for maxima) so the reductions need no masks.
 
+Staging (`schedules.row_tiling.HeldRowPlan.staging`): with "regs" `RowSlice.fetch` loads the
+vectors into registers, which hold them until the output is written. With "smem" it issues one
+128-bit `cp.async.cg` per vector into this CTA's slice of the row in a shared-memory buffer
+(`stage_buffer`: rows_per_cta x (tpr * vpt) vectors, vector k of lane l at k * tpr + l, so a warp
+writes and reads 512 contiguous bytes), `RowSlice.arrive` commits and waits once, and
+`RowSlice.read` loads the vectors back for each pass over the row: every byte of the row is in
+flight at once and only the pass's working set is in registers, so shared memory, not registers,
+bounds the CTAs per SM. A thread reads back only what its own cp.async wrote, so the wait is the
+only synchronization (no barrier); the reduction's slots are separate allocations. Vectors past the
+row's end are never copied: `read` gives the fill value for them, exactly as `load` does, so the
+fp32 math (and the output, bit for bit) is that of the register path.
+
 `RowSlice` does the loads, stores and per-thread folds; `RowReducer` turns a per-thread value
 into the row's value: warp butterfly, then shared memory across the warps of a row
 (`collectives.reduce.group_reduce`), then distributed shared memory across the CTAs of a cluster
@@ -24,6 +36,7 @@ from typing import Any
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
+from cutlass.cute.nvgpu import cpasync
 
 from collectives.reduce import cluster_reduce, cluster_smem_slots, group_reduce, group_smem_slots
 from collectives.vector_io import as_vectors
@@ -33,7 +46,10 @@ from collectives.vector_io import as_vectors
 class RowSlice:
     """The vectors of one row that this thread holds. Build inside a kernel; `lane` is the thread's
     index in its row group, `rank` its CTA's rank in the cluster (0 without one), `n` the row length
-    (a multiple of `vec`: the kernels' aligned variants require it, the scalar ones have vec=1)."""
+    (a multiple of `vec`: the kernels' aligned variants require it, the scalar ones have vec=1).
+    `compact` (shared-memory staging, aligned rows): address the vectors from one per-thread base
+    (`mine`: vector k at a constant offset) and test vector k against the count left past it, so
+    the loop-invariant addresses and predicates take a few registers, not a pair per vector."""
 
     vec: int
     tpr: int
@@ -41,6 +57,7 @@ class RowSlice:
     lane: Any
     rank: Any
     n: Any
+    compact: bool = False
 
     @property
     def nv(self):
@@ -51,7 +68,21 @@ class RowSlice:
         return (self.rank * self.vpt + k) * self.tpr + self.lane
 
     def valid(self, k: int):
+        if self.compact:
+            return k * self.tpr < self.nv - self.index(0)
         return self.index(k) < self.nv
+
+    def mine(self, row: cute.Tensor) -> cute.Tensor:
+        """(vec, vpt): this thread's vectors of a flat row, from its first one (`compact`)."""
+        first = self.view(row)[None, self.index(0)]
+        return cute.make_tensor(first.iterator, cute.make_layout((self.vec, self.vpt), stride=(1, self.tpr * self.vec)))
+
+    def vector(self, rv: cute.Tensor, k: int) -> cute.Tensor:
+        """Vector k of this thread in `rv` (`view` of a row, or `mine` when `compact`)."""
+        return rv[None, k] if self.compact else rv[None, self.index(k)]
+
+    def vectors(self, row: cute.Tensor) -> cute.Tensor:
+        return self.mine(row) if self.compact else self.view(row)
 
     def view(self, row: cute.Tensor) -> cute.Tensor:
         """A flat row (unit stride, 16-byte aligned when vec > 1) as (vec, N / vec) vectors."""
@@ -61,22 +92,84 @@ class RowSlice:
     def load(self, row: cute.Tensor, ok, fill: cutlass.Constexpr[float]):
         """This thread's vectors of `row` (a list of TensorSSA in the row's dtype); `fill` where the
         vector is past the row's end or `ok` (the row exists) is false."""
-        rv = self.view(row)
+        rv = self.vectors(row)
         out = []
         for k in cutlass.range_constexpr(self.vpt):
             v = cute.full((self.vec,), fill, row.element_type)
             if ok and self.valid(k):
-                v = rv[None, self.index(k)].load()
+                v = self.vector(rv, k).load()
             out.append(v)
         return out
+
+    # --- staging: "regs" (load) or "smem" (cp.async into a buffer, read back per pass) ----------
+    def slot(self, k: int):
+        """Where this thread's k-th vector sits in its row group's staging buffer."""
+        return k * self.tpr + self.lane
+
+    @cute.jit
+    def fetch(self, row: cute.Tensor, ok, fill: cutlass.Constexpr[float], buf=None):
+        """Start holding this thread's vectors of `row`: without `buf` (register staging) they are
+        loaded (`load`) and returned; with `buf` (this row group's `stage_buffer` slice) one
+        128-bit cp.async per vector inside the row copies them there, and the held row is `buf`
+        (read it after `arrive`). Either way hand the result to `read`."""
+        if cutlass.const_expr(buf is None):
+            return self.load(row, ok, fill)
+        rv = self.vectors(row)
+        # 128-bit copies (an fp32 weight next to bf16 rows: two per vector)
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), row.element_type,
+                                   num_bits_per_copy=128)
+        for k in cutlass.range_constexpr(self.vpt):
+            if ok and self.valid(k):
+                cute.copy(atom, self.vector(rv, k), buf[None, self.slot(k)])
+        return buf
+
+    @staticmethod
+    def arrive(staged: bool):
+        """After the last `fetch` of a tile: with shared-memory staging, wait for this thread's
+        copies (they are then visible to it; no other thread reads them)."""
+        if staged:
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+
+    @cute.jit
+    def read(self, held, ok, fill: cutlass.Constexpr[float]):
+        """This thread's vectors (TensorSSA in the row's dtype) of a row `fetch` returned: the
+        registers as they are, or a fresh read of the staging buffer (`fill` outside the row)."""
+        if cutlass.const_expr(isinstance(held, list)):
+            return held
+        return [self.read_one(held, k, ok, fill) for k in range(self.vpt)]
+
+    @cute.jit
+    def read_one(self, buf: cute.Tensor, k: cutlass.Constexpr[int], ok, fill: cutlass.Constexpr[float]):
+        """Vector k of this thread from a staging buffer (`fill` outside the row)."""
+        v = cute.full((self.vec,), fill, buf.element_type)
+        if ok and self.valid(k):
+            v = buf[None, self.slot(k)].load()
+        return v
+
+    def lazy(self, held, values: list, ok, fill: float):
+        """`values` (fp32, read from `held`) for a function that walks them more than once (like
+        `online_softmax.local_state`): with shared-memory staging a sequence that reads vector k
+        from the buffer at each access, so a pass holds one vector at a time, not the row."""
+        if isinstance(held, list):
+            return values
+        return _Reread(self, held, ok, fill)
+
+    def again(self, held, values: list, ok, fill: float):
+        """`values` as read from `held` earlier, for a later pass: register staging keeps them (the
+        same SSA values, so the register path is unchanged); shared-memory staging reads the
+        buffer again, so nothing row-sized stays live across a reduction."""
+        if isinstance(held, list):
+            return values
+        return self.to_f32(self.read(held, ok, fill))
 
     @cute.jit
     def store(self, row: cute.Tensor, ok, values):
         """Write this thread's vectors `values` (fp32 TensorSSA) into `row`, converted to its dtype."""
-        rv = self.view(row)
+        rv = self.vectors(row)
         for k in cutlass.range_constexpr(self.vpt):
             if ok and self.valid(k):
-                rv[None, self.index(k)].store(values[k].to(row.element_type))
+                self.vector(rv, k).store(values[k].to(row.element_type))
 
     @staticmethod
     def to_f32(values):
@@ -100,6 +193,19 @@ class RowSlice:
             if self.valid(k):
                 acc = acc + s
         return acc
+
+
+class _Reread:
+    """A staged row as a sequence of fp32 vectors, each access a fresh shared-memory read."""
+
+    def __init__(self, sl: RowSlice, buf, ok, fill: float):
+        self.sl, self.buf, self.ok, self.fill = sl, buf, ok, fill
+
+    def __len__(self):
+        return self.sl.vpt
+
+    def __getitem__(self, k: int):
+        return self.sl.read_one(self.buf, k, self.ok, self.fill).to(Float32)
 
 
 @dataclass(frozen=True)
@@ -149,6 +255,14 @@ class RowReducer:
     def end_tile(self):
         if cutlass.const_expr(self.needs_barrier):
             cute.arch.barrier()
+
+
+def stage_buffer(smem, dtype, vec: int, tpr: int, vpt: int, rows_per_cta: int) -> cute.Tensor:
+    """A CTA's staging buffer for one row tensor: (vec, tpr * vpt, rows_per_cta) elements of
+    `dtype`, 16-byte aligned; `buf[None, None, group]` is a row group's slice for `RowSlice.fetch`."""
+    chunk = tpr * vpt
+    return smem.allocate_tensor(dtype, cute.make_layout((vec, chunk, rows_per_cta), stride=(1, vec, vec * chunk)),
+                                byte_alignment=16)
 
 
 @cute.jit

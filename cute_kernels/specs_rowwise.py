@@ -2,7 +2,8 @@
 softmax, log-softmax, cross-entropy, forward and backward.
 
 Config: the held-row plan (`schedules.row_tiling.plan_held_rows`): threads per CTA, threads per
-row, 128-bit vectors held per thread, cluster size. Signature: dtypes, alignment (128-bit vectors
+row, 128-bit vectors held per thread, cluster size, staging (registers, or shared memory through
+cp.async: `collectives.rowwise`). Signature: dtypes, alignment (128-bit vectors
 need N, the row stride and the base 16-byte aligned; else the scalar variant), index width, and
 which optional operands exist (weight, bias, residual). Row length and count stay symbolic: one
 compiled kernel serves every N up to the plan's capacity.
@@ -20,14 +21,21 @@ from cutlass import Float32, Int32
 from cute_kernels import dtypes
 from cute_kernels.catalog import _SIG_COMMON, KernelSpec, Param, _index_sym
 from cute_kernels.jit import fake_stream
-from schedules.row_tiling import HeldRowPlan, RowTiling, plan_for_rows
+from schedules.row_tiling import SMEM_PER_CTA, STAGINGS, HeldRowPlan, RowTiling, plan_for_rows
 
 _CONFIG = {
     "threads": Param(256, (128, 256, 512, 1024), help="threads per CTA"),
     "threads_per_row": Param(128, (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), help="threads sharing one row (per CTA)"),
     "vpt": Param(4, (1, 2, 4, 8, 16, 32, 64), help="128-bit vectors of the row each thread holds in registers"),
     "cluster_n": Param(1, (1, 2, 4, 8), help="CTAs of a cluster sharing one row (distributed shared memory)"),
+    "staging": Param("regs", STAGINGS, help="where the held row lives: registers, or shared memory filled by "
+                     "cp.async and read back per pass (aligned rows only)"),
 }
+
+# Row tensors each kernel stages with staging="smem" (cross-entropy backward holds x without a
+# reduction: nothing to overlap, it is not staged).
+STAGED_TENSORS = {"rmsnorm.fwd": 1, "layernorm.fwd": 1, "softmax.fwd": 1, "log_softmax.fwd": 1,
+                  "softmax.bwd": 2, "log_softmax.bwd": 2, "rmsnorm.bwd": 2, "layernorm.bwd": 2}
 
 
 def tuning_of(name: str) -> str:
@@ -40,12 +48,14 @@ def tuning_of(name: str) -> str:
 
 
 def plan_of(p) -> HeldRowPlan:
-    return HeldRowPlan(RowTiling(p["threads"], p["threads_per_row"], p["vpt"]), p["cluster_n"])
+    return HeldRowPlan(RowTiling(p["threads"], p["threads_per_row"], p["vpt"]), p["cluster_n"],
+                       staging=p.get("staging", "regs"))
 
 
 def config_of(plan: HeldRowPlan) -> dict:
     t = plan.tiling
-    return dict(threads=t.threads, threads_per_row=t.threads_per_row, vpt=t.unroll, cluster_n=plan.cluster_n)
+    return dict(threads=t.threads, threads_per_row=t.threads_per_row, vpt=t.unroll, cluster_n=plan.cluster_n,
+                staging=plan.staging)
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,7 +63,37 @@ class RowwiseSpec(KernelSpec):
     """`name` is `<family>.<fwd|bwd>`, family in rmsnorm, layernorm, softmax, log_softmax, cross_entropy."""
 
     def check(self, p):
-        plan_of(p)  # raises on a bad combination
+        plan = plan_of(p)  # raises on a bad combination
+        if plan.staging == "smem":
+            if self.name not in STAGED_TENSORS:
+                raise ValueError(f"{self.name}: staging='smem' is not built for this kernel (plan {plan})")
+            if not p["aligned"]:
+                raise ValueError(f"{self.name}: staging='smem' needs 16-byte aligned rows (cp.async moves "
+                                 f"4-16 bytes); plan {plan} with aligned=False")
+            total = self.dynamic_smem_bytes(p)
+            if total > SMEM_PER_CTA:
+                raise ValueError(f"{self.name}: plan {plan} needs {total} bytes of shared memory per CTA "
+                                 f"(staged rows, plus fp32 dweight/dbias accumulators in the norms' backward); "
+                                 f"at most {SMEM_PER_CTA}")
+
+    def dynamic_smem_bytes(self, p):
+        """The row-sized shared memory of a CTA: staging buffers (staging="smem") and, in the norms'
+        backward, the fp32 dweight/dbias accumulators; None when there is none (the reductions'
+        few slots come on top)."""
+        plan = plan_of(p)
+        vec = dtypes.vec_of(p["dtype"], p["aligned"])
+        row = dtypes.cutlass_of(p["dtype"]).width // 8
+        rows = (row,) * STAGED_TENSORS.get(self.name, 0)
+        params, accs = (), 0
+        if self.name.startswith(("rmsnorm", "layernorm")):
+            w = dtypes.cutlass_of(p["w_dtype"]).width // 8
+            has_w, has_b = p["weight"], p.get("bias", False) and self.name.startswith("layernorm")
+            if self.name.endswith(".fwd"):
+                rows = (row,) * (1 + p["residual"])
+                params = (w,) * (int(has_w) + int(has_b))
+            else:
+                params, accs = (w,) * int(has_w), int(has_w) + int(has_b)
+        return plan.row_smem_bytes(vec, rows, params, accs) or None
 
     def build(self, p):
         from cute_kernels.kernels import norms, softmax

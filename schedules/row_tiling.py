@@ -103,6 +103,38 @@ class HeldRowPlan:
     tiling: RowTiling
     cluster_n: int = 1
     ctas_per_sm: int = 2
+    # "regs": each thread loads its vectors into registers and computes from them; "smem": it copies
+    # them with cp.async into a shared-memory buffer of the CTA's rows (every byte in flight at
+    # once, few registers) and reads them back from there for each pass (`collectives.rowwise`).
+    staging: str = "regs"
+
+    def __post_init__(self):
+        if self.staging not in STAGINGS:
+            raise ValueError(f"staging must be one of {STAGINGS}, got {self.staging!r}")
+
+    def row_smem_bytes(self, vec: int, rows: tuple = (), params: tuple = (), accumulators: int = 0) -> int:
+        """Row-sized shared memory (bytes) of a CTA for `vec`-element vectors: with "smem" staging
+        a buffer per staged row tensor (`rows`: their element sizes in bytes) for each of the
+        CTA's rows, and one per staged (N,) operand (`params`: weight, bias); plus, either way,
+        `accumulators` fp32 row slices per row group (the norms' backward dweight/dbias)."""
+        t = self.tiling
+        chunk = t.threads_per_row * t.unroll * vec  # elements of a row one CTA holds
+        total = accumulators * 4 * chunk * t.rows_per_cta
+        if self.staging == "smem":
+            total += chunk * (t.rows_per_cta * sum(rows) + sum(params))
+        return total
+
+    def staged_residency(self, row_bytes: int, min_regs: int = 64) -> int:
+        """CTAs per SM that ptxas is asked to fit (`.minnctapersm`) under shared-memory staging, for
+        `row_bytes` of row-sized shared memory per CTA: what shared memory (228 KB per SM, 1 KB of
+        it reserved per CTA) and threads (2048 per SM) allow, but never fewer than `min_regs`
+        registers per thread (a tighter cap would spill the passes' working set)."""
+        t = self.tiling.threads
+        return max(1, min(2048 // t, 65536 // (t * min_regs), SMEM_PER_SM // (row_bytes + 2048)))
+
+    def __str__(self) -> str:
+        s = f"{self.tiling} c{self.cluster_n}"
+        return s if self.staging == "regs" else f"{s} {self.staging}"
 
     def capacity(self, vec: int) -> int:
         """Longest row (elements) this plan holds."""
@@ -169,12 +201,15 @@ def max_held_row(tuning: str, vec: int) -> int:
 
 
 MAX_CLUSTER = 8  # the portable cluster size on Hopper
+STAGINGS = ("regs", "smem")
+SMEM_PER_CTA = 227 * 1024  # the most dynamic shared memory one CTA may opt into on Hopper
+SMEM_PER_SM = 228 * 1024
 
 
 @functools.lru_cache(maxsize=4096)
 def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int = 64, min_threads: int = 256,
                    max_tpr: int = 512, max_cluster: int = MAX_CLUSTER, regs_per_thread: int = 128,
-                   cluster_elems: int | None = None) -> HeldRowPlan:
+                   cluster_elems: int | None = None, staging: str = "regs") -> HeldRowPlan:
     """Threads per row, vectors per thread and cluster size for rows of `n` elements in `vec`-element
     vectors, held in registers.
 
@@ -185,7 +220,15 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
     `cluster_elems` (default `max_elems`) per thread. Raises ValueError past that.
     CTAs: at least `min_threads` threads (several short rows per CTA); `ctas_per_sm` from a
     register estimate of `regs_per_thread`, used by kernels that walk rows grid-stride.
+    `staging="smem"`: the row goes through shared memory (cp.async), so `max_elems` may exceed
+    what registers hold; CTAs per SM are then those `HeldRowPlan.staged_residency` fits (one
+    16-byte buffer slot per held vector, 64 registers per thread, 2048 threads per SM).
+    Scalar rows (vec == 1) stay in registers: cp.async moves 4, 8 or 16 bytes, not one element.
     """
+    if staging not in STAGINGS:
+        raise ValueError(f"staging must be one of {STAGINGS}, got {staging!r}")
+    if vec == 1:
+        staging = "regs"
     nv = max(1, -(-n // vec))
     vpt_target = max(1, target_elems // vec)
     vpt_max = max(1, max_elems // vec)
@@ -205,7 +248,14 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
         vpt = _pow2_at_least(-(-nv // (tpr * cluster)))
     threads = max(tpr, min_threads)
     ctas_per_sm = max(1, min(8, 65536 // (threads * regs_per_thread)))
-    return HeldRowPlan(RowTiling(threads=threads, threads_per_row=tpr, unroll=vpt), cluster, ctas_per_sm)
+    plan = HeldRowPlan(RowTiling(threads=threads, threads_per_row=tpr, unroll=vpt), cluster, ctas_per_sm, staging)
+    if staging == "smem":
+        staged = plan.row_smem_bytes(vec, rows=(16 // vec,))
+        if staged > SMEM_PER_CTA:
+            raise ValueError(f"plan {plan} stages {staged} bytes of shared memory per CTA "
+                             f"(at most {SMEM_PER_CTA})")
+        plan = HeldRowPlan(plan.tiling, cluster, min(16, plan.staged_residency(staged)), staging)
+    return plan
 
 
 # --- the device side: one thread's walk over row tiles and its share of a split row -------------

@@ -24,7 +24,7 @@ from cutlass import Float32, Int32
 
 from collectives import quantize as fp8
 from collectives.reduce import add, add_pairs
-from collectives.rowwise import RowReducer, RowSlice, cluster_start, my_tile_count
+from collectives.rowwise import RowReducer, RowSlice, cluster_start, my_tile_count, stage_buffer
 from collectives.vector_io import extent
 from schedules.row_tiling import HeldRowPlan
 
@@ -39,12 +39,64 @@ class _RowKernel:
         self.vpt = plan.tiling.unroll
         self.cluster_n = plan.cluster_n
         self.rows_per_cta = plan.tiling.rows_per_cta
+        self.staged = plan.staging == "smem"
+
+    def stage_buffers(self, smem, dtypes: tuple, group) -> list:
+        """With shared-memory staging, this row group's staging buffer for each row tensor (of
+        the given dtypes, fetched in that order); without, Nones (`RowSlice.fetch` loads into
+        registers)."""
+        if not self.staged:
+            return [None] * len(dtypes)
+        return [stage_buffer(smem, dt, self.vec, self.tpr, self.vpt, self.rows_per_cta)[None, None, group]
+                for dt in dtypes]
+
+    # Staged operands: the element types of the row tensors and of the (N,) operands; fp32
+    # accumulator row slices (set by the subclasses).
+    staged_rows: tuple = ()
+    staged_params: tuple = ()
+    accumulators = 0
+    staged_min_regs = 64  # the norms' backward: 128 (its fp32 dweight/dbias work spills below)
+
+    def row_smem_bytes(self) -> int:
+        """Row-sized shared memory of a CTA: what bounds the CTAs per SM under shared-memory staging."""
+        return self.plan.row_smem_bytes(self.vec, tuple(t.width // 8 for t in self.staged_rows),
+                                        tuple(t.width // 8 for t in self.staged_params), self.accumulators)
+
+    @cute.jit
+    def stage_vectors(self, smem, sl: RowSlice, group, vecs: cutlass.Constexpr):
+        """The (N,) operands `vecs` (weight, bias; None where absent) as the loop reads them: with
+        shared-memory staging copied once per CTA into shared memory by row group 0 (a CTA
+        barrier before the tile loop) and read from there; else the tensors, loaded per tile."""
+        if cutlass.const_expr(not self.staged):
+            return vecs
+        out = []
+        for v in vecs:
+            if cutlass.const_expr(v is None):
+                out.append(None)
+            else:
+                buf = stage_buffer(smem, v.element_type, self.vec, self.tpr, self.vpt, 1)[None, None, 0]
+                if group == 0:
+                    sl.fetch(v, True, 0.0, buf)
+                out.append(buf)
+        sl.arrive(True)
+        cute.arch.barrier()
+        return out
+
+    def vector_of(self, sl: RowSlice, held):
+        """This thread's fp32 vectors of an operand `stage_vectors` returned."""
+        return sl.to_f32(sl.read(held, True, 0.0) if self.staged else sl.load(held, True, 0.0))
 
     def grid(self, rows, max_ctas):
         tiles = (rows + self.rows_per_cta - 1) // self.rows_per_cta
         ctas = cutlass.max(cutlass.min(tiles, max_ctas), 1)
         cn = self.cluster_n
-        return dict(grid=[ctas, cn, 1], block=[self.threads, 1, 1], cluster=[1, cn, 1] if cn > 1 else None)
+        launch = dict(grid=[ctas, cn, 1], block=[self.threads, 1, 1], cluster=[1, cn, 1] if cn > 1 else None)
+        if self.staged:
+            # Registers no longer bound the CTAs per SM: ask ptxas to fit as many as shared memory
+            # allows (a register cap); the carveout is given so the DSL does not query a device.
+            launch.update(min_blocks_per_mp=self.plan.staged_residency(self.row_smem_bytes(), self.staged_min_regs),
+                          preferred_smem_carveout=100)
+        return launch
 
 
 class NormFwd(_RowKernel):
@@ -69,6 +121,8 @@ class NormFwd(_RowKernel):
         self.kind, self.dtype, self.w_dtype, self.out_dtype = kind, dtype, w_dtype, out_dtype
         self.has_weight, self.has_bias, self.has_residual = has_weight, has_bias, has_residual
         self.fp8_out = fp8_out
+        self.staged_rows = (dtype,) * (1 + has_residual)
+        self.staged_params = (w_dtype,) * (int(has_weight) + int(has_bias))
 
     @cute.jit
     def __call__(self, x: cute.Tensor, w, b, res, out: cute.Tensor, res_out, mean, rstd: cute.Tensor, scales,
@@ -95,7 +149,10 @@ class NormFwd(_RowKernel):
             if cutlass.const_expr(slots > 0):
                 block_buf = smem.allocate_tensor(Float32, cute.make_layout(slots), byte_alignment=16)
         lane = tidx % self.tpr
-        sl = RowSlice(self.vec, self.tpr, self.vpt, lane, rank, n)
+        sl = RowSlice(self.vec, self.tpr, self.vpt, lane, rank, n, self.staged)
+        bufs = self.stage_buffers(smem, (x.element_type, res.element_type) if self.has_residual
+                                  else (x.element_type,), tidx // self.tpr)
+        hw, hb = self.stage_vectors(smem, sl, tidx // self.tpr, (w, b))
         inv_n = cute.arch.rcp_approx(Float32(n))  # no IEEE-division subroutine call
         cluster_start(self.cluster_n)
         count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx, gdim, self.index64)
@@ -103,26 +160,32 @@ class NormFwd(_RowKernel):
             row = (bidx + i * gdim) * self.rows_per_cta + tidx // self.tpr
             ok = row < rows
             parity = Int32(i % 2)
-            xs = sl.to_f32(sl.load(x[row, None], ok, 0.0))
+            hx = sl.fetch(x[row, None], ok, 0.0, bufs[0])
+            hr = None
             if cutlass.const_expr(self.has_residual):
-                rs = sl.to_f32(sl.load(res[row, None], ok, 0.0))
-                xs = [(a + c).to(res_out.element_type).to(Float32) for a, c in zip(xs, rs)]
+                hr = sl.fetch(res[row, None], ok, 0.0, bufs[1])
+            sl.arrive(self.staged)
+            xs = self.held_x(sl, hx, hr, ok, res_out)
+            if cutlass.const_expr(self.has_residual):
                 sl.store(res_out[row, None], ok, xs)
             mu = Float32(0.0)
             ds = xs
             if cutlass.const_expr(layer):
                 mu = red.reduce(sl.sum(xs), add, Float32(0.0), 0, parity) * inv_n
-                ds = [v - mu for v in xs]
+                ds = [v - mu for v in self.again_x(sl, hx, hr, ok, res_out, xs)]
                 var = red.reduce(sl.masked_sum([d * d for d in ds]), add, Float32(0.0), 1, parity) * inv_n
             else:
                 var = red.reduce(sl.sum([v * v for v in xs]), add, Float32(0.0), 0, parity) * inv_n
+            if cutlass.const_expr(self.staged):  # the row again, for the output pass
+                ds = [v - mu for v in self.held_x(sl, hx, hr, ok, res_out)] if layer \
+                    else self.held_x(sl, hx, hr, ok, res_out)
             r = cute.math.rsqrt(var + eps)
             ys = [d * r for d in ds]
             if cutlass.const_expr(self.has_weight):
-                ws = sl.to_f32(sl.load(w, True, 0.0))
+                ws = self.vector_of(sl, hw)
                 ys = [y * c for y, c in zip(ys, ws)]
             if cutlass.const_expr(self.has_bias):
-                bs = sl.to_f32(sl.load(b, True, 0.0))
+                bs = self.vector_of(sl, hb)
                 ys = [y + c for y, c in zip(ys, bs)]
             if cutlass.const_expr(self.fp8_out == "none"):
                 sl.store(out[row, None], ok, ys)
@@ -135,6 +198,17 @@ class NormFwd(_RowKernel):
                     mean[row] = mu
             red.end_tile()
 
+    def held_x(self, sl: RowSlice, hx, hr, ok, res_out):
+        """The fp32 row x (x + residual, rounded to the residual's dtype) from the held row(s)."""
+        xs = sl.to_f32(sl.read(hx, ok, 0.0))
+        if self.has_residual:
+            rs = sl.to_f32(sl.read(hr, ok, 0.0))
+            xs = [(a + c).to(res_out.element_type).to(Float32) for a, c in zip(xs, rs)]
+        return xs
+
+    def again_x(self, sl: RowSlice, hx, hr, ok, res_out, xs):
+        """`xs` for a later pass: the same values with register staging, read again with smem."""
+        return self.held_x(sl, hx, hr, ok, res_out) if self.staged else xs
 
     @cute.jit
     def store_fp8(self, sl: RowSlice, red: RowReducer, block_buf, out: cute.Tensor, scales: cute.Tensor, row, ok,
@@ -175,6 +249,10 @@ class NormBwd(_RowKernel):
         super().__init__(vec, index64, plan)
         self.kind, self.dtype, self.w_dtype = kind, dtype, w_dtype
         self.has_weight, self.has_bias, self.has_dres = has_weight, has_bias, has_dres
+        self.staged_rows = (dtype, dtype)
+        self.staged_params = (w_dtype,) if has_weight else ()
+        self.accumulators = int(has_weight) + int(has_bias)
+        self.staged_min_regs = 128
 
     @cute.jit
     def __call__(self, x: cute.Tensor, w, dy: cute.Tensor, dres, mean, rstd: cute.Tensor, dx: cute.Tensor,
@@ -195,7 +273,9 @@ class NormBwd(_RowKernel):
         red = RowReducer.allocate(smem, self.threads, tpr, self.cluster_n, (2,) if layer else (1,))
         lane = tidx % tpr
         group = tidx // tpr
-        sl = RowSlice(vec, tpr, vpt, lane, rank, n)
+        sl = RowSlice(vec, tpr, vpt, lane, rank, n, self.staged)
+        bufs = self.stage_buffers(smem, (x.element_type, dy.element_type), group)
+        (hw,) = self.stage_vectors(smem, sl, group, (w,))
         inv_n = cute.arch.rcp_approx(Float32(n))  # no IEEE-division subroutine call
         # dweight/dbias accumulators live in shared memory, one private copy per thread (no races, no
         # barriers in the loop): in registers they would double the backward's register footprint.
@@ -215,8 +295,11 @@ class NormBwd(_RowKernel):
                 r = rstd[row]
                 if cutlass.const_expr(layer):
                     mu = mean[row]
-            xs = sl.to_f32(sl.load(x[row, None], ok, 0.0))
-            dys = sl.to_f32(sl.load(dy[row, None], ok, 0.0))
+            hx = sl.fetch(x[row, None], ok, 0.0, bufs[0])
+            hdy = sl.fetch(dy[row, None], ok, 0.0, bufs[1])
+            sl.arrive(self.staged)
+            xs = sl.to_f32(sl.read(hx, ok, 0.0))
+            dys = sl.to_f32(sl.read(hdy, ok, 0.0))
             xh = [(v - mu) * r for v in xs]
             # Accumulate dweight/dbias first: dy is then dead once w * dy is formed, which keeps two
             # (not three) row-sized fp32 arrays live across the reduction.
@@ -227,7 +310,7 @@ class NormBwd(_RowKernel):
                     db_acc[None, k].store(db_acc[None, k].load() + dys[k])
             wdy = dys
             if cutlass.const_expr(self.has_weight):
-                ws = sl.to_f32(sl.load(w, True, 0.0))
+                ws = self.vector_of(sl, hw)
                 wdy = [d * c for d, c in zip(dys, ws)]
             c1 = Float32(0.0)
             c2 = Float32(0.0)
@@ -238,6 +321,11 @@ class NormBwd(_RowKernel):
                 c1 = red.reduce(sl.sum([a * g for a, g in zip(xh, wdy)]), add, Float32(0.0), 0, parity)
             c1 = c1 * inv_n
             c2 = c2 * inv_n
+            if cutlass.const_expr(self.staged):  # x, dy (and w) again for the output pass
+                xh = [(v - mu) * r for v in sl.again(hx, xs, ok, 0.0)]
+                wdy = sl.again(hdy, dys, ok, 0.0)
+                if cutlass.const_expr(self.has_weight):
+                    wdy = [d * c for d, c in zip(wdy, self.vector_of(sl, hw))]
             dxs = [(g - (a * c1 + c2)) * r for a, g in zip(xh, wdy)]
             if cutlass.const_expr(self.has_dres):
                 drs = sl.to_f32(sl.load(dres[row, None], ok, 0.0))

@@ -21,7 +21,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from collectives.online_softmax import EMPTY, exp_shifted, fold, local_state, log_sum_exp, merge, rescale
+from collectives.online_softmax import EMPTY, exp_shifted, finite_ref, fold, local_state, log_sum_exp, merge, rescale
 from collectives.reduce import add, group_reduce, group_smem_slots
 from collectives.rowwise import RowReducer, RowSlice, cluster_start, my_tile_count
 from collectives.vector_io import as_vectors, extent
@@ -40,7 +40,8 @@ class _RowLoop(_RowKernel):
     """The per-kernel prologue: indices, the reducer, the row slice, the tile count."""
 
     @cute.jit
-    def setup(self, x: cute.Tensor, widths: cutlass.Constexpr):
+    def setup(self, x: cute.Tensor, widths: cutlass.Constexpr, staged: cutlass.Constexpr = 0):
+        """... and this row group's staging buffers for `staged` row tensors of x's dtype."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, rank, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -48,10 +49,11 @@ class _RowLoop(_RowKernel):
         smem = cutlass.memory.SmemAllocator()
         red = RowReducer.allocate(smem, self.threads, self.tpr, self.cluster_n, widths)
         lane = tidx % self.tpr
-        sl = RowSlice(self.vec, self.tpr, self.vpt, lane, rank, n)
+        sl = RowSlice(self.vec, self.tpr, self.vpt, lane, rank, n, self.staged)
+        bufs = self.stage_buffers(smem, (x.element_type,) * staged, tidx // self.tpr)
         cluster_start(self.cluster_n)
         count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx, gdim, self.index64)
-        return red, sl, count, bidx, gdim, rows, n, tidx // self.tpr, lane, rank
+        return red, sl, count, bidx, gdim, rows, n, tidx // self.tpr, lane, rank, bufs
 
 
 class SoftmaxFwd(_RowLoop):
@@ -60,6 +62,7 @@ class SoftmaxFwd(_RowLoop):
     def __init__(self, log: bool, dtype, vec: int, index64: bool, plan):
         super().__init__(vec, index64, plan)
         self.log, self.dtype = log, dtype
+        self.staged_rows = (dtype,)
 
     @cute.jit
     def __call__(self, x: cute.Tensor, y: cute.Tensor, max_ctas: Int32, stream):
@@ -67,18 +70,23 @@ class SoftmaxFwd(_RowLoop):
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, y: cute.Tensor):
-        red, sl, count, bidx, gdim, rows, n, group, lane, rank = self.setup(x, (2,))
+        red, sl, count, bidx, gdim, rows, n, group, lane, rank, bufs = self.setup(x, (2,), 1)
         for i in cutlass.range(count, unroll=1):
             row = (bidx + i * gdim) * self.rows_per_cta + group
             ok = row < rows
-            xs = sl.to_f32(sl.load(x[row, None], ok, _NEG_INF))
-            mine, exps = local_state(xs)
+            hx = sl.fetch(x[row, None], ok, _NEG_INF, bufs[0])
+            sl.arrive(self.staged)
+            xs = sl.to_f32(sl.read(hx, ok, _NEG_INF))
+            mine, exps = local_state(sl.lazy(hx, xs, ok, _NEG_INF))
             state = red.reduce(mine, merge, _empty(), 0, Int32(i % 2))
             if cutlass.const_expr(self.log):
                 lse = log_sum_exp(state)
-                sl.store(y[row, None], ok, [v - lse for v in xs])
+                sl.store(y[row, None], ok, [v - lse for v in sl.again(hx, xs, ok, _NEG_INF)])
             else:
                 f = rescale(mine[0], state)
+                if cutlass.const_expr(self.staged):  # the thread's exps again (those of local_state)
+                    ref = finite_ref(mine[0])
+                    exps = [exp_shifted(v, ref) for v in sl.again(hx, xs, ok, _NEG_INF)]
                 sl.store(y[row, None], ok, [e * f for e in exps])
             red.end_tile()
 
@@ -89,6 +97,7 @@ class SoftmaxBwd(_RowLoop):
     def __init__(self, log: bool, dtype, vec: int, index64: bool, plan):
         super().__init__(vec, index64, plan)
         self.log, self.dtype = log, dtype
+        self.staged_rows = (dtype, dtype)
 
     @cute.jit
     def __call__(self, y: cute.Tensor, dy: cute.Tensor, dx: cute.Tensor, max_ctas: Int32, stream):
@@ -96,17 +105,22 @@ class SoftmaxBwd(_RowLoop):
 
     @cute.kernel
     def kernel(self, y: cute.Tensor, dy: cute.Tensor, dx: cute.Tensor):
-        red, sl, count, bidx, gdim, rows, n, group, lane, rank = self.setup(y, (1,))
+        red, sl, count, bidx, gdim, rows, n, group, lane, rank, bufs = self.setup(y, (1,), 2)
         for i in cutlass.range(count, unroll=1):
             row = (bidx + i * gdim) * self.rows_per_cta + group
             ok = row < rows
-            ys = sl.to_f32(sl.load(y[row, None], ok, 0.0))
-            dys = sl.to_f32(sl.load(dy[row, None], ok, 0.0))
+            hy = sl.fetch(y[row, None], ok, 0.0, bufs[0])
+            hdy = sl.fetch(dy[row, None], ok, 0.0, bufs[1])
+            sl.arrive(self.staged)
+            ys = sl.to_f32(sl.read(hy, ok, 0.0))
+            dys = sl.to_f32(sl.read(hdy, ok, 0.0))
             if cutlass.const_expr(self.log):
                 s = red.reduce(sl.sum(dys), add, Float32(0.0), 0, Int32(i % 2))
+                ys, dys = sl.again(hy, ys, ok, 0.0), sl.again(hdy, dys, ok, 0.0)
                 sl.store(dx[row, None], ok, [g - cute.math.exp(v, fastmath=True) * s for v, g in zip(ys, dys)])
             else:
                 s = red.reduce(sl.sum([v * g for v, g in zip(ys, dys)]), add, Float32(0.0), 0, Int32(i % 2))
+                ys, dys = sl.again(hy, ys, ok, 0.0), sl.again(hdy, dys, ok, 0.0)
                 sl.store(dx[row, None], ok, [v * (g - s) for v, g in zip(ys, dys)])
             red.end_tile()
 
@@ -233,7 +247,7 @@ class CrossEntropyBwd(_RowLoop):
     def kernel(self, x: cute.Tensor, target: cute.Tensor, dloss: cute.Tensor, lse: cute.Tensor, dx: cute.Tensor,
                ignore_index: Int32):
         vec = self.vec
-        red, sl, count, bidx, gdim, rows, n, group, lane, rank = self.setup(x, ())
+        red, sl, count, bidx, gdim, rows, n, group, lane, rank, _ = self.setup(x, ())
         for i in cutlass.range(count, unroll=1):
             row = (bidx + i * gdim) * self.rows_per_cta + group
             ok = row < rows

@@ -1,0 +1,102 @@
+"""CPU: shared-memory staging of the held rows (`staging="smem"`, collectives.rowwise): every staged
+kernel compiles for sm_90a without spills, copies its rows with `cp.async.cg.shared.global` (128-bit,
+one commit and one wait per tile), reads them back with 128-bit shared loads, asks ptxas for the
+CTAs per SM shared memory allows (`.minnctapersm`), and takes far fewer registers than the
+register plan of the same shape. The plans and specs refuse what staging cannot do."""
+
+import re
+
+import pytest
+
+from cute_kernels import catalog
+from cute_kernels.artifacts import compile_with_artifacts
+from cute_kernels.specs_rowwise import STAGED_TENSORS, config_of, plan_of
+from schedules.row_tiling import HeldRowPlan, RowTiling, plan_held_rows
+
+# (kernel, staged plan as threads, threads_per_row, vpt, cluster_n): long-row shapes the tuner tries.
+CASES = [
+    ("rmsnorm.fwd", (128, 128, 8, 8)), ("rmsnorm.fwd", (256, 256, 4, 8)),
+    ("layernorm.fwd", (128, 128, 8, 8)), ("layernorm.fwd", (256, 256, 4, 8)),
+    ("softmax.fwd", (256, 256, 4, 8)), ("log_softmax.fwd", (256, 256, 4, 8)),
+    ("softmax.bwd", (128, 128, 8, 8)), ("log_softmax.bwd", (256, 256, 4, 8)),
+    ("rmsnorm.bwd", (256, 256, 4, 8)), ("layernorm.bwd", (256, 256, 4, 8)),
+]
+
+
+def _params(name, shape, staging, **extra):
+    t, tpr, vpt, cn = shape
+    p = dict(threads=t, threads_per_row=tpr, vpt=vpt, cluster_n=cn, staging=staging, **extra)
+    return catalog.get(name).resolve(p)
+
+
+def _compile(name, p, tmp_path):
+    report, files = compile_with_artifacts(catalog.get(name), p, str(tmp_path))
+    assert not report.spills, report.format()
+    return report, report.kernels[0].registers, files["ptx"].read_text()
+
+
+@pytest.mark.parametrize("name,shape", CASES)
+def test_staged_rows_use_cp_async_and_few_registers(name, shape, tmp_path):
+    report, regs, ptx = _compile(name, _params(name, shape, "smem"), tmp_path / "smem")
+    staged = STAGED_TENSORS[name]
+    vpt = shape[2]
+    # one 128-bit cp.async per held vector of each staged row (+ the weight/bias, copied once)
+    assert ptx.count("cp.async.cg.shared.global") >= staged * vpt, report.format()
+    assert "cp.async.commit_group" in ptx and "cp.async.wait_group" in ptx
+    assert report.ptx_census["ld.global.v4 (128-bit)"] == 0  # rows come in through cp.async only
+    assert report.ptx_census["st.global.v4 (128-bit)"] > 0
+    assert len(re.findall(r"ld\.shared\.v4", ptx)) >= staged * vpt
+    m = re.search(r"\.minnctapersm (\d+)", ptx)
+    assert m and int(m.group(1)) >= 2
+    assert report.dynamic_smem_bytes and report.dynamic_smem_bytes >= staged * shape[1] * vpt * 16
+    if name.endswith(".fwd") or name.startswith(("softmax", "log_softmax")):
+        _, regs_plan, _ = _compile(name, _params(name, shape, "regs"), tmp_path / "regs")
+        assert regs <= 96 and regs * 3 <= regs_plan * 2, (regs, regs_plan)
+
+
+def test_staged_options_compile(tmp_path):
+    """RMSNorm forward with a residual and an fp32 weight (two 128-bit copies per weight vector),
+    LayerNorm forward without weight/bias, RMSNorm forward with FP8 block scales, fp32 softmax."""
+    for i, (name, extra) in enumerate([("rmsnorm.fwd", dict(residual=True, w_dtype="fp32")),
+                                       ("layernorm.fwd", dict(weight=False, bias=False)),
+                                       ("rmsnorm.fwd", dict(fp8_out="block128")),
+                                       ("softmax.fwd", dict(dtype="fp32"))]):
+        _, _, ptx = _compile(name, _params(name, (256, 256, 4, 4), "smem", **extra), tmp_path / str(i))
+        assert "cp.async.cg.shared.global" in ptx
+
+
+def test_staging_is_part_of_the_config_and_key():
+    spec = catalog.get("softmax.fwd")
+    a, b = _params("softmax.fwd", (256, 256, 4, 8), "regs"), _params("softmax.fwd", (256, 256, 4, 8), "smem")
+    assert spec.key(a) != spec.key(b) and "staging=smem" in spec.key(b).config
+    plan = plan_of(b)
+    assert plan.staging == "smem" and config_of(plan) == {k: b[k] for k in config_of(plan)}
+    assert plan_of(a).staging == "regs"
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="aligned"):
+        _params("softmax.fwd", (256, 256, 4, 1), "smem", aligned=False)
+    with pytest.raises(ValueError, match="not built"):
+        _params("cross_entropy.bwd", (256, 256, 4, 1), "smem")
+    # 1024 threads x 64 vectors x 16 B x 2 tensors = 2 MiB: over the 227 KB a CTA may have
+    with pytest.raises(ValueError, match=r"t1024r1024u64 c1 smem"):
+        _params("softmax.bwd", (1024, 1024, 64, 1), "smem")
+    with pytest.raises(ValueError, match="staging"):
+        HeldRowPlan(RowTiling(128, 128, 4), 1, 2, "tmem")
+
+
+def test_planner_capability():
+    """plan_held_rows builds staged plans on request (the production table asks for none yet);
+    scalar rows stay in registers."""
+    p = plan_held_rows(65536, 8, target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem")
+    assert p.staging == "smem" and p.capacity(8) >= 65536
+    assert p.ctas_per_sm > plan_held_rows(65536, 8, target_elems=64, max_elems=64, min_threads=128,
+                                          max_tpr=128).ctas_per_sm
+    assert plan_held_rows(4099, 1, staging="smem").staging == "regs"
+    with pytest.raises(ValueError, match="shared memory"):
+        plan_held_rows(1 << 20, 8, target_elems=1024, max_elems=1024, min_threads=1024, max_tpr=1024,
+                       max_cluster=1, staging="smem")
+    from schedules.row_tiling import HELD_TUNED
+
+    assert all("staging" not in st for fam in HELD_TUNED.values() for _, st in fam)
