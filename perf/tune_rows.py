@@ -1,6 +1,8 @@
 """Sweep the held-row plans (threads, threads per row, vectors per thread, cluster, CTAs per SM) of
 the row-wise kernels on the GPU: which plan moves the bytes fastest per (kernel, N), against the
 plan `schedules.row_tiling.plan_held_rows` picks today. Feeds HELD_TUNED / plan_held_rows.
+For N >= 16384 the sweep also times shared-memory staged plans (`staging="smem"`, rows copied by
+cp.async and read back per pass; tagged "smem" in the plan column) next to the register plans.
 
     python3 -m perf.tune_rows [--n 4096,65536] [--kernels rmsnorm.fwd,...] [--out DIR] [--jobs 16]
 
@@ -12,6 +14,7 @@ Inputs are bf16 with 256 MiB per (M, N) tensor, randn; CUDA-event medians with L
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 import torch
@@ -41,7 +44,31 @@ def candidates(n: int, vec: int = 8, bwd: bool = False) -> list[HeldRowPlan]:
                 cps = max(1, min(8, 65536 // (threads * regs)))
                 for c in ((cps, 2 * cps) if bwd else (cps,)):
                     out.append(HeldRowPlan(RowTiling(threads, tpr, vpt), cluster, c))
+    if n >= STAGED_FROM:
+        out += staged_candidates(n, vec, bwd)
     return list(dict.fromkeys(out))
+
+
+STAGED_FROM = 16384
+
+
+def staged_candidates(n: int, vec: int = 8, bwd: bool = False) -> list[HeldRowPlan]:
+    """Shared-memory staged plans: CTAs of 128 or 256 threads (one row each), 32-128 elements per
+    thread, clusters of 1-8, no more than 2x padding; CTAs per SM as shared memory allows (the
+    kernels ask ptxas for that many)."""
+    out = []
+    for tpr in (128, 256):
+        for elems in (32, 64, 128):
+            cluster = 1
+            while tpr * elems * cluster < n:
+                cluster *= 2
+            if cluster > 8 or tpr * elems * cluster >= 2 * n:
+                continue
+            p = HeldRowPlan(RowTiling(tpr, tpr, elems // vec), cluster, 1, "smem")
+            rows = (16 // vec,) * (2 if bwd else 1)
+            cps = min(16, p.staged_residency(p.row_smem_bytes(vec, rows), 128 if bwd else 64))
+            out.append(dataclasses.replace(p, ctas_per_sm=cps))
+    return out
 
 
 def _call(kernel: str, n: int, m: int):
@@ -63,22 +90,29 @@ def _call(kernel: str, n: int, m: int):
 
 
 def sweep(kernels, ns, jobs: int):
+    from cute_kernels import catalog
     from cute_kernels.ops import _rowwise as R
     from cute_kernels.precompile import precompile
     from cute_kernels.specs_rowwise import config_of
 
-    plans = {(k, n): candidates(n, bwd=k.endswith(".bwd")) for k in kernels for n in ns}
+    plans = {}
     items = []
-    for (k, n), ps in plans.items():
-        for p in ps:
-            params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p))
-            if k.startswith(("rmsnorm", "layernorm")):
-                params.update(weight=True, residual=False, w_dtype="bf16")
-            if k == "layernorm.bwd":
-                params["bias"] = True
-            from cute_kernels import catalog
-
-            items.append((k, tuple(sorted(catalog.get(k).resolve(params).items()))))
+    for k in kernels:
+        for n in ns:
+            keep = []
+            for p in candidates(n, bwd=k.endswith(".bwd")):
+                params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p))
+                if k.startswith(("rmsnorm", "layernorm")):
+                    params.update(weight=True, residual=False, w_dtype="bf16")
+                if k == "layernorm.bwd":
+                    params["bias"] = True
+                try:  # a staged plan past the shared memory of a CTA is refused by the spec
+                    items.append((k, tuple(sorted(catalog.get(k).resolve(params).items()))))
+                except ValueError as e:
+                    H.progress(f"  skip {k} {n} {p}: {str(e)[:120]}")
+                    continue
+                keep.append(p)
+            plans[(k, n)] = keep
     if jobs > 1:
         H.progress(f"precompiling {len(items)} variants on {jobs} workers")
         try:
@@ -110,7 +144,7 @@ def sweep(kernels, ns, jobs: int):
         nbytes = MOVED[k.split(".")[1]] * m * n * 2
         for t, p in sorted(res, key=lambda r: r[0])[:4] + [res[0]]:
             tag = " (default)" if p == default else ""
-            lines.append(f"| {k} | {n} | {p.tiling} c{p.cluster_n}{tag} | {p.ctas_per_sm} | {t * 1e3:.1f} | "
+            lines.append(f"| {k} | {n} | {p}{tag} | {p.ctas_per_sm} | {t * 1e3:.1f} | "
                          f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} |")
         best_rows.append((k, n, sorted(res, key=lambda r: r[0])[0]))
         print("\n".join(lines[-5:]), flush=True)
