@@ -117,6 +117,94 @@ def mma_k_tiles_promoted(
     return read_state, release_state
 
 
+@cute.jit
+def _issue_block(tiled_mma: cute.TiledMma, temp: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor, stage):
+    """temp = A_stage @ B_stage (zeroed first: ptxas folds the zeroing into the first WGMMA's
+    scale-d = 0), issued and committed as one WGMMA group; returns without waiting."""
+    temp.fill(0.0)
+    warpgroup.fence()
+    for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+        cute.gemm(tiled_mma, temp, tCrA[(None, None, kb, stage)], tCrB[(None, None, kb, stage)], temp)
+    warpgroup.commit_group()
+
+
+@cute.jit
+def mma_k_tiles_promoted_overlap(
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    t0: cute.Tensor,
+    t1: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+    pipe,
+    read_state,
+    release_state,
+    k_tiles,
+    scales,
+):
+    """`mma_k_tiles_promoted` with the promotion of K-block k-1 overlapping the WGMMAs of K-block k
+    (the `promote_overlap` option of the FP8 GEMM). Two temporaries t0 / t1 alternate: K-block k is
+    issued into t[k % 2], then `wait_group(1)` waits only for K-block k-1 (the tensor cores keep
+    K-block k queued), its stage is released and t[(k-1) % 2] is promoted on the CUDA cores while
+    the tensor cores work. Costs one more accumulator-sized temporary per thread (3 x 64 fp32 at
+    64 x 128 per warpgroup) and holds each stage one K-block longer (its A scales are read before
+    it is released). The parity of a temporary must be known when the kernel is traced, so the
+    K loop runs in pairs after K-block 0, with a tail for an even K-block count. Same arguments
+    (plus the second temporary), ACCUMULATE setting and returned states as `mma_k_tiles_promoted`;
+    the sum is bitwise the same (same FFMAs in the same K order)."""
+    acc.fill(0.0)
+    if k_tiles > 0:
+        pipe.consumer_wait(read_state)
+        _issue_block(tiled_mma, t0, tCrA, tCrB, read_state.index)
+        read_state.advance()
+        for p in cutlass.range((k_tiles - 1) // 2, unroll=1):
+            k = 2 * p + 1
+            # K-block k -> t1 while K-block k-1 (t0) is promoted.
+            sb = scales.prefetch(k - 1)
+            pipe.consumer_wait(read_state)
+            _issue_block(tiled_mma, t1, tCrA, tCrB, read_state.index)
+            s = scales.fetch(sb, release_state.index)
+            warpgroup.wait_group(1)
+            pipe.consumer_release(release_state)
+            release_state.advance()
+            read_state.advance()
+            scales.promote(acc, t0, s)
+            # K-block k+1 -> t0 while K-block k (t1) is promoted.
+            sb = scales.prefetch(k)
+            pipe.consumer_wait(read_state)
+            _issue_block(tiled_mma, t0, tCrA, tCrB, read_state.index)
+            s = scales.fetch(sb, release_state.index)
+            warpgroup.wait_group(1)
+            pipe.consumer_release(release_state)
+            release_state.advance()
+            read_state.advance()
+            scales.promote(acc, t1, s)
+        if (k_tiles - 1) % 2 == 1:  # even K-block count: the last one goes to t1
+            sb = scales.prefetch(k_tiles - 2)
+            pipe.consumer_wait(read_state)
+            _issue_block(tiled_mma, t1, tCrA, tCrB, read_state.index)
+            s = scales.fetch(sb, release_state.index)
+            warpgroup.wait_group(1)
+            pipe.consumer_release(release_state)
+            release_state.advance()
+            read_state.advance()
+            scales.promote(acc, t0, s)
+            sb = scales.prefetch(k_tiles - 1)
+            s = scales.fetch(sb, release_state.index)
+            warpgroup.wait_group(0)
+            pipe.consumer_release(release_state)
+            release_state.advance()
+            scales.promote(acc, t1, s)
+        else:  # odd: the last one is in t0
+            sb = scales.prefetch(k_tiles - 1)
+            s = scales.fetch(sb, release_state.index)
+            warpgroup.wait_group(0)
+            pipe.consumer_release(release_state)
+            release_state.advance()
+            scales.promote(acc, t0, s)
+    return read_state, release_state
+
+
 def acc_a_view(acc: cute.Tensor) -> cute.Tensor:
     """A WGMMA accumulator ((2, 2, V), MMA_M, MMA_N) regrouped as the register A operand of a
     following WGMMA, ((2, 2, 2), MMA_M, (V/2, MMA_N)): same registers, A's index order.

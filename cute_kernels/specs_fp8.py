@@ -14,7 +14,7 @@ from cutlass import Int32
 from cute_kernels import dtypes
 from cute_kernels.catalog import KernelSpec, Param
 from cute_kernels.jit import fake_stream
-from schedules.fp8_gemm import fp8_schedule, grouped_error
+from schedules.fp8_gemm import fp8_schedule, grouped_error, overlap_error
 from schedules.gemm import GROUPINGS, KINDS
 
 OUT_DTYPES = ("bf16", "fp16")
@@ -45,6 +45,10 @@ class Fp8GemmSpec(KernelSpec):
         err = grouped_error(s, p["grouping"])
         if err:
             raise ValueError(err)
+        if p["promote_overlap"]:
+            err = overlap_error(s)
+            if err:
+                raise ValueError(err)
 
     def build(self, p):
         from cute_kernels.kernels.gemm import Gemm
@@ -64,14 +68,15 @@ class Fp8GemmSpec(KernelSpec):
         sa = cute.runtime.make_fake_tensor(f32, (m, kb, batch), stride=(1, sym(4), sym(4)), assumed_align=16)
         sb = cute.runtime.make_fake_tensor(f32, (nb, kb, batch), stride=(sym(), sym(), sym()), assumed_align=4)
         if p["grouping"] == "none":
-            return Gemm(ab, out, s, blockwise=True).fp8, (a, b, d, sa, sb, Int32(1), fake_stream())
+            return (Gemm(ab, out, s, blockwise=True, promote_overlap=p["promote_overlap"]).fp8,
+                    (a, b, d, sa, sb, Int32(1), fake_stream()))
         # Grouped: B and sb per expert (E); A, sa, d have L = 1 (contiguous) or E (masked), symbolic
         # here; groups is the expert of each row (contiguous, M) or the valid rows per expert (masked, E).
         experts = sym()
         b = cute.runtime.make_fake_tensor(ab, (n, k, experts), stride=(sym(16), 1, sym(16)), assumed_align=16)
         sb = cute.runtime.make_fake_tensor(f32, (nb, kb, experts), stride=(sym(), sym(), sym()), assumed_align=4)
         groups = cute.runtime.make_fake_tensor(Int32, (sym(),), stride=(1,), assumed_align=4)
-        kernel = Gemm(ab, out, s, blockwise=True, grouping=p["grouping"])
+        kernel = Gemm(ab, out, s, blockwise=True, grouping=p["grouping"], promote_overlap=p["promote_overlap"])
         return kernel.fp8_grouped, (a, b, d, sa, sb, groups, Int32(1), fake_stream())
 
     def representative(self):
@@ -111,5 +116,7 @@ FP8_GEMM = Fp8GemmSpec(
         "persistent": Param(True, (True, False), help="persistent CTAs walking tiles, or one tile each"),
         "grouping": Param("none", GROUPINGS, help="MoE grouped GEMM: none, contiguous (expert per row block), "
                                                   "masked (valid rows per expert)"),
+        "promote_overlap": Param(False, (False, True), help="promote K-block k-1 while K-block k's WGMMAs run "
+                                                            "(a second temporary accumulator; default off)"),
     },
 )

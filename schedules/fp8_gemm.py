@@ -47,6 +47,21 @@ def promoted_error(s: GemmSchedule) -> str | None:
     return None
 
 
+MAX_OVERLAP_ACC = 192  # fp32 registers per thread for accumulator + two temporaries (promote_overlap)
+
+
+def overlap_error(s: GemmSchedule) -> str | None:
+    """Why schedule `s` cannot run the overlapped promotion (`promote_overlap=True`: K-block k-1
+    promoted while K-block k's WGMMAs run, two temporaries), None when it can."""
+    err = promoted_error(s)
+    if err:
+        return err
+    if 3 * acc_per_thread(s) > MAX_OVERLAP_ACC:
+        return (f"promote_overlap: {s.kind} {s.tile_m}x{s.tile_n} needs 3 x {acc_per_thread(s)} fp32 accumulators "
+                f"per thread (sum + two block temporaries) > {MAX_OVERLAP_ACC}; use 64 x 128 per warpgroup or less")
+    return None
+
+
 def grouped_error(s: GemmSchedule, grouping: str) -> str | None:
     """Why schedule `s` cannot run the `grouping` walk (None when it can)."""
     if grouping not in GROUPINGS:

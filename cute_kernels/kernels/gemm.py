@@ -39,7 +39,12 @@ from collectives import block_scales
 from collectives import epilogue as epi
 from collectives.epilogue import EpilogueOps
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma, produce_k_tiles
-from collectives.wgmma_mainloop import accumulate_mode, mma_k_tiles, mma_k_tiles_promoted
+from collectives.wgmma_mainloop import (
+    accumulate_mode,
+    mma_k_tiles,
+    mma_k_tiles_promoted,
+    mma_k_tiles_promoted_overlap,
+)
 from cute_kernels.kernels.elementwise import map_vectors
 from schedules.gemm import GemmSchedule, TileWalk
 from schedules.grid_stride import GridStride
@@ -56,12 +61,16 @@ _ORDER_BAR = 3  # ping-pong mainloop turns: 3 + warpgroup
 
 class Gemm:
     def __init__(self, ab_dtype, out_dtype, schedule: GemmSchedule, ops: EpilogueOps = EpilogueOps(),
-                 blockwise: bool = False, grouping: str = "none"):
+                 blockwise: bool = False, grouping: str = "none", promote_overlap: bool = False):
         self.ab_dtype, self.out_dtype = ab_dtype, out_dtype
         self.s, self.ops = schedule, ops
         self.acc_dtype = Float32
         self.blockwise = blockwise  # FP8 1x128 / 128x128 block scales, promoted accumulation
         self.grouping = grouping  # MoE grouped walk ("none", "contiguous", "masked"; FP8 only)
+        # FP8: promote K-block k-1 while K-block k's WGMMAs run (a second temporary accumulator)
+        self.promote_overlap = promote_overlap
+        if promote_overlap and not blockwise:
+            raise ValueError("promote_overlap is an option of the FP8 block-scaled mode (blockwise=True)")
         self.split = schedule.split_k > 1
         if self.split and (blockwise or grouping != "none"):
             raise ValueError("split_k > 1 is for the bf16/fp16 GEMM (not the FP8 block-scaled or grouped modes)")
@@ -296,6 +305,8 @@ class Gemm:
             tCcC = thr_mma.partition_C(cute.make_identity_tensor((s.tile_m, s.tile_n)))
             if cutlass.const_expr(self.blockwise):
                 temp = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
+                if cutlass.const_expr(self.promote_overlap):
+                    temp2 = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
                 slots = block_scales.element_slots(tiled_mma, s.tile_m, s.tile_n)
 
             accumulate_mode(tiled_mma)
@@ -337,8 +348,12 @@ class Gemm:
                     if valid:
                         if cutlass.const_expr(self.blockwise):
                             scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te)
-                            read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read,
-                                                                 release, k_tiles, scales)
+                            if cutlass.const_expr(self.promote_overlap):
+                                read, release = mma_k_tiles_promoted_overlap(tiled_mma, acc, temp, temp2, tCrA, tCrB,
+                                                                             pipe, read, release, k_tiles, scales)
+                            else:
+                                read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read,
+                                                                     release, k_tiles, scales)
                         else:
                             read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, k_tiles)
                         if cutlass.const_expr(s.kind == "pingpong"):
