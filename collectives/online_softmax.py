@@ -120,47 +120,111 @@ def acc_rows_view(acc: cute.Tensor) -> cute.Tensor:
         (rows.shape, cols.shape), stride=(rows.stride, cols.stride))))
 
 
+# Independent partial maxima per row in `softmax_rows`: the row max of a thread's tile_n / 4 columns
+# is a dependency chain of that many FMNMX when folded one by one (32 at tile_n 128, the first thing
+# a block's softmax waits on); four interleaved partials and a 2-level tree make it 8 + 2 deep, with
+# the same instruction count. A max is exact in any order, so the result is bit for bit the same.
+ROW_MAX_PARTIALS = 4
+# `lazy_threshold`: FA4's conditional rescale (its Blackwell correction warpgroup's rule), here
+# warp-uniform. log2 units of the exponents: the probabilities stay <= 2^8.
+LAZY_RESCALE_LOG2 = 8.0
+
+
+def row_max(s_rows: cute.Tensor, r: int, init: Float32):
+    """max(init, s_rows[r, :]) over the thread's columns, as ROW_MAX_PARTIALS interleaved chains
+    combined by a tree (the order of a max does not change its value). A plain Python helper called
+    while tracing (its loops unroll; no AST rewriting of the while loop)."""
+    cols = cute.size(s_rows, mode=[1])
+    k = min(ROW_MAX_PARTIALS, cols)
+    part = [s_rows[r, c] for c in range(k)]
+    part[0] = cute.arch.fmax(part[0], init)
+    for c in range(k, cols):
+        part[c % k] = cute.arch.fmax(part[c % k], s_rows[r, c])
+    width = k
+    while width > 1:
+        half = (width + 1) // 2
+        for i in range(width - half):
+            part[i] = cute.arch.fmax(part[i], part[i + half])
+        width = half
+    return part[0]
+
+
 @cute.jit
 def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: cute.Tensor, scale_log2: Float32,
-                 row_threads: cutlass.Constexpr[int] = 4):
+                 row_threads: cutlass.Constexpr[int] = 4, lazy_threshold: cutlass.Constexpr[float] = 0.0,
+                 o_rows=None):
     """Fold one block of logits into the row states, leaving O alone: m = max(m, rowmax(S)); S
     becomes the unnormalized probabilities exp(scale * (S - m)); corr[r] = exp(scale * (m_old - m))
     is the factor the row's earlier O and l are to be multiplied by (l here, O by `rescale_rows`,
     possibly later: FA3's overlap rescales O once the previous P V GEMM has completed). Fully
     masked rows (all -inf so far) stay (-inf, 0) with zero probabilities: the exponent's reference
-    is `finite_ref(m)`."""
-    for r in cutlass.range_constexpr(cute.size(s_rows, mode=[0])):
+    is `finite_ref(m)`.
+
+    Returns `keep` (a Boolean, uniform over the warp): with `lazy_threshold` > 0, True when no row
+    of the warp has a new max more than `lazy_threshold` (log2 units, after the scale) above its
+    reference m: then every row of the warp keeps its old m as the exponent's reference (m is a
+    reference, not the max: the probabilities may reach 2^lazy_threshold, and l and O stay
+    consistent with it, so O / l and lse = scale m + log l are unchanged in exact arithmetic), corr
+    is exactly 1 and the caller skips the O rescale (`rescale_rows(..., keep)`). A row whose
+    reference is still -inf never keeps it (-inf - -inf is NaN, not <= the threshold). Without
+    `lazy_threshold`, keep is the constant False. With `o_rows`, O is rescaled here (`update_rows`)."""
+    rows = cute.size(s_rows, mode=[0])
+    m_new = cute.make_rmem_tensor((rows,), Float32)
+    for r in cutlass.range_constexpr(rows):
+        m_new[r] = cute.arch.warp_reduction_max(row_max(s_rows, r, m[r]), threads_in_group=row_threads)
+    keep = False
+    if cutlass.const_expr(lazy_threshold > 0.0):
+        small = cutlass.Boolean(True)
+        for r in cutlass.range_constexpr(rows):
+            small = small & ((m_new[r] - m[r]) * scale_log2 <= Float32(lazy_threshold))
+        keep = cute.arch.vote_all_sync(small)
+    for r in cutlass.range_constexpr(rows):
         m_old = m[r]
-        mx = m_old
-        for c in cutlass.range_constexpr(cute.size(s_rows, mode=[1])):
-            mx = cute.arch.fmax(mx, s_rows[r, c])
-        mx = cute.arch.warp_reduction_max(mx, threads_in_group=row_threads)
+        mx = m_new[r]
+        if cutlass.const_expr(lazy_threshold > 0.0):
+            mx = Float32(cutlass.select_(keep, m_old, mx))  # selects, not branches: one branch per block
+        c = cute.math.exp2(m_old * scale_log2 - finite_ref(mx) * scale_log2, fastmath=True)
+        if cutlass.const_expr(lazy_threshold > 0.0):
+            c = Float32(cutlass.select_(keep, Float32(1.0), c))  # exactly 1 (the exp2 of ~0 may not be)
         m[r] = mx
-        ref = finite_ref(mx) * scale_log2
-        corr[r] = cute.math.exp2(m_old * scale_log2 - ref, fastmath=True)
+        corr[r] = c
+    if cutlass.const_expr(o_rows is not None):
+        # O rescaled here, before the exponentials: no fp32 probability is live across the
+        # rescale's branch (LLVM recomputes ~half of them after it when one is: 100 ex2 for 66)
+        rescale_rows(o_rows, corr, keep if cutlass.const_expr(lazy_threshold > 0.0) else None)
+    for r in cutlass.range_constexpr(rows):
+        c = corr[r]
+        ref = finite_ref(m[r]) * scale_log2
         total = Float32(0.0)
-        for c in cutlass.range_constexpr(cute.size(s_rows, mode=[1])):
-            p = cute.math.exp2(s_rows[r, c] * scale_log2 - ref, fastmath=True)
-            s_rows[r, c] = p
+        for col in cutlass.range_constexpr(cute.size(s_rows, mode=[1])):
+            p = cute.math.exp2(s_rows[r, col] * scale_log2 - ref, fastmath=True)
+            s_rows[r, col] = p
             total = total + p
-        lsum[r] = lsum[r] * corr[r] + total
+        lsum[r] = lsum[r] * c + total
+    return keep
 
 
 @cute.jit
-def rescale_rows(o_rows: cute.Tensor, corr: cute.Tensor):
-    """o_rows[r, :] *= corr[r]."""
-    for r in cutlass.range_constexpr(cute.size(o_rows, mode=[0])):
-        for c in cutlass.range_constexpr(cute.size(o_rows, mode=[1])):
-            o_rows[r, c] = o_rows[r, c] * corr[r]
+def rescale_rows(o_rows: cute.Tensor, corr: cute.Tensor, keep=None):
+    """o_rows[r, :] *= corr[r]; skipped when `keep` (from `softmax_rows` with a lazy threshold) is
+    True, corr being exactly 1 then."""
+    if cutlass.const_expr(keep is None):
+        for r in cutlass.range_constexpr(cute.size(o_rows, mode=[0])):
+            for c in cutlass.range_constexpr(cute.size(o_rows, mode=[1])):
+                o_rows[r, c] = o_rows[r, c] * corr[r]
+    else:
+        if not keep:
+            for r in cutlass.range_constexpr(cute.size(o_rows, mode=[0])):
+                for c in cutlass.range_constexpr(cute.size(o_rows, mode=[1])):
+                    o_rows[r, c] = o_rows[r, c] * corr[r]
 
 
 @cute.jit
 def update_rows(s_rows: cute.Tensor, o_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, scale_log2: Float32,
-                row_threads: cutlass.Constexpr[int] = 4):
+                row_threads: cutlass.Constexpr[int] = 4, lazy_threshold: cutlass.Constexpr[float] = 0.0):
     """`softmax_rows` then `rescale_rows` of O by the same factors: one block folded in, in order."""
     corr = cute.make_rmem_tensor((cute.size(s_rows, mode=[0]),), Float32)
-    softmax_rows(s_rows, m, lsum, corr, scale_log2, row_threads)
-    rescale_rows(o_rows, corr)
+    softmax_rows(s_rows, m, lsum, corr, scale_log2, row_threads, lazy_threshold, o_rows)
 
 
 @cute.jit

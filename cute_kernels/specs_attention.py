@@ -34,7 +34,7 @@ def mask_name(left: int, right: int) -> str:
 def schedule_of(p) -> AttentionSchedule:
     tile_n = p["tile_n"] or default_schedule(p["head_dim"]).tile_n
     return AttentionSchedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=tile_n, stages=p["stages"],
-                             pingpong=p["pingpong"], overlap=p["overlap"])
+                             pingpong=p["pingpong"], overlap=p["overlap"], lazy_rescale=p["lazy_rescale"])
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,6 +87,8 @@ class FlashAttnSpec(KernelSpec):
         out.append(self.resolve({"pingpong": False}))
         out.append(self.resolve({"overlap": True}))
         out.append(self.resolve({"overlap": True, "head_dim": 64, "mask": "causal"}))
+        out.append(self.resolve({"lazy_rescale": True}))
+        out.append(self.resolve({"lazy_rescale": True, "head_dim": 64, "mask": "causal"}))
         out.append(self.resolve({"schedule": "fa2"}))
         out.append(self.resolve({"schedule": "fa2", "tile_m": 64, "head_dim": 64, "mask": "causal"}))
         out.append(self.resolve({"varlen": True}))
@@ -119,10 +121,13 @@ FLASH_ATTN = FlashAttnSpec(
         "pingpong": Param(True, (True, False), help="named barriers alternate the consumers' GEMMs (fa3 with "
                           "tile_m 128 only: fa2 and tile_m 64 resolve it to False)"),
         "overlap": Param(False, (True, False), help="fa3: issue the next S = Q K^T before this block's softmax"),
+        "lazy_rescale": Param(False, (True, False), help="keep a row's exponent reference while its max grows by "
+                              "<= 2^8 after the scale: the warp skips the O rescale (vote.all per block)"),
     },
 )
 
 
 def params_for(schedule: AttentionSchedule, **signature) -> dict:
     return {"schedule": schedule.kind, "tile_m": schedule.tile_m, "tile_n": schedule.tile_n,
-            "stages": schedule.stages, "pingpong": schedule.pingpong, "overlap": schedule.overlap, **signature}
+            "stages": schedule.stages, "pingpong": schedule.pingpong, "overlap": schedule.overlap,
+            "lazy_rescale": schedule.lazy_rescale, **signature}

@@ -16,6 +16,10 @@ kinds run in the same kernel (`cute_kernels/kernels/flash_attn.py`), chosen at t
   and then O += P_j V_j before it waits, and runs the softmax of S_{j+1} while P_j V_j is still on
   the tensor cores; O is rescaled after that GEMM completes. It costs no second fp32 S buffer:
   P_j lives in its own bf16 registers (it is converted before S_{j+1} is issued).
+  `lazy_rescale` (without `overlap`; FA4's conditional rescale on Blackwell, warp-uniform here): a
+  row keeps its exponent reference m while the block max exceeds it by at most 2^8 (after the
+  scale), so the warp skips the 64 FMULs of the O rescale on most blocks (one vote.all per block);
+  the probabilities may reach 256 before the final O / l. Same result up to rounding.
 * `kind="fa2"` (FlashAttention-2's arrangement, no warp specialization): every warpgroup computes,
   each owning 64 rows of the Q tile (sliced Q); there is no producer warpgroup and no `setmaxnreg`
   (the 128 or 256 threads get up to 255 registers each). Warp 0, itself a compute warp, issues the
@@ -51,6 +55,7 @@ class AttentionSchedule:
     consumer_wgs: int = 0  # computing warpgroups; 0 = tile_m // 64
     pingpong: bool | None = None  # named barriers alternate the consumers' GEMMs; None = on where possible
     overlap: bool = False  # fa3: the next S = Q K^T is issued before this block's softmax
+    lazy_rescale: bool = False  # keep a row's exponent reference while the max grows by <= 2^8 (no O rescale)
     producer_regs: int = 24
     consumer_regs: int = 240
 
@@ -72,6 +77,9 @@ class AttentionSchedule:
         if self.overlap and self.kind != "fa3":
             raise ValueError("overlap (the next S = Q K^T issued before the softmax) is an fa3 option; fa2 is the "
                              "synchronous schedule")
+        if self.lazy_rescale and self.overlap:
+            raise ValueError("lazy_rescale is built for the schedules without overlap (there the O rescale and "
+                             "its skip branch come before the exponentials; under the overlap they come after)")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {self.tile_n}")
         if not 0 <= self.stages <= 4:
@@ -128,7 +136,7 @@ class AttentionSchedule:
     def __str__(self) -> str:
         pp = "pp" if self.pingpong else "nopp"
         return (f"{self.kind}_{self.tile_m}x{self.tile_n}_s{self.stages}_wg{self.consumer_wgs}_{pp}"
-                + ("_ov" if self.overlap else ""))
+                + ("_ov" if self.overlap else "") + ("_lz" if self.lazy_rescale else ""))
 
 
 # Tile sizes per head dim (FA3's choices where the registers allow: O and S both live in registers,

@@ -59,7 +59,15 @@ from cutlass.tensor_utils import LayoutEnum
 
 from collectives import epilogue as epi
 from collectives.attention_mask import MaskKind, apply_mask, apply_softcap, block_needs_mask, n_block_range
-from collectives.online_softmax import NEG_INF, acc_rows_view, finalize_rows, rescale_rows, softmax_rows, update_rows
+from collectives.online_softmax import (
+    LAZY_RESCALE_LOG2,
+    NEG_INF,
+    acc_rows_view,
+    finalize_rows,
+    rescale_rows,
+    softmax_rows,
+    update_rows,
+)
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma
 from collectives.vector_io import extent
 from collectives.wgmma_mainloop import acc_a_view, acc_as_a_operand
@@ -404,6 +412,7 @@ class FlashAttnFwd:
                 my_turn.arrive()  # warpgroup 1 goes first
             my_turn.arrive_and_wait()
         if cutlass.const_expr(not s.overlap):
+            lazy = LAZY_RESCALE_LOG2 if s.lazy_rescale else 0.0  # the online softmax's lazy_threshold
             kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
             for i in cutlass.range(n_count, unroll=1):
                 n = n_max - 1 - i
@@ -422,7 +431,7 @@ class FlashAttnFwd:
                 pipes.k.consumer_release(kv)
                 # softcap, mask, online softmax (rescales O), P in registers
                 self.scores(acc_s, tScS, n, row0, tile, out)
-                update_rows(s_rows, o_rows, row_max, row_sum, out.scale_log2)
+                update_rows(s_rows, o_rows, row_max, row_sum, out.scale_log2, lazy_threshold=lazy)
                 p = acc_as_a_operand(acc_s, dt)
                 # O += P V
                 pipes.v.consumer_wait(kv)
