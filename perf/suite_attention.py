@@ -1,7 +1,9 @@
 """FlashAttention forward benchmark suite (issue 6): bf16 randn, (B, S, H, D) with batch x seqlen = 16k
 tokens, hidden 2048 (H = 2048 / D), S from 512 to 16k, causal and not; ours beside FlashAttention-4's
-CuTe interface (`flash_attn.cute.interface.flash_attn_func`, its Hopper path) and SDPA's cuDNN backend.
-TFLOP/s count 4 * B * H * S^2 * D FLOPs, halved for causal."""
+CuTe interface (`flash_attn.cute.interface.flash_attn_func`, its Hopper path) and SDPA's cuDNN backend,
+all timed in the same interleaved rounds (`H.do_bench_interleaved`); `--quick` adds columns for other
+schedules of our kernel ("ours overlap", "ours lazy_rescale": `x ours <option>` < 1 means the option is
+faster than our default). TFLOP/s count 4 * B * H * S^2 * D FLOPs, halved for causal."""
 
 from __future__ import annotations
 
@@ -39,31 +41,51 @@ def _peers():
     return refs
 
 
+def _variants(d):
+    """Schedules of our kernel timed as extra columns on the quick shapes ("ours <option>"; the
+    desk analysis in docs/kernels/attention.md ranks them): FA3's intra-warpgroup overlap (FA4's
+    Hopper default at d 128) and the lazy O rescale."""
+    from schedules.attention import AttentionSchedule, default_schedule
+
+    tn = default_schedule(d).tile_n
+    return {"ours overlap": AttentionSchedule(tile_n=tn, overlap=True),
+            "ours lazy_rescale": AttentionSchedule(tile_n=tn, lazy_rescale=True)}
+
+
 def attention(shapes=None, quick=False, ceilings=None, causal=(False, True)):
     import cute_kernels as ck
+    from cute_kernels.ops.flash_attn import _flash_attn_cuda
 
     shapes = shapes or (QUICK if quick else SHAPES)
     peers = _peers()
     rows, notes = [], []
+    variant_names = []
     for shape in shapes:
         b, s, h, d = shape if len(shape) == 4 else (*shape, 128)[:4]
         q, k, v = (H.randn(b, s, h, d, seed=i) for i in range(3))
+        variants = _variants(d) if quick else {}
+        variant_names += [n for n in variants if n not in variant_names]
         for c in causal:
             flops = 4 * b * h * s * s * d // (2 if c else 1)
             nbytes = 4 * b * s * h * d * 2
             H.progress(f"  flash_attn B={b} S={s} H={h} D={d} causal={c}")
-            t = H.do_bench(lambda: ck.flash_attn(q, k, v, causal=c))["median_ms"]
-            refs = {}
+            fns = {"ours": lambda c=c: ck.flash_attn(q, k, v, causal=c)}
+            for name, sched in variants.items():
+                fns[name] = lambda c=c, sched=sched: _flash_attn_cuda(q, k, v, c, schedule=sched)
             for name, fn in peers.items():
                 try:
-                    refs[name] = H.do_bench(lambda: fn(q, k, v, c))["median_ms"]
+                    fn(q, k, v, c)
+                    fns[name] = lambda c=c, fn=fn: fn(q, k, v, c)
                 except Exception as e:  # noqa: BLE001  (a peer that rejects the shape: no number)
                     notes.append(f"| {name} | {b}x{s}x{h}x{d} causal={c} | {type(e).__name__}: {str(e)[:80]} |")
+            # every column in the same interleaved rounds: clock drift lands on all of them alike
+            times = {n: r["median_ms"] for n, r in H.do_bench_interleaved(fns).items()}
+            t = times.pop("ours")
             rows.append(H.Row("flash_attn" + (".causal" if c else ""), "bfloat16", f"{b}x{s}x{h}x{d}", nbytes, flops,
-                              t, refs, "tflops", PEAK_BF16_TFLOPS))
-    ref_names = list(peers)
+                              t, times, "tflops", PEAK_BF16_TFLOPS))
+    ref_names = list(peers) + variant_names
     checks = []
-    for name in ref_names:
+    for name in peers:
         have = [r for r in rows if name in r.refs_ms]
         if have:
             geo = math.exp(sum(math.log(r.ratio(name)) for r in have) / len(have))
