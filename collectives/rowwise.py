@@ -124,12 +124,39 @@ class RowSlice:
         return buf
 
     @staticmethod
-    def arrive(staged: bool):
-        """After the last `fetch` of a tile: with shared-memory staging, wait for this thread's
-        copies (they are then visible to it; no other thread reads them)."""
+    def commit(staged: bool):
+        """With shared-memory staging, close this thread's copies issued so far into one group
+        (a pipeline's prologue: the first tile, waited for by the first `arrive(staged, 1)`)."""
         if staged:
             cute.arch.cp_async_commit_group()
-            cute.arch.cp_async_wait_group(0)
+
+    @staticmethod
+    def arrive(staged: bool, pending: int = 0):
+        """After the last `fetch` of a tile: with shared-memory staging, commit this thread's copies
+        as one group and wait until at most `pending` groups are in flight: 0 waits for all; 1 (a
+        pipeline that has just fetched the next tile) waits for the tile before it. The copies
+        waited for are then visible to this thread (no other thread reads them)."""
+        if staged:
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(pending)
+
+    # --- prefetching the next row tile into a second register set ----------------------------
+    def ahead(self, dtype) -> cute.Tensor:
+        """A (vec, vpt) register fragment that holds this thread's vectors of the next tile."""
+        return cute.make_rmem_tensor(cute.make_layout((self.vec, self.vpt)), dtype)
+
+    @cute.jit
+    def load_ahead(self, frag: cute.Tensor, row: cute.Tensor, ok, fill: cutlass.Constexpr[float]):
+        """Issue the loads of this thread's vectors of `row` into `frag` (`ahead`): exactly `load`'s
+        values, consumed by `take` one tile later, so their latency hides behind a tile."""
+        vals = self.load(row, ok, fill)
+        for k in cutlass.range_constexpr(self.vpt):
+            frag[None, k].store(vals[k])
+
+    def take(self, frag: cute.Tensor) -> list:
+        """The vectors `load_ahead` put into `frag`, as the list `fetch` returns (register staging);
+        read them before `frag` is refilled."""
+        return [frag[None, k].load() for k in range(self.vpt)]
 
     @cute.jit
     def read(self, held, ok, fill: cutlass.Constexpr[float]):
@@ -257,12 +284,18 @@ class RowReducer:
             cute.arch.barrier()
 
 
-def stage_buffer(smem, dtype, vec: int, tpr: int, vpt: int, rows_per_cta: int) -> cute.Tensor:
+def stage_buffer(smem, dtype, vec: int, tpr: int, vpt: int, rows_per_cta: int, stages: int = 1) -> cute.Tensor:
     """A CTA's staging buffer for one row tensor: (vec, tpr * vpt, rows_per_cta) elements of
-    `dtype`, 16-byte aligned; `buf[None, None, group]` is a row group's slice for `RowSlice.fetch`."""
+    `dtype`, 16-byte aligned; `buf[None, None, group]` is a row group's slice for `RowSlice.fetch`.
+    `stages` > 1 (prefetching row tiles): (vec, tpr * vpt, rows_per_cta, stages), a row group's
+    `stages` buffers `buf[None, None, group, s]` one after another."""
     chunk = tpr * vpt
-    return smem.allocate_tensor(dtype, cute.make_layout((vec, chunk, rows_per_cta), stride=(1, vec, vec * chunk)),
-                                byte_alignment=16)
+    if stages == 1:
+        layout = cute.make_layout((vec, chunk, rows_per_cta), stride=(1, vec, vec * chunk))
+    else:
+        layout = cute.make_layout((vec, chunk, rows_per_cta, stages),
+                                  stride=(1, vec, vec * chunk * stages, vec * chunk))
+    return smem.allocate_tensor(dtype, layout, byte_alignment=16)
 
 
 @cute.jit

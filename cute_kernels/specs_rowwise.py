@@ -32,6 +32,12 @@ _CONFIG = {
                      "cp.async and read back per pass (aligned rows only)"),
 }
 
+# Kernels whose tile loop pipelines row tiles (`HeldRowPlan.prefetch`): the backward kernels, which
+# walk row tiles grid-stride. Only their specs have the `prefetch` parameter.
+PREFETCH_KERNELS = ("rmsnorm.bwd", "layernorm.bwd", "softmax.bwd", "log_softmax.bwd")
+_PREFETCH = Param(False, (False, True), help="fetch the next row tile (x/y and dy; registers: a second set, "
+                  "smem: a second staging buffer, cp.async wait_group 1) while computing this one")
+
 # Row tensors each kernel stages with staging="smem" (cross-entropy backward holds x without a
 # reduction: nothing to overlap, it is not staged).
 STAGED_TENSORS = {"rmsnorm.fwd": 1, "layernorm.fwd": 1, "softmax.fwd": 1, "log_softmax.fwd": 1,
@@ -49,13 +55,17 @@ def tuning_of(name: str) -> str:
 
 def plan_of(p) -> HeldRowPlan:
     return HeldRowPlan(RowTiling(p["threads"], p["threads_per_row"], p["vpt"]), p["cluster_n"],
-                       staging=p.get("staging", "regs"))
+                       staging=p.get("staging", "regs"), prefetch=p.get("prefetch", False))
 
 
 def config_of(plan: HeldRowPlan) -> dict:
+    """The catalogue config of `plan` (`prefetch` only when set: only PREFETCH_KERNELS have it)."""
     t = plan.tiling
-    return dict(threads=t.threads, threads_per_row=t.threads_per_row, vpt=t.unroll, cluster_n=plan.cluster_n,
-                staging=plan.staging)
+    out = dict(threads=t.threads, threads_per_row=t.threads_per_row, vpt=t.unroll, cluster_n=plan.cluster_n,
+               staging=plan.staging)
+    if plan.prefetch:
+        out["prefetch"] = True
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -189,6 +199,8 @@ def _spec(name: str, lesson: int, summary: str, ops: tuple[str, ...], extra: dic
     params = {**_SIG_COMMON, **(extra or {}), **_CONFIG}
     if direction == "bwd":
         params["threads_per_row"] = Param(64, _CONFIG["threads_per_row"].choices, help=_CONFIG["threads_per_row"].help)
+    if name in PREFETCH_KERNELS:
+        params["prefetch"] = _PREFETCH
     return RowwiseSpec(name=name, family="rowwise", lesson=lesson, summary=summary, ops=ops, status="ready",
                        params=params)
 

@@ -107,21 +107,32 @@ class HeldRowPlan:
     # them with cp.async into a shared-memory buffer of the CTA's rows (every byte in flight at
     # once, few registers) and reads them back from there for each pass (`collectives.rowwise`).
     staging: str = "regs"
+    # Software pipelining across row tiles (the backward kernels, which walk tiles grid-stride):
+    # while a CTA computes tile i its threads already have tile i+1's row loads in flight, in a
+    # second register set ("regs") or the second of two staging buffers ("smem": cp.async groups,
+    # wait_group 1). Same fp32 math in the same order: the output is bitwise that of prefetch off.
+    prefetch: bool = False
 
     def __post_init__(self):
         if self.staging not in STAGINGS:
             raise ValueError(f"staging must be one of {STAGINGS}, got {self.staging!r}")
 
+    @property
+    def stages(self) -> int:
+        """Row tiles a row group holds at once: 2 when prefetching the next one, else 1."""
+        return 2 if self.prefetch else 1
+
     def row_smem_bytes(self, vec: int, rows: tuple = (), params: tuple = (), accumulators: int = 0) -> int:
         """Row-sized shared memory (bytes) of a CTA for `vec`-element vectors: with "smem" staging
         a buffer per staged row tensor (`rows`: their element sizes in bytes) for each of the
-        CTA's rows, and one per staged (N,) operand (`params`: weight, bias); plus, either way,
-        `accumulators` fp32 row slices per row group (the norms' backward dweight/dbias)."""
+        CTA's rows (two with `prefetch`), and one per staged (N,) operand (`params`: weight, bias);
+        plus, either way, `accumulators` fp32 row slices per row group (the norms' backward
+        dweight/dbias)."""
         t = self.tiling
         chunk = t.threads_per_row * t.unroll * vec  # elements of a row one CTA holds
         total = accumulators * 4 * chunk * t.rows_per_cta
         if self.staging == "smem":
-            total += chunk * (t.rows_per_cta * sum(rows) + sum(params))
+            total += chunk * (t.rows_per_cta * sum(rows) * self.stages + sum(params))
         return total
 
     def staged_residency(self, row_bytes: int, min_regs: int = 64) -> int:
@@ -134,7 +145,8 @@ class HeldRowPlan:
 
     def __str__(self) -> str:
         s = f"{self.tiling} c{self.cluster_n}"
-        return s if self.staging == "regs" else f"{s} {self.staging}"
+        s = s if self.staging == "regs" else f"{s} {self.staging}"
+        return f"{s} pf" if self.prefetch else s
 
     def capacity(self, vec: int) -> int:
         """Longest row (elements) this plan holds."""
@@ -209,7 +221,7 @@ SMEM_PER_SM = 228 * 1024
 @functools.lru_cache(maxsize=4096)
 def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int = 64, min_threads: int = 256,
                    max_tpr: int = 512, max_cluster: int = MAX_CLUSTER, regs_per_thread: int = 128,
-                   cluster_elems: int | None = None, staging: str = "regs") -> HeldRowPlan:
+                   cluster_elems: int | None = None, staging: str = "regs", prefetch: bool = False) -> HeldRowPlan:
     """Threads per row, vectors per thread and cluster size for rows of `n` elements in `vec`-element
     vectors, held in registers.
 
@@ -224,6 +236,7 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
     what registers hold; CTAs per SM are then those `HeldRowPlan.staged_residency` fits (one
     16-byte buffer slot per held vector, 64 registers per thread, 2048 threads per SM).
     Scalar rows (vec == 1) stay in registers: cp.async moves 4, 8 or 16 bytes, not one element.
+    `prefetch`: the plan pipelines row tiles (`HeldRowPlan.prefetch`; staged: two buffers per row).
     """
     if staging not in STAGINGS:
         raise ValueError(f"staging must be one of {STAGINGS}, got {staging!r}")
@@ -248,13 +261,14 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
         vpt = _pow2_at_least(-(-nv // (tpr * cluster)))
     threads = max(tpr, min_threads)
     ctas_per_sm = max(1, min(8, 65536 // (threads * regs_per_thread)))
-    plan = HeldRowPlan(RowTiling(threads=threads, threads_per_row=tpr, unroll=vpt), cluster, ctas_per_sm, staging)
+    plan = HeldRowPlan(RowTiling(threads=threads, threads_per_row=tpr, unroll=vpt), cluster, ctas_per_sm, staging,
+                       prefetch)
     if staging == "smem":
         staged = plan.row_smem_bytes(vec, rows=(16 // vec,))
         if staged > SMEM_PER_CTA:
             raise ValueError(f"plan {plan} stages {staged} bytes of shared memory per CTA "
                              f"(at most {SMEM_PER_CTA})")
-        plan = HeldRowPlan(plan.tiling, cluster, min(16, plan.staged_residency(staged)), staging)
+        plan = HeldRowPlan(plan.tiling, cluster, min(16, plan.staged_residency(staged)), staging, prefetch)
     return plan
 
 

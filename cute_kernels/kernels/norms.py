@@ -32,7 +32,11 @@ from schedules.row_tiling import HeldRowPlan
 class _RowKernel:
     """Launch geometry shared by the row-held kernels: CTAs x cluster ranks, grid-stride tiles."""
 
+    pipelined = False  # the tile loop implements `HeldRowPlan.prefetch` (the backward kernels)
+
     def __init__(self, vec: int, index64: bool, plan: HeldRowPlan):
+        if plan.prefetch and not self.pipelined:
+            raise ValueError(f"{type(self).__name__}: prefetch is not built for this kernel (plan {plan})")
         self.vec, self.index64, self.plan = vec, index64, plan
         self.threads = plan.tiling.threads
         self.tpr = plan.tiling.threads_per_row
@@ -40,15 +44,53 @@ class _RowKernel:
         self.cluster_n = plan.cluster_n
         self.rows_per_cta = plan.tiling.rows_per_cta
         self.staged = plan.staging == "smem"
+        self.prefetch = plan.prefetch
 
     def stage_buffers(self, smem, dtypes: tuple, group) -> list:
         """With shared-memory staging, this row group's staging buffer for each row tensor (of
-        the given dtypes, fetched in that order); without, Nones (`RowSlice.fetch` loads into
-        registers)."""
+        the given dtypes, fetched in that order; with `prefetch` a (vec, chunk, 2) pair of them);
+        without, Nones (`RowSlice.fetch` loads into registers)."""
         if not self.staged:
             return [None] * len(dtypes)
-        return [stage_buffer(smem, dt, self.vec, self.tpr, self.vpt, self.rows_per_cta)[None, None, group]
+        bufs = [stage_buffer(smem, dt, self.vec, self.tpr, self.vpt, self.rows_per_cta, self.plan.stages)
                 for dt in dtypes]
+        return [b[None, None, group, None] if self.prefetch else b[None, None, group] for b in bufs]
+
+    # --- software pipelining across row tiles (`HeldRowPlan.prefetch`) -------------------------
+    # Prologue: `fetch_rows` of the first tile into stage 0, `RowSlice.commit`. Tile i: `held_rows`
+    # of stage i % 2 (registers: read out of the fragments now), `fetch_rows` of tile i + 1 into
+    # the other stage, `RowSlice.arrive(staged, 1)` (cp.async: tile i's group has landed, tile
+    # i + 1's stays in flight), then the tile's math exactly as without prefetch. A thread refills
+    # only the slots it read itself one tile earlier (their values long consumed), so no barrier.
+    def holders(self, sl: RowSlice, smem, dtypes: tuple, group) -> list:
+        """Where each row tensor of a tile is held across the tile loop: staging buffers (smem),
+        next-tile register fragments (regs with prefetch), or Nones (plain register loads)."""
+        if self.staged:
+            return self.stage_buffers(smem, dtypes, group)
+        if self.prefetch:
+            return [sl.ahead(dt) for dt in dtypes]
+        return [None] * len(dtypes)
+
+    @cute.jit
+    def fetch_rows(self, sl: RowSlice, holders: list, srcs: list, ok, fill: cutlass.Constexpr[float], stage):
+        """Start fetching this thread's vectors of the rows `srcs` (one per row tensor) into
+        `holders` (stage `stage` of a prefetching plan); returns the held rows (`RowSlice.read`)."""
+        out = []
+        for h, src in zip(holders, srcs):
+            if cutlass.const_expr(self.staged):
+                out.append(sl.fetch(src, ok, fill, h[None, None, stage] if self.prefetch else h))
+            elif cutlass.const_expr(self.prefetch):
+                sl.load_ahead(h, src, ok, fill)
+                out.append(h)
+            else:
+                out.append(sl.fetch(src, ok, fill))
+        return out
+
+    def held_rows(self, sl: RowSlice, holders: list, stage) -> list:
+        """Prefetching: the held rows of the tile in `stage` (registers: their values, read now)."""
+        if self.staged:
+            return [h[None, None, stage] for h in holders]
+        return [sl.take(h) for h in holders]
 
     # Staged operands: the element types of the row tensors and of the (N,) operands; fp32
     # accumulator row slices (set by the subclasses).
@@ -241,8 +283,11 @@ class NormBwd(_RowKernel):
     RMSNorm:   xh = x * rstd,          dx = rstd * (w*dy - xh * mean(xh * w*dy))
     LayerNorm: xh = (x - mean) * rstd, dx = rstd * (w*dy - xh * mean(xh * w*dy) - mean(w*dy))
     dw = sum over rows of dy * xh, db = sum of dy. With `dres` (the gradient reaching the
-    residual-sum output) dx += dres.
+    residual-sum output) dx += dres. With `plan.prefetch` the next tile's x, dy, rstd and mean are
+    fetched while this one is computed (`_RowKernel.fetch_rows`); dres is loaded per tile.
     """
+
+    pipelined = True
 
     def __init__(self, kind: str, dtype, w_dtype, vec: int, index64: bool, plan: HeldRowPlan,
                  has_weight: bool, has_bias: bool, has_dres: bool):
@@ -274,7 +319,7 @@ class NormBwd(_RowKernel):
         lane = tidx % tpr
         group = tidx // tpr
         sl = RowSlice(vec, tpr, vpt, lane, rank, n, self.staged)
-        bufs = self.stage_buffers(smem, (x.element_type, dy.element_type), group)
+        hold = self.holders(sl, smem, (x.element_type, dy.element_type), group)
         (hw,) = self.stage_vectors(smem, sl, group, (w,))
         inv_n = cute.arch.rcp_approx(Float32(n))  # no IEEE-division subroutine call
         # dweight/dbias accumulators live in shared memory, one private copy per thread (no races, no
@@ -285,19 +330,34 @@ class NormBwd(_RowKernel):
         db_acc = db_buf[None, None, lane, group] if self.has_bias else None
         cluster_start(self.cluster_n)
         count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx0, gdim, self.index64)
+        stats = None
+        if cutlass.const_expr(self.prefetch):  # the first tile's rows and statistics
+            stats = cute.make_rmem_tensor((2,), Float32)
+            row0 = bidx * self.rows_per_cta + group
+            self.fetch_rows(sl, hold, [x[row0, None], dy[row0, None]], row0 < rows, 0.0, 0)
+            stats[0], stats[1] = self.row_stats(mean, rstd, row0, row0 < rows)
+            sl.commit(self.staged)
         for i in cutlass.range(count, unroll=1):
             row = (bidx + i * gdim) * self.rows_per_cta + group
             ok = row < rows
             parity = Int32(i % 2)
-            r = Float32(0.0)
-            mu = Float32(0.0)
-            if ok:
-                r = rstd[row]
-                if cutlass.const_expr(layer):
-                    mu = mean[row]
-            hx = sl.fetch(x[row, None], ok, 0.0, bufs[0])
-            hdy = sl.fetch(dy[row, None], ok, 0.0, bufs[1])
-            sl.arrive(self.staged)
+            if cutlass.const_expr(self.prefetch):
+                hx, hdy = self.held_rows(sl, hold, parity)
+                r, mu = stats[0], stats[1]
+                nrow = row + gdim * self.rows_per_cta  # >= rows past this CTA's last tile
+                self.fetch_rows(sl, hold, [x[nrow, None], dy[nrow, None]], nrow < rows, 0.0, 1 - parity)
+                stats[0], stats[1] = self.row_stats(mean, rstd, nrow, nrow < rows)
+                sl.arrive(self.staged, 1)
+            else:
+                r = Float32(0.0)
+                mu = Float32(0.0)
+                if ok:
+                    r = rstd[row]
+                    if cutlass.const_expr(layer):
+                        mu = mean[row]
+                hx = sl.fetch(x[row, None], ok, 0.0, hold[0])
+                hdy = sl.fetch(dy[row, None], ok, 0.0, hold[1])
+                sl.arrive(self.staged)
             xs = sl.to_f32(sl.read(hx, ok, 0.0))
             dys = sl.to_f32(sl.read(hdy, ok, 0.0))
             xh = [(v - mu) * r for v in xs]
@@ -337,6 +397,17 @@ class NormBwd(_RowKernel):
             self.write_partial(smem, dw_buf, dw_partial, sl, group, bidx0)
         if cutlass.const_expr(self.has_bias):
             self.write_partial(smem, db_buf, db_partial, sl, group, bidx0)
+
+    @cute.jit
+    def row_stats(self, mean, rstd: cute.Tensor, row, ok):
+        """(rstd, mean) of `row` (mean 0 for RMSNorm), both 0 where `ok` is false."""
+        r = Float32(0.0)
+        mu = Float32(0.0)
+        if ok:
+            r = rstd[row]
+            if cutlass.const_expr(self.kind == "layer"):
+                mu = mean[row]
+        return r, mu
 
     def accumulator(self, smem, group, lane) -> cute.Tensor:
         """This thread's zeroed (vec, vpt) fp32 accumulator in shared memory: element (e, k) of

@@ -50,7 +50,7 @@ class _RowLoop(_RowKernel):
         red = RowReducer.allocate(smem, self.threads, self.tpr, self.cluster_n, widths)
         lane = tidx % self.tpr
         sl = RowSlice(self.vec, self.tpr, self.vpt, lane, rank, n, self.staged)
-        bufs = self.stage_buffers(smem, (x.element_type,) * staged, tidx // self.tpr)
+        bufs = self.holders(sl, smem, (x.element_type,) * staged, tidx // self.tpr)
         cluster_start(self.cluster_n)
         count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx, gdim, self.index64)
         return red, sl, count, bidx, gdim, rows, n, tidx // self.tpr, lane, rank, bufs
@@ -93,7 +93,10 @@ class SoftmaxFwd(_RowLoop):
 
 
 class SoftmaxBwd(_RowLoop):
-    """dx from y and dy: softmax: y * (dy - sum(y * dy)); log-softmax: dy - exp(y) * sum(dy)."""
+    """dx from y and dy: softmax: y * (dy - sum(y * dy)); log-softmax: dy - exp(y) * sum(dy).
+    With `plan.prefetch` the next tile's y and dy are fetched while this one is computed."""
+
+    pipelined = True
 
     def __init__(self, log: bool, dtype, vec: int, index64: bool, plan):
         super().__init__(vec, index64, plan)
@@ -106,13 +109,23 @@ class SoftmaxBwd(_RowLoop):
 
     @cute.kernel
     def kernel(self, y: cute.Tensor, dy: cute.Tensor, dx: cute.Tensor):
-        red, sl, count, bidx, gdim, rows, n, group, lane, rank, bufs = self.setup(y, (1,), 2)
+        red, sl, count, bidx, gdim, rows, n, group, lane, rank, hold = self.setup(y, (1,), 2)
+        if cutlass.const_expr(self.prefetch):  # the first tile (`_RowKernel.fetch_rows`)
+            row0 = bidx * self.rows_per_cta + group
+            self.fetch_rows(sl, hold, [y[row0, None], dy[row0, None]], row0 < rows, 0.0, 0)
+            sl.commit(self.staged)
         for i in cutlass.range(count, unroll=1):
             row = (bidx + i * gdim) * self.rows_per_cta + group
             ok = row < rows
-            hy = sl.fetch(y[row, None], ok, 0.0, bufs[0])
-            hdy = sl.fetch(dy[row, None], ok, 0.0, bufs[1])
-            sl.arrive(self.staged)
+            if cutlass.const_expr(self.prefetch):
+                hy, hdy = self.held_rows(sl, hold, Int32(i % 2))
+                nrow = row + gdim * self.rows_per_cta  # >= rows past this CTA's last tile
+                self.fetch_rows(sl, hold, [y[nrow, None], dy[nrow, None]], nrow < rows, 0.0, 1 - Int32(i % 2))
+                sl.arrive(self.staged, 1)
+            else:
+                hy = sl.fetch(y[row, None], ok, 0.0, hold[0])
+                hdy = sl.fetch(dy[row, None], ok, 0.0, hold[1])
+                sl.arrive(self.staged)
             ys = sl.to_f32(sl.read(hy, ok, 0.0))
             dys = sl.to_f32(sl.read(hdy, ok, 0.0))
             if cutlass.const_expr(self.log):
