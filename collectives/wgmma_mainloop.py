@@ -96,24 +96,56 @@ def mma_k_tiles_promoted(
     that stage) -> wait for the WGMMAs -> release the stage -> acc += temp * sa * sb. The tensor
     cores idle during this warpgroup's promotion unless the other consumer warpgroup has WGMMAs
     queued (both schedules run two consumer warpgroups, so they mostly do).
+
+    With staged B scales (`scales.staged`, the `sb_smem` option) K-block 0 also copies the tile's
+    B-scale rows into shared memory (global loads before its wait, stores + the two warpgroups'
+    barrier after its WGMMAs are issued); later K-blocks read sb with an LDS before the stage wait
+    and sa right after it, and multiply them after the WGMMAs complete (in PTX; ptxas moves the
+    FMULs up, but their inputs are shared loads issued before the K-block's first WGMMA).
     """
     k_blocks = cute.size(tCrA, mode=[2])
     acc.fill(0.0)
-    for k in cutlass.range(k_tiles, unroll=1):
-        sb = scales.prefetch(k)
-        pipe.consumer_wait(read_state)
-        temp.fill(0.0)
-        warpgroup.fence()
-        for kb in cutlass.range_constexpr(k_blocks):
-            cute.gemm(tiled_mma, temp, tCrA[(None, None, kb, read_state.index)],
-                      tCrB[(None, None, kb, read_state.index)], temp)
-        warpgroup.commit_group()
-        s = scales.fetch(sb, read_state.index)
-        warpgroup.wait_group(0)
-        pipe.consumer_release(release_state)
-        release_state.advance()
-        read_state.advance()
-        scales.promote(acc, temp, s)
+    if cutlass.const_expr(scales.staged):
+        # sb_smem: K-block 0 also stages the tile's B-scale rows (global loads before the wait,
+        # shared stores + barrier once its WGMMAs are issued); the loop then starts at 1.
+        if k_tiles > 0:
+            row = scales.load_row()
+            pipe.consumer_wait(read_state)
+            _issue_block(tiled_mma, temp, tCrA, tCrB, read_state.index)
+            scales.store_row(row)
+            s = scales.fetch(scales.prefetch(0), read_state.index)  # after store_row's barrier
+            warpgroup.wait_group(0)
+            pipe.consumer_release(release_state)
+            release_state.advance()
+            read_state.advance()
+            scales.promote(acc, temp, s)
+        for k in cutlass.range(1, k_tiles, unroll=1):
+            sb = scales.prefetch(k)
+            pipe.consumer_wait(read_state)
+            raw = scales.load(sb, read_state.index)
+            _issue_block(tiled_mma, temp, tCrA, tCrB, read_state.index)
+            warpgroup.wait_group(0)
+            s = scales.combine(raw)
+            pipe.consumer_release(release_state)
+            release_state.advance()
+            read_state.advance()
+            scales.promote(acc, temp, s)
+    else:
+        for k in cutlass.range(k_tiles, unroll=1):
+            sb = scales.prefetch(k)
+            pipe.consumer_wait(read_state)
+            temp.fill(0.0)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(k_blocks):
+                cute.gemm(tiled_mma, temp, tCrA[(None, None, kb, read_state.index)],
+                          tCrB[(None, None, kb, read_state.index)], temp)
+            warpgroup.commit_group()
+            s = scales.fetch(sb, read_state.index)
+            warpgroup.wait_group(0)
+            pipe.consumer_release(release_state)
+            release_state.advance()
+            read_state.advance()
+            scales.promote(acc, temp, s)
     return read_state, release_state
 
 
@@ -154,8 +186,10 @@ def mma_k_tiles_promoted_overlap(
     the sum is bitwise the same (same FFMAs in the same K order)."""
     acc.fill(0.0)
     if k_tiles > 0:
+        row = scales.load_row()  # sb_smem: stage the tile's B-scale rows (None / no-op without it)
         pipe.consumer_wait(read_state)
         _issue_block(tiled_mma, t0, tCrA, tCrB, read_state.index)
+        scales.store_row(row)
         read_state.advance()
         for p in cutlass.range((k_tiles - 1) // 2, unroll=1):
             k = 2 * p + 1

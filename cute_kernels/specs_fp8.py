@@ -14,7 +14,7 @@ from cutlass import Int32
 from cute_kernels import dtypes
 from cute_kernels.catalog import KernelSpec, Param
 from cute_kernels.jit import fake_stream
-from schedules.fp8_gemm import fp8_schedule, grouped_error, overlap_error
+from schedules.fp8_gemm import fp8_schedule, grouped_error, overlap_error, sb_smem_error
 from schedules.gemm import GROUPINGS, KINDS
 
 OUT_DTYPES = ("bf16", "fp16")
@@ -49,6 +49,10 @@ class Fp8GemmSpec(KernelSpec):
             err = overlap_error(s)
             if err:
                 raise ValueError(err)
+        if p["sb_smem"]:
+            err = sb_smem_error(s)
+            if err:
+                raise ValueError(err)
 
     def build(self, p):
         from cute_kernels.kernels.gemm import Gemm
@@ -68,7 +72,7 @@ class Fp8GemmSpec(KernelSpec):
         sa = cute.runtime.make_fake_tensor(f32, (m, kb, batch), stride=(1, sym(4), sym(4)), assumed_align=16)
         sb = cute.runtime.make_fake_tensor(f32, (nb, kb, batch), stride=(sym(), sym(), sym()), assumed_align=4)
         if p["grouping"] == "none":
-            return (Gemm(ab, out, s, blockwise=True, promote_overlap=p["promote_overlap"]).fp8,
+            return (Gemm(ab, out, s, blockwise=True, promote_overlap=p["promote_overlap"], sb_smem=p["sb_smem"]).fp8,
                     (a, b, d, sa, sb, Int32(1), fake_stream()))
         # Grouped: B and sb per expert (E); A, sa, d have L = 1 (contiguous) or E (masked), symbolic
         # here; groups is the expert of each row (contiguous, M) or the valid rows per expert (masked, E).
@@ -76,7 +80,8 @@ class Fp8GemmSpec(KernelSpec):
         b = cute.runtime.make_fake_tensor(ab, (n, k, experts), stride=(sym(16), 1, sym(16)), assumed_align=16)
         sb = cute.runtime.make_fake_tensor(f32, (nb, kb, experts), stride=(sym(), sym(), sym()), assumed_align=4)
         groups = cute.runtime.make_fake_tensor(Int32, (sym(),), stride=(1,), assumed_align=4)
-        kernel = Gemm(ab, out, s, blockwise=True, grouping=p["grouping"], promote_overlap=p["promote_overlap"])
+        kernel = Gemm(ab, out, s, blockwise=True, grouping=p["grouping"], promote_overlap=p["promote_overlap"],
+                      sb_smem=p["sb_smem"])
         return kernel.fp8_grouped, (a, b, d, sa, sb, groups, Int32(1), fake_stream())
 
     def representative(self):
@@ -108,7 +113,8 @@ FP8_GEMM = Fp8GemmSpec(
         "out_dtype": Param("bf16", OUT_DTYPES, "signature", "output element type"),
         "schedule": Param("cooperative", KINDS, help="consumer warpgroups: split one tile, or alternate tiles"),
         "tile_m": Param(128, (64, 128), help="CTA tile rows (cooperative 128, ping-pong 64)"),
-        "tile_n": Param(128, (64, 128), help="CTA tile columns (a scale block or half of one)"),
+        "tile_n": Param(128, (64, 128, 160, 192), help="CTA tile columns (a scale block or half of one; 160 / 192: "
+                                                       "cooperative only, spanning two scale blocks)"),
         "cluster_m": Param(2, (1, 2), help="CTAs per cluster along M (share B by multicast)"),
         "cluster_n": Param(1, (1, 2), help="CTAs per cluster along N (share A by multicast)"),
         "stages": Param(0, (0, 2, 3, 4, 5, 6, 7, 8), help="A/B/scale smem stages (0: as many as fit)"),
@@ -118,5 +124,7 @@ FP8_GEMM = Fp8GemmSpec(
                                                   "masked (valid rows per expert)"),
         "promote_overlap": Param(False, (False, True), help="promote K-block k-1 while K-block k's WGMMAs run "
                                                             "(a second temporary accumulator; default off)"),
+        "sb_smem": Param(False, (False, True), help="stage the tile's B-scale rows in smem once per tile (one LDS "
+                                                    "per K-block instead of an LDG; cooperative, K <= 65536)"),
     },
 )

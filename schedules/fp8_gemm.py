@@ -7,7 +7,10 @@
   warpgroup's rows x tile_n / 128 values each, at most `MAX_PROMOTED_ACC` together with the
   temporary so nothing spills (cooperative 128x128: 64 + 64; 128x256 would need 256 registers).
 * tile_n divides 128 or is a multiple of 128, so a tile column's B-scale block is known when the
-  kernel is traced (tile_n = 192 would straddle scale blocks differently from tile to tile).
+  kernel is traced; or, as explicit schedules only, a cooperative 128-row tile of `WIDE_TILE_N`
+  columns (160, 192: 2 x 80 / 2 x 96 registers per thread, `MAX_WIDE_ACC`) whose tiles start
+  inside a scale block and span two: each 8-column group picks its block's scale from the tile's
+  runtime offset (`collectives.block_scales.element_slots`).
 * each stage also holds the tile's A scales (tile_m fp32, one TMA box), so the stage count is
   recomputed here with those bytes included.
 
@@ -26,9 +29,18 @@ from schedules.gemm import BARRIER_BYTES, GROUPINGS, SMEM_BYTES, GemmSchedule, e
 SCALE_BLOCK = 128  # K (and B's N) elements per scale
 MAX_PROMOTED_ACC = 128  # fp32 registers per thread for accumulator + temporary
 M_ALIGN = 128  # contiguous grouping: each expert's rows start at a multiple of this (DeepGEMM's)
-FP8_TILES = (("cooperative", 128, 128), ("pingpong", 64, 128), ("cooperative", 128, 64), ("pingpong", 64, 64))
+# Tiles `default_fp8_schedule` searches (unless wide=True), then the wide candidates (explicit schedules,
+# or wide=True) awaiting the H200 measurement ("ours 128x192" in perf/suite_fp8.py).
+DEFAULT_FP8_TILES = (("cooperative", 128, 128), ("pingpong", 64, 128), ("cooperative", 128, 64),
+                     ("pingpong", 64, 64))
+WIDE_TILE_N = (192, 160)
+WIDE_FP8_TILES = tuple(("cooperative", 128, n) for n in WIDE_TILE_N)
+FP8_TILES = DEFAULT_FP8_TILES + WIDE_FP8_TILES
+MAX_WIDE_ACC = 192  # fp32 registers per thread for accumulator + temporary on a wide tile (2 x 96 at 192)
 _FP8_EFF = {("cooperative", 128, 128): 1.0, ("pingpong", 64, 128): 0.8, ("cooperative", 128, 64): 0.75,
-            ("pingpong", 64, 64): 0.55}
+            ("pingpong", 64, 64): 0.55,
+            # unmeasured guesses (1.5x the columns per barrier / epilogue of 128x128), used only with wide=True
+            ("cooperative", 128, 192): 1.04, ("cooperative", 128, 160): 1.0}
 
 
 def acc_per_thread(s: GemmSchedule) -> int:
@@ -39,8 +51,16 @@ def promoted_error(s: GemmSchedule) -> str | None:
     """Why schedule `s` cannot run the promoted FP8 mainloop (None when it can)."""
     if s.tile_k != SCALE_BLOCK:
         return f"tile_k must be {SCALE_BLOCK} (one scale block per stage), got {s.tile_k}"
+    if s.tile_n in WIDE_TILE_N:
+        if (s.kind, s.tile_m) != ("cooperative", 128):
+            return (f"tile_n {s.tile_n} (a tile spanning two B-scale blocks) is built for the cooperative "
+                    f"128-row tile only, got {s.kind} {s.tile_m}x{s.tile_n}")
+        if 2 * acc_per_thread(s) > MAX_WIDE_ACC:
+            return f"{s.kind} {s.tile_m}x{s.tile_n}: 2 x {acc_per_thread(s)} fp32 accumulators > {MAX_WIDE_ACC}"
+        return None
     if not (SCALE_BLOCK % s.tile_n == 0 or s.tile_n % SCALE_BLOCK == 0):
-        return f"tile_n must divide {SCALE_BLOCK} or be a multiple of it, got {s.tile_n}"
+        return (f"tile_n must divide {SCALE_BLOCK}, be a multiple of it, or be one of {WIDE_TILE_N} "
+                f"(cooperative 128-row tiles), got {s.tile_n}")
     if 2 * acc_per_thread(s) > MAX_PROMOTED_ACC:
         return (f"{s.kind} {s.tile_m}x{s.tile_n}: 2 x {acc_per_thread(s)} fp32 accumulators per thread "
                 f"(sum + block temporary) > {MAX_PROMOTED_ACC}; use 128x128 cooperative or 64x128 ping-pong")
@@ -56,9 +76,37 @@ def overlap_error(s: GemmSchedule) -> str | None:
     err = promoted_error(s)
     if err:
         return err
+    if s.tile_n in WIDE_TILE_N:
+        return (f"promote_overlap=True cannot be combined with tile_n={s.tile_n} ({s.kind} {s.tile_m}x{s.tile_n}): "
+                f"sum + two block temporaries = 3 x {acc_per_thread(s)} fp32 registers per thread > "
+                f"{MAX_OVERLAP_ACC}; use tile_n=128 with promote_overlap, or promote_overlap=False")
     if 3 * acc_per_thread(s) > MAX_OVERLAP_ACC:
         return (f"promote_overlap: {s.kind} {s.tile_m}x{s.tile_n} needs 3 x {acc_per_thread(s)} fp32 accumulators "
                 f"per thread (sum + two block temporaries) > {MAX_OVERLAP_ACC}; use 64 x 128 per warpgroup or less")
+    return None
+
+
+SB_SMEM_MAX_K = 512 * SCALE_BLOCK  # `sb_smem`: the smem row holds 512 K-blocks (block_scales.SB_SMEM_MAX_KB)
+
+
+def sb_smem_bytes(s: GemmSchedule) -> int:
+    """Shared memory of the `sb_smem` B-scale row: 512 K-blocks x the tile's 1 or 2 scale blocks."""
+    blocks = 2 if s.tile_n > SCALE_BLOCK or s.tile_n in WIDE_TILE_N else 1
+    return blocks * (SB_SMEM_MAX_K // SCALE_BLOCK) * 4
+
+
+def sb_smem_error(s: GemmSchedule) -> str | None:
+    """Why schedule `s` cannot stage its B-scale rows in shared memory (`sb_smem=True`), or None."""
+    err = promoted_error(s)
+    if err:
+        return err
+    if s.kind != "cooperative":
+        return (f"sb_smem=True needs schedule='cooperative' (the tile's two consumer warpgroups load and share "
+                f"the B-scale row), got {s.kind!r}")
+    need = (s.stages * (s.stage_bytes(1) + scale_stage_bytes(s)) + s.epi_bytes(2) + BARRIER_BYTES
+            + sb_smem_bytes(s))
+    if need > SMEM_BYTES:
+        return f"sb_smem=True: {s.stages} stages + the {sb_smem_bytes(s)}-byte scale row need {need} bytes > {SMEM_BYTES}"
     return None
 
 
@@ -107,11 +155,12 @@ def fp8_schedule(kind: str = "cooperative", tile_m: int = 128, tile_n: int = 128
 
 @functools.lru_cache(maxsize=4096)
 def default_fp8_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: int = 132,
-                         batch: int = 1) -> GemmSchedule:
+                         batch: int = 1, wide: bool = False) -> GemmSchedule:
     """The FP8 tile with the least modelled time (`schedules.gemm.estimate`'s wave model with the
-    FP8 tiles' own efficiencies), clustered 2x1 when there are at least two tile rows."""
+    FP8 tiles' own efficiencies), clustered 2x1 when there are at least two tile rows. The wide
+    tiles (`WIDE_FP8_TILES`, unmeasured) join the search only with wide=True."""
     best = None
-    for knd, tm, tn in FP8_TILES:
+    for knd, tm, tn in (FP8_TILES if wide else DEFAULT_FP8_TILES):
         if kind and knd != kind:
             continue
         cm = 2 if -(-m // tm) >= 2 else 1

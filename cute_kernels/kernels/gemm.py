@@ -57,11 +57,13 @@ REDUCE_SCHEDULE = GridStride(threads=128, unroll=4, ctas_per_sm=0, order="cta")
 # Named barrier ids (0 is __syncthreads).
 _EPI_BAR = 1  # cooperative: both consumer warpgroups; ping-pong: 1 + warpgroup
 _ORDER_BAR = 3  # ping-pong mainloop turns: 3 + warpgroup
+_SCALE_BAR = 5  # FP8 sb_smem: both consumer warpgroups, the tile's B-scale row is in smem
 
 
 class Gemm:
     def __init__(self, ab_dtype, out_dtype, schedule: GemmSchedule, ops: EpilogueOps = EpilogueOps(),
-                 blockwise: bool = False, grouping: str = "none", promote_overlap: bool = False):
+                 blockwise: bool = False, grouping: str = "none", promote_overlap: bool = False,
+                 sb_smem: bool = False):
         self.ab_dtype, self.out_dtype = ab_dtype, out_dtype
         self.s, self.ops = schedule, ops
         self.acc_dtype = Float32
@@ -71,11 +73,20 @@ class Gemm:
         self.promote_overlap = promote_overlap
         if promote_overlap and not blockwise:
             raise ValueError("promote_overlap is an option of the FP8 block-scaled mode (blockwise=True)")
+        # FP8: the tile's B-scale rows staged in smem once per tile (one LDS per K-block, no LDG)
+        self.sb_smem = sb_smem
+        if sb_smem and (not blockwise or schedule.kind != "cooperative"):
+            raise ValueError("sb_smem is an option of the FP8 block-scaled mode (blockwise=True) with "
+                             "schedule='cooperative'")
         self.split = schedule.split_k > 1
         if self.split and (blockwise or grouping != "none"):
             raise ValueError("split_k > 1 is for the bf16/fp16 GEMM (not the FP8 block-scaled or grouped modes)")
         if self.split and ops.source:
             raise ValueError("split_k > 1 does not fuse beta * C (source); use split_k=1")
+
+    def _sb_blocks(self) -> int:
+        """B-scale blocks a tile covers (sb_smem's rows): 2 for tiles wider than or straddling a block."""
+        return 2 if block_scales.wide_tile(self.s.tile_n) or self.s.tile_n > block_scales.BLOCK else 1
 
     @cute.jit
     def __call__(
@@ -165,6 +176,19 @@ class Gemm:
                 sS: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sS_layout)], 128]
 
             self.storage = ScaledStorage
+            if cutlass.const_expr(self.sb_smem):
+                sb_elems = self._sb_blocks() * block_scales.SB_SMEM_MAX_KB
+
+                @cute.struct
+                class StagedScaleStorage:
+                    bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+                    sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
+                    sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
+                    sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 1024]
+                    sS: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sS_layout)], 128]
+                    sSB: cute.struct.Align[cute.struct.MemRange[Float32, sb_elems], 16]
+
+                self.storage = StagedScaleStorage
             scale_args = (tma_s, tma_gs, sb, sS_layout)
             if cutlass.const_expr(self.grouping != "none"):
                 scale_args += (groups,)
@@ -308,6 +332,10 @@ class Gemm:
                 if cutlass.const_expr(self.promote_overlap):
                     temp2 = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
                 slots = block_scales.element_slots(tiled_mma, s.tile_m, s.tile_n)
+                sSB = scale_bar = None
+                if cutlass.const_expr(self.sb_smem):
+                    sSB = st.sSB.get_tensor(block_scales.sb_smem_layout(self._sb_blocks()))
+                    scale_bar = pipeline.NamedBarrier(barrier_id=_SCALE_BAR, num_threads=256)
 
             accumulate_mode(tiled_mma)
             read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
@@ -347,7 +375,8 @@ class Gemm:
                 else:
                     if valid:
                         if cutlass.const_expr(self.blockwise):
-                            scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te)
+                            scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te,
+                                                                     sSB, tid, scale_bar)
                             if cutlass.const_expr(self.promote_overlap):
                                 read, release = mma_k_tiles_promoted_overlap(tiled_mma, acc, temp, temp2, tCrA, tCrB,
                                                                              pipe, read, release, k_tiles, scales)
