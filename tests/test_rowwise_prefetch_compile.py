@@ -1,0 +1,129 @@
+"""CPU: software pipelining across row tiles in the row-wise backward kernels (`HeldRowPlan.prefetch`).
+
+Staged plans (staging="smem") double-buffer the rows: the next tile's cp.async group is committed
+before `cp.async.wait_group 1` waits for this tile's, and the staging shared memory doubles.
+Register plans hold the next tile's vectors in a second register set: one more 128-bit load per
+held vector (the prologue's copy of the loop's loads) and no spills at 16 elements per thread.
+The option is a config parameter (part of the cache key) of the backward kernels only, off by
+default, and refused by the kernels that do not implement it."""
+
+import re
+
+import pytest
+
+from cute_kernels import catalog
+from cute_kernels.artifacts import compile_with_artifacts
+from cute_kernels.specs_rowwise import PREFETCH_KERNELS, ROWWISE, config_of, plan_of
+from schedules.row_tiling import HELD_TUNED, HeldRowPlan, RowTiling, plan_held_rows
+
+
+def _params(name, shape, staging="regs", prefetch=True, **extra):
+    t, tpr, vpt, cn = shape
+    p = dict(threads=t, threads_per_row=tpr, vpt=vpt, cluster_n=cn, staging=staging, prefetch=prefetch, **extra)
+    return catalog.get(name).resolve(p)
+
+
+def _compile(name, p, tmp_path):
+    report, files = compile_with_artifacts(catalog.get(name), p, str(tmp_path))
+    assert not report.spills, report.format()
+    return report, files["ptx"].read_text()
+
+
+# (kernel, plan shape as threads, threads_per_row, vpt, cluster_n, extra signature)
+STAGED = [
+    ("rmsnorm.bwd", (128, 128, 4, 1), {}),
+    ("layernorm.bwd", (256, 256, 4, 8), dict(residual=True)),
+    ("softmax.bwd", (128, 128, 8, 8), {}),
+    ("log_softmax.bwd", (256, 256, 4, 8), {}),
+]
+
+
+@pytest.mark.parametrize("name,shape,extra", STAGED, ids=[f"{n}-{'x'.join(map(str, s))}" for n, s, _ in STAGED])
+def test_staged_prefetch_double_buffers(name, shape, extra, tmp_path):
+    p = _params(name, shape, "smem", **extra)
+    report, ptx = _compile(name, p, tmp_path)
+    vpt = shape[2]
+    # the prologue's copies of the first tile and the loop's of the next: 2 rows x vpt each
+    assert ptx.count("cp.async.cg.shared.global") >= 2 * 2 * vpt, report.format()
+    waits = [int(w) for w in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)]
+    assert 1 in waits, waits  # the tile loop leaves the next tile's group in flight
+    if name.startswith(("softmax", "log_softmax")):
+        assert waits == [1], waits  # nothing else is staged
+    else:
+        assert waits == [0, 1], waits  # the weight, copied once before the loop
+    assert ptx.count("cp.async.commit_group") >= 2
+    # rows come in through cp.async only (the residual gradient is loaded per tile)
+    assert report.ptx_census["ld.global.v4 (128-bit)"] == (vpt if extra.get("residual") else 0)
+    plain = dict(p, prefetch=False)
+    spec = catalog.get(name)
+    assert spec.dynamic_smem_bytes(p) > spec.dynamic_smem_bytes(plain)
+    assert report.dynamic_smem_bytes == spec.dynamic_smem_bytes(p)
+    m = re.search(r"\.minnctapersm (\d+)", ptx)
+    assert m and int(m.group(1)) >= 1
+
+
+# 16 elements per thread (2 bf16 vectors): the second register set fits without spills
+REGS = [
+    ("rmsnorm.bwd", (128, 128, 2, 8), {}),
+    ("layernorm.bwd", (128, 128, 2, 8), {}),
+    ("softmax.bwd", (128, 128, 2, 2), {}),
+    ("rmsnorm.bwd", (256, 64, 2, 1), dict(residual=True)),
+]
+
+
+@pytest.mark.parametrize("name,shape,extra", REGS, ids=[f"{n}-{'x'.join(map(str, s))}" for n, s, _ in REGS])
+def test_register_prefetch_second_set(name, shape, extra, tmp_path):
+    report, ptx = _compile(name, _params(name, shape, **extra), tmp_path / "pf")
+    base, _ = _compile(name, _params(name, shape, prefetch=False, **extra), tmp_path / "plain")
+    vpt = shape[2]
+    loads, loads0 = (r.ptx_census["ld.global.v4 (128-bit)"] for r in (report, base))
+    assert loads == loads0 + 2 * vpt, (loads, loads0)  # the first tile's x/y and dy, before the loop
+    regs, regs0 = report.kernels[0].registers, base.kernels[0].registers
+    assert regs <= 128 and regs <= regs0 + 48, (regs, regs0)
+    assert "cp.async" not in ptx
+
+
+def test_prefetch_is_a_config_param_of_the_backward_kernels_only():
+    spec = catalog.get("rmsnorm.bwd")
+    a, b = _params("rmsnorm.bwd", (128, 128, 4, 1), prefetch=False), _params("rmsnorm.bwd", (128, 128, 4, 1))
+    assert spec.key(a) != spec.key(b) and "prefetch=True" in spec.key(b).config
+    assert spec.resolve()["prefetch"] is False
+    plan = plan_of(b)
+    assert plan.prefetch and config_of(plan) == {k: b[k] for k in config_of(plan)}
+    assert "prefetch" not in config_of(plan_of(a)) and not plan_of(a).prefetch
+    assert set(PREFETCH_KERNELS) == {s.name for s in ROWWISE if "prefetch" in s.params}
+    for name in ("rmsnorm.fwd", "softmax.fwd", "cross_entropy.bwd"):
+        with pytest.raises(ValueError, match="prefetch"):
+            catalog.get(name).resolve(dict(prefetch=True))
+
+
+def test_kernels_without_the_pipeline_refuse_it():
+    from cutlass import BFloat16
+
+    from cute_kernels.kernels.norms import NormFwd
+    from cute_kernels.kernels.softmax import SoftmaxBwd, SoftmaxFwd
+
+    plan = HeldRowPlan(RowTiling(128, 128, 4), 1, 2, "regs", prefetch=True)
+    with pytest.raises(ValueError, match="prefetch is not built"):
+        SoftmaxFwd(False, BFloat16, 8, False, plan)
+    with pytest.raises(ValueError, match="prefetch is not built"):
+        NormFwd("rms", BFloat16, BFloat16, BFloat16, 8, False, plan, True, False, False)
+    SoftmaxBwd(False, BFloat16, 8, False, plan)
+
+
+def test_plans():
+    """Two staging buffers per row; the plan's name says pf; the planner passes it through; the
+    production table asks for none yet (nothing that runs today changes)."""
+    t = RowTiling(128, 128, 4)
+    off, on = HeldRowPlan(t, 1, 2, "smem"), HeldRowPlan(t, 1, 2, "smem", prefetch=True)
+    rows = (2, 2)
+    assert on.stages == 2 and off.stages == 1
+    assert on.row_smem_bytes(8, rows, (2,), 1) - off.row_smem_bytes(8, rows, (2,), 1) == 128 * 4 * 8 * 4
+    assert str(on) == f"{off} pf" and on != off
+    regs_on = HeldRowPlan(t, 1, 2, prefetch=True)
+    assert regs_on.row_smem_bytes(8, rows, (), 1) == HeldRowPlan(t, 1, 2).row_smem_bytes(8, rows, (), 1)
+    p = plan_held_rows(65536, 8, target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem",
+                       prefetch=True)
+    q = plan_held_rows(65536, 8, target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem")
+    assert p.prefetch and p.ctas_per_sm <= q.ctas_per_sm
+    assert all("prefetch" not in st for fam in HELD_TUNED.values() for _, st in fam)
