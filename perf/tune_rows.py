@@ -3,8 +3,12 @@ the row-wise kernels on the GPU: which plan moves the bytes fastest per (kernel,
 plan `schedules.row_tiling.plan_held_rows` picks today. Feeds HELD_TUNED / plan_held_rows.
 For N >= 16384 the sweep also times shared-memory staged plans (`staging="smem"`, rows copied by
 cp.async and read back per pass; tagged "smem" in the plan column) next to the register plans.
+The backward kernels also get plans that pipeline row tiles (`HeldRowPlan.prefetch`, tagged "pf"):
+register plans of at most 16 elements per thread and staged plans (double-buffered) at every N,
+each next to its prefetch-off twin; the "x off" column is the twin's time over the plan's.
 
     python3 -m perf.tune_rows [--n 4096,65536] [--kernels rmsnorm.fwd,...] [--out DIR] [--jobs 16]
+                              [--prefetch with|without|only]
 
 Inputs are bf16 with 256 MiB per (M, N) tensor, randn; CUDA-event medians with L2 flushed
 (`perf.harness.do_bench`); timed through the public ops, the plan swapped in by patching
@@ -27,9 +31,12 @@ KERNELS = ("rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "rmsnorm.bwd", "layern
 MOVED = {"fwd": 2, "bwd": 3}
 
 
-def candidates(n: int, vec: int = 8, bwd: bool = False) -> list[HeldRowPlan]:
+def candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: str = "with") -> list[HeldRowPlan]:
     """Plans that hold a row of `n` elements with 16-64 elements per thread (bwd: 8-32), CTAs of
-    128-512 threads, clusters of up to 8, and no more than 2x padding."""
+    128-512 threads, clusters of up to 8, and no more than 2x padding; for the backward kernels
+    also `prefetch_candidates` ("with"), only those and their twins ("only"), or none ("without")."""
+    if bwd and prefetch == "only":
+        return list(dict.fromkeys(p for q in prefetch_candidates(n, vec) for p in (q, _twin(q, vec))))
     out = []
     for tpr in (32, 64, 128, 256, 512):
         for elems in ((8, 16, 32) if bwd else (16, 32, 64)):
@@ -46,16 +53,43 @@ def candidates(n: int, vec: int = 8, bwd: bool = False) -> list[HeldRowPlan]:
                     out.append(HeldRowPlan(RowTiling(threads, tpr, vpt), cluster, c))
     if n >= STAGED_FROM:
         out += staged_candidates(n, vec, bwd)
+    if bwd and prefetch == "with":
+        pf = prefetch_candidates(n, vec)
+        out += pf + [_twin(p, vec) for p in pf]
     return list(dict.fromkeys(out))
 
 
 STAGED_FROM = 16384
+PREFETCH_MAX_ELEMS = 16  # register prefetch: past this the second register set costs 170-190 registers
 
 
-def staged_candidates(n: int, vec: int = 8, bwd: bool = False) -> list[HeldRowPlan]:
+def prefetch_candidates(n: int, vec: int = 8) -> list[HeldRowPlan]:
+    """Backward plans that fetch the next row tile while computing this one: the register plans
+    of `candidates` with at most PREFETCH_MAX_ELEMS elements per thread (a second register set),
+    and the staged plans of `staged_candidates` (a second staging buffer) at every N."""
+    regs = [p for p in candidates(n, vec, bwd=True, prefetch="without")
+            if p.staging == "regs" and p.tiling.unroll * vec <= PREFETCH_MAX_ELEMS]
+    return [dataclasses.replace(p, prefetch=True) for p in regs] + staged_candidates(n, vec, True, prefetch=True)
+
+
+def _twin(p: HeldRowPlan, vec: int = 8) -> HeldRowPlan:
+    """`p` without prefetch (a staged twin gets the CTAs per SM of its single buffer)."""
+    if p.staging == "smem":
+        return _staged(p.tiling, p.cluster_n, vec, True, False)
+    return dataclasses.replace(p, prefetch=False)
+
+
+def _staged(tiling: RowTiling, cluster: int, vec: int, bwd: bool, prefetch: bool) -> HeldRowPlan:
+    p = HeldRowPlan(tiling, cluster, 1, "smem", prefetch)
+    rows = (16 // vec,) * (2 if bwd else 1)
+    cps = min(16, p.staged_residency(p.row_smem_bytes(vec, rows), 128 if bwd else 64))
+    return dataclasses.replace(p, ctas_per_sm=cps)
+
+
+def staged_candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: bool = False) -> list[HeldRowPlan]:
     """Shared-memory staged plans: CTAs of 128 or 256 threads (one row each), 32-128 elements per
     thread, clusters of 1-8, no more than 2x padding; CTAs per SM as shared memory allows (the
-    kernels ask ptxas for that many)."""
+    kernels ask ptxas for that many); `prefetch`: double-buffered."""
     out = []
     for tpr in (128, 256):
         for elems in (32, 64, 128):
@@ -64,10 +98,7 @@ def staged_candidates(n: int, vec: int = 8, bwd: bool = False) -> list[HeldRowPl
                 cluster *= 2
             if cluster > 8 or tpr * elems * cluster >= 2 * n:
                 continue
-            p = HeldRowPlan(RowTiling(tpr, tpr, elems // vec), cluster, 1, "smem")
-            rows = (16 // vec,) * (2 if bwd else 1)
-            cps = min(16, p.staged_residency(p.row_smem_bytes(vec, rows), 128 if bwd else 64))
-            out.append(dataclasses.replace(p, ctas_per_sm=cps))
+            out.append(_staged(RowTiling(tpr, tpr, elems // vec), cluster, vec, bwd, prefetch))
     return out
 
 
@@ -89,7 +120,7 @@ def _call(kernel: str, n: int, m: int):
     return lambda: torch.autograd.grad(y, xg, dy, retain_graph=True)
 
 
-def sweep(kernels, ns, jobs: int):
+def sweep(kernels, ns, jobs: int, prefetch: str = "with"):
     from cute_kernels import catalog
     from cute_kernels.ops import _rowwise as R
     from cute_kernels.precompile import precompile
@@ -100,7 +131,10 @@ def sweep(kernels, ns, jobs: int):
     for k in kernels:
         for n in ns:
             keep = []
-            for p in candidates(n, bwd=k.endswith(".bwd")):
+            ps = candidates(n, bwd=k.endswith(".bwd"), prefetch=prefetch)
+            if k.endswith(".bwd") and prefetch != "without":  # the default plan, prefetching
+                ps.append(dataclasses.replace(R.plan_for(k, torch.bfloat16, n, True), prefetch=True))
+            for p in dict.fromkeys(ps):
                 params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p))
                 if k.startswith(("rmsnorm", "layernorm")):
                     params.update(weight=True, residual=False, w_dtype="bf16")
@@ -121,14 +155,15 @@ def sweep(kernels, ns, jobs: int):
             H.progress(f"  precompile: {type(e).__name__}: {str(e)[:200]}")
     ceil = H.copy_bandwidth() if hasattr(H, "copy_bandwidth") else None
     orig = R.plan_for
-    lines = ["| kernel | N | plan | ctas/SM | us | TB/s | x default |", "|---|---|---|---|---|---|---|"]
+    lines = ["| kernel | N | plan | ctas/SM | us | TB/s | x default | x off |", "|---|---|---|---|---|---|---|---|"]
     best_rows = []
     for (k, n), ps in plans.items():
         m = max(1, 128 * MiB // n)
         default = orig(k, torch.bfloat16, n, True)
         res = []
         for p in [default] + [p for p in ps if p != default]:
-            R.plan_for = lambda name, dtype, nn, aligned, _p=p: _p
+            # only the kernel under test (the forward of a backward's graph keeps its own plan)
+            R.plan_for = lambda name, dtype, nn, aligned, _p=p, _k=k: _p if name == _k else orig(name, dtype, nn, aligned)
             try:
                 t = H.do_bench(_call(k, n, m))["median_ms"]
             except Exception as e:
@@ -142,12 +177,20 @@ def sweep(kernels, ns, jobs: int):
             continue
         t0 = res[0][0]
         nbytes = MOVED[k.split(".")[1]] * m * n * 2
-        for t, p in sorted(res, key=lambda r: r[0])[:4] + [res[0]]:
+        times = {p: t for t, p in res}
+        ranked = sorted(res, key=lambda r: r[0])
+        shown = ranked[:4] + [res[0]]
+        best_pf = next((r for r in ranked if r[1].prefetch), None)
+        if best_pf is not None and best_pf not in shown:
+            shown.append(best_pf)  # the fastest prefetching plan, wherever it ranks
+        for t, p in shown:
             tag = " (default)" if p == default else ""
+            twin = _twin(p) if p.prefetch else None
+            off = f"{times[twin] / t:.3f}" if twin in times else ""
             lines.append(f"| {k} | {n} | {p}{tag} | {p.ctas_per_sm} | {t * 1e3:.1f} | "
-                         f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} |")
-        best_rows.append((k, n, sorted(res, key=lambda r: r[0])[0]))
-        print("\n".join(lines[-5:]), flush=True)
+                         f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} | {off} |")
+        best_rows.append((k, n, ranked[0]))
+        print("\n".join(lines[-len(shown):]), flush=True)
     return lines, ceil
 
 
@@ -157,8 +200,11 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", default=",".join(KERNELS))
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--prefetch", choices=("with", "without", "only"), default="with",
+                    help="backward kernels: also time prefetching plans (with), none (without), or only them and "
+                         "their prefetch-off twins (only)")
     a = ap.parse_args(argv)
-    lines, _ = sweep(a.kernels.split(","), [int(v) for v in a.n.split(",")], a.jobs)
+    lines, _ = sweep(a.kernels.split(","), [int(v) for v in a.n.split(",")], a.jobs, a.prefetch)
     text = "# held-row plan sweep (bf16, 256 MiB per tensor)\n\n" + "\n".join(lines) + "\n"
     print(text)
     if a.out:
