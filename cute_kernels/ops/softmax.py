@@ -50,7 +50,8 @@ def _sm_bwd_run(name, y, dy):
         y2, dy2 = rows_of(y), rows_of(dy)
         dx2 = dx.view(-1, y.shape[-1])
         fn, plan = launch_params(name, y2, dy2, dx2)
-        fn(y2, dy2, dx2, grid_ctas(y2.shape[0], plan, False, y.device)[0])
+        # one CTA per row tile, unless the plan pipelines tiles: then CTAs walk them grid-stride
+        fn(y2, dy2, dx2, grid_ctas(y2.shape[0], plan, plan.prefetch, y.device)[0])
     return dx
 
 
