@@ -68,12 +68,18 @@ def element_slots(tiled_mma: cute.TiledMma, tile_m: int, tile_n: int):
         cols.append(n)
     if not wide_tile(tile_n):
         return tuple(rep), tuple(row_slot), tuple(n // BLOCK for n in cols), None
-    g = math.gcd(tile_n, BLOCK)
-    # A thread's columns are thread 0's plus < 8 inside the same 8-column group, and o is a multiple
-    # of g >= 16, so the group start decides the block for every thread.
-    thr = [min(BLOCK, max(0, -(-(BLOCK - (n - n % 8)) // g) * g)) for n in cols]
+    thr = [second_block_threshold(n, tile_n) for n in cols]
     classes = sorted(set(thr))
     return tuple(rep), tuple(row_slot), tuple(classes.index(t) for t in thr), tuple(classes)
+
+
+def second_block_threshold(col: int, tile_n: int) -> int:
+    """Smallest tile offset o (= n0 % 128, a multiple of gcd(tile_n, 128)) at which tile column
+    `col` lies in the tile's second scale block: 0 = always, BLOCK = never. A thread's columns are
+    thread 0's plus < 8 inside the same 8-column group and o is a multiple of 16, so the group's
+    first column decides for every thread."""
+    g = math.gcd(tile_n, BLOCK)
+    return min(BLOCK, max(0, -(-(BLOCK - (col - col % 8)) // g) * g))
 
 
 def wide_tile(tile_n: int) -> bool:

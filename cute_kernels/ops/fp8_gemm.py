@@ -123,21 +123,26 @@ def _as3(x: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(-1).as_strided((*x.shape, 1), (*x.stride(), 16 * (x.shape[0] + x.shape[1]) * 4))
 
 
-def _compiled(out_dtype, sched, device, promote_overlap=False):
-    key = (out_dtype, sched, device, promote_overlap)
+def _compiled(out_dtype, sched, device, promote_overlap=False, sb_smem=False):
+    key = (out_dtype, sched, device, promote_overlap, sb_smem)
     hit = _fns.get(key)
     if hit is None:
         from cute_kernels.specs_fp8 import FP8_GEMM, params_for
         from schedules.hardware import num_sms
 
         extra = {"promote_overlap": True} if promote_overlap else {}
+        if sb_smem:
+            extra["sb_smem"] = True
         fn = FP8_GEMM.compiled(**params_for(sched, out_dtype=dtypes.name_of(out_dtype)), **extra)
         hit = _fns[key] = (fn, num_sms(device))
     return hit
 
 
-def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=False):
-    from schedules.fp8_gemm import default_fp8_schedule
+def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=False, sb_smem=False):
+    """The op's CUDA body. Experiment options (catalogue `fp8_gemm`, default off): `schedule` (any
+    `schedules.fp8_gemm.fp8_schedule`, e.g. the wide 128x192), `promote_overlap`, `sb_smem` (B
+    scales staged in smem per tile; cooperative schedules; K > 65536 runs without it: same bits)."""
+    from schedules.fp8_gemm import SB_SMEM_MAX_K, default_fp8_schedule
     from schedules.gemm import grid as tile_grid
 
     _check(a, sa, b, sb, out_dtype)
@@ -154,7 +159,7 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
     out = torch.empty(m, npad, dtype=out_dtype, device=a.device)
     d = out[:, :n] if npad != n else out
     sched = schedule or default_fp8_schedule(m, n, k)
-    fn, sms = _compiled(out_dtype, sched, a.get_device(), promote_overlap)
+    fn, sms = _compiled(out_dtype, sched, a.get_device(), promote_overlap, sb_smem and k <= SB_SMEM_MAX_K)
     max_clusters = tile_grid(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms)[2]
     fn(_as3(a), _as3(b), _as3(d), _as3(sa), _as3(sb), max_clusters)
     return d
