@@ -76,7 +76,10 @@ def test_quantize_128x128_reference(n, k, ue8m0):
     w = torch.randn(n, k)
     q, sb = quantize_128x128_reference(w, ue8m0)
     assert q.shape == (n, k) and sb.shape == (-(-n // 128), -(-k // 128)) and sb.is_contiguous()
-    assert (dequantize_128x128(q, sb) - w).norm() / w.norm() < 0.04
+    # e4m3 keeps 3 mantissa bits: each normal value is off by at most 2^-4 of itself (subnormals by a
+    # tiny absolute amount), so the norm-wise bound is 2^-4 whatever the draw; 0.04 (the typical
+    # error of a large block) failed on a few blocks of 16 values
+    assert (dequantize_128x128(q, sb) - w).norm() / w.norm() <= 2**-4 + 1e-3
 
 
 def test_quantize_rounding_is_round_to_nearest_even():
