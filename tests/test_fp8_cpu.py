@@ -67,7 +67,7 @@ def test_quantize_1x128_reference(m, k, ue8m0):
     else:
         assert torch.allclose(qb, torch.full_like(qb, 448.0))
     err = (dequantize_1x128(q, sa) - x).norm() / x.norm()
-    assert err < 0.04
+    assert err <= 2**-4 + 1e-3  # e4m3: each normal value within 2^-4 of itself
 
 
 @pytest.mark.parametrize("n,k", [(200, 300), (256, 128), (1, 16)])
