@@ -127,3 +127,19 @@ def test_plans():
     q = plan_held_rows(65536, 8, target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem")
     assert p.prefetch and p.ctas_per_sm <= q.ctas_per_sm
     assert all("prefetch" not in st for fam in HELD_TUNED.values() for _, st in fam)
+
+
+def test_tuner_candidates():
+    """perf.tune_rows times prefetching plans for the backward kernels only, each beside its twin."""
+    from perf.tune_rows import PREFETCH_MAX_ELEMS, _twin, candidates
+
+    for n in (4096, 16384, 65536):
+        c = candidates(n, bwd=True)
+        pf = [p for p in c if p.prefetch]
+        assert any(p.staging == "smem" for p in pf) and any(p.staging == "regs" for p in pf), n
+        assert all(_twin(p) in c and not _twin(p).prefetch for p in pf)
+        assert all(p.tiling.unroll * 8 <= PREFETCH_MAX_ELEMS for p in pf if p.staging == "regs")
+        assert not any(p.prefetch for p in candidates(n, bwd=True, prefetch="without"))
+        assert not any(p.prefetch for p in candidates(n))
+        only = candidates(n, bwd=True, prefetch="only")
+        assert set(only) <= set(c) and {p for p in only if p.prefetch} == set(pf)
