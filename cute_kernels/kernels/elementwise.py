@@ -66,23 +66,30 @@ class Elementwise:
         # One pass until the grid reaches its cap; past that, CTAs loop (see GridStride.grid).
         ctas = cute.ceil_div(n // self.vec, self.schedule.items_per_cta_pass())
         ctas = cutlass.max(cutlass.min(ctas, max_ctas), 1)
-        self.kernel(x, y, out, a, b).launch(
+        # The grid's complete passes, divided here on the host instead of by every thread (32-bit
+        # sizes; the 64-bit variant divides on the device).
+        passes = Int32(0)
+        if cutlass.const_expr(not self.index64):
+            _, _, pass_stride = self.schedule.thread_walk(0, ctas, 0)
+            passes = (n // self.vec) // pass_stride
+        self.kernel(x, y, out, a, b, passes).launch(
             grid=[ctas, 1, 1], block=[self.schedule.threads, 1, 1], stream=stream
         )
 
     @cute.kernel
-    def kernel(self, x: cute.Tensor, y: cute.Tensor, out: cute.Tensor, a: Float32, b: Float32):
+    def kernel(self, x: cute.Tensor, y: cute.Tensor, out: cute.Tensor, a: Float32, b: Float32, passes: Int32):
         ins = (x, y) if cutlass.const_expr(self.op != "copy") else (x,)
 
         def f(xv, yv=None):
             return (self._apply(xv, yv, a, b),)
 
-        map_vectors(ins, (out,), f, self.vec, self.schedule, self.index64)
+        map_vectors(ins, (out,), f, self.vec, self.schedule, self.index64,
+                    full_passes=None if cutlass.const_expr(self.index64) else passes)
 
 
 @cute.jit
 def map_vectors(ins: tuple, outs: tuple, f: Callable, vec: cutlass.Constexpr[int], schedule: cutlass.Constexpr,
-                index64: cutlass.Constexpr[bool], with_index: cutlass.Constexpr[bool] = False):
+                index64: cutlass.Constexpr[bool], with_index: cutlass.Constexpr[bool] = False, full_passes=None):
     """The body of every elementwise kernel: `outs[k][i] = f(ins[0][i], ins[1][i], ...)[k]` for all i.
 
     All tensors are flat, of one length (that of `outs[0]`), 16-byte aligned when `vec` > 1. `f`
@@ -90,7 +97,8 @@ def map_vectors(ins: tuple, outs: tuple, f: Callable, vec: cutlass.Constexpr[int
     a tuple with one vector per output, already in that output's dtype. The grid walks 128-bit
     vectors under `schedule` (a `GridStride`); the `n % vec` tail is done by the last CTA.
     With `with_index`, f's first argument is the flat index of the vector's first element (for
-    operands broadcast along a mode, e.g. the split-K GEMM's bias).
+    operands broadcast along a mode, e.g. the split-K GEMM's bias). `full_passes`: the grid's
+    complete passes over the vectors when the launch computed them (see `strided_fold`).
     """
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
@@ -114,7 +122,7 @@ def map_vectors(ins: tuple, outs: tuple, f: Callable, vec: cutlass.Constexpr[int
             out_v[k][None, j].store(res[k])
         return acc
 
-    strided_fold(n // vec, first, stride, pass_stride, schedule.unroll, load, step, Int32(0))
+    strided_fold(n // vec, first, stride, pass_stride, schedule.unroll, load, step, Int32(0), full_passes=full_passes)
 
     if cutlass.const_expr(vec > 1):
         # Scalar tail: the last n % vec elements, one per thread of the last CTA.
