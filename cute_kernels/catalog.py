@@ -18,7 +18,6 @@ from cutlass import Float32, Int32
 
 from cute_kernels import dtypes
 from cute_kernels.jit import CacheKey, default_cache, fake_stream
-
 from schedules.grid_stride import TUNED as _EW_TUNED
 from schedules.grid_stride import GridStride
 from schedules.row_tiling import TUNED as _ROW_TUNED

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from cute_kernels.target import check_arch, current_arch
-
 import cutlass  # noqa: E402  (after target: the DSL latches its arch at import)
 import cutlass.cute as cute  # noqa: E402
+
+from cute_kernels.target import check_arch, current_arch
 
 _PROJECT_PACKAGES = ("cute_kernels", "collectives", "schedules")
 _EXPORT_NAME = "func"
