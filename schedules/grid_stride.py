@@ -64,6 +64,16 @@ class GridStride:
             return bidx * (t * u) + tidx, t, gdim * (t * u)
         return bidx * t + tidx, gdim * t, gdim * (t * u)
 
+    def index32_ok(self, n: int, vec: int, num_sms: int) -> bool:
+        """Whether a 32-bit kernel walking `n` elements in `vec`-element vectors under this schedule
+        keeps every index below 2^31: the pass stride, the guarded last pass (up to
+        (n_items // pass_stride + 1) * pass_stride - 1, past n_items: after one complete pass over
+        2^30 + 512 scalar items it reaches 2^31 + 1023) and the scalar tail (tail start + thread
+        index, past n by up to `threads` - 1). A wrapped index is negative and passes its `< n` guard."""
+        items = n // vec
+        _, _, pass_stride = self.thread_walk(0, self.grid(items, num_sms), 0)
+        return (items // pass_stride + 1) * pass_stride <= 2**31 - 1 and n + self.threads - 1 <= 2**31 - 1
+
 
 @cute.jit
 def strided_fold(

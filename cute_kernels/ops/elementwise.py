@@ -16,6 +16,7 @@ from schedules.grid_stride import GridStride, pick
 from schedules.hardware import num_sms
 
 _INDEX32_LIMIT = 2**31 - 1
+_CHECK32_FROM = 2**24
 _fns: dict[tuple, object] = {}
 
 
@@ -26,8 +27,13 @@ def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: flo
     its grid cap are cached together per (op, dtype, alignment, index width, schedule, device)."""
     n = out.numel()
     sched = schedule or pick(op, n * out.element_size())
-    key = (op, x.dtype, x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0,
-           n > _INDEX32_LIMIT, id(sched), out.get_device())
+    aligned = x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0
+    dev = out.get_device()
+    # 64-bit indices past 2^31 - 1 elements, and below that where the 32-bit grid arithmetic would
+    # wrap (`GridStride.index32_ok`; never under 2^24 elements for any unroll < 127).
+    wide = n > _INDEX32_LIMIT or (n >= _CHECK32_FROM and not sched.index32_ok(
+        n, 16 // out.element_size() if aligned else 1, num_sms(dev)))
+    key = (op, x.dtype, aligned, wide, id(sched), dev)
     hit = _fns.get(key)
     if hit is None:
         spec = catalog.get(f"elementwise.{op}")
