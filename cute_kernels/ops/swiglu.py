@@ -27,7 +27,11 @@ def _launch(op: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
     """Run `swiglu.<op>` on flat contiguous tensors of one length n >= 1."""
     n = outs[0].numel()
     sched = SWIGLU_TUNED
-    key = (op, outs[0].dtype, aligned16(*ins, *outs), n > _INDEX32_LIMIT)
+    aligned = aligned16(*ins, *outs)
+    # 64-bit also below 2^31 elements where the 32-bit walk would wrap (`GridStride.index32_ok`)
+    wide = n > _INDEX32_LIMIT or (n >= 2**24 and not sched.index32_ok(
+        n, 16 // outs[0].element_size() if aligned else 1, num_sms(outs[0].get_device())))
+    key = (op, outs[0].dtype, aligned, wide)
     fn = _fns.get(key)
     if fn is None:
         fn = _fns[key] = catalog.get(f"swiglu.{op}").compiled(
