@@ -55,6 +55,13 @@ def group_smem_slots(threads: int, group: int, width: int = 1) -> int:
     return width * (threads // WARP) if group > WARP else 0
 
 
+def group_smem(smem, dtype, threads: int, group: int, width: int = 1):
+    """Allocate from `smem` (the kernel's `SmemAllocator`) the `group_smem_slots` elements of `dtype`
+    that `group_reduce` needs; None when the groups fit in a warp. Trace-time Python."""
+    slots = group_smem_slots(threads, group, width)
+    return smem.allocate_tensor(dtype, cute.make_layout(slots), byte_alignment=16) if slots else None
+
+
 @cute.jit
 def group_reduce(val, op: Callable, group: cutlass.Constexpr[int], smem: cute.Tensor, init=None):
     """Reduce `val` over groups of `group` consecutive threads (power of two, <= CTA size).

@@ -33,7 +33,7 @@ from collectives.arg_reduce import (
     vector_max,
     vector_words,
 )
-from collectives.reduce import group_reduce, group_smem_slots
+from collectives.reduce import group_reduce, group_smem
 from collectives.vector_io import as_vectors, extent
 from schedules.grid_stride import strided_fold
 from schedules.row_tiling import RowTiling, SplitRowWalk, row_tile_grid
@@ -67,11 +67,7 @@ class ArgMax:
         rows, n = extent(x, 0), extent(x, 1)
         splits = extent(out, 1)
 
-        smem = cutlass.memory.SmemAllocator()
-        slots = group_smem_slots(self.tiling.threads, tpr)
-        buf = None
-        if cutlass.const_expr(slots > 0):
-            buf = smem.allocate_tensor(Int64, cute.make_layout(slots), byte_alignment=16)
+        buf = group_smem(cutlass.memory.SmemAllocator(), Int64, self.tiling.threads, tpr)
 
         w = SplitRowWalk.create(self.tiling, rows, n, vec, splits, self.index64)
         lane, nv, v_begin, v_count, tail = w.lane, w.nv, w.v_begin, w.v_count, w.tail
@@ -145,5 +141,5 @@ class ArgMax:
                     out[row, split] = key
                 else:
                     out[row, split] = key_index(key)
-            if cutlass.const_expr(slots > 0):
+            if cutlass.const_expr(buf is not None):
                 cute.arch.barrier()  # the shared slots are rewritten by the next tile

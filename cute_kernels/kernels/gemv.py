@@ -20,7 +20,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from collectives.reduce import group_reduce_spread, group_smem_slots
+from collectives.reduce import group_reduce_spread, group_smem
 from collectives.vector_io import as_vectors, extent, widen_f32
 from schedules.grid_stride import strided_fold
 from schedules.row_tiling import RowTiling, SplitRowWalk, row_tile_grid
@@ -55,11 +55,7 @@ class Gemv:
         tpr = self.tiling.threads_per_row
         rows, k = extent(w, 0), extent(w, 1)
 
-        smem = cutlass.memory.SmemAllocator()
-        slots = group_smem_slots(self.tiling.threads, tpr, R * B)
-        buf = None
-        if cutlass.const_expr(slots > 0):
-            buf = smem.allocate_tensor(Float32, cute.make_layout(slots), byte_alignment=16)
+        buf = group_smem(cutlass.memory.SmemAllocator(), Float32, self.tiling.threads, tpr, R * B)
 
         wk = SplitRowWalk.create(self.tiling, rows, k, vec, 1, self.index64, R)  # rows are never split
         lane, nv, tail = wk.lane, wk.nv, wk.tail
@@ -102,5 +98,5 @@ class Gemv:
                 if owner != 0:
                     if row < rows:
                         y[row, idx - q * B] = total.to(self.dtype)
-            if cutlass.const_expr(slots > 0):
+            if cutlass.const_expr(buf is not None):
                 cute.arch.barrier()  # the shared slots are rewritten by the next tile

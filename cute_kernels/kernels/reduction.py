@@ -14,7 +14,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from collectives.reduce import add, group_reduce, group_smem_slots
+from collectives.reduce import add, group_reduce, group_smem
 from collectives.vector_io import as_vectors, extent
 from schedules.grid_stride import strided_fold
 from schedules.row_tiling import RowTiling, SplitRowWalk, row_tile_grid
@@ -49,11 +49,7 @@ class RowSum:
         if cutlass.const_expr(self.index64):
             assert n.dtype is Int64 and rows.dtype is Int64, "64-bit variant traced with 32-bit sizes"
 
-        smem = cutlass.memory.SmemAllocator()
-        slots = group_smem_slots(self.tiling.threads, tpr)
-        buf = None
-        if cutlass.const_expr(slots > 0):
-            buf = smem.allocate_tensor(Float32, cute.make_layout(slots), byte_alignment=16)
+        buf = group_smem(cutlass.memory.SmemAllocator(), Float32, self.tiling.threads, tpr)
 
         w = SplitRowWalk.create(self.tiling, rows, n, vec, splits, self.index64)
         lane, nv, v_begin, v_count, tail = w.lane, w.nv, w.v_begin, w.v_count, w.tail
@@ -83,5 +79,5 @@ class RowSum:
             total = group_reduce(total, add, tpr, buf, Float32(0.0))
             if row < rows and lane == 0:
                 out[row, split] = total.to(self.out_dtype)
-            if cutlass.const_expr(slots > 0):
+            if cutlass.const_expr(buf is not None):
                 cute.arch.barrier()  # the shared slots are rewritten by the next tile

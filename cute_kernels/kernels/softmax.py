@@ -22,7 +22,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from collectives.online_softmax import EMPTY, exp_shifted, finite_ref, fold, local_state, log_sum_exp, merge, rescale
-from collectives.reduce import add, group_reduce, group_smem_slots
+from collectives.reduce import add, group_reduce, group_smem
 from collectives.rowwise import RowReducer, RowSlice, cluster_start, my_tile_count
 from collectives.vector_io import as_vectors, extent
 from cute_kernels.kernels.norms import _RowKernel
@@ -186,11 +186,7 @@ class CrossEntropyFwd:
         if cutlass.const_expr(self.mode == "partial"):
             splits = extent(part, 1) // 2
 
-        smem = cutlass.memory.SmemAllocator()
-        slots = group_smem_slots(self.tiling.threads, tpr, 2)
-        buf = None
-        if cutlass.const_expr(slots > 0):
-            buf = smem.allocate_tensor(Float32, cute.make_layout(slots), byte_alignment=16)
+        buf = group_smem(cutlass.memory.SmemAllocator(), Float32, self.tiling.threads, tpr, 2)
 
         w = SplitRowWalk.create(self.tiling, rows, n, vec, splits, self.index64)
         lane, nv, v_begin, v_count, tail = w.lane, w.nv, w.v_begin, w.v_count, w.tail
@@ -240,7 +236,7 @@ class CrossEntropyFwd:
                             out = v - xt
                     loss[row] = out
                     lse[row] = v
-            if cutlass.const_expr(slots > 0):
+            if cutlass.const_expr(buf is not None):
                 cute.arch.barrier()  # the shared slots are rewritten by the next tile
 
 
