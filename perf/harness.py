@@ -46,43 +46,17 @@ def _flush_l2() -> None:
 
 def do_bench(fn: Callable[[], object], *, warmup_ms: float = 30.0, rep_ms: float = 150.0,
              min_reps: int = 10, max_reps: int = 500, flush: bool = True) -> dict:
-    """Median time of `fn()` in ms over CUDA events, L2 flushed before each repetition."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    n_warm = 0
-    while n_warm < 3 or (time.perf_counter() - t0) * 1e3 < warmup_ms:
-        fn()
-        n_warm += 1
-        if n_warm % 8 == 0:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    est_ms = max((time.perf_counter() - t0) * 1e3 / n_warm, 1e-3)
-    reps = int(min(max_reps, max(min_reps, rep_ms / est_ms)))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for s, e in zip(starts, ends):
-        if flush:
-            _flush_l2()
-        torch.cuda._sleep(200_000)  # ~100 us of GPU spin: the call below is queued before `s` fires
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return {
-        "median_ms": statistics.median(times),
-        "p20_ms": times[int(0.2 * (len(times) - 1))],
-        "p80_ms": times[int(0.8 * (len(times) - 1))],
-        "reps": reps,
-    }
+    """Median time of `fn()` in ms over CUDA events, L2 flushed and the GPU spinning ~100 us before
+    each repetition (so the call is queued before its start event fires): `do_bench_interleaved`
+    with one column."""
+    return do_bench_interleaved({"fn": fn}, warmup_ms=warmup_ms, rep_ms=rep_ms, min_reps=min_reps,
+                                max_reps=max_reps, flush=flush)["fn"]
 
 
 def do_bench_interleaved(fns: dict[str, Callable[[], object]], *, warmup_ms: float = 30.0, rep_ms: float = 150.0,
                          min_reps: int = 10, max_reps: int = 500, flush: bool = True) -> dict[str, dict]:
-    """`do_bench` for several columns at once, measured in rounds: each round times every column
-    once (L2 flushed and the GPU spinning before each, as in `do_bench`), in an order rotated per
-    round. Clock and thermal drift over the run then lands on every column alike, instead of on
+    """Median times (ms, CUDA events) of several columns, measured in rounds: each round times every
+    column once, L2 flushed and the GPU spinning before each call, in an order rotated per round. Clock and thermal drift over the run then lands on every column alike, instead of on
     whichever was timed last: at a few microseconds per call (1-8 MiB elementwise) that drift is
     several % between two separate `do_bench` calls of the same kernel."""
     names = list(fns)
@@ -107,7 +81,7 @@ def do_bench_interleaved(fns: dict[str, Callable[[], object]], *, warmup_ms: flo
             k = names[(r + j) % len(names)]
             if flush:
                 _flush_l2()
-            torch.cuda._sleep(200_000)
+            torch.cuda._sleep(200_000)  # ~100 us of GPU spin: the call below is queued before `s` fires
             s, e = events[k][r]
             s.record()
             fns[k]()
