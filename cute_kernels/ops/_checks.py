@@ -11,6 +11,9 @@ import torch
 from cute_kernels import dtypes
 
 FLOAT_DTYPES = dtypes.FLOAT_TORCH
+# Sizes and offsets past this need a kernel's 64-bit variant; a grid cap of this means no cap.
+INDEX32_LIMIT = 2**31 - 1
+UNCAPPED = 2**31 - 1
 
 
 def check_tensor(name: str, t, *, allowed=FLOAT_DTYPES, min_ndim: int = 0) -> None:

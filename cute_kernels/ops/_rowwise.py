@@ -5,12 +5,11 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
+from cute_kernels.ops._checks import INDEX32_LIMIT, UNCAPPED  # noqa: F401 (re-exported to the row-wise ops)
 from cute_kernels.specs_rowwise import config_of, tuning_of
 from schedules.hardware import num_sms
 from schedules.row_tiling import max_held_row, plan_for_rows
 
-INDEX32_LIMIT = 2**31 - 1
-UNCAPPED = 2**31 - 1
 _fns: dict[tuple, object] = {}
 
 

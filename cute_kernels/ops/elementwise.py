@@ -11,11 +11,10 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.ops._checks import check_like, check_tensor, direct_call_ok, flat, register_op
+from cute_kernels.ops._checks import INDEX32_LIMIT, check_like, check_tensor, direct_call_ok, flat, register_op
 from schedules.grid_stride import GridStride, pick
 from schedules.hardware import num_sms
 
-_INDEX32_LIMIT = 2**31 - 1
 _CHECK32_FROM = 2**24
 _fns: dict[tuple, object] = {}
 
@@ -31,7 +30,7 @@ def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: flo
     dev = out.get_device()
     # 64-bit indices past 2^31 - 1 elements, and below that where the 32-bit grid arithmetic would
     # wrap (`GridStride.index32_ok`; never under 2^24 elements for any unroll < 127).
-    wide = n > _INDEX32_LIMIT or (n >= _CHECK32_FROM and not sched.index32_ok(
+    wide = n > INDEX32_LIMIT or (n >= _CHECK32_FROM and not sched.index32_ok(
         n, 16 // out.element_size() if aligned else 1, num_sms(dev)))
     key = (op, x.dtype, aligned, wide, id(sched), dev)
     hit = _fns.get(key)
@@ -115,7 +114,7 @@ def _eager(op: str, x, y, a: float, b: float):
             or (torch.is_grad_enabled() and (x.requires_grad or y.requires_grad))):
         return None
     n = x.numel()
-    if n == 0 or n > _INDEX32_LIMIT:
+    if n == 0 or n > INDEX32_LIMIT:
         return None
     out = torch.empty_like(x)
     if x.dim() == 1:

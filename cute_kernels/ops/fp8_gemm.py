@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import dtypes
-from cute_kernels.ops._checks import direct_call_ok, register_op
+from cute_kernels.ops._checks import INDEX32_LIMIT, direct_call_ok, register_op
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -272,7 +272,7 @@ def _quant_launch(name, x, q, scales, ue8m0):
     if r == 1:  # a single row: its stride is never followed; give it one the aligned variant accepts
         x = x.as_strided((1, k), (-(-k // ALIGN_ELEMS) * ALIGN_ELEMS, 1))
     aligned = k % ALIGN_ELEMS == 0 and x.stride(0) % ALIGN_ELEMS == 0 and x.data_ptr() % 16 == 0
-    index64 = max(r * x.stride(0), r * k) > 2**31 - 1
+    index64 = max(r * x.stride(0), r * k) > INDEX32_LIMIT
     key = (name, x.dtype, aligned, index64, ue8m0)
     fn = _fns.get(key)
     if fn is None:  # scalar variant: one pass (two took 73 registers, past the 64 the CTA count assumes)

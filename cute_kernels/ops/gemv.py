@@ -14,11 +14,10 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.ops._checks import check_tensor, direct_call_ok, register_op
+from cute_kernels.ops._checks import INDEX32_LIMIT, check_tensor, direct_call_ok, register_op
 from schedules.gemv import plan_gemv
 from schedules.hardware import num_sms
 
-_INDEX32_LIMIT = 2**31 - 1
 MAX_COLS = 8
 _fns: dict[tuple, object] = {}
 
@@ -64,7 +63,7 @@ def _gemv_cuda(w, x):
     aligned = (w.data_ptr() % 16 == 0 and xt.data_ptr() % 16 == 0 and w.stride(0) % vec == 0
                and xt.stride(0) % vec == 0)
     v = vec if aligned else 1
-    index64 = n * w.stride(0) > _INDEX32_LIMIT
+    index64 = n * w.stride(0) > INDEX32_LIMIT
     sms = num_sms(w.device.index or 0)
     plan = plan_gemv(n, k // v, b, sms)
     key = (w.dtype, b, aligned, index64, plan.tiling, plan.row_block)

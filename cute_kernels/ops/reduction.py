@@ -12,12 +12,11 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.ops._checks import check_out_dtype, check_tensor, direct_call_ok, register_op
+from cute_kernels.ops._checks import INDEX32_LIMIT, check_out_dtype, check_tensor, direct_call_ok, register_op
 from cute_kernels.ops._checks import rows_of as _rows_of
 from schedules.hardware import num_sms
 from schedules.row_tiling import plan_rows
 
-_INDEX32_LIMIT = 2**31 - 1
 _fns: dict[tuple, object] = {}
 
 
@@ -40,7 +39,7 @@ def _sum_rows(x2: torch.Tensor, out: torch.Tensor, **plan_options) -> None:
     vec = 16 // x2.element_size()
     aligned = x2.data_ptr() % 16 == 0 and x2.stride(0) % vec == 0
     v = vec if aligned else 1
-    index64 = max(m * x2.stride(0), n) > _INDEX32_LIMIT
+    index64 = max(m * x2.stride(0), n) > INDEX32_LIMIT
     sms = num_sms(x2.device.index or 0)
     plan = plan_rows(m, n // v, sms, **plan_options)
     if plan.splits == 1:

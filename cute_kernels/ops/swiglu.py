@@ -15,11 +15,18 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.ops._checks import aligned16, check_like, check_tensor, direct_call_ok, flat, register_op
+from cute_kernels.ops._checks import (
+    INDEX32_LIMIT,
+    aligned16,
+    check_like,
+    check_tensor,
+    direct_call_ok,
+    flat,
+    register_op,
+)
 from cute_kernels.specs_misc3 import SWIGLU_TUNED
 from schedules.hardware import num_sms
 
-_INDEX32_LIMIT = 2**31 - 1
 _fns: dict[tuple, object] = {}
 
 
@@ -29,7 +36,7 @@ def _launch(op: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
     sched = SWIGLU_TUNED
     aligned = aligned16(*ins, *outs)
     # 64-bit also below 2^31 elements where the 32-bit walk would wrap (`GridStride.index32_ok`)
-    wide = n > _INDEX32_LIMIT or (n >= 2**24 and not sched.index32_ok(
+    wide = n > INDEX32_LIMIT or (n >= 2**24 and not sched.index32_ok(
         n, 16 // outs[0].element_size() if aligned else 1, num_sms(outs[0].get_device())))
     key = (op, outs[0].dtype, aligned, wide)
     fn = _fns.get(key)

@@ -17,9 +17,8 @@ import torch
 
 from cute_kernels import catalog, dtypes
 from cute_kernels.kernels.transpose import VARIANTS
-from cute_kernels.ops._checks import check_tensor, direct_call_ok, register_op
+from cute_kernels.ops._checks import INDEX32_LIMIT, check_tensor, direct_call_ok, register_op
 
-_INDEX32_LIMIT = 2**31 - 1
 _fns: dict[tuple, object] = {}
 
 
@@ -51,9 +50,9 @@ def _transpose_cuda(x, variant="tma", config=None):
     vec = 16 // x.element_size()
     aligned = (m % vec == 0 and n % vec == 0 and x3.data_ptr() % 16 == 0 and x3.stride(1) % vec == 0
                and (b == 1 or x3.stride(0) % vec == 0))
-    if variant == "tma" and (not aligned or max(m, n) > _INDEX32_LIMIT - 128):  # TMA coordinates are s32
+    if variant == "tma" and (not aligned or max(m, n) > INDEX32_LIMIT - 128):  # TMA coordinates are s32
         variant = "swizzle"
-    index64 = max(b * x3.stride(0) if b > 1 else m * x3.stride(1), b * m * n) > _INDEX32_LIMIT
+    index64 = max(b * x3.stride(0) if b > 1 else m * x3.stride(1), b * m * n) > INDEX32_LIMIT
     key = (variant, x.dtype, aligned, index64, tuple(sorted((config or {}).items())))
     fn = _fns.get(key)
     if fn is None:
