@@ -13,13 +13,21 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
 
+def item(name: str, params: dict) -> tuple:
+    """The picklable work item of kernel `name` under `params` (resolved by its catalogue entry,
+    which raises ValueError for a combination it refuses): what `precompile` takes."""
+    from cute_kernels import catalog
+
+    return name, tuple(sorted(catalog.get(name).resolve(params).items()))
+
+
 def _variants(sweep: bool):
     from cute_kernels import catalog
 
     out = []
     for spec in catalog.ready():
         for p in spec.sweep() if sweep else spec.representative():
-            out.append((spec.name, tuple(sorted(p.items()))))
+            out.append(item(spec.name, p))
     return list(dict.fromkeys(out))
 
 

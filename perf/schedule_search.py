@@ -68,11 +68,12 @@ def _compile_ahead(items, jobs: int | None) -> None:
 
 def search(m: int, n: int, k: int, out_dir: str | None = None, limit: int = 32, jobs: int | None = None) -> int:
     from cute_kernels.ops.gemm import _gemm_cuda
-    from cute_kernels.specs_gemm import GEMM, params_for
+    from cute_kernels.precompile import item
+    from cute_kernels.specs_gemm import params_for
     from schedules.gemm import candidates, default_schedule
 
     cands = candidates(m, n, k, limit)
-    _compile_ahead([("gemm", tuple(sorted(GEMM.resolve(params_for(s)).items()))) for s in cands], jobs)
+    _compile_ahead([item("gemm", params_for(s)) for s in cands], jobs)
     a, b = H.randn(m, k, seed=1), H.randn(k, n, seed=2)
     flops = 2 * m * n * k
     t_ref = H.do_bench(lambda: torch.matmul(a, b))["median_ms"]
@@ -91,12 +92,13 @@ def search_attention(b: int, s: int, h: int, d: int, causal: bool = False, out_d
     """FlashAttention forward, (B, S, H, D) bf16 self-attention: fa3 (ping-pong, overlap on/off, K/V
     block, stages, one or two consumer warpgroups) against fa2, ranked, beside torch's SDPA."""
     from cute_kernels.ops.flash_attn import _flash_attn_cuda
-    from cute_kernels.specs_attention import FLASH_ATTN, params_for
+    from cute_kernels.precompile import item
+    from cute_kernels.specs_attention import params_for
     from schedules.attention import candidates, default_schedule
 
     cands = candidates(d, causal, limit)
     mask = "causal" if causal else "none"
-    _compile_ahead([("flash_attn", tuple(sorted(FLASH_ATTN.resolve(params_for(c, head_dim=d, mask=mask)).items())))
+    _compile_ahead([item("flash_attn", params_for(c, head_dim=d, mask=mask))
                     for c in cands], jobs)
     q, k, v = (H.randn(b, s, h, d, seed=i) for i in range(3))
     flops = 4 * b * h * s * s * d // (2 if causal else 1)

@@ -25,7 +25,7 @@ def study(ops=("copy", "add"), sizes_mib=(1, 2, 4, 8), dtypes=(torch.bfloat16, t
     (a runtime argument): one compiled kernel per (threads, unroll, order)."""
     from cute_kernels import catalog
     from cute_kernels import dtypes as D
-    from cute_kernels.precompile import precompile
+    from cute_kernels.precompile import item, precompile
     from schedules.grid_stride import pick
     from schedules.hardware import num_sms
 
@@ -34,10 +34,9 @@ def study(ops=("copy", "add"), sizes_mib=(1, 2, 4, 8), dtypes=(torch.bfloat16, t
     code = list(itertools.product(GRID["threads"], GRID["unroll"], GRID["order"]))
     items = []
     for op, dt in itertools.product(ops, dtypes):
-        spec = catalog.get(f"elementwise.{op}")
         for t, u, o in code:
-            p = spec.resolve(dict(dtype=D.name_of(dt), threads=t, unroll=u, ctas_per_sm=0, order=o))
-            items.append((spec.name, tuple(sorted(p.items()))))
+            items.append(item(f"elementwise.{op}", dict(dtype=D.name_of(dt), threads=t, unroll=u, ctas_per_sm=0,
+                                                         order=o)))
     if jobs > 1:
         H.progress(f"precompiling {len(items)} variants")
         precompile(items, jobs)

@@ -62,18 +62,16 @@ def tune_reduction(shapes=((1, 1 << 27), (1, 1 << 29), (32768, 4096), (65536, 81
 
 
 def precompile_variants(jobs: int):
-    from cute_kernels import catalog
-    from cute_kernels.precompile import precompile
+    from cute_kernels.precompile import item, precompile
 
-    items = [(f"elementwise.{op}", tuple(sorted(p.items()))) for op, p in _ew_variants(("copy", "add", "axpby"), "bf16")]
+    items = [item(f"elementwise.{op}", p) for op, p in _ew_variants(("copy", "add", "axpby"), "bf16")]
     for t, u, tpr in itertools.product(RED_GRID["threads"], RED_GRID["unroll"], (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)):
         if tpr > t:
             continue
         for d, o in (("bf16", "bf16"), ("bf16", "fp32"), ("fp32", "bf16")):
             for aligned in (True, False):
-                p = catalog.ROW_SUM.resolve({"dtype": d, "out_dtype": o, "threads": t, "unroll": u,
-                                             "threads_per_row": tpr, "aligned": aligned})
-                items.append(("reduction.row_sum", tuple(sorted(p.items()))))
+                items.append(item("reduction.row_sum", {"dtype": d, "out_dtype": o, "threads": t, "unroll": u,
+                                                        "threads_per_row": tpr, "aligned": aligned}))
     n, secs = precompile(list(dict.fromkeys(items)), jobs)
     H.progress(f"precompiled {n} tuning variants in {secs:.1f} s")
 

@@ -121,9 +121,8 @@ def _call(kernel: str, n: int, m: int):
 
 
 def sweep(kernels, ns, jobs: int, prefetch: str = "with"):
-    from cute_kernels import catalog
     from cute_kernels.ops import _rowwise as R
-    from cute_kernels.precompile import precompile
+    from cute_kernels.precompile import item, precompile
     from cute_kernels.specs_rowwise import config_of
 
     plans = {}
@@ -141,7 +140,7 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with"):
                 if k == "layernorm.bwd":
                     params["bias"] = True
                 try:  # a staged plan past the shared memory of a CTA is refused by the spec
-                    items.append((k, tuple(sorted(catalog.get(k).resolve(params).items()))))
+                    items.append(item(k, params))
                 except ValueError as e:
                     H.progress(f"  skip {k} {n} {p}: {str(e)[:120]}")
                     continue

@@ -74,12 +74,14 @@ def ck_dtype(dtype):
 
 def _kernels_used():
     """(kernel name, params) of every kernel this module launches (a missing one only costs time)."""
+    from cute_kernels.precompile import item
+
     need = []
 
     def add(name, dtype, n, aligned=None, **sig):
         if _supported(name, n, dtype):
             aligned = _aligned(n, dtype) if aligned is None else aligned
-            need.append((name, tuple(sorted(kernel_params(name, dtype, n, aligned, **sig).items()))))
+            need.append(item(name, kernel_params(name, dtype, n, aligned, **sig)))
 
     for dtype, m, n in FWD_CASES + [(BF16, 2, 4096)]:
         if m == 0:
