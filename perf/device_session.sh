@@ -17,6 +17,8 @@ for a in "$@"; do
   case $a in tests=*) TESTS=${a#tests=};; bench=*) BENCH=${a#bench=};; *) ARGS="$ARGS$a ";; esac
 done
 has() { [[ $ARGS == *" $1 "* ]]; }
+# Everything under $OUT but the log goes into results.tar (the device returns at most 8 files).
+archive() { ( cd "$OUT" && ls | grep -v -E '^(session.log|results.tar)$' > .list; [ -s .list ] && tar rf results.tar -T .list && xargs rm -f < .list; rm -f .list ); }
 section() { echo "===== $1" >> "$LOG"; }
 P="-q -p no:cacheprovider -W ignore --tb=line -rf -o faulthandler_timeout=90"
 
@@ -76,9 +78,9 @@ if [ "$BENCH" != none ]; then
     cat "$OUT/.b" >> "$LOG"
     echo "bench $b:"; grep -E "^\[(PASS|FAIL)\]|Error|error" "$OUT/.b" | cut -c1-200 | head -12
     # into the archive as each suite finishes (a call cut short still returns what was done)
-    ( cd "$OUT" && ls | grep -v -E '^(session.log|results.tar)$' | grep -v '^\.' > .list; [ -s .list ] && tar rf results.tar -T .list && xargs rm -f < .list; rm -f .list )
+    archive
   done
   rm -f "$OUT/.b"
 fi
 # the device returns at most 8 files: pack everything into one archive beside the log
-( cd "$OUT" && ls | grep -v -E '^(session.log|results.tar)$' > .list; [ -s .list ] && tar rf results.tar -T .list && xargs rm -f < .list; rm -f .list )
+archive
