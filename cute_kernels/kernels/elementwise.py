@@ -62,16 +62,7 @@ class Elementwise:
         max_ctas: Int32,
         stream,
     ):
-        n = extent(out, 0)
-        # One pass until the grid reaches its cap; past that, CTAs loop (see GridStride.grid).
-        ctas = cute.ceil_div(n // self.vec, self.schedule.items_per_cta_pass())
-        ctas = cutlass.max(cutlass.min(ctas, max_ctas), 1)
-        # The grid's complete passes, divided here on the host instead of by every thread (32-bit
-        # sizes; the 64-bit variant divides on the device).
-        passes = Int32(0)
-        if cutlass.const_expr(not self.index64):
-            _, _, pass_stride = self.schedule.thread_walk(0, ctas, 0)
-            passes = (n // self.vec) // pass_stride
+        ctas, passes = map_grid(extent(out, 0) // self.vec, self.schedule, max_ctas, self.index64)
         self.kernel(x, y, out, a, b, passes).launch(
             grid=[ctas, 1, 1], block=[self.schedule.threads, 1, 1], stream=stream
         )
@@ -83,8 +74,20 @@ class Elementwise:
         def f(xv, yv=None):
             return (self._apply(xv, yv, a, b),)
 
-        map_vectors(ins, (out,), f, self.vec, self.schedule, self.index64,
-                    full_passes=None if cutlass.const_expr(self.index64) else passes)
+        map_vectors(ins, (out,), f, self.vec, self.schedule, self.index64, full_passes=passes)
+
+
+def map_grid(n_vectors, schedule, max_ctas, index64: bool):
+    """(CTAs, the grid's complete passes over the vectors) of a `map_vectors` launch, in the launch's
+    host code: one pass until the grid reaches `max_ctas`, past that CTAs loop (`GridStride.grid`).
+    The pass count is divided here once instead of by every thread (it is 0, unused, for the 64-bit
+    variant, which divides on the device)."""
+    ctas = cutlass.max(cutlass.min(cute.ceil_div(n_vectors, schedule.items_per_cta_pass()), max_ctas), 1)
+    passes = Int32(0)
+    if cutlass.const_expr(not index64):
+        _, _, pass_stride = schedule.thread_walk(0, ctas, 0)
+        passes = n_vectors // pass_stride
+    return ctas, passes
 
 
 @cute.jit
@@ -98,7 +101,8 @@ def map_vectors(ins: tuple, outs: tuple, f: Callable, vec: cutlass.Constexpr[int
     vectors under `schedule` (a `GridStride`); the `n % vec` tail is done by the last CTA.
     With `with_index`, f's first argument is the flat index of the vector's first element (for
     operands broadcast along a mode, e.g. the split-K GEMM's bias). `full_passes`: the grid's
-    complete passes over the vectors when the launch computed them (see `strided_fold`).
+    complete passes over the vectors when the launch computed them (`map_grid`; ignored by the
+    64-bit variant).
     """
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
@@ -122,7 +126,8 @@ def map_vectors(ins: tuple, outs: tuple, f: Callable, vec: cutlass.Constexpr[int
             out_v[k][None, j].store(res[k])
         return acc
 
-    strided_fold(n // vec, first, stride, pass_stride, schedule.unroll, load, step, Int32(0), full_passes=full_passes)
+    strided_fold(n // vec, first, stride, pass_stride, schedule.unroll, load, step, Int32(0),
+                 full_passes=None if cutlass.const_expr(index64) else full_passes)
 
     if cutlass.const_expr(vec > 1):
         # Scalar tail: the last n % vec elements, one per thread of the last CTA.

@@ -15,7 +15,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from cute_kernels.kernels.elementwise import map_vectors
+from cute_kernels.kernels.elementwise import map_grid, map_vectors
 from schedules.grid_stride import GridStride
 
 # op -> (inputs, outputs)
@@ -62,14 +62,14 @@ class GatedActivation:
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, o1: cute.Tensor, o2: cute.Tensor,
                  max_ctas: Int32, stream):
-        n = cute.size(o1, mode=[0])
-        ctas = cute.ceil_div(n // self.vec, self.schedule.items_per_cta_pass())
-        ctas = cutlass.max(cutlass.min(ctas, max_ctas), 1)
-        self.kernel(a, b, c, o1, o2).launch(grid=[ctas, 1, 1], block=[self.schedule.threads, 1, 1], stream=stream)
+        ctas, passes = map_grid(cute.size(o1, mode=[0]) // self.vec, self.schedule, max_ctas, self.index64)
+        self.kernel(a, b, c, o1, o2, passes).launch(grid=[ctas, 1, 1], block=[self.schedule.threads, 1, 1],
+                                                    stream=stream)
 
     @cute.kernel
-    def kernel(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, o1: cute.Tensor, o2: cute.Tensor):
+    def kernel(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, o1: cute.Tensor, o2: cute.Tensor,
+               passes: Int32):
         n_in, n_out = ARITY[self.op]
         ins = (a, b, c)[:n_in]
         outs = (o1, o2)[:n_out]
-        map_vectors(ins, outs, self._f, self.vec, self.schedule, self.index64)
+        map_vectors(ins, outs, self._f, self.vec, self.schedule, self.index64, full_passes=passes)
