@@ -210,6 +210,19 @@ class RowSlice:
             acc = acc + values[k]
         return acc.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
 
+    @staticmethod
+    def dot(a, b):
+        """sum(a * b) over all held elements (fp32): vector lanes first, then across vectors, with
+        explicit fmas. Written as products and sums, ptxas contracted some pairs into FFMA and not
+        others depending on the surrounding code, so two kernels of the same math (prefetch on and
+        off) disagreed in the last bit (GPU test test_rowwise_prefetch_gpu::test_fp32_rows)."""
+        acc = None
+        for k in range(len(a)):
+            x = a[k]  # once: `a` may be a staged row that reads shared memory on each access
+            y = x if b is a else b[k]
+            acc = x * y if acc is None else cute.math.fma(x, y, acc)
+        return acc.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+
     @cute.jit
     def masked_sum(self, values):
         """Sum of the held elements of vectors inside the row (vectors past its end are skipped:

@@ -51,7 +51,9 @@ def test_staged_rows_use_cp_async_and_few_registers(name, shape, tmp_path):
     assert report.dynamic_smem_bytes and report.dynamic_smem_bytes >= staged * shape[1] * vpt * 16
     if name.endswith(".fwd") or name.startswith(("softmax", "log_softmax")):
         _, regs_plan, _ = _compile(name, _params(name, shape, "regs"), tmp_path / "regs")
-        assert regs <= 96 and regs * 3 <= regs_plan * 2, (regs, regs_plan)
+        # staging frees the held row's registers: fewer than the register plan (which itself fell
+        # from 122 to ~70-110 once the exps stopped keeping x * log2e live, `online_softmax.exp_diff`)
+        assert regs <= 96 and regs < regs_plan, (regs, regs_plan)
 
 
 def test_staged_options_compile(tmp_path):

@@ -217,7 +217,7 @@ class NormFwd(_RowKernel):
                 ds = [v - mu for v in self.again_x(sl, hx, hr, ok, res_out, xs)]
                 var = red.reduce(sl.masked_sum([d * d for d in ds]), add, Float32(0.0), 1, parity) * inv_n
             else:
-                var = red.reduce(sl.sum([v * v for v in xs]), add, Float32(0.0), 0, parity) * inv_n
+                var = red.reduce(sl.dot(xs, xs), add, Float32(0.0), 0, parity) * inv_n
             if cutlass.const_expr(self.staged):  # the row again, for the output pass
                 ds = [v - mu for v in self.held_x(sl, hx, hr, ok, res_out)] if layer \
                     else self.held_x(sl, hx, hr, ok, res_out)

@@ -63,7 +63,7 @@ class SoftmaxFwd(_RowLoop):
         super().__init__(vec, index64, plan)
         self.log, self.dtype = log, dtype
         self.staged_rows = (dtype,)
-        self.staged_min_regs = 80  # the (m, l) pass and the exps' addresses spill at 64 with 64 elements
+        self.staged_min_regs = 88  # (m, l) pass + exps' addresses: 64 elements spill at 64 (and, since exp_diff, at 80)
 
     @cute.jit
     def __call__(self, x: cute.Tensor, y: cute.Tensor, max_ctas: Int32, stream):
@@ -131,9 +131,10 @@ class SoftmaxBwd(_RowLoop):
             if cutlass.const_expr(self.log):
                 s = red.reduce(sl.sum(dys), add, Float32(0.0), 0, Int32(i % 2))
                 ys, dys = sl.again(hy, ys, ok, 0.0), sl.again(hdy, dys, ok, 0.0)
-                sl.store(dx[row, None], ok, [g - cute.math.exp(v, fastmath=True) * s for v, g in zip(ys, dys)])
+                sl.store(dx[row, None], ok, [cute.math.fma(cute.math.exp(v, fastmath=True), cute.full_like(v, -s), g)
+                                              for v, g in zip(ys, dys)])  # explicit fma: see RowSlice.dot
             else:
-                s = red.reduce(sl.sum([v * g for v, g in zip(ys, dys)]), add, Float32(0.0), 0, Int32(i % 2))
+                s = red.reduce(sl.dot(ys, dys), add, Float32(0.0), 0, Int32(i % 2))
                 ys, dys = sl.again(hy, ys, ok, 0.0), sl.again(hdy, dys, ok, 0.0)
                 sl.store(dx[row, None], ok, [v * (g - s) for v, g in zip(ys, dys)])
             red.end_tile()
