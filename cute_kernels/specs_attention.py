@@ -42,6 +42,8 @@ class FlashAttnSpec(KernelSpec):
     def check(self, p):
         if p["schedule"] == "fa2" or p["tile_m"] == 64:
             p["pingpong"] = False  # no ping-pong without two consumer warpgroups of fa3 (see the param's help)
+        if p["schedule"] == "fa2" or p["lazy_rescale"]:
+            p["overlap"] = False  # an fa3 option, built without lazy_rescale (`AttentionSchedule`)
         s = schedule_of(p)
         if not s.fits(p["head_dim"]):
             raise ValueError(f"{self.name}: {s} does not fit head_dim {p['head_dim']} "
@@ -120,7 +122,8 @@ FLASH_ATTN = FlashAttnSpec(
         "stages": Param(0, (0, 1, 2, 3, 4), help="K/V smem stages (0: fa3 as many as fit, fa2 2)"),
         "pingpong": Param(True, (True, False), help="named barriers alternate the consumers' GEMMs (fa3 with "
                           "tile_m 128 only: fa2 and tile_m 64 resolve it to False)"),
-        "overlap": Param(False, (True, False), help="fa3: issue the next S = Q K^T before this block's softmax"),
+        "overlap": Param(True, (True, False), help="fa3: issue the next S = Q K^T before this block's softmax "
+                           "(the default; fa2 and lazy_rescale turn it off)"),
         "lazy_rescale": Param(False, (True, False), help="keep a row's exponent reference while its max grows by "
                               "<= 2^8 after the scale: the warp skips the O rescale (vote.all per block)"),
     },

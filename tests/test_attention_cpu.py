@@ -85,10 +85,14 @@ def test_candidate_lists(d):
 def test_catalogue_params_for_fa2():
     from cute_kernels.specs_attention import FLASH_ATTN, schedule_of
 
-    p = FLASH_ATTN.resolve({"schedule": "fa2"})  # the pingpong param's default (True) means nothing for fa2
-    assert p["pingpong"] is False and schedule_of(p) == AttentionSchedule(kind="fa2")
+    # the pingpong and overlap params' defaults (True) mean nothing for fa2: the catalogue turns them off,
+    # as it turns overlap off under lazy_rescale; the schedule object itself refuses the combinations
+    p = FLASH_ATTN.resolve({"schedule": "fa2"})
+    assert p["pingpong"] is False and p["overlap"] is False and schedule_of(p) == AttentionSchedule(kind="fa2")
+    assert FLASH_ATTN.resolve({"lazy_rescale": True})["overlap"] is False
+    assert FLASH_ATTN.resolve({})["overlap"] is True and schedule_of(FLASH_ATTN.resolve({})) == default_schedule(128)
     with pytest.raises(ValueError, match="overlap"):
-        FLASH_ATTN.resolve({"schedule": "fa2", "overlap": True})
+        AttentionSchedule(kind="fa2", overlap=True)
 
 
 def test_gpu_test_schedules_resolve():

@@ -138,11 +138,12 @@ def _compiled(out_dtype, sched, device, promote_overlap=False, sb_smem=False):
     return hit
 
 
-def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=False, sb_smem=False):
-    """The op's CUDA body. Experiment options (catalogue `fp8_gemm`, default off): `schedule` (any
-    `schedules.fp8_gemm.fp8_schedule`, e.g. the wide 128x192), `promote_overlap`, `sb_smem` (B
-    scales staged in smem per tile; cooperative schedules; K > 65536 runs without it: same bits)."""
-    from schedules.fp8_gemm import SB_SMEM_MAX_K, default_fp8_schedule
+def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=False, sb_smem=None):
+    """The op's CUDA body. Options (catalogue `fp8_gemm`): `schedule` (any
+    `schedules.fp8_gemm.fp8_schedule`, e.g. the wide 128x192), `promote_overlap` (default off),
+    `sb_smem` (B scales staged in smem per tile; None: `schedules.fp8_gemm.use_sb_smem` decides,
+    on for cooperative tiles at M >= 1024; K > 65536 runs without it: same bits)."""
+    from schedules.fp8_gemm import SB_SMEM_MAX_K, default_fp8_schedule, use_sb_smem
     from schedules.gemm import grid as tile_grid
 
     _check(a, sa, b, sb, out_dtype)
@@ -159,6 +160,8 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
     out = torch.empty(m, npad, dtype=out_dtype, device=a.device)
     d = out[:, :n] if npad != n else out
     sched = schedule or default_fp8_schedule(m, n, k)
+    if sb_smem is None:
+        sb_smem = use_sb_smem(sched, m)
     fn, sms = _compiled(out_dtype, sched, a.get_device(), promote_overlap, sb_smem and k <= SB_SMEM_MAX_K)
     max_clusters = tile_grid(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms)[2]
     fn(_as3(a), _as3(b), _as3(d), _as3(sa), _as3(sb), max_clusters)
