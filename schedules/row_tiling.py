@@ -170,12 +170,25 @@ _BWD = dict(target_elems=16, max_elems=32, min_threads=256, max_tpr=512)
 # LayerNorm backward in a cluster: the cluster stage's extra registers spill at 32 elements.
 _LN_BWD = dict(target_elems=16, max_elems=32, min_threads=256, max_tpr=512, cluster_elems=16)
 _ONE_ROW_128 = dict(target_elems=32, max_elems=32, min_threads=128, max_tpr=128)
+_FWD = dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=256)
+_RMS_FWD = dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=128)
+_LN_FWD = dict(target_elems=32, max_elems=32, min_threads=128, max_tpr=256)
+# Rows of 32k-128k elements staged in shared memory (`staging="smem"`): `perf/tune_rows.py` on the
+# H200 (bf16, 256 MiB per tensor; perf/results/2026-11-29-h200-610184a/tune_rows.md), best staged
+# plan over the best register plan: RMSNorm 64k t256 r256 u8 c4 2.36 -> 3.33 TB/s, 128k (c8)
+# 1.96 -> 3.20; LayerNorm 64k 2.00 -> 2.29, 128k 1.65 -> 2.09; softmax 64k t256 r256 u16 c2
+# 3.00 -> 3.40, 128k (c4) 2.74 -> 3.23. Freed of the held row, registers let 3-4 CTAs of 256
+# threads share an SM where the register plans fit 1-2. `regs`: the register settings for rows the
+# staged plans were not measured on: fp32 (vec 4: twice the bytes per element) and rows that are not
+# 16-byte aligned (vec 1: cp.async cannot stage them).
+_STAGED_NORM_FWD = dict(target_elems=64, max_elems=64, min_threads=256, max_tpr=256, staging="smem")
+_STAGED_FWD = dict(target_elems=128, max_elems=128, min_threads=256, max_tpr=256, staging="smem")
 HELD_TUNED = {
-    "fwd": ((4096, _ONE_ROW_128), (None, dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=256))),
-    "rms_fwd": ((16384, _ONE_ROW_128), (65536, dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=128)),
-                (None, _NORM_FWD)),
-    "ln_fwd": ((4096, _ONE_ROW_128), (65536, dict(target_elems=32, max_elems=32, min_threads=128, max_tpr=256)),
-               (None, _NORM_FWD)),
+    "fwd": ((4096, _ONE_ROW_128), (32768, _FWD), (131072, dict(_STAGED_FWD, regs=_FWD)), (None, _FWD)),
+    "rms_fwd": ((16384, _ONE_ROW_128), (32768, _RMS_FWD), (65536, dict(_STAGED_NORM_FWD, regs=_RMS_FWD)),
+                (131072, dict(_STAGED_NORM_FWD, regs=_NORM_FWD)), (None, _NORM_FWD)),
+    "ln_fwd": ((4096, _ONE_ROW_128), (32768, _LN_FWD), (65536, dict(_STAGED_NORM_FWD, regs=_LN_FWD)),
+               (131072, dict(_STAGED_NORM_FWD, regs=_NORM_FWD)), (None, _NORM_FWD)),
     "bwd": ((None, _BWD),),
     "rms_bwd": ((4096, _ONE_ROW_128), (16384, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
                 (None, _BWD)),
@@ -198,8 +211,12 @@ def held_settings(tuning: str, n: int) -> dict:
 
 def plan_for_rows(tuning: str, n: int, vec: int) -> HeldRowPlan:
     """The held-row plan of family `tuning` (a HELD_TUNED key) for rows of `n` elements in
-    `vec`-element vectors; ValueError when no cluster holds the row."""
-    return plan_held_rows(n, vec, **held_settings(tuning, n))
+    `vec`-element vectors; ValueError when no cluster holds the row. Staged settings give way to
+    their `regs` register settings for rows of other than 16-bit vectors (vec != 8)."""
+    st = held_settings(tuning, n)
+    if "regs" in st:
+        st = st["regs"] if vec != 8 else {k: v for k, v in st.items() if k != "regs"}
+    return plan_held_rows(n, vec, **st)
 
 
 def max_held_row(tuning: str, vec: int) -> int:

@@ -79,7 +79,10 @@ def test_long_rows_reduce_across_a_cluster(name, tmp_path):
     report, ptx = _compile(name, p, tmp_path)
     assert "st.shared::cluster" in ptx and "mapa.shared::cluster" in ptx
     assert "barrier.cluster.arrive" in ptx and "barrier.cluster.wait" in ptx
-    assert report.ptx_census["ld.global.v4 (128-bit)"] > 0
+    if p.get("staging") == "smem":  # the forwards' default at 32k-128k (HELD_TUNED): 16-byte cp.async
+        assert "cp.async.cg.shared.global" in ptx and ", 16;" in ptx
+    else:
+        assert report.ptx_census["ld.global.v4 (128-bit)"] > 0
 
 
 @pytest.mark.parametrize("name,dtype", [("softmax.fwd", "fp32"), ("rmsnorm.bwd", "fp32"), ("layernorm.fwd", "fp16")])

@@ -89,8 +89,9 @@ def test_refusals():
 
 
 def test_planner_capability():
-    """plan_held_rows builds staged plans on request (the production table asks for none yet);
-    scalar rows stay in registers."""
+    """plan_held_rows builds staged plans on request; scalar rows stay in registers. The production
+    table stages 16-bit rows of the forwards at 32k-128k and nothing else (fp32 and scalar rows take
+    the entry's register settings)."""
     p = plan_held_rows(65536, 8, target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem")
     assert p.staging == "smem" and p.capacity(8) >= 65536
     assert p.ctas_per_sm > plan_held_rows(65536, 8, target_elems=64, max_elems=64, min_threads=128,
@@ -101,4 +102,13 @@ def test_planner_capability():
                        max_cluster=1, staging="smem")
     from schedules.row_tiling import HELD_TUNED
 
-    assert all("staging" not in st for fam in HELD_TUNED.values() for _, st in fam)
+    from schedules.row_tiling import plan_for_rows
+
+    staged = {(fam, most) for fam, entries in HELD_TUNED.items() for most, st in entries if "staging" in st}
+    assert staged == {("fwd", 131072), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536), ("ln_fwd", 131072)}
+    for fam in ("fwd", "rms_fwd", "ln_fwd"):
+        assert plan_for_rows(fam, 32768, 8).staging == "regs"
+        for n in (32769, 65536, 100000, 131072):
+            assert plan_for_rows(fam, n, 8).staging == "smem"
+            assert plan_for_rows(fam, n, 4).staging == plan_for_rows(fam, n, 1).staging == "regs"
+    assert plan_for_rows("fwd", 262144, 8).staging == "regs"  # past 128k: the register plans
