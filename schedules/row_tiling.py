@@ -183,13 +183,17 @@ _LN_FWD = dict(target_elems=32, max_elems=32, min_threads=128, max_tpr=256)
 # 16-byte aligned (vec 1: cp.async cannot stage them).
 _STAGED_NORM_FWD = dict(target_elems=64, max_elems=64, min_threads=256, max_tpr=256, staging="smem")
 _STAGED_FWD = dict(target_elems=128, max_elems=128, min_threads=256, max_tpr=256, staging="smem")
+# Softmax / log-softmax backward at 32k-64k, y and dy staged: 65536, t256 r256 u8 c4, 2.78 -> 4.16 TB/s
+# (perf/results/2026-11-29-h200-173997d/tune_rows_bwd.md; measured at 64k only, so the entry stops there).
+_STAGED_BWD = dict(target_elems=64, max_elems=64, min_threads=256, max_tpr=256, staging="smem", staged_rows=2,
+                   staged_regs=128)
 HELD_TUNED = {
     "fwd": ((4096, _ONE_ROW_128), (32768, _FWD), (131072, dict(_STAGED_FWD, regs=_FWD)), (None, _FWD)),
     "rms_fwd": ((16384, _ONE_ROW_128), (32768, _RMS_FWD), (65536, dict(_STAGED_NORM_FWD, regs=_RMS_FWD)),
                 (131072, dict(_STAGED_NORM_FWD, regs=_NORM_FWD)), (None, _NORM_FWD)),
     "ln_fwd": ((4096, _ONE_ROW_128), (32768, _LN_FWD), (65536, dict(_STAGED_NORM_FWD, regs=_LN_FWD)),
                (131072, dict(_STAGED_NORM_FWD, regs=_NORM_FWD)), (None, _NORM_FWD)),
-    "bwd": ((None, _BWD),),
+    "bwd": ((32768, _BWD), (65536, dict(_STAGED_BWD, regs=_BWD)), (None, _BWD)),
     "rms_bwd": ((4096, _ONE_ROW_128), (16384, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
                 (None, _BWD)),
     # 16k: 512-thread CTAs, two per SM in the grid (registers allow one resident: the second wave
@@ -238,7 +242,8 @@ SMEM_PER_SM = 228 * 1024
 @functools.lru_cache(maxsize=4096)
 def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int = 64, min_threads: int = 256,
                    max_tpr: int = 512, max_cluster: int = MAX_CLUSTER, regs_per_thread: int = 128,
-                   cluster_elems: int | None = None, staging: str = "regs", prefetch: bool = False) -> HeldRowPlan:
+                   cluster_elems: int | None = None, staging: str = "regs", prefetch: bool = False,
+                   staged_rows: int = 1, staged_regs: int = 64) -> HeldRowPlan:
     """Threads per row, vectors per thread and cluster size for rows of `n` elements in `vec`-element
     vectors, held in registers.
 
@@ -254,6 +259,8 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
     16-byte buffer slot per held vector, 64 registers per thread, 2048 threads per SM).
     Scalar rows (vec == 1) stay in registers: cp.async moves 4, 8 or 16 bytes, not one element.
     `prefetch`: the plan pipelines row tiles (`HeldRowPlan.prefetch`; staged: two buffers per row).
+    `staged_rows`, `staged_regs`: with staging, the row tensors staged (backward: y and dy, 2) and
+    the registers per thread the kernel keeps (backward: 128), which bound the CTAs per SM.
     """
     if staging not in STAGINGS:
         raise ValueError(f"staging must be one of {STAGINGS}, got {staging!r}")
@@ -281,11 +288,12 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
     plan = HeldRowPlan(RowTiling(threads=threads, threads_per_row=tpr, unroll=vpt), cluster, ctas_per_sm, staging,
                        prefetch)
     if staging == "smem":
-        staged = plan.row_smem_bytes(vec, rows=(16 // vec,))
+        staged = plan.row_smem_bytes(vec, rows=(16 // vec,) * staged_rows)
         if staged > SMEM_PER_CTA:
             raise ValueError(f"plan {plan} stages {staged} bytes of shared memory per CTA "
                              f"(at most {SMEM_PER_CTA})")
-        plan = HeldRowPlan(plan.tiling, cluster, min(16, plan.staged_residency(staged)), staging, prefetch)
+        plan = HeldRowPlan(plan.tiling, cluster, min(16, plan.staged_residency(staged, staged_regs)), staging,
+                           prefetch)
     return plan
 
 
