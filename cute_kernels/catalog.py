@@ -18,6 +18,9 @@ from cutlass import Float32, Int32
 
 from cute_kernels import dtypes
 from cute_kernels.jit import CacheKey, default_cache, fake_stream
+from schedules.bulk_chunks import CHUNKS as _BULK_CHUNKS
+from schedules.bulk_chunks import PIECES as _BULK_PIECES
+from schedules.bulk_chunks import BulkChunks
 from schedules.grid_stride import TUNED as _EW_TUNED
 from schedules.grid_stride import GridStride
 from schedules.row_tiling import TUNED as _ROW_TUNED
@@ -107,13 +110,20 @@ def _index_sym(index64: bool, divisibility: int = 1):
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class ElementwiseSpec(KernelSpec):
+    def check(self, p):
+        if p.get("mode") == "bulk" and not p["aligned"]:
+            raise ValueError(f"{self.name}: mode=bulk needs 16-byte aligned operands (aligned=True)")
+
     def build(self, p):
-        from cute_kernels.kernels.elementwise import Elementwise
+        from cute_kernels.kernels.elementwise import BulkCopy, Elementwise
 
         dt = dtypes.cutlass_of(p["dtype"])
         vec = dtypes.vec_of(p["dtype"], p["aligned"])
-        sched = GridStride(p["threads"], p["unroll"], p["ctas_per_sm"], p["order"])
-        kernel = Elementwise(self.name.split(".")[1], dt, vec, p["index64"], sched)
+        if p.get("mode") == "bulk":  # copy only: threads/unroll/ctas_per_sm/order do not apply
+            kernel = BulkCopy(dt, p["index64"], BulkChunks(p["chunk_bytes"], p["pieces"]))
+        else:
+            sched = GridStride(p["threads"], p["unroll"], p["ctas_per_sm"], p["order"])
+            kernel = Elementwise(self.name.split(".")[1], dt, vec, p["index64"], sched)
         n = _index_sym(p["index64"])
         align = 16 if p["aligned"] else dt.width // 8
 
@@ -121,6 +131,9 @@ class ElementwiseSpec(KernelSpec):
             return cute.runtime.make_fake_tensor(dt, (n,), stride=(1,), assumed_align=align)
 
         return kernel, (t(), t(), t(), Float32(1.0), Float32(1.0), Int32(1), fake_stream())
+
+    def dynamic_smem_bytes(self, p):
+        return p["chunk_bytes"] + 8 * p["pieces"] if p.get("mode") == "bulk" else None
 
     def sweep(self):
         return [
@@ -144,8 +157,18 @@ def _elementwise(op: str, summary: str, ops: tuple[str, ...]) -> ElementwiseSpec
             "unroll": Param(tuned.unroll, (1, 2, 4, 8), help="128-bit vectors in flight per thread"),
             "ctas_per_sm": Param(tuned.ctas_per_sm, (0, 1, 2, 4, 8, 16), help="grid cap: CTAs per SM (0: none)"),
             "order": Param(tuned.order, ("grid", "cta"), help="items of a pass: a grid apart, or CTA-contiguous"),
+            **(_BULK_PARAMS if op == "copy" else {}),
         },
     )
+
+
+# copy's TMA variant (schedules/bulk_chunks.py): one CTA per chunk, cp.async.bulk in and out. Not the
+# op's default; `schedules.bulk_chunks.SIZE_CLASSES` says where the op takes it.
+_BULK_PARAMS = {
+    "mode": Param("grid", ("grid", "bulk"), help="grid: grid-stride vectors; bulk: TMA bulk copy per chunk"),
+    "chunk_bytes": Param(8192, _BULK_CHUNKS, help="mode=bulk: bytes per CTA"),
+    "pieces": Param(1, _BULK_PIECES, help="mode=bulk: bulk loads per chunk, each stored as it lands"),
+}
 
 
 # ---------------------------------------------------------------------------------------------

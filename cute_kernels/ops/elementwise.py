@@ -12,6 +12,9 @@ import torch
 
 from cute_kernels import catalog, dtypes
 from cute_kernels.ops._checks import INDEX32_LIMIT, check_like, check_tensor, direct_call_ok, flat, register_op
+from schedules.bulk_chunks import SIZE_CLASSES as _BULK_CLASSES
+from schedules.bulk_chunks import BulkChunks
+from schedules.bulk_chunks import pick as pick_bulk
 from schedules.grid_stride import GridStride, pick
 from schedules.hardware import num_sms
 
@@ -20,28 +23,46 @@ _fns: dict[tuple, object] = {}
 
 
 def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: float, b: float,
-            schedule: GridStride | None = None) -> None:
+            schedule: GridStride | BulkChunks | None = None) -> None:
     """Run kernel `elementwise.<op>` on flat contiguous tensors (n >= 1) under the tuned schedule
     for its size (or `schedule`). The common case costs one dict lookup: the compiled function and
-    its grid cap are cached together per (op, dtype, alignment, index width, schedule, device)."""
+    its grid cap are cached together per (op, dtype, alignment, index width, schedule, device).
+    A `BulkChunks` schedule (copy only) runs the TMA bulk-copy kernel; operands that are not 16-byte
+    aligned take the grid-stride kernel instead. Without `schedule`, copy takes the bulk kernel in
+    the sizes `schedules.bulk_chunks.SIZE_CLASSES` lists (none yet)."""
     n = out.numel()
-    sched = schedule or pick(op, n * out.element_size())
     aligned = x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0
+    sched = schedule
+    if sched is None and _BULK_CLASSES and aligned:
+        sched = pick_bulk(op, n * out.element_size())
+    bulk = type(sched) is BulkChunks
+    if bulk and (op != "copy" or not aligned):
+        if op != "copy":
+            raise ValueError(f"a BulkChunks schedule is for copy only, got op {op!r}")
+        sched, bulk = None, False
+    sched = sched or pick(op, n * out.element_size())
     dev = out.get_device()
     # 64-bit indices past 2^31 - 1 elements, and below that where the 32-bit grid arithmetic would
-    # wrap (`GridStride.index32_ok`; never under 2^24 elements for any unroll < 127).
-    wide = n > INDEX32_LIMIT or (n >= _CHECK32_FROM and not sched.index32_ok(
+    # wrap (`GridStride.index32_ok`; never under 2^24 elements for any unroll < 127). The bulk
+    # kernel's 32-bit indices stay below n.
+    wide = n > INDEX32_LIMIT or (not bulk and n >= _CHECK32_FROM and not sched.index32_ok(
         n, 16 // out.element_size() if aligned else 1, num_sms(dev)))
     key = (op, x.dtype, aligned, wide, id(sched), dev)
     hit = _fns.get(key)
     if hit is None:
         spec = catalog.get(f"elementwise.{op}")
-        fn = spec.compiled(dtype=dtypes.name_of(x.dtype), aligned=key[2], index64=key[3],
-                           threads=sched.threads, unroll=sched.unroll, ctas_per_sm=sched.ctas_per_sm,
-                           order=sched.order)
+        if bulk:
+            fn = spec.compiled(dtype=dtypes.name_of(x.dtype), index64=key[3], mode="bulk",
+                               chunk_bytes=sched.chunk_bytes, pieces=sched.pieces)
+            cap = 0  # unused: the grid is one CTA per chunk
+        else:
+            fn = spec.compiled(dtype=dtypes.name_of(x.dtype), aligned=key[2], index64=key[3],
+                               threads=sched.threads, unroll=sched.unroll, ctas_per_sm=sched.ctas_per_sm,
+                               order=sched.order)
+            cap = sched.max_ctas(num_sms(key[5]))
         # Keyed by the schedule's identity (hashing a dataclass costs more than the lookup); keep
         # the schedule alive with the entry so its id is never reused for another one.
-        hit = _fns[key] = (fn, sched.max_ctas(num_sms(key[5])), sched)
+        hit = _fns[key] = (fn, cap, sched)
     hit[0](x, y, out, a, b, hit[1])
 
 
