@@ -25,6 +25,8 @@ def _compiled(fn):
 def elementwise(ops=("copy", "add", "axpby"), sizes_mib=None, dtypes=(torch.bfloat16, torch.float32),
                 quick=False, ceilings=None):
     import cute_kernels as ck
+    from cute_kernels.ops.elementwise import _launch
+    from schedules.bulk_chunks import BulkChunks
 
     sizes_mib = sizes_mib or ([1, 256] if quick else [1, 4, 16, 64, 256, 1024, 2048])
     copy_bw = ceilings["copy"]
@@ -39,6 +41,15 @@ def elementwise(ops=("copy", "add", "axpby"), sizes_mib=None, dtypes=(torch.bflo
         "add": lambda x, y: ck.add(x, y),
         "axpby": lambda x, y: ck.axpby(2.0, x, -0.5, y),
     }
+    # copy's TMA bulk variant (not the op's default: schedules/bulk_chunks.py), called like the op's
+    # eager path (allocate, launch): column "ours bulk", whose `x ours bulk` < 1 means bulk is faster
+    bulk = BulkChunks()
+
+    def bulk_copy(x):
+        out = torch.empty_like(x)
+        _launch("copy", x, x, out, 1.0, 0.0, schedule=bulk)
+        return out
+
     rows = []
     for op in ops:
         for dt in dtypes:
@@ -47,10 +58,13 @@ def elementwise(ops=("copy", "add", "axpby"), sizes_mib=None, dtypes=(torch.bflo
                 x, y = H.randn(n, dtype=dt, seed=3), H.randn(n, dtype=dt, seed=4)
                 nbytes = (2 if op == "copy" else 3) * n * x.element_size()
                 H.progress(f"  elementwise.{op} {dt} {mib} MiB")
-                # the three columns timed in interleaved rounds (H.do_bench_interleaved): at 1-16 MiB
-                # a call is a few microseconds and clock drift between separate runs is several %
-                res = H.do_bench_interleaved({"ours": lambda: ours[op](x, y), "torch": lambda: eager[op](x, y),
-                                              "torch.compile": lambda: compiled[op](x, y)})
+                # the columns timed in interleaved rounds (H.do_bench_interleaved): at 1-16 MiB a
+                # call is a few microseconds and clock drift between separate runs is several %
+                fns = {"ours": lambda: ours[op](x, y), "torch": lambda: eager[op](x, y),
+                       "torch.compile": lambda: compiled[op](x, y)}
+                if op == "copy":
+                    fns["ours bulk"] = lambda: bulk_copy(x)
+                res = H.do_bench_interleaved(fns)
                 t = res.pop("ours")["median_ms"]
                 refs = {k: v["median_ms"] for k, v in res.items()}
                 rows.append(H.Row(f"elementwise.{op}", str(dt).replace("torch.", ""), f"{n}", nbytes, 0, t, refs,
@@ -85,7 +99,14 @@ def elementwise(ops=("copy", "add", "axpby"), sizes_mib=None, dtypes=(torch.bflo
                    "measured": f"{op:.1f} us", "ok": op <= 20.0})
     extra = "## Host overhead per call (1024 bf16 elements)\n\n| path | us/call |\n|---|---|\n" + "\n".join(
         f"| {k} | {v:.1f} |" for k, v in overhead.items())
-    return rows, ["torch", "torch.compile"], checks, extra, {"overhead_us": overhead}
+    bulk_rows = [r for r in rows if "ours bulk" in r.refs_ms]
+    if bulk_rows:
+        extra += (f"\n\n## Copy: the TMA bulk variant ({bulk}) against torch\n\n"
+                  "| dtype | MiB per tensor | ours x torch | ours bulk x torch |\n|---|---|---|---|\n")
+        extra += "\n".join(f"| {r.dtype} | {r.bytes // 2 // MiB} | {r.ratio('torch'):.3f} | "
+                            f"{r.refs_ms['torch'] / r.refs_ms['ours bulk']:.3f} |" for r in bulk_rows)
+    cols = ["torch", "torch.compile"] + (["ours bulk"] if bulk_rows else [])
+    return rows, cols, checks, extra, {"overhead_us": overhead}
 
 
 # ----------------------------------------------------------------------------------------------
