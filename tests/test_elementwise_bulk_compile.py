@@ -81,3 +81,43 @@ def test_size_class_hook_is_empty():
     """The lead fills it from H200 measurements; until then copy's default path is grid-stride."""
     assert SIZE_CLASSES == {}
     assert all(pick("copy", b) is None for b in (0, 1 << 20, 1 << 30))
+
+
+def test_launch_routing(monkeypatch):
+    """`ops.elementwise._launch` (CPU tensors, compiled kernels stubbed): a BulkChunks schedule compiles
+    copy with mode=bulk; misaligned operands fall back to the grid-stride pick; no schedule keeps the
+    grid-stride pick while the size classes are empty, and takes the bulk schedule once one lists it."""
+    import torch
+
+    from cute_kernels.ops import elementwise as ew
+    from schedules import bulk_chunks
+
+    calls = []
+
+    class Stub:
+        def compiled(self, **kw):
+            return lambda *args: calls.append(kw)  # the params of the kernel that ran
+
+    monkeypatch.setattr(ew.catalog, "get", lambda name: Stub())
+    monkeypatch.setattr(ew, "num_sms", lambda dev=None: 132)
+    monkeypatch.setattr(ew, "_fns", {})
+
+    def launch(x, schedule=None):
+        calls.clear()
+        ew._launch("copy", x, x, torch.empty_like(x), 1.0, 0.0, schedule=schedule)
+        return calls[-1]
+
+    x = torch.zeros(2**19 + 3, dtype=torch.bfloat16)
+    kw = launch(x, BulkChunks(4096, 2))
+    assert kw["mode"] == "bulk" and kw["chunk_bytes"] == 4096 and kw["pieces"] == 2 and not kw["index64"]
+    assert "mode" not in launch(x)  # default: grid-stride
+    mis = torch.zeros(2**19 + 4, dtype=torch.bfloat16)[1:]
+    assert mis.data_ptr() % 16
+    assert "mode" not in launch(mis, BulkChunks())
+    with pytest.raises(ValueError, match="copy only"):
+        ew._launch("add", x, x, torch.empty_like(x), 1.0, 1.0, schedule=BulkChunks())
+    sched = BulkChunks(16384)
+    monkeypatch.setitem(bulk_chunks.SIZE_CLASSES, "copy", ((1 << 20, 2 << 20, sched),))
+    assert launch(x)["chunk_bytes"] == 16384
+    assert "mode" not in launch(torch.zeros(1000, dtype=torch.bfloat16))  # outside the class
+    assert "mode" not in launch(mis)  # inside it, but misaligned
