@@ -14,7 +14,7 @@ from cutlass import Int32
 from cute_kernels import dtypes
 from cute_kernels.catalog import KernelSpec, Param
 from cute_kernels.jit import fake_stream
-from schedules.fp8_gemm import fp8_schedule, grouped_error, overlap_error, sb_smem_error
+from schedules.fp8_gemm import EPI_STAGES, fp8_schedule, grouped_error, overlap_error, sb_smem_error
 from schedules.gemm import GROUPINGS, KINDS
 
 OUT_DTYPES = ("bf16", "fp16")
@@ -23,14 +23,15 @@ OUT_DTYPES = ("bf16", "fp16")
 def schedule_of(p):
     return fp8_schedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=p["tile_n"], cluster_m=p["cluster_m"],
                         cluster_n=p["cluster_n"], stages=p["stages"], raster_group=p["raster_group"],
-                        persistent=p["persistent"])
+                        persistent=p["persistent"], epi_stages=p["epi_stages"])
 
 
 def params_for(schedule, **signature) -> dict:
     """Catalogue parameters of an FP8 `schedule` (a GemmSchedule from `schedules.fp8_gemm`)."""
     return {"schedule": schedule.kind, "tile_m": schedule.tile_m, "tile_n": schedule.tile_n,
             "cluster_m": schedule.cluster_m, "cluster_n": schedule.cluster_n, "stages": schedule.stages,
-            "raster_group": schedule.raster_group, "persistent": schedule.persistent, **signature}
+            "raster_group": schedule.raster_group, "persistent": schedule.persistent,
+            "epi_stages": schedule.epi_stages, **signature}
 
 
 def grouped_params(grouping: str, schedule, **signature) -> dict:
@@ -118,6 +119,8 @@ FP8_GEMM = Fp8GemmSpec(
         "cluster_m": Param(2, (1, 2), help="CTAs per cluster along M (share B by multicast)"),
         "cluster_n": Param(1, (1, 2), help="CTAs per cluster along N (share A by multicast)"),
         "stages": Param(0, (0, 2, 3, 4, 5, 6, 7, 8), help="A/B/scale smem stages (0: as many as fit)"),
+        "epi_stages": Param(4, EPI_STAGES, help="output sub-tile smem buffers (3: room for a 6th stage at "
+                                                "128x128)"),
         "raster_group": Param(8, (1, 2, 4, 8, 16), help="cluster-rows per raster group"),
         "persistent": Param(True, (True, False), help="persistent CTAs walking tiles, or one tile each"),
         "grouping": Param("none", GROUPINGS, help="MoE grouped GEMM: none, contiguous (expert per row block), "

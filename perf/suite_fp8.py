@@ -19,7 +19,17 @@ OVERLAP = "ours promote_overlap"  # the default (incl. its sb_smem) with `promot
 OVERLAP_MIN_M = 1024
 SB_SMEM = "ours no sb_smem"  # the default schedule with `sb_smem=False` (on by default at M >= 1024)
 WIDE = "ours 128x192"  # cooperative 128x192 tiles (explicit schedule, sb_smem as the default; not searched)
-OPTIONS = (OVERLAP, SB_SMEM, WIDE)  # large-M experiment columns, each checked against "ours"
+# The default schedule with 3 epilogue buffers instead of 4 (room for a 6th stage, as cuBLAS's kernel),
+# with 2x2 clusters (A and B both multicast: 16 KiB of L2 reads per CTA and K-block instead of 24), both;
+# 128x192 with 2 epilogue buffers (5 stages instead of 4); the wave model's pick among all FP8 tiles
+# (`default_fp8_schedule(wide=True)`: 128x192 or 128x160 at five of the six M = 4096 shapes).
+# docs/kernels/fp8_gemm.md, "2026-11-30".
+DEEP = "ours 6 stages"
+C2X2 = "ours c2x2"
+C2X2_DEEP = "ours c2x2 6 stages"
+WIDE_DEEP = "ours 128x192 5 stages"
+WIDE_SEARCH = "ours wide search"
+OPTIONS = (OVERLAP, SB_SMEM, WIDE, DEEP, C2X2, C2X2_DEEP, WIDE_DEEP, WIDE_SEARCH)  # large-M, each vs "ours"
 
 
 def _diff(x, y) -> float:
@@ -41,10 +51,19 @@ def _scaled_mm(a, sa, b, sb):
     return fn
 
 
+def _variant(s, **changes):
+    """FP8 schedule `s` with some fields changed (stages recounted for the new epilogue buffers)."""
+    from schedules.fp8_gemm import fp8_schedule
+
+    kw = {"kind": s.kind, "tile_m": s.tile_m, "tile_n": s.tile_n, "cluster_m": s.cluster_m, "cluster_n": s.cluster_n,
+          "raster_group": s.raster_group, "persistent": s.persistent, "epi_stages": s.epi_stages, **changes}
+    return fp8_schedule(**kw)
+
+
 def fp8_gemm(shapes=None, quick=False, ceilings=None):
     import cute_kernels as ck
     from cute_kernels.ops.fp8_gemm import _fp8_gemm_cuda, dequantize_1x128, dequantize_128x128
-    from schedules.fp8_gemm import default_fp8_schedule, fp8_schedule
+    from schedules.fp8_gemm import DEEP_EPI_STAGES, default_fp8_schedule, fp8_schedule
 
     shapes = shapes or (QUICK if quick else SHAPES)
     rows, notes, diffs = [], [], []
@@ -65,7 +84,14 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
             sbs = lambda: _fp8_gemm_cuda(a, sa, b, sb, sb_smem=False)  # noqa: E731
             wide_s = fp8_schedule("cooperative", 128, 192, cluster_m=2 if m > 128 else 1)
             wide = lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=wide_s)  # noqa: E731
-            for name, fn in ((OVERLAP, ov), (SB_SMEM, sbs), (WIDE, wide)):
+            cols = [(OVERLAP, ov), (SB_SMEM, sbs), (WIDE, wide)]
+            d = default_fp8_schedule(m, n, k)
+            for name, sched in ((DEEP, _variant(d, epi_stages=DEEP_EPI_STAGES)), (C2X2, _variant(d, cluster_n=2)),
+                                (C2X2_DEEP, _variant(d, cluster_n=2, epi_stages=DEEP_EPI_STAGES)),
+                                (WIDE_DEEP, _variant(wide_s, epi_stages=2)),
+                                (WIDE_SEARCH, default_fp8_schedule(m, n, k, wide=True))):
+                cols.append((name, (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc))(sched)))
+            for name, fn in cols:
                 o = fn()
                 od = _diff(o, ref)
                 overlap_note += f"; {name} diff {od:.1e}, bitwise {'=' if torch.equal(o, out) else '!='} ours"

@@ -115,8 +115,7 @@ def sb_smem_error(s: GemmSchedule) -> str | None:
     if s.kind != "cooperative":
         return (f"sb_smem=True needs schedule='cooperative' (the tile's two consumer warpgroups load and share "
                 f"the B-scale row), got {s.kind!r}")
-    need = (s.stages * (s.stage_bytes(1) + scale_stage_bytes(s)) + s.epi_bytes(2) + BARRIER_BYTES
-            + sb_smem_bytes(s))
+    need = smem_bytes(s, sb_smem=True)
     if need > SMEM_BYTES:
         return f"sb_smem=True: {s.stages} stages + the {sb_smem_bytes(s)}-byte scale row need {need} bytes > {SMEM_BYTES}"
     return None
@@ -138,8 +137,26 @@ def grouped_error(s: GemmSchedule, grouping: str) -> str | None:
     return None
 
 
+# Epilogue buffers (128x32 bf16 sub-tiles, 8 KiB each at tile_m 128) per storing group. The default
+# 4 leave cooperative 128x128 at 5 stages (4 x 8 KiB + 5 x 32.5 KiB + the sb_smem row = 197.5 KiB of
+# 227); 3 buffers give the 6th stage (6 x 32.5 + 24 + 2 + 1 = 222 KiB), as cuBLAS's blockwise kernel
+# for this tile (nvjet ..._128x128_128x6_2x1_...) runs. Measured: pending ("ours 6 stages" column).
+EPI_STAGES = (2, 3, 4)
+DEEP_EPI_STAGES = 3
+
+
 def scale_stage_bytes(s: GemmSchedule) -> int:
     return s.tile_m * 4
+
+
+def smem_bytes(s: GemmSchedule, sb_smem: bool = False, out_bytes: int = 2) -> int:
+    """Shared memory of the FP8 kernel's storage (`kernels/gemm.py` `ScaledStorage` /
+    `StagedScaleStorage`, in order): mbarriers padded to 1 KiB (sA is 1024-aligned), per stage A + B
+    + the tile's A scales, the epilogue buffers, and with `sb_smem` the B-scale row; every piece is a
+    multiple of its successor's alignment at these tiles, so this is exact (the CPU test reads the
+    B-scale row's offset back from SASS)."""
+    need = s.stages * (s.stage_bytes(1) + scale_stage_bytes(s)) + s.epi_bytes(out_bytes) + BARRIER_BYTES
+    return need + (sb_smem_bytes(s) if sb_smem else 0)
 
 
 def fp8_stages(s: GemmSchedule, out_bytes: int = 2) -> int:
@@ -149,17 +166,23 @@ def fp8_stages(s: GemmSchedule, out_bytes: int = 2) -> int:
 
 
 def fp8_schedule(kind: str = "cooperative", tile_m: int = 128, tile_n: int = 128, cluster_m: int = 2,
-                 cluster_n: int = 1, stages: int = 0, raster_group: int = 8, persistent: bool = True) -> GemmSchedule:
+                 cluster_n: int = 1, stages: int = 0, raster_group: int = 8, persistent: bool = True,
+                 epi_stages: int = 4) -> GemmSchedule:
     """A GemmSchedule for the FP8 GEMM (tile_k 128, stages counted with the scale boxes); raises
-    ValueError naming the problem if the promoted mainloop cannot run it."""
+    ValueError naming the problem if the promoted mainloop cannot run it. `epi_stages` (2-4): the
+    output sub-tile buffers per storing warpgroup group; fewer leave room for more stages
+    (`DEEP_EPI_STAGES`: cooperative 128x128 gets 6 stages, 128x192 with 2 buffers 5)."""
+    if epi_stages not in EPI_STAGES:
+        raise ValueError(f"epi_stages must be one of {EPI_STAGES}, got {epi_stages}")
     s = GemmSchedule(kind=kind, tile_m=tile_m, tile_n=tile_n, tile_k=SCALE_BLOCK, cluster_m=cluster_m,
-                     cluster_n=cluster_n, stages=stages, raster_group=raster_group, persistent=persistent)
+                     cluster_n=cluster_n, stages=stages, raster_group=raster_group, persistent=persistent,
+                     epi_stages=epi_stages)
     err = promoted_error(s)
     if err:
         raise ValueError(err)
     if not stages:
         s = GemmSchedule(**{**s.__dict__, "stages": fp8_stages(s)})
-    need = s.stages * (s.stage_bytes(1) + scale_stage_bytes(s)) + s.epi_bytes(2) + BARRIER_BYTES
+    need = smem_bytes(s)
     if need > SMEM_BYTES:
         raise ValueError(f"{s.stages} stages need {need} bytes of shared memory > {SMEM_BYTES}")
     return s

@@ -126,8 +126,9 @@ class GemmSchedule:
     def __str__(self) -> str:
         p = "p" if self.persistent else "np"
         split = f"_k{self.split_k}" if self.split_k > 1 else ""
+        epi = f"_e{self.epi_stages}" if self.epi_stages != 4 else ""  # FP8's 6-stage variant (epi_stages 3)
         return (f"{self.kind}_{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}"
-                f"_s{self.stages}_r{self.raster_group}_{p}{split}")
+                f"_s{self.stages}{epi}_r{self.raster_group}_{p}{split}")
 
 
 # --- split-K ------------------------------------------------------------------------------------
