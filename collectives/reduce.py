@@ -170,7 +170,7 @@ def cluster_smem_slots(rows_per_cta: int, cluster_n: int, width: int = 1) -> int
 
 @cute.jit
 def cluster_reduce(val, op: Callable, cluster_n: cutlass.Constexpr[int], smem: cute.Tensor,
-                   row_in_cta, lane_in_row, rank):
+                   row_in_cta, lane_in_row, rank, mbar=None, phase=None, rows_per_cta: cutlass.Constexpr[int] = 1):
     """Combine per-CTA row results over the `cluster_n` CTAs of a cluster (distributed shared memory).
 
     Every thread of a row holds the CTA's result `val` for that row (after `group_reduce`). Lane `r`
@@ -182,16 +182,41 @@ def cluster_reduce(val, op: Callable, cluster_n: cutlass.Constexpr[int], smem: c
     callers give each call site of a tile its own slots and alternate two sets between tiles (a
     peer that reaches tile i+2 has passed tile i+1's barrier, which every reader of tile i's slots
     had to arrive at after reading them).
+
+    With `mbar` (this slot set's mbarrier in the CTA's shared memory, initialized with one arrival;
+    `phase` the parity of its use, `rows_per_cta` the CTA's row groups) there is no cluster barrier:
+    the lanes store with `st.async`, each store completing its byte count on the receiving CTA's
+    mbarrier; thread 0 of every CTA arms its own barrier with the bytes all peers send it (the
+    count may go negative first: stores can land before the arming, the arrival keeps the phase
+    open) and every thread waits on it. No fence, so the previous tile's global stores need not
+    drain first. Reuse holds as with the barrier: a peer writes tile i+2 into a slot set only after
+    it has this CTA's tile i+1 values, which are sent after the CTA's tile barrier (`end_tile`)
+    that follows every thread's reads of tile i.
     """
     width = width_of(val)
-    if lane_in_row < cluster_n:
-        base = (row_in_cta * cluster_n + rank) * width
-        for i in cutlass.range_constexpr(width):
-            remote = cute.arch.map_dsmem_ptr(smem.iterator + (base + i), lane_in_row)
-            cute.arch.inline_ptx("st.shared::cluster.f32 [{$r0}], {$r1};",
-                                 read_only_args=[cutlass.Int32(remote.toint()), _parts(val)[i]])
-    cute.arch.cluster_arrive()
-    cute.arch.cluster_wait()
+    if cutlass.const_expr(mbar is not None):
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            cute.arch.mbarrier_arrive_and_expect_tx(mbar, rows_per_cta * cluster_n * width * 4)
+        if lane_in_row < cluster_n:
+            base = (row_in_cta * cluster_n + rank) * width
+            remote_bar = cutlass.Int32(cute.arch.map_dsmem_ptr(mbar, lane_in_row).toint())
+            for i in cutlass.range_constexpr(width):
+                remote = cute.arch.map_dsmem_ptr(smem.iterator + (base + i), lane_in_row)
+                cute.arch.inline_ptx("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [{$r0}], {$r1}, [{$r2}];",
+                                     read_only_args=[cutlass.Int32(remote.toint()), _parts(val)[i], remote_bar])
+        done = cute.arch.mbarrier_try_wait(mbar, phase)
+        while not done:  # a loop the compiler sees (cute.arch.mbarrier_wait's asm loop made ptxas spill)
+            done = cute.arch.mbarrier_try_wait(mbar, phase)
+    else:
+        if lane_in_row < cluster_n:
+            base = (row_in_cta * cluster_n + rank) * width
+            for i in cutlass.range_constexpr(width):
+                remote = cute.arch.map_dsmem_ptr(smem.iterator + (base + i), lane_in_row)
+                cute.arch.inline_ptx("st.shared::cluster.f32 [{$r0}], {$r1};",
+                                     read_only_args=[cutlass.Int32(remote.toint()), _parts(val)[i]])
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
     first = row_in_cta * cluster_n * width
     acc = _whole(tuple(smem[first + i] for i in range(width)), val)
     for r in cutlass.range_constexpr(1, cluster_n):

@@ -256,7 +256,9 @@ class RowReducer:
     `widths[s]` scalars for site s. Every thread of the CTA must call `reduce` for every site (it
     has barriers), also threads whose row is past the end. Between tiles the caller runs
     `end_tile` (a CTA barrier, so the slots of the group stage may be rewritten); the cluster
-    stage alternates two slot sets by tile parity instead of waiting again.
+    stage alternates two slot sets by tile parity instead of waiting again. `sync` is
+    `HeldRowPlan.cluster_sync`: with "mbarrier" each cluster slot set has its own mbarrier
+    (`cluster_reduce`), initialized here, before the kernel's `cluster_start`.
     """
 
     threads: int
@@ -264,9 +266,11 @@ class RowReducer:
     cluster_n: int
     group_bufs: tuple
     cluster_bufs: tuple
+    mbars: object = None  # "mbarrier" sync: 2 per call site (one per slot set), else None
 
     @staticmethod
-    def allocate(smem, threads: int, tpr: int, cluster_n: int, widths: tuple[int, ...]) -> "RowReducer":
+    def allocate(smem, threads: int, tpr: int, cluster_n: int, widths: tuple[int, ...],
+                 sync: str = "barrier") -> "RowReducer":
         group_bufs, cluster_bufs = [], []
         for w in widths:
             g = group_smem_slots(threads, tpr, w)
@@ -274,27 +278,51 @@ class RowReducer:
             c = cluster_smem_slots(threads // tpr, cluster_n, w)
             cluster_bufs.append(
                 smem.allocate_tensor(Float32, cute.make_layout((c, 2)), byte_alignment=16) if c else None)
-        return RowReducer(threads, tpr, cluster_n, tuple(group_bufs), tuple(cluster_bufs))
+        mbars = None
+        if cluster_n > 1 and sync == "mbarrier":
+            mbars = smem.allocate_array(cutlass.Int64, num_elems=2 * len(widths), byte_alignment=8)
+            _init_mbarriers(mbars, 2 * len(widths))
+        return RowReducer(threads, tpr, cluster_n, tuple(group_bufs), tuple(cluster_bufs), mbars)
 
     @property
     def needs_barrier(self) -> bool:
-        return any(b is not None for b in self.group_bufs)
+        # mbarrier sync also needs it: thread 0 arms a slot set's barrier for tile i + 2 only after
+        # every thread has waited on its tile i phase (a parity wait cannot tell two phases apart)
+        return any(b is not None for b in self.group_bufs) or self.mbars is not None
 
     @cute.jit
-    def reduce(self, val, op, init, site: cutlass.Constexpr[int], parity):
-        """The row's reduction of `val` (a scalar or tuple) by `op`, in every thread of the row."""
+    def reduce(self, val, op, init, site: cutlass.Constexpr[int], tile):
+        """The row's reduction of `val` (a scalar or tuple) by `op`, in every thread of the row;
+        `tile` is the index of the CTA's row tile in its loop (0, 1, 2, ...: its parity picks the
+        cluster slot set, and with mbarrier sync its half the barrier's phase)."""
         val = group_reduce(val, op, self.tpr, self.group_bufs[site], init)
         if cutlass.const_expr(self.cluster_n > 1):
             tidx, _, _ = cute.arch.thread_idx()
             _, rank, _ = cute.arch.block_idx()
-            val = cluster_reduce(val, op, self.cluster_n, self.cluster_bufs[site][None, parity],
-                                 tidx // self.tpr, tidx % self.tpr, rank)
+            parity = tile % 2
+            if cutlass.const_expr(self.mbars is None):
+                val = cluster_reduce(val, op, self.cluster_n, self.cluster_bufs[site][None, parity],
+                                     tidx // self.tpr, tidx % self.tpr, rank)
+            else:
+                val = cluster_reduce(val, op, self.cluster_n, self.cluster_bufs[site][None, parity],
+                                     tidx // self.tpr, tidx % self.tpr, rank, self.mbars + (2 * site + parity),
+                                     (tile // 2) % 2, self.threads // self.tpr)
         return val
 
     @cute.jit
     def end_tile(self):
         if cutlass.const_expr(self.needs_barrier):
             cute.arch.barrier()
+
+
+@cute.jit
+def _init_mbarriers(mbars, count: cutlass.Constexpr[int]):
+    """`count` mbarriers of one arrival each, by the first threads; fenced for the cluster (the
+    kernel's `cluster_start` follows before any peer signals them)."""
+    tidx, _, _ = cute.arch.thread_idx()
+    if tidx < count:
+        cute.arch.mbarrier_init(mbars + tidx, 1)
+    cute.arch.mbarrier_init_fence()
 
 
 def stage_buffer(smem, dtype, vec: int, tpr: int, vpt: int, rows_per_cta: int, stages: int = 1) -> cute.Tensor:

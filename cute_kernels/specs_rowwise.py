@@ -21,7 +21,7 @@ from cutlass import Float32, Int32
 from cute_kernels import dtypes
 from cute_kernels.catalog import _SIG_COMMON, KernelSpec, Param, _index_sym
 from cute_kernels.jit import fake_stream
-from schedules.row_tiling import SMEM_PER_CTA, STAGINGS, HeldRowPlan, RowTiling, plan_for_rows
+from schedules.row_tiling import CLUSTER_SYNCS, SMEM_PER_CTA, STAGINGS, HeldRowPlan, RowTiling, plan_for_rows
 
 _CONFIG = {
     "threads": Param(256, (128, 256, 512, 1024), help="threads per CTA"),
@@ -30,6 +30,8 @@ _CONFIG = {
     "cluster_n": Param(1, (1, 2, 4, 8), help="CTAs of a cluster sharing one row (distributed shared memory)"),
     "staging": Param("regs", STAGINGS, help="where the held row lives: registers, or shared memory filled by "
                      "cp.async and read back per pass (aligned rows only)"),
+    "cluster_sync": Param("barrier", CLUSTER_SYNCS, help="how a cluster's CTAs exchange row partials: remote "
+                          "stores + cluster barrier, or st.async completing an mbarrier (no fence)"),
 }
 
 # Kernels whose tile loop pipelines row tiles (`HeldRowPlan.prefetch`): the backward kernels, which
@@ -55,7 +57,8 @@ def tuning_of(name: str) -> str:
 
 def plan_of(p) -> HeldRowPlan:
     return HeldRowPlan(RowTiling(p["threads"], p["threads_per_row"], p["vpt"]), p["cluster_n"],
-                       staging=p.get("staging", "regs"), prefetch=p.get("prefetch", False))
+                       staging=p.get("staging", "regs"), prefetch=p.get("prefetch", False),
+                       cluster_sync=p.get("cluster_sync", "barrier"))
 
 
 def config_of(plan: HeldRowPlan) -> dict:
@@ -65,6 +68,8 @@ def config_of(plan: HeldRowPlan) -> dict:
                staging=plan.staging)
     if plan.prefetch:
         out["prefetch"] = True
+    if plan.cluster_sync != "barrier":
+        out["cluster_sync"] = plan.cluster_sync
     return out
 
 

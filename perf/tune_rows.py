@@ -6,6 +6,8 @@ cp.async and read back per pass; tagged "smem" in the plan column) next to the r
 The backward kernels also get plans that pipeline row tiles (`HeldRowPlan.prefetch`, tagged "pf"):
 register plans of at most 16 elements per thread and staged plans (double-buffered) at every N,
 each next to its prefetch-off twin; the "x off" column is the twin's time over the plan's.
+`--cluster-sync both|mbarrier` adds the mbarrier-synced twins of clustered plans
+(`HeldRowPlan.cluster_sync`), "x off" then the barrier twin's time over theirs.
 
     python3 -m perf.tune_rows [--n 4096,65536] [--kernels rmsnorm.fwd,...] [--out DIR] [--jobs 16]
                               [--prefetch with|without|only]
@@ -73,7 +75,10 @@ def prefetch_candidates(n: int, vec: int = 8) -> list[HeldRowPlan]:
 
 
 def _twin(p: HeldRowPlan, vec: int = 8) -> HeldRowPlan:
-    """`p` without prefetch (a staged twin gets the CTAs per SM of its single buffer)."""
+    """`p` with the cluster barrier when it syncs by mbarrier, else `p` without prefetch (a staged
+    twin gets the CTAs per SM of its single buffer)."""
+    if p.cluster_sync != "barrier":
+        return dataclasses.replace(p, cluster_sync="barrier")
     if p.staging == "smem":
         return _staged(p.tiling, p.cluster_n, vec, True, False)
     return dataclasses.replace(p, prefetch=False)
@@ -120,7 +125,7 @@ def _call(kernel: str, n: int, m: int):
     return lambda: torch.autograd.grad(y, xg, dy, retain_graph=True)
 
 
-def sweep(kernels, ns, jobs: int, prefetch: str = "with"):
+def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "barrier"):
     from cute_kernels.ops import _rowwise as R
     from cute_kernels.precompile import item, precompile
     from cute_kernels.specs_rowwise import config_of
@@ -133,6 +138,10 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with"):
             ps = candidates(n, bwd=k.endswith(".bwd"), prefetch=prefetch)
             if k.endswith(".bwd") and prefetch != "without":  # the default plan, prefetching
                 ps.append(dataclasses.replace(R.plan_for(k, torch.bfloat16, n, True), prefetch=True))
+            if cluster_sync != "barrier":  # mbarrier twins of the clustered plans (and of the default)
+                base = [R.plan_for(k, torch.bfloat16, n, True)] + ps
+                mb = [dataclasses.replace(p, cluster_sync="mbarrier") for p in base if p.cluster_n > 1]
+                ps = (ps + mb) if cluster_sync == "both" else (mb + [_twin(p) for p in mb])
             for p in dict.fromkeys(ps):
                 params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p))
                 if k.startswith(("rmsnorm", "layernorm")):
@@ -182,9 +191,14 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with"):
         best_pf = next((r for r in ranked if r[1].prefetch), None)
         if best_pf is not None and best_pf not in shown:
             shown.append(best_pf)  # the fastest prefetching plan, wherever it ranks
+        for want in (lambda q: q.cluster_sync == "mbarrier",  # the fastest mbarrier-synced plan
+                     lambda q: q == dataclasses.replace(default, cluster_sync="mbarrier")):  # the default's twin
+            r = next((r for r in ranked if want(r[1])), None)
+            if r is not None and r not in shown:
+                shown.append(r)
         for t, p in shown:
             tag = " (default)" if p == default else ""
-            twin = _twin(p) if p.prefetch else None
+            twin = _twin(p) if (p.prefetch or p.cluster_sync != "barrier") else None
             off = f"{times[twin] / t:.3f}" if twin in times else ""
             lines.append(f"| {k} | {n} | {p}{tag} | {p.ctas_per_sm} | {t * 1e3:.1f} | "
                          f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} | {off} |")
@@ -202,8 +216,12 @@ def main(argv=None) -> int:
     ap.add_argument("--prefetch", choices=("with", "without", "only"), default="with",
                     help="backward kernels: also time prefetching plans (with), none (without), or only them and "
                          "their prefetch-off twins (only)")
+    ap.add_argument("--cluster-sync", choices=("barrier", "both", "mbarrier"), default="barrier",
+                    help="clustered plans: the cluster barrier only (barrier), also their mbarrier-synced twins "
+                         "(both), or only the twin pairs (mbarrier); 'x off' is then the barrier twin's time over "
+                         "the plan's")
     a = ap.parse_args(argv)
-    lines, _ = sweep(a.kernels.split(","), [int(v) for v in a.n.split(",")], a.jobs, a.prefetch)
+    lines, _ = sweep(a.kernels.split(","), [int(v) for v in a.n.split(",")], a.jobs, a.prefetch, a.cluster_sync)
     text = "# held-row plan sweep (bf16, 256 MiB per tensor)\n\n" + "\n".join(lines) + "\n"
     print(text)
     if a.out:

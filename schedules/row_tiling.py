@@ -112,10 +112,19 @@ class HeldRowPlan:
     # second register set ("regs") or the second of two staging buffers ("smem": cp.async groups,
     # wait_group 1). Same fp32 math in the same order: the output is bitwise that of prefetch off.
     prefetch: bool = False
+    # How the CTAs of a cluster exchange a row's partial results (`collectives.reduce.cluster_reduce`):
+    # "barrier": remote stores then a cluster barrier (arrive.release / wait.acquire: ptxas emits
+    # MEMBAR.ALL.GPU before it, which waits for the previous tile's global stores, and CCTL.IVALL
+    # after); "mbarrier": `st.async` remote stores that complete a transaction count on the receiving
+    # CTA's mbarrier, which its threads wait on (no fence, no cluster-wide barrier per tile). Same
+    # values folded in the same order: the output is bitwise that of "barrier".
+    cluster_sync: str = "barrier"
 
     def __post_init__(self):
         if self.staging not in STAGINGS:
             raise ValueError(f"staging must be one of {STAGINGS}, got {self.staging!r}")
+        if self.cluster_sync not in CLUSTER_SYNCS:
+            raise ValueError(f"cluster_sync must be one of {CLUSTER_SYNCS}, got {self.cluster_sync!r}")
 
     @property
     def stages(self) -> int:
@@ -146,6 +155,7 @@ class HeldRowPlan:
     def __str__(self) -> str:
         s = f"{self.tiling} c{self.cluster_n}"
         s = s if self.staging == "regs" else f"{s} {self.staging}"
+        s = f"{s} mb" if self.cluster_sync == "mbarrier" else s
         return f"{s} pf" if self.prefetch else s
 
     def capacity(self, vec: int) -> int:
@@ -235,6 +245,7 @@ def max_held_row(tuning: str, vec: int) -> int:
 
 MAX_CLUSTER = 8  # the portable cluster size on Hopper
 STAGINGS = ("regs", "smem")
+CLUSTER_SYNCS = ("barrier", "mbarrier")
 SMEM_PER_CTA = 227 * 1024  # the most dynamic shared memory one CTA may opt into on Hopper
 SMEM_PER_SM = 228 * 1024
 

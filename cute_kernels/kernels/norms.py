@@ -184,7 +184,7 @@ class NormFwd(_RowKernel):
         sites = (1, 1) if layer else (1,)
         amax_site = len(sites)  # per_token: the row's amax
         red = RowReducer.allocate(smem, self.threads, self.tpr, self.cluster_n,
-                                  sites + (1,) if self.fp8_out == "per_token" else sites)
+                                  sites + (1,) if self.fp8_out == "per_token" else sites, self.plan.cluster_sync)
         block_buf = None
         if cutlass.const_expr(self.fp8_out == "block128"):
             slots = fp8.block_smem_slots(self.threads, self.vec, self.tpr, self.vpt)
@@ -201,7 +201,7 @@ class NormFwd(_RowKernel):
         for i in cutlass.range(count, unroll=1):
             row = (bidx + i * gdim) * self.rows_per_cta + tidx // self.tpr
             ok = row < rows
-            parity = Int32(i % 2)
+            tile = Int32(i)  # the row tile's index: `RowReducer.reduce`
             hx = sl.fetch(x[row, None], ok, 0.0, bufs[0])
             hr = None
             if cutlass.const_expr(self.has_residual):
@@ -213,11 +213,11 @@ class NormFwd(_RowKernel):
             mu = Float32(0.0)
             ds = xs
             if cutlass.const_expr(layer):
-                mu = red.reduce(sl.sum(xs), add, Float32(0.0), 0, parity) * inv_n
+                mu = red.reduce(sl.sum(xs), add, Float32(0.0), 0, tile) * inv_n
                 ds = [v - mu for v in self.again_x(sl, hx, hr, ok, res_out, xs)]
-                var = red.reduce(sl.masked_sum([d * d for d in ds]), add, Float32(0.0), 1, parity) * inv_n
+                var = red.reduce(sl.masked_sum([d * d for d in ds]), add, Float32(0.0), 1, tile) * inv_n
             else:
-                var = red.reduce(sl.dot(xs, xs), add, Float32(0.0), 0, parity) * inv_n
+                var = red.reduce(sl.dot(xs, xs), add, Float32(0.0), 0, tile) * inv_n
             if cutlass.const_expr(self.staged):  # the row again, for the output pass
                 ds = [v - mu for v in self.held_x(sl, hx, hr, ok, res_out)] if layer \
                     else self.held_x(sl, hx, hr, ok, res_out)
@@ -233,7 +233,7 @@ class NormFwd(_RowKernel):
                 sl.store(out[row, None], ok, ys)
             else:
                 ys = [y.to(self.dtype).to(Float32) for y in ys]  # the plain kernel's y
-                self.store_fp8(sl, red, block_buf, out, scales, row, ok, ys, amax_site, parity)
+                self.store_fp8(sl, red, block_buf, out, scales, row, ok, ys, amax_site, tile)
             if ok and lane == 0 and rank == 0:
                 rstd[row] = r
                 if cutlass.const_expr(layer):
@@ -254,11 +254,11 @@ class NormFwd(_RowKernel):
 
     @cute.jit
     def store_fp8(self, sl: RowSlice, red: RowReducer, block_buf, out: cute.Tensor, scales: cute.Tensor, row, ok,
-                  ys, amax_site: cutlass.Constexpr[int], parity):
+                  ys, amax_site: cutlass.Constexpr[int], tile):
         """Quantize the row's y (fp32 vectors) to e4m3 in `out`, its scales into `scales`."""
         valid = [sl.valid(k) for k in range(self.vpt)]
         if cutlass.const_expr(self.fp8_out == "per_token"):
-            amax = red.reduce(fp8.held_amax(ys, valid), fp8.fmax, Float32(0.0), amax_site, parity)
+            amax = red.reduce(fp8.held_amax(ys, valid), fp8.fmax, Float32(0.0), amax_site, tile)
             s = fp8.scale_of(amax, False)
             sl.store(out[row, None], ok, fp8.to_e4m3(ys, fp8.inverse(s)))
             if ok and sl.lane == 0 and sl.rank == 0:
@@ -315,7 +315,8 @@ class NormBwd(_RowKernel):
         gdim, _, _ = cute.arch.grid_dim()
         rows, n = extent(x, 0), extent(x, 1)
         smem = cutlass.memory.SmemAllocator()
-        red = RowReducer.allocate(smem, self.threads, tpr, self.cluster_n, (2,) if layer else (1,))
+        red = RowReducer.allocate(smem, self.threads, tpr, self.cluster_n, (2,) if layer else (1,),
+                                  self.plan.cluster_sync)
         lane = tidx % tpr
         group = tidx // tpr
         sl = RowSlice(vec, tpr, vpt, lane, rank, n, self.staged)
@@ -341,6 +342,7 @@ class NormBwd(_RowKernel):
             row = (bidx + i * gdim) * self.rows_per_cta + group
             ok = row < rows
             parity = Int32(i % 2)
+            tile = Int32(i)
             if cutlass.const_expr(self.prefetch):
                 hx, hdy = self.held_rows(sl, hold, parity)
                 r, mu = stats[0], stats[1]
@@ -376,9 +378,9 @@ class NormBwd(_RowKernel):
             c2 = Float32(0.0)
             if cutlass.const_expr(layer):
                 c1, c2 = red.reduce((sl.sum([a * g for a, g in zip(xh, wdy)]), sl.sum(wdy)), add_pairs,
-                                    (Float32(0.0), Float32(0.0)), 0, parity)
+                                    (Float32(0.0), Float32(0.0)), 0, tile)
             else:
-                c1 = red.reduce(sl.sum([a * g for a, g in zip(xh, wdy)]), add, Float32(0.0), 0, parity)
+                c1 = red.reduce(sl.sum([a * g for a, g in zip(xh, wdy)]), add, Float32(0.0), 0, tile)
             c1 = c1 * inv_n
             c2 = c2 * inv_n
             if cutlass.const_expr(self.staged):  # x, dy (and w) again for the output pass

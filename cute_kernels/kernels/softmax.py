@@ -47,7 +47,7 @@ class _RowLoop(_RowKernel):
         gdim, _, _ = cute.arch.grid_dim()
         rows, n = extent(x, 0), extent(x, 1)
         smem = cutlass.memory.SmemAllocator()
-        red = RowReducer.allocate(smem, self.threads, self.tpr, self.cluster_n, widths)
+        red = RowReducer.allocate(smem, self.threads, self.tpr, self.cluster_n, widths, self.plan.cluster_sync)
         lane = tidx % self.tpr
         sl = RowSlice(self.vec, self.tpr, self.vpt, lane, rank, n, self.staged)
         bufs = self.holders(sl, smem, (x.element_type,) * staged, tidx // self.tpr)
@@ -79,7 +79,7 @@ class SoftmaxFwd(_RowLoop):
             sl.arrive(self.staged)
             xs = sl.to_f32(sl.read(hx, ok, _NEG_INF))
             mine, exps = local_state(sl.lazy(hx, xs, ok, _NEG_INF))
-            state = red.reduce(mine, merge, _empty(), 0, Int32(i % 2))
+            state = red.reduce(mine, merge, _empty(), 0, Int32(i))
             if cutlass.const_expr(self.log):
                 lse = log_sum_exp(state)
                 sl.store(y[row, None], ok, [v - lse for v in sl.again(hx, xs, ok, _NEG_INF)])
@@ -129,12 +129,12 @@ class SoftmaxBwd(_RowLoop):
             ys = sl.to_f32(sl.read(hy, ok, 0.0))
             dys = sl.to_f32(sl.read(hdy, ok, 0.0))
             if cutlass.const_expr(self.log):
-                s = red.reduce(sl.sum(dys), add, Float32(0.0), 0, Int32(i % 2))
+                s = red.reduce(sl.sum(dys), add, Float32(0.0), 0, Int32(i))
                 ys, dys = sl.again(hy, ys, ok, 0.0), sl.again(hdy, dys, ok, 0.0)
                 sl.store(dx[row, None], ok, [cute.math.fma(cute.math.exp(v, fastmath=True), cute.full_like(v, -s), g)
                                               for v, g in zip(ys, dys)])  # explicit fma: see RowSlice.dot
             else:
-                s = red.reduce(sl.dot(ys, dys), add, Float32(0.0), 0, Int32(i % 2))
+                s = red.reduce(sl.dot(ys, dys), add, Float32(0.0), 0, Int32(i))
                 ys, dys = sl.again(hy, ys, ok, 0.0), sl.again(hdy, dys, ok, 0.0)
                 sl.store(dx[row, None], ok, [v * (g - s) for v, g in zip(ys, dys)])
             red.end_tile()
