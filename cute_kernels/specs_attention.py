@@ -34,7 +34,8 @@ def mask_name(left: int, right: int) -> str:
 def schedule_of(p) -> AttentionSchedule:
     tile_n = p["tile_n"] or default_schedule(p["head_dim"]).tile_n
     return AttentionSchedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=tile_n, stages=p["stages"],
-                             pingpong=p["pingpong"], overlap=p["overlap"], lazy_rescale=p["lazy_rescale"])
+                             pingpong=p["pingpong"], overlap=p["overlap"], lazy_rescale=p["lazy_rescale"],
+                             double_p=p["double_p"])
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,6 +45,8 @@ class FlashAttnSpec(KernelSpec):
             p["pingpong"] = False  # no ping-pong without two consumer warpgroups of fa3 (see the param's help)
         if p["schedule"] == "fa2" or p["lazy_rescale"]:
             p["overlap"] = False  # an fa3 option, built without lazy_rescale (`AttentionSchedule`)
+        if not p["overlap"]:
+            p["double_p"] = False  # a variant of the overlap
         s = schedule_of(p)
         if not s.fits(p["head_dim"]):
             raise ValueError(f"{self.name}: {s} does not fit head_dim {p['head_dim']} "
@@ -89,6 +92,8 @@ class FlashAttnSpec(KernelSpec):
         out.append(self.resolve({"pingpong": False}))
         out.append(self.resolve({"overlap": True}))
         out.append(self.resolve({"overlap": True, "head_dim": 64, "mask": "causal"}))
+        out.append(self.resolve({"double_p": True}))
+        out.append(self.resolve({"double_p": True, "head_dim": 256, "mask": "causal"}))
         out.append(self.resolve({"lazy_rescale": True}))
         out.append(self.resolve({"lazy_rescale": True, "head_dim": 64, "mask": "causal"}))
         out.append(self.resolve({"schedule": "fa2"}))
@@ -126,6 +131,8 @@ FLASH_ATTN = FlashAttnSpec(
                            "(the default; fa2 and lazy_rescale turn it off)"),
         "lazy_rescale": Param(False, (True, False), help="keep a row's exponent reference while its max grows by "
                               "<= 2^8 after the scale: the warp skips the O rescale (vote.all per block)"),
+        "double_p": Param(False, (True, False), help="overlap with P in two register buffers: the wait for P_j V_j "
+                          "moves from inside the next softmax to after the next S issue (off without overlap)"),
     },
 )
 
@@ -133,4 +140,4 @@ FLASH_ATTN = FlashAttnSpec(
 def params_for(schedule: AttentionSchedule, **signature) -> dict:
     return {"schedule": schedule.kind, "tile_m": schedule.tile_m, "tile_n": schedule.tile_n,
             "stages": schedule.stages, "pingpong": schedule.pingpong, "overlap": schedule.overlap,
-            "lazy_rescale": schedule.lazy_rescale, **signature}
+            "lazy_rescale": schedule.lazy_rescale, "double_p": schedule.double_p, **signature}

@@ -16,6 +16,11 @@ kinds run in the same kernel (`cute_kernels/kernels/flash_attn.py`), chosen at t
   and then O += P_j V_j before it waits, and runs the softmax of S_{j+1} while P_j V_j is still on
   the tensor cores; O is rescaled after that GEMM completes. It costs no second fp32 S buffer:
   P_j lives in its own bf16 registers (it is converted before S_{j+1} is issued).
+  `double_p` (with `overlap`): P in two register buffers (32 more registers at tile_n 128). With
+  one buffer, P_{j+1} may not overwrite P_j before P_j V_j is done, and ptxas hoists that wait to the
+  top of the softmax: the exponentials run after P_j V_j, not under it. With two, a consumer waits
+  for P_{j-1} V_{j-1} only before its next turn (long done), rescales O, issues S_{j+1} and P_j V_j,
+  waits for S_{j+1} alone and runs the whole softmax under P_j V_j. Same results bit for bit.
   `lazy_rescale` (without `overlap`; FA4's conditional rescale on Blackwell, warp-uniform here): a
   row keeps its exponent reference m while the block max exceeds it by at most 2^8 (after the
   scale), so the warp skips the 64 FMULs of the O rescale on most blocks (one vote.all per block);
@@ -56,6 +61,7 @@ class AttentionSchedule:
     pingpong: bool | None = None  # named barriers alternate the consumers' GEMMs; None = on where possible
     overlap: bool = False  # fa3: the next S = Q K^T is issued before this block's softmax
     lazy_rescale: bool = False  # keep a row's exponent reference while the max grows by <= 2^8 (no O rescale)
+    double_p: bool = False  # overlap with P in two register buffers: no P V wait inside the softmax
     producer_regs: int = 24
     consumer_regs: int = 240
 
@@ -80,6 +86,8 @@ class AttentionSchedule:
         if self.lazy_rescale and self.overlap:
             raise ValueError("lazy_rescale is built for the schedules without overlap (there the O rescale and "
                              "its skip branch come before the exponentials; under the overlap they come after)")
+        if self.double_p and not self.overlap:
+            raise ValueError("double_p (a second P register buffer) is a variant of the overlap: it needs overlap=True")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {self.tile_n}")
         if not 0 <= self.stages <= 4:
@@ -106,8 +114,9 @@ class AttentionSchedule:
 
     # --- registers (fp32 values per consumer thread) ------------------------------------------
     def accumulators(self, head_dim: int) -> int:
-        """S (64 x tile_n) and O (64 x head_dim) fp32 accumulators + P (bf16 pairs) per thread."""
-        return self.tile_n // 2 + head_dim // 2 + self.tile_n // 4
+        """S (64 x tile_n) and O (64 x head_dim) fp32 accumulators + P (bf16 pairs; two buffers with
+        `double_p`) per thread."""
+        return self.tile_n // 2 + head_dim // 2 + self.tile_n // 4 * (2 if self.double_p else 1)
 
     # --- shared memory ------------------------------------------------------------------------
     def q_bytes(self, head_dim: int, elem: int = 2) -> int:
@@ -131,12 +140,16 @@ class AttentionSchedule:
                 + BARRIER_BYTES)
 
     def fits(self, head_dim: int, elem: int = 2) -> bool:
-        return self.smem_bytes(head_dim, elem) <= SMEM_BYTES and self.accumulators(head_dim) <= 192
+        # 192 accumulator registers leave 48 of the 240 for addresses, row states and the softmax; the
+        # second P buffer was checked in the SASS at every default tile (D = 256: 208, highest register
+        # 225, no spills; tests/test_attention_wgmma_waits.py)
+        limit = 208 if self.double_p else 192
+        return self.smem_bytes(head_dim, elem) <= SMEM_BYTES and self.accumulators(head_dim) <= limit
 
     def __str__(self) -> str:
         pp = "pp" if self.pingpong else "nopp"
         return (f"{self.kind}_{self.tile_m}x{self.tile_n}_s{self.stages}_wg{self.consumer_wgs}_{pp}"
-                + ("_ov" if self.overlap else "") + ("_lz" if self.lazy_rescale else ""))
+                + ("_ov" if self.overlap else "") + ("_lz" if self.lazy_rescale else "") + ("_dp" if self.double_p else ""))
 
 
 # Tile sizes per head dim (FA3's choices where the registers allow: O and S both live in registers,
@@ -158,7 +171,8 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     """Schedules worth timing for one head dim (`cute-kernels schedules attention`), default first.
 
     fa3 with tile_m 128: the default K/V block and its fitting neighbours (one smaller, one larger)
-    x ping-pong on/off x overlap on/off, plus two stages instead of as-many-as-fit; fa3 with one
+    x ping-pong on/off x overlap on/off, the overlap with two P buffers (`double_p`), plus two stages
+    instead of as-many-as-fit; fa3 with one
     consumer warpgroup (tile_m 64); fa2 with tile_m 128 and 64, the default block and the next
     smaller one, two stages and one (fully synchronous). At most `limit` (~20 at every head dim)."""
     d = default_schedule(head_dim, causal)
@@ -170,6 +184,7 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
         for pp in (True, False):
             for ov in (d.overlap, not d.overlap):
                 specs.append(dict(tile_n=tn, pingpong=pp, overlap=ov))
+    specs.append(dict(tile_n=d.tile_n, overlap=True, double_p=True))
     if d.num_stages(head_dim) > 2:
         specs.append(dict(tile_n=d.tile_n, stages=2))
     specs += [dict(tile_m=64, tile_n=d.tile_n), dict(tile_m=64, tile_n=d.tile_n, overlap=True)]

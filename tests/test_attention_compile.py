@@ -21,6 +21,11 @@ VARIANTS = [
     {"head_dim": 128, "overlap": True},
     {"head_dim": 256, "mask": "causal", "overlap": True},
     {"head_dim": 64, "overlap": True, "pingpong": False, "softcap": True},
+    # the overlap with two P buffers: three GEMM sites per kind (first block, the two steps of a pass, last)
+    {"head_dim": 128, "double_p": True},
+    {"head_dim": 256, "mask": "causal", "double_p": True},
+    {"head_dim": 64, "mask": "band", "softcap": True, "double_p": True, "pingpong": False},
+    {"head_dim": 128, "mask": "causal", "varlen": True, "double_p": True},
     {"head_dim": 128, "tile_m": 64},
     {"head_dim": 128, "schedule": "fa2"},
     {"head_dim": 64, "mask": "causal", "schedule": "fa2", "tile_m": 64},
@@ -55,9 +60,10 @@ def test_schedule_ingredients(compiled):
 
     s = schedule_of(p)
     # S = Q K^T: D/16 WGMMAs; O += P V: tile_n/16 (one 64 x N instruction each, per consumer warpgroup);
-    # the overlap issues each twice (first block / steady state, steady state / last block)
+    # the overlap issues each twice (first block / steady state, steady state / last block), with two P
+    # buffers three times (the walk runs in pairs of steps with the buffers' roles fixed)
     per_block = d // 16 + s.tile_n // 16
-    assert census["wgmma.mma_async"] == per_block * (2 if s.overlap else 1), report.format()
+    assert census["wgmma.mma_async"] == per_block * (3 if s.double_p else 2 if s.overlap else 1), report.format()
     assert census["cp.async.bulk.tensor"] >= (3 if p["varlen"] else 4)  # Q, K, V loads (+ the O store)
     k = report.kernels[0]
     assert k.threads is None or k.threads[0] == s.threads

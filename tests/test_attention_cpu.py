@@ -59,6 +59,11 @@ def test_fa2_and_overlap_schedules():
         AttentionSchedule(tile_m=64, pingpong=True)
     with pytest.raises(ValueError, match="overlap"):
         AttentionSchedule(kind="fa2", overlap=True)
+    dp = AttentionSchedule(overlap=True, double_p=True)
+    assert str(dp) == "fa3_128x128_s0_wg2_pp_ov_dp" and dp != ov and dp.accumulators(128) == 160 + 32
+    assert AttentionSchedule(tile_n=80, overlap=True, double_p=True).accumulators(256) == 208  # fits: 225 regs
+    with pytest.raises(ValueError, match="double_p"):
+        AttentionSchedule(double_p=True)  # a variant of the overlap
     with pytest.raises(ValueError, match="kind"):
         AttentionSchedule(kind="fa1")
     with pytest.raises(ValueError, match="stages"):
@@ -90,6 +95,9 @@ def test_catalogue_params_for_fa2():
     p = FLASH_ATTN.resolve({"schedule": "fa2"})
     assert p["pingpong"] is False and p["overlap"] is False and schedule_of(p) == AttentionSchedule(kind="fa2")
     assert FLASH_ATTN.resolve({"lazy_rescale": True})["overlap"] is False
+    for off in ({"overlap": False}, {"schedule": "fa2"}, {"lazy_rescale": True}):  # double_p needs the overlap
+        assert FLASH_ATTN.resolve({"double_p": True, **off})["double_p"] is False
+    assert schedule_of(FLASH_ATTN.resolve({"double_p": True})) == AttentionSchedule(overlap=True, double_p=True)
     assert FLASH_ATTN.resolve({})["overlap"] is True and schedule_of(FLASH_ATTN.resolve({})) == default_schedule(128)
     with pytest.raises(ValueError, match="overlap"):
         AttentionSchedule(kind="fa2", overlap=True)

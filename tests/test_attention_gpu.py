@@ -5,7 +5,8 @@ bf16/fp16 inputs) and pt = the same attention computed by torch in the input dty
 
 for every mask (none, causal bottom-right, windows, causal + window), GQA/MQA, head dims 64-256, fp16,
 softcap, strided inputs, sequence lengths 1, 17, 1000, mismatched S_q / S_k and 64k+; the LSE to 1e-3.
-The other schedules of the kernel (fa3 with overlap, with one consumer warpgroup; fa2) on a subset.
+The other schedules of the kernel (fa3 with overlap, with two P buffers, with one consumer warpgroup;
+fa2) on a subset; the two-buffer overlap bit for bit against the default.
 Outputs are poisoned through the allocator (an unwritten element shows up as NaN)."""
 
 import math
@@ -95,15 +96,18 @@ def _schedule(name, d):
         "fa2": AttentionSchedule(kind="fa2", tile_n=tn),
         "fa2_m64_s1": AttentionSchedule(kind="fa2", tile_m=64, tile_n=tn, stages=1),
         "fa2_s3": AttentionSchedule(kind="fa2", tile_n=tn, stages=3),
+        "fa3_double_p": AttentionSchedule(tile_n=tn, overlap=True, double_p=True),
+        "fa3_double_p_nopp": AttentionSchedule(tile_n=tn, overlap=True, double_p=True, pingpong=False),
         "fa3_lazy": AttentionSchedule(tile_n=tn, lazy_rescale=True),
         "fa2_lazy": AttentionSchedule(kind="fa2", tile_n=tn, lazy_rescale=True),
     }[name]
 
 
 SCHEDULE_CASES = [(64, "causal"), (128, "window")]
-SCHEDULE_NAMES = ["fa3_overlap", "fa3_overlap_nopp", "fa3_m64", "fa2", "fa2_m64_s1", "fa2_s3", "fa3_lazy", "fa2_lazy"]
-AGREE_NAMES = ["fa3_overlap", "fa3_overlap_nopp", "fa2", "fa3_m64", "fa2_m64_s1", "fa3_lazy"]
-D256_NAMES = ["fa3_overlap", "fa2", "fa3_lazy"]  # fa2 with 3 stages does not fit D = 256 (Q 64 KiB + 3 x 80 KiB of K/V)
+SCHEDULE_NAMES = ["fa3_overlap", "fa3_overlap_nopp", "fa3_m64", "fa2", "fa2_m64_s1", "fa2_s3", "fa3_lazy", "fa2_lazy",
+                  "fa3_double_p", "fa3_double_p_nopp"]
+AGREE_NAMES = ["fa3_overlap", "fa3_overlap_nopp", "fa2", "fa3_m64", "fa2_m64_s1", "fa3_lazy", "fa3_double_p"]
+D256_NAMES = ["fa3_overlap", "fa2", "fa3_lazy", "fa3_double_p"]  # fa2 with 3 stages does not fit D = 256 (Q 64 KiB + 3 x 80 KiB of K/V)
 
 
 @pytest.mark.parametrize("name", ["default", *SCHEDULE_NAMES])
@@ -175,6 +179,33 @@ def test_schedules_agree():
     for name in AGREE_NAMES:
         out = _flash_attn_cuda(q, k, v, False, 64, 32, schedule=_schedule(name, 128))[0].float()
         assert (out - base).abs().max().item() < 2e-2, name
+
+
+# (causal, window, S_q, S_k, D): K/V block counts per q tile from 0 to 16, odd and even step counts
+# (the two-buffer walk runs in pairs of steps), keyless q tiles, masked blocks at both band edges
+DOUBLE_P_CASES = [(True, (-1, -1), 1000, 1000, 128), (False, (-1, -1), 300, 2000, 128),
+                  (False, (-1, -1), 129, 257, 64), (False, (64, 32), 777, 777, 64),
+                  (True, (-1, -1), 700, 90, 256), (True, (200, -1), 1000, 1000, 96)]
+
+
+@pytest.mark.parametrize("case", DOUBLE_P_CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}x{c[3]}-d{c[4]}" for c in DOUBLE_P_CASES])
+def test_double_p_bitwise(case):
+    """`double_p` performs the one-buffer overlap's operations on the same values (O after P_{j-1} V_{j-1}
+    times corr_j, then P_j V_j; the same softmax code): O and LSE equal the default's bit for bit, with
+    and without ping-pong. A difference here (the FA3 rule of test_schedules still holding) would mean
+    ptxas contracted the softmax's arithmetic differently in the two loops."""
+    from cute_kernels.ops.flash_attn import _flash_attn_cuda
+    from schedules.attention import AttentionSchedule, default_schedule
+
+    causal, (left, right), sq, sk, d = case
+    q, k, v = randn(2, sq, 4, d), randn(2, sk, 2, d), randn(2, sk, 2, d)
+    tn = default_schedule(d).tile_n
+    base = _flash_attn_cuda(q, k, v, causal, left, right, schedule=AttentionSchedule(tile_n=tn, overlap=True))
+    for pp in (True, False):
+        out = _flash_attn_cuda(q, k, v, causal, left, right,
+                               schedule=AttentionSchedule(tile_n=tn, overlap=True, double_p=True, pingpong=pp))
+        assert torch.equal(out[0], base[0]), f"O differs (pingpong={pp})"
+        assert torch.equal(out[1], base[1]), f"LSE differs (pingpong={pp})"
 
 
 def test_mqa_fp16_scale_softcap():

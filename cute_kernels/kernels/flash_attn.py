@@ -12,7 +12,8 @@ Schedule: `schedules.attention.AttentionSchedule` (one producer warp: TMA of the
 and V blocks through two rings of smem stages; two consumer warpgroups of 64 Q rows each: WGMMA
 S = Q K^T from smem, mask + online softmax in registers, WGMMA O += P V with P from registers;
 named barriers alternate the consumers' GEMMs; with `overlap` each consumer also keeps S_{j+1} = Q K^T
-and P_j V in flight together, its softmax running under the second). `kind="fa2"` is the same kernel
+and P_j V in flight together, its softmax running under the second; `double_p` keeps P in two register
+buffers so that no wgmma wait sits inside the softmax, `overlap_two_p`). `kind="fa2"` is the same kernel
 without warp specialization (trace-time branches): every warpgroup computes 64 Q rows, warp 0 issues
 the TMA loads in line between its own GEMMs, no setmaxnreg, no ping-pong. Collectives:
 `tma_pipeline` (smem atoms, TMA atoms, the stage rings), `wgmma_mainloop.acc_as_a_operand` (P as the
@@ -55,6 +56,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import if_generate
 from cutlass.tensor_utils import LayoutEnum
 
 from collectives import epilogue as epi
@@ -441,6 +443,12 @@ class FlashAttnFwd:
                 warpgroup.wait_group(0)
                 pipes.v.consumer_release(kv)
                 kv.advance()
+        elif cutlass.const_expr(s.double_p):
+            # the overlap with P in two register buffers: no wait for P_j V_j inside block j+1's softmax
+            mm = SimpleNamespace(qk=tiled_mma_qk, pv=tiled_mma_pv, tSrQ=tSrQ, tSrK=tSrK, tOrV=tOrV, acc_s=acc_s,
+                                 acc_o=acc_o, tScS=tScS, s_rows=s_rows, o_rows=o_rows, row_max=row_max,
+                                 row_sum=row_sum, row0=row0, my_turn=my_turn, their_turn=their_turn)
+            self.overlap_two_p(mm, pipes, tile, out)
         else:
             # FA3's intra-warpgroup overlap: S_{j+1} and P_j V_j are in flight together; the softmax of
             # S_{j+1} runs under P_j V_j, and O is rescaled once that GEMM is done.
@@ -503,6 +511,98 @@ class FlashAttnFwd:
                               out.gO[(None, None, tile.m_block * s.consumer_wgs + cwg)])
         else:
             self.store_o_tma(tiled_mma_pv, acc_o, tid, warp, cwg, tile, out)
+
+    # --- the overlap with two P buffers (`AttentionSchedule.double_p`) ----------------------------
+    def consumer_state(self, i):
+        """The consumer state of the i-th block of the walk (both rings advance once per block)."""
+        stages = self.s.num_stages(self.d, self.dtype.width // 8)
+        return pipeline.PipelineState(stages, i, i % stages, (i // stages) % 2)
+
+    @cute.jit
+    def overlap_two_p(self, mm: SimpleNamespace, pipes: SimpleNamespace, tile: SimpleNamespace,
+                      out: SimpleNamespace):
+        """FA3's intra-warpgroup overlap with P_{i-1} and P_i in different registers. Step i waits for
+        K_i, then for P_{i-2} V_{i-2} (issued one softmax earlier: normally done), rescales O by
+        corr_{i-1}, takes its turn, issues S_i = Q K_i^T and P_{i-1} V_{i-1}, waits for S_i only and runs
+        its softmax into the other P buffer while P_{i-1} V_{i-1} is on the tensor cores: no wgmma wait
+        inside the softmax. (With one buffer P_i may not overwrite P_{i-1} before P_{i-1} V_{i-1} is
+        done; ptxas hoists that `wait_group(0)` to the top of the softmax, so the default overlap runs
+        its exponentials after P_j V_j, not under it; docs/kernels/attention.md.) Same operations on the
+        same values as the one-buffer overlap: O after P_{i-2} V_{i-2}, times corr_{i-1}, plus
+        P_{i-1} V_{i-1}; the softmax is the same code. Registers cannot be indexed at run time, so the
+        walk runs in pairs of steps with fixed roles (pa -> pb, pb -> pa); with an odd step count block
+        0's P goes to pb and the first pass skips its first half. 32 more registers at tile_n 128."""
+        s, dt = self.s, self.dtype
+        n_count, n_max = tile.n_count, tile.n_max
+        pa = cute.make_rmem_tensor(acc_a_view(mm.acc_s).shape, dt)
+        pb = cute.make_rmem_tensor(acc_a_view(mm.acc_s).shape, dt)
+        corr = cute.make_rmem_tensor((cute.size(mm.o_rows, mode=[0]),), Float32)
+        if n_count > 0:
+            kv = self.consumer_state(Int32(0))
+            pipes.k.consumer_wait(kv)
+            self.qk_gemm(mm.qk, mm.acc_s, mm.tSrQ, mm.tSrK, kv.index)
+            if cutlass.const_expr(s.pingpong):
+                mm.their_turn.arrive()
+            warpgroup.wait_group(0)
+            pipes.k.consumer_release(kv)
+            self.scores(mm.acc_s, mm.tScS, n_max - 1, mm.row0, tile, out)
+            softmax_rows(mm.s_rows, mm.row_max, mm.row_sum, corr, out.scale_log2)
+            corr.fill(1.0)  # O is 0 until P_0 V_0: step 1 rescales it by exactly 1
+            odd = (n_count - 1) % 2
+            if odd == 1:
+                acc_as_a_operand(mm.acc_s, dt, pb)
+            else:
+                acc_as_a_operand(mm.acc_s, dt, pa)
+            for j in cutlass.range(n_count // 2, unroll=1):
+                i0 = 2 * j + 1 - odd
+                if i0 >= 1:  # false once: the first pass of an odd step count
+                    self.overlap_step(i0, pa, pb, corr, mm, pipes, tile, out)
+                self.overlap_step(i0 + 1, pb, pa, corr, mm, pipes, tile, out)
+            # the last block's P V (its P in pa), after P_{n-2} V_{n-2} and the last rescale
+            warpgroup.wait_group(0)
+            if_generate(n_count >= 2, lambda: pipes.v.consumer_release(self.consumer_state(n_count - 2)))
+            rescale_rows(mm.o_rows, corr)
+            kv_v = self.consumer_state(n_count - 1)
+            pipes.v.consumer_wait(kv_v)
+            if cutlass.const_expr(s.pingpong):
+                mm.my_turn.arrive_and_wait()
+            self.pv_gemm(mm.pv, mm.acc_o, pa, mm.tOrV, kv_v.index)
+            warpgroup.wait_group(0)
+            pipes.v.consumer_release(kv_v)
+
+    @cute.jit
+    def overlap_step(self, i: Int32, src: cute.Tensor, dst: cute.Tensor, corr: cute.Tensor, mm: SimpleNamespace,
+                     pipes: SimpleNamespace, tile: SimpleNamespace, out: SimpleNamespace):
+        """Step i >= 1 of `overlap_two_p`: P_{i-1} (in `src`) V_{i-1} issued, S_i's softmax into `dst`."""
+        s = self.s
+        # qk_gemm sets the atom's ACCUMULATE field (a new IR value): on a copy, so that nothing created
+        # inside the caller's `if` is used after it
+        qk = cutlass.new_from_mlir_values(mm.qk, cutlass.extract_mlir_values(mm.qk))
+        kv = self.consumer_state(i)
+        kv_v = self.consumer_state(i - 1)
+        # K's wait first: its try-wait loop ends the basic block, so ptxas cannot hoist the wgmma wait
+        # below into the previous step's softmax (it does within one block: see overlap's docs)
+        pipes.k.consumer_wait(kv)
+        # P_{i-2} V_{i-2}, issued one softmax ago, done (nothing is pending at i = 1). wait_group(0),
+        # not 1 after S_i's issue: ptxas serializes every wgmma (C7514) when O is read after a
+        # wait_group(1) that retires a group issued in the previous iteration
+        warpgroup.wait_group(0)
+        # (if_generate, not a traced `if`: the traced one rebinds the pipeline's values inside the
+        # region and the IR no longer verifies)
+        if_generate(i >= 2, lambda: pipes.v.consumer_release(self.consumer_state(i - 2)))
+        rescale_rows(mm.o_rows, corr)  # O *= corr_{i-1}
+        if cutlass.const_expr(s.pingpong):
+            mm.my_turn.arrive_and_wait()
+        self.qk_gemm(qk, mm.acc_s, mm.tSrQ, mm.tSrK, kv.index)
+        pipes.v.consumer_wait(kv_v)
+        self.pv_gemm(mm.pv, mm.acc_o, src, mm.tOrV, kv_v.index)
+        if cutlass.const_expr(s.pingpong):
+            mm.their_turn.arrive()
+        warpgroup.wait_group(1)  # S_i done; P_{i-1} V_{i-1} may still run
+        pipes.k.consumer_release(kv)
+        self.scores(mm.acc_s, mm.tScS, tile.n_max - 1 - i, mm.row0, tile, out)
+        softmax_rows(mm.s_rows, mm.row_max, mm.row_sum, corr, out.scale_log2)
+        acc_as_a_operand(mm.acc_s, self.dtype, dst)
 
     @cute.jit
     def store_o_rows(self, tiled_mma: cute.TiledMma, acc_o: cute.Tensor, tOcO: cute.Tensor, tid: Int32, row0: Int32,
