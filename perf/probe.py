@@ -5,7 +5,8 @@
     python3 -m perf.probe torch.add bf16 524288      (torch's kernel, for comparison)
     python3 -m perf.probe gemm bf16 8192 8192 8192   (torch.mm for cuBLAS)
     python3 -m perf.probe fp8_gemm e4m3 4096 7168 16384   (torch.fp8_gemm: cuBLAS blockwise)
-    python3 -m perf.probe flash_attn bf16 2 8192 16 128 [causal]   (fa4.flash_attn, sdpa.flash_attn)
+    python3 -m perf.probe flash_attn bf16 2 8192 16 128 [causal]   (fa4.flash_attn, sdpa.flash_attn,
+                                                                     flash_attn.double_p)
     python3 -m perf.probe rms_norm bf16 2048 65536   (quack.rms_norm; also softmax, quack.softmax)
 """
 
@@ -24,7 +25,7 @@ def main(argv):
     if op in ("fp8_gemm", "torch.fp8_gemm"):
         return _fp8(op, *shape)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
-    if op.endswith("flash_attn"):
+    if "flash_attn" in op:
         return _attention(op, dtype, causal, *shape)
     if op in ("rms_norm", "quack.rms_norm", "softmax", "quack.softmax"):
         x = randn(*shape, dtype=dtype, seed=1)
@@ -85,6 +86,12 @@ def _attention(op, dtype, causal, b, s, h, d):
     q, k, v = (randn(b, s, h, d, dtype=dtype, seed=i) for i in (1, 2, 3))
     if op == "flash_attn":
         f = lambda: ck.flash_attn(q, k, v, causal=causal)  # noqa: E731
+    elif op == "flash_attn.double_p":  # the schedule option under test (docs/kernels/attention.md)
+        from cute_kernels.ops.flash_attn import _flash_attn_cuda
+        from schedules.attention import AttentionSchedule, default_schedule
+
+        sched = AttentionSchedule(tile_n=default_schedule(d).tile_n, overlap=True, double_p=True)
+        f = lambda: _flash_attn_cuda(q, k, v, causal, schedule=sched)  # noqa: E731
     elif op == "fa4.flash_attn":
         from flash_attn.cute.interface import flash_attn_func
 
