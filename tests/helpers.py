@@ -36,3 +36,11 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.double(), ref.double()
     den = ref.norm().item()
     return (out - ref).norm().item() / (den if den else 1.0)
+
+
+def loads_128_bits(report, ptx: str, params: dict) -> bool:
+    """The kernel's global reads are 128-bit: `ld.global.v4`, or, for row tensors staged in shared
+    memory (`staging="smem"`), 16-byte `cp.async.cg.shared.global` copies."""
+    if report.ptx_census["ld.global.v4 (128-bit)"] > 0:
+        return True
+    return params.get("staging") == "smem" and "cp.async.cg.shared.global" in ptx and ", 16, 16;" in ptx

@@ -8,6 +8,7 @@ import pytest
 
 from cute_kernels import catalog
 from cute_kernels.artifacts import compile_with_artifacts
+from tests.helpers import loads_128_bits
 
 READY = catalog.ready()
 
@@ -45,13 +46,14 @@ def test_representative_compiles(reports, spec, p):
     if spec.family == "gemm_simt":  # scalar, predicated loads by design; smem tiles behind barriers
         assert report.ptx_census["bar.sync"] > 0 and report.ptx_census["ld/st.local"] == 0
         return
-    assert report.ptx_census["ld.global.v4 (128-bit)"] > 0, "aligned variants must load 128 bits at a time"
+    assert loads_128_bits(report, files["ptx"].read_text(), p), "aligned variants must load 128 bits at a time"
     if spec.family == "elementwise":
         assert report.ptx_census["st.global.v4 (128-bit)"] > 0
     if spec.family == "reduction":
         assert report.ptx_census["shfl.sync"] > 0
     if report.sass_census is not None:
-        assert report.sass_census["LDG.128"] > 0
+        staged = p.get("staging") == "smem"  # cp.async is LDGSTS.128 in SASS, not LDG.128
+        assert report.sass_census["LDG.128"] > 0 or (staged and "LDGSTS" in files["sass"].read_text())
         assert report.sass_census["LDL/STL (spills)"] == 0
 
 
