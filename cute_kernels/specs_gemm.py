@@ -12,7 +12,7 @@ from cutlass import Float32, Int32
 from cute_kernels import dtypes
 from cute_kernels.catalog import KernelSpec, Param
 from cute_kernels.jit import fake_stream
-from schedules.gemm import KINDS, GemmSchedule
+from schedules.gemm import KINDS, SMEM_BYTES, GemmSchedule
 
 AB_DTYPES = ("bf16", "fp16")
 
@@ -20,7 +20,8 @@ AB_DTYPES = ("bf16", "fp16")
 def schedule_of(p) -> GemmSchedule:
     return GemmSchedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=p["tile_n"], tile_k=p["tile_k"],
                         cluster_m=p["cluster_m"], cluster_n=p["cluster_n"], stages=p["stages"],
-                        raster_group=p["raster_group"], persistent=p["persistent"], split_k=p["split_k"])
+                        raster_group=p["raster_group"], persistent=p["persistent"], split_k=p["split_k"],
+                        epi_stages=p["epi_stages"], wg_epilogue=p["wg_epilogue"])
 
 
 def ops_of(p):
@@ -32,8 +33,12 @@ def ops_of(p):
 @dataclass(frozen=True, eq=False)
 class GemmSpec(KernelSpec):
     def check(self, p):
-        schedule_of(p)  # raises on an impossible tile/cluster/register combination
+        s = schedule_of(p)  # raises on an impossible tile/cluster/register combination
         ops_of(p)
+        ab, out = dtypes.cutlass_of(p["dtype"]).width // 8, dtypes.cutlass_of(p["out_dtype"]).width // 8
+        if not s.fits(ab, out):  # the kernel's Storage is exactly smem_bytes (tests/test_gemm_pipeline_compile.py)
+            raise ValueError(f"{s.num_stages(ab, out)} stages + {s.epi_buffers} epilogue buffers need "
+                             f"{s.smem_bytes(ab, out)} bytes of shared memory > {SMEM_BYTES}")
         if p["split_k"] > 1 and p["source"]:
             raise ValueError("split_k > 1 does not fuse beta * C (source); use split_k=1")
 
@@ -113,6 +118,10 @@ GEMM = GemmSpec(
         "persistent": Param(_d.persistent, (True, False), help="persistent CTAs walking tiles, or one tile each"),
         "split_k": Param(_d.split_k, tuple(range(1, 17)),
                          help="K splits per tile (> 1: fp32 partials + a deterministic summing pass)"),
+        "epi_stages": Param(_d.epi_stages, (2, 3, 4), help="output sub-tile smem buffers per storing group "
+                                                           "(2: a 5th stage at 128x192)"),
+        "wg_epilogue": Param(_d.wg_epilogue, (True, False), help="cooperative: each consumer warpgroup stores "
+                                                                 "its own rows (no shared epilogue barrier)"),
     },
 )
 
@@ -122,7 +131,8 @@ def params_for(schedule: GemmSchedule, **signature) -> dict:
     return {"schedule": schedule.kind, "tile_m": schedule.tile_m, "tile_n": schedule.tile_n,
             "tile_k": schedule.tile_k, "cluster_m": schedule.cluster_m, "cluster_n": schedule.cluster_n,
             "stages": schedule.stages, "raster_group": schedule.raster_group, "persistent": schedule.persistent,
-            "split_k": schedule.split_k, **signature}
+            "split_k": schedule.split_k, "epi_stages": schedule.epi_stages, "wg_epilogue": schedule.wg_epilogue,
+            **signature}
 
 
 # --- the SIMT rungs of the ladder (shared-memory tiled, register tiled) --------------------------

@@ -18,7 +18,11 @@ is computed (that is `collectives/`):
   cluster-rows along M (a "swizzle"), so CTAs running at the same time share A rows and B columns
   in L2.
 * clusters of `cluster_m x cluster_n` CTAs: the CTAs of a cluster row share B tiles, those of a
-  column share A tiles, loaded once by TMA multicast.
+  column share A tiles, loaded once by TMA multicast. A 4-CTA cluster must sit in one GPC: 132 SMs
+  hold 32 of them at once, not 33 (`cluster_slots`; the op also asks the occupancy API).
+* `wg_epilogue` (cooperative, tile_m 128): each consumer warpgroup stores its own 64 rows with its
+  own barrier and buffers, so the two drift apart and one's epilogue overlaps the other's last
+  K-blocks on the tensor cores (ping-pong's overlap, inside one tile).
 * grouped walks (MoE, only M grouped; `TileWalk.tile`, chosen when the kernel is traced): B holds
   one weight per expert along its batch mode L. "contiguous": the experts' rows are concatenated
   in A (each expert's block starts at a multiple of the tile), a device vector gives each row's
@@ -37,6 +41,8 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
+
+from schedules.hardware import _gpc_bound_clusters
 
 SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90 (227 KiB)
 BARRIER_BYTES = 1024  # mbarriers and alignment slack
@@ -59,6 +65,10 @@ class GemmSchedule:
     producer_regs: int = 40
     consumer_regs: int = 232
     split_k: int = 1  # K splits per output tile (> 1: fp32 partials + a second, summing pass)
+    # cooperative at tile_m 128: each consumer warpgroup stores its own 64 rows of the tile (own named barrier,
+    # smem buffers and TMA-store warp) instead of both storing 128-row sub-tiles together, so nothing
+    # but the stage ring ties the two warpgroups and one's epilogue overlaps the other's K-blocks
+    wg_epilogue: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -80,6 +90,10 @@ class GemmSchedule:
             raise ValueError("register budget: producer + 2 x consumer <= 512 per thread, multiples of 8")
         if not 1 <= self.split_k <= 16:
             raise ValueError(f"split_k must be in [1, 16], got {self.split_k}")
+        if self.wg_epilogue and (self.kind != "cooperative" or self.split_k > 1 or self.tile_m != 128):
+            raise ValueError("wg_epilogue is an option of the cooperative schedule at tile_m 128 without split-K "
+                             "(ping-pong warpgroups and split-K partials already store on their own; at tile_m 256 "
+                             "a warpgroup's rows are not one block)")
 
     # --- warp roles ---------------------------------------------------------------------------
     threads = 384  # 1 producer + 2 consumer warpgroups
@@ -95,9 +109,19 @@ class GemmSchedule:
         return (self.consumers_per_tile, 1, 1)
 
     @property
+    def store_wgs(self) -> int:
+        """Consumer warpgroups that store one output sub-tile together (share a named barrier)."""
+        return 1 if self.kind == "pingpong" or self.wg_epilogue else 2
+
+    @property
     def epi_tile(self) -> tuple[int, int]:
         """The output sub-tile that goes registers -> smem -> TMA store at a time."""
-        return (64 * self.consumers_per_tile, min(32, self.tile_n))
+        return (64 * self.store_wgs, min(32, self.tile_n))
+
+    @property
+    def epi_buffers(self) -> int:
+        """Output sub-tile smem buffers: `epi_stages` per group of storing warpgroups."""
+        return self.epi_stages * (self.consumer_wgs // self.store_wgs)
 
     @property
     def cluster_size(self) -> int:
@@ -108,8 +132,7 @@ class GemmSchedule:
         return (self.tile_m + self.tile_n) * self.tile_k * ab_bytes
 
     def epi_bytes(self, out_bytes: int) -> int:
-        buffers = self.epi_stages * (self.consumer_wgs // self.consumers_per_tile)
-        return buffers * self.epi_tile[0] * self.epi_tile[1] * out_bytes
+        return self.epi_buffers * self.epi_tile[0] * self.epi_tile[1] * out_bytes
 
     def num_stages(self, ab_bytes: int, out_bytes: int) -> int:
         if self.stages:
@@ -127,6 +150,7 @@ class GemmSchedule:
         p = "p" if self.persistent else "np"
         split = f"_k{self.split_k}" if self.split_k > 1 else ""
         epi = f"_e{self.epi_stages}" if self.epi_stages != 4 else ""  # FP8's 6-stage variant (epi_stages 3)
+        epi += "_we" if self.wg_epilogue else ""
         return (f"{self.kind}_{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}"
                 f"_s{self.stages}{epi}_r{self.raster_group}_{p}{split}")
 
@@ -175,13 +199,20 @@ def tile_order(tiles_m: int, tiles_n: int, batch: int, s: GemmSchedule) -> list[
     return [cluster_tile(t, cm, cn, s.raster_group) for t in range(cm * cn * batch)]
 
 
+def cluster_slots(s: GemmSchedule, num_sms: int) -> int:
+    """Clusters of `s` that run at once on `num_sms` SMs (one CTA per SM): sms / cluster size for
+    pairs, fewer for 4-CTA clusters, which must sit in one GPC (132 SMs: 32, not 33;
+    `schedules.hardware._gpc_bound_clusters`; the op also asks the occupancy API)."""
+    return _gpc_bound_clusters(num_sms, s.cluster_size)
+
+
 def grid(tiles_m: int, tiles_n: int, batch: int, s: GemmSchedule, num_sms: int) -> tuple[int, int, int]:
     """Launch grid (cluster_m, cluster_n, clusters): all cluster tiles, or for a persistent
-    schedule at most one cluster per `cluster_size` SMs."""
+    schedule at most the clusters that fit at once (`cluster_slots`)."""
     cm, cn = -(-tiles_m // s.cluster_m), -(-tiles_n // s.cluster_n)
     total = max(1, cm * cn * batch * s.split_k)
     if s.persistent:
-        total = min(total, max(1, num_sms // s.cluster_size))
+        total = min(total, cluster_slots(s, num_sms))
     return (s.cluster_m, s.cluster_n, total)
 
 
@@ -335,7 +366,7 @@ def estimate(s: GemmSchedule, m: int, n: int, k: int, batch: int = 1, num_sms: i
     `estimate_streaming`, which the choice of split count uses."""
     tiles = -(-m // s.tile_m) * -(-n // s.tile_n) * batch
     splits = effective_splits(s, k)
-    slots = max(1, num_sms // s.cluster_size) * s.cluster_size
+    slots = cluster_slots(s, num_sms) * s.cluster_size
     waves = -(-(tiles * splits) // slots)
     eff = _TILE_EFF.get((s.kind, s.tile_m, s.tile_n), 0.5)
     return waves * s.tile_m * s.tile_n * (k / splits) / eff
@@ -360,7 +391,7 @@ def estimate_streaming(s: GemmSchedule, m: int, n: int, k: int, batch: int = 1, 
     launch. Used to decide the split count for grids too small to fill the SMs."""
     tiles = -(-m // s.tile_m) * -(-n // s.tile_n) * batch
     splits = effective_splits(s, k)
-    slots = max(1, num_sms // s.cluster_size) * s.cluster_size
+    slots = cluster_slots(s, num_sms) * s.cluster_size
     waves = -(-(tiles * splits) // slots)
     load = waves * (s.tile_m + s.tile_n) * (k / splits) * 2 / _CTA_BW
     chip = (m * k + k * n + m * n) * 2 * batch / _HBM_BW
@@ -410,6 +441,35 @@ def default_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: i
     return best_split(best[1], m, n, k, 1, num_sms)  # split-K when the grid leaves SMs idle
 
 
+def pipeline_variants(d: GemmSchedule, m: int, n: int) -> dict[str, GemmSchedule]:
+    """The pipeline options of schedule `d` worth timing beside it on (m, n) (docs/kernels/gemm.md,
+    "2026-11-29 (session 4)"), by bench column name; each computes every output element with the
+    same WGMMAs in the same K order as `d` (bitwise equal results):
+
+    * "c2x2": 2x2 clusters (A and B both multicast: 24 KiB of L2 reads per CTA and K-block at
+      128x256 instead of 32), when `d` is 2x1 and both tile counts are even; 32 clusters of 4 run
+      at once on 132 SMs (128 CTAs), the same 16 rounds of 128x256 tiles at 8192^3 as 132 CTAs;
+    * "wg_epilogue": cooperative, each consumer warpgroup stores its own rows
+      (`GemmSchedule.wg_epilogue`), and "c2x2 wg_epilogue" both;
+    * "5 stages": 2 epilogue buffers instead of 4 where that frees a whole A/B stage (cooperative
+      128x192: 5 stages instead of 4; CUTLASS and QuACK keep 2 output buffers).
+    Only for unsplit schedules."""
+    if d.split_k > 1:
+        return {}
+    out = {}
+    tm, tn = -(-m // d.tile_m), -(-n // d.tile_n)
+    if (d.cluster_m, d.cluster_n) == (2, 1) and tm % 2 == 0 and tn % 2 == 0:
+        out["c2x2"] = dataclasses.replace(d, cluster_n=2)
+    if d.kind == "cooperative" and d.tile_m == 128:
+        out["wg_epilogue"] = dataclasses.replace(d, wg_epilogue=True)
+        if "c2x2" in out:
+            out["c2x2 wg_epilogue"] = dataclasses.replace(d, cluster_n=2, wg_epilogue=True)
+    deep = dataclasses.replace(d, epi_stages=2)
+    if not d.stages and deep.num_stages(2, 2) > d.num_stages(2, 2):
+        out[f"{deep.num_stages(2, 2)} stages"] = deep
+    return out
+
+
 def candidates(m: int, n: int, k: int, limit: int = 32) -> list[GemmSchedule]:
     """Schedules worth timing for (m, n, k), pruned by simple rules: the tile must fit the problem
     (no tile more than twice the padded problem), smem must hold >= 3 stages, and the grid should
@@ -442,4 +502,6 @@ def candidates(m: int, n: int, k: int, limit: int = 32) -> list[GemmSchedule]:
     out.sort(key=lambda s: (s not in (d, base), s != d, -(s.tile_m * s.tile_n), s.kind != "cooperative"))
     if d not in out:
         out.insert(0, d)
+    extra = [v for v in pipeline_variants(d, m, n).values() if v not in out]  # right after the default
+    out = out[:1] + extra + out[1:]
     return out[:limit - len(splits)] + splits

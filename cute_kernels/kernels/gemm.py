@@ -7,7 +7,9 @@ Roofline: 2*M*N*K FLOPs over (M*K + K*N + M*N) * bytes; for 8192^3 bf16 that is 
 Schedule: `schedules.gemm.GemmSchedule` (warp-specialized: one TMA producer warp, two WGMMA consumer
 warpgroups, cooperative or ping-pong, persistent with a rasterized static tile walk, clusters with
 TMA multicast). Collectives: `tma_pipeline` (loads), `wgmma_mainloop` (math), `epilogue` (fused
-math + stmatrix + TMA store).
+math + stmatrix + TMA store). With `wg_epilogue` the cooperative warpgroups store their 64-row
+halves separately (per-warpgroup barrier, buffers and store warp, through a one-warpgroup MMA's C
+partition), so only the stage ring ties them together.
 
 Operands, as the kernel sees them: A (M, K, L), B (N, K, L), D and C (M, N, L); each may be K- or
 M/N-major (the unit-stride mode is a compile-time signature), all other sizes and strides symbolic.
@@ -55,7 +57,7 @@ REDUCE_VEC = 4
 REDUCE_SCHEDULE = GridStride(threads=128, unroll=4, ctas_per_sm=0, order="cta")
 
 # Named barrier ids (0 is __syncthreads).
-_EPI_BAR = 1  # cooperative: both consumer warpgroups; ping-pong: 1 + warpgroup
+_EPI_BAR = 1  # cooperative: both consumer warpgroups; ping-pong and wg_epilogue: 1 + warpgroup
 _ORDER_BAR = 3  # ping-pong mainloop turns: 3 + warpgroup
 _SCALE_BAR = 5  # FP8 sb_smem: both consumer warpgroups, the tile's B-scale row is in smem
 
@@ -83,6 +85,9 @@ class Gemm:
             raise ValueError("split_k > 1 is for the bf16/fp16 GEMM (not the FP8 block-scaled or grouped modes)")
         if self.split and ops.source:
             raise ValueError("split_k > 1 does not fuse beta * C (source); use split_k=1")
+        if schedule.wg_epilogue and blockwise:
+            raise ValueError("wg_epilogue is an option of the bf16/fp16 GEMM (the FP8 sb_smem row re-joins the "
+                             "warpgroups every tile)")
 
     def _sb_blocks(self) -> int:
         """B-scale blocks a tile covers (sb_smem's rows): 2 for tiles wider than or straddling a block."""
@@ -142,7 +147,10 @@ class Gemm:
             self.acc_dtype, s.mma_atoms, tiler_mn=(64, s.tile_n))
         ab_bytes, out_bytes = self.ab_dtype.width // 8, self.out_dtype.width // 8
         stages = s.num_stages(ab_bytes, out_bytes)
-        epi_buffers = s.epi_stages * (s.consumer_wgs // s.consumers_per_tile)
+        epi_buffers = s.epi_buffers
+        # wg_epilogue: each warpgroup stores its 64 rows through a one-warpgroup MMA's C partition
+        # (register for register the same as its part of the two-warpgroup one; tests/_gemm_probe.py)
+        self.epi_majors = (a_major.sm90_mma_major_mode(), b_major.sm90_mma_major_mode())
         sA_layout = operand_smem_layout(a_major, self.ab_dtype, s.tile_m, s.tile_k, stages)
         sB_layout = operand_smem_layout(b_major, self.ab_dtype, s.tile_n, s.tile_k, stages)
         sC_layout = epi.smem_layout(d_major, self.out_dtype, s.epi_tile, epi_buffers)
@@ -310,14 +318,26 @@ class Gemm:
             cute.arch.setmaxregister_increase(s.consumer_regs)
             stages = cute.size(sA_layout, mode=[2])
             cwg = wg - 1  # 0 or 1
+            epi_mma = tiled_mma
             if cutlass.const_expr(s.kind == "cooperative"):
                 tid = tidx - 128  # 0..255 over both warpgroups
                 first, step = 0, 1
-                epi_bar = pipeline.NamedBarrier(barrier_id=_EPI_BAR, num_threads=256)
-                buf0 = 0
-                is_store_warp = warp == 4
+                epi_tid = tid
+                if cutlass.const_expr(s.wg_epilogue):  # each warpgroup stores its own 64 rows
+                    epi_tid = tidx % 128
+                    epi_bar = pipeline.NamedBarrier(barrier_id=_EPI_BAR + cwg, num_threads=128)
+                    buf0 = cwg * s.epi_stages
+                    is_store_warp = warp % 4 == 0
+                    epi_mma = sm90_utils.make_trivial_tiled_mma(
+                        self.ab_dtype, self.ab_dtype, self.epi_majors[0], self.epi_majors[1], self.acc_dtype,
+                        (1, 1, 1), tiler_mn=(64, s.tile_n))
+                else:
+                    epi_bar = pipeline.NamedBarrier(barrier_id=_EPI_BAR, num_threads=256)
+                    buf0 = 0
+                    is_store_warp = warp == 4
             else:
                 tid = tidx % 128
+                epi_tid = tid
                 first, step = cwg, 2
                 epi_bar = pipeline.NamedBarrier(barrier_id=_EPI_BAR + cwg, num_threads=128)
                 buf0 = cwg * s.epi_stages
@@ -353,7 +373,7 @@ class Gemm:
                     release.advance(cwg * k_tiles)
             store_pipe = pipeline.PipelineTmaStore.create(
                 num_stages=s.epi_stages,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * s.consumers_per_tile))
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * s.store_wgs))
             counter = Int32(0)
             for i in cutlass.range(first, n_tiles, step, unroll=1):
                 # valid is False only for padding tiles of the contiguous grouping (cooperative only:
@@ -390,8 +410,11 @@ class Gemm:
                             read.advance(k_tiles)
                             release.advance(k_tiles)
                         epi.apply_ops(self.ops, acc, tCcC, tm * s.tile_m, tn * s.tile_n, tl, mC, bias, alpha, beta)
-                        counter = epi.store_tile(tiled_mma, acc, tid, sC, buf0, s.epi_stages, counter, tma_d,
-                                                 gD[(None, None, tm, tn, tl)], s.epi_tile, self.out_dtype, d_major,
+                        gD_tile = gD[(None, None, tm, tn, tl)]
+                        if cutlass.const_expr(s.wg_epilogue):  # this warpgroup's rows of the tile
+                            gD_tile = cute.local_tile(gD_tile, (64, s.tile_n), (cwg, 0))
+                        counter = epi.store_tile(epi_mma, acc, epi_tid, sC, buf0, s.epi_stages, counter, tma_d,
+                                                 gD_tile, s.epi_tile, self.out_dtype, d_major,
                                                  epi_bar, is_store_warp, store_pipe)
             store_pipe.producer_tail()
 
