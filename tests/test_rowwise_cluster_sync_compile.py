@@ -76,8 +76,9 @@ def test_plan_catalogue_and_key():
 
 def test_the_default_is_the_barrier():
     """Nothing that runs today syncs by mbarrier: the production plans keep the cluster barrier."""
-    from cute_kernels.ops import _rowwise as R
     import torch
+
+    from cute_kernels.ops import _rowwise as R
 
     for name in ("rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "rmsnorm.bwd", "layernorm.bwd", "softmax.bwd"):
         for n in (4096, 65536, 131072):

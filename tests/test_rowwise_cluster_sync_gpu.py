@@ -17,7 +17,6 @@ mbarriers of a call site go through several phases; 0 and 1 rows; rows with a st
 import dataclasses
 
 import pytest
-import torch
 
 from cute_kernels.ops import _rowwise as R
 from schedules.row_tiling import plan_held_rows

@@ -100,9 +100,7 @@ def test_planner_capability():
     with pytest.raises(ValueError, match="shared memory"):
         plan_held_rows(1 << 20, 8, target_elems=1024, max_elems=1024, min_threads=1024, max_tpr=1024,
                        max_cluster=1, staging="smem")
-    from schedules.row_tiling import HELD_TUNED
-
-    from schedules.row_tiling import plan_for_rows
+    from schedules.row_tiling import HELD_TUNED, plan_for_rows
 
     staged = {(fam, most) for fam, entries in HELD_TUNED.items() for most, st in entries if "staging" in st}
     assert staged == {("bwd", 65536), ("fwd", 131072), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536), ("ln_fwd", 131072)}
