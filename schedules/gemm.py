@@ -216,6 +216,20 @@ def grid(tiles_m: int, tiles_n: int, batch: int, s: GemmSchedule, num_sms: int) 
     return (s.cluster_m, s.cluster_n, total)
 
 
+def launch_clusters(tiles_m: int, tiles_n: int, batch: int, s: GemmSchedule, num_sms: int,
+                    device: int | None = None) -> int:
+    """The clusters an op launches: `grid`'s count, and for a persistent schedule of clusters larger
+    than pairs no more than the occupancy API reports co-resident on `device`
+    (`schedules.hardware.max_active_clusters`, cached; 32 of 4 on an H200): a surplus cluster would
+    run its whole share after the others finished. Every GEMM op (bf16, FP8, grouped) asks here."""
+    clusters = grid(tiles_m, tiles_n, batch, s, num_sms)[2]
+    if s.persistent and s.cluster_size > 2:
+        from schedules.hardware import max_active_clusters
+
+        clusters = min(clusters, max_active_clusters(s.cluster_size, device))
+    return clusters
+
+
 @dataclass
 class TileWalk:
     """The device side of the scheduler: the cluster tiles one cluster visits. Cluster `z` of

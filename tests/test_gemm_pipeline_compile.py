@@ -197,6 +197,12 @@ def test_clusters_of_four_fit_the_gpcs():
     assert grid(64, 32, 1, c22, 132) == (2, 2, 32) and grid(64, 32, 1, GemmSchedule(), 132) == (2, 1, 66)
     assert estimate(c22, 8192, 8192, 8192) == estimate(GemmSchedule(), 8192, 8192, 8192)
     assert estimate(c22, 4096, 4096, 4096) == estimate(GemmSchedule(), 4096, 4096, 4096)
+    # the ops' one entry point (bf16, FP8, grouped): grid's count, 4-CTA clusters capped by the
+    # occupancy query (no GPU here: its GPC-bound fallback)
+    from schedules.gemm import launch_clusters
+
+    assert launch_clusters(64, 32, 1, c22, 132) == 32 and launch_clusters(64, 32, 1, GemmSchedule(), 132) == 66
+    assert launch_clusters(2, 2, 1, c22, 132) == 1
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)

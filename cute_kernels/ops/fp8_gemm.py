@@ -144,8 +144,7 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
     `sb_smem` (B scales staged in smem per tile; None: `schedules.fp8_gemm.use_sb_smem` decides,
     on for cooperative tiles at M >= 1024; K > 65536 runs without it: same bits)."""
     from schedules.fp8_gemm import SB_SMEM_MAX_K, default_fp8_schedule, use_sb_smem
-    from schedules.gemm import grid as tile_grid
-    from schedules.hardware import max_active_clusters
+    from schedules.gemm import launch_clusters
 
     _check(a, sa, b, sb, out_dtype)
     out_dtype = out_dtype or torch.bfloat16
@@ -164,9 +163,7 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
     if sb_smem is None:
         sb_smem = use_sb_smem(sched, m)
     fn, sms = _compiled(out_dtype, sched, a.get_device(), promote_overlap, sb_smem and k <= SB_SMEM_MAX_K)
-    max_clusters = tile_grid(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms)[2]
-    if sched.persistent and sched.cluster_size > 2:  # 2x2: not every GPC holds sms / 4 of them (32, not 33)
-        max_clusters = min(max_clusters, max_active_clusters(sched.cluster_size, a.get_device()))
+    max_clusters = launch_clusters(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms, a.get_device())
     fn(_as3(a), _as3(b), _as3(d), _as3(sa), _as3(sb), max_clusters)
     return d
 

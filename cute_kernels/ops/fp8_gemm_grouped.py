@@ -129,7 +129,7 @@ def _compiled(grouping, out_dtype, sched, device):
 # --- contiguous ---------------------------------------------------------------------------------
 def _contiguous_cuda(a, sa, b, sb, m_indices, out_dtype=None, schedule=None):
     from schedules.fp8_gemm import default_grouped_schedule
-    from schedules.gemm import grid as tile_grid
+    from schedules.gemm import launch_clusters
 
     m, n, k, e = _check_contiguous(a, sa, b, sb, m_indices, out_dtype)
     out_dtype = out_dtype or torch.bfloat16
@@ -144,7 +144,7 @@ def _contiguous_cuda(a, sa, b, sb, m_indices, out_dtype=None, schedule=None):
     d = out[:, :n] if npad != n else out
     sched = schedule or default_grouped_schedule("contiguous", m, n, k)
     fn, sms = _compiled("contiguous", out_dtype, sched, a.get_device())
-    max_clusters = tile_grid(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms)[2]
+    max_clusters = launch_clusters(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms, a.get_device())
     fn(_as3(a), _per_expert(b), _as3(d), _as3(sa), _per_expert(sb), m_indices.contiguous(), max_clusters)
     return d
 
@@ -172,7 +172,7 @@ def fp8_gemm_grouped_contiguous(a: torch.Tensor, sa: torch.Tensor, b: torch.Tens
 # --- masked -------------------------------------------------------------------------------------
 def _masked_cuda(a, sa, b, sb, masked_m, expected_m=None, out_dtype=None, schedule=None):
     from schedules.fp8_gemm import default_grouped_schedule
-    from schedules.gemm import grid as tile_grid
+    from schedules.gemm import launch_clusters
 
     e, max_m, n, k = _check_masked(a, sa, b, sb, masked_m, expected_m, out_dtype)
     out_dtype = out_dtype or torch.bfloat16
@@ -188,7 +188,7 @@ def _masked_cuda(a, sa, b, sb, masked_m, expected_m=None, out_dtype=None, schedu
     expected = max_m if expected_m is None else min(max(expected_m, 1), max_m)
     sched = schedule or default_grouped_schedule("masked", expected, n, k, e)
     fn, sms = _compiled("masked", out_dtype, sched, a.get_device())
-    max_clusters = tile_grid(-(-max_m // sched.tile_m), -(-n // sched.tile_n), e, sched, sms)[2]
+    max_clusters = launch_clusters(-(-max_m // sched.tile_m), -(-n // sched.tile_n), e, sched, sms, a.get_device())
     fn(_per_expert(a), _per_expert(b), _per_expert(d), _per_expert(sa), _per_expert(sb), masked_m.contiguous(),
        max_clusters)
     return d

@@ -22,9 +22,8 @@ import torch
 
 from cute_kernels import dtypes
 from cute_kernels.ops._checks import check_tensor, direct_call_ok, register_op
-from schedules.gemm import GemmSchedule, default_schedule, effective_splits
-from schedules.gemm import grid as tile_grid
-from schedules.hardware import max_active_clusters, num_sms
+from schedules.gemm import GemmSchedule, default_schedule, effective_splits, launch_clusters
+from schedules.hardware import num_sms
 
 AB_TORCH = (torch.bfloat16, torch.float16)
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
@@ -153,9 +152,7 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
     else:
         bias_t = bias if bias.dtype == out_dtype else bias.to(out_dtype)
     tm, tn = -(-rows // sched.tile_m), -(-n // sched.tile_n)
-    max_clusters = tile_grid(tm, tn, lb, sched, sms)[2]
-    if sched.persistent and sched.cluster_size > 2:  # 2x2: the co-resident 4-CTA clusters (32 on an H200)
-        max_clusters = min(max_clusters, max_active_clusters(sched.cluster_size, a.get_device()))
+    max_clusters = launch_clusters(tm, tn, lb, sched, sms, a.get_device())
     if sched.split_k > 1:
         _split_k(fn, av, bv, out_buf, bias_t, sched.split_k, max_clusters, sms)
     else:
