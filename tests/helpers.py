@@ -44,3 +44,18 @@ def loads_128_bits(report, ptx: str, params: dict) -> bool:
     if report.ptx_census["ld.global.v4 (128-bit)"] > 0:
         return True
     return params.get("staging") == "smem" and "cp.async.cg.shared.global" in ptx and ", 16, 16;" in ptx
+
+
+def run_with_plans(monkeypatch, plan_for, fn):
+    """Run `fn` with the row-wise ops' plan choice (`cute_kernels.ops._rowwise.plan_for`) replaced
+    by `plan_for`, their compiled-function cache emptied before and after (so nothing compiled
+    under the patch outlives it). Returns (fn's result, {kernel name: the plan it ran})."""
+    from cute_kernels.ops import _rowwise as R
+
+    with monkeypatch.context() as m:
+        m.setattr(R, "plan_for", plan_for)
+        R._fns.clear()
+        out = fn()
+        plans = {k[0]: k[4] for k in R._fns}
+    R._fns.clear()
+    return out, plans

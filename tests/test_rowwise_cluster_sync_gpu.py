@@ -18,9 +18,8 @@ import dataclasses
 
 import pytest
 
-from cute_kernels.ops import _rowwise as R
 from schedules.row_tiling import plan_held_rows
-from tests.helpers import poison_empty
+from tests.helpers import poison_empty, run_with_plans
 from tests.test_rowwise_prefetch_gpu import _bitwise, _check_ref, _grads, _inputs, _reference
 
 pytestmark = pytest.mark.gpu
@@ -46,13 +45,7 @@ def _plan_for(staging, sync, prefetch, ctas_per_sm):
 
 
 def _run(monkeypatch, staging, sync, fn, prefetch=False, ctas_per_sm=1):
-    with monkeypatch.context() as m:
-        m.setattr(R, "plan_for", _plan_for(staging, sync, prefetch, ctas_per_sm))
-        R._fns.clear()
-        out = fn()
-        plans = {k[0]: k[4] for k in R._fns}
-    R._fns.clear()
-    return out, plans
+    return run_with_plans(monkeypatch, _plan_for(staging, sync, prefetch, ctas_per_sm), fn)
 
 
 def _fwd_and_grads(op, x, dy, w, b, r, ds):

@@ -22,7 +22,7 @@ import torch
 import cute_kernels as ck
 from cute_kernels.ops import _rowwise as R
 from schedules.row_tiling import plan_held_rows
-from tests.helpers import poison_empty, randn
+from tests.helpers import poison_empty, randn, run_with_plans
 
 pytestmark = pytest.mark.gpu
 
@@ -46,13 +46,7 @@ def _plan_for(staging, prefetch, ctas_per_sm):
 
 
 def _run(monkeypatch, staging, prefetch, fn, ctas_per_sm=1):
-    with monkeypatch.context() as m:
-        m.setattr(R, "plan_for", _plan_for(staging, prefetch, ctas_per_sm))
-        R._fns.clear()
-        out = fn()
-        plans = {k[0]: k[4] for k in R._fns}
-    R._fns.clear()
-    return out, plans
+    return run_with_plans(monkeypatch, _plan_for(staging, prefetch, ctas_per_sm), fn)
 
 
 def _grads(op, x, dy, w, b, r, ds):

@@ -16,8 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import cute_kernels as ck
-from cute_kernels.ops import _rowwise as R
-from tests.helpers import poison_empty, randn
+from tests.helpers import poison_empty, randn, run_with_plans
 
 pytestmark = pytest.mark.gpu
 
@@ -36,12 +35,7 @@ def _plan(staging):
 
 
 def _run(monkeypatch, staging, fn):
-    with monkeypatch.context() as m:
-        m.setattr(R, "plan_for", _plan(staging))
-        R._fns.clear()
-        out = fn()
-    R._fns.clear()
-    return out
+    return run_with_plans(monkeypatch, _plan(staging), fn)[0]
 
 
 def _flat(out):
@@ -114,11 +108,7 @@ def test_staged_equals_registers_bitwise(op, m, n, strided, monkeypatch):
 def test_staged_plan_is_used(monkeypatch):
     """The staged request reaches the kernel: the compiled variant's key says staging=smem."""
     x = randn(4, 65536, dtype=torch.bfloat16, seed=1)
-    with monkeypatch.context() as m:
-        m.setattr(R, "plan_for", _plan("smem"))
-        R._fns.clear()
-        ck.softmax(x)
-        plans = [k[4] for k in R._fns]
-    R._fns.clear()
+    _, by_name = run_with_plans(monkeypatch, _plan("smem"), lambda: ck.softmax(x))
+    plans = list(by_name.values())
     assert plans and all(p.staging == "smem" for p in plans)
     assert dataclasses.replace(plans[0], staging="regs") != plans[0]
