@@ -59,3 +59,26 @@ def run_with_plans(monkeypatch, plan_for, fn):
         plans = {k[0]: k[4] for k in R._fns}
     R._fns.clear()
     return out, plans
+
+
+def sass_or_skip(report, files) -> str:
+    """The kernel's SASS text; the test is skipped where nvdisasm is missing (no SASS census)."""
+    import pytest
+
+    if report.sass_census is None:
+        pytest.skip("no nvdisasm")
+    return files["sass"].read_text()
+
+
+def highest_register(sass: str) -> int:
+    """The highest general register (Rn) the SASS names: what `setmaxnreg` must leave room for."""
+    import re
+
+    return max(int(r) for r in re.findall(r"\bR(\d+)\b", sass))
+
+
+def assert_within_registers(report, sass: str, limit: int) -> None:
+    """No spill instructions, and every register a consumer touches below `limit` (its setmaxnreg)."""
+    assert report.sass_census["LDL/STL (spills)"] == 0
+    used = highest_register(sass)
+    assert used < limit, f"R{used} past the consumers' {limit} registers"

@@ -10,6 +10,7 @@ import pytest
 
 from cute_kernels import catalog
 from cute_kernels.artifacts import compile_with_artifacts
+from tests.helpers import highest_register
 
 VARIANTS = [
     {"head_dim": 128},
@@ -74,7 +75,7 @@ def test_schedule_ingredients(compiled):
         assert "setmaxnreg" not in ptx and census["setmaxnreg"] == 0
         assert s.threads == 128 * s.consumer_wgs and k.registers <= 255
     if sass_text is not None:  # the consumers' registers stay under setmaxnreg's 240 (fa3) / 255 (fa2)
-        top = max(int(r) for r in re.findall(r"\bR(\d+)\b", sass_text))
+        top = highest_register(sass_text)
         assert top < (240 if s.warp_specialized else 255), top
     if p["varlen"]:
         # O from registers: D / 4 stores of two adjacent columns per thread (+ its 2 LSE rows), none

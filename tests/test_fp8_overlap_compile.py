@@ -13,6 +13,7 @@ from cute_kernels import catalog
 from cute_kernels.artifacts import compile_with_artifacts
 from schedules.fp8_gemm import acc_per_thread, fp8_schedule, overlap_error
 from schedules.gemm import GemmSchedule
+from tests.helpers import assert_within_registers, sass_or_skip
 
 SPEC = catalog.get("fp8_gemm")
 CONFIGS = {
@@ -54,13 +55,9 @@ def test_census(artifacts, name):
     ptx = files["ptx"].read_text()
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3", ptx)
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{CONSUMER_REGS};", ptx)
-    if report.sass_census is None:
-        pytest.skip("no nvdisasm")
-    sass = files["sass"].read_text()
+    sass = sass_or_skip(report, files)
     assert "QGMMA" in sass and "HGMMA" not in sass
-    assert report.sass_census["LDL/STL (spills)"] == 0
-    used = max(int(r) for r in re.findall(r"\bR(\d+)\b", sass))
-    assert used < CONSUMER_REGS, f"R{used} past the consumers' {CONSUMER_REGS} registers"
+    assert_within_registers(report, sass, CONSUMER_REGS)
 
 
 @pytest.mark.parametrize("name", [n for n in CONFIGS if n != "default"])
@@ -68,9 +65,7 @@ def test_promotion_overlaps_wgmma(artifacts, name):
     """After every wait that leaves one WGMMA group in flight, the previous K-block's promotion
     (acc FFMAs) runs before the next WGMMA is issued."""
     report, files = artifacts[name]
-    if report.sass_census is None:
-        pytest.skip("no nvdisasm")
-    ops = _ops(files["sass"].read_text())
+    ops = _ops(sass_or_skip(report, files))
     waits = [i for i, (op, args) in enumerate(ops) if op == "WARPGROUP.DEPBAR.LE" and "0x1" in args]
     assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", files["ptx"].read_text())
     assert len(waits) >= 3, "expected the loop's two waits and the tail's, each leaving one group in flight"

@@ -31,6 +31,7 @@ from schedules.fp8_gemm import (
     overlap_error,
     sb_smem_error,
 )
+from tests.helpers import assert_within_registers, sass_or_skip
 
 SPEC = catalog.get("fp8_gemm")
 CONFIGS = {
@@ -74,10 +75,7 @@ def _blocks(ops):
 
 
 def _sass_ops(artifacts, name):
-    report, files = artifacts[name]
-    if report.sass_census is None:
-        pytest.skip("no nvdisasm")
-    return _ops(files["sass"].read_text())
+    return _ops(sass_or_skip(*artifacts[name]))
 
 
 def _acc(name):
@@ -94,12 +92,8 @@ def test_census(artifacts, name):
     tile_n = SPEC.resolve(CONFIGS[name])["tile_n"]
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k32\.f32\.e4m3\.e4m3", ptx)
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{CONSUMER_REGS};", ptx)
-    if report.sass_census is None:
-        pytest.skip("no nvdisasm")
-    sass = files["sass"].read_text()
-    assert report.sass_census["LDL/STL (spills)"] == 0
-    used = max(int(r) for r in re.findall(r"\bR(\d+)\b", sass))
-    assert used < CONSUMER_REGS, f"R{used} past the consumers' {CONSUMER_REGS} registers"
+    sass = sass_or_skip(report, files)
+    assert_within_registers(report, sass, CONSUMER_REGS)
 
 
 @pytest.mark.parametrize("name", [n for n in CONFIGS if "overlap" not in n])
