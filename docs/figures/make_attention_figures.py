@@ -58,14 +58,16 @@ def _programs(s: AttentionSchedule, blocks: int):
                 if s.pingpong:
                     p.append(("turn_wait",))
                 p += [("mma", "PV", j, False), ("wait", "PV", j), ("release", j)]
-        elif blocks and s.double_p:  # `overlap_two_p`: P V waited for one softmax later, before the turn
+        elif blocks:  # the kernel's `if n_count > 0` (a q tile without K/V blocks skips the whole loop)
+            # the overlap: S_j and P_{j-1} V_{j-1} issued together; P V waited for after S_j's
+            # softmax, or with `double_p` (`overlap_two_p`) one softmax later, before the turn
             p += [("need", 0), ("mma", "S", 0, False)]
             if s.pingpong:
                 p.append(("turn_give",))
             p += [("wait", "S", 0), ("softmax", 0)]
             for j in range(1, blocks):
                 p.append(("need", j))
-                if j >= 2:
+                if s.double_p and j >= 2:
                     p += [("wait", "PV", j - 2), ("release", j - 2)]
                 if s.pingpong:
                     p.append(("turn_wait",))
@@ -73,24 +75,10 @@ def _programs(s: AttentionSchedule, blocks: int):
                 if s.pingpong:
                     p.append(("turn_give",))
                 p += [("wait", "S", j), ("softmax", j)]
-            if blocks >= 2:
+                if not s.double_p:
+                    p += [("wait", "PV", j - 1), ("release", j - 1)]
+            if s.double_p and blocks >= 2:
                 p += [("wait", "PV", blocks - 2), ("release", blocks - 2)]
-            if s.pingpong:
-                p.append(("turn_wait",))
-            p += [("mma", "PV", blocks - 1, False), ("wait", "PV", blocks - 1), ("release", blocks - 1)]
-        elif blocks:  # the kernel's `if n_count > 0` (a q tile without K/V blocks skips the whole loop)
-            p += [("need", 0), ("mma", "S", 0, False)]
-            if s.pingpong:
-                p.append(("turn_give",))
-            p += [("wait", "S", 0), ("softmax", 0)]
-            for j in range(1, blocks):
-                p.append(("need", j))
-                if s.pingpong:
-                    p.append(("turn_wait",))
-                p += [("mma", "S", j, False), ("mma", "PV", j - 1, False)]
-                if s.pingpong:
-                    p.append(("turn_give",))
-                p += [("wait", "S", j), ("softmax", j), ("wait", "PV", j - 1), ("release", j - 1)]
             if s.pingpong:
                 p.append(("turn_wait",))
             p += [("mma", "PV", blocks - 1, False), ("wait", "PV", blocks - 1), ("release", blocks - 1)]
