@@ -198,25 +198,24 @@ def cluster_reduce(val, op: Callable, cluster_n: cutlass.Constexpr[int], smem: c
         tidx, _, _ = cute.arch.thread_idx()
         if tidx == 0:
             cute.arch.mbarrier_arrive_and_expect_tx(mbar, rows_per_cta * cluster_n * width * 4)
-        if lane_in_row < cluster_n:
-            base = (row_in_cta * cluster_n + rank) * width
+    if lane_in_row < cluster_n:
+        base = (row_in_cta * cluster_n + rank) * width
+        if cutlass.const_expr(mbar is not None):
             remote_bar = cutlass.Int32(cute.arch.map_dsmem_ptr(mbar, lane_in_row).toint())
-            for i in cutlass.range_constexpr(width):
-                remote = cute.arch.map_dsmem_ptr(smem.iterator + (base + i), lane_in_row)
+        for i in cutlass.range_constexpr(width):
+            remote = cutlass.Int32(cute.arch.map_dsmem_ptr(smem.iterator + (base + i), lane_in_row).toint())
+            if cutlass.const_expr(mbar is None):
+                cute.arch.inline_ptx("st.shared::cluster.f32 [{$r0}], {$r1};", read_only_args=[remote, _parts(val)[i]])
+            else:
                 cute.arch.inline_ptx("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [{$r0}], {$r1}, [{$r2}];",
-                                     read_only_args=[cutlass.Int32(remote.toint()), _parts(val)[i], remote_bar])
+                                     read_only_args=[remote, _parts(val)[i], remote_bar])
+    if cutlass.const_expr(mbar is None):
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+    else:
         done = cute.arch.mbarrier_try_wait(mbar, phase)
         while not done:  # a loop the compiler sees (cute.arch.mbarrier_wait's asm loop made ptxas spill)
             done = cute.arch.mbarrier_try_wait(mbar, phase)
-    else:
-        if lane_in_row < cluster_n:
-            base = (row_in_cta * cluster_n + rank) * width
-            for i in cutlass.range_constexpr(width):
-                remote = cute.arch.map_dsmem_ptr(smem.iterator + (base + i), lane_in_row)
-                cute.arch.inline_ptx("st.shared::cluster.f32 [{$r0}], {$r1};",
-                                     read_only_args=[cutlass.Int32(remote.toint()), _parts(val)[i]])
-        cute.arch.cluster_arrive()
-        cute.arch.cluster_wait()
     first = row_in_cta * cluster_n * width
     acc = _whole(tuple(smem[first + i] for i in range(width)), val)
     for r in cutlass.range_constexpr(1, cluster_n):
