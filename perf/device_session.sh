@@ -5,6 +5,7 @@
 # $OUT/<suite>.{json,md,png}; a compact summary is printed.
 #
 #   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [small] [sanitize] [large] [par] [tunerows]
+#   ncu: NCU=probes (see below), NCU_EXTRA=extra comma-separated metrics
 #   tunerows: perf.tune_rows (held-row plan sweep; TR=timeout, TRARGS=its arguments)
 #   par: run the test families concurrently (TT=seconds per family, default 240)
 #     FAMILIES: comma list of tests/test_<family>_gpu.py families (elementwise, ..., attention_varlen)
@@ -47,14 +48,14 @@ if has ncu; then
   # NCU: ";"-separated "probe args@kernel regex@launches to skip" (perf/probe.py targets). cuBLAS
   # on CUDA 13 names its Hopper GEMMs nvjet_* (the old sm90_xmma_* regex matched nothing)
   NCU=${NCU:-"gemm bf16 8192 8192 8192@regex:kernel_cutlass@0;torch.mm bf16 8192 8192 8192@regex:nvjet|xmma|gemm@0;copy bf16 524288@regex:kernel_cutlass@2;torch.copy bf16 524288@regex:.@4"}
-  M=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__warp_issue_stalled_barrier_per_warp_active.pct,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_wait_per_warp_active.pct,smsp__warp_issue_stalled_math_pipe_throttle_per_warp_active.pct,launch__registers_per_thread,launch__grid_size
+  M=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__warp_issue_stalled_barrier_per_warp_active.pct,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_wait_per_warp_active.pct,smsp__warp_issue_stalled_math_pipe_throttle_per_warp_active.pct,launch__registers_per_thread,launch__grid_size${NCU_EXTRA:+,$NCU_EXTRA}
   IFS=';' read -ra PROBES <<< "$NCU"
   for e in "${PROBES[@]}"; do
     IFS='@' read -r p K S <<< "$e"
     section "ncu $p"
     timeout 90 ncu --clock-control none -k "$K" --launch-skip "${S:-0}" --launch-count 1 --metrics $M python3 -m perf.probe $p > "$OUT/.n" 2>&1
     cat "$OUT/.n" >> "$LOG"
-    echo "ncu $p: $(grep -E "^\s+(gpu__time|dram__|sm__|smsp__|launch__grid)" "$OUT/.n" | awk '{printf "%s=%s ", $1, $NF}' | sed 's/\.avg\.pct_of_peak_sustained_\(elapsed\|active\)//g; s/_per_warp_active\.pct//g')"
+    echo "ncu $p: $(grep -E "^\s+(gpu__time|dram__|lts__|sm__|smsp__|launch__grid)" "$OUT/.n" | awk '{printf "%s=%s ", $1, $NF}' | sed 's/\.avg\.pct_of_peak_sustained_\(elapsed\|active\)//g; s/_per_warp_active\.pct//g')"
   done
   rm -f "$OUT/.n"
 fi
