@@ -15,21 +15,17 @@ PEAK_FP8_TFLOPS = 1978.9  # H100/H200 SXM dense fp8, by spec: the "% ceiling" co
 ISSUE_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 SHAPES = [(m, n, k) for m in (64, 128, 4096) for n, k in ISSUE_NK]
 QUICK = [(4096, 2112, 7168), (4096, 7168, 2048), (128, 7168, 2048)]
-OVERLAP = "ours promote_overlap"  # the default (incl. its sb_smem) with `promote_overlap=True` (large M only)
+OVERLAP = "ours promote_overlap"  # `promote_overlap=True` (large M only; its search: the 128x128 tiles, sb_smem on)
 OVERLAP_MIN_M = 1024
 SB_SMEM = "ours no sb_smem"  # the default schedule with `sb_smem=False` (on by default at M >= 1024)
-WIDE = "ours 128x192"  # cooperative 128x192 tiles (explicit schedule, sb_smem as the default; not searched)
-# The default schedule with 3 epilogue buffers instead of 4 (room for a 6th stage, as cuBLAS's kernel),
-# with 2x2 clusters (A and B both multicast: 16 KiB of L2 reads per CTA and K-block instead of 24), both;
-# 128x192 with 2 epilogue buffers (5 stages instead of 4); the wave model's pick among all FP8 tiles
-# (`default_fp8_schedule(wide=True)`: 128x192 or 128x160 at five of the six M = 4096 shapes).
-# docs/kernels/fp8_gemm.md, "2026-11-30".
-DEEP = "ours 6 stages"
-C2X2 = "ours c2x2"
-C2X2_DEEP = "ours c2x2 6 stages"
+# Measured and left as options (perf/results/2026-11-29-h200-db54236, geomean over the six M = 4096
+# shapes vs the then-default 128x128 search): 3 epilogue buffers for a 6th stage 0.990x, 2x2 clusters
+# 1.008x, both 0.999x, explicit 128x192 1.019x, 128x192 with 5 stages 1.020x, the wide search 1.048x
+# (now the default from M = 1024). Columns kept: the 128x128-only search (what the wide tiles replaced)
+# and 128x192 with 2 epilogue buffers / 5 stages (the best at 4096x2112x7168: 1098 vs 1041 TFLOP/s).
+NARROW = "ours 128x128 search"
 WIDE_DEEP = "ours 128x192 5 stages"
-WIDE_SEARCH = "ours wide search"
-OPTIONS = (OVERLAP, SB_SMEM, WIDE, DEEP, C2X2, C2X2_DEEP, WIDE_DEEP, WIDE_SEARCH)  # large-M, each vs "ours"
+OPTIONS = (OVERLAP, SB_SMEM, NARROW, WIDE_DEEP)  # large-M, each vs "ours"
 
 
 def _diff(x, y) -> float:
@@ -63,7 +59,7 @@ def _variant(s, **changes):
 def fp8_gemm(shapes=None, quick=False, ceilings=None):
     import cute_kernels as ck
     from cute_kernels.ops.fp8_gemm import _fp8_gemm_cuda, dequantize_1x128, dequantize_128x128
-    from schedules.fp8_gemm import DEEP_EPI_STAGES, default_fp8_schedule, fp8_schedule
+    from schedules.fp8_gemm import default_fp8_schedule, fp8_schedule
 
     shapes = shapes or (QUICK if quick else SHAPES)
     rows, notes, diffs = [], [], []
@@ -83,13 +79,9 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
             ov = lambda: _fp8_gemm_cuda(a, sa, b, sb, promote_overlap=True)  # noqa: E731
             sbs = lambda: _fp8_gemm_cuda(a, sa, b, sb, sb_smem=False)  # noqa: E731
             wide_s = fp8_schedule("cooperative", 128, 192, cluster_m=2 if m > 128 else 1)
-            wide = lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=wide_s)  # noqa: E731
-            cols = [(OVERLAP, ov), (SB_SMEM, sbs), (WIDE, wide)]
-            d = default_fp8_schedule(m, n, k)
-            for name, sched in ((DEEP, _variant(d, epi_stages=DEEP_EPI_STAGES)), (C2X2, _variant(d, cluster_n=2)),
-                                (C2X2_DEEP, _variant(d, cluster_n=2, epi_stages=DEEP_EPI_STAGES)),
-                                (WIDE_DEEP, _variant(wide_s, epi_stages=2)),
-                                (WIDE_SEARCH, default_fp8_schedule(m, n, k, wide=True))):
+            cols = [(OVERLAP, ov), (SB_SMEM, sbs)]
+            for name, sched in ((NARROW, default_fp8_schedule(m, n, k, wide=False)),
+                                (WIDE_DEEP, _variant(wide_s, epi_stages=2))):
                 cols.append((name, (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc))(sched)))
             for name, fn in cols:
                 o = fn()

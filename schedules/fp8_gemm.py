@@ -29,17 +29,22 @@ from schedules.gemm import BARRIER_BYTES, GROUPINGS, SMEM_BYTES, GemmSchedule, e
 SCALE_BLOCK = 128  # K (and B's N) elements per scale
 MAX_PROMOTED_ACC = 128  # fp32 registers per thread for accumulator + temporary
 M_ALIGN = 128  # contiguous grouping: each expert's rows start at a multiple of this (DeepGEMM's)
-# Tiles `default_fp8_schedule` searches (unless wide=True), then the wide candidates (explicit schedules,
-# or wide=True) awaiting the H200 measurement ("ours 128x192" in perf/suite_fp8.py).
+# Tiles `default_fp8_schedule` searches at every M, then the wide tiles it adds at M >= WIDE_MIN_M. The
+# wide search ("ours wide search" in perf/suite_fp8.py: 128x192 or 128x160 at five of the six M = 4096
+# shapes) beat the 128x128 search by 1.048x geomean on the H200 (perf/results/2026-11-29-h200-db54236:
+# 4096x7168x16384 1094 -> 1177 TFLOP/s, 4096x2112x7168 952 -> 1041, 4096x4096x7168 unchanged); below
+# M = 1024 it was never measured, so small-M decode shapes keep the 64/128-column tiles.
 DEFAULT_FP8_TILES = (("cooperative", 128, 128), ("pingpong", 64, 128), ("cooperative", 128, 64),
                      ("pingpong", 64, 64))
 WIDE_TILE_N = (192, 160)
 WIDE_FP8_TILES = tuple(("cooperative", 128, n) for n in WIDE_TILE_N)
 FP8_TILES = DEFAULT_FP8_TILES + WIDE_FP8_TILES
+WIDE_MIN_M = 1024
 MAX_WIDE_ACC = 192  # fp32 registers per thread for accumulator + temporary on a wide tile (2 x 96 at 192)
 _FP8_EFF = {("cooperative", 128, 128): 1.0, ("pingpong", 64, 128): 0.8, ("cooperative", 128, 64): 0.75,
             ("pingpong", 64, 64): 0.55,
-            # unmeasured guesses (1.5x the columns per barrier / epilogue of 128x128), used only with wide=True
+            # first guesses (1.5x the columns per barrier / epilogue of 128x128), not re-fitted: the search
+            # they steer measured 1.048x over the 128x128 one at M = 4096 (see WIDE_MIN_M)
             ("cooperative", 128, 192): 1.04, ("cooperative", 128, 160): 1.0}
 
 
@@ -190,10 +195,12 @@ def fp8_schedule(kind: str = "cooperative", tile_m: int = 128, tile_n: int = 128
 
 @functools.lru_cache(maxsize=4096)
 def default_fp8_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: int = 132,
-                         batch: int = 1, wide: bool = False) -> GemmSchedule:
+                         batch: int = 1, wide: bool | None = None) -> GemmSchedule:
     """The FP8 tile with the least modelled time (`schedules.gemm.estimate`'s wave model with the
     FP8 tiles' own efficiencies), clustered 2x1 when there are at least two tile rows. The wide
-    tiles (`WIDE_FP8_TILES`, unmeasured) join the search only with wide=True."""
+    tiles (`WIDE_FP8_TILES`) join the search when `wide` is True; None: at M >= WIDE_MIN_M."""
+    if wide is None:
+        wide = m >= WIDE_MIN_M
     best = None
     for knd, tm, tn in (FP8_TILES if wide else DEFAULT_FP8_TILES):
         if kind and knd != kind:
@@ -223,5 +230,5 @@ def default_grouped_schedule(grouping: str, m: int, n: int, k: int, groups: int 
         cn = 2 if -(-n // 128) >= 2 else 1
         return fp8_schedule("cooperative", 128, 128, cluster_m=1, cluster_n=cn)
     if grouping == "masked":
-        return default_fp8_schedule(max(m, 1), n, k, None, num_sms, max(groups, 1))
+        return default_fp8_schedule(max(m, 1), n, k, None, num_sms, max(groups, 1), wide=False)
     raise ValueError(f"grouping must be 'contiguous' or 'masked', got {grouping!r}")

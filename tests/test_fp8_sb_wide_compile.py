@@ -9,8 +9,7 @@ do what they claim in SASS.
   the B-scale block chosen per column class with one FSEL per row and offset-dependent class, no
   spills, registers under the consumers' 232.
 * the column-class thresholds agree with (n0 % 128 + column) // 128 for every offset and column.
-* the defaults are untouched (default_fp8_schedule never picks a wide tile; compare PTX by hand
-  with `python -m cute_kernels compile fp8_gemm --dump DIR` before/after).
+* default_fp8_schedule adds the wide tiles to its search from M = WIDE_MIN_M only (measured there).
 """
 
 import math
@@ -25,6 +24,7 @@ from schedules.fp8_gemm import (
     DEFAULT_FP8_TILES,
     FP8_TILES,
     WIDE_FP8_TILES,
+    WIDE_MIN_M,
     acc_per_thread,
     default_fp8_schedule,
     fp8_schedule,
@@ -177,10 +177,17 @@ def test_schedules_and_errors():
     assert FP8_TILES == DEFAULT_FP8_TILES + WIDE_FP8_TILES
     assert fp8_schedule("cooperative", 128, 192).stages == 4
     assert fp8_schedule("cooperative", 128, 160).stages == 5
-    for m in (1, 64, 128, 769, 4096, 16384):
-        for n, k in [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (200, 320)]:
+    shapes = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (200, 320)]
+    for m in (1, 64, 128, 769, 1023):  # below WIDE_MIN_M: the 64/128-column tiles only
+        for n, k in shapes:
             assert default_fp8_schedule(m, n, k).tile_n in (64, 128)
-    assert default_fp8_schedule(4096, 2112, 7168, wide=True).tile_n in (128, 160, 192)
+            assert default_fp8_schedule(m, n, k, wide=True).tile_n in (64, 128, 160, 192)
+    # from WIDE_MIN_M the wide tiles join (the M = 4096 measurement: a wide tile at five of six shapes)
+    picks = [default_fp8_schedule(4096, n, k).tile_n for n, k in shapes[:6]]
+    assert sum(t in (160, 192) for t in picks) == 5, picks
+    assert default_fp8_schedule(4096, 4096, 7168).tile_n == 128
+    assert default_fp8_schedule(4096, 2112, 7168, wide=False).tile_n in (64, 128)
+    assert default_fp8_schedule(WIDE_MIN_M, 7168, 16384) == default_fp8_schedule(WIDE_MIN_M, 7168, 16384, wide=True)
     with pytest.raises(ValueError, match="cooperative 128-row"):
         fp8_schedule("pingpong", 64, 192)
     with pytest.raises(ValueError, match="tile_n must divide"):

@@ -159,7 +159,8 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
     npad = -(-n // 8) * 8
     out = torch.empty(m, npad, dtype=out_dtype, device=a.device)
     d = out[:, :n] if npad != n else out
-    sched = schedule or default_fp8_schedule(m, n, k)
+    # promote_overlap is built for the 64/128-column tiles only: its default search leaves the wide ones out
+    sched = schedule or default_fp8_schedule(m, n, k, wide=False if promote_overlap else None)
     if sb_smem is None:
         sb_smem = use_sb_smem(sched, m)
     fn, sms = _compiled(out_dtype, sched, a.get_device(), promote_overlap, sb_smem and k <= SB_SMEM_MAX_K)
