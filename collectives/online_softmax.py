@@ -21,6 +21,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from collectives.vector_io import widen_f32
+
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 NEG_INF = float("-inf")
@@ -50,13 +52,27 @@ def merge(a, b):
 
 @cute.jit
 def fold(state, v):
-    """The state of a set extended by the fp32 elements of the TensorSSA `v`: the streaming update
-    (a kernel that does not hold the row folds each vector as it arrives). One exp per element and
-    one to rescale l; the exponent's reference is `finite_ref` of the new max, as in `merge`."""
+    """The state of a set extended by the elements of the TensorSSA `v` (any float type), or of
+    each TensorSSA of the list `v`: the streaming update (a kernel that does not hold the row folds vectors as they
+    arrive). One exp per element and one to rescale l per call: a list (a pass's vectors, loaded
+    together) shares the max and the rescale, and no exp can start before every vector of it has
+    arrived. The exponent's reference is `finite_ref` of the new max, as in `merge`."""
+    vs = v if isinstance(v, (list, tuple)) else [v]
     m, s = state
-    m_new = cute.arch.fmax(m, v.reduce(cute.ReductionOp.MAX, Float32(NEG_INF), 0))
+    m_new = m
+    for k in cutlass.range_constexpr(len(vs)):
+        # in the vectors' own type (a max is exact in any float type): 16-bit logits are not
+        # widened to fp32 twice or held widened across the max
+        part = vs[k].dtype(vs[k].reduce(cute.ReductionOp.MAX, vs[k].dtype(NEG_INF), 0)).to(Float32)
+        m_new = cute.arch.fmax(m_new, part)
     ref = finite_ref(m_new)
-    s = s * exp_diff(m, ref) + exp_shifted(v, ref).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+    s = s * exp_diff(m, ref)
+    for k in cutlass.range_constexpr(len(vs)):
+        els = widen_f32(vs[k], vs[k].dtype)  # bf16: one integer op per element
+        part = exp_diff(els[0], ref)
+        for e in cutlass.range_constexpr(1, len(els)):
+            part = part + exp_diff(els[e], ref)
+        s = s + part
     return (m_new, s)
 
 

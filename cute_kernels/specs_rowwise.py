@@ -278,11 +278,11 @@ class CrossEntropyFwdSpec(KernelSpec):
     def representative(self):
         """The tilings the op picks for 32768 x 4096 (4 rows per CTA), 2048 x 65536 (one row per CTA)
         and the first pass of a long row split over CTAs."""
-        from schedules.row_tiling import plan_rows
+        from cute_kernels.ops.softmax import ce_plan
 
         out = []
         for m, n in ((32768, 4096), (2048, 65536)):
-            t = plan_rows(m, n // 8, 132, unroll=4).tiling
+            t = ce_plan(m, n, 8, 132).tiling
             out.append(self.resolve({"threads": t.threads, "threads_per_row": t.threads_per_row, "unroll": t.unroll}))
         out.append(self.resolve({"mode": "partial", "threads_per_row": 512}))
         return out  # the merge pass (64-bit loads of pairs): tests/test_ce_stream_compile.py

@@ -8,9 +8,12 @@ register plans of at most 16 elements per thread and staged plans (double-buffer
 each next to its prefetch-off twin; the "x off" column is the twin's time over the plan's.
 `--cluster-sync both|mbarrier` adds the mbarrier-synced twins of clustered plans
 (`HeldRowPlan.cluster_sync`), "x off" then the barrier twin's time over theirs.
+`--resident-grid both|only` adds (only: times only) the one-wave twins of the clustered backward
+plans, the default's included (`HeldRowPlan.resident_grid`, tagged "rg"), "x off" their SMs-capped
+twin's time over theirs.
 
     python3 -m perf.tune_rows [--n 4096,65536] [--kernels rmsnorm.fwd,...] [--out DIR] [--jobs 16]
-                              [--prefetch with|without|only]
+                              [--prefetch with|without|only] [--resident-grid off|both|only]
 
 Inputs are bf16 with 256 MiB per (M, N) tensor, randn; CUDA-event medians with L2 flushed
 (`perf.harness.do_bench`); timed through the public ops, the plan swapped in by patching
@@ -75,8 +78,10 @@ def prefetch_candidates(n: int, vec: int = 8) -> list[HeldRowPlan]:
 
 
 def _twin(p: HeldRowPlan, vec: int = 8) -> HeldRowPlan:
-    """`p` with the cluster barrier when it syncs by mbarrier, else `p` without prefetch (a staged
-    twin gets the CTAs per SM of its single buffer)."""
+    """`p` on the SMs-capped grid when it has the resident one, with the cluster barrier when it syncs
+    by mbarrier, else `p` without prefetch (a staged twin gets the CTAs per SM of its single buffer)."""
+    if p.resident_grid:
+        return dataclasses.replace(p, resident_grid=False)
     if p.cluster_sync != "barrier":
         return dataclasses.replace(p, cluster_sync="barrier")
     if p.staging == "smem":
@@ -125,7 +130,8 @@ def _call(kernel: str, n: int, m: int):
     return lambda: torch.autograd.grad(y, xg, dy, retain_graph=True)
 
 
-def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "barrier"):
+def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "barrier",
+          resident_grid: str = "off"):
     from cute_kernels.ops import _rowwise as R
     from cute_kernels.precompile import item, precompile
     from cute_kernels.specs_rowwise import config_of
@@ -145,6 +151,13 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                     base = list(ps)
                 mb = [dataclasses.replace(p, cluster_sync="mbarrier") for p in base if p.cluster_n > 1]
                 ps = (ps + mb) if cluster_sync == "both" else (mb + [_twin(p) for p in mb])
+            if resident_grid != "off" and k.endswith(".bwd"):  # one-wave twins (same kernel, another grid)
+                try:
+                    base = [R.plan_for(k, torch.bfloat16, n, True)] + ps
+                except ValueError:
+                    base = list(ps)
+                rg = [dataclasses.replace(p, resident_grid=True) for p in base if p.cluster_n > 1]
+                ps = (ps + rg) if resident_grid == "both" else (rg + [_twin(p) for p in rg])
             for p in dict.fromkeys(ps):
                 params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p))
                 if k.startswith(("rmsnorm", "layernorm")):
@@ -198,14 +211,16 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
         best_pf = next((r for r in ranked if r[1].prefetch), None)
         if best_pf is not None and best_pf not in shown:
             shown.append(best_pf)  # the fastest prefetching plan, wherever it ranks
-        for want in (lambda q: q.cluster_sync == "mbarrier",  # the fastest mbarrier-synced plan
+        for want in (lambda q: q.resident_grid,  # the fastest one-wave plan
+                     lambda q: q == dataclasses.replace(default, resident_grid=True),  # the default's twin
+                     lambda q: q.cluster_sync == "mbarrier",  # the fastest mbarrier-synced plan
                      lambda q: q == dataclasses.replace(default, cluster_sync="mbarrier")):  # the default's twin
             r = next((r for r in ranked if want(r[1])), None)
             if r is not None and r not in shown:
                 shown.append(r)
         for t, p in shown:
             tag = " (default)" if p == default else ""
-            twin = _twin(p) if (p.prefetch or p.cluster_sync != "barrier") else None
+            twin = _twin(p) if (p.prefetch or p.cluster_sync != "barrier" or p.resident_grid) else None
             off = f"{times[twin] / t:.3f}" if twin in times else ""
             lines.append(f"| {k} | {n} | {p}{tag} | {p.ctas_per_sm} | {t * 1e3:.1f} | "
                          f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} | {off} |")
@@ -227,8 +242,12 @@ def main(argv=None) -> int:
                     help="clustered plans: the cluster barrier only (barrier), also their mbarrier-synced twins "
                          "(both), or only the twin pairs (mbarrier); 'x off' is then the barrier twin's time over "
                          "the plan's")
+    ap.add_argument("--resident-grid", choices=("off", "both", "only"), default="off",
+                    help="clustered backward plans: also their one-wave twins (both: HeldRowPlan.resident_grid), or "
+                         "only the twin pairs (only); 'x off' is then the SMs-capped twin's time over the plan's")
     a = ap.parse_args(argv)
-    lines, _ = sweep(a.kernels.split(","), [int(v) for v in a.n.split(",")], a.jobs, a.prefetch, a.cluster_sync)
+    lines, _ = sweep(a.kernels.split(","), [int(v) for v in a.n.split(",")], a.jobs, a.prefetch, a.cluster_sync,
+                     a.resident_grid)
     text = "# held-row plan sweep (bf16, 256 MiB per tensor)\n\n" + "\n".join(lines) + "\n"
     print(text)
     if a.out:

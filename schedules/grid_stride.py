@@ -87,6 +87,7 @@ def strided_fold(
     acc,
     tail_branch: cutlass.Constexpr[bool] = True,
     full_passes=None,
+    pass_step: Callable | None = None,
 ):
     """Fold `step(acc, j, load(j))` over j = first + p * pass_stride + u * stride < n_items, for
     passes p = 0, 1, ... and u < unroll.
@@ -99,6 +100,9 @@ def strided_fold(
     `full_passes` (= n_items // pass_stride, the same for every thread) may come from the launch's
     host code: the integer division then leaves the path to the first load (~40 dependent
     instructions in a kernel whose whole run is a few microseconds at 1 MiB).
+    `pass_step(acc, vals)`, when given, folds a full pass's `unroll` loaded values at once
+    (vals[u] is item base + u * stride), e.g. one max and one rescale per pass in an online
+    softmax instead of one per item; the partial last pass still goes through `step`.
     """
     if cutlass.const_expr(full_passes is None):
         full_passes = n_items // pass_stride
@@ -107,8 +111,11 @@ def strided_fold(
         vals = []
         for u in cutlass.range_constexpr(unroll):
             vals.append(load(base + u * stride))
-        for u in cutlass.range_constexpr(unroll):
-            acc = step(acc, base + u * stride, vals[u])
+        if cutlass.const_expr(pass_step is not None):
+            acc = pass_step(acc, vals)
+        else:
+            for u in cutlass.range_constexpr(unroll):
+                acc = step(acc, base + u * stride, vals[u])
     base = full_passes * pass_stride + first
     # `tail_branch`: one branch over the whole partial pass, so its predicated-off code does not
     # issue when it is empty (~70 instructions per row at N = 4096 for ArgMax; cross-entropy's

@@ -8,6 +8,7 @@ small pass combines (never atomics: the result is deterministic).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -119,6 +120,13 @@ class HeldRowPlan:
     # CTA's mbarrier, which its threads wait on (no fence, no cluster-wide barrier per tile). Same
     # values folded in the same order: the output is bitwise that of "barrier".
     cluster_sync: str = "barrier"
+    # The capped (persistent) grid of the backward kernels (`cute_kernels.ops._rowwise.grid_ctas`).
+    # False: `ctas_per_sm` x SMs clusters, i.e. `cluster_n` times the CTAs that fit at `ctas_per_sm`
+    # per SM: several waves, the last nearly empty (RMSNorm 64k, clusters of 4: 132 clusters where 32
+    # fit, 5 waves), and one fp32 dweight partial row per cluster. True: `ctas_per_sm` x the clusters
+    # co-resident (`schedules.hardware.max_active_clusters`, 32 of 4 on an H200): one wave, 4x fewer
+    # partial rows. Only the dweight/dbias summation order changes. No effect without a cluster.
+    resident_grid: bool = False
 
     def __post_init__(self):
         if self.staging not in STAGINGS:
@@ -156,6 +164,7 @@ class HeldRowPlan:
         s = f"{self.tiling} c{self.cluster_n}"
         s = s if self.staging == "regs" else f"{s} {self.staging}"
         s = f"{s} mb" if self.cluster_sync == "mbarrier" else s
+        s = f"{s} rg" if self.resident_grid and self.cluster_n > 1 else s
         return f"{s} pf" if self.prefetch else s
 
     def capacity(self, vec: int) -> int:
@@ -193,16 +202,25 @@ _LN_FWD = dict(target_elems=32, max_elems=32, min_threads=128, max_tpr=256)
 # 16-byte aligned (vec 1: cp.async cannot stage them).
 _STAGED_NORM_FWD = dict(target_elems=64, max_elems=64, min_threads=256, max_tpr=256, staging="smem")
 _STAGED_FWD = dict(target_elems=128, max_elems=128, min_threads=256, max_tpr=256, staging="smem")
+# Staged norms whose cluster meets on mbarriers (`cluster_sync="mbarrier"`: no MEMBAR.ALL.GPU before a
+# cluster barrier per row tile): the H200 sweep of session 5 (perf/results/2026-11-29-h200-6ba19a2/
+# tune_rows_mbarrier.md), each the best plan, over the barrier-synced default: RMSNorm 64k t128 r128 u8 c8
+# 3.30 -> 3.60 TB/s; LayerNorm 64k t256 r256 u4 c8 2.27 -> 2.50, 128k t256 r256 u8 c8 2.08 -> 2.24.
+# (LayerNorm backward 64k t512 u4 c4 mb measured 1.107x but spills 48 bytes: left out.)
+_STAGED_RMS_FWD_MB = dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem",
+                          cluster_sync="mbarrier")
+_STAGED_LN_FWD_MB = dict(target_elems=32, max_elems=32, min_threads=256, max_tpr=256, staging="smem",
+                         cluster_sync="mbarrier")
 # Softmax / log-softmax backward at 32k-64k, y and dy staged: 65536, t256 r256 u8 c4, 2.78 -> 4.16 TB/s
 # (perf/results/2026-11-29-h200-173997d/tune_rows_bwd.md; measured at 64k only, so the entry stops there).
 _STAGED_BWD = dict(target_elems=64, max_elems=64, min_threads=256, max_tpr=256, staging="smem", staged_rows=2,
                    staged_regs=128)
 HELD_TUNED = {
     "fwd": ((4096, _ONE_ROW_128), (32768, _FWD), (131072, dict(_STAGED_FWD, regs=_FWD)), (None, _FWD)),
-    "rms_fwd": ((16384, _ONE_ROW_128), (32768, _RMS_FWD), (65536, dict(_STAGED_NORM_FWD, regs=_RMS_FWD)),
+    "rms_fwd": ((16384, _ONE_ROW_128), (32768, _RMS_FWD), (65536, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)),
                 (131072, dict(_STAGED_NORM_FWD, regs=_NORM_FWD)), (None, _NORM_FWD)),
-    "ln_fwd": ((4096, _ONE_ROW_128), (32768, _LN_FWD), (65536, dict(_STAGED_NORM_FWD, regs=_LN_FWD)),
-               (131072, dict(_STAGED_NORM_FWD, regs=_NORM_FWD)), (None, _NORM_FWD)),
+    "ln_fwd": ((4096, _ONE_ROW_128), (32768, _LN_FWD), (65536, dict(_STAGED_LN_FWD_MB, regs=_LN_FWD)),
+               (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", regs=_NORM_FWD)), (None, _NORM_FWD)),
     "bwd": ((32768, _BWD), (65536, dict(_STAGED_BWD, regs=_BWD)), (None, _BWD)),
     "rms_bwd": ((4096, _ONE_ROW_128), (16384, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
                 (None, _BWD)),
@@ -230,6 +248,9 @@ def plan_for_rows(tuning: str, n: int, vec: int) -> HeldRowPlan:
     st = held_settings(tuning, n)
     if "regs" in st:
         st = st["regs"] if vec != 8 else {k: v for k, v in st.items() if k != "regs"}
+    if st.get("resident_grid"):  # a launch setting, not a tiling one (`HeldRowPlan.resident_grid`)
+        st = {k: v for k, v in st.items() if k != "resident_grid"}
+        return dataclasses.replace(plan_held_rows(n, vec, **st), resident_grid=True)
     return plan_held_rows(n, vec, **st)
 
 
@@ -254,7 +275,7 @@ SMEM_PER_SM = 228 * 1024
 def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int = 64, min_threads: int = 256,
                    max_tpr: int = 512, max_cluster: int = MAX_CLUSTER, regs_per_thread: int = 128,
                    cluster_elems: int | None = None, staging: str = "regs", prefetch: bool = False,
-                   staged_rows: int = 1, staged_regs: int = 64) -> HeldRowPlan:
+                   staged_rows: int = 1, staged_regs: int = 64, cluster_sync: str = "barrier") -> HeldRowPlan:
     """Threads per row, vectors per thread and cluster size for rows of `n` elements in `vec`-element
     vectors, held in registers.
 
@@ -272,6 +293,7 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
     `prefetch`: the plan pipelines row tiles (`HeldRowPlan.prefetch`; staged: two buffers per row).
     `staged_rows`, `staged_regs`: with staging, the row tensors staged (backward: y and dy, 2) and
     the registers per thread the kernel keeps (backward: 128), which bound the CTAs per SM.
+    `cluster_sync`: how a clustered plan's CTAs meet (`HeldRowPlan.cluster_sync`); one CTA: "barrier".
     """
     if staging not in STAGINGS:
         raise ValueError(f"staging must be one of {STAGINGS}, got {staging!r}")
@@ -296,15 +318,16 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
         vpt = _pow2_at_least(-(-nv // (tpr * cluster)))
     threads = max(tpr, min_threads)
     ctas_per_sm = max(1, min(8, 65536 // (threads * regs_per_thread)))
+    sync = cluster_sync if cluster > 1 else "barrier"
     plan = HeldRowPlan(RowTiling(threads=threads, threads_per_row=tpr, unroll=vpt), cluster, ctas_per_sm, staging,
-                       prefetch)
+                       prefetch, sync)
     if staging == "smem":
         staged = plan.row_smem_bytes(vec, rows=(16 // vec,) * staged_rows)
         if staged > SMEM_PER_CTA:
             raise ValueError(f"plan {plan} stages {staged} bytes of shared memory per CTA "
                              f"(at most {SMEM_PER_CTA})")
         plan = HeldRowPlan(plan.tiling, cluster, min(16, plan.staged_residency(staged, staged_regs)), staging,
-                           prefetch)
+                           prefetch, sync)
     return plan
 
 

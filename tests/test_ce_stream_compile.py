@@ -1,17 +1,22 @@
 """CPU: the streaming cross-entropy forward (`cross_entropy.fwd`) compiles for sm_90a in every pass
 the op launches, under the tilings the op picks: no spills, 128-bit loads of aligned logits, 64-bit
-loads of the (m, l) partials in the merge pass, registers low enough for two 512-thread CTAs per SM."""
+loads of the (m, l) partials in the merge pass, registers low enough for 896 threads per SM; each
+thread's loads of a pass issued together, before its first exp (ptxas sank two of four behind the
+exps of a per-vector fold), and the target gather after the scan's loads."""
+
+import re
 
 import pytest
 
 from cute_kernels import catalog
 from cute_kernels.artifacts import compile_with_artifacts
+from cute_kernels.ops.softmax import ce_plan
 from schedules.row_tiling import plan_rows
 
 
 def _params(m, n, dtype="bf16", aligned=True, mode="rows", **extra):
     vec = (16 // {"bf16": 2, "fp16": 2, "fp32": 4}[dtype]) if aligned else 1
-    plan = plan_rows(m, n // vec, 132, unroll=4)
+    plan = ce_plan(m, n, vec, 132)
     if mode == "merge":  # x is only gathered at the target: the op compiles the unaligned variant
         plan, aligned = plan_rows(m, plan.splits, 132, max_splits=1), False
     t = plan.tiling
@@ -24,7 +29,9 @@ def _compile(p, tmp_path):
     report, files = compile_with_artifacts(catalog.get("cross_entropy.fwd"), p, str(tmp_path))
     k = report.kernels[0]
     assert not report.spills, report.format()
-    assert k.registers <= 64, report.format()  # two 512-thread CTAs per SM
+    threads = p["threads"]
+    resident = 65536 // (-(-k.registers // 8) * 8 * threads) * threads
+    assert resident >= 896, report.format()  # e.g. 7 CTAs of 128 threads (8 vectors each: 112 KiB in flight)
     return report, files["ptx"].read_text()
 
 
@@ -34,7 +41,7 @@ def _compile(p, tmp_path):
 def test_streaming_passes_use_128bit_loads(m, n, mode, dtype, tmp_path):
     p = _params(m, n, dtype, mode=mode)
     if mode == "partial":
-        assert plan_rows(m, n // 8, 132, unroll=4).splits > 1
+        assert ce_plan(m, n, 8, 132).splits > 1
     report, ptx = _compile(p, tmp_path)
     assert report.ptx_census["ld.global.v4 (128-bit)"] > 0
     assert "barrier.cluster" not in ptx and "ld.local" not in ptx
@@ -54,3 +61,26 @@ def test_odd_rows_stream_scalars(n, tmp_path):
 
 def test_index64_compiles(tmp_path):
     _compile(_params(8, 1 << 20, index64=True), tmp_path)
+
+
+@pytest.mark.parametrize("m,n", [(32768, 4096), (2048, 65536)])
+def test_pass_loads_before_exps_and_gather_after(m, n, tmp_path):
+    """In SASS: the target load first (predicated, no branch on it before the scan), a pass's 8
+    128-bit loads issued back to back before the pass's first exp, the x[m, t] gather after them."""
+    from tests.helpers import sass_or_skip
+
+    p = _params(m, n)
+    assert p["unroll"] == 8
+    report, files = compile_with_artifacts(catalog.get("cross_entropy.fwd"), p, str(tmp_path))
+    lines = [ln for ln in sass_or_skip(report, files).splitlines() if "/*" in ln and ";" in ln]
+    ops = [ln.split("*/", 1)[1].strip() for ln in lines]
+    first_v4 = next(i for i, op in enumerate(ops) if "LDG.E.128" in op)
+    assert all("LDG.E.128" in op for op in ops[first_v4:first_v4 + 8]), ops[first_v4:first_v4 + 8]
+    first_exp = next(i for i, op in enumerate(ops) if "MUFU.EX2" in op)
+    assert first_exp > first_v4 + 7
+    target = next(i for i, op in enumerate(ops) if "LDG.E.64" in op)
+    reg = int(re.search(r"LDG\.E\.64 R(\d+)", ops[target]).group(1))
+    uses = re.compile(rf"\bR({reg}|{reg + 1})\b")
+    assert target < first_v4 and not any(uses.search(op) for op in ops[target + 1:first_v4 + 8])  # not waited for
+    gather = next(i for i, op in enumerate(ops) if "LDG.E.U16" in op)
+    assert gather > first_v4 + 7

@@ -24,9 +24,13 @@ from tests.test_rowwise_prefetch_gpu import _bitwise, _check_ref, _grads, _input
 
 pytestmark = pytest.mark.gpu
 
-# small threads-per-row caps force clusters: 4k rows over 2 CTAs up to 128k over 8
-SETTINGS = {"regs": dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128),
-            "smem": dict(target_elems=32, max_elems=32, min_threads=256, max_tpr=256)}
+
+def _settings(staging, n):
+    """Small threads-per-row caps force clusters at every width: 16 elements per thread over 128
+    threads puts a 4k row on 2 CTAs and a 16k row on 8; past 16k the planner widens rows to 512
+    threads (64k: t512 u2 c8), and 128k rows take 32 elements per thread (t512 u4 c8)."""
+    return dict(target_elems=16, max_elems=16 if n <= 65536 else 32, min_threads=128 if staging == "regs" else 256,
+                max_tpr=128, staging=staging)
 
 
 def _plan_for(staging, sync, prefetch, ctas_per_sm):
@@ -34,7 +38,7 @@ def _plan_for(staging, sync, prefetch, ctas_per_sm):
         vec = 16 // dtype.itemsize if aligned else 1
         if name.startswith("cross_entropy"):
             return plan_held_rows(n, vec)
-        st = dict(SETTINGS[staging], staging=staging)
+        st = _settings(staging, n)
         if name.endswith(".bwd") and staging == "smem":
             st.update(staged_rows=2, staged_regs=128)
         p = plan_held_rows(n, vec, **st)

@@ -199,15 +199,14 @@ class CrossEntropyFwd:
             xt = Float32(0.0)
             if row < rows:
                 if cutlass.const_expr(self.mode != "partial"):
-                    if lane == 0:  # the gather, issued before the scan
+                    if lane == 0:  # target[m] issued before the scan, waited for after it
                         t = target[row]
-                        if t != ignore_index.to(t.dtype) and t >= 0 and t < classes:
-                            xt = x[row, t].to(Float32)
                 sv = as_vectors(src[row, None], n, vec)
 
                 def load(j):
                     return sv[None, v_begin + j].load()
 
+                pass_step = None
                 if cutlass.const_expr(merging):
 
                     def step(acc, j, v):
@@ -215,14 +214,25 @@ class CrossEntropyFwd:
                 else:
 
                     def step(acc, j, v):
-                        return fold(acc, v.to(Float32))
+                        return fold(acc, v)
 
-                state = strided_fold(v_count, lane, tpr, tpr * unroll, unroll, load, step, state)
+                    def pass_step(acc, vals):  # one max, one rescale per pass of `unroll` vectors
+                        return fold(acc, vals)
+
+                state = strided_fold(v_count, lane, tpr, tpr * unroll, unroll, load, step, state,
+                                     pass_step=pass_step)
                 if cutlass.const_expr(vec > 1 and not merging):
                     if split == splits - 1:  # the n % vec elements past the last vector
                         for k in cutlass.range_constexpr(-(-vec // tpr)):
                             if lane + k * tpr < tail:
                                 state = merge(state, (x[row, nv * vec + lane + k * tpr].to(Float32), Float32(1.0)))
+                if cutlass.const_expr(self.mode != "partial"):
+                    # The gather after the scan: no branch on target[m] holds up the scan's loads
+                    # (it was a wait of one DRAM latency per row tile before them), x[m, t] is
+                    # mostly in L1/L2 by now, and its latency hides behind the row's reduction.
+                    if lane == 0:
+                        if t != ignore_index.to(t.dtype) and t >= 0 and t < classes:
+                            xt = x[row, t].to(Float32)
             state = group_reduce(state, merge, tpr, buf)
             if row < rows and lane == 0:
                 if cutlass.const_expr(self.mode == "partial"):

@@ -7,7 +7,7 @@ import torch
 from cute_kernels import catalog, dtypes
 from cute_kernels.ops._checks import INDEX32_LIMIT, UNCAPPED  # noqa: F401 (re-exported to the row-wise ops)
 from cute_kernels.specs_rowwise import config_of, tuning_of
-from schedules.hardware import num_sms
+from schedules.hardware import max_active_clusters, num_sms
 from schedules.row_tiling import max_held_row, plan_for_rows
 
 _fns: dict[tuple, object] = {}
@@ -57,9 +57,17 @@ def launch_params(name: str, x2: torch.Tensor, *others, **signature):
 
 
 def grid_ctas(rows: int, plan, capped: bool, device) -> tuple[int, int]:
-    """(max_ctas argument, CTAs the kernel will launch along x) for `rows` rows."""
+    """(max_ctas argument, CTAs the kernel will launch along x: clusters, with a cluster) for `rows`
+    rows. Capped: `plan.ctas_per_sm` per SM, or with `plan.resident_grid` and a cluster that many
+    times the clusters co-resident (one wave; `HeldRowPlan.resident_grid`)."""
     tiles = -(-rows // plan.tiling.rows_per_cta)
-    cap = plan.max_ctas(num_sms(device.index or 0)) if capped else UNCAPPED
+    index = device.index or 0
+    if not capped:
+        cap = UNCAPPED
+    elif plan.resident_grid and plan.cluster_n > 1:
+        cap = plan.ctas_per_sm * max_active_clusters(plan.cluster_n, index)
+    else:
+        cap = plan.max_ctas(num_sms(index))
     return cap, max(1, min(tiles, cap))
 
 

@@ -18,7 +18,7 @@ from cute_kernels import catalog, dtypes
 from cute_kernels.ops._checks import check_like, check_tensor, direct_call_ok, register_op, rows_of
 from cute_kernels.ops._rowwise import INDEX32_LIMIT, UNCAPPED, grid_ctas, launch_params
 from schedules.hardware import num_sms
-from schedules.row_tiling import plan_rows
+from schedules.row_tiling import RowPlan, plan_rows
 
 _TARGET_DTYPES = (torch.int64, torch.int32)
 
@@ -102,16 +102,32 @@ def _ce_kernel(dtype, aligned, index64, mode, tiling):
     return fn
 
 
+# `plan_rows` settings of the cross-entropy forward. A read-only kernel needs bytes in flight: each
+# thread loads its 8 vectors of a pass (128 B) at once and folds them with one max and one rescale
+# (`online_softmax.fold` of a list; ~64 registers, 8 CTAs of 128 threads per SM: 128 KiB in
+# flight per SM); a 4k bf16 row is 64 threads x 8 vectors, one pass, two rows per CTA (QuACK's
+# geometry). Was threads=512, unroll=4 (4k: 34 registers, ptxas sank 2 of the 4 loads behind the
+# exps, 3 CTAs of 512 per SM: <= 48 KiB in flight; 2.85 TB/s). `perf.tune_rows --kernels
+# cross_entropy.fwd` times other settings against these.
+CE_FWD_PLAN = dict(threads=128, unroll=8, ctas_per_sm=8)
+
+
+def ce_plan(m: int, n: int, vec: int, sms: int, **options) -> RowPlan:
+    """The plan of the cross-entropy forward for (m, n) logits read in `vec`-element vectors (1: the
+    scalar variant) on `sms` SMs: `plan_rows` under CE_FWD_PLAN, `options` overriding it."""
+    return plan_rows(m, n // vec, sms, **{**CE_FWD_PLAN, **options})
+
+
 def _ce_rows(x2, t, loss, lse, ignore_index: int, **plan_options) -> None:
-    """loss, lse of the (M, N) unit-stride logits x2 (M, N >= 1): a streaming row reduction with the
-    row sum's plan (`plan_rows`, 4 vectors in flight: at 8 the compiler holds ~120 registers); long rows are split over CTAs into (m, l) partials that a second
-    launch merges in split order (deterministic, no atomics). `plan_options` go to `plan_rows`."""
+    """loss, lse of the (M, N) unit-stride logits x2 (M, N >= 1): a streaming row reduction planned
+    by `ce_plan`; long rows are split over CTAs into (m, l) partials that a second launch merges in
+    split order (deterministic, no atomics). `plan_options` go to `ce_plan`."""
     m, n = x2.shape
     vec = 16 // x2.element_size()
     aligned = x2.data_ptr() % 16 == 0 and x2.stride(0) % vec == 0
     index64 = max(m * x2.stride(0), n) > INDEX32_LIMIT
     sms = num_sms(x2.device.index or 0)
-    plan = plan_rows(m, n // (vec if aligned else 1), sms, **{"unroll": 4, **plan_options})
+    plan = ce_plan(m, n, vec if aligned else 1, sms, **plan_options)
     if plan.splits == 1:
         # One CTA per row tile (no grid-stride cap): the block scheduler balances the tail, whatever
         # the occupancy the kernel's registers allow (a cap of 4 CTAs/SM at 3 resident is 1.33 waves).

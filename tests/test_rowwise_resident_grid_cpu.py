@@ -1,0 +1,71 @@
+"""CPU: `HeldRowPlan.resident_grid` (the backward's persistent grid capped at the co-resident clusters):
+the grid the op computes, the plan's cache-key tag, HELD_TUNED settings that carry it, and that it
+leaves the compiled kernel alone (a launch setting: same catalogue config)."""
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from cute_kernels.ops import _rowwise as R
+from cute_kernels.specs_rowwise import config_of
+from schedules import row_tiling as RT
+from schedules.hardware import max_active_clusters
+from schedules.row_tiling import plan_held_rows
+
+DEV = SimpleNamespace(index=0)
+
+
+def _fake_device(monkeypatch, sms=132, clusters=None):
+    clusters = clusters or {2: 66, 4: 32, 8: 16}
+    monkeypatch.setattr(R, "num_sms", lambda index=None: sms)
+    monkeypatch.setattr(R, "max_active_clusters", lambda c, index=None: clusters[c])
+
+
+def test_cap_counts_resident_clusters(monkeypatch):
+    _fake_device(monkeypatch)
+    p = plan_held_rows(65536, 8, target_elems=16, max_elems=32, min_threads=256, max_tpr=512)
+    assert (p.cluster_n, p.ctas_per_sm) == (4, 1)
+    # SMs-capped: 132 clusters of 4 where 32 fit (5 waves), one partial row each
+    assert R.grid_ctas(2048, p, True, DEV) == (132, 132)
+    rg = dataclasses.replace(p, resident_grid=True)
+    assert R.grid_ctas(2048, rg, True, DEV) == (32, 32)
+    assert R.grid_ctas(20, rg, True, DEV) == (32, 20)  # fewer tiles than clusters
+    assert R.grid_ctas(0, rg, True, DEV) == (32, 1)
+    two = dataclasses.replace(rg, ctas_per_sm=2)
+    assert R.grid_ctas(2048, two, True, DEV) == (64, 64)
+    # uncapped launches (forward kernels) ignore it
+    assert R.grid_ctas(2048, rg, False, DEV) == (R.UNCAPPED, 2048)
+
+
+def test_no_cluster_no_change(monkeypatch):
+    _fake_device(monkeypatch)
+    p = RT.plan_for_rows("rms_bwd", 4096, 8)
+    assert p.cluster_n == 1
+    rg = dataclasses.replace(p, resident_grid=True)
+    assert R.grid_ctas(32768, rg, True, DEV) == R.grid_ctas(32768, p, True, DEV) == (4 * 132, 4 * 132)
+    assert str(rg) == str(p)
+
+
+def test_tag_and_same_kernel():
+    p = plan_held_rows(65536, 8, target_elems=16, max_elems=32, min_threads=256, max_tpr=512)
+    rg = dataclasses.replace(p, resident_grid=True)
+    assert str(rg) == f"{p} rg" and rg != p and hash(rg) != hash(p)
+    assert config_of(rg) == config_of(p)
+
+
+def test_held_tuned_setting(monkeypatch):
+    bwd = dict(target_elems=16, max_elems=32, min_threads=256, max_tpr=512)
+    monkeypatch.setitem(RT.HELD_TUNED, "rms_bwd", ((4096, dict(bwd)), (None, dict(bwd, resident_grid=True))))
+    small = RT.plan_for_rows("rms_bwd", 4096, 8)
+    big = RT.plan_for_rows("rms_bwd", 65536, 8)
+    assert not small.resident_grid and big.resident_grid
+    assert dataclasses.replace(big, resident_grid=False) == plan_held_rows(65536, 8, **bwd)
+    assert RT.max_held_row("rms_bwd", 8) >= 65536
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU answers through the occupancy API")
+def test_fallback_without_gpu():
+    # no GPU: the GPC bound (a cluster never spans GPCs of 16+ SMs on H100/H200)
+    assert max_active_clusters(4) == 32 and max_active_clusters(8) == 16 and max_active_clusters(2) == 66

@@ -1,0 +1,108 @@
+"""GPU: the norms' backward on a one-wave grid (`HeldRowPlan.resident_grid`: the persistent grid capped at
+`ctas_per_sm` x the clusters co-resident, not `ctas_per_sm` x SMs clusters) against the same plans on
+the SMs-capped grid and against float64 references.
+
+dx: each row's math is the same whichever CTA walks it, so dx (and the residual gradient) must equal
+the SMs-capped plan's bit for bit. dweight/dbias: a CTA folds other rows into its accumulators and the
+op sums fewer partial rows, so only the summation order changes: both are checked against float64
+autograd on the same (rounded) inputs. Every output of the op comes from a NaN-poisoned `torch.empty`.
+Plans: the ops' own (HELD_TUNED) with the flag set on the backward kernels: clusters of 4 and 8
+(16k-128k rows), and one CTA (4k, 769: the flag changes nothing); 0, 1 and 769 rows, row counts that
+leave a ragged last pass, rows with a stride.
+
+    python3 -m pytest -q -m gpu tests/test_rowwise_resident_grid_gpu.py
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from cute_kernels.ops import _rowwise as R
+from tests.helpers import poison_empty, run_with_plans
+from tests.test_rowwise_prefetch_gpu import _bitwise, _grads, _inputs
+
+pytestmark = pytest.mark.gpu
+
+
+def _plan_for(resident: bool):
+    orig = R.plan_for
+
+    def plan_for(name, dtype, n, aligned):
+        p = orig(name, dtype, n, aligned)
+        return dataclasses.replace(p, resident_grid=resident) if name.endswith(".bwd") else p
+
+    return plan_for
+
+
+def _reference64(op, x, dy, w, b, r, ds):
+    """float64 autograd of the op's math on the same (rounded) inputs."""
+    n = x.shape[-1]
+    xd, wd, bd, rd = (t.detach().double().requires_grad_() for t in (x, w, b, r))
+    dyd = dy.double()
+    if op == "rms_norm":
+        ins, outs, cots = [xd, wd], [torch.nn.functional.rms_norm(xd, (n,), wd, 1e-6)], [dyd]
+    elif op == "rms_norm_res":
+        s = (xd + rd).to(x.dtype).double()  # the op normalizes the sum rounded to x's dtype
+        ins = [xd, rd, wd]
+        outs, cots = [torch.nn.functional.rms_norm(s, (n,), wd, 1e-6), s], [dyd, ds.double()]
+    else:
+        ins, outs, cots = [xd, wd, bd], [torch.nn.functional.layer_norm(xd, (n,), wd, bd, 1e-5)], [dyd]
+    return list(torch.autograd.grad(outs, ins, cots))
+
+
+def _close(out, ref, what):
+    assert out.shape == ref.shape, what
+    if out.numel() == 0:
+        return
+    assert torch.isfinite(out).all(), f"{what}: non-finite (unwritten?)"
+    err = (out.double() - ref).abs().max().item()
+    tol = 1e-2 * ref.abs().max().item() + 1e-3  # bf16 outputs: 2^-8 relative rounding
+    assert err <= tol, f"{what}: max err {err:.3e} > {tol:.3e}"
+
+
+OPS = ["rms_norm", "rms_norm_res", "layer_norm"]
+# (M, N): clusters of 8 (16k RMSNorm, t128 x 4/SM; 64k LayerNorm), of 4 (64k RMSNorm), of 8 at 128k;
+# one CTA at 4k and at 769 (scalar rows); 0 and 1 rows
+CASES = [(2100, 16384), (1037, 65536), (769, 65536), (301, 131072), (769, 4096), (769, 769),
+         (0, 65536), (1, 65536), (1, 16384)]
+
+
+@pytest.mark.parametrize("m,n", CASES, ids=[f"{m}x{n}" for m, n in CASES])
+@pytest.mark.parametrize("op", OPS)
+def test_resident_grid(op, m, n, monkeypatch):
+    if op == "layer_norm" and n > 65536:
+        pytest.skip("layer_norm backward holds rows up to 65536")
+    poison_empty(monkeypatch)
+    x, dy, w, b, r, ds = _inputs(m, n, strided=(m % 2 == 1))
+    args = (op, x, dy, w, b, r, ds)
+    base, _ = run_with_plans(monkeypatch, _plan_for(False), lambda: _grads(*args))
+    got, plans = run_with_plans(monkeypatch, _plan_for(True), lambda: _grads(*args))
+    kernel = "rmsnorm.bwd" if op.startswith("rms") else "layernorm.bwd"
+    if m:
+        assert plans[kernel].resident_grid, plans
+    ref = _reference64(*args)
+    names = {"rms_norm": ("dx", "dw"), "rms_norm_res": ("dx", "dres", "dw"), "layer_norm": ("dx", "dw", "db")}[op]
+    for name, a, c, e in zip(names, got, base, ref):
+        if name in ("dx", "dres"):
+            _bitwise(a, c, f"{op} {name}")
+        _close(a, e, f"{op} {m}x{n} {name} (resident grid)")
+        _close(c, e, f"{op} {m}x{n} {name} (SMs grid)")
+
+
+@pytest.mark.parametrize("n", [16384, 65536, 131072])
+def test_grid_is_one_wave(n):
+    """The resident grid launches ctas_per_sm x the co-resident clusters (<= SMs / cluster_n per
+    CTA per SM), fewer than the SMs-capped grid when there is a cluster."""
+    from schedules.hardware import max_active_clusters, num_sms
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    p = dataclasses.replace(R.plan_for("rmsnorm.bwd", torch.bfloat16, n, True), resident_grid=True)
+    assert p.cluster_n > 1, p
+    rows = 1 << 20
+    cap, ctas = R.grid_ctas(rows, p, True, dev)
+    clusters = max_active_clusters(p.cluster_n, dev.index)
+    assert clusters <= num_sms(dev.index) // p.cluster_n
+    assert cap == ctas == p.ctas_per_sm * clusters
+    off, _ = R.grid_ctas(rows, dataclasses.replace(p, resident_grid=False), True, dev)
+    assert off == p.ctas_per_sm * num_sms(dev.index) > cap
