@@ -284,13 +284,13 @@ class CrossEntropyFwdSpec(KernelSpec):
         for m, n in ((32768, 4096), (2048, 65536)):
             t = ce_plan(m, n, 8, 132).tiling
             out.append(self.resolve({"threads": t.threads, "threads_per_row": t.threads_per_row, "unroll": t.unroll}))
-        out.append(self.resolve({"mode": "partial", "threads_per_row": 512}))
+        out.append(self.resolve({"mode": "partial", "threads_per_row": 128}))
         return out  # the merge pass (64-bit loads of pairs): tests/test_ce_stream_compile.py
 
     def sweep(self):
         out = []
         for d, a, mode in itertools.product(dtypes.FLOAT_NAMES, (True, False), ("rows", "partial", "merge")):
-            for tpr in (8, 64, 512):
+            for tpr in (8, 64, 128):
                 out.append(self.resolve({"dtype": d, "aligned": a, "mode": mode, "threads_per_row": tpr}))
         for d in dtypes.FLOAT_NAMES:
             out.append(self.resolve({"dtype": d, "index64": True}))
@@ -305,9 +305,9 @@ CE_FWD = CrossEntropyFwdSpec(
         **_SIG_COMMON,
         "mode": Param("rows", ("rows", "partial", "merge"), "signature",
                       "whole rows | split partials (m, l) | merge of the partials"),
-        "threads": Param(512, (128, 256, 512, 1024), help="threads per CTA"),
-        "threads_per_row": Param(128, (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), help="threads sharing one row"),
-        "unroll": Param(4, (1, 2, 4, 8), help="128-bit vectors in flight per thread"),
+        "threads": Param(128, (128, 256, 512, 1024), help="threads per CTA"),
+        "threads_per_row": Param(64, (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), help="threads sharing one row"),
+        "unroll": Param(8, (1, 2, 4, 8), help="vectors per thread loaded together in a pass (one max, one rescale)"),
     },
 )
 STREAMING = [CE_FWD]

@@ -15,6 +15,9 @@ twin's time over theirs.
     python3 -m perf.tune_rows [--n 4096,65536] [--kernels rmsnorm.fwd,...] [--out DIR] [--jobs 16]
                               [--prefetch with|without|only] [--resident-grid off|both|only]
 
+`--kernels cross_entropy.fwd` (not in the default list) times the streaming cross-entropy forward's
+`plan_rows` settings instead (`ce_candidates`, against `ops.softmax.CE_FWD_PLAN`, and QuACK's).
+
 Inputs are bf16 with 256 MiB per (M, N) tensor, randn; CUDA-event medians with L2 flushed
 (`perf.harness.do_bench`); timed through the public ops, the plan swapped in by patching
 `cute_kernels.ops._rowwise.plan_for` (compiled ahead in parallel worker processes).
@@ -229,6 +232,101 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
     return lines, ceil
 
 
+# --- cross-entropy forward: a streaming row reduction (`plan_rows` settings, not a held-row plan) ------
+CE_FWD = "cross_entropy.fwd"
+
+
+def ce_candidates() -> list[dict]:
+    """`ops.softmax.ce_plan` settings of the cross-entropy forward: CTAs of 128-512 threads, 4 or 8
+    vectors per thread per pass (loaded together), each thread's share of the row one or two passes
+    (`vectors_per_thread`), CTAs per SM (the split passes' grid) from a 64-register estimate."""
+    out = []
+    for threads in (128, 256, 512):
+        for unroll in (4, 8):
+            for passes in (1, 2):
+                out.append(dict(threads=threads, unroll=unroll, vectors_per_thread=unroll * passes,
+                                ctas_per_sm=max(1, 1024 // threads)))
+    return out
+
+
+def _ce_passes(plan, m: int, sms: int):
+    """(mode, plan) of each launch `ops.softmax._ce_rows` makes under `plan`."""
+    if plan.splits == 1:
+        return [("rows", plan)]
+    from schedules.row_tiling import plan_rows
+
+    return [("partial", plan), ("merge", plan_rows(m, plan.splits, sms, max_splits=1))]
+
+
+def sweep_ce(ns, jobs: int) -> list[str]:
+    """Time `ce_candidates` (and QuACK's forward, when importable) on bf16 (M, N) logits of 256 MiB
+    through `cute_kernels.cross_entropy`, the plan swapped in by patching `ops.softmax.ce_plan`."""
+    import importlib
+
+    import cute_kernels as ck
+    from cute_kernels.precompile import item, precompile
+
+    S = importlib.import_module("cute_kernels.ops.softmax")  # the package re-exports a `softmax` function
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    orig = S.ce_plan
+    default = dict(S.CE_FWD_PLAN)
+    cands = [default] + [c for c in ce_candidates() if c != default]
+    items = []
+    for n in ns:
+        m = max(1, 128 * MiB // n)
+        for c in cands:
+            for mode, plan in _ce_passes(orig(m, n, 8, sms, **c), m, sms):
+                t = plan.tiling
+                items.append(item(CE_FWD, dict(dtype="bf16", aligned=mode != "merge", index64=False, mode=mode,
+                                               threads=t.threads, threads_per_row=t.threads_per_row, unroll=t.unroll)))
+    if jobs > 1:
+        H.progress(f"precompiling {len(set(items))} variants on {jobs} workers")
+        precompile(list(dict.fromkeys(items)), jobs)
+    lines = ["| kernel | N | plan | splits | us | TB/s | x default |", "|---|---|---|---|---|---|---|"]
+    for n in ns:
+        m = max(1, 128 * MiB // n)
+        x = H.randn(m, n, dtype=torch.bfloat16, seed=1)
+        tgt = torch.randint(0, n, (m,), device="cuda")
+        res, seen = [], set()
+        for c in cands:
+            plan = orig(m, n, 8, sms, **c)
+            if plan in seen:  # another setting's plan at this N (threads per row capped by the CTA)
+                continue
+            seen.add(plan)
+            S.ce_plan = lambda mm, nn, vec, s, _c=c, **o: orig(mm, nn, vec, s, **{**_c, **o})
+            try:
+                t = H.do_bench(lambda: ck.cross_entropy(x, tgt, reduction="none"))["median_ms"]
+            except Exception as e:
+                H.progress(f"  {CE_FWD} {n} {c}: {type(e).__name__}: {str(e)[:120]}")
+                continue
+            finally:
+                S.ce_plan = orig
+            res.append((t, c))
+        try:
+            from quack.cross_entropy import cross_entropy as qce  # patches CuTe classes: bench process only
+
+            res.append((H.do_bench(lambda: qce(x, tgt, reduction="none"))["median_ms"], "quack"))
+        except Exception as e:
+            H.progress(f"  quack: {type(e).__name__}: {str(e)[:120]}")
+        if not res:
+            continue
+        t0 = res[0][0]
+        for t, c in sorted(res, key=lambda r: r[0]):
+            if c == "quack":
+                desc, splits = "QuACK cross_entropy", ""
+            else:
+                plan = orig(m, n, 8, sms, **c)
+                desc = f"{plan.tiling} vpt{c['vectors_per_thread']} ctas/SM {c['ctas_per_sm']}"
+                desc += " (default)" if c == default else ""
+                splits = str(plan.splits)
+            lines.append(f"| {CE_FWD} | {n} | {desc} | {splits} | {t * 1e3:.1f} | {m * n * 2 / t / 1e9:.3f} | "
+                         f"{t0 / t:.3f} |")
+        print("\n".join(lines[-len(res):]), flush=True)
+        torch.cuda.empty_cache()
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", default="4096,16384,65536,131072")
@@ -246,8 +344,15 @@ def main(argv=None) -> int:
                     help="clustered backward plans: also their one-wave twins (both: HeldRowPlan.resident_grid), or "
                          "only the twin pairs (only); 'x off' is then the SMs-capped twin's time over the plan's")
     a = ap.parse_args(argv)
-    lines, _ = sweep(a.kernels.split(","), [int(v) for v in a.n.split(",")], a.jobs, a.prefetch, a.cluster_sync,
-                     a.resident_grid)
+    kernels = a.kernels.split(",")
+    ns = [int(v) for v in a.n.split(",")]
+    lines = []
+    if CE_FWD in kernels:  # its own sweep: streaming settings, not held-row plans
+        kernels.remove(CE_FWD)
+        lines = sweep_ce(ns, a.jobs)
+    if kernels:
+        held, _ = sweep(kernels, ns, a.jobs, a.prefetch, a.cluster_sync, a.resident_grid)
+        lines = held + ([""] + lines if lines else [])
     text = "# held-row plan sweep (bf16, 256 MiB per tensor)\n\n" + "\n".join(lines) + "\n"
     print(text)
     if a.out:

@@ -145,11 +145,14 @@ class CrossEntropyFwd:
     A target outside [0, N) other than ignore_index gives NaN.
 
     Not a held row: the forward only reduces, so it streams like the row sum (`kernels.reduction`):
-    the row tiling of `schedules.row_tiling.plan_rows`, each thread folding its vectors into an
-    online-softmax state (`online_softmax.fold`) through `strided_fold` (`unroll` vectors in
-    flight), the row's threads combining states with `merge` through `group_reduce`. The thread
-    that writes the row's result loads target[m] and x[m, target[m]] before the scan, so the
-    gather's latency hides behind it. `mode`:
+    the row tiling of `schedules.row_tiling.plan_rows` (`ops.softmax.ce_plan`), each thread
+    folding its vectors into an online-softmax state through `strided_fold`: a pass's `unroll`
+    vectors are loaded together and folded at once (`online_softmax.fold` of the list: one max in
+    the logits' type, then the exps, one rescale per pass), so no exp is scheduled before the
+    pass's last load (a per-vector fold let ptxas sink half the loads behind the exps); the row's
+    threads combine states with `merge` through `group_reduce`. The thread that writes the row's
+    result loads target[m] before the scan (predicated, never waited for there) and x[m, target[m]]
+    after it: the gather's latency hides behind the row's reduction. `mode`:
       "rows":    x (M, N) in, loss and lse out (`part` unused);
       "partial": split `s` of each row (grid y) writes its state to part[m, 2s : 2s + 2];
       "merge":   part (M, 2 * splits) in, merged in split order (64-bit loads of (m, l) pairs),

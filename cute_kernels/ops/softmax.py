@@ -109,7 +109,7 @@ def _ce_kernel(dtype, aligned, index64, mode, tiling):
 # geometry). Was threads=512, unroll=4 (4k: 34 registers, ptxas sank 2 of the 4 loads behind the
 # exps, 3 CTAs of 512 per SM: <= 48 KiB in flight; 2.85 TB/s). `perf.tune_rows --kernels
 # cross_entropy.fwd` times other settings against these.
-CE_FWD_PLAN = dict(threads=128, unroll=8, ctas_per_sm=8)
+CE_FWD_PLAN = dict(threads=128, unroll=8, vectors_per_thread=8, ctas_per_sm=8)
 
 
 def ce_plan(m: int, n: int, vec: int, sms: int, **options) -> RowPlan:
