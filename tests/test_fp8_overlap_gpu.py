@@ -39,9 +39,13 @@ def test_schedules_and_k_blocks(sched, k):
 
 @pytest.mark.parametrize("n,k", ISSUE_NK)
 def test_issue_shapes_large_m(n, k):
+    """M = 4096 with the op's promote_overlap default schedule (the 128x128 search: the wide tiles
+    of the plain default cannot overlap promotion), bitwise the same tile without the overlap."""
     a, sa, b, sb = _inputs(4096, n, k)
-    out = _run(a, sa, b, sb, default_fp8_schedule(4096, n, k))
-    assert torch.equal(out, ck.fp8_gemm(a, sa, b, sb))
+    s = default_fp8_schedule(4096, n, k, wide=False)
+    out = _run(a, sa, b, sb)
+    assert torch.equal(out, _run(a, sa, b, sb, s))
+    assert torch.equal(out, _fp8_gemm_cuda(a, sa, b, sb, schedule=s))
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 128, 128), (5125, 96, 200), (33, 17, 9), (128, 256, 16)])

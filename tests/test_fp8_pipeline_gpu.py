@@ -60,16 +60,19 @@ def test_variants_odd_shapes(name, m, n, k):
 @pytest.mark.parametrize("n,k", ISSUE_NK)
 def test_issue_shapes_large_m(n, k):
     """The bench's columns at M = 4096, each bitwise equal to the default (or, for the wave model's
-    wide pick, to the same tile without sb_smem) and within the metric."""
+    wide pick, now the op's default, to the same tile without sb_smem) and within the metric. The
+    options are variants of the 128x128 search's tile."""
     a, sa, b, sb = _inputs(4096, n, k)
-    out = ck.fp8_gemm(a, sa, b, sb)
-    d = default_fp8_schedule(4096, n, k)
+    d = default_fp8_schedule(4096, n, k, wide=False)
+    out = _fp8_gemm_cuda(a, sa, b, sb, schedule=d)
     for var in (fp8_schedule(epi_stages=DEEP_EPI_STAGES), fp8_schedule(cluster_n=2),
                 fp8_schedule(cluster_n=2, epi_stages=DEEP_EPI_STAGES)):
         assert (var.tile_m, var.tile_n, var.kind) == (d.tile_m, d.tile_n, d.kind)
         assert torch.equal(_run(a, sa, b, sb, var), out), var
-    wide = default_fp8_schedule(4096, n, k, wide=True)
+    wide = default_fp8_schedule(4096, n, k)
+    assert wide == default_fp8_schedule(4096, n, k, wide=True)
     assert torch.equal(_run(a, sa, b, sb, wide), _fp8_gemm_cuda(a, sa, b, sb, schedule=wide, sb_smem=False))
+    assert torch.equal(ck.fp8_gemm(a, sa, b, sb), _fp8_gemm_cuda(a, sa, b, sb, schedule=wide))
 
 
 def test_fp16_and_promote_overlap_with_6_stages():
