@@ -270,12 +270,15 @@ def sweep_ce(ns, jobs: int) -> list[str]:
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     orig = S.ce_plan
-    default = dict(S.CE_FWD_PLAN)
-    cands = [default] + [c for c in ce_candidates() if c != default]
+
+    def cands_at(n):  # the op's default settings at this width first
+        d = dict(S.CE_FWD_LONG_PLAN if n >= S.CE_FWD_LONG_ROW else S.CE_FWD_PLAN)
+        return d, [d] + [c for c in ce_candidates() if c != d]
+
     items = []
     for n in ns:
         m = max(1, 128 * MiB // n)
-        for c in cands:
+        for c in cands_at(n)[1]:
             for mode, plan in _ce_passes(orig(m, n, 8, sms, **c), m, sms):
                 t = plan.tiling
                 items.append(item(CE_FWD, dict(dtype="bf16", aligned=mode != "merge", index64=False, mode=mode,
@@ -289,6 +292,7 @@ def sweep_ce(ns, jobs: int) -> list[str]:
         x = H.randn(m, n, dtype=torch.bfloat16, seed=1)
         tgt = torch.randint(0, n, (m,), device="cuda")
         res, seen = [], set()
+        default, cands = cands_at(n)
         for c in cands:
             plan = orig(m, n, 8, sms, **c)
             if plan in seen:  # another setting's plan at this N (threads per row capped by the CTA)

@@ -215,6 +215,13 @@ _STAGED_LN_FWD_MB = dict(target_elems=32, max_elems=32, min_threads=256, max_tpr
 # (perf/results/2026-11-29-h200-173997d/tune_rows_bwd.md; measured at 64k only, so the entry stops there).
 _STAGED_BWD = dict(target_elems=64, max_elems=64, min_threads=256, max_tpr=256, staging="smem", staged_rows=2,
                    staged_regs=128)
+# Norm backward past 32k: the persistent grid capped at the clusters that are co-resident (one wave,
+# `HeldRowPlan.resident_grid`; before, `ctas_per_sm` x SMs clusters ran in up to 9 waves and wrote as
+# many fp32 weight-gradient partial rows). H200 sweep of session 5 (perf/results/2026-11-29-h200-
+# a25b01a/tune_rows_resident_grid.md) over the defaults: 64k, staged t256 r256 u4 c8: RMSNorm 2.16 ->
+# 2.55 TB/s, LayerNorm 1.57 -> 2.01; 128k RMSNorm t512 u4 c8 2.05 -> 2.38. At 16k it lost (0.93x).
+_STAGED_NORM_BWD_RG = dict(target_elems=32, max_elems=32, min_threads=256, max_tpr=256, staging="smem",
+                           staged_rows=2, staged_regs=128, resident_grid=True)
 HELD_TUNED = {
     "fwd": ((4096, _ONE_ROW_128), (32768, _FWD), (131072, dict(_STAGED_FWD, regs=_FWD)), (None, _FWD)),
     "rms_fwd": ((16384, _ONE_ROW_128), (32768, _RMS_FWD), (65536, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)),
@@ -223,10 +230,12 @@ HELD_TUNED = {
                (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", regs=_NORM_FWD)), (None, _NORM_FWD)),
     "bwd": ((32768, _BWD), (65536, dict(_STAGED_BWD, regs=_BWD)), (None, _BWD)),
     "rms_bwd": ((4096, _ONE_ROW_128), (16384, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
-                (None, _BWD)),
+                (32768, _BWD), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_BWD, resident_grid=True))),
+                (None, dict(_BWD, resident_grid=True))),
     # 16k: 512-thread CTAs, two per SM in the grid (registers allow one resident: the second wave
     # balances the tail), 2.08 -> 2.40 TB/s.
     "ln_bwd": ((4096, dict(_ONE_ROW_128, min_threads=256)), (16384, dict(_LN_BWD, regs_per_thread=64)),
+               (32768, _LN_BWD), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_LN_BWD, resident_grid=True))),
                (None, _LN_BWD)),
     # cross-entropy backward holds only x: planned like the forwards before this table (not re-tuned)
     "ce_bwd": ((None, dict(target_elems=32, max_elems=64, min_threads=256, max_tpr=512)),),

@@ -109,13 +109,19 @@ def _ce_kernel(dtype, aligned, index64, mode, tiling):
 # geometry). Was threads=512, unroll=4 (4k: 34 registers, ptxas sank 2 of the 4 loads behind the
 # exps, 3 CTAs of 512 per SM: <= 48 KiB in flight; 2.85 TB/s). `perf.tune_rows --kernels
 # cross_entropy.fwd` times other settings against these.
+# H200 (perf/results/2026-11-29-h200-a25b01a/tune_rows_ce.md): 4k 2.85 -> 4.01 TB/s (1.10x QuACK).
+# Rows of 32k elements and more take 256-thread CTAs, 4 per SM: 64k 3.56 -> 3.99 TB/s (1.09x QuACK).
 CE_FWD_PLAN = dict(threads=128, unroll=8, vectors_per_thread=8, ctas_per_sm=8)
+CE_FWD_LONG_PLAN = dict(CE_FWD_PLAN, threads=256, ctas_per_sm=4)
+CE_FWD_LONG_ROW = 32768
 
 
 def ce_plan(m: int, n: int, vec: int, sms: int, **options) -> RowPlan:
     """The plan of the cross-entropy forward for (m, n) logits read in `vec`-element vectors (1: the
-    scalar variant) on `sms` SMs: `plan_rows` under CE_FWD_PLAN, `options` overriding it."""
-    return plan_rows(m, n // vec, sms, **{**CE_FWD_PLAN, **options})
+    scalar variant) on `sms` SMs: `plan_rows` under CE_FWD_PLAN (CE_FWD_LONG_PLAN for rows of
+    CE_FWD_LONG_ROW elements and more), `options` overriding it."""
+    base = CE_FWD_LONG_PLAN if n >= CE_FWD_LONG_ROW else CE_FWD_PLAN
+    return plan_rows(m, n // vec, sms, **{**base, **options})
 
 
 def _ce_rows(x2, t, loss, lse, ignore_index: int, **plan_options) -> None:
