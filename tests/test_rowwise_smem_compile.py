@@ -90,8 +90,8 @@ def test_refusals():
 
 def test_planner_capability():
     """plan_held_rows builds staged plans on request; scalar rows stay in registers. The production
-    table stages 16-bit rows of the forwards at 32k-128k and nothing else (fp32 and scalar rows take
-    the entry's register settings)."""
+    table stages 16-bit rows of the forwards at 32k-128k (fp32 and scalar rows take
+    the entry's register settings), and the norm backwards' 16-bit rows of 32k-64k."""
     p = plan_held_rows(65536, 8, target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem")
     assert p.staging == "smem" and p.capacity(8) >= 65536
     assert p.ctas_per_sm > plan_held_rows(65536, 8, target_elems=64, max_elems=64, min_threads=128,
@@ -103,7 +103,13 @@ def test_planner_capability():
     from schedules.row_tiling import HELD_TUNED, plan_for_rows
 
     staged = {(fam, most) for fam, entries in HELD_TUNED.items() for most, st in entries if "staging" in st}
-    assert staged == {("bwd", 65536), ("fwd", 131072), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536), ("ln_fwd", 131072)}
+    assert staged == {("bwd", 65536), ("fwd", 131072), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536),
+                      ("ln_fwd", 131072), ("rms_bwd", 65536), ("ln_bwd", 65536)}
+    for fam in ("rms_bwd", "ln_bwd"):  # the norm backwards: staged at 32k-64k, on the one-wave grid
+        assert plan_for_rows(fam, 32768, 8).staging == "regs"
+        p = plan_for_rows(fam, 65536, 8)
+        assert p.staging == "smem" and p.resident_grid
+        assert plan_for_rows(fam, 65536, 4).staging == "regs"
     for fam in ("fwd", "rms_fwd", "ln_fwd"):
         assert plan_for_rows(fam, 32768, 8).staging == "regs"
         for n in (32769, 65536, 100000, 131072):
