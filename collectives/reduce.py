@@ -81,35 +81,17 @@ def group_reduce(val, op: Callable, group: cutlass.Constexpr[int], smem: cute.Te
     """
     val = warp_reduce(val, op, min(group, WARP))
     if cutlass.const_expr(group > WARP):
-        val = combine_warps(val, op, group, smem)
-    return val
-
-
-@cute.jit
-def combine_warps(val, op: Callable, group: cutlass.Constexpr[int], smem: cute.Tensor, fold=None):
-    """The shared-memory stage of `group_reduce` alone: combine the per-warp results `val` (every
-    lane of a warp holding its warp's value) over the `group // WARP` warps of each group (group >
-    WARP). Lane 0 of each warp stores, a CTA barrier, then either the butterfly with `op` described
-    there or, with `fold`, every thread loads all its group's warp values and returns
-    `fold(list of them in warp order)` (a combination that is not a pairwise `op`, like
-    `merge_moments`; fixed order, so every thread gets the same bits). Same slots and reuse rule
-    as `group_reduce`."""
-    width = width_of(val)
-    warps_per_group = group // WARP
-    lane = cute.arch.lane_idx()
-    warp = cute.arch.warp_idx()
-    if lane == 0:
-        for i in cutlass.range_constexpr(width):
-            smem[warp * width + i] = _parts(val)[i]
-    cute.arch.barrier()
-    if cutlass.const_expr(fold is None):
+        width = width_of(val)
+        warps_per_group = group // WARP
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.warp_idx()
+        if lane == 0:
+            for i in cutlass.range_constexpr(width):
+                smem[warp * width + i] = _parts(val)[i]
+        cute.arch.barrier()
         src = (warp // warps_per_group) * warps_per_group + lane % warps_per_group
         partial = _whole(tuple(smem[src * width + i] for i in range(width)), val)
         val = warp_reduce(partial, op, warps_per_group)
-    else:
-        first = (warp // warps_per_group) * warps_per_group
-        val = fold([_whole(tuple(smem[(first + w) * width + i] for i in range(width)), val)
-                    for w in range(warps_per_group)])
     return val
 
 
@@ -188,8 +170,7 @@ def cluster_smem_slots(rows_per_cta: int, cluster_n: int, width: int = 1) -> int
 
 @cute.jit
 def cluster_reduce(val, op: Callable, cluster_n: cutlass.Constexpr[int], smem: cute.Tensor,
-                   row_in_cta, lane_in_row, rank, mbar=None, phase=None, rows_per_cta: cutlass.Constexpr[int] = 1,
-                   fold=None):
+                   row_in_cta, lane_in_row, rank, mbar=None, phase=None, rows_per_cta: cutlass.Constexpr[int] = 1):
     """Combine per-CTA row results over the `cluster_n` CTAs of a cluster (distributed shared memory).
 
     Every thread of a row holds the CTA's result `val` for that row (after `group_reduce`). Lane `r`
@@ -211,9 +192,6 @@ def cluster_reduce(val, op: Callable, cluster_n: cutlass.Constexpr[int], smem: c
     drain first. Reuse holds as with the barrier: a peer writes tile i+2 into a slot set only after
     it has this CTA's tile i+1 values, which are sent after the CTA's tile barrier (`end_tile`)
     that follows every thread's reads of tile i.
-
-    `fold` (instead of `op`): the slots' values in rank order are combined by `fold(list)` (as in
-    `combine_warps`).
     """
     width = width_of(val)
     if cutlass.const_expr(mbar is not None):
@@ -240,47 +218,12 @@ def cluster_reduce(val, op: Callable, cluster_n: cutlass.Constexpr[int], smem: c
             done = cute.arch.mbarrier_try_wait(mbar, phase)
     first = row_in_cta * cluster_n * width
     acc = _whole(tuple(smem[first + i] for i in range(width)), val)
-    if cutlass.const_expr(fold is None):
-        for r in cutlass.range_constexpr(1, cluster_n):
-            acc = op(acc, _whole(tuple(smem[first + r * width + i] for i in range(width)), val))
-    else:
-        acc = fold([_whole(tuple(smem[first + r * width + i] for i in range(width)), val) for r in range(cluster_n)])
+    for r in cutlass.range_constexpr(1, cluster_n):
+        acc = op(acc, _whole(tuple(smem[first + r * width + i] for i in range(width)), val))
     return acc
 
 
 add = operator.add
-
-
-# --- mean and variance in one round trip (LayerNorm) -------------------------------------------
-# A part of a row (a warp's share, a CTA's) is summarized as (count, sum, shift, m2): m2 is the sum
-# of squared deviations about `shift` = `shift_of(count, sum)` (its mean, up to rounding), computed
-# two-pass from the values the part holds. Parts merge exactly (Chan, Golub and LeVeque's pairwise
-# update, written for many parts and for a shift that need not be the exact mean): about the merged
-# shift c,  sum_p (x - c)^2 = m2_p + e_p * (2 d_p + n_p * e_p),  e_p = c_p - c,  d_p = sum_p - n_p c_p.
-# Each term is a square or a rounding-sized correction, so nothing cancels (unlike sum(x^2) -
-# n mean^2, which loses every digit for rows of mean 1e3 and spread 1), and the row's statistics
-# need one shared-memory / cluster exchange, not one for the mean and a second for the variance.
-# Four scalars, so a part is one 128-bit shared-memory store and load.
-@cute.jit
-def shift_of(count, total):
-    """The value a part's squared deviations are taken about: total / count (0 for an empty part)."""
-    return total * cute.arch.rcp_approx(cutlass.max(count, cutlass.Float32(1.0)))
-
-
-@cute.jit
-def merge_moments(parts: list):
-    """(count, sum, shift, m2) of the union of the parts (a list, folded in its order; see above)."""
-    n, s = parts[0][0], parts[0][1]
-    for p in parts[1:]:
-        n = n + p[0]
-        s = s + p[1]
-    c = shift_of(n, s)
-    m2 = cutlass.Float32(0.0)
-    for p in parts:
-        e = p[2] - c
-        d = cute.math.fma(-p[0], p[2], p[1])
-        m2 = m2 + (p[3] + e * cute.math.fma(p[0], e, d + d))
-    return n, s, c, m2
 
 
 def add_pairs(a, b):

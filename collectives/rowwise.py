@@ -38,18 +38,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 from cutlass.cute.nvgpu import cpasync
 
-from collectives.reduce import (
-    WARP,
-    add,
-    cluster_reduce,
-    cluster_smem_slots,
-    combine_warps,
-    group_reduce,
-    group_smem_slots,
-    merge_moments,
-    shift_of,
-    warp_reduce,
-)
+from collectives.reduce import cluster_reduce, cluster_smem_slots, group_reduce, group_smem_slots
 from collectives.vector_io import as_vectors
 
 
@@ -235,16 +224,6 @@ class RowSlice:
         return acc.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
 
     @cute.jit
-    def span_count(self, lanes: cutlass.Constexpr[int]):
-        """Elements of the row (fp32) held by the aligned run of `lanes` lanes of this thread's row
-        group that contains it (with `lanes` = min(tpr, 32): its warp's share of the row)."""
-        first = self.lane - self.lane % lanes
-        total = 0
-        for k in cutlass.range_constexpr(self.vpt):
-            total = total + cutlass.min(cutlass.max(self.nv - ((self.rank * self.vpt + k) * self.tpr + first), 0), lanes)
-        return Float32(total * self.vec)
-
-    @cute.jit
     def masked_sum(self, values):
         """Sum of the held elements of vectors inside the row (vectors past its end are skipped:
         for values whose fill would not be 0, like x - mean)."""
@@ -317,43 +296,18 @@ class RowReducer:
         `tile` is the index of the CTA's row tile in its loop (0, 1, 2, ...: its parity picks the
         cluster slot set, and with mbarrier sync its half the barrier's phase)."""
         val = group_reduce(val, op, self.tpr, self.group_bufs[site], init)
-        return self.across_cluster(val, op, site, tile)
-
-    @cute.jit
-    def across_cluster(self, val, op, site: cutlass.Constexpr[int], tile, fold=None):
-        """The cluster stage of `reduce` (and of `moments`, with `fold`): `val` as is without a cluster."""
         if cutlass.const_expr(self.cluster_n > 1):
             tidx, _, _ = cute.arch.thread_idx()
             _, rank, _ = cute.arch.block_idx()
             parity = tile % 2
             if cutlass.const_expr(self.mbars is None):
                 val = cluster_reduce(val, op, self.cluster_n, self.cluster_bufs[site][None, parity],
-                                     tidx // self.tpr, tidx % self.tpr, rank, fold=fold)
+                                     tidx // self.tpr, tidx % self.tpr, rank)
             else:
                 val = cluster_reduce(val, op, self.cluster_n, self.cluster_bufs[site][None, parity],
                                      tidx // self.tpr, tidx % self.tpr, rank, self.mbars + (2 * site + parity),
-                                     (tile // 2) % 2, self.threads // self.tpr, fold=fold)
+                                     (tile // 2) % 2, self.threads // self.tpr)
         return val
-
-    @cute.jit
-    def moments(self, sl: RowSlice, xs, again, site: cutlass.Constexpr[int], tile):
-        """The row's (sum, mean, m2): its elements' sum, mean (sum * rcp_approx(n):
-        `collectives.reduce.shift_of`) and squared deviations about that mean summed, in ONE exchange
-        per stage (site `site` allocated with width 4). `xs`: this thread's fp32 vectors (fill 0 past the row's end);
-        `again()` gives them once more for the second pass (`RowSlice.again`). Each warp's share is
-        two-pass: its sum by butterfly, its squared deviations about its own mean by butterfly; the
-        warps' (count, sum, m2) then merge exactly (`merge_moments`) in shared memory and across the
-        cluster. A row within one warp (tpr <= 32, one CTA) is exactly the two-pass of before."""
-        lanes = min(self.tpr, WARP)
-        s = warp_reduce(sl.sum(xs), add, lanes)
-        cnt = sl.span_count(lanes)
-        c = shift_of(cnt, s)
-        q = warp_reduce(sl.masked_sum([(v - c) * (v - c) for v in again()]), add, lanes)
-        val = (cnt, s, c, q)
-        if cutlass.const_expr(self.tpr > WARP):
-            val = combine_warps(val, None, self.tpr, self.group_bufs[site], merge_moments)
-        val = self.across_cluster(val, None, site, tile, merge_moments)
-        return val[1], val[2], val[3]
 
     @cute.jit
     def end_tile(self):

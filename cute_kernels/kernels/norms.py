@@ -10,13 +10,9 @@ Schedule: the row is held in registers (`collectives.rowwise`, planned by
 `schedules.row_tiling.plan_held_rows`): one CTA holds `rows_per_cta` rows, or a cluster of up to 8
 CTAs one long row; x is loaded once as 128-bit vectors, the statistics reduced by warp butterfly,
 shared memory and (cluster) distributed shared memory, and y computed from the registers.
-LayerNorm's mean and variance take one exchange per stage, as RMSNorm's sum of squares
-(`RowReducer.moments`): each warp's share of the row is two-pass in registers (its sum, then its
-squared deviations about its own mean; no cancellation, unlike sum(x^2) - mean^2), and the warps'
-and cluster CTAs' (count, sum, shift, m2) parts merge exactly (`collectives.reduce.merge_moments`).
-Before, the mean and the variance were two sequential row reductions: two CTA barriers and, in a
-cluster, two cluster exchanges per row (64k: two mbarrier round trips per row tile).
-Backward CTAs walk row tiles grid-stride and accumulate dweight/dbias for their columns in fp32 registers; the CTA's row groups combine them in shared
+LayerNorm is two-pass in registers: mean first, then the sum of squared deviations (no
+cancellation, unlike sum(x^2) - mean^2). Backward CTAs walk row tiles grid-stride and accumulate
+dweight/dbias for their columns in fp32 registers; the CTA's row groups combine them in shared
 memory in a fixed order and write one fp32 partial row per CTA, summed over CTAs by the op.
 """
 
@@ -189,7 +185,7 @@ class NormFwd(_RowKernel):
         gdim, _, _ = cute.arch.grid_dim()
         rows, n = extent(x, 0), extent(x, 1)
         smem = cutlass.memory.SmemAllocator()
-        sites = (4,) if layer else (1,)  # LayerNorm: (count, sum, shift, m2) parts, `RowReducer.moments`
+        sites = (1, 1) if layer else (1,)
         amax_site = len(sites)  # per_token: the row's amax
         red = RowReducer.allocate(smem, self.threads, self.tpr, self.cluster_n,
                                   sites + (1,) if self.fp8_out == "per_token" else sites, self.plan.cluster_sync)
@@ -221,9 +217,9 @@ class NormFwd(_RowKernel):
             mu = Float32(0.0)
             ds = xs
             if cutlass.const_expr(layer):
-                _, mu, m2 = red.moments(sl, xs, lambda: self.again_x(sl, hx, hr, ok, res_out, xs), 0, tile)
-                var = cute.arch.fmax(m2, Float32(0.0)) * inv_n
-                ds = [v - mu for v in xs]  # (staged: replaced by a fresh read below)
+                mu = red.reduce(sl.sum(xs), add, Float32(0.0), 0, tile) * inv_n
+                ds = [v - mu for v in self.again_x(sl, hx, hr, ok, res_out, xs)]
+                var = red.reduce(sl.masked_sum([d * d for d in ds]), add, Float32(0.0), 1, tile) * inv_n
             else:
                 var = red.reduce(sl.dot(xs, xs), add, Float32(0.0), 0, tile) * inv_n
             if cutlass.const_expr(self.staged):  # the row again, for the output pass
