@@ -4,8 +4,9 @@
 # Logs go to $OUT/session.log (one file: the device returns at most 8), results to
 # $OUT/<suite>.{json,md,png}; a compact summary is printed.
 #
-#   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [small] [sanitize] [large] [par] [tunerows]
+#   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [pcs] [small] [sanitize] [large] [par] [tunerows]
 #   ncu: NCU=probes (see below), NCU_EXTRA=extra comma-separated metrics
+#   pcs: per-SASS-instruction stall sampling of PCS="probe args@kernel@skip;..." (perf/ncu_pcs.py; PT=timeout)
 #   tunerows: perf.tune_rows (held-row plan sweep; TR=timeout, TRARGS=its arguments)
 #   par: run the test families concurrently (TT=seconds per family, default 240)
 #     FAMILIES: comma list of tests/test_<family>_gpu.py families (elementwise, ..., attention_varlen)
@@ -56,6 +57,17 @@ if has ncu; then
     timeout 90 ncu --clock-control none -k "$K" --launch-skip "${S:-0}" --launch-count 1 --metrics $M python3 -m perf.probe $p > "$OUT/.n" 2>&1
     cat "$OUT/.n" >> "$LOG"
     echo "ncu $p: $(grep -E "^\s+(gpu__time|dram__|lts__|sm__|smsp__|launch__grid)" "$OUT/.n" | awk '{printf "%s=%s ", $1, $NF}' | sed 's/\.avg\.pct_of_peak_sustained_\(elapsed\|active\)//g; s/_per_warp_active\.pct//g')"
+  done
+  rm -f "$OUT/.n"
+fi
+if has pcs; then
+  # PCS: ";"-separated "probe args@kernel regex@launches to skip": per-instruction PC sampling (perf/ncu_pcs.py)
+  IFS=';' read -ra PP <<< "${PCS:-flash_attn bf16 2 8192 16 128@regex:kernel_cutlass@2}"
+  for e in "${PP[@]}"; do
+    IFS='@' read -r p K S <<< "$e"
+    section "pcs $p"
+    timeout ${PT:-150} python3 -m perf.ncu_pcs --probe "$p" --kernel "$K" --skip "${S:-0}" --out "$OUT" --top ${PTOP:-20} > "$OUT/.n" 2>&1
+    cat "$OUT/.n" >> "$LOG"; echo "pcs $p:"; head -12 "$OUT/.n"
   done
   rm -f "$OUT/.n"
 fi
