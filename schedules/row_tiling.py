@@ -8,7 +8,6 @@ small pass combines (never atomics: the result is deterministic).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -257,9 +256,6 @@ def plan_for_rows(tuning: str, n: int, vec: int) -> HeldRowPlan:
     st = held_settings(tuning, n)
     if "regs" in st:
         st = st["regs"] if vec != 8 else {k: v for k, v in st.items() if k != "regs"}
-    if st.get("resident_grid"):  # a launch setting, not a tiling one (`HeldRowPlan.resident_grid`)
-        st = {k: v for k, v in st.items() if k != "resident_grid"}
-        return dataclasses.replace(plan_held_rows(n, vec, **st), resident_grid=True)
     return plan_held_rows(n, vec, **st)
 
 
@@ -284,7 +280,8 @@ SMEM_PER_SM = 228 * 1024
 def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int = 64, min_threads: int = 256,
                    max_tpr: int = 512, max_cluster: int = MAX_CLUSTER, regs_per_thread: int = 128,
                    cluster_elems: int | None = None, staging: str = "regs", prefetch: bool = False,
-                   staged_rows: int = 1, staged_regs: int = 64, cluster_sync: str = "barrier") -> HeldRowPlan:
+                   staged_rows: int = 1, staged_regs: int = 64, cluster_sync: str = "barrier",
+                   resident_grid: bool = False) -> HeldRowPlan:
     """Threads per row, vectors per thread and cluster size for rows of `n` elements in `vec`-element
     vectors, held in registers.
 
@@ -303,6 +300,8 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
     `staged_rows`, `staged_regs`: with staging, the row tensors staged (backward: y and dy, 2) and
     the registers per thread the kernel keeps (backward: 128), which bound the CTAs per SM.
     `cluster_sync`: how a clustered plan's CTAs meet (`HeldRowPlan.cluster_sync`); one CTA: "barrier".
+    `resident_grid`: the backward's persistent grid capped at the co-resident clusters (a launch
+    setting, `HeldRowPlan.resident_grid`).
     """
     if staging not in STAGINGS:
         raise ValueError(f"staging must be one of {STAGINGS}, got {staging!r}")
@@ -329,14 +328,14 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
     ctas_per_sm = max(1, min(8, 65536 // (threads * regs_per_thread)))
     sync = cluster_sync if cluster > 1 else "barrier"
     plan = HeldRowPlan(RowTiling(threads=threads, threads_per_row=tpr, unroll=vpt), cluster, ctas_per_sm, staging,
-                       prefetch, sync)
+                       prefetch, sync, resident_grid)
     if staging == "smem":
         staged = plan.row_smem_bytes(vec, rows=(16 // vec,) * staged_rows)
         if staged > SMEM_PER_CTA:
             raise ValueError(f"plan {plan} stages {staged} bytes of shared memory per CTA "
                              f"(at most {SMEM_PER_CTA})")
         plan = HeldRowPlan(plan.tiling, cluster, min(16, plan.staged_residency(staged, staged_regs)), staging,
-                           prefetch, sync)
+                           prefetch, sync, resident_grid)
     return plan
 
 
