@@ -84,6 +84,28 @@ def block_needs_mask(n_block, m_block, tile_m: int, tile_n: int, seqlen_q, seqle
     return need
 
 
+def mask_split(n_min, n_max, m_block, tile_m: int, tile_n: int, seqlen_q, seqlen_k, left, right, kind: MaskKind):
+    """`block_needs_mask` over the walk [n_min, n_max) as three runs: [n_hi, n_max) crosses the key end
+    or the band's right edge, [n_min, n_lo) its left edge, [n_lo, n_hi) needs no mask (n_min <= n_lo <=
+    n_hi <= n_max; a block on both sides counts as the right run). The right predicate holds from some
+    block upwards (col1 >= min(seqlen_k, row0 + off + right + 1)), the left one from some block
+    downwards (col0 < row1 + off - left), so the runs are exact, not conservative. Returns (n_lo, n_hi).
+    Python and DSL ints alike; divisions only of non-negative values."""
+    off = seqlen_k - seqlen_q
+    row0 = m_block * tile_m
+    row1 = _min(row0 + tile_m, seqlen_q) - 1
+    hi_col = seqlen_k  # the first column that is masked on the right for row0 (and every later row)
+    if kind.right:
+        hi_col = _min(hi_col, row0 + off + right + 1)
+    top = _max(n_max, n_min)
+    n_hi = _min(_max(_max(hi_col, 0) // tile_n, n_min), top)  # col1 >= hi_col <=> n >= floor(hi_col / tile_n)
+    n_lo = n_min
+    if kind.left:
+        lo_col = row1 + off - left  # columns below it are masked for row1 (and every earlier row)
+        n_lo = _min(_max((_max(lo_col, 0) + tile_n - 1) // tile_n, n_min), n_hi)  # col0 < lo_col <=> n < ceil
+    return n_lo, n_hi
+
+
 def visible(i: int, j: int, seqlen_q: int, seqlen_k: int, left: int, right: int) -> bool:
     """The rule for one (row, column), host side (the brute-force reference of the tests)."""
     off = seqlen_k - seqlen_q

@@ -177,7 +177,7 @@ def row_max(s_rows: cute.Tensor, r: int, init: Float32):
 @cute.jit
 def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: cute.Tensor, scale_log2: Float32,
                  row_threads: cutlass.Constexpr[int] = 4, lazy_threshold: cutlass.Constexpr[float] = 0.0,
-                 o_rows=None):
+                 o_rows=None, sum_from_corr: cutlass.Constexpr[bool] = False):
     """Fold one block of logits into the row states, leaving O alone: m = max(m, rowmax(S)); S
     becomes the unnormalized probabilities exp(scale * (S - m)); corr[r] = exp(scale * (m_old - m))
     is the factor the row's earlier O and l are to be multiplied by (l here, O by `rescale_rows`,
@@ -192,7 +192,12 @@ def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: c
     consistent with it, so O / l and lse = scale m + log l are unchanged in exact arithmetic), corr
     is exactly 1 and the caller skips the O rescale (`rescale_rows(..., keep)`). A row whose
     reference is still -inf never keeps it (-inf - -inf is NaN, not <= the threshold). Without
-    `lazy_threshold`, keep is the constant False. With `o_rows`, O is rescaled here (`update_rows`)."""
+    `lazy_threshold`, keep is the constant False. With `o_rows`, O is rescaled here (`update_rows`).
+
+    The row sum: l = l * corr + (the block's sum, from 0) by default; with `sum_from_corr` the block's
+    probabilities are added to l * corr one by one (FA4's order). The second needs corr before the
+    first addition, so its exponential comes early instead of last; l rounds differently (the same
+    additions, another starting value), so the two agree to rounding, not bit for bit."""
     rows = cute.size(s_rows, mode=[0])
     m_new = cute.make_rmem_tensor((rows,), Float32)
     for r in cutlass.range_constexpr(rows):
@@ -221,11 +226,16 @@ def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: c
         c = corr[r]
         ref = finite_ref(m[r]) * scale_log2
         total = Float32(0.0)
+        if cutlass.const_expr(sum_from_corr):
+            total = lsum[r] * c
         for col in cutlass.range_constexpr(cute.size(s_rows, mode=[1])):
             p = cute.math.exp2(s_rows[r, col] * scale_log2 - ref, fastmath=True)
             s_rows[r, col] = p
             total = total + p
-        lsum[r] = lsum[r] * c + total
+        if cutlass.const_expr(sum_from_corr):
+            lsum[r] = total
+        else:
+            lsum[r] = lsum[r] * c + total
     return keep
 
 
@@ -246,10 +256,11 @@ def rescale_rows(o_rows: cute.Tensor, corr: cute.Tensor, keep=None):
 
 @cute.jit
 def update_rows(s_rows: cute.Tensor, o_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, scale_log2: Float32,
-                row_threads: cutlass.Constexpr[int] = 4, lazy_threshold: cutlass.Constexpr[float] = 0.0):
+                row_threads: cutlass.Constexpr[int] = 4, lazy_threshold: cutlass.Constexpr[float] = 0.0,
+                sum_from_corr: cutlass.Constexpr[bool] = False):
     """`softmax_rows` then `rescale_rows` of O by the same factors: one block folded in, in order."""
     corr = cute.make_rmem_tensor((cute.size(s_rows, mode=[0]),), Float32)
-    softmax_rows(s_rows, m, lsum, corr, scale_log2, row_threads, lazy_threshold, o_rows)
+    softmax_rows(s_rows, m, lsum, corr, scale_log2, row_threads, lazy_threshold, o_rows, sum_from_corr)
 
 
 @cute.jit

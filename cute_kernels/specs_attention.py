@@ -35,7 +35,7 @@ def schedule_of(p) -> AttentionSchedule:
     tile_n = p["tile_n"] or default_schedule(p["head_dim"]).tile_n
     return AttentionSchedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=tile_n, stages=p["stages"],
                              pingpong=p["pingpong"], overlap=p["overlap"], lazy_rescale=p["lazy_rescale"],
-                             double_p=p["double_p"])
+                             double_p=p["double_p"], split_mask=p["split_mask"], sum_from_corr=p["sum_from_corr"])
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,6 +47,8 @@ class FlashAttnSpec(KernelSpec):
             p["overlap"] = False  # an fa3 option, built without lazy_rescale (`AttentionSchedule`)
         if not p["overlap"]:
             p["double_p"] = False  # a variant of the overlap
+        if not p["overlap"] or p["double_p"]:
+            p["split_mask"] = False  # built for the one-buffer overlap
         s = schedule_of(p)
         if not s.fits(p["head_dim"]):
             raise ValueError(f"{self.name}: {s} does not fit head_dim {p['head_dim']} "
@@ -94,6 +96,8 @@ class FlashAttnSpec(KernelSpec):
         out.append(self.resolve({"overlap": True, "head_dim": 64, "mask": "causal"}))
         out.append(self.resolve({"double_p": True}))
         out.append(self.resolve({"double_p": True, "head_dim": 256, "mask": "causal"}))
+        out.append(self.resolve({"split_mask": True, "mask": "band"}))
+        out.append(self.resolve({"split_mask": True, "sum_from_corr": True, "head_dim": 64, "mask": "causal"}))
         out.append(self.resolve({"lazy_rescale": True}))
         out.append(self.resolve({"lazy_rescale": True, "head_dim": 64, "mask": "causal"}))
         out.append(self.resolve({"schedule": "fa2"}))
@@ -133,6 +137,11 @@ FLASH_ATTN = FlashAttnSpec(
                               "<= 2^8 after the scale: the warp skips the O rescale (vote.all per block)"),
         "double_p": Param(False, (True, False), help="overlap with P in two register buffers: the wait for P_j V_j "
                           "moves from inside the next softmax to after the next S issue (off without overlap)"),
+        "split_mask": Param(False, (True, False), help="one-buffer overlap: the K/V walk as three loops (key end / "
+                            "right edge, interior, left edge), the interior one without mask code (bitwise the same; "
+                            "off without overlap or with double_p)"),
+        "sum_from_corr": Param(False, (True, False), help="the row sum starts from l * corr and adds the block's "
+                               "probabilities (FA4's order) instead of l * corr + sum at the end (l rounds differently)"),
     },
 )
 
@@ -140,4 +149,5 @@ FLASH_ATTN = FlashAttnSpec(
 def params_for(schedule: AttentionSchedule, **signature) -> dict:
     return {"schedule": schedule.kind, "tile_m": schedule.tile_m, "tile_n": schedule.tile_n,
             "stages": schedule.stages, "pingpong": schedule.pingpong, "overlap": schedule.overlap,
-            "lazy_rescale": schedule.lazy_rescale, "double_p": schedule.double_p, **signature}
+            "lazy_rescale": schedule.lazy_rescale, "double_p": schedule.double_p, "split_mask": schedule.split_mask,
+            "sum_from_corr": schedule.sum_from_corr, **signature}

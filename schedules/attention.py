@@ -25,6 +25,14 @@ kinds run in the same kernel (`cute_kernels/kernels/flash_attn.py`), chosen at t
   row keeps its exponent reference m while the block max exceeds it by at most 2^8 (after the
   scale), so the warp skips the 64 FMULs of the O rescale on most blocks (one vote.all per block);
   the probabilities may reach 256 before the final O / l. Same result up to rounding.
+  `split_mask` (with `overlap`, one P buffer): the walk in three loops, the blocks that cross the key
+  end or the band's right edge (walked first), the interior, the blocks of the left edge
+  (`attention_mask.mask_split`; at D > 128 the left edge stays in the interior loop's branch, and
+  D = 256 does not fit: ptxas serialized the WGMMAs of those), so the interior loop has no mask code; with its branch gone ptxas no
+  longer puts the wait for P_j V_j before the exponentials. Same operations, same order: bit for bit.
+  `sum_from_corr`: the row sum starts from l * corr and adds the block's probabilities to it (FA4's
+  order; corr's exponential comes first), instead of l * corr + (the block's sum) at the end, which
+  left corr and the O rescale last in the block. Same result up to the rounding of l.
 * `kind="fa2"` (FlashAttention-2's arrangement, no warp specialization): every warpgroup computes,
   each owning 64 rows of the Q tile (sliced Q); there is no producer warpgroup and no `setmaxnreg`
   (the 128 or 256 threads get up to 255 registers each). Warp 0, itself a compute warp, issues the
@@ -62,6 +70,8 @@ class AttentionSchedule:
     overlap: bool = False  # fa3: the next S = Q K^T is issued before this block's softmax
     lazy_rescale: bool = False  # keep a row's exponent reference while the max grows by <= 2^8 (no O rescale)
     double_p: bool = False  # overlap with P in two register buffers: no P V wait inside the softmax
+    split_mask: bool = False  # overlap: the walk as masked / unmasked / masked loops (no mask code in the middle)
+    sum_from_corr: bool = False  # the row sum starts from l * corr (FA4's order), not l * corr + sum at the end
     producer_regs: int = 24
     consumer_regs: int = 240
 
@@ -88,6 +98,9 @@ class AttentionSchedule:
                              "its skip branch come before the exponentials; under the overlap they come after)")
         if self.double_p and not self.overlap:
             raise ValueError("double_p (a second P register buffer) is a variant of the overlap: it needs overlap=True")
+        if self.split_mask and (not self.overlap or self.double_p):
+            raise ValueError("split_mask (the walk split into masked and unmasked loops) is built for the one-buffer "
+                             "overlap: it needs overlap=True and double_p=False")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {self.tile_n}")
         if not 0 <= self.stages <= 4:
@@ -144,12 +157,17 @@ class AttentionSchedule:
         # second P buffer was checked in the SASS at every default tile (D = 256: 208, highest register
         # 225, no spills; tests/test_attention_wgmma_waits.py)
         limit = 208 if self.double_p else 192
+        if self.split_mask:
+            # three copies of the loop body: at D = 256 (188 accumulator registers) ptxas serializes
+            # every WGMMA (one ARRIVE per HGMMA, tests/test_attention_split_compile.py); D <= 192 is clean
+            limit = 176
         return self.smem_bytes(head_dim, elem) <= SMEM_BYTES and self.accumulators(head_dim) <= limit
 
     def __str__(self) -> str:
         pp = "pp" if self.pingpong else "nopp"
         return (f"{self.kind}_{self.tile_m}x{self.tile_n}_s{self.stages}_wg{self.consumer_wgs}_{pp}"
-                + ("_ov" if self.overlap else "") + ("_lz" if self.lazy_rescale else "") + ("_dp" if self.double_p else ""))
+                + ("_ov" if self.overlap else "") + ("_lz" if self.lazy_rescale else "") + ("_dp" if self.double_p else "")
+                + ("_sm" if self.split_mask else "") + ("_sc" if self.sum_from_corr else ""))
 
 
 # Tile sizes per head dim (FA3's choices where the registers allow: O and S both live in registers,

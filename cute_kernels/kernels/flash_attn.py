@@ -60,7 +60,7 @@ from cutlass.cutlass_dsl import if_generate
 from cutlass.tensor_utils import LayoutEnum
 
 from collectives import epilogue as epi
-from collectives.attention_mask import MaskKind, apply_mask, apply_softcap, block_needs_mask, n_block_range
+from collectives.attention_mask import MaskKind, apply_mask, apply_softcap, block_needs_mask, mask_split, n_block_range
 from collectives.online_softmax import (
     LAZY_RESCALE_LOG2,
     NEG_INF,
@@ -281,7 +281,7 @@ class FlashAttnFwd:
 
         pipes = SimpleNamespace(q=pipe_q, k=pipe_k, v=pipe_v)
         loads = SimpleNamespace(q=tma_q, gq=tQgQ, sq=tQsQ, k=tma_k, gk=tKgK, sk=tKsK, v=tma_v, gv=tVgV, sv=tVsV)
-        tile = SimpleNamespace(m_block=m_block, h=h, b=bt, n_max=n_max, n_count=n_count, seqlen_q=seqlen_q,
+        tile = SimpleNamespace(m_block=m_block, h=h, b=bt, n_min=n_min, n_max=n_max, n_count=n_count, seqlen_q=seqlen_q,
                                seqlen_k=seqlen_k, left=window_left, right=window_right, q_start=q_start)
         out = SimpleNamespace(mLSE=mLSE, tma_o=tma_o, gO=gO, sQ_ptr=st.sQ.data_ptr(), q_stage=q_stage,
                               sO_layout=sO_layout, scale_log2=scale_log2, scale_lse=scale_lse,
@@ -360,13 +360,19 @@ class FlashAttnFwd:
 
     @cute.jit
     def scores(self, acc_s: cute.Tensor, tScS: cute.Tensor, n: Int32, row0: Int32, tile: SimpleNamespace,
-               out: SimpleNamespace):
-        """Softcap, then the mask (only on blocks that cross the band's edges or the key end)."""
+               out: SimpleNamespace, masked: cutlass.Constexpr = None):
+        """Softcap, then the mask: `masked` None: only on blocks that cross the band's edges or the key
+        end (`block_needs_mask`, a branch per block); True: always (a run of such blocks, `split_mask`);
+        False: never (the interior run). Masking a block that needs none changes no value."""
         s, kind = self.s, self.mask
         if cutlass.const_expr(self.softcap):
             apply_softcap(acc_s, out.scale_over_cap, out.cap)
-        if block_needs_mask(n, tile.m_block, s.tile_m, s.tile_n, tile.seqlen_q, tile.seqlen_k, tile.left, tile.right,
-                            kind):
+        if cutlass.const_expr(masked is None):
+            if block_needs_mask(n, tile.m_block, s.tile_m, s.tile_n, tile.seqlen_q, tile.seqlen_k, tile.left,
+                                tile.right, kind):
+                apply_mask(acc_s, tScS, row0, n * s.tile_n, tile.seqlen_k, tile.seqlen_k - tile.seqlen_q, tile.left,
+                           tile.right, kind)
+        elif cutlass.const_expr(masked):
             apply_mask(acc_s, tScS, row0, n * s.tile_n, tile.seqlen_k, tile.seqlen_k - tile.seqlen_q, tile.left,
                        tile.right, kind)
 
@@ -433,7 +439,8 @@ class FlashAttnFwd:
                 pipes.k.consumer_release(kv)
                 # softcap, mask, online softmax (rescales O), P in registers
                 self.scores(acc_s, tScS, n, row0, tile, out)
-                update_rows(s_rows, o_rows, row_max, row_sum, out.scale_log2, lazy_threshold=lazy)
+                update_rows(s_rows, o_rows, row_max, row_sum, out.scale_log2, lazy_threshold=lazy,
+                            sum_from_corr=s.sum_from_corr)
                 p = acc_as_a_operand(acc_s, dt)
                 # O += P V
                 pipes.v.consumer_wait(kv)
@@ -463,30 +470,44 @@ class FlashAttnFwd:
                 warpgroup.wait_group(0)
                 pipes.k.consumer_release(kv)
                 self.scores(acc_s, tScS, n_max - 1, row0, tile, out)
-                softmax_rows(s_rows, row_max, row_sum, corr, out.scale_log2)  # O is still 0: no rescale
+                softmax_rows(s_rows, row_max, row_sum, corr, out.scale_log2,
+                             sum_from_corr=s.sum_from_corr)  # O is still 0: no rescale
                 acc_as_a_operand(acc_s, dt, p)
                 kv_v = kv.clone()
                 kv.advance()
-                for i in cutlass.range(1, n_count, unroll=1):
-                    n = n_max - 1 - i
-                    pipes.k.consumer_wait(kv)
-                    if cutlass.const_expr(s.pingpong):
-                        my_turn.arrive_and_wait()
-                    self.qk_gemm(tiled_mma_qk, acc_s, tSrQ, tSrK, kv.index)
-                    pipes.v.consumer_wait(kv_v)
-                    self.pv_gemm(tiled_mma_pv, acc_o, p, tOrV, kv_v.index)
-                    if cutlass.const_expr(s.pingpong):
-                        their_turn.arrive()
-                    warpgroup.wait_group(1)  # S_{j+1} done, P_j V_j may still run
-                    pipes.k.consumer_release(kv)
-                    self.scores(acc_s, tScS, n, row0, tile, out)
-                    softmax_rows(s_rows, row_max, row_sum, corr, out.scale_log2)
-                    warpgroup.wait_group(0)
-                    pipes.v.consumer_release(kv_v)
-                    rescale_rows(o_rows, corr)
-                    acc_as_a_operand(acc_s, dt, p)
-                    kv_v.advance()
-                    kv.advance()
+                mm = SimpleNamespace(qk=tiled_mma_qk, pv=tiled_mma_pv, tSrQ=tSrQ, tSrK=tSrK, tOrV=tOrV, acc_s=acc_s,
+                                     acc_o=acc_o, tScS=tScS, s_rows=s_rows, o_rows=o_rows, row_max=row_max,
+                                     row_sum=row_sum, row0=row0, my_turn=my_turn, their_turn=their_turn, p=p,
+                                     corr=corr)
+                if cutlass.const_expr(s.split_mask):
+                    # the walk's runs (`mask_split`): walk index i is block n_max - 1 - i; the blocks
+                    # at the key end / right edge come first, then the interior, then the left edge
+                    n_lo, n_hi = mask_split(tile.n_min, n_max, tile.m_block, s.tile_m, s.tile_n, tile.seqlen_q,
+                                            tile.seqlen_k, tile.left, tile.right, self.mask)
+                    # (a left edge at D > 128: the interior and the left run share one loop with the
+                    # per-block branch; with three loops there ptxas serialized every WGMMA)
+                    left_run = self.mask.left and d <= 128
+                    i_mid = cutlass.max(n_max - n_hi, 1)
+                    i_left = cutlass.max(n_max - n_lo, 1) if cutlass.const_expr(left_run) else n_count
+                    for i in cutlass.range(1, i_mid, unroll=1):
+                        self.overlap_block(n_max - 1 - i, kv, kv_v, True, mm, pipes, tile, out)
+                        kv_v.advance()
+                        kv.advance()
+                    for i in cutlass.range(i_mid, i_left, unroll=1):
+                        self.overlap_block(n_max - 1 - i, kv, kv_v, None if self.mask.left and not left_run else False,
+                                           mm, pipes, tile, out)
+                        kv_v.advance()
+                        kv.advance()
+                    if cutlass.const_expr(left_run):
+                        for i in cutlass.range(i_left, n_count, unroll=1):
+                            self.overlap_block(n_max - 1 - i, kv, kv_v, True, mm, pipes, tile, out)
+                            kv_v.advance()
+                            kv.advance()
+                else:
+                    for i in cutlass.range(1, n_count, unroll=1):
+                        self.overlap_block(n_max - 1 - i, kv, kv_v, None, mm, pipes, tile, out)
+                        kv_v.advance()
+                        kv.advance()
                 pipes.v.consumer_wait(kv_v)
                 if cutlass.const_expr(s.pingpong):
                     my_turn.arrive_and_wait()
@@ -511,6 +532,34 @@ class FlashAttnFwd:
                               out.gO[(None, None, tile.m_block * s.consumer_wgs + cwg)])
         else:
             self.store_o_tma(tiled_mma_pv, acc_o, tid, warp, cwg, tile, out)
+
+    @cute.jit
+    def overlap_block(self, n: Int32, kv: pipeline.PipelineState, kv_v: pipeline.PipelineState,
+                      masked: cutlass.Constexpr, mm: SimpleNamespace, pipes: SimpleNamespace, tile: SimpleNamespace,
+                      out: SimpleNamespace):
+        """One step of the one-buffer overlap: S_{j+1} = Q K_n^T (stage kv) and P_j V_j (stage kv_v)
+        issued, the softmax of S_{j+1} (mask per `scores`' `masked`), then the wait for P_j V_j, the O
+        rescale and P_{j+1} into P_j's registers. The caller advances both states."""
+        s = self.s
+        # qk_gemm sets the atom's ACCUMULATE field (a new IR value): on a copy, so that nothing created
+        # inside one loop is used in the next (`split_mask` runs this in three loops)
+        qk = cutlass.new_from_mlir_values(mm.qk, cutlass.extract_mlir_values(mm.qk))
+        pipes.k.consumer_wait(kv)
+        if cutlass.const_expr(s.pingpong):
+            mm.my_turn.arrive_and_wait()
+        self.qk_gemm(qk, mm.acc_s, mm.tSrQ, mm.tSrK, kv.index)
+        pipes.v.consumer_wait(kv_v)
+        self.pv_gemm(mm.pv, mm.acc_o, mm.p, mm.tOrV, kv_v.index)
+        if cutlass.const_expr(s.pingpong):
+            mm.their_turn.arrive()
+        warpgroup.wait_group(1)  # S_{j+1} done, P_j V_j may still run
+        pipes.k.consumer_release(kv)
+        self.scores(mm.acc_s, mm.tScS, n, mm.row0, tile, out, masked)
+        softmax_rows(mm.s_rows, mm.row_max, mm.row_sum, mm.corr, out.scale_log2, sum_from_corr=s.sum_from_corr)
+        warpgroup.wait_group(0)
+        pipes.v.consumer_release(kv_v)
+        rescale_rows(mm.o_rows, mm.corr)
+        acc_as_a_operand(mm.acc_s, self.dtype, mm.p)
 
     # --- the overlap with two P buffers (`AttentionSchedule.double_p`) ----------------------------
     def consumer_state(self, i):
@@ -546,7 +595,7 @@ class FlashAttnFwd:
             warpgroup.wait_group(0)
             pipes.k.consumer_release(kv)
             self.scores(mm.acc_s, mm.tScS, n_max - 1, mm.row0, tile, out)
-            softmax_rows(mm.s_rows, mm.row_max, mm.row_sum, corr, out.scale_log2)
+            softmax_rows(mm.s_rows, mm.row_max, mm.row_sum, corr, out.scale_log2, sum_from_corr=s.sum_from_corr)
             corr.fill(1.0)  # O is 0 until P_0 V_0: step 1 rescales it by exactly 1
             odd = (n_count - 1) % 2
             if odd == 1:
@@ -601,7 +650,7 @@ class FlashAttnFwd:
         warpgroup.wait_group(1)  # S_i done; P_{i-1} V_{i-1} may still run
         pipes.k.consumer_release(kv)
         self.scores(mm.acc_s, mm.tScS, tile.n_max - 1 - i, mm.row0, tile, out)
-        softmax_rows(mm.s_rows, mm.row_max, mm.row_sum, corr, out.scale_log2)
+        softmax_rows(mm.s_rows, mm.row_max, mm.row_sum, corr, out.scale_log2, sum_from_corr=s.sum_from_corr)
         acc_as_a_operand(mm.acc_s, self.dtype, dst)
 
     @cute.jit
