@@ -143,24 +143,24 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
     items = []
     for k in kernels:
         for n in ns:
+            try:
+                default = R.plan_for(k, torch.bfloat16, n, True)
+            except ValueError as e:  # the op refuses this width (layernorm.bwd past 64k): nothing to compare with
+                H.progress(f"  skip {k} {n}: {str(e)[:120]}")
+                continue
             keep = []
             ps = candidates(n, bwd=k.endswith(".bwd"), prefetch=prefetch)
             if k.endswith(".bwd") and prefetch != "without":  # the default plan, prefetching
-                ps.append(dataclasses.replace(R.plan_for(k, torch.bfloat16, n, True), prefetch=True))
-            if cluster_sync != "barrier":  # mbarrier twins of the clustered plans (and of the default)
-                try:
-                    base = [R.plan_for(k, torch.bfloat16, n, True)] + ps
-                except ValueError:  # no default plan at this width (layernorm.bwd past 64k)
-                    base = list(ps)
-                mb = [dataclasses.replace(p, cluster_sync="mbarrier") for p in base if p.cluster_n > 1]
-                ps = (ps + mb) if cluster_sync == "both" else (mb + [_twin(p) for p in mb])
-            if resident_grid != "off" and k.endswith(".bwd"):  # one-wave twins (same kernel, another grid)
-                try:
-                    base = [R.plan_for(k, torch.bfloat16, n, True)] + ps
-                except ValueError:
-                    base = list(ps)
-                rg = [dataclasses.replace(p, resident_grid=True) for p in base if p.cluster_n > 1]
-                ps = (ps + rg) if resident_grid == "both" else (rg + [_twin(p) for p in rg])
+                ps.append(dataclasses.replace(default, prefetch=True))
+            # twins of the clustered plans (and of the default): mbarrier-synced, and (backward) on the
+            # one-wave grid (same kernel, another grid); "both" adds them, the other non-off mode keeps
+            # only the twin pairs
+            for mode, off, change in ((cluster_sync, "barrier", dict(cluster_sync="mbarrier")),
+                                      (resident_grid if k.endswith(".bwd") else "off", "off",
+                                       dict(resident_grid=True))):
+                if mode != off:
+                    tw = [dataclasses.replace(p, **change) for p in [default] + ps if p.cluster_n > 1]
+                    ps = (ps + tw) if mode == "both" else (tw + [_twin(p) for p in tw])
             for p in dict.fromkeys(ps):
                 params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p))
                 if k.startswith(("rmsnorm", "layernorm")):
@@ -173,7 +173,7 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                     H.progress(f"  skip {k} {n} {p}: {str(e)[:120]}")
                     continue
                 keep.append(p)
-            plans[(k, n)] = keep
+            plans[(k, n)] = default, keep
     if jobs > 1:
         H.progress(f"precompiling {len(items)} variants on {jobs} workers")
         try:
@@ -184,13 +184,8 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
     orig = R.plan_for
     lines = ["| kernel | N | plan | ctas/SM | us | TB/s | x default | x off |", "|---|---|---|---|---|---|---|---|"]
     best_rows = []
-    for (k, n), ps in plans.items():
+    for (k, n), (default, ps) in plans.items():
         m = max(1, 128 * MiB // n)
-        try:
-            default = orig(k, torch.bfloat16, n, True)
-        except ValueError as e:  # the op refuses this width (layernorm.bwd past 64k): nothing to compare with
-            H.progress(f"  skip {k} {n}: {str(e)[:120]}")
-            continue
         res = []
         for p in [default] + [p for p in ps if p != default]:
             # only the kernel under test (the forward of a backward's graph keeps its own plan)
