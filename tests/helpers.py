@@ -70,6 +70,18 @@ def sass_or_skip(report, files) -> str:
     return files["sass"].read_text()
 
 
+def sass_instructions(sass: str) -> list[tuple[str, str]]:
+    """(opcode, operands) of each SASS instruction in order; predicates (@P0, @!UPT, ...) dropped."""
+    import re
+
+    out = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)\s*(.*?)\s*;", line)
+        if m:
+            out.append((m.group(1), m.group(2)))
+    return out
+
+
 def highest_register(sass: str) -> int:
     """The highest general register (Rn) the SASS names: what `setmaxnreg` must leave room for."""
     import re

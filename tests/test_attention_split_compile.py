@@ -22,6 +22,8 @@ from collectives.attention_mask import MaskKind, block_needs_mask, mask_split, n
 from cute_kernels import catalog
 from cute_kernels.artifacts import compile_with_artifacts
 from schedules.attention import default_schedule
+from tests.helpers import sass_instructions
+from tests.test_attention_wgmma_waits import _steady_regions as steady_regions
 
 MUFU_PER_BLOCK = 2 * (128 // 4) + 2  # D = 128, tile_n = 128: two rows x 32 columns + two rescale factors
 
@@ -62,23 +64,9 @@ VARIANTS = {
 }
 
 
-def _parse(sass: str):
-    out = []
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)\s*(.*?)\s*;", line)
-        if m:
-            out.append((m.group(1), m.group(2)))
-    return out
-
-
 def _steady_regions(ins):
-    """Each stretch from a wait for 'all but one WGMMA group' to the next mbarrier wait: one per loop."""
-    regions = []
-    for i, (op, args) in enumerate(ins):
-        if op == "WARPGROUP.DEPBAR.LE" and args.endswith("0x1"):
-            j = next(k for k in range(i + 1, len(ins)) if ins[k][0].startswith("SYNCS.PHASECHK"))
-            regions.append([op for op, _ in ins[i + 1:j]])
-    return regions
+    """Each stretch from a wait for 'all but one WGMMA group' to the next mbarrier wait (one per loop), as opcodes."""
+    return [[op for op, _ in region] for region in steady_regions(ins)]
 
 
 def _loops(p):
@@ -94,7 +82,7 @@ def compiled(request, tmp_path_factory):
     report, files = compile_with_artifacts(spec, p, str(tmp_path_factory.mktemp("fa_split")))
     if "sass" not in files:
         pytest.skip("no nvdisasm: SASS not available")
-    return request.param, p, report, _parse(files["sass"].read_text())
+    return request.param, p, report, sass_instructions(files["sass"].read_text())
 
 
 def test_resolves():

@@ -18,16 +18,11 @@ import pytest
 import torch
 
 from tests.helpers import randn
+from tests.test_attention_gpu import _attention, _poison
 
 pytestmark = pytest.mark.gpu
 
 ck = pytest.importorskip("cute_kernels")
-
-
-def _poison(nbytes):
-    torch.cuda.empty_cache()  # else O / LSE may land in a cached block of finite garbage, not the NaN one
-    torch.full((nbytes // 2 + 4096,), float("nan"), dtype=torch.bfloat16, device="cuda")
-    torch.cuda.synchronize()
 
 
 def _sched(d, **kw):
@@ -115,8 +110,6 @@ SUM_CASES = [(False, (-1, -1), 1000, 1000, 128, 0.0), (True, (-1, -1), 8192, 819
 @pytest.mark.parametrize("case", SUM_CASES, ids=[f"c{int(c[0])}-w{c[1][0]}_{c[1][1]}-{c[2]}x{c[3]}-d{c[4]}"
                                                  + ("-cap" if c[5] else "") for c in SUM_CASES])
 def test_sum_from_corr_fp64(case, split):
-    from tests.test_attention_gpu import _attention
-
     causal, (left, right), sq, sk, d, cap = case
     q, k, v = randn(1, sq, 4, d), randn(1, sk, 2, d), randn(1, sk, 2, d)
     out, lse = _run(q, k, v, causal, left, right, cap, _sched(d, split_mask=split, sum_from_corr=True))

@@ -18,6 +18,7 @@ import pytest
 
 from cute_kernels import catalog
 from cute_kernels.artifacts import compile_with_artifacts
+from tests.helpers import sass_instructions
 
 VARIANTS = {
     "default": {"head_dim": 128},
@@ -38,16 +39,7 @@ def compiled(request, tmp_path_factory):
     report, files = compile_with_artifacts(spec, p, str(tmp_path_factory.mktemp("fa_waits")))
     if "sass" not in files:
         pytest.skip("no nvdisasm: SASS not available")
-    return request.param, p, report, _parse(files["sass"].read_text())
-
-
-def _parse(sass: str):
-    out = []
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)\s*(.*?)\s*;", line)
-        if m:
-            out.append((m.group(1), m.group(2)))
-    return out
+    return request.param, p, report, sass_instructions(files["sass"].read_text())
 
 
 def _steady_regions(ins):

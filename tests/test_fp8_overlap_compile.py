@@ -13,7 +13,7 @@ from cute_kernels import catalog
 from cute_kernels.artifacts import compile_with_artifacts
 from schedules.fp8_gemm import acc_per_thread, fp8_schedule, overlap_error
 from schedules.gemm import GemmSchedule
-from tests.helpers import assert_within_registers, sass_or_skip
+from tests.helpers import assert_within_registers, sass_instructions, sass_or_skip
 
 SPEC = catalog.get("fp8_gemm")
 CONFIGS = {
@@ -37,16 +37,6 @@ def _acc(name):
     return acc_per_thread(fp8_schedule(p["schedule"], p["tile_m"], p["tile_n"]))
 
 
-def _ops(sass):
-    """SASS opcodes in order (predicates dropped)."""
-    out = []
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*?);", line)
-        if m:
-            out.append((m.group(1), m.group(2)))
-    return out
-
-
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_census(artifacts, name):
     report, files = artifacts[name]
@@ -65,7 +55,7 @@ def test_promotion_overlaps_wgmma(artifacts, name):
     """After every wait that leaves one WGMMA group in flight, the previous K-block's promotion
     (acc FFMAs) runs before the next WGMMA is issued."""
     report, files = artifacts[name]
-    ops = _ops(sass_or_skip(report, files))
+    ops = sass_instructions(sass_or_skip(report, files))
     waits = [i for i, (op, args) in enumerate(ops) if op == "WARPGROUP.DEPBAR.LE" and "0x1" in args]
     assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", files["ptx"].read_text())
     assert len(waits) >= 3, "expected the loop's two waits and the tail's, each leaving one group in flight"

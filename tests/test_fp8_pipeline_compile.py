@@ -29,8 +29,8 @@ from schedules.fp8_gemm import (
 )
 from schedules.gemm import SMEM_BYTES
 from schedules.hardware import _gpc_bound_clusters
-from tests.helpers import assert_within_registers, sass_or_skip
-from tests.test_fp8_sb_wide_compile import _blocks, _ops
+from tests.helpers import assert_within_registers, sass_instructions, sass_or_skip
+from tests.test_fp8_sb_wide_compile import _blocks
 
 SPEC = catalog.get("fp8_gemm")
 CONFIGS = {
@@ -109,7 +109,7 @@ def test_k_loop_is_the_defaults(artifacts, name):
     """The loop block of each variant has the default's work: 4 QGMMAs of the tile's width, its 2
     sa * sb FMULs (4 for wide tiles), 3 LDS (sb + 2 sa rows; the wide row is one LDS.64), one FFMA
     per accumulator element, no LDG."""
-    ops = _ops(_sass(artifacts, name))
+    ops = sass_instructions(_sass(artifacts, name))
     (_, b0), (a1, b1) = _blocks(ops)
     tile_n = _sched(name).tile_n
     end = next(i for i in range(b1, len(ops)) if ops[i][0] == "BRA")

@@ -31,7 +31,7 @@ from schedules.fp8_gemm import (
     overlap_error,
     sb_smem_error,
 )
-from tests.helpers import assert_within_registers, sass_or_skip
+from tests.helpers import assert_within_registers, sass_instructions, sass_or_skip
 
 SPEC = catalog.get("fp8_gemm")
 CONFIGS = {
@@ -52,16 +52,6 @@ def artifacts(tmp_path_factory):
             for name, over in CONFIGS.items()}
 
 
-def _ops(sass):
-    """SASS (opcode, operands) in order, predicates dropped."""
-    out = []
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)(.*?);", line)
-        if m:
-            out.append((m.group(1), m.group(2)))
-    return out
-
-
 def _blocks(ops):
     """K-block segments: (first QGMMA index, index of the DEPBAR that waits for its group)."""
     segs, start = [], None
@@ -75,7 +65,7 @@ def _blocks(ops):
 
 
 def _sass_ops(artifacts, name):
-    return _ops(sass_or_skip(*artifacts[name]))
+    return sass_instructions(sass_or_skip(*artifacts[name]))
 
 
 def _acc(name):

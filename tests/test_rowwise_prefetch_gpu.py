@@ -68,17 +68,18 @@ def _grads(op, x, dy, w, b, r, ds):
     return list(torch.autograd.grad(outs, ins, cots))
 
 
-def _reference(op, x, dy, w, b, r, ds):
-    """fp32 torch autograd of the same math on the same (rounded) inputs."""
+def _reference(op, x, dy, w, b, r, ds, dtype=torch.float32):
+    """torch autograd in `dtype` (fp32; fp64 where a test wants it) of the same math on the same
+    (rounded) inputs."""
     n = x.shape[-1]
-    xf, wf, bf, rf = (t.detach().float().requires_grad_() if t is not None else None for t in (x, w, b, r))
-    dyf = dy.float()
+    xf, wf, bf, rf = (t.detach().to(dtype).requires_grad_() if t is not None else None for t in (x, w, b, r))
+    dyf = dy.to(dtype)
     if op == "rms_norm":
         ins, outs, cots = [xf, wf], [torch.nn.functional.rms_norm(xf, (n,), wf, 1e-6)], [dyf]
     elif op == "rms_norm_res":
-        s = (xf + rf).to(x.dtype).float()  # the op normalizes the sum rounded to x's dtype
+        s = (xf + rf).to(x.dtype).to(dtype)  # the op normalizes the sum rounded to x's dtype
         ins = [xf, rf, wf]
-        outs, cots = [torch.nn.functional.rms_norm(s, (n,), wf, 1e-6), s], [dyf, ds.float()]
+        outs, cots = [torch.nn.functional.rms_norm(s, (n,), wf, 1e-6), s], [dyf, ds.to(dtype)]
     elif op == "layer_norm":
         ins, outs, cots = [xf, wf, bf], [torch.nn.functional.layer_norm(xf, (n,), wf, bf, 1e-5)], [dyf]
     else:

@@ -20,7 +20,7 @@ import torch
 
 from cute_kernels.ops import _rowwise as R
 from tests.helpers import poison_empty, run_with_plans
-from tests.test_rowwise_prefetch_gpu import _bitwise, _grads, _inputs
+from tests.test_rowwise_prefetch_gpu import _bitwise, _grads, _inputs, _reference
 
 pytestmark = pytest.mark.gpu
 
@@ -33,22 +33,6 @@ def _plan_for(resident: bool):
         return dataclasses.replace(p, resident_grid=resident) if name.endswith(".bwd") else p
 
     return plan_for
-
-
-def _reference64(op, x, dy, w, b, r, ds):
-    """float64 autograd of the op's math on the same (rounded) inputs."""
-    n = x.shape[-1]
-    xd, wd, bd, rd = (t.detach().double().requires_grad_() for t in (x, w, b, r))
-    dyd = dy.double()
-    if op == "rms_norm":
-        ins, outs, cots = [xd, wd], [torch.nn.functional.rms_norm(xd, (n,), wd, 1e-6)], [dyd]
-    elif op == "rms_norm_res":
-        s = (xd + rd).to(x.dtype).double()  # the op normalizes the sum rounded to x's dtype
-        ins = [xd, rd, wd]
-        outs, cots = [torch.nn.functional.rms_norm(s, (n,), wd, 1e-6), s], [dyd, ds.double()]
-    else:
-        ins, outs, cots = [xd, wd, bd], [torch.nn.functional.layer_norm(xd, (n,), wd, bd, 1e-5)], [dyd]
-    return list(torch.autograd.grad(outs, ins, cots))
 
 
 def _close(out, ref, what):
@@ -81,7 +65,7 @@ def test_resident_grid(op, m, n, monkeypatch):
     kernel = "rmsnorm.bwd" if op.startswith("rms") else "layernorm.bwd"
     if m:
         assert plans[kernel].resident_grid, plans
-    ref = _reference64(*args)
+    ref = _reference(*args, dtype=torch.float64)
     names = {"rms_norm": ("dx", "dw"), "rms_norm_res": ("dx", "dres", "dw"), "layer_norm": ("dx", "dw", "db")}[op]
     for name, a, c, e in zip(names, got, base, ref):
         if name in ("dx", "dres"):
