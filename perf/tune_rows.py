@@ -17,6 +17,9 @@ twin's time over theirs.
 
 `--kernels cross_entropy.fwd` (not in the default list) times the streaming cross-entropy forward's
 `plan_rows` settings instead (`ce_candidates`, against `ops.softmax.CE_FWD_PLAN`, and QuACK's).
+`--kernels cross_entropy.bwd` (not in the default list either) times the cross-entropy backward's
+plans (`ce_bwd_candidates`: no prefetch, staging or cluster variants; its grid is one CTA per row
+tile, so the ctas/SM column does not apply) against HELD_TUNED["ce_bwd"], and QuACK's backward.
 
 Inputs are bf16 with 256 MiB per (M, N) tensor, randn; CUDA-event medians with L2 flushed
 (`perf.harness.do_bench`); timed through the public ops, the plan swapped in by patching
@@ -36,7 +39,8 @@ from schedules.row_tiling import HeldRowPlan, RowTiling
 
 MiB = 1 << 20
 KERNELS = ("rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "rmsnorm.bwd", "layernorm.bwd", "softmax.bwd")
-MOVED = {"fwd": 2, "bwd": 3}
+MOVED = {"fwd": 2, "bwd": 3, "cross_entropy.bwd": 2}  # (M, N) tensors read + written
+CE_BWD = "cross_entropy.bwd"
 
 
 def candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: str = "with") -> list[HeldRowPlan]:
@@ -64,6 +68,25 @@ def candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: str = "with") 
     if bwd and prefetch == "with":
         pf = prefetch_candidates(n, vec)
         out += pf + [_twin(p, vec) for p in pf]
+    return list(dict.fromkeys(out))
+
+
+def ce_bwd_candidates(n: int, vec: int = 8) -> list[HeldRowPlan]:
+    """Plans of the cross-entropy backward (no reduction: a copy of x to dx bound by bytes in flight):
+    16-128 elements per thread, CTAs of 128-512 threads, a row over up to 8 CTAs (grid y, from 128
+    threads per row), no more than 2x padding. ctas_per_sm as `plan_held_rows` sets it (unused: the
+    op launches one CTA per row tile), so the default plan is recognized among them."""
+    out = []
+    for tpr in (32, 64, 128, 256, 512):
+        for elems in (16, 32, 64, 128):
+            cluster = 1
+            while tpr * elems * cluster < n:
+                cluster *= 2
+            if cluster > 8 or tpr * elems * cluster >= 2 * n or (cluster > 1 and tpr < 128):
+                continue
+            for threads in sorted({max(tpr, 128), max(tpr, 256)}):
+                cps = max(1, min(8, 65536 // (threads * 128)))
+                out.append(HeldRowPlan(RowTiling(threads, tpr, elems // vec), cluster, cps))
     return list(dict.fromkeys(out))
 
 
@@ -115,11 +138,22 @@ def staged_candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: bool = 
     return out
 
 
-def _call(kernel: str, n: int, m: int):
+def _call(kernel: str, n: int, m: int, peer: bool = False):
+    """The timed call: the forward, or the backward of a retained graph (as `perf.suite_rowwise`);
+    `peer`: QuACK's (cross-entropy backward only)."""
     import cute_kernels as ck
 
     fam, direction = kernel.split(".")
     x = H.randn(m, n, dtype=torch.bfloat16, seed=1)
+    if kernel == CE_BWD:  # the loss per row (reduction "none"), its gradient all ones
+        tgt = torch.randint(0, n, (m,), device="cuda")
+        if peer:
+            from quack.cross_entropy import cross_entropy as f  # patches CuTe classes: bench process only
+        else:
+            f = ck.cross_entropy
+        xg = x.detach().requires_grad_()
+        y = f(xg, tgt, reduction="none")
+        return lambda: torch.autograd.grad(y, xg, torch.ones_like(y), retain_graph=True)
     w = H.randn(n, dtype=torch.bfloat16, seed=2)
     b = H.randn(n, dtype=torch.bfloat16, seed=3)
     f = {"rmsnorm": lambda x: ck.rms_norm(x, w, 1e-6), "layernorm": lambda x: ck.layer_norm(x, w, b, 1e-5),
@@ -149,18 +183,21 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                 H.progress(f"  skip {k} {n}: {str(e)[:120]}")
                 continue
             keep = []
-            ps = candidates(n, bwd=k.endswith(".bwd"), prefetch=prefetch)
-            if k.endswith(".bwd") and prefetch != "without":  # the default plan, prefetching
-                ps.append(dataclasses.replace(default, prefetch=True))
-            # twins of the clustered plans (and of the default): mbarrier-synced, and (backward) on the
-            # one-wave grid (same kernel, another grid); "both" adds them, the other non-off mode keeps
-            # only the twin pairs
-            for mode, off, change in ((cluster_sync, "barrier", dict(cluster_sync="mbarrier")),
-                                      (resident_grid if k.endswith(".bwd") else "off", "off",
-                                       dict(resident_grid=True))):
-                if mode != off:
-                    tw = [dataclasses.replace(p, **change) for p in [default] + ps if p.cluster_n > 1]
-                    ps = (ps + tw) if mode == "both" else (tw + [_twin(p) for p in tw])
+            if k == CE_BWD:  # no prefetch, staging or cluster to vary
+                ps = ce_bwd_candidates(n)
+            else:
+                ps = candidates(n, bwd=k.endswith(".bwd"), prefetch=prefetch)
+                if k.endswith(".bwd") and prefetch != "without":  # the default plan, prefetching
+                    ps.append(dataclasses.replace(default, prefetch=True))
+                # twins of the clustered plans (and of the default): mbarrier-synced, and (backward) on the
+                # one-wave grid (same kernel, another grid); "both" adds them, the other non-off mode keeps
+                # only the twin pairs
+                for mode, off, change in ((cluster_sync, "barrier", dict(cluster_sync="mbarrier")),
+                                          (resident_grid if k.endswith(".bwd") else "off", "off",
+                                           dict(resident_grid=True))):
+                    if mode != off:
+                        tw = [dataclasses.replace(p, **change) for p in [default] + ps if p.cluster_n > 1]
+                        ps = (ps + tw) if mode == "both" else (tw + [_twin(p) for p in tw])
             for p in dict.fromkeys(ps):
                 params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p))
                 if k.startswith(("rmsnorm", "layernorm")):
@@ -202,7 +239,7 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
         if not res:
             continue
         t0 = res[0][0]
-        nbytes = MOVED[k.split(".")[1]] * m * n * 2
+        nbytes = MOVED.get(k, MOVED[k.split(".")[1]]) * m * n * 2
         times = {p: t for t, p in res}
         ranked = sorted(res, key=lambda r: r[0])
         shown = ranked[:4] + [res[0]]
@@ -223,6 +260,15 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
             lines.append(f"| {k} | {n} | {p}{tag} | {p.ctas_per_sm} | {t * 1e3:.1f} | "
                          f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} | {off} |")
         best_rows.append((k, n, ranked[0]))
+        if k == CE_BWD:  # the peer, after every plan of ours at this N (importing it patches CuTe)
+            try:
+                t = H.do_bench(_call(k, n, m, peer=True))["median_ms"]
+                lines.append(f"| {k} | {n} | QuACK cross_entropy backward | | {t * 1e3:.1f} | "
+                             f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} | |")
+                shown = shown + [None]
+            except Exception as e:
+                H.progress(f"  quack: {type(e).__name__}: {str(e)[:120]}")
+            torch.cuda.empty_cache()
         print("\n".join(lines[-len(shown):]), flush=True)
     return lines, ceil
 

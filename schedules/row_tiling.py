@@ -236,8 +236,15 @@ HELD_TUNED = {
     "ln_bwd": ((4096, dict(_ONE_ROW_128, min_threads=256)), (16384, dict(_LN_BWD, regs_per_thread=64)),
                (32768, _LN_BWD), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_LN_BWD, resident_grid=True))),
                (None, _LN_BWD)),
-    # cross-entropy backward holds only x: planned like the forwards before this table (not re-tuned)
-    "ce_bwd": ((None, dict(target_elems=32, max_elems=64, min_threads=256, max_tpr=512)),),
+    # Cross-entropy backward: no reduction (lse is saved), a read-x / write-dx copy bound by bytes in
+    # flight. UNMEASURED (CPU compile reports only; time with `perf.tune_rows --kernels
+    # cross_entropy.bwd`): 64 elements (8 bf16 vectors, 128 B) per thread loaded together, 128-256
+    # thread CTAs: 4k = two rows of 64 threads per CTA (QuACK's geometry), 52 registers, 9 CTAs/SM
+    # (~144 KiB in flight per SM); 16k+ = 256 threads per row, a long row cut over grid y (4 CTAs
+    # at 64k, no cluster launch: `kernels.softmax.CrossEntropyBwd`), 47 registers. Was
+    # target_elems=32, min_threads=256, max_tpr=512: 4k = 4 vectors per thread, 71 registers, 3
+    # CTAs of 256 per SM (48 KiB in flight); 64k = 512 threads in clusters of 2, 1 CTA per SM.
+    "ce_bwd": ((None, dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=256)),),
 }
 
 

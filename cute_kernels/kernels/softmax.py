@@ -24,7 +24,7 @@ from cutlass import Float32, Int32
 from collectives.online_softmax import EMPTY, exp_shifted, finite_ref, fold, local_state, log_sum_exp, merge, rescale
 from collectives.reduce import add, group_reduce, group_smem
 from collectives.rowwise import RowReducer, RowSlice, cluster_start, my_tile_count
-from collectives.vector_io import as_vectors, extent
+from collectives.vector_io import as_vectors, extent, widen_f32
 from cute_kernels.kernels.norms import _RowKernel
 from schedules.grid_stride import strided_fold
 from schedules.row_tiling import RowTiling, SplitRowWalk, row_tile_grid
@@ -255,7 +255,21 @@ class CrossEntropyFwd:
 
 
 class CrossEntropyBwd(_RowLoop):
-    """dx[m, j] = (exp(x[m, j] - lse[m]) - [j == target[m]]) * dloss[m]; 0 where target == ignore_index."""
+    """dx[m, j] = (exp(x[m, j] - lse[m]) - [j == target[m]]) * dloss[m]; 0 where target == ignore_index.
+    A target outside [0, N) other than ignore_index subtracts nothing (dx = softmax * dloss).
+
+    No reduction: with the forward's lse every element's gradient is its own, so this is a copy
+    that reads x and writes dx (2 bytes each way per bf16 element), and only bytes in flight bound
+    it. The plan (`HELD_TUNED["ce_bwd"]`) only cuts rows: each thread loads its `vpt` vectors of a
+    row together (128-bit, 8 per thread: 128 B in flight) and computes each vector as it lands;
+    the `cluster_n` CTAs of a long row are independent CTAs along grid y, launched without a
+    cluster (no cluster barrier at their start, no co-scheduling: there is nothing to exchange).
+    The row's three scalars (target, lse, dloss) are loaded together with the row, none waits on
+    another (dloss was loaded only once target had arrived and was compared with ignore_index:
+    two DRAM latencies per row tile); ignore_index then zeroes the loaded dloss. The one-hot is
+    one 32-bit compare per element against a constant: the target's offset from the thread's
+    first element is taken once per row (-1 - first when outside [0, N), which never matches).
+    """
 
     def __init__(self, dtype, vec: int, index64: bool, plan):
         super().__init__(vec, index64, plan)
@@ -267,30 +281,48 @@ class CrossEntropyBwd(_RowLoop):
         self.kernel(x, target, dloss, lse, dx, ignore_index).launch(
             **self.grid(extent(x, 0), max_ctas), stream=stream)
 
+    def grid(self, rows, max_ctas):
+        """`_RowKernel.grid` without the cluster: a long row's CTAs (grid y) share nothing."""
+        launch = super().grid(rows, max_ctas)
+        launch["cluster"] = None
+        return launch
+
     @cute.kernel
     def kernel(self, x: cute.Tensor, target: cute.Tensor, dloss: cute.Tensor, lse: cute.Tensor, dx: cute.Tensor,
                ignore_index: Int32):
-        vec = self.vec
-        red, sl, count, bidx, gdim, rows, n, group, lane, rank, _ = self.setup(x, ())
+        vec, tpr = self.vec, self.tpr
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, rank, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        rows, n = extent(x, 0), extent(x, 1)
+        group, lane = tidx // tpr, tidx % tpr
+        sl = RowSlice(vec, tpr, self.vpt, lane, rank, n, compact=True)  # one base, constant offsets
+        count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx, gdim, self.index64)
+        first = sl.index(0) * vec  # this thread's first element; vector k starts k * tpr * vec later
         for i in cutlass.range(count, unroll=1):
             row = (bidx + i * gdim) * self.rows_per_cta + group
             ok = row < rows
-            g = Float32(0.0)
-            v = Float32(0.0)
             t = Int32(-1).to(target.element_type)
-            if ok:
+            v = Float32(0.0)
+            g = Float32(0.0)
+            if ok:  # issued together: no load waits on another
                 t = target[row]
                 v = lse[row]
-                if t != ignore_index.to(t.dtype):
-                    g = dloss[row]
-            xs = sl.to_f32(sl.load(x[row, None], ok, 0.0))
+                g = dloss[row]
+            hx = sl.load(x[row, None], ok, 0.0)
+            if t == ignore_index.to(t.dtype):
+                g = Float32(0.0)
+            d = Int32(-1) - first  # the target's offset from `first`; negative: no match
+            if t >= 0 and t < n:
+                d = t.to(Int32) - first
             out = []
             for k in cutlass.range_constexpr(self.vpt):
+                els = widen_f32(hx[k], x.element_type)
                 frag = cute.make_rmem_tensor(cute.make_layout(vec), Float32)
-                frag.store(exp_shifted(xs[k], v) * g)
-                first = sl.index(k) * vec
                 for e in cutlass.range_constexpr(vec):
-                    if first + e == t:
-                        frag[e] = frag[e] - g
+                    p = exp_shifted(els[e], v) * g
+                    if d == k * tpr * vec + e:
+                        p = p - g
+                    frag[e] = p
                 out.append(frag.load())
             sl.store(dx[row, None], ok, out)
