@@ -174,6 +174,7 @@ def test_strided_rows(n, pad):
     _check(dx, x, t, dloss)
 
 
+@pytest.mark.large
 def test_index64_rows():
     """More than 2^31 elements (64-bit indexing): the last rows, the one-hot and ignore_index there."""
     n = 65536
