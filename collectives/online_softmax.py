@@ -95,18 +95,21 @@ def exp_shifted(v, m):
 
 @cute.jit
 def local_state(values):
-    """A thread's state over its held fp32 vectors `values` (a list of TensorSSA; positions past the
-    row's end hold -inf, so they count as empty). Returns ((m, l), exps) where
-    exps[k] = exp(values[k] - m): a caller that needs the probabilities rescales them by
-    exp(m - m_row) / l_row instead of exponentiating again."""
+    """A thread's state over its held vectors `values` (a list of TensorSSA, any float type;
+    positions past the row's end hold -inf, so they count as empty). Returns ((m, l), exps) where
+    exps[k] = exp(values[k] - m) in fp32: a caller that needs the probabilities rescales them by
+    exp(m - m_row) / l_row instead of exponentiating again. 16-bit values: the max is taken in
+    their own type (exact) and each vector is widened only for its exps, so a held 16-bit row
+    takes half the registers until then (same bits as widening first)."""
     m = Float32(NEG_INF)
     for k in cutlass.range_constexpr(len(values)):
-        m = cute.arch.fmax(m, values[k].reduce(cute.ReductionOp.MAX, Float32(NEG_INF), 0))
+        t = values[k].dtype
+        m = cute.arch.fmax(m, t(values[k].reduce(cute.ReductionOp.MAX, t(NEG_INF), 0)).to(Float32))
     ref = finite_ref(m)
     exps = []
     s = Float32(0.0)
     for k in cutlass.range_constexpr(len(values)):
-        e = exp_shifted(values[k], ref)
+        e = exp_shifted(values[k].to(Float32), ref)
         exps.append(e)
         s = s + e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
     return (m, s), exps

@@ -21,7 +21,8 @@ from cutlass import Float32, Int32
 from cute_kernels import dtypes
 from cute_kernels.catalog import _SIG_COMMON, KernelSpec, Param, _index_sym
 from cute_kernels.jit import fake_stream
-from schedules.row_tiling import CLUSTER_SYNCS, SMEM_PER_CTA, STAGINGS, HeldRowPlan, RowTiling, plan_for_rows
+from schedules.row_tiling import (CLUSTER_SYNCS, HOLD_ELEMS, SMEM_PER_CTA, STAGINGS, HeldRowPlan, RowTiling,
+                                  plan_for_rows)
 
 _CONFIG = {
     "threads": Param(256, (128, 256, 512, 1024), help="threads per CTA"),
@@ -39,6 +40,12 @@ _CONFIG = {
 PREFETCH_KERNELS = ("rmsnorm.bwd", "layernorm.bwd", "softmax.bwd", "log_softmax.bwd")
 _PREFETCH = Param(False, (False, True), help="fetch the next row tile (x/y and dy; registers: a second set, "
                   "smem: a second staging buffer, cp.async wait_group 1) while computing this one")
+
+# Kernels that can hold a staged row in registers after it lands (`HeldRowPlan.hold`): only their
+# specs have the `hold` parameter.
+HOLD_KERNELS = ("softmax.fwd", "log_softmax.fwd")
+_HOLD = Param(False, (False, True), help="staging='smem': read the landed row once into registers and compute "
+              "from there (one exp per element), instead of re-reading the buffer per pass")
 
 # Row tensors each kernel stages with staging="smem" (cross-entropy backward holds x without a
 # reduction: nothing to overlap, it is not staged).
@@ -58,11 +65,12 @@ def tuning_of(name: str) -> str:
 def plan_of(p) -> HeldRowPlan:
     return HeldRowPlan(RowTiling(p["threads"], p["threads_per_row"], p["vpt"]), p["cluster_n"],
                        staging=p.get("staging", "regs"), prefetch=p.get("prefetch", False),
-                       cluster_sync=p.get("cluster_sync", "barrier"))
+                       cluster_sync=p.get("cluster_sync", "barrier"), hold=p.get("hold", False))
 
 
 def config_of(plan: HeldRowPlan) -> dict:
-    """The catalogue config of `plan` (`prefetch` only when set: only PREFETCH_KERNELS have it)."""
+    """The catalogue config of `plan` (`prefetch` / `hold` only when set: only PREFETCH_KERNELS /
+    HOLD_KERNELS have them)."""
     t = plan.tiling
     out = dict(threads=t.threads, threads_per_row=t.threads_per_row, vpt=t.unroll, cluster_n=plan.cluster_n,
                staging=plan.staging)
@@ -70,6 +78,8 @@ def config_of(plan: HeldRowPlan) -> dict:
         out["prefetch"] = True
     if plan.cluster_sync != "barrier":
         out["cluster_sync"] = plan.cluster_sync
+    if plan.hold:
+        out["hold"] = True
     return out
 
 
@@ -85,6 +95,9 @@ class RowwiseSpec(KernelSpec):
             if not p["aligned"]:
                 raise ValueError(f"{self.name}: staging='smem' needs 16-byte aligned rows (cp.async moves "
                                  f"4-16 bytes); plan {plan} with aligned=False")
+            if plan.hold and plan.tiling.unroll * dtypes.vec_of(p["dtype"], p["aligned"]) > HOLD_ELEMS:
+                raise ValueError(f"{self.name}: hold=True keeps the row in registers: at most {HOLD_ELEMS} "
+                                 f"elements per thread (plan {plan})")
             total = self.dynamic_smem_bytes(p)
             if total > SMEM_PER_CTA:
                 raise ValueError(f"{self.name}: plan {plan} needs {total} bytes of shared memory per CTA "
@@ -206,6 +219,8 @@ def _spec(name: str, lesson: int, summary: str, ops: tuple[str, ...], extra: dic
         params["threads_per_row"] = Param(64, _CONFIG["threads_per_row"].choices, help=_CONFIG["threads_per_row"].help)
     if name in PREFETCH_KERNELS:
         params["prefetch"] = _PREFETCH
+    if name in HOLD_KERNELS:
+        params["hold"] = _HOLD
     return RowwiseSpec(name=name, family="rowwise", lesson=lesson, summary=summary, ops=ops, status="ready",
                        params=params)
 

@@ -8,12 +8,16 @@ register plans of at most 16 elements per thread and staged plans (double-buffer
 each next to its prefetch-off twin; the "x off" column is the twin's time over the plan's.
 `--cluster-sync both|mbarrier` adds the mbarrier-synced twins of clustered plans
 (`HeldRowPlan.cluster_sync`), "x off" then the barrier twin's time over theirs.
+`--hold both|only` adds the hold twins (`HeldRowPlan.hold`: the staged row read once into registers,
+tagged "hold") of the staged softmax-forward plans of at most 64 elements per thread, "x off" the
+re-reading twin's time over theirs.
 `--resident-grid both|only` adds (only: times only) the one-wave twins of the clustered backward
 plans, the default's included (`HeldRowPlan.resident_grid`, tagged "rg"), "x off" their SMs-capped
 twin's time over theirs.
 
     python3 -m perf.tune_rows [--n 4096,65536] [--kernels rmsnorm.fwd,...] [--out DIR] [--jobs 16]
                               [--prefetch with|without|only] [--resident-grid off|both|only]
+                              [--hold off|both|only]
 
 `--kernels cross_entropy.fwd` (not in the default list) times the streaming cross-entropy forward's
 `plan_rows` settings instead (`ce_candidates`, against `ops.softmax.CE_FWD_PLAN`, and QuACK's).
@@ -35,7 +39,7 @@ import os
 import torch
 
 from perf import harness as H
-from schedules.row_tiling import HeldRowPlan, RowTiling
+from schedules.row_tiling import HOLD_ELEMS, HeldRowPlan, RowTiling
 
 MiB = 1 << 20
 KERNELS = ("rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "rmsnorm.bwd", "layernorm.bwd", "softmax.bwd")
@@ -106,6 +110,8 @@ def prefetch_candidates(n: int, vec: int = 8) -> list[HeldRowPlan]:
 def _twin(p: HeldRowPlan, vec: int = 8) -> HeldRowPlan:
     """`p` on the SMs-capped grid when it has the resident one, with the cluster barrier when it syncs
     by mbarrier, else `p` without prefetch (a staged twin gets the CTAs per SM of its single buffer)."""
+    if p.hold:  # the re-reading plan, with the CTAs per SM of its own register floor
+        return dataclasses.replace(_staged(p.tiling, p.cluster_n, vec, False, False), cluster_sync=p.cluster_sync)
     if p.resident_grid:
         return dataclasses.replace(p, resident_grid=False)
     if p.cluster_sync != "barrier":
@@ -167,8 +173,18 @@ def _call(kernel: str, n: int, m: int, peer: bool = False):
     return lambda: torch.autograd.grad(y, xg, dy, retain_graph=True)
 
 
+def _hold_twin(p: HeldRowPlan, vec: int = 8) -> HeldRowPlan:
+    """`p` holding its staged row in registers, with the CTAs per SM the kernel asks for (80 registers)."""
+    q = dataclasses.replace(p, hold=True)
+    return dataclasses.replace(q, ctas_per_sm=min(16, q.staged_residency(q.row_smem_bytes(vec, (16 // vec,)), 80)))
+
+
+def _holdable(p: HeldRowPlan, vec: int = 8) -> bool:
+    return p.staging == "smem" and not p.hold and p.tiling.unroll * vec <= HOLD_ELEMS
+
+
 def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "barrier",
-          resident_grid: str = "off"):
+          resident_grid: str = "off", hold: str = "off"):
     from cute_kernels.ops import _rowwise as R
     from cute_kernels.precompile import item, precompile
     from cute_kernels.specs_rowwise import config_of
@@ -198,6 +214,9 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                     if mode != off:
                         tw = [dataclasses.replace(p, **change) for p in [default] + ps if p.cluster_n > 1]
                         ps = (ps + tw) if mode == "both" else (tw + [_twin(p) for p in tw])
+                if hold != "off" and k in ("softmax.fwd", "log_softmax.fwd"):  # after the mbarrier twins: those too
+                    tw = [_hold_twin(p) for p in [default] + ps if _holdable(p)]
+                    ps = (ps + tw) if hold == "both" else (tw + [_twin(p) for p in tw])
             for p in dict.fromkeys(ps):
                 params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p))
                 if k.startswith(("rmsnorm", "layernorm")):
@@ -246,7 +265,8 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
         best_pf = next((r for r in ranked if r[1].prefetch), None)
         if best_pf is not None and best_pf not in shown:
             shown.append(best_pf)  # the fastest prefetching plan, wherever it ranks
-        for want in (lambda q: q.resident_grid,  # the fastest one-wave plan
+        for want in (lambda q: q.hold,  # the fastest plan holding a staged row
+                     lambda q: q.resident_grid,  # the fastest one-wave plan
                      lambda q: q == dataclasses.replace(default, resident_grid=True),  # the default's twin
                      lambda q: q.cluster_sync == "mbarrier",  # the fastest mbarrier-synced plan
                      lambda q: q == dataclasses.replace(default, cluster_sync="mbarrier")):  # the default's twin
@@ -255,7 +275,7 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                 shown.append(r)
         for t, p in shown:
             tag = " (default)" if p == default else ""
-            twin = _twin(p) if (p.prefetch or p.cluster_sync != "barrier" or p.resident_grid) else None
+            twin = _twin(p) if (p.prefetch or p.cluster_sync != "barrier" or p.resident_grid or p.hold) else None
             off = f"{times[twin] / t:.3f}" if twin in times else ""
             lines.append(f"| {k} | {n} | {p}{tag} | {p.ctas_per_sm} | {t * 1e3:.1f} | "
                          f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} | {off} |")
@@ -385,6 +405,9 @@ def main(argv=None) -> int:
                     help="clustered plans: the cluster barrier only (barrier), also their mbarrier-synced twins "
                          "(both), or only the twin pairs (mbarrier); 'x off' is then the barrier twin's time over "
                          "the plan's")
+    ap.add_argument("--hold", choices=("off", "both", "only"), default="off",
+                    help="softmax forward: also the hold twins of staged plans of <= 64 elements per thread (both), "
+                         "or only the twin pairs (only); 'x off' is then the re-reading twin's time over the plan's")
     ap.add_argument("--resident-grid", choices=("off", "both", "only"), default="off",
                     help="clustered backward plans: also their one-wave twins (both: HeldRowPlan.resident_grid), or "
                          "only the twin pairs (only); 'x off' is then the SMs-capped twin's time over the plan's")
@@ -396,7 +419,7 @@ def main(argv=None) -> int:
         kernels.remove(CE_FWD)
         lines = sweep_ce(ns, a.jobs)
     if kernels:
-        held, _ = sweep(kernels, ns, a.jobs, a.prefetch, a.cluster_sync, a.resident_grid)
+        held, _ = sweep(kernels, ns, a.jobs, a.prefetch, a.cluster_sync, a.resident_grid, a.hold)
         lines = held + ([""] + lines if lines else [])
     text = "# held-row plan sweep (bf16, 256 MiB per tensor)\n\n" + "\n".join(lines) + "\n"
     print(text)

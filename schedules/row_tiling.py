@@ -126,10 +126,22 @@ class HeldRowPlan:
     # co-resident (`schedules.hardware.max_active_clusters`, 32 of 4 on an H200): one wave, 4x fewer
     # partial rows. Only the dweight/dbias summation order changes. No effect without a cluster.
     resident_grid: bool = False
+    # With "smem" staging: the staged row is read from shared memory once, right after it lands, and
+    # then held in registers like "regs" (the buffer is only the landing zone of the cp.async copies:
+    # every byte in flight at once, no register tied to a load in flight). The passes then do not
+    # re-read the buffer and the softmax forward computes one exp per element instead of two (the
+    # staged re-read path recomputes them): ncu, softmax 2048x65536 staged t256 u16 c2 executed 90.7 M
+    # warp instructions against QuACK's 44.5 M (same bytes), 2 CTAs/SM at 120 registers against its 3
+    # at 80. Only for rows a thread's registers hold (`HOLD_ELEMS`); same values, same order: bitwise
+    # the re-reading staged kernel's output.
+    hold: bool = False
 
     def __post_init__(self):
         if self.staging not in STAGINGS:
             raise ValueError(f"staging must be one of {STAGINGS}, got {self.staging!r}")
+        if self.hold and self.staging != "smem":
+            raise ValueError(f"hold=True reads a staged row once into registers: it needs staging='smem' "
+                             f"(got {self.staging!r})")
         if self.cluster_sync not in CLUSTER_SYNCS:
             raise ValueError(f"cluster_sync must be one of {CLUSTER_SYNCS}, got {self.cluster_sync!r}")
 
@@ -164,6 +176,7 @@ class HeldRowPlan:
         s = s if self.staging == "regs" else f"{s} {self.staging}"
         s = f"{s} mb" if self.cluster_sync == "mbarrier" else s
         s = f"{s} rg" if self.resident_grid and self.cluster_n > 1 else s
+        s = f"{s} hold" if self.hold else s
         return f"{s} pf" if self.prefetch else s
 
     def capacity(self, vec: int) -> int:
@@ -278,6 +291,7 @@ def max_held_row(tuning: str, vec: int) -> int:
 
 MAX_CLUSTER = 8  # the portable cluster size on Hopper
 STAGINGS = ("regs", "smem")
+HOLD_ELEMS = 64  # `HeldRowPlan.hold`: the most elements per thread a held staged row may have (fp32 registers)
 CLUSTER_SYNCS = ("barrier", "mbarrier")
 SMEM_PER_CTA = 227 * 1024  # the most dynamic shared memory one CTA may opt into on Hopper
 SMEM_PER_SM = 228 * 1024
@@ -288,7 +302,7 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
                    max_tpr: int = 512, max_cluster: int = MAX_CLUSTER, regs_per_thread: int = 128,
                    cluster_elems: int | None = None, staging: str = "regs", prefetch: bool = False,
                    staged_rows: int = 1, staged_regs: int = 64, cluster_sync: str = "barrier",
-                   resident_grid: bool = False) -> HeldRowPlan:
+                   resident_grid: bool = False, hold: bool = False) -> HeldRowPlan:
     """Threads per row, vectors per thread and cluster size for rows of `n` elements in `vec`-element
     vectors, held in registers.
 
@@ -309,6 +323,8 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
     `cluster_sync`: how a clustered plan's CTAs meet (`HeldRowPlan.cluster_sync`); one CTA: "barrier".
     `resident_grid`: the backward's persistent grid capped at the co-resident clusters (a launch
     setting, `HeldRowPlan.resident_grid`).
+    `hold`: a staged row is read once into registers after it lands (`HeldRowPlan.hold`; set
+    `staged_regs` to what the held row needs).
     """
     if staging not in STAGINGS:
         raise ValueError(f"staging must be one of {STAGINGS}, got {staging!r}")
@@ -334,15 +350,16 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
     threads = max(tpr, min_threads)
     ctas_per_sm = max(1, min(8, 65536 // (threads * regs_per_thread)))
     sync = cluster_sync if cluster > 1 else "barrier"
+    hold = hold and staging == "smem"
     plan = HeldRowPlan(RowTiling(threads=threads, threads_per_row=tpr, unroll=vpt), cluster, ctas_per_sm, staging,
-                       prefetch, sync, resident_grid)
+                       prefetch, sync, resident_grid, hold)
     if staging == "smem":
         staged = plan.row_smem_bytes(vec, rows=(16 // vec,) * staged_rows)
         if staged > SMEM_PER_CTA:
             raise ValueError(f"plan {plan} stages {staged} bytes of shared memory per CTA "
                              f"(at most {SMEM_PER_CTA})")
         plan = HeldRowPlan(plan.tiling, cluster, min(16, plan.staged_residency(staged, staged_regs)), staging,
-                           prefetch, sync, resident_grid)
+                           prefetch, sync, resident_grid, hold)
     return plan
 
 

@@ -116,3 +116,57 @@ def test_planner_capability():
             assert plan_for_rows(fam, n, 8).staging == "smem"
             assert plan_for_rows(fam, n, 4).staging == plan_for_rows(fam, n, 1).staging == "regs"
     assert plan_for_rows("fwd", 262144, 8).staging == "regs"  # past 128k: the register plans
+
+
+def _ptx_count(ptx: str, pat: str) -> int:
+    return len(re.findall(pat, ptx))
+
+
+@pytest.mark.parametrize("name", ["softmax.fwd", "log_softmax.fwd"])
+def test_hold_reads_the_staged_row_once(name, tmp_path):
+    """`hold=True`: the landed row is read from shared memory once (one 128-bit shared load per
+    held vector, against one per vector and pass re-reading it), the softmax computes one exp per
+    element (against two), and ptxas is asked for 3 CTAs of 256 threads per SM (80 registers)."""
+    shape = (256, 256, 8, 4)
+    p_hold = _params(name, shape, "smem", hold=True, cluster_sync="mbarrier")
+    p_stage = _params(name, shape, "smem", cluster_sync="mbarrier")
+    rep_h, files_h = compile_with_artifacts(catalog.get(name), p_hold, str(tmp_path / "hold"))
+    rep_s, files_s = compile_with_artifacts(catalog.get(name), p_stage, str(tmp_path / "staged"))
+    ph, ps = files_h["ptx"].read_text(), files_s["ptx"].read_text()
+    assert _ptx_count(ph, r"cp\.async\.cg\.shared\.global") == 8
+    # 8 row vectors + the reduction's 2 (its slots); the re-reading plan reads each vector per pass
+    lh, ls = _ptx_count(ph, r"ld\.shared\.v4"), _ptx_count(ps, r"ld\.shared\.v4")
+    assert lh <= 10 and ls - lh >= 8, (lh, ls)
+    m = re.search(r"\.minnctapersm (\d+)", ph)
+    assert m and int(m.group(1)) == 3
+    assert rep_h.kernels[0].registers <= 80
+    # ptxas keeps a prologue value or two in local memory at the 80-register cap (mbarrier sync)
+    assert rep_h.kernels[0].local_bytes <= 64, rep_h.format()
+    if name == "softmax.fwd":
+        ex_h, ex_s = _ptx_count(ph, r"ex2\.approx"), _ptx_count(ps, r"ex2\.approx")
+        assert ex_s - ex_h >= 64, (ex_h, ex_s)  # the 64 recomputed exps are gone
+
+
+def test_hold_refusals():
+    with pytest.raises(ValueError, match="staging='smem'"):
+        HeldRowPlan(RowTiling(256, 256, 8), 4, 2, "regs", hold=True)
+    with pytest.raises(ValueError, match="at most 64 elements"):
+        _params("softmax.fwd", (256, 256, 16, 2), "smem", hold=True)
+    with pytest.raises(ValueError):  # only the softmax forwards have the parameter
+        _params("rmsnorm.fwd", (256, 256, 8, 4), "smem", hold=True)
+    p = plan_of(_params("softmax.fwd", (256, 256, 8, 4), "smem", hold=True))
+    assert p.hold and str(p).endswith("hold") and config_of(p)["hold"] is True
+    assert "hold" not in config_of(plan_of(_params("softmax.fwd", (256, 256, 8, 4), "smem")))
+    assert not plan_held_rows(4099, 1, staging="smem", hold=True).hold  # scalar rows stay in registers
+
+
+def test_tuner_hold_twins():
+    """perf.tune_rows --hold: a hold twin for each staged softmax-forward plan of <= 64 elements
+    per thread, next to its re-reading twin."""
+    from perf.tune_rows import _hold_twin, _holdable, _twin, staged_candidates
+
+    c = staged_candidates(65536)
+    tw = [_hold_twin(p) for p in c if _holdable(p)]
+    assert tw and all(p.hold and p.tiling.unroll * 8 <= 64 for p in tw)
+    assert all(_twin(p) in c for p in tw)
+    assert {p.ctas_per_sm for p in tw if p.tiling.threads == 256} == {3}

@@ -33,10 +33,14 @@ class _RowKernel:
     """Launch geometry shared by the row-held kernels: CTAs x cluster ranks, grid-stride tiles."""
 
     pipelined = False  # the tile loop implements `HeldRowPlan.prefetch` (the backward kernels)
+    holds = False  # the tile loop implements `HeldRowPlan.hold` (the softmax forward)
+    held_min_regs = 80  # with `hold`: registers per thread the held row needs (sets the CTAs per SM)
 
     def __init__(self, vec: int, index64: bool, plan: HeldRowPlan):
         if plan.prefetch and not self.pipelined:
             raise ValueError(f"{type(self).__name__}: prefetch is not built for this kernel (plan {plan})")
+        if plan.hold and not self.holds:
+            raise ValueError(f"{type(self).__name__}: hold is not built for this kernel (plan {plan})")
         self.vec, self.index64, self.plan = vec, index64, plan
         self.threads = plan.tiling.threads
         self.tpr = plan.tiling.threads_per_row
@@ -45,6 +49,7 @@ class _RowKernel:
         self.rows_per_cta = plan.tiling.rows_per_cta
         self.staged = plan.staging == "smem"
         self.prefetch = plan.prefetch
+        self.hold = plan.hold
 
     def stage_buffers(self, smem, dtypes: tuple, group) -> list:
         """With shared-memory staging, this row group's staging buffer for each row tensor (of
@@ -136,7 +141,8 @@ class _RowKernel:
         if self.staged:
             # Registers no longer bound the CTAs per SM: ask ptxas to fit as many as shared memory
             # allows (a register cap); the carveout is given so the DSL does not query a device.
-            launch.update(min_blocks_per_mp=self.plan.staged_residency(self.row_smem_bytes(), self.staged_min_regs),
+            regs = self.held_min_regs if self.hold else self.staged_min_regs
+            launch.update(min_blocks_per_mp=self.plan.staged_residency(self.row_smem_bytes(), regs),
                           preferred_smem_carveout=100)
         return launch
 

@@ -57,7 +57,10 @@ class _RowLoop(_RowKernel):
 
 
 class SoftmaxFwd(_RowLoop):
-    """y = softmax(x) or log_softmax(x) along the last dim of x (M, N)."""
+    """y = softmax(x) or log_softmax(x) along the last dim of x (M, N). With `plan.hold` a staged
+    tile is read from shared memory once and then computed from registers (one exp per element)."""
+
+    holds = True
 
     def __init__(self, log: bool, dtype, vec: int, index64: bool, plan):
         super().__init__(vec, index64, plan)
@@ -77,15 +80,21 @@ class SoftmaxFwd(_RowLoop):
             ok = row < rows
             hx = sl.fetch(x[row, None], ok, _NEG_INF, bufs[0])
             sl.arrive(self.staged)
-            xs = sl.to_f32(sl.read(hx, ok, _NEG_INF))
+            if cutlass.const_expr(self.hold):
+                # the landed row read once and held from here on, in its own dtype (half the
+                # registers of fp32; local_state widens each vector for its exps)
+                hx = sl.read(hx, ok, _NEG_INF)
+                xs = hx
+            else:
+                xs = sl.to_f32(sl.read(hx, ok, _NEG_INF))
             mine, exps = local_state(sl.lazy(hx, xs, ok, _NEG_INF))
             state = red.reduce(mine, merge, _empty(), 0, Int32(i))
             if cutlass.const_expr(self.log):
                 lse = log_sum_exp(state)
-                sl.store(y[row, None], ok, [v - lse for v in sl.again(hx, xs, ok, _NEG_INF)])
+                sl.store(y[row, None], ok, [v - lse for v in sl.to_f32(sl.again(hx, xs, ok, _NEG_INF))])
             else:
                 f = rescale(mine[0], state)
-                if cutlass.const_expr(self.staged):  # the thread's exps again (those of local_state)
+                if cutlass.const_expr(self.staged and not self.hold):  # the thread's exps again (local_state's)
                     ref = finite_ref(mine[0])
                     exps = [exp_shifted(v, ref) for v in sl.again(hx, xs, ok, _NEG_INF)]
                 sl.store(y[row, None], ok, [e * f for e in exps])

@@ -1,0 +1,92 @@
+"""GPU: the softmax forward holding its staged row (`HeldRowPlan.hold`: cp.async lands the row in shared
+memory, it is read once into registers, one exp per element) against the re-reading staged plan of
+the same shape and against fp32 references.
+
+Bitwise: holding changes where the row lives after it lands and that the exps are kept instead of
+recomputed, not the math (the max of 16-bit values is exact in their own type, the exps take the same
+inputs, the reductions the same tree), so softmax and log-softmax must equal, bit for bit, the staged
+plan without `hold`. Both run through the public ops with `cute_kernels.ops._rowwise.plan_for`
+patched (the hold plan for the forward kernels only). Rows: 16k-128k (clusters of 1-8), 4099 (scalar
+rows: the plan falls back to registers), 0 and 1 rows, rows with a stride; bf16, fp16 and fp32
+(16 fp32 vectors: 64 elements per thread); both cluster syncs.
+"""
+
+import pytest
+import torch
+
+import cute_kernels as ck
+from tests.helpers import poison_empty, randn, run_with_plans
+
+pytestmark = pytest.mark.gpu
+
+# 64 elements per thread, 256-thread CTAs: 16k in one CTA, 64k in clusters of 4, 128k of 8.
+SETTINGS = dict(target_elems=64, max_elems=64, min_threads=256, max_tpr=256, staging="smem")
+HOLD_KERNELS = ("softmax.fwd", "log_softmax.fwd")
+
+
+def _plan(hold: bool, sync: str):
+    from schedules.row_tiling import plan_held_rows
+
+    def plan_for(name, dtype, n, aligned):
+        vec = 16 // dtype.itemsize if aligned else 1
+        return plan_held_rows(n, vec, **SETTINGS, cluster_sync=sync, hold=hold and name in HOLD_KERNELS)
+
+    return plan_for
+
+
+CASES = [(64, 16384), (32, 65536), (8, 131072), (33, 4099), (0, 65536), (1, 65536), (3, 65536 + 8)]
+
+
+@pytest.mark.parametrize("m,n", CASES, ids=[f"{m}x{n}" for m, n in CASES])
+@pytest.mark.parametrize("strided", [False, True], ids=["contig", "strided"])
+@pytest.mark.parametrize("sync", ["barrier", "mbarrier"])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_hold_equals_staged_bitwise(op, sync, m, n, strided, monkeypatch):
+    if n > 65536 + 8 and strided:
+        pytest.skip("one 128k case is enough")
+    poison_empty(monkeypatch)
+    f = getattr(ck, op)
+    pad = 64 if strided else 0
+    x = randn(m, n + pad, dtype=torch.bfloat16, seed=1)[:, :n]
+    staged, _ = run_with_plans(monkeypatch, _plan(False, sync), lambda: f(x))
+    held, plans = run_with_plans(monkeypatch, _plan(True, sync), lambda: f(x))
+    if n % 8 == 0 and m:
+        assert plans[f"{op}.fwd"].hold, plans
+    assert torch.equal(staged.view(torch.uint16), held.view(torch.uint16))
+    if m:
+        ref = getattr(torch, op)(x.float(), -1)
+        assert not torch.isnan(held).any()
+        tol = 2e-2 * ref.abs().max().item() + 1e-2
+        assert (held.float() - ref).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_hold_other_dtypes(op, dtype, monkeypatch):
+    poison_empty(monkeypatch)
+    f = getattr(ck, op)
+    x = randn(16, 65536, dtype=dtype, seed=5)
+    staged, _ = run_with_plans(monkeypatch, _plan(False, "mbarrier"), lambda: f(x))
+    held, plans = run_with_plans(monkeypatch, _plan(True, "mbarrier"), lambda: f(x))
+    assert plans[f"{op}.fwd"].hold
+    assert torch.equal(staged, held)
+    ref = getattr(torch, op)(x.double(), -1)
+    tol = (1e-5 if dtype == torch.float32 else 1e-2) * ref.abs().max().item() + 1e-5
+    assert (held.double() - ref).abs().max().item() <= tol
+
+
+def test_hold_rows_tied_extremes(monkeypatch):
+    """Rows of one repeated value (every exp 1: probability exactly 1/n), one -inf-free spike, and a
+    row whose max sits in the last vector of the last CTA."""
+    poison_empty(monkeypatch)
+    n = 65536
+    x = torch.zeros(4, n, device="cuda", dtype=torch.bfloat16)
+    x[0] = 3.0
+    x[1, 12345] = 60.0
+    x[2, -1] = 20.0
+    x[3] = randn(n, dtype=torch.bfloat16, seed=9)
+    held, _ = run_with_plans(monkeypatch, _plan(True, "mbarrier"), lambda: ck.softmax(x))
+    staged, _ = run_with_plans(monkeypatch, _plan(False, "mbarrier"), lambda: ck.softmax(x))
+    assert torch.equal(held, staged)
+    assert torch.equal(held[0].float(), torch.full((n,), 1.0 / n, device="cuda").to(torch.bfloat16).float())
+    assert held[1, 12345].item() == 1.0 and held[2, -1].item() == 1.0
