@@ -49,6 +49,8 @@ class FlashAttnSpec(KernelSpec):
             p["double_p"] = False  # a variant of the overlap
         if not p["overlap"] or p["double_p"]:
             p["split_mask"] = False  # built for the one-buffer overlap
+        if p["split_mask"] and not schedule_of(p).fits(p["head_dim"]):
+            p["split_mask"] = False  # D = 256: three loop bodies serialize the WGMMAs (the default's choice too)
         s = schedule_of(p)
         if not s.fits(p["head_dim"]):
             raise ValueError(f"{self.name}: {s} does not fit head_dim {p['head_dim']} "
@@ -137,9 +139,9 @@ FLASH_ATTN = FlashAttnSpec(
                               "<= 2^8 after the scale: the warp skips the O rescale (vote.all per block)"),
         "double_p": Param(False, (True, False), help="overlap with P in two register buffers: the wait for P_j V_j "
                           "moves from inside the next softmax to after the next S issue (off without overlap)"),
-        "split_mask": Param(False, (True, False), help="one-buffer overlap: the K/V walk as three loops (key end / "
+        "split_mask": Param(True, (True, False), help="one-buffer overlap: the K/V walk as three loops (key end / "
                             "right edge, interior, left edge), the interior one without mask code (bitwise the same; "
-                            "off without overlap or with double_p)"),
+                            "the default where it fits; off without overlap, with double_p, or at D = 256)"),
         "sum_from_corr": Param(False, (True, False), help="the row sum starts from l * corr and adds the block's "
                                "probabilities (FA4's order) instead of l * corr + sum at the end (l rounds differently)"),
     },

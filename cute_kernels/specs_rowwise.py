@@ -11,6 +11,7 @@ compiled kernel serves every N up to the plan's capacity.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
@@ -56,7 +57,7 @@ STAGED_TENSORS = {"rmsnorm.fwd": 1, "layernorm.fwd": 1, "softmax.fwd": 1, "log_s
 def tuning_of(name: str) -> str:
     """Which `HELD_TUNED` family plans kernel `name`."""
     special = {"rmsnorm.fwd": "rms_fwd", "layernorm.fwd": "ln_fwd", "rmsnorm.bwd": "rms_bwd",
-               "layernorm.bwd": "ln_bwd", "cross_entropy.bwd": "ce_bwd"}
+               "layernorm.bwd": "ln_bwd", "cross_entropy.bwd": "ce_bwd", "log_softmax.fwd": "lsm_fwd"}
     if name in special:
         return special[name]
     return "bwd" if name.endswith(".bwd") else "fwd"
@@ -66,6 +67,14 @@ def plan_of(p) -> HeldRowPlan:
     return HeldRowPlan(RowTiling(p["threads"], p["threads_per_row"], p["vpt"]), p["cluster_n"],
                        staging=p.get("staging", "regs"), prefetch=p.get("prefetch", False),
                        cluster_sync=p.get("cluster_sync", "barrier"), hold=p.get("hold", False))
+
+
+def plan_for_kernel(name: str, n: int, vec: int) -> HeldRowPlan:
+    """The `HELD_TUNED` plan of kernel `name` for rows of `n` elements in `vec`-element vectors:
+    `plan_for_rows` of its family, without `hold` for a kernel that does not build it (the
+    cross-entropy forward shares the softmax forward's family)."""
+    plan = plan_for_rows(tuning_of(name), n, vec)
+    return plan if not plan.hold or name in HOLD_KERNELS else dataclasses.replace(plan, hold=False)
 
 
 def config_of(plan: HeldRowPlan) -> dict:
@@ -191,12 +200,10 @@ class RowwiseSpec(KernelSpec):
     def representative(self):
         """The plans the ops pick for a 4k row (one CTA) and a 64k row (a cluster); the scalar variant
         for odd rows is compiled by tests/test_rowwise_compile.py."""
-        tuned = tuning_of(self.name)
-
         out = []
         for n, aligned in ((4096, True), (65536, True)):
             vec = dtypes.vec_of("bf16", aligned)
-            plan = plan_for_rows(tuned, n, vec)
+            plan = plan_for_kernel(self.name, n, vec)
             out.append(self.resolve({**config_of(plan), "aligned": aligned}))
         return out
 
@@ -205,7 +212,7 @@ class RowwiseSpec(KernelSpec):
         for d, a, n in itertools.product(dtypes.FLOAT_NAMES, (True, False), (1024, 4096, 16384, 32768, 131072)):
             vec = dtypes.vec_of(d, a)
             try:
-                plan = plan_for_rows(tuning_of(self.name), n, vec)
+                plan = plan_for_kernel(self.name, n, vec)
             except ValueError:
                 continue
             out.append(self.resolve({**config_of(plan), "dtype": d, "aligned": a}))

@@ -49,6 +49,8 @@ budget); three consumer warpgroups would be 32 + 3 x 160.
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 from dataclasses import dataclass
 
@@ -182,7 +184,18 @@ def default_schedule(head_dim: int, causal: bool = False) -> AttentionSchedule:
     # overlap on (FA3's intra-warpgroup pipelining): H200, d 128, B16 S1k and B2 S8k, causal and not,
     # 3.3-4.4 % faster than without in the same interleaved run (perf/results/2026-11-29-h200-163e103/
     # attention.md); it compiles without spills at every head dim (168 launch registers, setmaxnreg 240).
-    return AttentionSchedule(tile_n=_TILE_N[head_dim], overlap=True)
+    # split_mask where it fits (D <= 192): H200, d 128, the same four shapes, 1.018-1.045x (geomean
+    # 1.033x) in one interleaved run (perf/results/2026-11-29-h200-8301b88/attention.md); bitwise the same.
+    return _split_where_fits(AttentionSchedule(tile_n=_TILE_N[head_dim], overlap=True), head_dim)
+
+
+def _split_where_fits(s: AttentionSchedule, head_dim: int) -> AttentionSchedule:
+    """`s` with `split_mask` when it is a one-buffer overlap that still fits `head_dim` with it."""
+    if s.kind == "fa3" and s.overlap and not s.double_p and not s.split_mask:
+        t = dataclasses.replace(s, split_mask=True)
+        if t.fits(head_dim):
+            return t
+    return s
 
 
 def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[AttentionSchedule]:
@@ -213,9 +226,11 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     out = []
     for kw in specs:
         s = AttentionSchedule(**kw)
+        s = _split_where_fits(s, head_dim) if d.split_mask else s  # the default's interior loop
         if s.fits(head_dim) and s not in out:
             out.append(s)
-    return out[:limit]
+    out = out[:limit - 1] if d.split_mask else out[:limit]
+    return out + ([dataclasses.replace(d, split_mask=False)] if d.split_mask else [])  # the default without it
 
 
 # --- the tile walk ----------------------------------------------------------------------------

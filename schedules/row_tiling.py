@@ -214,6 +214,12 @@ _LN_FWD = dict(target_elems=32, max_elems=32, min_threads=128, max_tpr=256)
 # 16-byte aligned (vec 1: cp.async cannot stage them).
 _STAGED_NORM_FWD = dict(target_elems=64, max_elems=64, min_threads=256, max_tpr=256, staging="smem")
 _STAGED_FWD = dict(target_elems=128, max_elems=128, min_threads=256, max_tpr=256, staging="smem")
+# Softmax / log-softmax forward at 32k-128k: 64 elements per thread in 256-thread CTAs (QuACK's geometry: 64k in
+# clusters of 4, 128k of 8), the landed row held in registers (`HeldRowPlan.hold`: one exp per element, 3 CTAs
+# per SM at 80 registers), clusters synced by mbarrier. H200 sweep of session 6 (perf/results/2026-11-29-h200-
+# 8301b88/tune_rows.md), over the re-reading staged default t256 u16: 64k 3.40 -> 3.86 TB/s, 128k 3.23 -> 3.60.
+_STAGED_FWD_HOLD = dict(target_elems=64, max_elems=64, min_threads=256, max_tpr=256, staging="smem",
+                        cluster_sync="mbarrier", hold=True, staged_regs=80)
 # Staged norms whose cluster meets on mbarriers (`cluster_sync="mbarrier"`: no MEMBAR.ALL.GPU before a
 # cluster barrier per row tile): the H200 sweep of session 5 (perf/results/2026-11-29-h200-6ba19a2/
 # tune_rows_mbarrier.md), each the best plan, over the barrier-synced default: RMSNorm 64k t128 r128 u8 c8
@@ -235,7 +241,10 @@ _STAGED_BWD = dict(target_elems=64, max_elems=64, min_threads=256, max_tpr=256, 
 _STAGED_NORM_BWD_RG = dict(target_elems=32, max_elems=32, min_threads=256, max_tpr=256, staging="smem",
                            staged_rows=2, staged_regs=128, resident_grid=True)
 HELD_TUNED = {
-    "fwd": ((4096, _ONE_ROW_128), (32768, _FWD), (131072, dict(_STAGED_FWD, regs=_FWD)), (None, _FWD)),
+    "fwd": ((4096, _ONE_ROW_128), (32768, _FWD), (131072, dict(_STAGED_FWD_HOLD, regs=_FWD)), (None, _FWD)),
+    # log-softmax forward: the softmax's plans before `hold` (its hold variant spills 56 B at 80 registers
+    # and was not measured; the 64-element geometry without hold measured 0.73x the 128-element one)
+    "lsm_fwd": ((4096, _ONE_ROW_128), (32768, _FWD), (131072, dict(_STAGED_FWD, regs=_FWD)), (None, _FWD)),
     "rms_fwd": ((16384, _ONE_ROW_128), (32768, _RMS_FWD), (65536, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)),
                 (131072, dict(_STAGED_NORM_FWD, regs=_NORM_FWD)), (None, _NORM_FWD)),
     "ln_fwd": ((4096, _ONE_ROW_128), (32768, _LN_FWD), (65536, dict(_STAGED_LN_FWD_MB, regs=_LN_FWD)),

@@ -35,7 +35,10 @@ def test_representative_compiles(reports, spec, p):
     assert files["ptx"].read_text().count(".target sm_90a") == 1
     assert files["cubin"].read_bytes()[:4] == b"\x7fELF"
     assert report.kernels and report.kernels[0].registers and report.kernels[0].registers <= 255
-    assert not report.spills, report.format()
+    # the softmax forward holding a staged row (`HeldRowPlan.hold`, 80 registers): the tile loop's trip
+    # count in local memory (8 B: one store before the loop, one load per tile); nothing else anywhere
+    hold = p.get("hold", False)
+    assert (report.kernels[0].local_bytes <= 8) if hold else not report.spills, report.format()
     if spec.name == "transpose.tma":  # no ld/st.global at all: TMA moves the tiles
         assert report.ptx_census["cp.async.bulk.tensor"] >= 2
         return
@@ -54,7 +57,7 @@ def test_representative_compiles(reports, spec, p):
     if report.sass_census is not None:
         staged = p.get("staging") == "smem"  # cp.async is LDGSTS.128 in SASS, not LDG.128
         assert report.sass_census["LDG.128"] > 0 or (staged and "LDGSTS" in files["sass"].read_text())
-        assert report.sass_census["LDL/STL (spills)"] == 0
+        assert report.sass_census["LDL/STL (spills)"] <= (2 if hold else 0)
 
 
 def _check_gemm(report):

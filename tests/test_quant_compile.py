@@ -76,11 +76,10 @@ def test_quantizer_census(case, tmp_path):
 
 # --- the norms' fused FP8 output (issue 3) -------------------------------------------------------
 def _norm_params(name, n, dtype="bf16", aligned=True, **extra):
-    from cute_kernels.specs_rowwise import config_of, tuning_of
-    from schedules.row_tiling import plan_for_rows
+    from cute_kernels.specs_rowwise import config_of, plan_for_kernel
 
     vec = 16 // {"bf16": 2, "fp16": 2, "fp32": 4}[dtype] if aligned else 1
-    plan = plan_for_rows(tuning_of(name), n, vec)
+    plan = plan_for_kernel(name, n, vec)
     return catalog.get(name).resolve({**config_of(plan), "dtype": dtype, "aligned": aligned, **extra})
 
 

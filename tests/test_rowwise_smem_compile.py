@@ -103,14 +103,14 @@ def test_planner_capability():
     from schedules.row_tiling import HELD_TUNED, plan_for_rows
 
     staged = {(fam, most) for fam, entries in HELD_TUNED.items() for most, st in entries if "staging" in st}
-    assert staged == {("bwd", 65536), ("fwd", 131072), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536),
+    assert staged == {("bwd", 65536), ("fwd", 131072), ("lsm_fwd", 131072), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536),
                       ("ln_fwd", 131072), ("rms_bwd", 65536), ("ln_bwd", 65536)}
     for fam in ("rms_bwd", "ln_bwd"):  # the norm backwards: staged at 32k-64k, on the one-wave grid
         assert plan_for_rows(fam, 32768, 8).staging == "regs"
         p = plan_for_rows(fam, 65536, 8)
         assert p.staging == "smem" and p.resident_grid
         assert plan_for_rows(fam, 65536, 4).staging == "regs"
-    for fam in ("fwd", "rms_fwd", "ln_fwd"):
+    for fam in ("fwd", "lsm_fwd", "rms_fwd", "ln_fwd"):
         assert plan_for_rows(fam, 32768, 8).staging == "regs"
         for n in (32769, 65536, 100000, 131072):
             assert plan_for_rows(fam, n, 8).staging == "smem"
@@ -140,8 +140,9 @@ def test_hold_reads_the_staged_row_once(name, tmp_path):
     m = re.search(r"\.minnctapersm (\d+)", ph)
     assert m and int(m.group(1)) == 3
     assert rep_h.kernels[0].registers <= 80
-    # ptxas keeps a prologue value or two in local memory at the 80-register cap (mbarrier sync)
-    assert rep_h.kernels[0].local_bytes <= 64, rep_h.format()
+    # softmax: ptxas keeps the tile loop's trip count in local memory at the 80-register cap (one store
+    # before the loop, one load per tile); log-softmax (not a default: HELD_TUNED "lsm_fwd") spills 56 B
+    assert rep_h.kernels[0].local_bytes <= (8 if name == "softmax.fwd" else 64), rep_h.format()
     if name == "softmax.fwd":
         ex_h, ex_s = _ptx_count(ph, r"ex2\.approx"), _ptx_count(ps, r"ex2\.approx")
         assert ex_s - ex_h >= 64, (ex_h, ex_s)  # the 64 recomputed exps are gone

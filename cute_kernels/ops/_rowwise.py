@@ -6,9 +6,9 @@ import torch
 
 from cute_kernels import catalog, dtypes
 from cute_kernels.ops._checks import INDEX32_LIMIT, UNCAPPED  # noqa: F401 (re-exported to the row-wise ops)
-from cute_kernels.specs_rowwise import config_of, tuning_of
+from cute_kernels.specs_rowwise import config_of, plan_for_kernel, tuning_of
 from schedules.hardware import max_active_clusters, num_sms
-from schedules.row_tiling import max_held_row, plan_for_rows
+from schedules.row_tiling import max_held_row
 
 _fns: dict[tuple, object] = {}
 
@@ -29,7 +29,7 @@ def plan_for(name: str, dtype: torch.dtype, n: int, aligned: bool):
     """The held-row plan kernel `name` uses for rows of `n` elements (ValueError naming x past its capacity)."""
     vec = 16 // dtype.itemsize if aligned else 1
     try:
-        return plan_for_rows(tuning_of(name), n, vec)
+        return plan_for_kernel(name, n, vec)
     except ValueError as e:
         raise ValueError(f"x: {e}; {name.split('.')[0]} supports rows up to that length") from None
 
