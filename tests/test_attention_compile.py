@@ -64,7 +64,10 @@ def test_schedule_ingredients(compiled):
     # the overlap issues each twice (first block / steady state, steady state / last block), with two P
     # buffers three times (the walk runs in pairs of steps with the buffers' roles fixed)
     per_block = d // 16 + s.tile_n // 16
-    assert census["wgmma.mma_async"] == per_block * (3 if s.double_p else 2 if s.overlap else 1), report.format()
+    if s.split_mask:  # the default at D <= 192: one loop body per mask run (exact counts: test_attention_split_compile)
+        assert census["wgmma.mma_async"] % per_block == 0 and census["wgmma.mma_async"] >= 3 * per_block
+    else:
+        assert census["wgmma.mma_async"] == per_block * (3 if s.double_p else 2 if s.overlap else 1), report.format()
     assert census["cp.async.bulk.tensor"] >= (3 if p["varlen"] else 4)  # Q, K, V loads (+ the O store)
     k = report.kernels[0]
     assert k.threads is None or k.threads[0] == s.threads
