@@ -52,3 +52,18 @@ def widen_f32(v, dtype) -> list:
         out.append((p << 16).bitcast(cutlass.Float32))
         out.append((p & cutlass.Int32(-65536)).bitcast(cutlass.Float32))
     return out
+
+
+def widen_again(v):
+    """A 16-bit vector `v` (TensorSSA) widened to fp32 as a TensorSSA by other instructions than
+    `v.to(Float32)` (bf16: `widen_f32`'s integer ops), for a later pass over a row held in 16 bits:
+    were it the same conversion, the compiler would merge it with the first pass's and keep that
+    fp32 copy of the row live across the reduction between them (twice the registers: the held
+    RMSNorm row spilled 248 B at 80). Same values; other types convert as usual."""
+    if v.dtype is not cutlass.BFloat16:
+        return v.to(cutlass.Float32)
+    els = widen_f32(v, v.dtype)
+    r = cute.make_rmem_tensor((len(els),), cutlass.Float32)
+    for i in range(len(els)):
+        r[i] = els[i]
+    return r.load()

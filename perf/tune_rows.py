@@ -9,8 +9,9 @@ each next to its prefetch-off twin; the "x off" column is the twin's time over t
 `--cluster-sync both|mbarrier` adds the mbarrier-synced twins of clustered plans
 (`HeldRowPlan.cluster_sync`), "x off" then the barrier twin's time over theirs.
 `--hold both|only` adds the hold twins (`HeldRowPlan.hold`: the staged row read once into registers,
-tagged "hold") of the staged softmax-forward plans of at most 64 elements per thread, "x off" the
-re-reading twin's time over theirs.
+tagged "hold") of the staged forward plans (softmax, log-softmax, RMSNorm, LayerNorm) of at most 64
+elements per thread, "x off" the re-reading twin's time over theirs. `--kernels log_softmax.fwd`
+(not in the default list) times the log-softmax forward.
 `--resident-grid both|only` adds (only: times only) the one-wave twins of the clustered backward
 plans, the default's included (`HeldRowPlan.resident_grid`, tagged "rg"), "x off" their SMs-capped
 twin's time over theirs.
@@ -163,7 +164,7 @@ def _call(kernel: str, n: int, m: int, peer: bool = False):
     w = H.randn(n, dtype=torch.bfloat16, seed=2)
     b = H.randn(n, dtype=torch.bfloat16, seed=3)
     f = {"rmsnorm": lambda x: ck.rms_norm(x, w, 1e-6), "layernorm": lambda x: ck.layer_norm(x, w, b, 1e-5),
-         "softmax": ck.softmax}[fam]
+         "softmax": ck.softmax, "log_softmax": ck.log_softmax}[fam]
     if direction == "fwd":
         return lambda: f(x)
     dy = H.randn(m, n, dtype=torch.bfloat16, seed=4)
@@ -173,10 +174,14 @@ def _call(kernel: str, n: int, m: int, peer: bool = False):
     return lambda: torch.autograd.grad(y, xg, dy, retain_graph=True)
 
 
-def _hold_twin(p: HeldRowPlan, vec: int = 8) -> HeldRowPlan:
-    """`p` holding its staged row in registers, with the CTAs per SM the kernel asks for (80 registers)."""
+HOLD_REGS = {"softmax.fwd": 80, "log_softmax.fwd": 80, "rmsnorm.fwd": 64, "layernorm.fwd": 64}  # held_min_regs
+
+
+def _hold_twin(p: HeldRowPlan, vec: int = 8, kernel: str = "softmax.fwd") -> HeldRowPlan:
+    """`p` holding its staged row in registers, with the CTAs per SM the kernel asks for."""
     q = dataclasses.replace(p, hold=True)
-    return dataclasses.replace(q, ctas_per_sm=min(16, q.staged_residency(q.row_smem_bytes(vec, (16 // vec,)), 80)))
+    regs = HOLD_REGS[kernel]
+    return dataclasses.replace(q, ctas_per_sm=min(16, q.staged_residency(q.row_smem_bytes(vec, (16 // vec,)), regs)))
 
 
 def _holdable(p: HeldRowPlan, vec: int = 8) -> bool:
@@ -214,8 +219,8 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                     if mode != off:
                         tw = [dataclasses.replace(p, **change) for p in [default] + ps if p.cluster_n > 1]
                         ps = (ps + tw) if mode == "both" else (tw + [_twin(p) for p in tw])
-                if hold != "off" and k in ("softmax.fwd", "log_softmax.fwd"):  # after the mbarrier twins: those too
-                    tw = [_hold_twin(p) for p in [default] + ps if _holdable(p)]
+                if hold != "off" and k in HOLD_REGS:  # after the mbarrier twins: those too
+                    tw = [_hold_twin(p, kernel=k) for p in [default] + ps if _holdable(p)]
                     ps = (ps + tw) if hold == "both" else (tw + [_twin(p) for p in tw])
             for p in dict.fromkeys(ps):
                 params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p))
@@ -406,7 +411,7 @@ def main(argv=None) -> int:
                          "(both), or only the twin pairs (mbarrier); 'x off' is then the barrier twin's time over "
                          "the plan's")
     ap.add_argument("--hold", choices=("off", "both", "only"), default="off",
-                    help="softmax forward: also the hold twins of staged plans of <= 64 elements per thread (both), "
+                    help="forwards: also the hold twins of staged plans of <= 64 elements per thread (both), "
                          "or only the twin pairs (only); 'x off' is then the re-reading twin's time over the plan's")
     ap.add_argument("--resident-grid", choices=("off", "both", "only"), default="off",
                     help="clustered backward plans: also their one-wave twins (both: HeldRowPlan.resident_grid), or "

@@ -76,12 +76,13 @@ def test_plan_catalogue_and_key():
 
 def test_the_defaults_that_sync_by_mbarrier():
     """The production plans sync by mbarrier where the H200 sweep chose it (the staged norm forwards
-    at 32k-128k, 16-bit rows), and keep the cluster barrier everywhere else, fp32 rows included."""
+    at 32k-128k and the softmax forward's hold plans, 16-bit rows), and keep the cluster barrier everywhere else, fp32 rows included."""
     import torch
 
     from cute_kernels.ops import _rowwise as R
 
-    mb = {("rmsnorm.fwd", 65536), ("layernorm.fwd", 65536), ("layernorm.fwd", 131072)}
+    mb = {("rmsnorm.fwd", 65536), ("layernorm.fwd", 65536), ("layernorm.fwd", 131072),
+          ("softmax.fwd", 65536), ("softmax.fwd", 131072)}  # softmax: the hold plans (session 6)
     for name in ("rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "rmsnorm.bwd", "layernorm.bwd", "softmax.bwd"):
         for n in (4096, 65536, 131072):
             for dtype in (torch.bfloat16, torch.float32):

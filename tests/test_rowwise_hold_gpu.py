@@ -90,3 +90,54 @@ def test_hold_rows_tied_extremes(monkeypatch):
     assert torch.equal(held, staged)
     assert torch.equal(held[0].float(), torch.full((n,), 1.0 / n, device="cuda").to(torch.bfloat16).float())
     assert held[1, 12345].item() == 1.0 and held[2, -1].item() == 1.0
+
+
+NORM_CASES = [(64, 16384), (32, 65536), (8, 131072), (3, 65536 + 8), (1, 65536), (0, 65536)]
+
+
+def _norm_plan(hold: bool):
+    """RMSNorm / LayerNorm forward staged at 64 elements per thread (LayerNorm: 32, its 64-element
+    hold takes 111-128 registers), mbarrier sync; the backward keeps its own plan."""
+    from schedules.row_tiling import plan_held_rows
+    from cute_kernels.ops._rowwise import plan_for as default_plan
+
+    def plan_for(name, dtype, n, aligned):
+        if name not in ("rmsnorm.fwd", "layernorm.fwd"):
+            return default_plan(name, dtype, n, aligned)
+        vec = 16 // dtype.itemsize if aligned else 1
+        e = 64 if name == "rmsnorm.fwd" else 32
+        return plan_held_rows(n, vec, target_elems=e, max_elems=e, min_threads=256, max_tpr=256, staging="smem",
+                              cluster_sync="mbarrier", hold=hold)
+
+    return plan_for
+
+
+@pytest.mark.parametrize("m,n", NORM_CASES, ids=[f"{m}x{n}" for m, n in NORM_CASES])
+@pytest.mark.parametrize("op", ["rms_norm", "rms_norm_res", "layer_norm"])
+def test_norm_hold_equals_staged_bitwise(op, m, n, monkeypatch):
+    """Norm forwards holding the landed x (and residual) in 16 bits, widened again per pass
+    (`vector_io.widen_again`): y, the residual sum, rstd and mean bit for bit the re-reading plan's."""
+    if op == "layer_norm" and n > 65536 + 8:
+        pytest.skip("one long LayerNorm row is enough")
+    poison_empty(monkeypatch)
+    x = randn(m, n, dtype=torch.bfloat16, seed=1)
+    r = randn(m, n, dtype=torch.bfloat16, seed=4)
+    w = randn(n, dtype=torch.bfloat16, seed=2)
+    b = randn(n, dtype=torch.bfloat16, seed=3)
+    f = {"rms_norm": lambda: ck.rms_norm(x, w, 1e-6), "rms_norm_res": lambda: ck.rms_norm(x, w, 1e-6, residual=r),
+         "layer_norm": lambda: ck.layer_norm(x, w, b, 1e-5)}[op]
+    staged, _ = run_with_plans(monkeypatch, _norm_plan(False), f)
+    held, plans = run_with_plans(monkeypatch, _norm_plan(True), f)
+    if n % 8 == 0 and m:
+        assert any(p.hold for p in plans.values()), plans
+    a = [staged] if isinstance(staged, torch.Tensor) else list(staged)
+    c = [held] if isinstance(held, torch.Tensor) else list(held)
+    assert len(a) == len(c)
+    for i, (u, v) in enumerate(zip(a, c)):
+        assert torch.equal(u, v), f"output {i} differs"
+    if m:
+        y = c[0].float()
+        xf = (x.float() + r.float()).to(torch.bfloat16).float() if op == "rms_norm_res" else x.float()
+        ref = (torch.nn.functional.rms_norm(xf, (n,), w.float(), 1e-6) if op.startswith("rms")
+               else torch.nn.functional.layer_norm(xf, (n,), w.float(), b.float(), 1e-5))
+        assert (y - ref).abs().max().item() <= 2e-2 * ref.abs().max().item() + 1e-2

@@ -25,7 +25,7 @@ from cutlass import Float32, Int32
 from collectives import quantize as fp8
 from collectives.reduce import add, add_pairs
 from collectives.rowwise import RowReducer, RowSlice, cluster_start, my_tile_count, stage_buffer
-from collectives.vector_io import extent
+from collectives.vector_io import extent, widen_again
 from schedules.row_tiling import HeldRowPlan
 
 
@@ -162,6 +162,9 @@ class NormFwd(_RowKernel):
     it (`collectives.quantize.row_block_amaxes`, shared memory when a block spans warps).
     """
 
+    holds = True  # `HeldRowPlan.hold`: the landed x (and residual) read once, held in their 16-bit type
+    held_min_regs = 64
+
     def __init__(self, kind: str, dtype, w_dtype, out_dtype, vec: int, index64: bool, plan: HeldRowPlan,
                  has_weight: bool, has_bias: bool, has_residual: bool, fp8_out: str = "none"):
         super().__init__(vec, index64, plan)
@@ -172,7 +175,7 @@ class NormFwd(_RowKernel):
         if fp8_out != "none":
             # the quantizing epilogue (amaxes, scales, e4m3 packing) spilled 232 B at the 80 registers
             # a staged 256-thread plan gets with the default floor (RMSNorm 128k, cluster 8)
-            self.staged_min_regs = 128
+            self.staged_min_regs = self.held_min_regs = 128
         self.staged_rows = (dtype,) * (1 + has_residual)
         self.staged_params = (w_dtype,) * (int(has_weight) + int(has_bias))
 
@@ -217,6 +220,10 @@ class NormFwd(_RowKernel):
             if cutlass.const_expr(self.has_residual):
                 hr = sl.fetch(res[row, None], ok, 0.0, bufs[1])
             sl.arrive(self.staged)
+            if cutlass.const_expr(self.hold):  # read once; every later pass widens the held vectors again
+                hx = sl.read(hx, ok, 0.0)
+                if cutlass.const_expr(self.has_residual):
+                    hr = sl.read(hr, ok, 0.0)
             xs = self.held_x(sl, hx, hr, ok, res_out)
             if cutlass.const_expr(self.has_residual):
                 sl.store(res_out[row, None], ok, xs)
@@ -228,9 +235,9 @@ class NormFwd(_RowKernel):
                 var = red.reduce(sl.masked_sum([d * d for d in ds]), add, Float32(0.0), 1, tile) * inv_n
             else:
                 var = red.reduce(sl.dot(xs, xs), add, Float32(0.0), 0, tile) * inv_n
-            if cutlass.const_expr(self.staged):  # the row again, for the output pass
-                ds = [v - mu for v in self.held_x(sl, hx, hr, ok, res_out)] if layer \
-                    else self.held_x(sl, hx, hr, ok, res_out)
+            if cutlass.const_expr(self.staged):  # the row again, for the output pass (hold: from registers)
+                ds = [v - mu for v in self.held_x(sl, hx, hr, ok, res_out, again=True)] if layer \
+                    else self.held_x(sl, hx, hr, ok, res_out, again=True)
             r = cute.math.rsqrt(var + eps)
             ys = [d * r for d in ds]
             if cutlass.const_expr(self.has_weight):
@@ -250,17 +257,21 @@ class NormFwd(_RowKernel):
                     mean[row] = mu
             red.end_tile()
 
-    def held_x(self, sl: RowSlice, hx, hr, ok, res_out):
-        """The fp32 row x (x + residual, rounded to the residual's dtype) from the held row(s)."""
-        xs = sl.to_f32(sl.read(hx, ok, 0.0))
+    def held_x(self, sl: RowSlice, hx, hr, ok, res_out, again: bool = False):
+        """The fp32 row x (x + residual, rounded to the residual's dtype) from the held row(s);
+        `again` (a later pass over a row held in 16 bits, `hold`): widened by other instructions
+        (`vector_io.widen_again`) so the first pass's fp32 copy is not kept live instead."""
+        widen = widen_again if again and self.hold else (lambda v: v.to(Float32))
+        xs = [widen(v) for v in sl.read(hx, ok, 0.0)]
         if self.has_residual:
-            rs = sl.to_f32(sl.read(hr, ok, 0.0))
+            rs = [widen(v) for v in sl.read(hr, ok, 0.0)]
             xs = [(a + c).to(res_out.element_type).to(Float32) for a, c in zip(xs, rs)]
         return xs
 
     def again_x(self, sl: RowSlice, hx, hr, ok, res_out, xs):
-        """`xs` for a later pass: the same values with register staging, read again with smem."""
-        return self.held_x(sl, hx, hr, ok, res_out) if self.staged else xs
+        """`xs` for a later pass: the same values with register staging, read again with smem (with
+        `hold`: widened again from the held 16-bit vectors, so no fp32 row stays live across a reduction)."""
+        return self.held_x(sl, hx, hr, ok, res_out, again=True) if self.staged else xs
 
     @cute.jit
     def store_fp8(self, sl: RowSlice, red: RowReducer, block_buf, out: cute.Tensor, scales: cute.Tensor, row, ok,

@@ -24,7 +24,7 @@ from cutlass import Float32, Int32
 from collectives.online_softmax import EMPTY, exp_shifted, finite_ref, fold, local_state, log_sum_exp, merge, rescale
 from collectives.reduce import add, group_reduce, group_smem
 from collectives.rowwise import RowReducer, RowSlice, cluster_start, my_tile_count
-from collectives.vector_io import as_vectors, extent, widen_f32
+from collectives.vector_io import as_vectors, extent, widen_again, widen_f32
 from cute_kernels.kernels.norms import _RowKernel
 from schedules.grid_stride import strided_fold
 from schedules.row_tiling import RowTiling, SplitRowWalk, row_tile_grid
@@ -91,6 +91,8 @@ class SoftmaxFwd(_RowLoop):
             state = red.reduce(mine, merge, _empty(), 0, Int32(i))
             if cutlass.const_expr(self.log):
                 lse = log_sum_exp(state)
+                if cutlass.const_expr(self.hold):  # x again from its 16-bit copy (`widen_again`: not merged)
+                    xs = [widen_again(v) for v in hx]
                 sl.store(y[row, None], ok, [v - lse for v in sl.to_f32(sl.again(hx, xs, ok, _NEG_INF))])
             else:
                 f = rescale(mine[0], state)
