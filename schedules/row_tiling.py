@@ -241,14 +241,14 @@ _STAGED_BWD = dict(target_elems=64, max_elems=64, min_threads=256, max_tpr=256, 
 _STAGED_NORM_BWD_RG = dict(target_elems=32, max_elems=32, min_threads=256, max_tpr=256, staging="smem",
                            staged_rows=2, staged_regs=128, resident_grid=True)
 HELD_TUNED = {
+    # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
     "fwd": ((4096, _ONE_ROW_128), (32768, _FWD), (131072, dict(_STAGED_FWD_HOLD, regs=_FWD)), (None, _FWD)),
-    # log-softmax forward: the softmax's plans before `hold` (its hold variant spills 56 B at 80 registers
-    # and was not measured; the 64-element geometry without hold measured 0.73x the 128-element one)
-    "lsm_fwd": ((4096, _ONE_ROW_128), (32768, _FWD), (131072, dict(_STAGED_FWD, regs=_FWD)), (None, _FWD)),
     "rms_fwd": ((16384, _ONE_ROW_128), (32768, _RMS_FWD), (65536, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)),
                 (131072, dict(_STAGED_NORM_FWD, regs=_NORM_FWD)), (None, _NORM_FWD)),
-    "ln_fwd": ((4096, _ONE_ROW_128), (32768, _LN_FWD), (65536, dict(_STAGED_LN_FWD_MB, regs=_LN_FWD)),
-               (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", regs=_NORM_FWD)), (None, _NORM_FWD)),
+    # LayerNorm 32k-128k: the landed row held (`hold`; session 6 call 6, perf/results/2026-11-29-h200-82f0325/
+    # tune_rows.md: 64k 2.50 -> 2.75 TB/s, 128k 2.26 -> 2.45); RMSNorm's hold measured 1.000x: not taken
+    "ln_fwd": ((4096, _ONE_ROW_128), (32768, _LN_FWD), (65536, dict(_STAGED_LN_FWD_MB, hold=True, regs=_LN_FWD)),
+               (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", hold=True, regs=_NORM_FWD)), (None, _NORM_FWD)),
     "bwd": ((32768, _BWD), (65536, dict(_STAGED_BWD, regs=_BWD)), (None, _BWD)),
     "rms_bwd": ((4096, _ONE_ROW_128), (16384, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
                 (32768, _BWD), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_BWD, resident_grid=True))),

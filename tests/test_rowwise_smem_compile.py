@@ -103,14 +103,14 @@ def test_planner_capability():
     from schedules.row_tiling import HELD_TUNED, plan_for_rows
 
     staged = {(fam, most) for fam, entries in HELD_TUNED.items() for most, st in entries if "staging" in st}
-    assert staged == {("bwd", 65536), ("fwd", 131072), ("lsm_fwd", 131072), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536),
+    assert staged == {("bwd", 65536), ("fwd", 131072), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536),
                       ("ln_fwd", 131072), ("rms_bwd", 65536), ("ln_bwd", 65536)}
     for fam in ("rms_bwd", "ln_bwd"):  # the norm backwards: staged at 32k-64k, on the one-wave grid
         assert plan_for_rows(fam, 32768, 8).staging == "regs"
         p = plan_for_rows(fam, 65536, 8)
         assert p.staging == "smem" and p.resident_grid
         assert plan_for_rows(fam, 65536, 4).staging == "regs"
-    for fam in ("fwd", "lsm_fwd", "rms_fwd", "ln_fwd"):
+    for fam in ("fwd", "rms_fwd", "ln_fwd"):
         assert plan_for_rows(fam, 32768, 8).staging == "regs"
         for n in (32769, 65536, 100000, 131072):
             assert plan_for_rows(fam, n, 8).staging == "smem"
