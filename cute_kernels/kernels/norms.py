@@ -110,10 +110,16 @@ class _RowKernel:
                                         tuple(t.width // 8 for t in self.staged_params), self.accumulators)
 
     @cute.jit
-    def stage_vectors(self, smem, sl: RowSlice, group, vecs: cutlass.Constexpr):
+    def stage_vectors(self, smem, sl: RowSlice, group, vecs: cutlass.Constexpr,
+                      with_first_tile: cutlass.Constexpr = False):
         """The (N,) operands `vecs` (weight, bias; None where absent) as the loop reads them: with
         shared-memory staging copied once per CTA into shared memory by row group 0 (a CTA
-        barrier before the tile loop) and read from there; else the tensors, loaded per tile."""
+        barrier before the tile loop) and read from there; else the tensors, loaded per tile.
+        `with_first_tile` (one row group per CTA, so each thread reads only the slots it copied
+        itself): no wait and no barrier here, the copies complete with the first tile's (its
+        `RowSlice.arrive` waits for every group), so a CTA that does one tile, as the uncapped
+        forwards do, no longer pays a round trip to L2 for the weights before its row loads start.
+        The caller waits for them after the loop (a CTA with no tile)."""
         if cutlass.const_expr(not self.staged):
             return vecs
         out = []
@@ -125,8 +131,11 @@ class _RowKernel:
                 if group == 0:
                     sl.fetch(v, True, 0.0, buf)
                 out.append(buf)
-        sl.arrive(True)
-        cute.arch.barrier()
+        if cutlass.const_expr(with_first_tile and self.rows_per_cta == 1):
+            RowSlice.commit(True)
+        else:
+            sl.arrive(True)
+            cute.arch.barrier()
         return out
 
     def vector_of(self, sl: RowSlice, held):
@@ -210,7 +219,7 @@ class NormFwd(_RowKernel):
         sl = RowSlice(self.vec, self.tpr, self.vpt, lane, rank, n, self.staged)
         bufs = self.stage_buffers(smem, (x.element_type, res.element_type) if self.has_residual
                                   else (x.element_type,), tidx // self.tpr)
-        hw, hb = self.stage_vectors(smem, sl, tidx // self.tpr, (w, b))
+        hw, hb = self.stage_vectors(smem, sl, tidx // self.tpr, (w, b), with_first_tile=True)
         inv_n = cute.arch.rcp_approx(Float32(n))  # no IEEE-division subroutine call
         cluster_start(self.cluster_n)
         count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx, gdim, self.index64)
@@ -259,6 +268,8 @@ class NormFwd(_RowKernel):
                 if cutlass.const_expr(layer):
                     mean[row] = mu
             red.end_tile()
+        if cutlass.const_expr(self.staged and self.rows_per_cta == 1 and (self.has_weight or self.has_bias)):
+            cute.arch.cp_async_wait_group(0)  # the weights' copies, in a CTA that had no tile to wait for them
 
     def held_x(self, sl: RowSlice, hx, hr, ok, res_out, again: bool = False):
         """The fp32 row x (x + residual, rounded to the residual's dtype) from the held row(s);
