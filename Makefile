@@ -12,8 +12,10 @@ install:
 main: install
 	$(PY) -m cute_kernels main --out perf/results/local
 
-# CPU tests always run; GPU tests run when a GPU is present and skip cleanly otherwise.
+# Lint (ruff, pyproject's rules), then the tests: CPU tests always run; GPU tests run when a GPU is
+# present and skip cleanly otherwise.
 test: install
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests
 
 # The full compile sweep of every kernel config (slow).

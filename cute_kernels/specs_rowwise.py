@@ -22,8 +22,15 @@ from cutlass import Float32, Int32
 from cute_kernels import dtypes
 from cute_kernels.catalog import _SIG_COMMON, KernelSpec, Param, _index_sym
 from cute_kernels.jit import fake_stream
-from schedules.row_tiling import (CLUSTER_SYNCS, HOLD_ELEMS, SMEM_PER_CTA, STAGINGS, HeldRowPlan, RowTiling,
-                                  plan_for_rows)
+from schedules.row_tiling import (
+    CLUSTER_SYNCS,
+    HOLD_ELEMS,
+    SMEM_PER_CTA,
+    STAGINGS,
+    HeldRowPlan,
+    RowTiling,
+    plan_for_rows,
+)
 
 _CONFIG = {
     "threads": Param(256, (128, 256, 512, 1024), help="threads per CTA"),

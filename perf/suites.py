@@ -131,13 +131,13 @@ def reduction(shapes=None, dtypes=(torch.bfloat16, torch.float32), quick=False, 
             full = m == 1
             H.progress(f"  reduction {'sum_all' if full else 'row_sum'} {dt} {m}x{n}")
             if full:
-                t = H.do_bench(lambda: ck.sum(x))["median_ms"]
-                refs = {"torch": H.do_bench(lambda: torch.sum(x))["median_ms"],
-                        "torch.compile": H.do_bench(lambda: compiled_all(x))["median_ms"]}
+                t = H.do_bench(lambda x=x: ck.sum(x))["median_ms"]
+                refs = {"torch": H.do_bench(lambda x=x: torch.sum(x))["median_ms"],
+                        "torch.compile": H.do_bench(lambda x=x: compiled_all(x))["median_ms"]}
             else:
-                t = H.do_bench(lambda: ck.sum(x, dim=-1))["median_ms"]
-                refs = {"torch": H.do_bench(lambda: torch.sum(x, dim=-1))["median_ms"],
-                        "torch.compile": H.do_bench(lambda: compiled_rows(x))["median_ms"]}
+                t = H.do_bench(lambda x=x: ck.sum(x, dim=-1))["median_ms"]
+                refs = {"torch": H.do_bench(lambda x=x: torch.sum(x, dim=-1))["median_ms"],
+                        "torch.compile": H.do_bench(lambda x=x: compiled_rows(x))["median_ms"]}
             rows.append(H.Row("reduction.sum_all" if full else "reduction.row_sum", str(dt).replace("torch.", ""),
                               f"{m}x{n}", nbytes, 0, t, refs, "read", read_bw))
             del x

@@ -38,7 +38,7 @@ def tune_elementwise(ops=("copy", "add", "axpby"), sizes_mib=(8, 512)):
         for op, p in _ew_variants(ops, "bf16"):
             fn = catalog.get(f"elementwise.{op}").compiled(**p)
             mc = GridStride(p["threads"], p["unroll"], p["ctas_per_sm"], p["order"]).max_ctas(sms)
-            t = H.do_bench(lambda: fn(x, y, out, 1.0, 1.0, mc), rep_ms=60)["median_ms"]
+            t = H.do_bench(lambda fn=fn, mc=mc, x=x, y=y, out=out: fn(x, y, out, 1.0, 1.0, mc), rep_ms=60)["median_ms"]
             moved = (2 if op == "copy" else 3) * n * 2
             rows.append((f"elementwise.{op}", mib, p["threads"], p["unroll"], f'{p["ctas_per_sm"]}{p["order"][0]}', t,
                          moved / t / 1e9))
@@ -55,7 +55,8 @@ def tune_reduction(shapes=((1, 1 << 27), (1, 1 << 29), (32768, 4096), (65536, 81
         x2 = _rows_of(x)
         out = torch.empty(m, dtype=torch.bfloat16, device="cuda")
         for t, u, c in itertools.product(*RED_GRID.values()):
-            ms = H.do_bench(lambda: _sum_rows(x2, out, threads=t, unroll=u, ctas_per_sm=c), rep_ms=60)["median_ms"]
+            ms = H.do_bench(lambda t=t, u=u, c=c, x2=x2, out=out: _sum_rows(x2, out, threads=t, unroll=u, ctas_per_sm=c),
+                            rep_ms=60)["median_ms"]
             rows.append(("reduction.row_sum", f"{m}x{n}", t, u, c, ms, x.numel() * 2 / ms / 1e9))
         del x, x2
     return rows

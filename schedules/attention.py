@@ -50,7 +50,6 @@ budget); three consumer warpgroups would be 32 + 3 x 160.
 from __future__ import annotations
 
 import dataclasses
-
 import functools
 from dataclasses import dataclass
 

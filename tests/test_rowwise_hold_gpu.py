@@ -98,8 +98,8 @@ NORM_CASES = [(64, 16384), (32, 65536), (8, 131072), (3, 65536 + 8), (1, 65536),
 def _norm_plan(hold: bool):
     """RMSNorm / LayerNorm forward staged at 64 elements per thread (LayerNorm: 32, its 64-element
     hold takes 111-128 registers), mbarrier sync; the backward keeps its own plan."""
-    from schedules.row_tiling import plan_held_rows
     from cute_kernels.ops._rowwise import plan_for as default_plan
+    from schedules.row_tiling import plan_held_rows
 
     def plan_for(name, dtype, n, aligned):
         if name not in ("rmsnorm.fwd", "layernorm.fwd"):
