@@ -174,13 +174,14 @@ def _call(kernel: str, n: int, m: int, peer: bool = False):
     return lambda: torch.autograd.grad(y, xg, dy, retain_graph=True)
 
 
-HOLD_REGS = {"softmax.fwd": 80, "log_softmax.fwd": 80, "rmsnorm.fwd": 64, "layernorm.fwd": 64}  # held_min_regs
-
-
 def _hold_twin(p: HeldRowPlan, vec: int = 8, kernel: str = "softmax.fwd") -> HeldRowPlan:
-    """`p` holding its staged row in registers, with the CTAs per SM the kernel asks for."""
+    """`p` holding its staged row in registers, with the CTAs per SM the kernel asks for (its
+    `held_min_regs`)."""
+    from cute_kernels.kernels.norms import NormFwd
+    from cute_kernels.kernels.softmax import SoftmaxFwd
+
     q = dataclasses.replace(p, hold=True)
-    regs = HOLD_REGS[kernel]
+    regs = (NormFwd if kernel.startswith(("rmsnorm", "layernorm")) else SoftmaxFwd).held_min_regs
     return dataclasses.replace(q, ctas_per_sm=min(16, q.staged_residency(q.row_smem_bytes(vec, (16 // vec,)), regs)))
 
 
@@ -188,11 +189,25 @@ def _holdable(p: HeldRowPlan, vec: int = 8) -> bool:
     return p.staging == "smem" and not p.hold and p.tiling.unroll * vec <= HOLD_ELEMS
 
 
+def _timed_with(obj, attr: str, value, fn, what: str):
+    """Median ms of `fn()` (`fn` builds the timed call) with `obj.attr` set to `value`, restored
+    after; None (reported) when the call fails."""
+    orig = getattr(obj, attr)
+    setattr(obj, attr, value)
+    try:
+        return H.do_bench(fn())["median_ms"]
+    except Exception as e:
+        H.progress(f"  {what}: {type(e).__name__}: {str(e)[:120]}")
+        return None
+    finally:
+        setattr(obj, attr, orig)
+
+
 def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "barrier",
           resident_grid: str = "off", hold: str = "off"):
     from cute_kernels.ops import _rowwise as R
     from cute_kernels.precompile import item, precompile
-    from cute_kernels.specs_rowwise import config_of
+    from cute_kernels.specs_rowwise import HOLD_KERNELS, config_of
 
     plans = {}
     items = []
@@ -219,7 +234,7 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                     if mode != off:
                         tw = [dataclasses.replace(p, **change) for p in [default] + ps if p.cluster_n > 1]
                         ps = (ps + tw) if mode == "both" else (tw + [_twin(p) for p in tw])
-                if hold != "off" and k in HOLD_REGS:  # after the mbarrier twins: those too
+                if hold != "off" and k in HOLD_KERNELS:  # after the mbarrier twins: those too
                     tw = [_hold_twin(p, kernel=k) for p in [default] + ps if _holdable(p)]
                     ps = (ps + tw) if hold == "both" else (tw + [_twin(p) for p in tw])
             for p in dict.fromkeys(ps):
@@ -250,14 +265,11 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
         res = []
         for p in [default] + [p for p in ps if p != default]:
             # only the kernel under test (the forward of a backward's graph keeps its own plan)
-            R.plan_for = lambda name, dtype, nn, aligned, _p=p, _k=k: _p if name == _k else orig(name, dtype, nn, aligned)
-            try:
-                t = H.do_bench(_call(k, n, m))["median_ms"]
-            except Exception as e:
-                H.progress(f"  {k} {n} {p}: {type(e).__name__}: {str(e)[:120]}")
+            t = _timed_with(R, "plan_for", lambda name, dtype, nn, aligned, _p=p, _k=k:
+                            _p if name == _k else orig(name, dtype, nn, aligned),
+                            lambda: _call(k, n, m), f"{k} {n} {p}")
+            if t is None:
                 continue
-            finally:
-                R.plan_for = orig
             res.append((t, p))
             torch.cuda.empty_cache()
         if not res:
@@ -364,14 +376,10 @@ def sweep_ce(ns, jobs: int) -> list[str]:
             if plan in seen:  # another setting's plan at this N (threads per row capped by the CTA)
                 continue
             seen.add(plan)
-            S.ce_plan = lambda mm, nn, vec, s, _c=c, **o: orig(mm, nn, vec, s, **{**_c, **o})
-            try:
-                t = H.do_bench(lambda: ck.cross_entropy(x, tgt, reduction="none"))["median_ms"]
-            except Exception as e:
-                H.progress(f"  {CE_FWD} {n} {c}: {type(e).__name__}: {str(e)[:120]}")
+            t = _timed_with(S, "ce_plan", lambda mm, nn, vec, s, _c=c, **o: orig(mm, nn, vec, s, **{**_c, **o}),
+                            lambda: (lambda: ck.cross_entropy(x, tgt, reduction="none")), f"{CE_FWD} {n} {c}")
+            if t is None:
                 continue
-            finally:
-                S.ce_plan = orig
             res.append((t, c))
         try:
             from quack.cross_entropy import cross_entropy as qce  # patches CuTe classes: bench process only

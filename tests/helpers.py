@@ -70,6 +70,18 @@ def sass_or_skip(report, files) -> str:
     return files["sass"].read_text()
 
 
+def compiled_sass(name: str, config: dict, out_dir) -> tuple:
+    """Compile catalogue kernel `name` with `config` (resolved) into `out_dir`: (resolved params,
+    report, `sass_instructions` of its SASS); the test is skipped where nvdisasm is missing."""
+    from cute_kernels import catalog
+    from cute_kernels.artifacts import compile_with_artifacts
+
+    spec = catalog.get(name)
+    p = spec.resolve(config)
+    report, files = compile_with_artifacts(spec, p, str(out_dir))
+    return p, report, sass_instructions(sass_or_skip(report, files))
+
+
 def sass_instructions(sass: str) -> list[tuple[str, str]]:
     """(opcode, operands) of each SASS instruction in order; predicates (@P0, @!UPT, ...) dropped."""
     import re

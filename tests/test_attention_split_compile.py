@@ -20,9 +20,8 @@ import pytest
 
 from collectives.attention_mask import MaskKind, block_needs_mask, mask_split, n_block_range
 from cute_kernels import catalog
-from cute_kernels.artifacts import compile_with_artifacts
 from schedules.attention import default_schedule
-from tests.helpers import sass_instructions
+from tests.helpers import compiled_sass
 from tests.test_attention_wgmma_waits import _steady_regions as steady_regions
 
 MUFU_PER_BLOCK = 2 * (128 // 4) + 2  # D = 128, tile_n = 128: two rows x 32 columns + two rescale factors
@@ -77,12 +76,7 @@ def _loops(p):
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def compiled(request, tmp_path_factory):
-    spec = catalog.get("flash_attn")
-    p = spec.resolve(VARIANTS[request.param])
-    report, files = compile_with_artifacts(spec, p, str(tmp_path_factory.mktemp("fa_split")))
-    if "sass" not in files:
-        pytest.skip("no nvdisasm: SASS not available")
-    return request.param, p, report, sass_instructions(files["sass"].read_text())
+    return (request.param, *compiled_sass("flash_attn", VARIANTS[request.param], tmp_path_factory.mktemp("fa_split")))
 
 
 def test_resolves():

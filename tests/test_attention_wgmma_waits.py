@@ -16,9 +16,7 @@ import re
 
 import pytest
 
-from cute_kernels import catalog
-from cute_kernels.artifacts import compile_with_artifacts
-from tests.helpers import sass_instructions
+from tests.helpers import compiled_sass
 
 VARIANTS = {
     "one_loop": {"head_dim": 128, "split_mask": False},  # the overlap's walk in one loop (default until 8301b88)
@@ -34,12 +32,7 @@ MUFU_PER_BLOCK = 2 * (128 // 4) + 2  # two rows x 32 columns per thread, + the t
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def compiled(request, tmp_path_factory):
-    spec = catalog.get("flash_attn")
-    p = spec.resolve(VARIANTS[request.param])
-    report, files = compile_with_artifacts(spec, p, str(tmp_path_factory.mktemp("fa_waits")))
-    if "sass" not in files:
-        pytest.skip("no nvdisasm: SASS not available")
-    return request.param, p, report, sass_instructions(files["sass"].read_text())
+    return (request.param, *compiled_sass("flash_attn", VARIANTS[request.param], tmp_path_factory.mktemp("fa_waits")))
 
 
 def _steady_regions(ins):

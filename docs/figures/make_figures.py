@@ -183,24 +183,29 @@ def gemm_timelines(k_tiles: int = 4, tiles: int = 4):
     plt.close(fig)
 
 
+def order_grid(ax, cells, rows: int, cols: int, fontsize: float = 7):
+    """Draw a tile visit order on `ax`: `cells` (step, row, col) triples, out of `max step + 1` steps,
+    each cell shaded and numbered by its step (row 0 on top); no ticks."""
+    steps = max(i for i, _, _ in cells) + 1
+    for i, r, c in cells:
+        ax.add_patch(Rectangle((c, rows - 1 - r), 1, 1, color=plt.cm.viridis(i / steps), ec="w"))
+        ax.text(c + 0.5, rows - 0.5 - r, str(i), ha="center", va="center", fontsize=fontsize,
+                color="w" if i < 0.6 * steps else "k")
+    ax.set_xlim(0, cols)
+    ax.set_ylim(0, rows)
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
 def gemm_raster(tiles_m: int = 12, tiles_n: int = 6):
     """The order in which the persistent scheduler hands out output tiles (schedules.gemm.tile_order):
     groups of `raster_group` cluster-rows, M fastest inside a group."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 5.2))
     for ax, s in zip(axes, (GemmSchedule(cluster_m=1, raster_group=1), GemmSchedule(cluster_m=2, raster_group=2))):
         order = tile_order(tiles_m, tiles_n, 1, s)
-        for i, (cm, cn, _) in enumerate(order):
-            for dm in range(s.cluster_m):
-                m = cm * s.cluster_m + dm
-                shade = plt.cm.viridis(i / len(order))
-                ax.add_patch(Rectangle((cn, tiles_m - 1 - m), 1, 1, color=shade, ec="w"))
-                ax.text(cn + 0.5, tiles_m - 0.5 - m, str(i), ha="center", va="center", fontsize=7,
-                        color="w" if i < 0.6 * len(order) else "k")
-        ax.set_xlim(0, tiles_n)
-        ax.set_ylim(0, tiles_m)
-        ax.set_aspect("equal")
-        ax.set_xticks([])
-        ax.set_yticks([])
+        order_grid(ax, [(i, cm * s.cluster_m + dm, cn) for i, (cm, cn, _) in enumerate(order)
+                        for dm in range(s.cluster_m)], tiles_m, tiles_n)
         ax.set_xlabel("tile column (N)")
         ax.set_ylabel("tile row (M)")
         ax.set_title(f"cluster {s.cluster_m}x{s.cluster_n}, raster_group {s.raster_group}", fontsize=9)

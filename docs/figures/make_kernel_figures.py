@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 import cutlass  # noqa: E402
-from make_figures import _walk  # noqa: E402
+from make_figures import _walk, order_grid  # noqa: E402
 
 from collectives import smem_tiles  # noqa: E402
 from cute_kernels.kernels.transpose import Transpose  # noqa: E402
@@ -326,16 +326,8 @@ def transpose_banks(out: Path, rows_shown: int = 16) -> Path:
 def transpose_orders_tma(out: Path, tiles: int = 8) -> Path:
     fig, axes = plt.subplots(1, 4, figsize=(14, 4.0), gridspec_kw=dict(width_ratios=[1, 1, 1, 1.5]))
     for ax, order in zip(axes, (TileOrder("row"), TileOrder("grouped", 4), TileOrder("diagonal"))):
-        lst = tile_list(tiles, tiles, 1, order)
-        for i, (tm, tn, _) in enumerate(lst):
-            ax.add_patch(Rectangle((tn, tiles - 1 - tm), 1, 1, color=plt.cm.viridis(i / len(lst)), ec="w"))
-            ax.text(tn + 0.5, tiles - 0.5 - tm, str(i), ha="center", va="center", fontsize=6.5,
-                    color="w" if i < 0.6 * len(lst) else "k")
-        ax.set_xlim(0, tiles)
-        ax.set_ylim(0, tiles)
-        ax.set_aspect("equal")
-        ax.set_xticks([])
-        ax.set_yticks([])
+        order_grid(ax, [(i, tm, tn) for i, (tm, tn, _) in enumerate(tile_list(tiles, tiles, 1, order))],
+                   tiles, tiles, fontsize=6.5)
         ax.set_xlabel("tn (tile column of x)", fontsize=7)
         ax.set_ylabel("tm (tile row of x)", fontsize=7)
         name = {"row": 'order="row"', "grouped": 'order="grouped", group=4\n(default group 32)',
