@@ -8,6 +8,8 @@
     python3 -m perf.probe flash_attn bf16 2 8192 16 128 [causal]   (fa4.flash_attn, sdpa.flash_attn,
                                                                      flash_attn.double_p)
     python3 -m perf.probe rms_norm bf16 2048 65536   (quack.rms_norm; also softmax, quack.softmax)
+    python3 -m perf.probe rmsnorm.bwd bf16 32768 4096   (any perf.suite_rowwise case, as the suite times
+                                                         it; quack:rmsnorm.bwd, torch:..., torch.compile:...)
 """
 
 import sys
@@ -25,6 +27,11 @@ def main(argv):
     if op in ("fp8_gemm", "torch.fp8_gemm"):
         return _fp8(op, *shape)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
+    col, _, case = op.rpartition(":")
+    from perf.suite_rowwise import CASES
+
+    if case in CASES:
+        return _rowwise(col or "ours", case, dt, dtype, *shape)
     if "flash_attn" in op:
         return _attention(op, dtype, causal, *shape)
     if op in ("rms_norm", "quack.rms_norm", "softmax", "quack.softmax"):
@@ -70,6 +77,17 @@ def _run(op, dt, shape, f):
     torch.cuda.synchronize()
     r = r[0] if isinstance(r, tuple) else r
     print(op, dt, shape, "ok", float(r.float().sum()))
+
+
+def _rowwise(col, case, dt, dtype, m, n):
+    """One column of a `perf.suite_rowwise` case (the forward, or the backward of a retained graph)."""
+    from perf.suite_rowwise import _call, _fns
+
+    fam, direction = case.split(".")
+    x = randn(m, n, dtype=dtype, seed=21)
+    t = torch.randint(0, n, (m,), device="cuda") if fam == "cross_entropy" else None
+    dy = randn(m, n, dtype=dtype, seed=22) if direction == "bwd" else None
+    _run(f"{col}:{case}", dt, [m, n], _call(case, _fns(case, n, dtype)[col], x, t, dy))
 
 
 def _fp8(op, m, n, k):
