@@ -4,9 +4,10 @@
 # Logs go to $OUT/session.log (one file: the device returns at most 8), results to
 # $OUT/<suite>.{json,md,png}; a compact summary is printed.
 #
-#   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [pcs] [small] [sanitize] [large] [par] [tunerows]
+#   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [pcs] [small] [sanitize] [large] [par] [tunerows] [kt]
 #   ncu: NCU=probes (see below), NCU_EXTRA=extra comma-separated metrics
 #   pcs: per-SASS-instruction stall sampling of PCS="probe args@kernel@skip;..." (perf/ncu_pcs.py; PT=timeout)
+#   kt: each call's kernels and GPU span of KT="probe args;..." (perf/kernel_times.py; KTT=timeout)
 #   tunerows: perf.tune_rows (held-row plan sweep; TR=timeout, TRARGS=its arguments)
 #   par: run the test families concurrently (TT=seconds per family, default 240)
 #     FAMILIES: comma list of tests/test_<family>_gpu.py families (elementwise, ..., attention_varlen)
@@ -70,6 +71,10 @@ if has pcs; then
     cat "$OUT/.n" >> "$LOG"; echo "pcs $p:"; head -12 "$OUT/.n"
   done
   rm -f "$OUT/.n"
+fi
+if has kt; then  # KT: ";"-separated probe targets, each call's kernels and GPU span (perf/kernel_times.py)
+  section kernel_times; IFS=';' read -ra KK <<< "${KT:-rmsnorm.bwd bf16 32768 4096}"
+  timeout ${KTT:-120} python3 -m perf.kernel_times "${KK[@]}" > "$OUT/.k" 2>&1; cat "$OUT/.k" >> "$LOG"; grep -v "^\s*$" "$OUT/.k" | head -60; rm -f "$OUT/.k"
 fi
 if has tunerows; then section tune_rows; timeout ${TR:-300} python3 -m perf.tune_rows --out "$OUT" ${TRARGS:-} > "$OUT/.s" 2>&1; cat "$OUT/.s" >> "$LOG"; grep -E "^\| " "$OUT/.s" | tail -80; rm -f "$OUT/.s"; fi
 if has small; then section small; timeout ${ST:-200} python3 -m perf.small --out "$OUT" ${SMALLARGS:-} > "$OUT/.s" 2>&1; cat "$OUT/.s" >> "$LOG"; grep "^|" "$OUT/.s"; rm -f "$OUT/.s"; fi

@@ -240,6 +240,11 @@ _STAGED_BWD = dict(target_elems=64, max_elems=64, min_threads=256, max_tpr=256, 
 # 2.55 TB/s, LayerNorm 1.57 -> 2.01; 128k RMSNorm t512 u4 c8 2.05 -> 2.38. At 16k it lost (0.93x).
 _STAGED_NORM_BWD_RG = dict(target_elems=32, max_elems=32, min_threads=256, max_tpr=256, staging="smem",
                            staged_rows=2, staged_regs=128, resident_grid=True)
+# RMSNorm backward at 4k: one 16-byte vector per thread of a 512-thread CTA (a row per CTA), the next
+# row tile prefetched into a second register set, 2 CTAs per SM (264 CTAs: half the fp32 dweight
+# partial rows of t128 u4 at 4 per SM). H200 sweep of session 7 call 1 (perf/results/2026-11-29-h200-
+# 25f65cb/tune_rows.md): 222.6 us against 246.4 without prefetch and 229.5 (bench) for t128 u4.
+_BWD_4K_PF = dict(target_elems=8, max_elems=8, min_threads=512, max_tpr=512, prefetch=True, regs_per_thread=64)
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
     "fwd": ((4096, _ONE_ROW_128), (32768, _FWD), (131072, dict(_STAGED_FWD_HOLD, regs=_FWD)), (None, _FWD)),
@@ -250,7 +255,7 @@ HELD_TUNED = {
     "ln_fwd": ((4096, _ONE_ROW_128), (32768, _LN_FWD), (65536, dict(_STAGED_LN_FWD_MB, hold=True, regs=_LN_FWD)),
                (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", hold=True, regs=_NORM_FWD)), (None, _NORM_FWD)),
     "bwd": ((32768, _BWD), (65536, dict(_STAGED_BWD, regs=_BWD)), (None, _BWD)),
-    "rms_bwd": ((4096, _ONE_ROW_128), (16384, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
+    "rms_bwd": ((2048, _ONE_ROW_128), (4096, _BWD_4K_PF), (16384, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
                 (32768, _BWD), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_BWD, resident_grid=True))),
                 (None, dict(_BWD, resident_grid=True))),
     # 16k: 512-thread CTAs, two per SM in the grid (registers allow one resident: the second wave
