@@ -44,7 +44,7 @@ def test_no_cluster_no_change(monkeypatch):
     p = RT.plan_for_rows("rms_bwd", 4096, 8)
     assert p.cluster_n == 1
     rg = dataclasses.replace(p, resident_grid=True)
-    assert R.grid_ctas(32768, rg, True, DEV) == R.grid_ctas(32768, p, True, DEV) == (4 * 132, 4 * 132)
+    assert R.grid_ctas(32768, rg, True, DEV) == R.grid_ctas(32768, p, True, DEV) == (p.ctas_per_sm * 132,) * 2
     assert str(rg) == str(p)
 
 
