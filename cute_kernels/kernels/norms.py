@@ -323,6 +323,14 @@ class NormBwd(_RowKernel):
     """
 
     pipelined = True
+    # ncu, LayerNorm backward 32768x4096 (t256 r128 u4, accumulators in shared memory): 29.7 % of the
+    # warps' cycles stalled on the short scoreboard, the samples on the adds right after each
+    # accumulator's LDS.128 and on registers reused after its STS.128 (few warps resident to hide it).
+    # Budget from ptxas (bf16), both accumulators together: 32 elements a thread with the row staged in
+    # shared memory (RMSNorm 64k t256 u4: 118 -> 113 registers), 16 with the row held in registers
+    # (RMSNorm t128 u4, 32: 106 -> 158 would cost a CTA per SM, LayerNorm t128 u2, 2 x 16: 80 -> 126;
+    # RMSNorm t512 u1 prefetch, 8: 44 -> 56, LayerNorm t512 u1, 2 x 8: 58 -> 63).
+    ACC_REG_ELEMS = 32
 
     def __init__(self, kind: str, dtype, w_dtype, vec: int, index64: bool, plan: HeldRowPlan,
                  has_weight: bool, has_bias: bool, has_dres: bool):
@@ -333,6 +341,10 @@ class NormBwd(_RowKernel):
         self.staged_params = (w_dtype,) if has_weight else ()
         self.accumulators = int(has_weight) + int(has_bias)
         self.staged_min_regs = 128
+        # dweight/dbias accumulate in registers when they are few (ACC_REG_ELEMS fp32 a thread, both
+        # together), else in shared memory (a private slot per thread, read-modify-written per row)
+        budget = self.ACC_REG_ELEMS // (1 if plan.staging == "smem" else 2)
+        self.acc_in_regs = self.accumulators * plan.tiling.unroll * vec <= budget
 
     @cute.jit
     def __call__(self, x: cute.Tensor, w, dy: cute.Tensor, dres, mean, rstd: cute.Tensor, dx: cute.Tensor,
@@ -358,12 +370,14 @@ class NormBwd(_RowKernel):
         hold = self.holders(sl, smem, (x.element_type, dy.element_type), group)
         (hw,) = self.stage_vectors(smem, sl, group, (w,))
         inv_n = cute.arch.rcp_approx(Float32(n))  # no IEEE-division subroutine call
-        # dweight/dbias accumulators live in shared memory, one private copy per thread (no races, no
-        # barriers in the loop): in registers they would double the backward's register footprint.
+        # dweight/dbias accumulators: a private copy per thread (no races, no barriers in the loop), in
+        # registers when small (`acc_in_regs`), else in shared memory (in registers they would double
+        # the register footprint of the wide plans). The shared slots also collect the registers'
+        # sums after the loop, for the CTA's fold over its row groups (`write_partial`).
         dw_buf = self.accumulator(smem, group, lane) if self.has_weight else None
         db_buf = self.accumulator(smem, group, lane) if self.has_bias else None
-        dw_acc = dw_buf[None, None, lane, group] if self.has_weight else None
-        db_acc = db_buf[None, None, lane, group] if self.has_bias else None
+        dw_acc = self.acc_of(dw_buf, lane, group) if self.has_weight else None
+        db_acc = self.acc_of(db_buf, lane, group) if self.has_bias else None
         cluster_start(self.cluster_n)
         count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx0, gdim, self.index64)
         stats = None
@@ -429,6 +443,12 @@ class NormBwd(_RowKernel):
                 dxs = [d + e for d, e in zip(dxs, drs)]
             sl.store(dx[row, None], ok, dxs)
             red.end_tile()
+        if cutlass.const_expr(self.acc_in_regs):  # the registers' sums into this thread's shared slots
+            for buf, acc in ((dw_buf, dw_acc), (db_buf, db_acc)):
+                if cutlass.const_expr(buf is not None):
+                    mine = buf[None, None, lane, group]
+                    for k in cutlass.range_constexpr(vpt):
+                        mine[None, k].store(acc[None, k].load())
         cute.arch.barrier()
         if cutlass.const_expr(self.has_weight):
             self.write_partial(smem, dw_buf, dw_partial, sl, group, bidx0)
@@ -446,6 +466,14 @@ class NormBwd(_RowKernel):
                 mu = mean[row]
         return r, mu
 
+    def acc_of(self, buf: cute.Tensor, lane, group) -> cute.Tensor:
+        """This thread's zeroed (vec, vpt) accumulator: registers (`acc_in_regs`) or its slot of `buf`."""
+        if self.acc_in_regs:
+            acc = cute.make_rmem_tensor((self.vec, self.vpt), Float32)
+            acc.fill(0.0)
+            return acc
+        return buf[None, None, lane, group]
+
     def accumulator(self, smem, group, lane) -> cute.Tensor:
         """This thread's zeroed (vec, vpt) fp32 accumulator in shared memory: element (e, k) of
         row group g, lane l at ((g * vpt + k) * tpr + l) * vec + e, so a row group's accumulators
@@ -454,9 +482,10 @@ class NormBwd(_RowKernel):
         buf = smem.allocate_tensor(
             Float32, cute.make_layout((vec, vpt, tpr, self.rows_per_cta), stride=(1, tpr * vec, vec, vpt * tpr * vec)),
             byte_alignment=16)
-        mine = buf[None, None, lane, group]
-        for k in range(vpt):
-            mine[None, k].store(cute.full((vec,), 0.0, Float32))
+        if not self.acc_in_regs:
+            mine = buf[None, None, lane, group]
+            for k in range(vpt):
+                mine[None, k].store(cute.full((vec,), 0.0, Float32))
         return buf
 
     @cute.jit
