@@ -326,10 +326,11 @@ class NormBwd(_RowKernel):
     # ncu, LayerNorm backward 32768x4096 (t256 r128 u4, accumulators in shared memory): 29.7 % of the
     # warps' cycles stalled on the short scoreboard, the samples on the adds right after each
     # accumulator's LDS.128 and on registers reused after its STS.128 (few warps resident to hide it).
-    # Budget from ptxas (bf16), both accumulators together: 32 elements a thread with the row staged in
-    # shared memory (RMSNorm 64k t256 u4: 118 -> 113 registers), 16 with the row held in registers
-    # (RMSNorm t128 u4, 32: 106 -> 158 would cost a CTA per SM, LayerNorm t128 u2, 2 x 16: 80 -> 126;
-    # RMSNorm t512 u1 prefetch, 8: 44 -> 56, LayerNorm t512 u1, 2 x 8: 58 -> 63).
+    # Only with the row staged in shared memory (its registers free), both accumulators together at
+    # most 32 elements a thread: RMSNorm 64k t256 u4 c8 118 -> 113 registers, 314.5 -> 290.6 us (H200,
+    # session 7 call 4). With the row held in registers they cost more registers than their count
+    # (RMSNorm t128 u4: 106 -> 158, LayerNorm t128 u2: 80 -> 126) and were slower where they fit
+    # (RMSNorm 4k t512 u1 prefetch: 44 -> 56 registers, 223.1 -> 231.2 us).
     ACC_REG_ELEMS = 32
 
     def __init__(self, kind: str, dtype, w_dtype, vec: int, index64: bool, plan: HeldRowPlan,
@@ -341,10 +342,9 @@ class NormBwd(_RowKernel):
         self.staged_params = (w_dtype,) if has_weight else ()
         self.accumulators = int(has_weight) + int(has_bias)
         self.staged_min_regs = 128
-        # dweight/dbias accumulate in registers when they are few (ACC_REG_ELEMS fp32 a thread, both
-        # together), else in shared memory (a private slot per thread, read-modify-written per row)
-        budget = self.ACC_REG_ELEMS // (1 if plan.staging == "smem" else 2)
-        self.acc_in_regs = self.accumulators * plan.tiling.unroll * vec <= budget
+        # dweight/dbias accumulate in registers for staged plans with few of them (ACC_REG_ELEMS fp32 a
+        # thread, both together), else in shared memory (a private slot per thread, read-modify-written per row)
+        self.acc_in_regs = plan.staging == "smem" and self.accumulators * plan.tiling.unroll * vec <= self.ACC_REG_ELEMS
 
     @cute.jit
     def __call__(self, x: cute.Tensor, w, dy: cute.Tensor, dres, mean, rstd: cute.Tensor, dx: cute.Tensor,
@@ -371,8 +371,8 @@ class NormBwd(_RowKernel):
         (hw,) = self.stage_vectors(smem, sl, group, (w,))
         inv_n = cute.arch.rcp_approx(Float32(n))  # no IEEE-division subroutine call
         # dweight/dbias accumulators: a private copy per thread (no races, no barriers in the loop), in
-        # registers when small (`acc_in_regs`), else in shared memory (in registers they would double
-        # the register footprint of the wide plans). The shared slots also collect the registers'
+        # registers where `acc_in_regs`, else in shared memory (in registers they would double the
+        # register footprint of the plans that hold the row in registers). The shared slots also collect the registers'
         # sums after the loop, for the CTA's fold over its row groups (`write_partial`).
         dw_buf = self.accumulator(smem, group, lane) if self.has_weight else None
         db_buf = self.accumulator(smem, group, lane) if self.has_bias else None
