@@ -232,6 +232,48 @@ ROW_SUM = RowSumSpec(
     },
 )
 
+@dataclass(frozen=True, eq=False)
+class ColumnSumSpec(KernelSpec):
+    def build(self, p):
+        from cute_kernels.kernels.reduction import ColumnSum
+
+        dt, out_dt = dtypes.cutlass_of(p["dtype"]), dtypes.cutlass_of(p["out_dtype"])
+        vec = dtypes.vec_of(p["dtype"], p["aligned"])
+        c, n = _index_sym(False), _index_sym(False, vec)
+        x = cute.runtime.make_fake_tensor(dt, (c, n), stride=(_index_sym(False, vec), 1),
+                                          assumed_align=16 if p["aligned"] else dt.width // 8)
+        out = cute.runtime.make_fake_tensor(out_dt, (n,), stride=(1,),
+                                            assumed_align=vec * out_dt.width // 8 if p["aligned"] else out_dt.width // 8)
+        return ColumnSum(dt, out_dt, vec, p["threads"]), (x, out, fake_stream())
+
+    def dynamic_smem_bytes(self, p):
+        return 4 * 32 * dtypes.vec_of(p["dtype"], p["aligned"]) * (p["threads"] // 32)
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"out_dtype": "fp32", "threads": 256})]
+
+    def sweep(self):
+        """The variants the norms' backward launches: fp32 partials into each weight dtype, aligned or not."""
+        return [self.resolve({"out_dtype": o, "aligned": a, "threads": t})
+                for o, a, t in itertools.product(dtypes.FLOAT_NAMES, (True, False), (128, 256, 512, 1024))]
+
+
+COL_SUM = ColumnSumSpec(
+    name="reduction.col_sum",
+    family="reduction",
+    lesson=2,
+    summary="sum over the first dim of (C, N) partials (the norms' backward weight gradients), cast fused; "
+            "fixed order, deterministic",
+    ops=("rms_norm", "layer_norm"),
+    status="ready",
+    params={
+        "dtype": Param("fp32", dtypes.FLOAT_NAMES, "signature", "partials' element type"),
+        "out_dtype": Param("bf16", dtypes.FLOAT_NAMES, "signature", "output element type"),
+        "aligned": Param(True, (True, False), "signature", "16-byte aligned rows (128-bit loads)"),
+        "threads": Param(1024, (128, 256, 512, 1024), help="threads per CTA: its warps split the C rows"),
+    },
+)
+
 COPY = _elementwise("copy", "out = x, grid-stride over 128-bit vectors", ("copy",))
 ADD = _elementwise("add", "out = x + y (fp32 math, rounded once)", ("add",))
 AXPBY = _elementwise("axpby", "out = a*x + b*y (fp32 math, rounded once)", ("axpby",))
@@ -247,7 +289,7 @@ _PLANNED = [
     ("fake_quant", "quant", 17, "QAT fake-quant with STE (described only)"),
 ]
 
-KERNELS: dict[str, KernelSpec] = {s.name: s for s in (COPY, ADD, AXPBY, ROW_SUM)}
+KERNELS: dict[str, KernelSpec] = {s.name: s for s in (COPY, ADD, AXPBY, ROW_SUM, COL_SUM)}
 for _name, _fam, _lesson, _summary in _PLANNED:
     KERNELS[_name] = KernelSpec(_name, _fam, _lesson, _summary)
 

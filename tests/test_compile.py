@@ -83,7 +83,7 @@ def test_64bit_variants_take_64bit_sizes(name, tmp_path):
     assert "ld.param.v2.b32" not in ptx
 
 
-@pytest.mark.parametrize("name", ["elementwise.add", "reduction.row_sum"])
+@pytest.mark.parametrize("name", ["elementwise.add", "reduction.row_sum", "reduction.col_sum"])
 def test_misaligned_variants_use_scalar_accesses(name, tmp_path):
     spec = catalog.get(name)
     report, _ = compile_with_artifacts(spec, spec.resolve({"aligned": False}), str(tmp_path))

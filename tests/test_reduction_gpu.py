@@ -134,3 +134,37 @@ def test_64bit_indexing_past_2_31_elements():
     for i in range(2):
         ref = sum(rows[i, j : j + (1 << 28)].double().sum().item() for j in range(0, 2**30, 1 << 28))
         assert abs(r[i].item() - ref) <= 1e-5 * absum
+
+
+# --- column sums (the norms' backward finishes its fp32 weight-gradient partials with them) -------
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (1, 4096), (3, 7), (30, 65536), (264, 4096), (528, 4097), (1000, 769)])
+def test_col_sum(out_dtype, shape):
+    from cute_kernels.ops.reduction import sum_columns_into
+
+    p = randn(*shape, dtype=torch.float32)
+    out = torch.full((shape[1],), float("nan"), dtype=out_dtype, device=p.device)
+    sum_columns_into(p, out)
+    assert not torch.isnan(out).any(), "unwritten outputs"
+    ref = p.double().sum(0)
+    err = (out.double() - ref).abs()
+    assert (err <= _bound(p.t(), ref, out_dtype)).all(), f"max err {err.max().item()}"
+    again = torch.full_like(out, float("nan"))
+    sum_columns_into(p, again)
+    assert torch.equal(out, again), "not bitwise run to run"
+
+
+def test_col_sum_unaligned():
+    """Rows whose start is not 16-byte aligned (a column offset into a wider buffer) and an out that is
+    not: the scalar variant, same values."""
+    from cute_kernels.ops.reduction import sum_columns_into
+
+    wide = randn(264, 4099, dtype=torch.float32)
+    p = wide[:, 1:4097]
+    for dt in DTYPES:
+        buf = torch.full((4097,), float("nan"), dtype=dt, device=p.device)
+        out = buf[1:]
+        sum_columns_into(p, out)
+        ref = p.double().sum(0)
+        assert (((out.double() - ref).abs()) <= _bound(p.t(), ref, dt)).all()
+        assert torch.isnan(buf[0]), "wrote outside out"

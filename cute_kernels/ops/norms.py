@@ -4,7 +4,8 @@
 the last dim; math in fp32, one rounding to x's dtype. With `residual`, x + residual (rounded to x's
 dtype) is normalized and also returned: `(y, x + residual)`, the fused pre-norm residual stream.
 The forward saves rstd (and mean) per row in fp32; the backward recomputes x-hat from them and
-writes dx in one pass, dweight/dbias as fp32 per-CTA partials summed here (a small (CTAs, N) sum).
+writes dx in one pass, dweight/dbias as fp32 per-CTA partials summed here in a fixed order, the cast
+fused (`ops.reduction.sum_columns_into`: one small (CTAs, N) launch).
 
 `fp8_out="per_token" | "block128"` (forward only, no autograd; ops `rms_norm_fp8`,
 `layer_norm_fp8`): y comes back as float8_e4m3fn with fp32 scales over the M = numel / N rows,
@@ -21,6 +22,7 @@ import torch
 from cute_kernels import dtypes
 from cute_kernels.ops._checks import check_like, check_tensor, direct_call_ok, register_op, rows_of
 from cute_kernels.ops._rowwise import grid_ctas, launch_params
+from cute_kernels.ops.reduction import sum_columns_into
 
 
 def _check(x, weight, bias, residual):
@@ -121,9 +123,9 @@ def _bwd_cuda(kind, x, weight, has_bias, dy, dres, mean, rstd):
     db_p = torch.empty(ctas, n, dtype=torch.float32, device=x.device) if has_bias else None
     fn(x2, weight, dy2, dr2, mean if kind == "layer" else None, rstd, dx2, dw_p, db_p, cap)
     if weight is not None:
-        dw = dw_p.sum(0).to(dw.dtype)
+        sum_columns_into(dw_p, dw)
     if has_bias:
-        db = db_p.sum(0).to(db.dtype)
+        sum_columns_into(db_p, db)
     return dx, dw, db
 
 

@@ -52,6 +52,24 @@ def _sum_rows(x2: torch.Tensor, out: torch.Tensor, **plan_options) -> None:
         partial, out.view(m, 1), stage2.max_ctas(sms))
 
 
+def sum_columns_into(partials: torch.Tensor, out: torch.Tensor) -> None:
+    """out[:] = partials.sum(0) rounded once to out's dtype, for fp32 (C, N) partials (C >= 1, unit
+    stride along N) and a contiguous (N,) out: `catalog.COL_SUM`, fp32 in a fixed order (the same bits
+    every run), the cast fused. The norms' backward finishes its per-CTA weight-gradient partials with
+    it: one launch of ~2 us where torch's sum(0) and cast took 7 + 1 us (C = 264, N = 4096, H200)."""
+    c, n = partials.shape
+    vec = 16 // partials.element_size()
+    aligned = (n % vec == 0 and partials.stride(0) % vec == 0 and partials.data_ptr() % 16 == 0
+               and out.data_ptr() % (vec * out.element_size()) == 0)
+    threads = min(1024, max(128, 32 * (1 << max(0, c - 1).bit_length())))
+    key = ("col", partials.dtype, out.dtype, aligned, threads)
+    fn = _fns.get(key)
+    if fn is None:
+        fn = _fns[key] = catalog.COL_SUM.compiled(dtype=dtypes.name_of(partials.dtype),
+                                                  out_dtype=dtypes.name_of(out.dtype), aligned=aligned, threads=threads)
+    fn(partials, out)
+
+
 def _row_sum_fake(x, out_dtype=None):
     check_tensor("x", x, min_ndim=1)
     check_out_dtype("out_dtype", out_dtype)
