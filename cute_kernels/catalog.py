@@ -232,6 +232,7 @@ ROW_SUM = RowSumSpec(
     },
 )
 
+
 @dataclass(frozen=True, eq=False)
 class ColumnSumSpec(KernelSpec):
     def build(self, p):

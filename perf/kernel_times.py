@@ -1,7 +1,7 @@
 """Where one call's GPU time goes, kernel by kernel: a `perf.probe` target run under torch.profiler
-(CUDA activity only), each kernel's mean duration per call, and the call's span on the GPU (first
-kernel start to last kernel end, averaged) beside the kernels' sum: the gap between the two is
-launch latency and host time the GPU waited for.
+(CUDA activity only), each kernel's mean duration per call, and the GPU's busy time per call (first
+kernel start to last kernel end of each busy stretch; idle gaps over 50 us, the host's own time, left
+out) beside the kernels' sum: the difference is launch latency between back-to-back kernels.
 
     python3 -m perf.kernel_times "rmsnorm.bwd bf16 32768 4096" ["quack:rmsnorm.bwd bf16 32768 4096" ...]
 
@@ -50,7 +50,8 @@ def profile(spec: str, reps: int = 20) -> str:
     evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.name
            and not e.name.startswith(("cudaDeviceSynchronize", "Memcpy", "Memset"))]
     evs.sort(key=lambda e: e.time_range.start)
-    # calls are separated by the synchronize: group kernels whose start follows a gap of > 50 us
+    # busy stretches: kernels whose start follows a gap of > 50 us open a new one (a call's own host
+    # time can split it, so per-call figures divide by `reps`, not by the stretches)
     groups, cur, last_end = [], [], None
     for e in evs:
         if last_end is not None and e.time_range.start - last_end > 50:
@@ -63,9 +64,9 @@ def profile(spec: str, reps: int = 20) -> str:
     for g in groups:
         spans.append(max(e.time_range.end for e in g) - g[0].time_range.start)
         for e in g:
-            per[e.name] += (e.time_range.end - e.time_range.start) / len(groups)
-    lines = [f"## {spec}: {len(groups)} calls, GPU span {sum(spans) / len(spans):.1f} us per call, "
-             f"kernels {sum(per.values()):.1f} us"]
+            per[e.name] += (e.time_range.end - e.time_range.start) / reps
+    lines = [f"## {spec}: {reps} calls ({len(groups)} busy stretches), GPU busy {sum(spans) / reps:.1f} us per "
+             f"call (gaps > 50 us left out), kernels {sum(per.values()):.1f} us"]
     for name, us in sorted(per.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {us:8.1f} us  {name[:110]}")
     return "\n".join(lines)
