@@ -72,7 +72,7 @@ from collectives.online_softmax import (
 )
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma
 from collectives.vector_io import extent
-from collectives.wgmma_mainloop import acc_a_view, acc_as_a_operand
+from collectives.wgmma_mainloop import acc_a_view, acc_as_a_operand, mma_blocks, stage_of
 from schedules.attention import AttentionSchedule, tile_coords
 
 # Named barrier ids (0 is __syncthreads).
@@ -345,17 +345,17 @@ class FlashAttnFwd:
     def qk_gemm(self, tiled_mma: cute.TiledMma, acc_s: cute.Tensor, tSrQ: cute.Tensor, tSrK: cute.Tensor, stage: Int32):
         """S = Q K^T: D / 16 WGMMAs, both operands in smem."""
         warpgroup.fence()
-        for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-            cute.gemm(tiled_mma, acc_s, tSrQ[(None, None, kb)], tSrK[(None, None, kb, stage)], acc_s)
+        if cutlass.const_expr(cute.size(tSrQ, mode=[2]) <= 8):  # D <= 128 (see `mma_blocks`)
+            mma_blocks(tiled_mma, acc_s, tSrQ, stage_of(tSrK, stage), zero_first=True)
+        else:
+            mma_blocks(tiled_mma, acc_s, tSrQ, tSrK, zero_first=True, b_stage=stage)
         warpgroup.commit_group()
 
     @cute.jit
     def pv_gemm(self, tiled_mma: cute.TiledMma, acc_o: cute.Tensor, p: cute.Tensor, tOrV: cute.Tensor, stage: Int32):
         """O += P V: tile_n / 16 WGMMAs, P from registers."""
         warpgroup.fence()
-        for kb in cutlass.range_constexpr(cute.size(p, mode=[2])):
-            cute.gemm(tiled_mma, acc_o, p[(None, None, kb)], tOrV[(None, None, kb, stage)], acc_o)
+        mma_blocks(tiled_mma, acc_o, p, stage_of(tOrV, stage))
         warpgroup.commit_group()
 
     @cute.jit
