@@ -4,9 +4,10 @@
 # Logs go to $OUT/session.log (one file: the device returns at most 8), results to
 # $OUT/<suite>.{json,md,png}; a compact summary is printed.
 #
-#   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [pcs] [small] [sanitize] [large] [par] [tunerows] [kt]
+#   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [pcs] [small] [sanitize] [large] [par] [tunerows] [kt] [clocks]
 #   ncu: NCU=probes (see below), NCU_EXTRA=extra comma-separated metrics
 #   pcs: per-SASS-instruction stall sampling of PCS="probe args@kernel@skip;..." (perf/ncu_pcs.py; PT=timeout)
+#   clocks: sustained runs with SM clock and power sampled (perf/clocks.py; CLK="target;..." or its defaults, CLKT=timeout)
 #   kt: each call's kernels and GPU span of KT="probe args;..." (perf/kernel_times.py; KTT=timeout)
 #   tunerows: perf.tune_rows (held-row plan sweep; TR=timeout, TRARGS=its arguments)
 #   par: run the test families concurrently (TT=seconds per family, default 240)
@@ -75,6 +76,10 @@ fi
 if has kt; then  # KT: ";"-separated probe targets, each call's kernels and GPU span (perf/kernel_times.py)
   section kernel_times; IFS=';' read -ra KK <<< "${KT:-rmsnorm.bwd bf16 32768 4096}"
   timeout ${KTT:-120} python3 -m perf.kernel_times "${KK[@]}" > "$OUT/.k" 2>&1; cat "$OUT/.k" >> "$LOG"; grep -v "^\s*$" "$OUT/.k" | head -60; rm -f "$OUT/.k"
+fi
+if has clocks; then  # CLK: ";"-separated perf.probe-style targets run back to back, SM clock + power sampled
+  section clocks; IFS=';' read -ra CC <<< "${CLK:-}"
+  timeout ${CLKT:-200} python3 -m perf.clocks "${CC[@]}" > "$OUT/.c" 2>&1; cat "$OUT/.c" >> "$LOG"; grep -E "^\| |Error|error" "$OUT/.c" | tail -12; rm -f "$OUT/.c"
 fi
 if has tunerows; then section tune_rows; timeout ${TR:-300} python3 -m perf.tune_rows --out "$OUT" ${TRARGS:-} > "$OUT/.s" 2>&1; cat "$OUT/.s" >> "$LOG"; grep -E "^\| " "$OUT/.s" | tail -80; rm -f "$OUT/.s"; fi
 if has small; then section small; timeout ${ST:-200} python3 -m perf.small --out "$OUT" ${SMALLARGS:-} > "$OUT/.s" 2>&1; cat "$OUT/.s" >> "$LOG"; grep "^|" "$OUT/.s"; rm -f "$OUT/.s"; fi
