@@ -24,7 +24,7 @@ from cutlass import Float32, Int32
 
 from collectives import quantize as fp8
 from collectives.reduce import add, add_pairs
-from collectives.rowwise import RowReducer, RowSlice, cluster_start, my_tile_count, stage_buffer
+from collectives.rowwise import RowReducer, RowSlice, cluster_join, cluster_start, my_tile_count, stage_buffer
 from collectives.vector_io import extent, widen_again
 from schedules.row_tiling import HeldRowPlan
 
@@ -231,6 +231,7 @@ class NormFwd(_RowKernel):
             hr = None
             if cutlass.const_expr(self.has_residual):
                 hr = sl.fetch(res[row, None], ok, 0.0, bufs[1])
+            cluster_join(self.cluster_n, i == 0)
             sl.arrive(self.staged)
             if cutlass.const_expr(self.hold):  # read once; every later pass widens the held vectors again
                 hx = sl.read(hx, ok, 0.0)
@@ -387,6 +388,9 @@ class NormBwd(_RowKernel):
             self.fetch_rows(sl, hold, [x[row0, None], dy[row0, None]], row0 < rows, 0.0, 0)
             stats[0], stats[1] = self.row_stats(mean, rstd, row0, row0 < rows)
             sl.commit(self.staged)
+        # the backward kernels walk several tiles per CTA (capped grids): one wait, after the first
+        # prefetch's loads are issued (without prefetch, at the start; in the loop it cost a spill)
+        cluster_join(self.cluster_n, True)
         for i in cutlass.range(count, unroll=1):
             row = (bidx + i * gdim) * self.rows_per_cta + group
             ok = row < rows

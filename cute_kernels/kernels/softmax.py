@@ -23,7 +23,7 @@ from cutlass import Float32, Int32
 
 from collectives.online_softmax import EMPTY, exp_shifted, finite_ref, fold, local_state, log_sum_exp, merge, rescale
 from collectives.reduce import add, group_reduce, group_smem
-from collectives.rowwise import RowReducer, RowSlice, cluster_start, my_tile_count
+from collectives.rowwise import RowReducer, RowSlice, cluster_join, cluster_start, my_tile_count
 from collectives.vector_io import as_vectors, extent, widen_again, widen_f32
 from cute_kernels.kernels.norms import _RowKernel
 from schedules.grid_stride import strided_fold
@@ -79,6 +79,7 @@ class SoftmaxFwd(_RowLoop):
             row = (bidx + i * gdim) * self.rows_per_cta + group
             ok = row < rows
             hx = sl.fetch(x[row, None], ok, _NEG_INF, bufs[0])
+            cluster_join(self.cluster_n, i == 0)
             sl.arrive(self.staged)
             if cutlass.const_expr(self.hold):
                 # the landed row read once and held from here on, in its own dtype (half the
@@ -125,6 +126,9 @@ class SoftmaxBwd(_RowLoop):
             row0 = bidx * self.rows_per_cta + group
             self.fetch_rows(sl, hold, [y[row0, None], dy[row0, None]], row0 < rows, 0.0, 0)
             sl.commit(self.staged)
+        # the backward kernels walk several tiles per CTA (capped grids): one wait, after the first
+        # prefetch's loads are issued (without prefetch, at the start; in the loop it cost a spill)
+        cluster_join(self.cluster_n, True)
         for i in cutlass.range(count, unroll=1):
             row = (bidx + i * gdim) * self.rows_per_cta + group
             ok = row < rows
