@@ -75,11 +75,15 @@ class SoftmaxFwd(_RowLoop):
     @cute.kernel
     def kernel(self, x: cute.Tensor, y: cute.Tensor):
         red, sl, count, bidx, gdim, rows, n, group, lane, rank, bufs = self.setup(x, (2,), 1)
+        # the cluster wait at the start, not after the first loads as in the norms: with it there the
+        # H200 gave staged (hold, mbarrier) and register plans different bits on strided 32x65536
+        # rows (tests/test_rowwise_smem_gpu.py, session 8 call 3; not understood yet) and no speed
+        # (64k 91.3 -> 91.5 % of copy)
+        cluster_join(self.cluster_n, True)
         for i in cutlass.range(count, unroll=1):
             row = (bidx + i * gdim) * self.rows_per_cta + group
             ok = row < rows
             hx = sl.fetch(x[row, None], ok, _NEG_INF, bufs[0])
-            cluster_join(self.cluster_n, i == 0)
             sl.arrive(self.staged)
             if cutlass.const_expr(self.hold):
                 # the landed row read once and held from here on, in its own dtype (half the
