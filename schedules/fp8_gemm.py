@@ -207,7 +207,7 @@ def default_fp8_schedule(m: int, n: int, k: int, kind: str | None = None, num_sm
             continue
         cm = 2 if -(-m // tm) >= 2 else 1
         s = fp8_schedule(knd, tm, tn, cluster_m=cm)
-        t = estimate(s, m, n, k, batch, num_sms) * _eff_correction(s)
+        t = estimate(s, m, n, k, batch, num_sms, coop_epilogue_k=0) * _eff_correction(s)
         if best is None or t < best[0] * 0.999:
             best = (t, s)
     return best[1]

@@ -372,18 +372,31 @@ _TILE_EFF = {("cooperative", 128, 256): 1.0, ("cooperative", 256, 128): 0.98, ("
              ("pingpong", 64, 128): 0.8, ("pingpong", 64, 256): 0.8, ("pingpong", 64, 64): 0.55}
 
 
-def estimate(s: GemmSchedule, m: int, n: int, k: int, batch: int = 1, num_sms: int = 132) -> float:
+# The cooperative schedule's epilogue, in K elements of mainloop time per tile: both consumer
+# warpgroups drain and store while the tensor cores idle (ping-pong hides it under the other
+# warpgroup's mainloop). ~2 K-blocks of 64 (docs/kernels/gemm.md: 1.5-3 k clk against 1 k per K-block
+# at 128x256). Fitted to the H200's full suite of session 8 (perf/results/2026-11-30-h200-74725d7/
+# gemm.md), where ping-pong beat cooperative 128x256 by 6.6 % at 16384x8192x1024 (742 vs 696 TFLOP/s)
+# and 6.3 % at 4096x24576x1536 (761 vs 716), the short-K shapes; the other shapes keep their choice.
+_COOP_EPILOGUE_K = 128
+
+
+def estimate(s: GemmSchedule, m: int, n: int, k: int, batch: int = 1, num_sms: int = 132,
+             coop_epilogue_k: int = _COOP_EPILOGUE_K) -> float:
     """Model time (arbitrary units) of schedule `s` on (m, n, k): waves of work units (tiles, or
-    tiles x splits) over the SMs times the work of one unit divided by the tile's efficiency. It
-    captures wave quantization (the last, partial wave of tiles) and the cost of small tiles, which
-    is what the choice between tile shapes hinges on. Split-K's costs are added by
-    `estimate_streaming`, which the choice of split count uses."""
+    tiles x splits) over the SMs times the work of one unit divided by the tile's efficiency, plus
+    the cooperative schedule's exposed epilogue per tile (`_COOP_EPILOGUE_K`). It captures wave
+    quantization (the last, partial wave of tiles), the cost of small tiles and, at short K, of the
+    epilogue, which is what the choice between tile shapes and kinds hinges on. Split-K's costs are
+    added by `estimate_streaming`, which the choice of split count uses. The FP8 model passes
+    `coop_epilogue_k=0` (its choices were measured without the term)."""
     tiles = -(-m // s.tile_m) * -(-n // s.tile_n) * batch
     splits = effective_splits(s, k)
     slots = cluster_slots(s, num_sms) * s.cluster_size
     waves = -(-(tiles * splits) // slots)
     eff = _TILE_EFF.get((s.kind, s.tile_m, s.tile_n), 0.5)
-    return waves * s.tile_m * s.tile_n * (k / splits) / eff
+    epi = coop_epilogue_k if s.kind == "cooperative" else 0
+    return waves * s.tile_m * s.tile_n * (k / splits + epi) / eff
 
 
 # The memory side of the model, in `estimate`'s units (an SM's bf16 MACs at efficiency 1). Small-M
