@@ -343,11 +343,12 @@ def stage_buffer(smem, dtype, vec: int, tpr: int, vpt: int, rows_per_cta: int, s
 @cute.jit
 def cluster_start(cluster_n: cutlass.Constexpr[int]):
     """Before the first write into a peer's shared memory every CTA of the cluster must have started:
-    each CTA arrives here, at its start, and waits in `cluster_join`, which the kernel calls right
-    after issuing its first tile's loads, so the cluster barrier's round trip runs under those loads
-    instead of before them. (Arriving and waiting here cost the RMSNorm forward at 64k, 8-CTA
-    clusters with one tile each, 6 % of its warps' samples on UCGABAR_WAIT: session 8 PC sampling.
-    QuACK also arrives at its start and waits later.)"""
+    each CTA arrives here, at its start, and waits in `cluster_join`. The norm forwards join right
+    after issuing their first tile's loads, so the cluster barrier's round trip runs under those
+    loads (arriving and waiting here cost the RMSNorm forward at 64k, 8-CTA clusters with one tile
+    each, 6 % of its warps' samples on UCGABAR_WAIT: session 8 PC sampling; QuACK also arrives at its
+    start and waits later); the backwards join once after their first prefetch, the softmax forward
+    at its start (see `kernels.softmax.SoftmaxFwd.kernel`)."""
     if cutlass.const_expr(cluster_n > 1):
         cute.arch.cluster_arrive_relaxed()
 
