@@ -100,6 +100,8 @@ def _schedule(name, d):
         "fa3_double_p_nopp": AttentionSchedule(tile_n=tn, overlap=True, double_p=True, pingpong=False),
         "fa3_lazy": AttentionSchedule(tile_n=tn, lazy_rescale=True),
         "fa2_lazy": AttentionSchedule(kind="fa2", tile_n=tn, lazy_rescale=True),
+        # the split walk with 64-key blocks (D = 256's candidate that keeps its WGMMAs asynchronous), no ping-pong
+        "fa3_n64_split_nopp": AttentionSchedule(tile_n=64, overlap=True, split_mask=True, pingpong=False),
     }[name]
 
 
@@ -107,7 +109,7 @@ SCHEDULE_CASES = [(64, "causal"), (128, "window")]
 SCHEDULE_NAMES = ["fa3_overlap", "fa3_overlap_nopp", "fa3_m64", "fa2", "fa2_m64_s1", "fa2_s3", "fa3_lazy", "fa2_lazy",
                   "fa3_double_p", "fa3_double_p_nopp"]
 AGREE_NAMES = ["fa3_overlap", "fa3_overlap_nopp", "fa2", "fa3_m64", "fa2_m64_s1", "fa3_lazy", "fa3_double_p"]
-D256_NAMES = ["fa3_overlap", "fa2", "fa3_lazy", "fa3_double_p"]  # fa2 with 3 stages does not fit D = 256 (Q 64 KiB + 3 x 80 KiB of K/V)
+D256_NAMES = ["fa3_overlap", "fa2", "fa3_lazy", "fa3_double_p", "fa3_n64_split_nopp"]  # fa2 with 3 stages does not fit D = 256 (Q 64 KiB + 3 x 80 KiB of K/V)
 
 
 @pytest.mark.parametrize("name", ["default", *SCHEDULE_NAMES])

@@ -58,6 +58,10 @@ VARIANTS = {
                                       "split_mask": True, "pingpong": False},
     "split_d192_band": {"head_dim": 192, "mask": "band", "split_mask": True, "sum_from_corr": True},
     "sum_d256_causal": {"head_dim": 256, "mask": "causal", "sum_from_corr": True},
+    # D = 256 with 64-key blocks (176 accumulators, the split's limit): two loop bodies without serialized
+    # WGMMAs (6 ARRIVE for 60 HGMMA; at tile_n 80 every HGMMA had its own), FA4's d > 128 order (no ping-pong)
+    "split_d256_n64_causal_nopp": {"head_dim": 256, "tile_n": 64, "mask": "causal", "split_mask": True,
+                                   "pingpong": False},
     "sum_no_overlap_lazy": {"head_dim": 128, "lazy_rescale": True, "sum_from_corr": True},
     "sum_double_p": {"head_dim": 128, "double_p": True, "sum_from_corr": True},
 }
