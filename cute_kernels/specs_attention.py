@@ -128,7 +128,8 @@ FLASH_ATTN = FlashAttnSpec(
                         "O stored from registers, predicated on each sequence's end"),
         "schedule": Param("fa3", KINDS, help="fa3: warp-specialized producer + consumer warpgroups; fa2: every "
                           "warpgroup computes, warp 0 loads in line (no producer, no setmaxnreg)"),
-        "tile_m": Param(128, (64, 128), help="Q rows per CTA (64 per computing warpgroup)"),
+        "tile_m": Param(128, (64, 128, 192), help="Q rows per CTA (64 per computing warpgroup; 192: fa3 with three "
+                        "consumers at 160 registers, taking turns round robin)"),
         "tile_n": Param(0, (0, 64, 80, 96, 112, 128, 160, 176, 192), help="K/V rows per stage (0: per head dim)"),
         "stages": Param(0, (0, 1, 2, 3, 4), help="K/V smem stages (0: fa3 as many as fit, fa2 2)"),
         "pingpong": Param(True, (True, False), help="named barriers alternate the consumers' GEMMs (fa3 with "

@@ -63,7 +63,7 @@ TILE_NS = (64, 80, 96, 112, 128, 160, 176, 192)
 @dataclass(frozen=True)
 class AttentionSchedule:
     kind: str = "fa3"
-    tile_m: int = 128  # Q rows per CTA (64 per computing warpgroup): 64 or 128
+    tile_m: int = 128  # Q rows per CTA (64 per computing warpgroup): 64, 128 or 192 (fa3, three consumers)
     tile_n: int = 128  # K/V rows per pipeline stage
     stages: int = 0  # K/V stages; 0 = fa3: as many as fit (at most 4), fa2: 2
     consumer_wgs: int = 0  # computing warpgroups; 0 = tile_m // 64
@@ -73,24 +73,29 @@ class AttentionSchedule:
     double_p: bool = False  # overlap with P in two register buffers: no P V wait inside the softmax
     split_mask: bool = False  # overlap: the walk as masked / unmasked / masked loops (no mask code in the middle)
     sum_from_corr: bool = False  # the row sum starts from l * corr (FA4's order), not l * corr + sum at the end
-    producer_regs: int = 24
-    consumer_regs: int = 240
+    producer_regs: int = 0  # 0: 24 (one or two consumer warpgroups), 32 (three)
+    consumer_regs: int = 0  # 0: 240 (one or two), 160 (three): FA3's / FA4's budgets
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
-        if self.tile_m not in (64, 128):
-            raise ValueError(f"tile_m must be 64 or 128 (64 rows per computing warpgroup; 192, three of them, is "
-                             f"planned), got {self.tile_m}")
+        if self.tile_m not in (64, 128, 192):
+            raise ValueError(f"tile_m must be 64, 128 or 192 (64 rows per computing warpgroup), got {self.tile_m}")
+        if self.tile_m == 192 and self.kind != "fa3":
+            raise ValueError("tile_m 192 (three consumer warpgroups, 512 threads) is built for kind='fa3'")
         wgs = self.consumer_wgs or self.tile_m // 64
         if self.tile_m != 64 * wgs:
             raise ValueError(f"tile_m must be 64 x consumer_wgs = {64 * wgs}, got {self.tile_m}")
         object.__setattr__(self, "consumer_wgs", wgs)
         if self.pingpong is None:
-            object.__setattr__(self, "pingpong", self.kind == "fa3" and wgs == 2)
-        if self.pingpong and (self.kind != "fa3" or wgs != 2):
-            raise ValueError(f"pingpong needs kind='fa3' with two consumer warpgroups (tile_m 128), got {self.kind} "
-                             f"with tile_m {self.tile_m}")
+            object.__setattr__(self, "pingpong", self.kind == "fa3" and wgs >= 2)
+        if self.pingpong and (self.kind != "fa3" or wgs < 2):
+            raise ValueError(f"pingpong needs kind='fa3' with two or three consumer warpgroups (tile_m 128 or 192; "
+                             f"three take turns round robin), got {self.kind} with tile_m {self.tile_m}")
+        if not self.producer_regs:
+            object.__setattr__(self, "producer_regs", 32 if wgs == 3 else 24)
+        if not self.consumer_regs:
+            object.__setattr__(self, "consumer_regs", 160 if wgs == 3 else 240)
         if self.overlap and self.kind != "fa3":
             raise ValueError("overlap (the next S = Q K^T issued before the softmax) is an fa3 option; fa2 is the "
                              "synchronous schedule")
@@ -162,6 +167,13 @@ class AttentionSchedule:
             # three copies of the loop body: at D = 256 (188 accumulator registers) ptxas serializes
             # every WGMMA (one ARRIVE per HGMMA, tests/test_attention_split_compile.py); D <= 192 is clean
             limit = 176
+        if self.consumer_regs < 240:
+            # three consumers at 160 registers: the synchronous walk at D = 64, tile_n 128 (128
+            # accumulators) peaks at R121 with no spills; the overlap spilled 256-336 bytes there (S_{j+1}
+            # and P_j live together), so it does not fit
+            if self.overlap:
+                return False
+            limit = self.consumer_regs - 32
         return self.smem_bytes(head_dim, elem) <= SMEM_BYTES and self.accumulators(head_dim) <= limit
 
     def __str__(self) -> str:
@@ -218,6 +230,8 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     if d.num_stages(head_dim) > 2:
         specs.append(dict(tile_n=d.tile_n, stages=2))
     specs += [dict(tile_m=64, tile_n=d.tile_n), dict(tile_m=64, tile_n=d.tile_n, overlap=True)]
+    # three consumer warpgroups (FA4's d <= 64 tile is 192 x 128): only the synchronous walk fits 160 registers
+    specs += [dict(tile_m=192, tile_n=d.tile_n), dict(tile_m=192, tile_n=d.tile_n, lazy_rescale=True)]
     for tm in (128, 64):
         for tn in near[:2]:
             specs.append(dict(kind="fa2", tile_m=tm, tile_n=tn))

@@ -37,6 +37,10 @@ VARIANTS = [
     {"head_dim": 256, "mask": "causal", "varlen": True},
     {"head_dim": 96, "mask": "band", "varlen": True, "softcap": True, "dtype": "fp16", "tile_m": 64},
     {"head_dim": 128, "mask": "window", "varlen": True, "schedule": "fa2"},
+    # three consumer warpgroups (512 threads, setmaxnreg 32 / 160, turns round robin), the synchronous walk
+    {"head_dim": 64, "tile_m": 192, "overlap": False},
+    {"head_dim": 64, "tile_m": 192, "overlap": False, "mask": "causal", "varlen": True},
+    {"head_dim": 64, "tile_m": 192, "overlap": False, "mask": "band", "lazy_rescale": True, "pingpong": False},
 ]
 
 
@@ -71,15 +75,16 @@ def test_schedule_ingredients(compiled):
     assert census["cp.async.bulk.tensor"] >= (3 if p["varlen"] else 4)  # Q, K, V loads (+ the O store)
     k = report.kernels[0]
     assert k.threads is None or k.threads[0] == s.threads
-    if s.warp_specialized:
-        assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24\b", ptx)
-        assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240\b", ptx)
+    if s.warp_specialized:  # 24 / 240 with one or two consumer warpgroups, 32 / 160 with three
+        assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{s.producer_regs}\b", ptx)
+        assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{s.consumer_regs}\b", ptx)
+        assert s.producer_regs * 128 + s.consumer_regs * 128 * s.consumer_wgs <= 65536
     else:  # fa2: no producer warpgroup, no register hand-over; every thread may use up to 255
         assert "setmaxnreg" not in ptx and census["setmaxnreg"] == 0
         assert s.threads == 128 * s.consumer_wgs and k.registers <= 255
     if sass_text is not None:  # the consumers' registers stay under setmaxnreg's 240 (fa3) / 255 (fa2)
         top = highest_register(sass_text)
-        assert top < (240 if s.warp_specialized else 255), top
+        assert top < (s.consumer_regs if s.warp_specialized else 255), top
     if p["varlen"]:
         # O from registers: D / 4 stores of two adjacent columns per thread (+ its 2 LSE rows), none
         # narrower; cu_seqlens_q/k[b], [b + 1]: 4 loads; no TMA store (it would clobber the next sequence)
@@ -88,7 +93,7 @@ def test_schedule_ingredients(compiled):
     else:
         assert re.search(r"bar\.sync\s+%r\d+, 128;", ptx)  # the epilogue's per-warpgroup barrier (id 1 + wg)
     if s.pingpong:
-        assert len(re.findall(r"bar\.arrive\s+%r\d+, 256;", ptx)) >= 2  # ping-pong turns (ids 3, 4)
+        assert len(re.findall(r"bar\.arrive\s+%r\d+, 256;", ptx)) >= 2  # ping-pong turns (ids 4 + wg)
         assert re.search(r"bar\.sync\s+%r\d+, 256;", ptx)
     else:
         assert "bar.arrive" not in ptx

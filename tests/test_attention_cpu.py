@@ -28,7 +28,15 @@ def test_stage_counts_and_errors():
     assert default_schedule(64).num_stages(64) == 4
     assert AttentionSchedule(tile_n=128).kv_stage_bytes(128) == 65536
     with pytest.raises(ValueError, match="tile_m"):
-        AttentionSchedule(tile_m=192)
+        AttentionSchedule(tile_m=256)
+    with pytest.raises(ValueError, match="tile_m 192"):
+        AttentionSchedule(kind="fa2", tile_m=192)
+    # three consumers: 512 threads, FA3's 32 + 3 x 160 registers, turns round robin; the synchronous
+    # walk fits D = 64 at tile_n 128, the overlap does not (it spilled)
+    t = AttentionSchedule(tile_m=192)
+    assert t.consumer_wgs == 3 and t.threads == 512 and t.pingpong and (t.producer_regs, t.consumer_regs) == (32, 160)
+    assert t.fits(64) and not t.fits(96) and not AttentionSchedule(tile_m=192, overlap=True).fits(64)
+    assert AttentionSchedule(tile_m=128).consumer_regs == 240 and AttentionSchedule(tile_m=64).producer_regs == 24
     with pytest.raises(ValueError, match="tile_n"):
         AttentionSchedule(tile_n=72)
     with pytest.raises(ValueError, match="register budget"):
@@ -79,7 +87,7 @@ def test_candidate_lists(d):
     cs = candidates(d, causal=True)
     assert cs[0] == default_schedule(d, True) and 10 <= len(cs) <= 24
     assert len({str(c) for c in cs}) == len(cs) and all(c.fits(d) for c in cs)
-    assert {c.kind for c in cs} == {"fa3", "fa2"} and {c.tile_m for c in cs} == {64, 128}
+    assert {c.kind for c in cs} == {"fa3", "fa2"} and {c.tile_m for c in cs} == ({64, 128, 192} if d == 64 else {64, 128})
     assert {c.overlap for c in cs} == {True, False} and {c.pingpong for c in cs} == {True, False}
     assert len(candidates(d, limit=5)) == 5
     for c in cs:

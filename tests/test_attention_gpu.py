@@ -102,17 +102,21 @@ def _schedule(name, d):
         "fa2_lazy": AttentionSchedule(kind="fa2", tile_n=tn, lazy_rescale=True),
         # the split walk with 64-key blocks (D = 256's candidate that keeps its WGMMAs asynchronous), no ping-pong
         "fa3_n64_split_nopp": AttentionSchedule(tile_n=64, overlap=True, split_mask=True, pingpong=False),
+        # three consumer warpgroups taking turns round robin (D = 64 only: 160 registers each)
+        "fa3_m192": AttentionSchedule(tile_m=192, tile_n=tn),
+        "fa3_m192_nopp": AttentionSchedule(tile_m=192, tile_n=tn, pingpong=False),
     }[name]
 
 
 SCHEDULE_CASES = [(64, "causal"), (128, "window")]
+M192_CASES = [(64, "causal"), (64, "window"), (64, "none")]
 SCHEDULE_NAMES = ["fa3_overlap", "fa3_overlap_nopp", "fa3_m64", "fa2", "fa2_m64_s1", "fa2_s3", "fa3_lazy", "fa2_lazy",
                   "fa3_double_p", "fa3_double_p_nopp"]
 AGREE_NAMES = ["fa3_overlap", "fa3_overlap_nopp", "fa2", "fa3_m64", "fa2_m64_s1", "fa3_lazy", "fa3_double_p"]
 D256_NAMES = ["fa3_overlap", "fa2", "fa3_lazy", "fa3_double_p", "fa3_n64_split_nopp"]  # fa2 with 3 stages does not fit D = 256 (Q 64 KiB + 3 x 80 KiB of K/V)
 
 
-@pytest.mark.parametrize("name", ["default", *SCHEDULE_NAMES])
+@pytest.mark.parametrize("name", ["default", *SCHEDULE_NAMES, "fa3_m192"])
 def test_smoke_every_schedule_finishes(name):
     """First in the file: one small causal launch per schedule (D = 64, compiled again by the tests
     below). Run the file under `timeout` with -x: a hang here points at the schedule's synchronization
@@ -156,6 +160,18 @@ def test_schedules(name, d, mask):
     causal, window = MASKS[mask]
     sched = _schedule(name, d)
     for sq, sk in ((1000, 1000), (113, 203), (1000, 17), (1, 1)):  # 1000 x 17: q tiles that see no key
+        q, k, v = randn(2, sq, 6, d), randn(2, sk, 2, d), randn(2, sk, 2, d)
+        _check(q, k, v, causal, window, schedule=sched)
+
+
+@pytest.mark.parametrize("d,mask", M192_CASES, ids=[f"d{d}-{m}" for d, m in M192_CASES])
+@pytest.mark.parametrize("name", ["fa3_m192", "fa3_m192_nopp"])
+def test_three_consumer_warpgroups(name, d, mask):
+    """tile_m 192: three consumers (the ping-pong's turns round robin, the last two turns handed on
+    at the end); q tiles of 192 rows over partial and keyless ranges, the K/V ring wrapping."""
+    causal, window = MASKS[mask]
+    sched = _schedule(name, d)
+    for sq, sk in ((1000, 1000), (113, 203), (1000, 17), (1, 1), (900, 700)):
         q, k, v = randn(2, sq, 6, d), randn(2, sk, 2, d), randn(2, sk, 2, d)
         _check(q, k, v, causal, window, schedule=sched)
 

@@ -77,7 +77,7 @@ from schedules.attention import AttentionSchedule, tile_coords
 
 # Named barrier ids (0 is __syncthreads).
 _EPI_BAR = 1  # the O store of consumer warpgroup w: 1 + w
-_TURN_BAR = 3  # ping-pong: consumer warpgroup w may issue its GEMMs: 3 + w
+_TURN_BAR = 4  # ping-pong: consumer warpgroup w may issue its GEMMs: 4 + w (ids 1-3 are the O stores')
 _EPI_TILE = (64, 32)
 _EPI_STAGES = 2
 
@@ -405,7 +405,8 @@ class FlashAttnFwd:
         row0 = tile.m_block * s.tile_m + cwg * 64
         n_count, n_max = tile.n_count, tile.n_max
         my_turn = pipeline.NamedBarrier(barrier_id=_TURN_BAR + cwg, num_threads=256)
-        their_turn = pipeline.NamedBarrier(barrier_id=_TURN_BAR + 1 - cwg, num_threads=256)
+        # the next warpgroup's turn: the other one of two, round robin over three (FA3's scheduler barriers)
+        their_turn = pipeline.NamedBarrier(barrier_id=_TURN_BAR + (cwg + 1) % s.consumer_wgs, num_threads=256)
 
         if cutlass.const_expr(not s.warp_specialized):
             # fa2: warp 0 loads Q and the first stages - 1 blocks before anyone computes
@@ -515,8 +516,10 @@ class FlashAttnFwd:
                 warpgroup.wait_group(0)
                 pipes.v.consumer_release(kv_v)
         if cutlass.const_expr(s.pingpong):
-            if cwg == 0:
-                their_turn.arrive()  # the last turn of warpgroup 2
+            # a warpgroup's last turn (its last P V) passes no turn on: every one but the last in the
+            # order hands the next one its last turn here
+            if cwg < s.consumer_wgs - 1:
+                their_turn.arrive()
 
         # ---- epilogue: O /= l, LSE, O through this warpgroup's own Q rows (its S GEMMs are done) ----
         lse = cute.make_rmem_tensor((rows,), Float32)

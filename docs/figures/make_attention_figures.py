@@ -82,8 +82,8 @@ def _programs(s: AttentionSchedule, blocks: int):
             if s.pingpong:
                 p.append(("turn_wait",))
             p += [("mma", "PV", blocks - 1, False), ("wait", "PV", blocks - 1), ("release", blocks - 1)]
-        if s.pingpong and w == 0:
-            p.append(("turn_give",))  # the last turn of warpgroup 2
+        if s.pingpong and w < s.consumer_wgs - 1:
+            p.append(("turn_give",))  # hands the next warpgroup its last turn
         progs[f"WG {w + 1}"] = p
     if s.warp_specialized:
         progs["producer"] = [("load", j) for j in range(blocks)]
@@ -146,9 +146,8 @@ def replay(s: AttentionSchedule, blocks: int = 5):
             t[a] = st + COST["softmax"]
         elif op == "release":
             released[(a, step[1])] = st
-        elif op == "turn_give":
-            other = [c for c in consumers if c != a][0]
-            turn[0], turn[1] = other, st
+        elif op == "turn_give":  # to the next warpgroup: the other one of two, round robin over three
+            turn[0], turn[1] = consumers[(consumers.index(a) + 1) % len(consumers)], st
         pc[a] += 1
     return bars
 
