@@ -15,6 +15,7 @@ from schedules.gemm import GemmSchedule  # noqa: E402
 SCHEDULES = {
     "cooperative": GemmSchedule(kind="cooperative", tile_m=128, tile_n=256, cluster_m=2),
     "pingpong": GemmSchedule(kind="pingpong", tile_m=128, tile_n=128, cluster_m=2),
+    "pingpong_128x192": GemmSchedule(kind="pingpong", tile_m=128, tile_n=192, cluster_m=2),
     "coop_1x2": GemmSchedule(kind="cooperative", tile_m=128, tile_n=128, cluster_m=1, cluster_n=2),
     "nonpersistent": GemmSchedule(kind="cooperative", tile_m=128, tile_n=256, cluster_m=1, persistent=False),
 }

@@ -40,9 +40,11 @@ CONFIGS = {
     "w192_e2": {"tile_n": 192, "epi_stages": 2},
     "w192_wg_epilogue": {"tile_n": 192, "wg_epilogue": True},
     "pp64x128_c2x2": {"schedule": "pingpong", "tile_m": 64, "tile_n": 128, "cluster_n": 2},
+    # QuACK's default sm90 tile: 192 accumulators a thread under the consumers' 232 registers (R215)
+    "pp128x192": {"schedule": "pingpong", "tile_m": 128, "tile_n": 192},
 }
 STAGES = {"default": 4, "wg_epilogue": 4, "c2x2": 4, "c2x2_wg_epilogue": 4, "w192": 4, "w192_e2": 5,
-          "w192_wg_epilogue": 4, "pp64x128_c2x2": 8}
+          "w192_wg_epilogue": 4, "pp64x128_c2x2": 8, "pp128x192": 4}
 CONSUMER_REGS = 232
 SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 2048, 2048), (4096, 14336, 4096), (4096, 4096, 14336),
           (4096, 2112, 7168), (4096, 24576, 1536), (4096, 7168, 16384), (16384, 8192, 1024), (128, 7168, 2048),
