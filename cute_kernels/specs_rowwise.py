@@ -55,6 +55,13 @@ HOLD_KERNELS = ("softmax.fwd", "log_softmax.fwd", "rmsnorm.fwd", "layernorm.fwd"
 _HOLD = Param(False, (False, True), help="staging='smem': read the landed row once into registers and compute "
               "from there (one exp per element), instead of re-reading the buffer per pass")
 
+# The norm backwards can hold their dweight/dbias accumulators in registers on any plan
+# (`HeldRowPlan.acc_regs`); `ctas_per_sm` is then the register-held plan's register cap.
+ACC_REGS_KERNELS = ("rmsnorm.bwd", "layernorm.bwd")
+_ACC_REGS = Param(False, (False, True), help="dweight/dbias accumulators in registers (else shared memory, "
+                  "except staged plans of few elements); register-held plans are capped to ctas_per_sm per SM")
+_CTAS_PER_SM = Param(2, tuple(range(1, 17)), help="with acc_regs on a register-held plan: CTAs per SM ptxas must fit")
+
 # Row tensors each kernel stages with staging="smem" (cross-entropy backward holds x without a
 # reduction: nothing to overlap, it is not staged).
 STAGED_TENSORS = {"rmsnorm.fwd": 1, "layernorm.fwd": 1, "softmax.fwd": 1, "log_softmax.fwd": 1,
@@ -73,7 +80,8 @@ def tuning_of(name: str) -> str:
 def plan_of(p) -> HeldRowPlan:
     return HeldRowPlan(RowTiling(p["threads"], p["threads_per_row"], p["vpt"]), p["cluster_n"],
                        staging=p.get("staging", "regs"), prefetch=p.get("prefetch", False),
-                       cluster_sync=p.get("cluster_sync", "barrier"), hold=p.get("hold", False))
+                       cluster_sync=p.get("cluster_sync", "barrier"), hold=p.get("hold", False),
+                       acc_regs=p.get("acc_regs", False), ctas_per_sm=p.get("ctas_per_sm", 2))
 
 
 def plan_for_kernel(name: str, n: int, vec: int) -> HeldRowPlan:
@@ -96,6 +104,9 @@ def config_of(plan: HeldRowPlan) -> dict:
         out["cluster_sync"] = plan.cluster_sync
     if plan.hold:
         out["hold"] = True
+    if plan.acc_regs:  # the CTAs per SM become the kernel's register cap
+        out["acc_regs"] = True
+        out["ctas_per_sm"] = plan.ctas_per_sm
     return out
 
 
@@ -235,6 +246,9 @@ def _spec(name: str, lesson: int, summary: str, ops: tuple[str, ...], extra: dic
         params["prefetch"] = _PREFETCH
     if name in HOLD_KERNELS:
         params["hold"] = _HOLD
+    if name in ACC_REGS_KERNELS:
+        params["acc_regs"] = _ACC_REGS
+        params["ctas_per_sm"] = _CTAS_PER_SM
     return RowwiseSpec(name=name, family="rowwise", lesson=lesson, summary=summary, ops=ops, status="ready",
                        params=params)
 

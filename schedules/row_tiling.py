@@ -135,6 +135,13 @@ class HeldRowPlan:
     # at 80. Only for rows a thread's registers hold (`HOLD_ELEMS`); same values, same order: bitwise
     # the re-reading staged kernel's output.
     hold: bool = False
+    # The norm backwards' dweight/dbias accumulators in registers for any plan (not only the staged
+    # plans of at most `NormBwd.ACC_REG_ELEMS` that get them by default); a register-held plan then
+    # asks ptxas for `ctas_per_sm` CTAs per SM (a register cap: uncapped, LayerNorm 4k t512 u1 with
+    # prefetch went 48 -> 96 registers, i.e. one CTA per SM; capped at 2 it compiles to 64 without
+    # spills). No shared-memory read-modify-write per row (29.7 % short-scoreboard stalls, LayerNorm 4k);
+    # the same adds in the same order: bitwise the shared-memory accumulators' result.
+    acc_regs: bool = False
 
     def __post_init__(self):
         if self.staging not in STAGINGS:
@@ -177,6 +184,7 @@ class HeldRowPlan:
         s = f"{s} mb" if self.cluster_sync == "mbarrier" else s
         s = f"{s} rg" if self.resident_grid and self.cluster_n > 1 else s
         s = f"{s} hold" if self.hold else s
+        s = f"{s} accr" if self.acc_regs else s
         return f"{s} pf" if self.prefetch else s
 
     def capacity(self, vec: int) -> int:

@@ -153,6 +153,8 @@ class _RowKernel:
             regs = self.held_min_regs if self.hold else self.staged_min_regs
             launch.update(min_blocks_per_mp=self.plan.staged_residency(self.row_smem_bytes(), regs),
                           preferred_smem_carveout=100)
+        elif self.plan.acc_regs:  # register accumulators of a register-held plan: keep its CTAs per SM
+            launch.update(min_blocks_per_mp=self.plan.ctas_per_sm, preferred_smem_carveout=100)
         return launch
 
 
@@ -345,7 +347,8 @@ class NormBwd(_RowKernel):
         self.staged_min_regs = 128
         # dweight/dbias accumulate in registers for staged plans with few of them (ACC_REG_ELEMS fp32 a
         # thread, both together), else in shared memory (a private slot per thread, read-modify-written per row)
-        self.acc_in_regs = plan.staging == "smem" and self.accumulators * plan.tiling.unroll * vec <= self.ACC_REG_ELEMS
+        self.acc_in_regs = plan.acc_regs or (
+            plan.staging == "smem" and self.accumulators * plan.tiling.unroll * vec <= self.ACC_REG_ELEMS)
 
     @cute.jit
     def __call__(self, x: cute.Tensor, w, dy: cute.Tensor, dres, mean, rstd: cute.Tensor, dx: cute.Tensor,

@@ -1,0 +1,35 @@
+"""CPU (sm_90a compile): `HeldRowPlan.acc_regs`, the norm backwards' dweight/dbias accumulators in
+registers on any plan. A register-held plan is capped at its CTAs per SM (`.minnctapersm`): LayerNorm
+4k t512 u1 with prefetch compiles to 64 registers without spills at 2 per SM (96 uncapped, one CTA
+per SM); the shared-memory accumulators' read-modify-writes (LDS/STS per row) are gone from the loop."""
+
+import re
+
+import pytest
+
+from cute_kernels import catalog
+from cute_kernels.artifacts import compile_with_artifacts
+from cute_kernels.specs_rowwise import config_of, plan_of
+from schedules.row_tiling import HeldRowPlan, RowTiling
+
+CASES = [("layernorm.bwd", HeldRowPlan(RowTiling(512, 512, 1), 1, 2, prefetch=True, acc_regs=True), 64),
+         ("rmsnorm.bwd", HeldRowPlan(RowTiling(512, 512, 1), 1, 2, prefetch=True, acc_regs=True), 64),
+         ("layernorm.bwd", HeldRowPlan(RowTiling(256, 128, 4), 1, 1, acc_regs=True), 255)]
+
+
+@pytest.mark.parametrize("name,plan,limit", CASES, ids=[f"{n}-{p}" for n, p, _ in CASES])
+def test_register_accumulators_compile(name, plan, limit, tmp_path):
+    spec = catalog.get(name)
+    p = spec.resolve(dict(config_of(plan), dtype="bf16", aligned=True, index64=False))
+    assert plan_of(p) == plan  # the config round-trips, CTAs per SM included
+    report, files = compile_with_artifacts(spec, p, str(tmp_path))
+    assert not report.spills, report.format()
+    assert report.kernels[0].registers <= limit, report.format()
+    ptx = files["ptx"].read_text()
+    assert int(re.search(r"\.minnctapersm (\d+)", ptx).group(1)) == plan.ctas_per_sm
+
+
+def test_plan_string_and_spec_params():
+    p = HeldRowPlan(RowTiling(512, 512, 1), 1, 2, prefetch=True, acc_regs=True)
+    assert "accr" in str(p) and config_of(p)["acc_regs"] and config_of(p)["ctas_per_sm"] == 2
+    assert "acc_regs" in catalog.get("layernorm.bwd").params and "acc_regs" not in catalog.get("softmax.bwd").params
