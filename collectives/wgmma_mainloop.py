@@ -105,11 +105,21 @@ def mma_k_tiles_promoted(
     release_state,
     k_tiles,
     scales,
+    turns=None,
 ):
     """acc = sum over the `k_tiles` K-blocks of scale_k * (A_k @ B_k), each block's product
     accumulated by WGMMA in `temp` (same shape as acc) and promoted into acc on the CUDA cores.
     `scales` is a `collectives.block_scales.BlockScales` (prefetch / fetch / promote). Same
     arguments, ACCUMULATE setting and returned states as `mma_k_tiles`.
+
+    `turns` (the FP8 GEMM's `wg_turns`: this warpgroup's and the other's named barrier): the two
+    consumer warpgroups of a cooperative tile issue their K-block WGMMAs in turn (wait for mine,
+    issue and commit, arrive on theirs), so each sub-partition's tensor core has one warpgroup's
+    K-block queued ahead of the other's: the first finishes early and promotes on the CUDA cores
+    while the second's WGMMAs run, and its next K-block queues behind them. Without it the two
+    warpgroups' WGMMAs interleave, finish together, and both promote while the tensor cores idle.
+    The caller pre-arrives warpgroup 0's barrier once before its first tile; the sums are bitwise
+    the same (the same FFMAs in the same order).
 
     Per K-block: B scales (global) -> wait stage -> zero temp, WGMMAs, commit -> A scales (smem of
     that stage) -> wait for the WGMMAs -> release the stage -> acc += temp * sa * sb. The tensor
@@ -129,7 +139,9 @@ def mma_k_tiles_promoted(
         if k_tiles > 0:
             row = scales.load_row()
             pipe.consumer_wait(read_state)
+            _take_turn(turns)
             _issue_block(tiled_mma, temp, tCrA, tCrB, read_state.index)
+            _pass_turn(turns)
             scales.store_row(row)
             s = scales.fetch(scales.prefetch(0), read_state.index)  # after store_row's barrier
             warpgroup.wait_group(0)
@@ -141,7 +153,9 @@ def mma_k_tiles_promoted(
             sb = scales.prefetch(k)
             pipe.consumer_wait(read_state)
             raw = scales.load(sb, read_state.index)
+            _take_turn(turns)
             _issue_block(tiled_mma, temp, tCrA, tCrB, read_state.index)
+            _pass_turn(turns)
             warpgroup.wait_group(0)
             s = scales.combine(raw)
             pipe.consumer_release(release_state)
@@ -152,10 +166,12 @@ def mma_k_tiles_promoted(
         for k in cutlass.range(k_tiles, unroll=1):
             sb = scales.prefetch(k)
             pipe.consumer_wait(read_state)
+            _take_turn(turns)
             temp.fill(0.0)
             warpgroup.fence()
             mma_blocks(tiled_mma, temp, stage_of(tCrA, read_state.index), stage_of(tCrB, read_state.index))
             warpgroup.commit_group()
+            _pass_turn(turns)
             s = scales.fetch(sb, read_state.index)
             warpgroup.wait_group(0)
             pipe.consumer_release(release_state)
@@ -163,6 +179,18 @@ def mma_k_tiles_promoted(
             read_state.advance()
             scales.promote(acc, temp, s)
     return read_state, release_state
+
+
+def _take_turn(turns):
+    """Wait for this warpgroup's turn to issue (`mma_k_tiles_promoted`'s `turns`; nothing without)."""
+    if turns is not None:
+        turns[0].arrive_and_wait()
+
+
+def _pass_turn(turns):
+    """Hand the turn to the other consumer warpgroup once this K-block's WGMMAs are issued."""
+    if turns is not None:
+        turns[1].arrive()
 
 
 @cute.jit

@@ -54,6 +54,9 @@ class Fp8GemmSpec(KernelSpec):
             err = sb_smem_error(s)
             if err:
                 raise ValueError(err)
+        if p["wg_turns"] and (s.kind != "cooperative" or p["promote_overlap"]):
+            raise ValueError(f"wg_turns needs schedule='cooperative' without promote_overlap (got {s.kind}, "
+                             f"promote_overlap={p['promote_overlap']})")
 
     def build(self, p):
         from cute_kernels.kernels.gemm import Gemm
@@ -73,7 +76,8 @@ class Fp8GemmSpec(KernelSpec):
         sa = cute.runtime.make_fake_tensor(f32, (m, kb, batch), stride=(1, sym(4), sym(4)), assumed_align=16)
         sb = cute.runtime.make_fake_tensor(f32, (nb, kb, batch), stride=(sym(), sym(), sym()), assumed_align=4)
         if p["grouping"] == "none":
-            return (Gemm(ab, out, s, blockwise=True, promote_overlap=p["promote_overlap"], sb_smem=p["sb_smem"]).fp8,
+            return (Gemm(ab, out, s, blockwise=True, promote_overlap=p["promote_overlap"], sb_smem=p["sb_smem"],
+                         wg_turns=p["wg_turns"]).fp8,
                     (a, b, d, sa, sb, Int32(1), fake_stream()))
         # Grouped: B and sb per expert (E); A, sa, d have L = 1 (contiguous) or E (masked), symbolic
         # here; groups is the expert of each row (contiguous, M) or the valid rows per expert (masked, E).
@@ -82,7 +86,7 @@ class Fp8GemmSpec(KernelSpec):
         sb = cute.runtime.make_fake_tensor(f32, (nb, kb, experts), stride=(sym(), sym(), sym()), assumed_align=4)
         groups = cute.runtime.make_fake_tensor(Int32, (sym(),), stride=(1,), assumed_align=4)
         kernel = Gemm(ab, out, s, blockwise=True, grouping=p["grouping"], promote_overlap=p["promote_overlap"],
-                      sb_smem=p["sb_smem"])
+                      sb_smem=p["sb_smem"], wg_turns=p["wg_turns"])
         return kernel.fp8_grouped, (a, b, d, sa, sb, groups, Int32(1), fake_stream())
 
     def representative(self):
@@ -129,5 +133,8 @@ FP8_GEMM = Fp8GemmSpec(
                                                             "(a second temporary accumulator; default off)"),
         "sb_smem": Param(False, (False, True), help="stage the tile's B-scale rows in smem once per tile (one LDS "
                                                     "per K-block instead of an LDG; cooperative, K <= 65536)"),
+        "wg_turns": Param(False, (False, True), help="cooperative: the two consumer warpgroups issue each K-block's "
+                                                     "WGMMAs in turn (named barriers), so one promotes while the "
+                                                     "other's WGMMAs run (default off)"),
     },
 )

@@ -25,7 +25,10 @@ SB_SMEM = "ours no sb_smem"  # the default schedule with `sb_smem=False` (on by 
 # and 128x192 with 2 epilogue buffers / 5 stages (the best at 4096x2112x7168: 1098 vs 1041 TFLOP/s).
 NARROW = "ours 128x128 search"
 WIDE_DEEP = "ours 128x192 5 stages"
-OPTIONS = (OVERLAP, SB_SMEM, NARROW, WIDE_DEEP)  # large-M, each vs "ours"
+# The default with the two consumer warpgroups issuing each K-block's WGMMAs in turn (`wg_turns`,
+# session 8, unmeasured): one warpgroup's promotion under the other's WGMMAs (cooperative defaults only)
+TURNS = "ours wg_turns"
+OPTIONS = (OVERLAP, SB_SMEM, NARROW, WIDE_DEEP, TURNS)  # large-M, each vs "ours"
 
 
 def _diff(x, y) -> float:
@@ -80,6 +83,8 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
             sbs = lambda: _fp8_gemm_cuda(a, sa, b, sb, sb_smem=False)  # noqa: E731
             wide_s = fp8_schedule("cooperative", 128, 192, cluster_m=2 if m > 128 else 1)
             cols = [(OVERLAP, ov), (SB_SMEM, sbs)]
+            if default_fp8_schedule(m, n, k).kind == "cooperative":
+                cols.append((TURNS, lambda: _fp8_gemm_cuda(a, sa, b, sb, wg_turns=True)))
             for name, sched in ((NARROW, default_fp8_schedule(m, n, k, wide=False)),
                                 (WIDE_DEEP, _variant(wide_s, epi_stages=2))):
                 cols.append((name, (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc))(sched)))

@@ -58,14 +58,14 @@ REDUCE_SCHEDULE = GridStride(threads=128, unroll=4, ctas_per_sm=0, order="cta")
 
 # Named barrier ids (0 is __syncthreads).
 _EPI_BAR = 1  # cooperative: both consumer warpgroups; ping-pong and wg_epilogue: 1 + warpgroup
-_ORDER_BAR = 3  # ping-pong mainloop turns: 3 + warpgroup
+_ORDER_BAR = 3  # ping-pong mainloop turns, FP8 `wg_turns` K-block turns: 3 + warpgroup
 _SCALE_BAR = 5  # FP8 sb_smem: both consumer warpgroups, the tile's B-scale row is in smem
 
 
 class Gemm:
     def __init__(self, ab_dtype, out_dtype, schedule: GemmSchedule, ops: EpilogueOps = EpilogueOps(),
                  blockwise: bool = False, grouping: str = "none", promote_overlap: bool = False,
-                 sb_smem: bool = False):
+                 sb_smem: bool = False, wg_turns: bool = False):
         self.ab_dtype, self.out_dtype = ab_dtype, out_dtype
         self.s, self.ops = schedule, ops
         self.acc_dtype = Float32
@@ -80,6 +80,12 @@ class Gemm:
         if sb_smem and (not blockwise or schedule.kind != "cooperative"):
             raise ValueError("sb_smem is an option of the FP8 block-scaled mode (blockwise=True) with "
                              "schedule='cooperative'")
+        # FP8 cooperative: the two consumer warpgroups issue each K-block's WGMMAs in turn, so one's
+        # promotion runs under the other's WGMMAs (`mma_k_tiles_promoted`'s `turns`)
+        self.wg_turns = wg_turns
+        if wg_turns and (not blockwise or schedule.kind != "cooperative" or promote_overlap):
+            raise ValueError("wg_turns is an option of the FP8 block-scaled mode (blockwise=True) with "
+                             "schedule='cooperative', without promote_overlap")
         self.split = schedule.split_k > 1
         if self.split and (blockwise or grouping != "none"):
             raise ValueError("split_k > 1 is for the bf16/fp16 GEMM (not the FP8 block-scaled or grouped modes)")
@@ -374,6 +380,13 @@ class Gemm:
             store_pipe = pipeline.PipelineTmaStore.create(
                 num_stages=s.epi_stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * s.store_wgs))
+            turns = None
+            if cutlass.const_expr(self.wg_turns):
+                # warpgroup 0 issues first; afterwards each warpgroup's last arrive of a tile opens the
+                # other's first turn of the next (one arrive stays pending at the exit: harmless)
+                turns = (my_turn, their_turn)
+                if cwg == 0:
+                    my_turn.arrive()
             counter = Int32(0)
             for i in cutlass.range(first, n_tiles, step, unroll=1):
                 # valid is False only for padding tiles of the contiguous grouping (cooperative only:
@@ -402,7 +415,7 @@ class Gemm:
                                                                              pipe, read, release, k_tiles, scales)
                             else:
                                 read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read,
-                                                                     release, k_tiles, scales)
+                                                                     release, k_tiles, scales, turns)
                         else:
                             read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, k_tiles)
                         if cutlass.const_expr(s.kind == "pingpong"):

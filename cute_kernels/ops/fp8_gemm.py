@@ -123,8 +123,8 @@ def _as3(x: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(-1).as_strided((*x.shape, 1), (*x.stride(), 16 * (x.shape[0] + x.shape[1]) * 4))
 
 
-def _compiled(out_dtype, sched, device, promote_overlap=False, sb_smem=False):
-    key = (out_dtype, sched, device, promote_overlap, sb_smem)
+def _compiled(out_dtype, sched, device, promote_overlap=False, sb_smem=False, wg_turns=False):
+    key = (out_dtype, sched, device, promote_overlap, sb_smem, wg_turns)
     hit = _fns.get(key)
     if hit is None:
         from cute_kernels.specs_fp8 import FP8_GEMM, params_for
@@ -133,14 +133,18 @@ def _compiled(out_dtype, sched, device, promote_overlap=False, sb_smem=False):
         extra = {"promote_overlap": True} if promote_overlap else {}
         if sb_smem:
             extra["sb_smem"] = True
+        if wg_turns:
+            extra["wg_turns"] = True
         fn = FP8_GEMM.compiled(**params_for(sched, out_dtype=dtypes.name_of(out_dtype)), **extra)
         hit = _fns[key] = (fn, num_sms(device))
     return hit
 
 
-def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=False, sb_smem=None):
+def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=False, sb_smem=None,
+                   wg_turns=False):
     """The op's CUDA body. Options (catalogue `fp8_gemm`): `schedule` (any
     `schedules.fp8_gemm.fp8_schedule`, e.g. the wide 128x192), `promote_overlap` (default off),
+    `wg_turns` (cooperative: K-block WGMMAs issued in turn by the two warpgroups; default off),
     `sb_smem` (B scales staged in smem per tile; None: `schedules.fp8_gemm.use_sb_smem` decides,
     on for cooperative tiles at M >= 1024; K > 65536 runs without it: same bits)."""
     from schedules.fp8_gemm import SB_SMEM_MAX_K, default_fp8_schedule, use_sb_smem
@@ -163,7 +167,8 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
     sched = schedule or default_fp8_schedule(m, n, k, wide=False if promote_overlap else None)
     if sb_smem is None:
         sb_smem = use_sb_smem(sched, m)
-    fn, sms = _compiled(out_dtype, sched, a.get_device(), promote_overlap, sb_smem and k <= SB_SMEM_MAX_K)
+    fn, sms = _compiled(out_dtype, sched, a.get_device(), promote_overlap, sb_smem and k <= SB_SMEM_MAX_K,
+                        wg_turns and sched.kind == "cooperative")
     max_clusters = launch_clusters(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms, a.get_device())
     fn(_as3(a), _as3(b), _as3(d), _as3(sa), _as3(sb), max_clusters)
     return d
