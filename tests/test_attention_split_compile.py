@@ -58,6 +58,9 @@ VARIANTS = {
                                       "split_mask": True, "pingpong": False},
     "split_d192_band": {"head_dim": 192, "mask": "band", "split_mask": True, "sum_from_corr": True},
     "sum_d256_causal": {"head_dim": 256, "mask": "causal", "sum_from_corr": True},
+    # three consumers at 160 registers: the split overlap keeps its WGMMAs asynchronous at 64-key blocks
+    # (at 80-96 ptxas serialized most of them)
+    "split_m192_n64_causal": {"head_dim": 64, "tile_m": 192, "tile_n": 64, "mask": "causal", "split_mask": True},
     "sum_no_overlap_lazy": {"head_dim": 128, "lazy_rescale": True, "sum_from_corr": True},
     "sum_double_p": {"head_dim": 128, "double_p": True, "sum_from_corr": True},
 }
