@@ -170,10 +170,9 @@ class AttentionSchedule:
         if self.consumer_regs < 240:
             # three consumers at 160 registers: the synchronous walk at D = 64, tile_n 128 (128
             # accumulators) peaks at R121 with no spills; the overlap spilled 256-336 bytes there (S_{j+1}
-            # and P_j live together), so it does not fit
-            if self.overlap:
-                return False
-            limit = self.consumer_regs - 32
+            # and P_j live together), and at tile_n 80-96 (92-104 accumulators) ptxas serialized most
+            # WGMMAs (ARRIVE per HGMMA); at tile_n 64 (80) they stay asynchronous (6 ARRIVE / 24 HGMMA)
+            limit = self.consumer_regs - (80 if self.overlap else 32)
         return self.smem_bytes(head_dim, elem) <= SMEM_BYTES and self.accumulators(head_dim) <= limit
 
     def __str__(self) -> str:
@@ -231,7 +230,8 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
         specs.append(dict(tile_n=d.tile_n, stages=2))
     specs += [dict(tile_m=64, tile_n=d.tile_n), dict(tile_m=64, tile_n=d.tile_n, overlap=True)]
     # three consumer warpgroups (FA4's d <= 64 tile is 192 x 128): only the synchronous walk fits 160 registers
-    specs += [dict(tile_m=192, tile_n=d.tile_n), dict(tile_m=192, tile_n=d.tile_n, lazy_rescale=True)]
+    specs += [dict(tile_m=192, tile_n=d.tile_n), dict(tile_m=192, tile_n=d.tile_n, lazy_rescale=True),
+              dict(tile_m=192, tile_n=64, overlap=True)]
     for tm in (128, 64):
         for tn in near[:2]:
             specs.append(dict(kind="fa2", tile_m=tm, tile_n=tn))

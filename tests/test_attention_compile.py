@@ -41,6 +41,7 @@ VARIANTS = [
     {"head_dim": 64, "tile_m": 192, "overlap": False},
     {"head_dim": 64, "tile_m": 192, "overlap": False, "mask": "causal", "varlen": True},
     {"head_dim": 64, "tile_m": 192, "overlap": False, "mask": "band", "lazy_rescale": True, "pingpong": False},
+    {"head_dim": 64, "tile_m": 192, "tile_n": 64, "mask": "causal"},  # the overlap + split at 64-key blocks
 ]
 
 

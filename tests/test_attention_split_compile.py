@@ -62,6 +62,9 @@ VARIANTS = {
     # WGMMAs (6 ARRIVE for 60 HGMMA; at tile_n 80 every HGMMA had its own), FA4's d > 128 order (no ping-pong)
     "split_d256_n64_causal_nopp": {"head_dim": 256, "tile_n": 64, "mask": "causal", "split_mask": True,
                                    "pingpong": False},
+    # three consumers at 160 registers: the split overlap keeps its WGMMAs asynchronous at 64-key blocks
+    # (at 80-96 ptxas serialized most of them)
+    "split_m192_n64_causal": {"head_dim": 64, "tile_m": 192, "tile_n": 64, "mask": "causal", "split_mask": True},
     "sum_no_overlap_lazy": {"head_dim": 128, "lazy_rescale": True, "sum_from_corr": True},
     "sum_double_p": {"head_dim": 128, "double_p": True, "sum_from_corr": True},
 }
