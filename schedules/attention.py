@@ -239,7 +239,7 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     if not d.split_mask:
         # the default cannot split (D = 256 at tile_n 80: serialized WGMMAs); smaller K/V blocks that can,
         # with and without ping-pong (FA4 runs d > 128 without its scheduler barrier)
-        for tn in fitting:
+        for tn in reversed(fitting):  # the largest smaller block that splits
             if tn < d.tile_n and AttentionSchedule(tile_n=tn, overlap=True, split_mask=True).fits(head_dim):
                 specs[1:1] = [dict(tile_n=tn, overlap=True, split_mask=True, pingpong=pp) for pp in (True, False)]
                 break
