@@ -30,44 +30,18 @@ FLOP_PER_CLK_SM = {"bf16": 4096, "fp16": 4096, "e4m3": 8192}
 
 
 def _target(spec: str):
-    """(callable, FLOPs per call, dtype name) of a probe spec."""
-    import cute_kernels as ck
-    from perf.harness import randn
+    """(callable, FLOPs per call, dtype name) of a `perf.probe` spec (GEMM, FP8 GEMM, attention)."""
+    from perf.probe import target
 
-    op, dt, *rest = spec.split()
-    causal = "causal" in rest
-    shape = [int(s) for s in rest if s != "causal"]
+    f, dt, shape = target(spec.split())
+    op = spec.split()[0]
+    if "flash_attn" in op:
+        bsz, s, h, d, causal = shape
+        return f, 4 * bsz * h * s * s * d // (2 if causal else 1), dt
     if "gemm" in op or op == "torch.mm":
         m, n, k = shape
-        flops = 2 * m * n * k
-        if "fp8" in op:
-            from perf.suite_fp8 import _scaled_mm
-
-            x, w = randn(m, k, dtype=torch.bfloat16, seed=1), randn(n, k, dtype=torch.bfloat16, seed=2)
-            a, sa = ck.quantize_1x128(x)
-            b, sb = ck.quantize_128x128(w)
-            f = (lambda: ck.fp8_gemm(a, sa, b, sb)) if op == "fp8_gemm" else _scaled_mm(a, sa, b, sb)
-            if f is None:
-                raise ValueError("torch._scaled_mm refused the blockwise scales at this shape")
-            return f, flops, "e4m3"
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
-        a, b = randn(m, k, dtype=dtype, seed=1), randn(k, n, dtype=dtype, seed=2)
-        if op == "quack.gemm":
-            from quack.gemm_interface import gemm as qg
-
-            return (lambda: qg(a, b)), flops, dt
-        return ((lambda: ck.gemm(a, b)) if op == "gemm" else (lambda: torch.mm(a, b))), flops, dt
-    if "flash_attn" in op:
-        bsz, s, h, d = shape
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
-        q, k, v = (randn(bsz, s, h, d, dtype=dtype, seed=i) for i in (1, 2, 3))
-        flops = 4 * bsz * h * s * s * d // (2 if causal else 1)
-        if op == "fa4.flash_attn":
-            from flash_attn.cute.interface import flash_attn_func
-
-            return (lambda: flash_attn_func(q, k, v, causal=causal)), flops, dt
-        return (lambda: ck.flash_attn(q, k, v, causal=causal)), flops, dt
-    raise ValueError(f"unknown target {spec!r}")
+        return f, 2 * m * n * k, dt
+    raise ValueError(f"not a compute-bound target: {spec!r}")
 
 
 class _Sampler:

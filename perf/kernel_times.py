@@ -19,18 +19,9 @@ import torch
 
 def _target(spec: str):
     """The probe's callable for `spec` ("op dtype shape..."), without running it."""
-    from perf import probe
+    from perf.probe import target
 
-    calls = []
-    orig = probe._run
-    probe._run = lambda op, dt, shape, f: calls.append(f)
-    try:
-        probe.main(spec.split())
-    finally:
-        probe._run = orig
-    if not calls:
-        raise SystemExit(f"{spec}: not a probe target with a callable (rowwise cases, attention, fp8_gemm)")
-    return calls[0]
+    return target(spec.split())[0]
 
 
 def profile(spec: str, reps: int = 20) -> str:

@@ -3,7 +3,7 @@
     python3 -m perf.probe add bf16 268435456
     python3 -m perf.probe row_sum bf16 65536 8192
     python3 -m perf.probe torch.add bf16 524288      (torch's kernel, for comparison)
-    python3 -m perf.probe gemm bf16 8192 8192 8192   (torch.mm for cuBLAS)
+    python3 -m perf.probe gemm bf16 8192 8192 8192   (torch.mm for cuBLAS, quack.gemm for QuACK)
     python3 -m perf.probe fp8_gemm e4m3 4096 7168 16384   (torch.fp8_gemm: cuBLAS blockwise)
     python3 -m perf.probe flash_attn bf16 2 8192 16 128 [causal]   (fa4.flash_attn, sdpa.flash_attn,
                                                                      flash_attn.double_p)
@@ -20,20 +20,22 @@ import cute_kernels as ck
 from perf.harness import randn
 
 
-def main(argv):
+def target(argv):
+    """(the call, its dtype name, its shape) of a probe spec `op dtype dims... [causal]`: the op built on
+    randn inputs, not yet run. `perf.clocks` times the same targets."""
     op, dt, *shape = argv
     causal = "causal" in shape
     shape = [int(s) for s in shape if s != "causal"]
     if op in ("fp8_gemm", "torch.fp8_gemm"):
-        return _fp8(op, *shape)
+        return _fp8(op, *shape), "e4m3", shape
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
     col, _, case = op.rpartition(":")
     from perf.suite_rowwise import CASES
 
     if case in CASES:
-        return _rowwise(col or "ours", case, dt, dtype, *shape)
+        return _rowwise(col or "ours", case, dtype, *shape), dt, shape
     if "flash_attn" in op:
-        return _attention(op, dtype, causal, *shape)
+        return _attention(op, dtype, causal, *shape), dt, shape + [causal]
     if op in ("rms_norm", "quack.rms_norm", "softmax", "quack.softmax"):
         x = randn(*shape, dtype=dtype, seed=1)
         w = randn(shape[-1], dtype=dtype, seed=2)
@@ -41,19 +43,16 @@ def main(argv):
             from quack.rmsnorm import rmsnorm as qrms
             from quack.softmax import softmax as qsm
 
-            f = (lambda: qrms(x, w, eps=1e-6)) if op.endswith("rms_norm") else (lambda: qsm(x))
-        else:
-            f = (lambda: ck.rms_norm(x, w, 1e-6)) if op == "rms_norm" else (lambda: ck.softmax(x))
-        return _run(op, dt, shape, f)
-    if op in ("gemm", "torch.mm"):
+            return ((lambda: qrms(x, w, eps=1e-6)) if op.endswith("rms_norm") else (lambda: qsm(x))), dt, shape
+        return ((lambda: ck.rms_norm(x, w, 1e-6)) if op == "rms_norm" else (lambda: ck.softmax(x))), dt, shape
+    if op in ("gemm", "torch.mm", "quack.gemm"):
         m, n, k = shape
         a, b = randn(m, k, dtype=dtype, seed=1), randn(k, n, dtype=dtype, seed=2)
-        f = (lambda: ck.gemm(a, b)) if op == "gemm" else (lambda: torch.mm(a, b))
-        for _ in range(3):
-            r = f()
-        torch.cuda.synchronize()
-        print(op, dt, shape, "ok", float(r.float().sum()))
-        return
+        if op == "quack.gemm":
+            from quack.gemm_interface import gemm as qg  # patches CuTe classes: bench processes only
+
+            return (lambda: qg(a, b)), dt, shape
+        return ((lambda: ck.gemm(a, b)) if op == "gemm" else (lambda: torch.mm(a, b))), dt, shape
     x, y = randn(*shape, dtype=dtype, seed=1), randn(*shape, dtype=dtype, seed=2)
     f = {
         "copy": lambda: ck.copy(x),
@@ -65,21 +64,19 @@ def main(argv):
         "torch.add": lambda: torch.add(x, y),
         "torch.sum": lambda: torch.sum(x),
     }[op]
-    for _ in range(3):
-        r = f()
-    torch.cuda.synchronize()
-    print(op, dt, shape, "ok", float(r.float().sum()))
+    return f, dt, shape
 
 
-def _run(op, dt, shape, f):
+def main(argv):
+    f, dt, shape = target(argv)
     for _ in range(3):
         r = f()
     torch.cuda.synchronize()
     r = r[0] if isinstance(r, tuple) else r
-    print(op, dt, shape, "ok", float(r.float().sum()))
+    print(argv[0], dt, shape, "ok", float(r.float().sum()))
 
 
-def _rowwise(col, case, dt, dtype, m, n):
+def _rowwise(col, case, dtype, m, n):
     """One column of a `perf.suite_rowwise` case (the forward, or the backward of a retained graph)."""
     from perf.suite_rowwise import _call, _fns
 
@@ -87,7 +84,7 @@ def _rowwise(col, case, dt, dtype, m, n):
     x = randn(m, n, dtype=dtype, seed=21)
     t = torch.randint(0, n, (m,), device="cuda") if fam == "cross_entropy" else None
     dy = randn(m, n, dtype=dtype, seed=22) if direction == "bwd" else None
-    _run(f"{col}:{case}", dt, [m, n], _call(case, _fns(case, n, dtype)[col], x, t, dy))
+    return _call(case, _fns(case, n, dtype)[col], x, t, dy)
 
 
 def _fp8(op, m, n, k):
@@ -97,31 +94,32 @@ def _fp8(op, m, n, k):
     a, sa = ck.quantize_1x128(x)
     b, sb = ck.quantize_128x128(w)
     f = (lambda: ck.fp8_gemm(a, sa, b, sb)) if op == "fp8_gemm" else _scaled_mm(a, sa, b, sb)
-    _run(op, "e4m3", [m, n, k], f)
+    if f is None:
+        raise ValueError("torch._scaled_mm refused the blockwise scales at this shape")
+    return f
 
 
 def _attention(op, dtype, causal, b, s, h, d):
     q, k, v = (randn(b, s, h, d, dtype=dtype, seed=i) for i in (1, 2, 3))
     if op == "flash_attn":
-        f = lambda: ck.flash_attn(q, k, v, causal=causal)  # noqa: E731
-    elif op == "flash_attn.double_p":  # the schedule option under test (docs/kernels/attention.md)
+        return lambda: ck.flash_attn(q, k, v, causal=causal)
+    if op == "flash_attn.double_p":  # the schedule option under test (docs/kernels/attention.md)
         from cute_kernels.ops.flash_attn import _flash_attn_cuda
         from schedules.attention import AttentionSchedule, default_schedule
 
         sched = AttentionSchedule(tile_n=default_schedule(d).tile_n, overlap=True, double_p=True)
-        f = lambda: _flash_attn_cuda(q, k, v, causal, schedule=sched)  # noqa: E731
-    elif op == "fa4.flash_attn":
+        return lambda: _flash_attn_cuda(q, k, v, causal, schedule=sched)
+    if op == "fa4.flash_attn":
         from flash_attn.cute.interface import flash_attn_func
 
-        f = lambda: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
-    else:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return lambda: flash_attn_func(q, k, v, causal=causal)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        def f():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return torch.nn.functional.scaled_dot_product_attention(
-                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
-    _run(op, "bf16" if dtype == torch.bfloat16 else "fp16", [b, s, h, d, causal], f)
+    def f():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
+    return f
 
 
 if __name__ == "__main__":
