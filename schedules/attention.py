@@ -196,6 +196,22 @@ def default_schedule(head_dim: int, causal: bool = False) -> AttentionSchedule:
     # attention.md); it compiles without spills at every head dim (168 launch registers, setmaxnreg 240).
     # split_mask where it fits (D <= 192): H200, d 128, the same four shapes, 1.018-1.045x (geomean
     # 1.033x) in one interleaved run (perf/results/2026-11-29-h200-8301b88/attention.md); bitwise the same.
+    # D = 64: three consumer warpgroups on 192-row tiles (FA4's d <= 64 tile), the synchronous walk
+    # (the overlap does not fit 160 registers at 128-key blocks): H200, B2 S8k H32, 502.8 vs 455.9
+    # TFLOP/s for the 128-row overlap + split (1.10x; perf/results/2026-11-30-h200-2c2fe4e/sched_d64.md).
+    # D = 256: the overlap with two P buffers (`double_p`): B2 S8k H8, 685.5 vs 653.7 (1.049x; sched_d256.md)
+    if head_dim in _DEFAULT_OVERRIDE:
+        return AttentionSchedule(**_DEFAULT_OVERRIDE[head_dim])
+    return _base_schedule(head_dim)
+
+
+# Head dims whose measured default is not the 128-row overlap (see `default_schedule`)
+_DEFAULT_OVERRIDE = {64: dict(tile_m=192, tile_n=128), 256: dict(tile_n=80, overlap=True, double_p=True)}
+
+
+def _base_schedule(head_dim: int) -> AttentionSchedule:
+    """The 128-row overlap (+ split where it fits): the default at most head dims, and the base the
+    candidate list varies around."""
     return _split_where_fits(AttentionSchedule(tile_n=_TILE_N[head_dim], overlap=True), head_dim)
 
 
@@ -216,11 +232,12 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     instead of as-many-as-fit; fa3 with one
     consumer warpgroup (tile_m 64); fa2 with tile_m 128 and 64, the default block and the next
     smaller one, two stages and one (fully synchronous). At most `limit` (~20 at every head dim)."""
-    d = default_schedule(head_dim, causal)
+    default = default_schedule(head_dim, causal)
+    d = _base_schedule(head_dim)
     fitting = [tn for tn in TILE_NS if AttentionSchedule(tile_n=tn).fits(head_dim)]
     i = fitting.index(d.tile_n)
     near = [d.tile_n] + fitting[max(0, i - 1):i] + fitting[i + 1:i + 2]
-    specs = []
+    specs = [] if default == d else [dataclasses.asdict(default)]
     for tn in near:
         for pp in (True, False):
             for ov in (d.overlap, not d.overlap):
