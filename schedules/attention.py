@@ -188,7 +188,9 @@ _TILE_N = {64: 128, 96: 128, 128: 128, 192: 96, 256: 80}
 
 
 @functools.lru_cache(maxsize=64)
-def default_schedule(head_dim: int, causal: bool = False) -> AttentionSchedule:
+def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None = None) -> AttentionSchedule:
+    """The measured default for `head_dim` (causal: any mask with a right bound; `seqlen_k`: the keys per
+    sequence, or the varlen maximum, where known)."""
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
     # overlap on (FA3's intra-warpgroup pipelining): H200, d 128, B16 S1k and B2 S8k, causal and not,
@@ -200,7 +202,11 @@ def default_schedule(head_dim: int, causal: bool = False) -> AttentionSchedule:
     # (the overlap does not fit 160 registers at 128-key blocks): H200, B2 S8k H32, 502.8 vs 455.9
     # TFLOP/s for the 128-row overlap + split (1.10x; perf/results/2026-11-30-h200-2c2fe4e/sched_d64.md).
     # D = 256: the overlap with two P buffers (`double_p`): B2 S8k H8, 685.5 vs 653.7 (1.049x; sched_d256.md)
-    if head_dim in _DEFAULT_OVERRIDE:
+    # ... except causal D = 64 below 4096 keys, where the 192-row diagonal tiles waste more: 0.92x / 0.89x
+    # the 128-row default at S 512 / 1k, equal at 2k-4k, 1.06-1.07x at 8k-16k (H200 attention suite,
+    # perf/results/2026-11-30-h200-e6b9fe2/attention.md)
+    short_causal = causal and seqlen_k is not None and seqlen_k < 4096
+    if head_dim in _DEFAULT_OVERRIDE and not (head_dim == 64 and short_causal):
         return AttentionSchedule(**_DEFAULT_OVERRIDE[head_dim])
     return _base_schedule(head_dim)
 

@@ -145,7 +145,7 @@ def _flash_attn_cuda(q, k, v, causal=False, window_left=-1, window_right=-1, sof
     left, right = _bounds(causal, window_left, window_right)
     cap = 2 * (sq + sk) + 1  # a bound past every row: the same mask, no int32 overflow
     left, right = min(left, cap), min(right, cap)
-    sched = schedule or default_schedule(d, right >= 0)
+    sched = schedule or default_schedule(d, right >= 0, sk)
     fn = _compiled(q.dtype, d, mask_name(left, right), softcap > 0, sched)
     fn(_kernel_view(q), _kernel_view(k), _kernel_view(v, True), _kernel_view(out), lse.permute(2, 1, 0),
        *_scalars(d, softmax_scale, softcap), left, right)
@@ -255,7 +255,7 @@ def _flash_attn_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     cap = 2 * (q.shape[0] + k.shape[0]) + 1  # past every row of any sequence (not trusting max_seqlen_k): the
     # same mask, no int32 overflow
     left, right = min(left, cap), min(right, cap)
-    sched = schedule or default_schedule(d, right >= 0)
+    sched = schedule or default_schedule(d, right >= 0, max_seqlen_k if isinstance(max_seqlen_k, int) else None)
     fn = _compiled(q.dtype, d, mask_name(left, right), softcap > 0, sched, varlen=True)
     fn(_kernel_view(q[None]), _kernel_view(k[None]), _kernel_view(v[None], True), _kernel_view(out[None]),
        lse.t()[:, :, None], cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_q,
