@@ -8,6 +8,7 @@ small pass combines (never atomics: the result is deterministic).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -253,6 +254,11 @@ _STAGED_NORM_BWD_RG = dict(target_elems=32, max_elems=32, min_threads=256, max_t
 # partial rows of t128 u4 at 4 per SM). H200 sweep of session 7 call 1 (perf/results/2026-11-29-h200-
 # 25f65cb/tune_rows.md): 222.6 us against 246.4 without prefetch and 229.5 (bench) for t128 u4.
 _BWD_4K_PF = dict(target_elems=8, max_elems=8, min_threads=512, max_tpr=512, prefetch=True, regs_per_thread=64)
+# LayerNorm backward at 4k: 256 threads a row, two 16-byte vectors each, the next row tile prefetched,
+# the dweight/dbias accumulators in registers (`HeldRowPlan.acc_regs`, ptxas capped at the plan's 2
+# CTAs per SM): H200 sweep of session 9 (perf/results/2026-11-30-h200-29048e7/tune_rows.md), 242.0 us
+# (3.33 TB/s) against 271.1 for the one-row t256 u4 default (1.12x) and 263.9 with smem accumulators.
+_LN_BWD_4K_ACCR = dict(target_elems=16, max_elems=16, min_threads=256, max_tpr=256, prefetch=True, acc_regs=True)
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
     "fwd": ((4096, _ONE_ROW_128), (32768, _FWD), (131072, dict(_STAGED_FWD_HOLD, regs=_FWD)), (None, _FWD)),
@@ -268,7 +274,7 @@ HELD_TUNED = {
                 (None, dict(_BWD, resident_grid=True))),
     # 16k: 512-thread CTAs, two per SM in the grid (registers allow one resident: the second wave
     # balances the tail), 2.08 -> 2.40 TB/s.
-    "ln_bwd": ((4096, dict(_ONE_ROW_128, min_threads=256)), (16384, dict(_LN_BWD, regs_per_thread=64)),
+    "ln_bwd": ((2048, dict(_ONE_ROW_128, min_threads=256)), (4096, dict(_LN_BWD_4K_ACCR, regs=dict(_ONE_ROW_128, min_threads=256))), (16384, dict(_LN_BWD, regs_per_thread=64)),
                (32768, _LN_BWD), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_LN_BWD, resident_grid=True))),
                (None, _LN_BWD)),
     # Cross-entropy backward: no reduction (lse is saved), a read-x / write-dx copy bound by bytes in
@@ -298,7 +304,9 @@ def plan_for_rows(tuning: str, n: int, vec: int) -> HeldRowPlan:
     st = held_settings(tuning, n)
     if "regs" in st:
         st = st["regs"] if vec != 8 else {k: v for k, v in st.items() if k != "regs"}
-    return plan_held_rows(n, vec, **st)
+    acc_regs = st.get("acc_regs", False)  # a property of the plan, not of the planning
+    plan = plan_held_rows(n, vec, **{k: v for k, v in st.items() if k != "acc_regs"})
+    return dataclasses.replace(plan, acc_regs=True) if acc_regs else plan
 
 
 def max_held_row(tuning: str, vec: int) -> int:
