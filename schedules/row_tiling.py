@@ -259,16 +259,25 @@ _BWD_4K_PF = dict(target_elems=8, max_elems=8, min_threads=512, max_tpr=512, pre
 # CTAs per SM): H200 sweep of session 9 (perf/results/2026-11-30-h200-29048e7/tune_rows.md), 242.0 us
 # (3.33 TB/s) against 271.1 for the one-row t256 u4 default (1.12x) and 263.9 with smem accumulators.
 _LN_BWD_4K_ACCR = dict(target_elems=16, max_elems=16, min_threads=256, max_tpr=256, prefetch=True, acc_regs=True)
+# Rows past what the register plans hold (RMSNorm / LayerNorm forward and softmax backward past 128k,
+# the LayerNorm backward past 64k): staged in shared memory, 64 elements a thread, clusters of 8, the
+# forwards' CTAs widened to 512 threads (262144 bf16 elements: 64 KiB staged per tensor and CTA).
+# The norm backwards stop at 128k: their fp32 dweight/dbias accumulators and staged weight take
+# 320-448 KiB a CTA at 256k. Correctness plans, UNMEASURED for speed; 16-bit rows only (fp32 and
+# scalar rows keep the register plans).
+_LONG_FWD = dict(target_elems=64, max_elems=64, min_threads=512, max_tpr=512, staging="smem")
+_LONG_NORM_BWD = dict(_STAGED_NORM_BWD_RG, target_elems=64, max_elems=64)
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
     "fwd": ((4096, _ONE_ROW_128), (32768, _FWD), (131072, dict(_STAGED_FWD_HOLD, regs=_FWD)), (None, _FWD)),
     "rms_fwd": ((16384, _ONE_ROW_128), (32768, _RMS_FWD), (65536, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)),
-                (131072, dict(_STAGED_NORM_FWD, regs=_NORM_FWD)), (None, _NORM_FWD)),
+                (131072, dict(_STAGED_NORM_FWD, regs=_NORM_FWD)), (None, dict(_LONG_FWD, regs=_NORM_FWD))),
     # LayerNorm 32k-128k: the landed row held (`hold`; session 6 call 6, perf/results/2026-11-29-h200-82f0325/
     # tune_rows.md: 64k 2.50 -> 2.75 TB/s, 128k 2.26 -> 2.45); RMSNorm's hold measured 1.000x: not taken
     "ln_fwd": ((4096, _ONE_ROW_128), (32768, _LN_FWD), (65536, dict(_STAGED_LN_FWD_MB, hold=True, regs=_LN_FWD)),
-               (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", hold=True, regs=_NORM_FWD)), (None, _NORM_FWD)),
-    "bwd": ((32768, _BWD), (65536, dict(_STAGED_BWD, regs=_BWD)), (None, _BWD)),
+               (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", hold=True, regs=_NORM_FWD)),
+               (None, dict(_LONG_FWD, regs=_NORM_FWD))),
+    "bwd": ((32768, _BWD), (65536, dict(_STAGED_BWD, regs=_BWD)), (131072, _BWD), (None, dict(_STAGED_BWD, regs=_BWD))),
     "rms_bwd": ((2048, _ONE_ROW_128), (4096, _BWD_4K_PF), (16384, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
                 (32768, _BWD), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_BWD, resident_grid=True))),
                 (None, dict(_BWD, resident_grid=True))),
@@ -276,7 +285,7 @@ HELD_TUNED = {
     # balances the tail), 2.08 -> 2.40 TB/s.
     "ln_bwd": ((2048, dict(_ONE_ROW_128, min_threads=256)), (4096, dict(_LN_BWD_4K_ACCR, regs=dict(_ONE_ROW_128, min_threads=256))), (16384, dict(_LN_BWD, regs_per_thread=64)),
                (32768, _LN_BWD), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_LN_BWD, resident_grid=True))),
-               (None, _LN_BWD)),
+               (131072, dict(_LONG_NORM_BWD, regs=_LN_BWD)), (None, _LN_BWD)),
     # Cross-entropy backward: no reduction (lse is saved), a read-x / write-dx copy bound by bytes in
     # flight. UNMEASURED (CPU compile reports only; time with `perf.tune_rows --kernels
     # cross_entropy.bwd`): 64 elements (8 bf16 vectors, 128 B) per thread loaded together, 128-256
@@ -304,19 +313,34 @@ def plan_for_rows(tuning: str, n: int, vec: int) -> HeldRowPlan:
     st = held_settings(tuning, n)
     if "regs" in st:
         st = st["regs"] if vec != 8 else {k: v for k, v in st.items() if k != "regs"}
+    return _plan(n, vec, st)
+
+
+def _plan(n: int, vec: int, st: dict) -> HeldRowPlan:
     acc_regs = st.get("acc_regs", False)  # a property of the plan, not of the planning
     plan = plan_held_rows(n, vec, **{k: v for k, v in st.items() if k != "acc_regs"})
     return dataclasses.replace(plan, acc_regs=True) if acc_regs else plan
 
 
+@functools.lru_cache(maxsize=256)
 def max_held_row(tuning: str, vec: int) -> int:
-    """Longest row (elements, a multiple of `vec`) family `tuning` holds."""
-    best = 0
-    for most, st in HELD_TUNED[tuning]:
-        tpr = max(st["max_tpr"], 512)  # plan_held_rows widens rows to 512 threads before giving up
-        cap = tpr * (st.get("cluster_elems") or st["max_elems"]) // vec * vec * MAX_CLUSTER
-        best = max(best, cap if most is None else min(cap, most))
-    return best
+    """Longest row (elements, a multiple of `vec`) family `tuning` holds: the planner's own answer
+    (`plan_for_rows` on doubling, then bisected, vector counts; the shorter brackets hold their rows)."""
+    def holds(nv: int) -> bool:
+        try:
+            plan_for_rows(tuning, nv * vec, vec)
+            return True
+        except ValueError:
+            return False
+
+    lo = 1
+    while lo < 1 << 30 and holds(2 * lo):
+        lo *= 2
+    hi = 2 * lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return lo * vec
 
 
 MAX_CLUSTER = 8  # the portable cluster size on Hopper

@@ -174,8 +174,8 @@ def test_fp32_rows(monkeypatch):
 
 def test_the_default_prefetches_only_where_measured():
     """The production plans prefetch only where the H200 sweep measured it faster: the RMSNorm
-    backward at 4k (bf16, aligned rows)."""
+    and LayerNorm backwards at 4k (bf16, aligned rows)."""
     for name in BWD:
         for n in (1024, 4096, 16384, 65536):
-            want = name == "rmsnorm.bwd" and n == 4096
+            want = name in ("rmsnorm.bwd", "layernorm.bwd") and n == 4096
             assert R.plan_for(name, torch.bfloat16, n, True).prefetch == want, (name, n)

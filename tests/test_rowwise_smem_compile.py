@@ -92,8 +92,9 @@ def test_refusals():
 
 def test_planner_capability():
     """plan_held_rows builds staged plans on request; scalar rows stay in registers. The production
-    table stages 16-bit rows of the forwards at 32k-128k (fp32 and scalar rows take
-    the entry's register settings), and the norm backwards' 16-bit rows of 32k-64k."""
+    table stages 16-bit rows of the forwards at 32k-256k (fp32 and scalar rows take
+    the entry's register settings), the norm backwards' 16-bit rows of 32k-64k, and past the
+    register plans the softmax backward's (128k-256k) and the LayerNorm backward's (64k-128k)."""
     p = plan_held_rows(65536, 8, target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem")
     assert p.staging == "smem" and p.capacity(8) >= 65536
     assert p.ctas_per_sm > plan_held_rows(65536, 8, target_elems=64, max_elems=64, min_threads=128,
@@ -106,7 +107,15 @@ def test_planner_capability():
 
     staged = {(fam, most) for fam, entries in HELD_TUNED.items() for most, st in entries if "staging" in st}
     assert staged == {("bwd", 65536), ("fwd", 131072), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536),
-                      ("ln_fwd", 131072), ("rms_bwd", 65536), ("ln_bwd", 65536)}
+                      ("ln_fwd", 131072), ("rms_bwd", 65536), ("ln_bwd", 65536),
+                      # past the register plans (`_LONG_FWD`, `_LONG_NORM_BWD`): 128k-256k, LayerNorm bwd 64k-128k
+                      ("rms_fwd", None), ("ln_fwd", None), ("bwd", None), ("ln_bwd", 131072)}
+    for fam in ("rms_fwd", "ln_fwd", "bwd"):
+        assert plan_for_rows(fam, 262144, 8).staging == "smem"
+        with pytest.raises(ValueError):  # fp32 rows keep the register settings: 128k at most
+            plan_for_rows(fam, 262144, 4)
+    assert plan_for_rows("bwd", 131072, 8).staging == "regs"
+    assert plan_for_rows("ln_bwd", 131072, 8).staging == "smem"
     for fam in ("rms_bwd", "ln_bwd"):  # the norm backwards: staged at 32k-64k, on the one-wave grid
         assert plan_for_rows(fam, 32768, 8).staging == "regs"
         p = plan_for_rows(fam, 65536, 8)

@@ -30,8 +30,11 @@ def plan_for(name: str, dtype: torch.dtype, n: int, aligned: bool):
     vec = 16 // dtype.itemsize if aligned else 1
     try:
         return plan_for_kernel(name, n, vec)
-    except ValueError as e:
-        raise ValueError(f"x: {e}; {name.split('.')[0]} supports rows up to that length") from None
+    except ValueError:
+        most = max_held_row(tuning_of(name), vec)
+        kind = "16-byte aligned" if aligned else "unaligned or N not a multiple of 16 bytes"
+        raise ValueError(f"x: rows of {n} elements are longer than {name} holds on chip: at most {most} for "
+                         f"{str(dtype).split('.')[-1]} rows ({kind}; a cluster of 8 CTAs)") from None
 
 
 def kernel_params(name: str, dtype: torch.dtype, n: int, aligned: bool, index64: bool = False, **signature) -> dict:
