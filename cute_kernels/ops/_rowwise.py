@@ -32,9 +32,10 @@ def plan_for(name: str, dtype: torch.dtype, n: int, aligned: bool):
         return plan_for_kernel(name, n, vec)
     except ValueError:
         most = max_held_row(tuning_of(name), vec)
-        kind = "16-byte aligned" if aligned else "unaligned or N not a multiple of 16 bytes"
+        kind = ("16-byte vectors" if aligned else
+                "scalar loads: the base, the row stride or N x element size is not a multiple of 16 bytes")
         raise ValueError(f"x: rows of {n} elements are longer than {name} holds on chip: at most {most} for "
-                         f"{str(dtype).split('.')[-1]} rows ({kind}; a cluster of 8 CTAs)") from None
+                         f"{str(dtype).split('.')[-1]} rows ({kind})") from None
 
 
 def kernel_params(name: str, dtype: torch.dtype, n: int, aligned: bool, index64: bool = False, **signature) -> dict:
