@@ -205,14 +205,17 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
     # ... except causal D = 64 below 4096 keys, where the 192-row diagonal tiles waste more: 0.92x / 0.89x
     # the 128-row default at S 512 / 1k, equal at 2k-4k, 1.06-1.07x at 8k-16k (H200 attention suite,
     # perf/results/2026-11-30-h200-e6b9fe2/attention.md)
-    short_causal = causal and seqlen_k is not None and seqlen_k < 4096
-    if head_dim in _DEFAULT_OVERRIDE and not (head_dim == 64 and short_causal):
-        return AttentionSchedule(**_DEFAULT_OVERRIDE[head_dim])
+    if head_dim in _DEFAULT_OVERRIDE:
+        settings, causal_min_keys = _DEFAULT_OVERRIDE[head_dim]
+        if not (causal and seqlen_k is not None and seqlen_k < causal_min_keys):
+            return AttentionSchedule(**settings)
     return _base_schedule(head_dim)
 
 
-# Head dims whose measured default is not the 128-row overlap (see `default_schedule`)
-_DEFAULT_OVERRIDE = {64: dict(tile_m=192, tile_n=128), 256: dict(tile_n=80, overlap=True, double_p=True)}
+# Head dims whose measured default is not the 128-row overlap (see `default_schedule`): the schedule's
+# settings, and the fewest keys per sequence at which a causal mask still takes them
+_DEFAULT_OVERRIDE = {64: (dict(tile_m=192, tile_n=128), 4096),
+                     256: (dict(tile_n=80, overlap=True, double_p=True), 0)}
 
 
 def _base_schedule(head_dim: int) -> AttentionSchedule:
