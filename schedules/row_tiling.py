@@ -267,24 +267,38 @@ _LN_BWD_4K_ACCR = dict(target_elems=16, max_elems=16, min_threads=256, max_tpr=2
 # scalar rows keep the register plans).
 _LONG_FWD = dict(target_elems=64, max_elems=64, min_threads=512, max_tpr=512, staging="smem")
 _LONG_NORM_BWD = dict(_STAGED_NORM_BWD_RG, target_elems=64, max_elems=64)
+# Session 10's H200 sweep of the 16k-32k band and 256k (perf/results/2026-11-30-h200-fe887e4/tune_rows.md;
+# bf16, 256 MiB per tensor), each the best plan over the default of the time:
+# RMSNorm 16k staged t128 u4 c4 mb 174.5 -> 152.2 us, 32k staged t128 u8 c4 mb 217.2 -> 134.3;
+# LayerNorm 16k staged t256 u4 c2 mb hold 213.9 -> 156.9, 32k t256 u8 c2 mb hold 236.2 -> 167.1,
+# 256k (c8, 512 threads) mb hold 263.4 -> 235.7; softmax 32k staged t256 u8 c2 mb hold 179.8 -> 138.0,
+# 256k staged t256 u16 c8 (re-reading) 248.9 -> 173.5; LayerNorm backward 16k t512 u2 c2 mb pf (one
+# CTA per SM) 319.2 -> 284.9, 32k t512 u1 c8 mb pf 496.0 -> 359.5.
+_STAGED_RMS_FWD_16K = dict(_STAGED_RMS_FWD_MB, target_elems=32, max_elems=32)
+_LN_BWD_16K = dict(_LN_BWD, max_elems=16, cluster_sync="mbarrier", prefetch=True)
+_LN_BWD_32K = dict(_LN_BWD, target_elems=8, max_elems=8, cluster_elems=8, cluster_sync="mbarrier", prefetch=True)
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
-    "fwd": ((4096, _ONE_ROW_128), (32768, _FWD), (131072, dict(_STAGED_FWD_HOLD, regs=_FWD)), (None, _FWD)),
-    "rms_fwd": ((16384, _ONE_ROW_128), (32768, _RMS_FWD), (65536, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)),
+    "fwd": ((4096, _ONE_ROW_128), (16384, _FWD), (131072, dict(_STAGED_FWD_HOLD, regs=_FWD)),
+            (262144, dict(_STAGED_FWD, regs=_FWD)), (None, _FWD)),
+    "rms_fwd": ((8192, _ONE_ROW_128), (16384, dict(_STAGED_RMS_FWD_16K, regs=_ONE_ROW_128)),
+                (32768, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)), (65536, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)),
                 (131072, dict(_STAGED_NORM_FWD, regs=_NORM_FWD)), (None, dict(_LONG_FWD, regs=_NORM_FWD))),
     # LayerNorm 32k-128k: the landed row held (`hold`; session 6 call 6, perf/results/2026-11-29-h200-82f0325/
     # tune_rows.md: 64k 2.50 -> 2.75 TB/s, 128k 2.26 -> 2.45); RMSNorm's hold measured 1.000x: not taken
-    "ln_fwd": ((4096, _ONE_ROW_128), (32768, _LN_FWD), (65536, dict(_STAGED_LN_FWD_MB, hold=True, regs=_LN_FWD)),
+    "ln_fwd": ((4096, _ONE_ROW_128), (8192, _LN_FWD), (16384, dict(_STAGED_LN_FWD_MB, hold=True, regs=_LN_FWD)),
+               (32768, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", hold=True, regs=_LN_FWD)),
+               (65536, dict(_STAGED_LN_FWD_MB, hold=True, regs=_LN_FWD)),
                (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", hold=True, regs=_NORM_FWD)),
-               (None, dict(_LONG_FWD, regs=_NORM_FWD))),
+               (None, dict(_LONG_FWD, cluster_sync="mbarrier", hold=True, regs=_NORM_FWD))),
     "bwd": ((32768, _BWD), (65536, dict(_STAGED_BWD, regs=_BWD)), (131072, _BWD), (None, dict(_STAGED_BWD, regs=_BWD))),
     "rms_bwd": ((2048, _ONE_ROW_128), (4096, _BWD_4K_PF), (16384, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
                 (32768, _BWD), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_BWD, resident_grid=True))),
                 (None, dict(_BWD, resident_grid=True))),
     # 16k: 512-thread CTAs, two per SM in the grid (registers allow one resident: the second wave
     # balances the tail), 2.08 -> 2.40 TB/s.
-    "ln_bwd": ((2048, dict(_ONE_ROW_128, min_threads=256)), (4096, dict(_LN_BWD_4K_ACCR, regs=dict(_ONE_ROW_128, min_threads=256))), (16384, dict(_LN_BWD, regs_per_thread=64)),
-               (32768, _LN_BWD), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_LN_BWD, resident_grid=True))),
+    "ln_bwd": ((2048, dict(_ONE_ROW_128, min_threads=256)), (4096, dict(_LN_BWD_4K_ACCR, regs=dict(_ONE_ROW_128, min_threads=256))), (8192, dict(_LN_BWD, regs_per_thread=64)),
+               (16384, dict(_LN_BWD_16K, regs=dict(_LN_BWD, regs_per_thread=64))), (32768, dict(_LN_BWD_32K, regs=_LN_BWD)), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_LN_BWD, resident_grid=True))),
                (131072, dict(_LONG_NORM_BWD, regs=_LN_BWD)), (None, _LN_BWD)),
     # Cross-entropy backward: no reduction (lse is saved), a read-x / write-dx copy bound by bytes in
     # flight. UNMEASURED (CPU compile reports only; time with `perf.tune_rows --kernels

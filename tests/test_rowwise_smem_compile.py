@@ -92,7 +92,7 @@ def test_refusals():
 
 def test_planner_capability():
     """plan_held_rows builds staged plans on request; scalar rows stay in registers. The production
-    table stages 16-bit rows of the forwards at 32k-256k (fp32 and scalar rows take
+    table stages 16-bit rows of the forwards from 8k-16k to 256k (fp32 and scalar rows take
     the entry's register settings), the norm backwards' 16-bit rows of 32k-64k, and past the
     register plans the softmax backward's (128k-256k) and the LayerNorm backward's (64k-128k)."""
     p = plan_held_rows(65536, 8, target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem")
@@ -108,8 +108,11 @@ def test_planner_capability():
     staged = {(fam, most) for fam, entries in HELD_TUNED.items() for most, st in entries if "staging" in st}
     assert staged == {("bwd", 65536), ("fwd", 131072), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536),
                       ("ln_fwd", 131072), ("rms_bwd", 65536), ("ln_bwd", 65536),
-                      # past the register plans (`_LONG_FWD`, `_LONG_NORM_BWD`): 128k-256k, LayerNorm bwd 64k-128k
-                      ("rms_fwd", None), ("ln_fwd", None), ("bwd", None), ("ln_bwd", 131072)}
+                      # the 16k-32k band (session 10's sweep): RMSNorm and LayerNorm forwards from 8k
+                      ("rms_fwd", 16384), ("rms_fwd", 32768), ("ln_fwd", 16384), ("ln_fwd", 32768),
+                      # past the register plans (`_LONG_FWD`, `_LONG_NORM_BWD`): 128k-256k, LayerNorm bwd 64k-128k;
+                      # softmax forward 128k-256k re-reading a staged row (`_STAGED_FWD`)
+                      ("rms_fwd", None), ("ln_fwd", None), ("bwd", None), ("ln_bwd", 131072), ("fwd", 262144)}
     for fam in ("rms_fwd", "ln_fwd", "bwd"):
         assert plan_for_rows(fam, 262144, 8).staging == "smem"
         with pytest.raises(ValueError):  # fp32 rows keep the register settings: 128k at most
@@ -121,12 +124,15 @@ def test_planner_capability():
         p = plan_for_rows(fam, 65536, 8)
         assert p.staging == "smem" and p.resident_grid
         assert plan_for_rows(fam, 65536, 4).staging == "regs"
-    for fam in ("fwd", "rms_fwd", "ln_fwd"):
-        assert plan_for_rows(fam, 32768, 8).staging == "regs"
-        for n in (32769, 65536, 100000, 131072):
+    for fam, first in (("fwd", 16385), ("rms_fwd", 8193), ("ln_fwd", 8193)):
+        assert plan_for_rows(fam, first - 1, 8).staging == "regs"
+        for n in (first, 32768, 65536, 100000, 131072, 262144):
             assert plan_for_rows(fam, n, 8).staging == "smem"
-            assert plan_for_rows(fam, n, 4).staging == plan_for_rows(fam, n, 1).staging == "regs"
-    assert plan_for_rows("fwd", 262144, 8).staging == "regs"  # past 128k: the register plans
+            if n <= 131072:
+                assert plan_for_rows(fam, n, 4).staging == plan_for_rows(fam, n, 1).staging == "regs"
+    # held rows where the sweeps measured them faster: softmax and LayerNorm 16k-32k (softmax not past 128k)
+    assert plan_for_rows("fwd", 32768, 8).hold and not plan_for_rows("fwd", 262144, 8).hold
+    assert plan_for_rows("ln_fwd", 16384, 8).hold and plan_for_rows("ln_fwd", 262144, 8).hold
 
 
 def _ptx_count(ptx: str, pat: str) -> int:
