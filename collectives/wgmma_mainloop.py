@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warpgroup
+from cutlass.cutlass_dsl import T
 
 
 def accumulate_mode(tiled_mma: cute.TiledMma) -> None:
@@ -296,13 +298,32 @@ def acc_a_view(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, view)
 
 
+def _pack2(lo, hi, dtype) -> cutlass.Int32:
+    """Two fp32 values rounded to one packed 16-bit pair (`lo` in the low half), as an opaque PTX
+    `cvt.rn.{bf16x2,f16x2}.f32`. Opaque on purpose: LLVM folds a phi of two identical conversions
+    (the P converted before the walk and the one converted in its loop) into one conversion of a phi,
+    which sinks the conversion into the next step; the loop then carries P as 64 fp32 values instead
+    of 32 packed words (D = 64 at 192 rows: the 30 registers that spilled S and O every step)."""
+    ty = "bf16x2" if dtype is cutlass.BFloat16 else "f16x2"
+    return cutlass.Int32(llvm.inline_asm(T.i32(), [cutlass.Float32(lo).ir_value(), cutlass.Float32(hi).ir_value()],
+                                         f"cvt.rn.{ty}.f32 $0, $2, $1;", "=r,f,f",
+                                         has_side_effects=False, is_align_stack=False))
+
+
 def acc_as_a_operand(acc: cute.Tensor, dtype, out: cute.Tensor | None = None) -> cute.Tensor:
     """The fp32 accumulator converted to `dtype` as the register A operand of the next WGMMA
     (`OperandSource.RMEM`): FlashAttention's P = softmax(S) feeding O += P V without a trip
     through shared memory. Into `out` when given (registers that must outlive the accumulator's
-    next use: FA3's overlap keeps P_j while S_{j+1} is computed into the same accumulator)."""
+    next use: FA3's overlap keeps P_j while S_{j+1} is computed into the same accumulator).
+    16-bit types convert pairwise through `_pack2` (round to nearest even, as `.to(dtype)`)."""
     view = acc_a_view(acc)
     if out is None:
         out = cute.make_rmem_tensor(view.shape, dtype)
-    out.store(view.load().to(dtype))
+    if dtype in (cutlass.BFloat16, cutlass.Float16):
+        # element pairs (2i, 2i + 1) in A's order: the first mode's first pair, adjacent in `out`
+        words = cute.recast_tensor(out, cutlass.Int32)
+        for i in range(cute.size(words)):  # a plain function: the loop unrolls as it traces
+            words[i] = _pack2(view[2 * i], view[2 * i + 1], dtype)
+    else:
+        out.store(view.load().to(dtype))
     return out

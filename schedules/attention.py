@@ -168,11 +168,12 @@ class AttentionSchedule:
             # every WGMMA (one ARRIVE per HGMMA, tests/test_attention_split_compile.py); D <= 192 is clean
             limit = 176
         if self.consumer_regs < 240:
-            # three consumers at 160 registers: the synchronous walk at D = 64, tile_n 128 (128
-            # accumulators) peaks at R121 with no spills; the overlap spilled 256-336 bytes there (S_{j+1}
-            # and P_j live together), and at tile_n 80-96 (92-104 accumulators) ptxas serialized most
-            # WGMMAs (ARRIVE per HGMMA); at tile_n 64 (80) they stay asynchronous (6 ARRIVE / 24 HGMMA)
-            limit = self.consumer_regs - (80 if self.overlap else 32)
+            # three consumers at 160 registers: D = 64, tile_n 128 (128 accumulators), the synchronous
+            # walk and the overlap (split or not, causal or not) compile without local memory and with
+            # grouped WGMMAs (the overlap's interior loop: 12 HGMMA, 2 ARRIVE). The overlap spilled
+            # 256-336 bytes here until P's conversion became opaque to LLVM (`acc_as_a_operand`: a
+            # folded phi had carried P as 64 fp32 values through the loop)
+            limit = self.consumer_regs - 32
         return self.smem_bytes(head_dim, elem) <= SMEM_BYTES and self.accumulators(head_dim) <= limit
 
     def __str__(self) -> str:
@@ -246,7 +247,12 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     fitting = [tn for tn in TILE_NS if AttentionSchedule(tile_n=tn).fits(head_dim)]
     i = fitting.index(d.tile_n)
     near = [d.tile_n] + fitting[max(0, i - 1):i] + fitting[i + 1:i + 2]
-    specs = [] if default == d else [dataclasses.asdict(default)]
+    specs = [dataclasses.asdict(default)]
+    if head_dim <= 64:
+        # three consumer warpgroups (FA4's d <= 64 tile is 192 x 128), next after the default so that a
+        # short --limit keeps them: the synchronous walk, the overlap, the overlap at 64-key blocks
+        specs += [dict(tile_m=192, tile_n=d.tile_n), dict(tile_m=192, tile_n=d.tile_n, overlap=True),
+                  dict(tile_m=192, tile_n=64, overlap=True)]
     for tn in near:
         for pp in (True, False):
             for ov in (d.overlap, not d.overlap):
@@ -255,9 +261,8 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     if d.num_stages(head_dim) > 2:
         specs.append(dict(tile_n=d.tile_n, stages=2))
     specs += [dict(tile_m=64, tile_n=d.tile_n), dict(tile_m=64, tile_n=d.tile_n, overlap=True)]
-    # three consumer warpgroups (FA4's d <= 64 tile is 192 x 128): only the synchronous walk fits 160 registers
-    specs += [dict(tile_m=192, tile_n=d.tile_n), dict(tile_m=192, tile_n=d.tile_n, lazy_rescale=True),
-              dict(tile_m=192, tile_n=64, overlap=True)]
+    if head_dim <= 64:
+        specs.append(dict(tile_m=192, tile_n=d.tile_n, lazy_rescale=True))
     for tm in (128, 64):
         for tn in near[:2]:
             specs.append(dict(kind="fa2", tile_m=tm, tile_n=tn))

@@ -42,6 +42,9 @@ VARIANTS = [
     {"head_dim": 64, "tile_m": 192, "overlap": False, "mask": "causal", "varlen": True},
     {"head_dim": 64, "tile_m": 192, "overlap": False, "mask": "band", "lazy_rescale": True, "pingpong": False},
     {"head_dim": 64, "tile_m": 192, "tile_n": 64, "mask": "causal"},  # the overlap + split at 64-key blocks
+    # the overlap at 192 x 128 (160 registers: P converted opaquely, `acc_as_a_operand`), split and not
+    {"head_dim": 64, "tile_m": 192, "overlap": True},
+    {"head_dim": 64, "tile_m": 192, "overlap": True, "split_mask": False, "mask": "causal"},
 ]
 
 

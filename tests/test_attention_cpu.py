@@ -32,12 +32,12 @@ def test_stage_counts_and_errors():
     with pytest.raises(ValueError, match="tile_m 192"):
         AttentionSchedule(kind="fa2", tile_m=192)
     # three consumers: 512 threads, FA3's 32 + 3 x 160 registers, turns round robin; the synchronous
-    # walk fits D = 64 at tile_n 128, the overlap does not (it spilled)
+    # walk and the overlap fit D = 64 at tile_n 128 (128 accumulators), not D = 96
     t = AttentionSchedule(tile_m=192)
     assert t.consumer_wgs == 3 and t.threads == 512 and t.pingpong and (t.producer_regs, t.consumer_regs) == (32, 160)
-    assert t.fits(64) and not t.fits(96) and not AttentionSchedule(tile_m=192, overlap=True).fits(64)
-    assert AttentionSchedule(tile_m=192, tile_n=64, overlap=True).fits(64)  # 80 accumulators: WGMMAs async
-    assert not AttentionSchedule(tile_m=192, tile_n=96, overlap=True).fits(64)  # ptxas serialized them
+    assert t.fits(64) and not t.fits(96) and AttentionSchedule(tile_m=192, overlap=True).fits(64)
+    assert AttentionSchedule(tile_m=192, tile_n=64, overlap=True).fits(64)
+    assert not AttentionSchedule(tile_m=192, overlap=True, double_p=True).fits(64)  # 160 accumulators
     assert AttentionSchedule(tile_m=128).consumer_regs == 240 and AttentionSchedule(tile_m=64).producer_regs == 24
     with pytest.raises(ValueError, match="tile_n"):
         AttentionSchedule(tile_n=72)

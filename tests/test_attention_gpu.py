@@ -106,6 +106,8 @@ def _schedule(name, d):
         "fa3_m192": AttentionSchedule(tile_m=192, tile_n=tn),
         "fa3_m192_nopp": AttentionSchedule(tile_m=192, tile_n=tn, pingpong=False),
         "fa3_m192_n64_overlap": AttentionSchedule(tile_m=192, tile_n=64, overlap=True, split_mask=True),
+        "fa3_m192_overlap": AttentionSchedule(tile_m=192, tile_n=tn, overlap=True, split_mask=True),
+        "fa3_m192_overlap_nosplit": AttentionSchedule(tile_m=192, tile_n=tn, overlap=True),
     }[name]
 
 
@@ -166,7 +168,8 @@ def test_schedules(name, d, mask):
 
 
 @pytest.mark.parametrize("d,mask", M192_CASES, ids=[f"d{d}-{m}" for d, m in M192_CASES])
-@pytest.mark.parametrize("name", ["fa3_m192", "fa3_m192_nopp", "fa3_m192_n64_overlap"])
+@pytest.mark.parametrize("name", ["fa3_m192", "fa3_m192_nopp", "fa3_m192_n64_overlap", "fa3_m192_overlap",
+                                  "fa3_m192_overlap_nosplit"])
 def test_three_consumer_warpgroups(name, d, mask):
     """tile_m 192: three consumers (the ping-pong's turns round robin, the last two turns handed on
     at the end); q tiles of 192 rows over partial and keyless ranges, the K/V ring wrapping."""
