@@ -202,6 +202,9 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
     # D = 64: three consumer warpgroups on 192-row tiles (FA4's d <= 64 tile), the synchronous walk
     # (the overlap does not fit 160 registers at 128-key blocks): H200, B2 S8k H32, 502.8 vs 455.9
     # TFLOP/s for the 128-row overlap + split (1.10x; perf/results/2026-11-30-h200-2c2fe4e/sched_d64.md).
+    # Session 10: the 192-row overlap + split, once P's conversion stopped spilling it (`acc_as_a_operand`):
+    # 536.2 vs 517.5 (1.036x) at B2 S8k H32, causal 485.4 vs 479.2 (1.013x) (perf/results/2026-11-30-h200-
+    # 70bd8a7/sched_d64*.md).
     # D = 256: the overlap with two P buffers (`double_p`): B2 S8k H8, 685.5 vs 653.7 (1.049x; sched_d256.md)
     # ... except causal D = 64 below 4096 keys, where the 192-row diagonal tiles waste more: 0.92x / 0.89x
     # the 128-row default at S 512 / 1k, equal at 2k-4k, 1.06-1.07x at 8k-16k (H200 attention suite,
@@ -215,7 +218,7 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
 
 # Head dims whose measured default is not the 128-row overlap (see `default_schedule`): the schedule's
 # settings, and the fewest keys per sequence at which a causal mask still takes them
-_DEFAULT_OVERRIDE = {64: (dict(tile_m=192, tile_n=128), 4096),
+_DEFAULT_OVERRIDE = {64: (dict(tile_m=192, tile_n=128, overlap=True, split_mask=True), 4096),
                      256: (dict(tile_n=80, overlap=True, double_p=True), 0)}
 
 
