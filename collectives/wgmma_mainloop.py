@@ -310,16 +310,18 @@ def _pack2(lo, hi, dtype) -> cutlass.Int32:
                                          has_side_effects=False, is_align_stack=False))
 
 
-def acc_as_a_operand(acc: cute.Tensor, dtype, out: cute.Tensor | None = None) -> cute.Tensor:
+def acc_as_a_operand(acc: cute.Tensor, dtype, out: cute.Tensor | None = None, pinned: bool = True) -> cute.Tensor:
     """The fp32 accumulator converted to `dtype` as the register A operand of the next WGMMA
     (`OperandSource.RMEM`): FlashAttention's P = softmax(S) feeding O += P V without a trip
     through shared memory. Into `out` when given (registers that must outlive the accumulator's
     next use: FA3's overlap keeps P_j while S_{j+1} is computed into the same accumulator).
-    16-bit types convert pairwise through `_pack2` (round to nearest even, as `.to(dtype)`)."""
+    `pinned`: 16-bit types convert pairwise through `_pack2` (round to nearest even, as `.to(dtype)`),
+    here; else by `.to(dtype)`, which LLVM may sink to P's use in the next loop step (32 more
+    registers live across the loop, the conversion issued after the next S GEMM)."""
     view = acc_a_view(acc)
     if out is None:
         out = cute.make_rmem_tensor(view.shape, dtype)
-    if dtype in (cutlass.BFloat16, cutlass.Float16):
+    if pinned and dtype in (cutlass.BFloat16, cutlass.Float16):
         # element pairs (2i, 2i + 1) in A's order: the first mode's first pair, adjacent in `out`
         words = cute.recast_tensor(out, cutlass.Int32)
         for i in range(cute.size(words)):  # a plain function: the loop unrolls as it traces

@@ -131,6 +131,16 @@ class AttentionSchedule:
         """fa2: how many K/V blocks ahead warp 0 loads (the ring minus the stage being computed)."""
         return 0 if self.warp_specialized else (self.stages or 2) - 1
 
+    @property
+    def pinned_p(self) -> bool:
+        """P converted to 16 bits where the code puts it (`acc_as_a_operand(pinned=True)`), not where
+        LLVM sinks it (into the next step, after that step's S GEMM is issued: 32 more live
+        registers). Pinned where registers are short: three consumers at 160 registers (the 192-row
+        overlap spilled 256-336 B unpinned) and two P buffers (D = 256 at 80-key blocks: 726.5 vs
+        685.5 TFLOP/s at B2 S8k H8, session 10). The one-buffer overlap at 240 registers keeps the
+        sunk conversion: D = 128 measured 644 pinned against 669 (B2 S8k H16)."""
+        return self.consumer_wgs == 3 or self.double_p
+
     # --- registers (fp32 values per consumer thread) ------------------------------------------
     def accumulators(self, head_dim: int) -> int:
         """S (64 x tile_n) and O (64 x head_dim) fp32 accumulators + P (bf16 pairs; two buffers with

@@ -442,7 +442,7 @@ class FlashAttnFwd:
                 self.scores(acc_s, tScS, n, row0, tile, out)
                 update_rows(s_rows, o_rows, row_max, row_sum, out.scale_log2, lazy_threshold=lazy,
                             sum_from_corr=s.sum_from_corr)
-                p = acc_as_a_operand(acc_s, dt)
+                p = acc_as_a_operand(acc_s, dt, pinned=s.pinned_p)
                 # O += P V
                 pipes.v.consumer_wait(kv)
                 if cutlass.const_expr(s.pingpong):
@@ -473,7 +473,7 @@ class FlashAttnFwd:
                 self.scores(acc_s, tScS, n_max - 1, row0, tile, out)
                 softmax_rows(s_rows, row_max, row_sum, corr, out.scale_log2,
                              sum_from_corr=s.sum_from_corr)  # O is still 0: no rescale
-                acc_as_a_operand(acc_s, dt, p)
+                acc_as_a_operand(acc_s, dt, p, pinned=s.pinned_p)
                 kv_v = kv.clone()
                 kv.advance()
                 mm = SimpleNamespace(qk=tiled_mma_qk, pv=tiled_mma_pv, tSrQ=tSrQ, tSrK=tSrK, tOrV=tOrV, acc_s=acc_s,
@@ -562,7 +562,7 @@ class FlashAttnFwd:
         warpgroup.wait_group(0)
         pipes.v.consumer_release(kv_v)
         rescale_rows(mm.o_rows, mm.corr)
-        acc_as_a_operand(mm.acc_s, self.dtype, mm.p)
+        acc_as_a_operand(mm.acc_s, self.dtype, mm.p, pinned=s.pinned_p)
 
     # --- the overlap with two P buffers (`AttentionSchedule.double_p`) ----------------------------
     def consumer_state(self, i):
