@@ -267,6 +267,12 @@ _LN_BWD_4K_ACCR = dict(target_elems=16, max_elems=16, min_threads=256, max_tpr=2
 # scalar rows keep the register plans).
 _LONG_FWD = dict(target_elems=64, max_elems=64, min_threads=512, max_tpr=512, staging="smem")
 _LONG_NORM_BWD = dict(_STAGED_NORM_BWD_RG, target_elems=64, max_elems=64)
+# The norm backwards past 128k: a non-portable cluster of 16 CTAs (Hopper allows 16 with the
+# attribute the DSL sets on every kernel), 32 elements a thread at 512 threads: x and dy staged
+# (64 KiB), the weight (32 KiB) and the fp32 dweight / dbias accumulators (64 KiB each): 160 KiB a
+# CTA for RMSNorm, 224 KiB for LayerNorm (CPU compile: 113 / 125 registers, no spills). UNMEASURED:
+# whether the H200 co-schedules 16-CTA clusters of one CTA per SM is the GPU test's question.
+_LONG_NORM_BWD_16 = dict(_STAGED_NORM_BWD_RG, max_cluster=16)
 # Session 10's H200 sweep of the 16k-32k band and 256k (perf/results/2026-11-30-h200-fe887e4/tune_rows.md;
 # bf16, 256 MiB per tensor), each the best plan over the default of the time:
 # RMSNorm 16k staged t128 u4 c4 mb 174.5 -> 152.2 us, 32k staged t128 u8 c4 mb 217.2 -> 134.3;
@@ -294,12 +300,13 @@ HELD_TUNED = {
     "bwd": ((32768, _BWD), (65536, dict(_STAGED_BWD, regs=_BWD)), (131072, _BWD), (None, dict(_STAGED_BWD, regs=_BWD))),
     "rms_bwd": ((2048, _ONE_ROW_128), (4096, _BWD_4K_PF), (16384, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
                 (32768, _BWD), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_BWD, resident_grid=True))),
-                (None, dict(_BWD, resident_grid=True))),
+                (131072, dict(_BWD, resident_grid=True)),
+                (None, dict(_LONG_NORM_BWD_16, regs=dict(_BWD, resident_grid=True)))),
     # 16k: 512-thread CTAs, two per SM in the grid (registers allow one resident: the second wave
     # balances the tail), 2.08 -> 2.40 TB/s.
     "ln_bwd": ((2048, dict(_ONE_ROW_128, min_threads=256)), (4096, dict(_LN_BWD_4K_ACCR, regs=dict(_ONE_ROW_128, min_threads=256))), (8192, dict(_LN_BWD, regs_per_thread=64)),
                (16384, dict(_LN_BWD_16K, regs=dict(_LN_BWD, regs_per_thread=64))), (32768, dict(_LN_BWD_32K, regs=_LN_BWD)), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_LN_BWD, resident_grid=True))),
-               (131072, dict(_LONG_NORM_BWD, regs=_LN_BWD)), (None, _LN_BWD)),
+               (131072, dict(_LONG_NORM_BWD, regs=_LN_BWD)), (None, dict(_LONG_NORM_BWD_16, regs=_LN_BWD))),
     # Cross-entropy backward: no reduction (lse is saved), a read-x / write-dx copy bound by bytes in
     # flight. UNMEASURED (CPU compile reports only; time with `perf.tune_rows --kernels
     # cross_entropy.bwd`): 64 elements (8 bf16 vectors, 128 B) per thread loaded together, 128-256
@@ -357,7 +364,7 @@ def max_held_row(tuning: str, vec: int) -> int:
     return lo * vec
 
 
-MAX_CLUSTER = 8  # the portable cluster size on Hopper
+MAX_CLUSTER = 8  # the portable cluster size on Hopper (16 where a HELD_TUNED entry asks: non-portable)
 STAGINGS = ("regs", "smem")
 HOLD_ELEMS = 64  # `HeldRowPlan.hold`: the most elements per thread a held staged row may have (fp32 registers)
 CLUSTER_SYNCS = ("barrier", "mbarrier")

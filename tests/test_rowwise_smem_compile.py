@@ -112,7 +112,8 @@ def test_planner_capability():
                       ("rms_fwd", 16384), ("rms_fwd", 32768), ("ln_fwd", 16384), ("ln_fwd", 32768),
                       # past the register plans (`_LONG_FWD`, `_LONG_NORM_BWD`): 128k-256k, LayerNorm bwd 64k-128k;
                       # softmax forward 128k-256k re-reading a staged row (`_STAGED_FWD`)
-                      ("rms_fwd", None), ("ln_fwd", None), ("bwd", None), ("ln_bwd", 131072), ("fwd", 262144)}
+                      ("rms_fwd", None), ("ln_fwd", None), ("bwd", None), ("ln_bwd", 131072), ("fwd", 262144),
+                      ("rms_bwd", None), ("ln_bwd", None)}  # the norm backwards past 128k: clusters of 16
     for fam in ("rms_fwd", "ln_fwd", "bwd"):
         assert plan_for_rows(fam, 262144, 8).staging == "smem"
         with pytest.raises(ValueError):  # fp32 rows keep the register settings: 128k at most
