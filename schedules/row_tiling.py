@@ -297,7 +297,9 @@ HELD_TUNED = {
                (65536, dict(_STAGED_LN_FWD_MB, hold=True, regs=_LN_FWD)),
                (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", hold=True, regs=_NORM_FWD)),
                (None, dict(_LONG_FWD, cluster_sync="mbarrier", hold=True, regs=_NORM_FWD))),
-    "bwd": ((32768, _BWD), (65536, dict(_STAGED_BWD, regs=_BWD)), (131072, _BWD), (None, dict(_STAGED_BWD, regs=_BWD))),
+    # softmax / log-softmax backward staged from 16k (session 10's suite, 8f975dd: the staged plan at 64k 99 % and
+    # 256k 91 % of copy, the register plans between them 73 % at 32k and 63 % at 128k)
+    "bwd": ((16384, _BWD), (None, dict(_STAGED_BWD, regs=_BWD))),
     "rms_bwd": ((2048, _ONE_ROW_128), (4096, _BWD_4K_PF), (16384, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
                 (32768, _BWD), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_BWD, resident_grid=True))),
                 (131072, dict(_BWD, resident_grid=True)),

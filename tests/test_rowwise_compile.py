@@ -144,10 +144,12 @@ def test_long_staged_rows_compile(name, n, dtype, tmp_path):
 
 @pytest.mark.parametrize("name,n", [("rmsnorm.fwd", 16384), ("rmsnorm.fwd", 32768), ("layernorm.fwd", 16384),
                                     ("layernorm.fwd", 32768), ("softmax.fwd", 32768), ("softmax.fwd", 262144),
-                                    ("layernorm.bwd", 16384), ("layernorm.bwd", 32768)])
+                                    ("layernorm.bwd", 16384), ("layernorm.bwd", 32768), ("softmax.bwd", 32768),
+                                    ("log_softmax.bwd", 131072)])
 def test_band_plans_compile(name, n, tmp_path):
     """The 16k-32k band and the softmax forward at 256k under the plans of session 10's sweep
-    (staged, mbarrier-synced clusters, held rows; LayerNorm backward prefetching in clusters of 2-8):
+    (staged, mbarrier-synced clusters, held rows; LayerNorm backward prefetching in clusters of 2-8;
+    the softmax backwards staged from 16k):
     within the register budget, no spills (a held row's loop count aside, as `_compile` allows)."""
     p = _params(name, n)
     assert p["cluster_n"] > 1

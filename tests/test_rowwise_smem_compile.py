@@ -106,7 +106,7 @@ def test_planner_capability():
     from schedules.row_tiling import HELD_TUNED, plan_for_rows
 
     staged = {(fam, most) for fam, entries in HELD_TUNED.items() for most, st in entries if "staging" in st}
-    assert staged == {("bwd", 65536), ("fwd", 131072), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536),
+    assert staged == {("fwd", 131072), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536),
                       ("ln_fwd", 131072), ("rms_bwd", 65536), ("ln_bwd", 65536),
                       # the 16k-32k band (session 10's sweep): RMSNorm and LayerNorm forwards from 8k
                       ("rms_fwd", 16384), ("rms_fwd", 32768), ("ln_fwd", 16384), ("ln_fwd", 32768),
@@ -118,7 +118,8 @@ def test_planner_capability():
         assert plan_for_rows(fam, 262144, 8).staging == "smem"
         with pytest.raises(ValueError):  # fp32 rows keep the register settings: 128k at most
             plan_for_rows(fam, 262144, 4)
-    assert plan_for_rows("bwd", 131072, 8).staging == "regs"
+    assert plan_for_rows("bwd", 16384, 8).staging == "regs"  # the softmax backward: staged from 16k on
+    assert all(plan_for_rows("bwd", n, 8).staging == "smem" for n in (16385, 32768, 131072))
     assert plan_for_rows("ln_bwd", 131072, 8).staging == "smem"
     for fam in ("rms_bwd", "ln_bwd"):  # the norm backwards: staged at 32k-64k, on the one-wave grid
         assert plan_for_rows(fam, 32768, 8).staging == "regs"
