@@ -283,6 +283,13 @@ _LONG_NORM_BWD_16 = dict(_STAGED_NORM_BWD_RG, max_cluster=16)
 _STAGED_RMS_FWD_16K = dict(_STAGED_RMS_FWD_MB, target_elems=32, max_elems=32)
 _LN_BWD_16K = dict(_LN_BWD, max_elems=16, cluster_sync="mbarrier", prefetch=True)
 _LN_BWD_32K = dict(_LN_BWD, target_elems=8, max_elems=8, cluster_elems=8, cluster_sync="mbarrier", prefetch=True)
+# Session 10's backward sweep (perf/results/2026-11-30-h200-261829b/tune_rows_bwd.md), each the best plan over the
+# default of the time: RMSNorm 1k four rows of 64 threads a 256-thread CTA, 4 CTAs per SM, 339.8 -> 203.6 us;
+# LayerNorm 1k the same geometry 286.9 -> 249.4; softmax 32k one staged row of 256 threads x 16 vectors,
+# one CTA per SM, 214.8 -> 191.9. 16-bit aligned rows only (`regs`: fp32 and scalar rows keep the plans of
+# before). Not taken: RMSNorm 128k prefetching (337.9 -> 314.7 us) spills 48 B at 512 threads.
+_BWD_1K = dict(target_elems=16, max_elems=16, min_threads=256, max_tpr=256, regs_per_thread=64)
+_STAGED_BWD_32K = dict(_STAGED_BWD, target_elems=128, max_elems=128)
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
     "fwd": ((4096, _ONE_ROW_128), (16384, _FWD), (131072, dict(_STAGED_FWD_HOLD, regs=_FWD)),
@@ -299,14 +306,14 @@ HELD_TUNED = {
                (None, dict(_LONG_FWD, cluster_sync="mbarrier", hold=True, regs=_NORM_FWD))),
     # softmax / log-softmax backward staged from 16k (session 10's suite, 8f975dd: the staged plan at 64k 99 % and
     # 256k 91 % of copy, the register plans between them 73 % at 32k and 63 % at 128k)
-    "bwd": ((16384, _BWD), (None, dict(_STAGED_BWD, regs=_BWD))),
-    "rms_bwd": ((2048, _ONE_ROW_128), (4096, _BWD_4K_PF), (16384, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
+    "bwd": ((16384, _BWD), (32768, dict(_STAGED_BWD_32K, regs=_BWD)), (None, dict(_STAGED_BWD, regs=_BWD))),
+    "rms_bwd": ((1024, dict(_BWD_1K, regs=_ONE_ROW_128)), (2048, _ONE_ROW_128), (4096, _BWD_4K_PF), (16384, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
                 (32768, _BWD), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_BWD, resident_grid=True))),
                 (131072, dict(_BWD, resident_grid=True)),
                 (None, dict(_LONG_NORM_BWD_16, regs=dict(_BWD, resident_grid=True)))),
     # 16k: 512-thread CTAs, two per SM in the grid (registers allow one resident: the second wave
     # balances the tail), 2.08 -> 2.40 TB/s.
-    "ln_bwd": ((2048, dict(_ONE_ROW_128, min_threads=256)), (4096, dict(_LN_BWD_4K_ACCR, regs=dict(_ONE_ROW_128, min_threads=256))), (8192, dict(_LN_BWD, regs_per_thread=64)),
+    "ln_bwd": ((1024, dict(_BWD_1K, regs=dict(_ONE_ROW_128, min_threads=256))), (2048, dict(_ONE_ROW_128, min_threads=256)), (4096, dict(_LN_BWD_4K_ACCR, regs=dict(_ONE_ROW_128, min_threads=256))), (8192, dict(_LN_BWD, regs_per_thread=64)),
                (16384, dict(_LN_BWD_16K, regs=dict(_LN_BWD, regs_per_thread=64))), (32768, dict(_LN_BWD_32K, regs=_LN_BWD)), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_LN_BWD, resident_grid=True))),
                (131072, dict(_LONG_NORM_BWD, regs=_LN_BWD)), (None, dict(_LONG_NORM_BWD_16, regs=_LN_BWD))),
     # Cross-entropy backward: no reduction (lse is saved), a read-x / write-dx copy bound by bytes in

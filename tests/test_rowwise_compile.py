@@ -152,6 +152,6 @@ def test_band_plans_compile(name, n, tmp_path):
     the softmax backwards staged from 16k):
     within the register budget, no spills (a held row's loop count aside, as `_compile` allows)."""
     p = _params(name, n)
-    assert p["cluster_n"] > 1
     _, ptx = _compile(name, p, tmp_path)
-    assert "mbarrier" in ptx or "barrier.cluster" in ptx
+    if p["cluster_n"] > 1:  # (the softmax backward at 32k: one CTA a row)
+        assert "mbarrier" in ptx or "barrier.cluster" in ptx

@@ -113,6 +113,7 @@ def test_planner_capability():
                       # past the register plans (`_LONG_FWD`, `_LONG_NORM_BWD`): 128k-256k, LayerNorm bwd 64k-128k;
                       # softmax forward 128k-256k re-reading a staged row (`_STAGED_FWD`)
                       ("rms_fwd", None), ("ln_fwd", None), ("bwd", None), ("ln_bwd", 131072), ("fwd", 262144),
+                      ("bwd", 32768),  # the softmax backward at 16k-32k: one staged row of 16 vectors a thread
                       ("rms_bwd", None), ("ln_bwd", None)}  # the norm backwards past 128k: clusters of 16
     for fam in ("rms_fwd", "ln_fwd", "bwd"):
         assert plan_for_rows(fam, 262144, 8).staging == "smem"
