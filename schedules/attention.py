@@ -136,9 +136,9 @@ class AttentionSchedule:
         """P converted to 16 bits where the code puts it (`acc_as_a_operand(pinned=True)`), not where
         LLVM sinks it (into the next step, after that step's S GEMM is issued: 32 more live
         registers). Pinned where registers are short: three consumers at 160 registers (the 192-row
-        overlap spilled 256-336 B unpinned) and two P buffers (D = 256 at 80-key blocks: 726.5 vs
-        685.5 TFLOP/s at B2 S8k H8, session 10). The one-buffer overlap at 240 registers keeps the
-        sunk conversion: D = 128 measured 644 pinned against 669 (B2 S8k H16)."""
+        overlap spilled 256-336 B unpinned) and two P buffers (D = 256 at 80-key blocks, B2 S8k H8:
+        726.5-733.5 TFLOP/s in session 10's suites against 706 in session 9's). The one-buffer overlap at 240 registers keeps the
+        sunk conversion: D = 128 measured 643.7 pinned against 660.2 (B2 S8k H16, two suite runs)."""
         return self.consumer_wgs == 3 or self.double_p
 
     # --- registers (fp32 values per consumer thread) ------------------------------------------
