@@ -137,8 +137,9 @@ class AttentionSchedule:
         LLVM sinks it (into the next step, after that step's S GEMM is issued: 32 more live
         registers). Pinned where registers are short: three consumers at 160 registers (the 192-row
         overlap spilled 256-336 B unpinned) and two P buffers (D = 256 at 80-key blocks, B2 S8k H8:
-        726.5-733.5 TFLOP/s in session 10's suites against 706 in session 9's). The one-buffer overlap at 240 registers keeps the
-        sunk conversion: D = 128 measured 643.7 pinned against 660.2 (B2 S8k H16, two suite runs)."""
+        726.5-733.5 TFLOP/s in session 10's suites against 706 in session 9's). The one-buffer
+        overlap at 240 registers keeps the sunk conversion, which issues the next S GEMM first: D = 128
+        measured 643.7 pinned against 660.2 (B2 S8k H16, two suite runs)."""
         return self.consumer_wgs == 3 or self.double_p
 
     # --- registers (fp32 values per consumer thread) ------------------------------------------
@@ -209,12 +210,11 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
     # attention.md); it compiles without spills at every head dim (168 launch registers, setmaxnreg 240).
     # split_mask where it fits (D <= 192): H200, d 128, the same four shapes, 1.018-1.045x (geomean
     # 1.033x) in one interleaved run (perf/results/2026-11-29-h200-8301b88/attention.md); bitwise the same.
-    # D = 64: three consumer warpgroups on 192-row tiles (FA4's d <= 64 tile), the synchronous walk
-    # (the overlap does not fit 160 registers at 128-key blocks): H200, B2 S8k H32, 502.8 vs 455.9
-    # TFLOP/s for the 128-row overlap + split (1.10x; perf/results/2026-11-30-h200-2c2fe4e/sched_d64.md).
-    # Session 10: the 192-row overlap + split, once P's conversion stopped spilling it (`acc_as_a_operand`):
-    # 536.2 vs 517.5 (1.036x) at B2 S8k H32, causal 485.4 vs 479.2 (1.013x) (perf/results/2026-11-30-h200-
-    # 70bd8a7/sched_d64*.md).
+    # D = 64: three consumer warpgroups on 192-row tiles (FA4's d <= 64 tile). Session 9, the synchronous
+    # walk: H200, B2 S8k H32, 502.8 vs 455.9 TFLOP/s for the 128-row overlap + split (1.10x; perf/results/
+    # 2026-11-30-h200-2c2fe4e/sched_d64.md). Session 10, the 192-row overlap + split once P's pinned
+    # conversion stopped it spilling (`AttentionSchedule.pinned_p`): 536.2 vs 517.5 for the synchronous walk
+    # (1.036x), causal 485.4 vs 479.2 (1.013x) (perf/results/2026-11-30-h200-70bd8a7/sched_d64*.md).
     # D = 256: the overlap with two P buffers (`double_p`): B2 S8k H8, 685.5 vs 653.7 (1.049x; sched_d256.md)
     # ... except causal D = 64 below 4096 keys, where the 192-row diagonal tiles waste more: 0.92x / 0.89x
     # the 128-row default at S 512 / 1k, equal at 2k-4k, 1.06-1.07x at 8k-16k (H200 attention suite,

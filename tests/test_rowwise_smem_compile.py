@@ -109,7 +109,7 @@ def test_planner_capability():
     assert staged == {("fwd", 131072), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536),
                       ("ln_fwd", 131072), ("rms_bwd", 65536), ("ln_bwd", 65536),
                       # the 16k-32k band (session 10's sweep): RMSNorm and LayerNorm forwards from 8k
-                      ("rms_fwd", 16384), ("rms_fwd", 32768), ("ln_fwd", 16384), ("ln_fwd", 32768),
+                      ("rms_fwd", 16384), ("ln_fwd", 16384), ("ln_fwd", 32768),
                       # past the register plans (`_LONG_FWD`, `_LONG_NORM_BWD`): 128k-256k, LayerNorm bwd 64k-128k;
                       # softmax forward 128k-256k re-reading a staged row (`_STAGED_FWD`)
                       ("rms_fwd", None), ("ln_fwd", None), ("bwd", None), ("ln_bwd", 131072), ("fwd", 262144),
