@@ -10,6 +10,7 @@
 * `double_p`: from the wait for S_{j+1} (`DEPBAR.LE gsb0, 0x1`) to the block's last exponential
   there is no other WGMMA wait; all 66 of them lie in that stretch (D = 128, tile_n = 128).
 * `double_p` fits every head dim: no spills, consumers' registers < 240 (32 more for the second P).
+* The 192-row overlap at D = 64 (three consumers, 160 registers), split and not: no spills, WGMMAs grouped.
 """
 
 import re
@@ -26,6 +27,10 @@ VARIANTS = {
     "dp96": {"head_dim": 96, "double_p": True},
     "dp192": {"head_dim": 192, "double_p": True},
     "dp256": {"head_dim": 256, "mask": "causal", "double_p": True},
+    # three consumers at 160 registers: the overlap fits once P's conversion is pinned (`pinned_p`);
+    # unpinned it spilled 256-336 B and serialized every WGMMA
+    "ov192": {"head_dim": 64, "tile_m": 192, "overlap": True, "mask": "causal"},
+    "ov192_one_loop": {"head_dim": 64, "tile_m": 192, "overlap": True, "split_mask": False},
 }
 MUFU_PER_BLOCK = 2 * (128 // 4) + 2  # two rows x 32 columns per thread, + the two rescale factors
 
@@ -52,7 +57,7 @@ def test_wgmmas_not_serialized(compiled):
     assert hgmma > 0 and arrive < hgmma / 2, (name, hgmma, arrive)
     assert report.sass_census["LDL/STL (spills)"] == 0 and not report.spills, report.format()
     top = max(int(r) for _, args in ins for r in re.findall(r"\bR(\d+)\b", args))
-    assert top < 240, (name, top)
+    assert top < (160 if p["tile_m"] == 192 else 240), (name, top)
 
 
 def test_where_the_softmax_waits(compiled):
