@@ -70,6 +70,8 @@ def candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: str = "with") 
                     out.append(HeldRowPlan(RowTiling(threads, tpr, vpt), cluster, c))
     if n >= STAGED_FROM:
         out += staged_candidates(n, vec, bwd)
+    elif not bwd:
+        out += small_staged_candidates(n, vec)
     if bwd and prefetch == "with":
         pf = prefetch_candidates(n, vec)
         out += pf + [_twin(p, vec) for p in pf]
@@ -145,6 +147,21 @@ def staged_candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: bool = 
             if cluster > 8 or tpr * elems * cluster >= 2 * n:
                 continue
             out.append(_staged(RowTiling(tpr, tpr, elems // vec), cluster, vec, bwd, prefetch))
+    return out
+
+
+def small_staged_candidates(n: int, vec: int = 8) -> list[HeldRowPlan]:
+    """Forward plans for rows shorter than STAGED_FROM staged in shared memory: several rows per CTA
+    (32-128 threads a row in CTAs of 128 or 256), 16-32 elements per thread, no cluster. A staged
+    row frees the registers a held one takes (LayerNorm forward at 1k: 128 registers held, 48
+    staged), so more CTAs share an SM (shared memory bounds them instead)."""
+    out = []
+    for tpr in (32, 64, 128):
+        for elems in (16, 32):
+            if tpr * elems < n or tpr * elems >= 2 * n:
+                continue
+            for threads in sorted({max(tpr, 128), max(tpr, 256)}):
+                out.append(_staged(RowTiling(threads, tpr, elems // vec), 1, vec, False, False))
     return out
 
 

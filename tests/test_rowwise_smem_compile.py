@@ -208,3 +208,20 @@ def test_norm_hold_compiles_clean(name, shape, tmp_path):
     lh, ls = _ptx_count(ph, r"ld\.shared\.v4"), _ptx_count(ps, r"ld\.shared\.v4")
     assert ls - lh >= vpt, (lh, ls)
     assert regs_h <= 80, rep_h.format()
+
+
+@pytest.mark.parametrize("name", ["rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "log_softmax.fwd"])
+def test_small_staged_forwards_compile(name, tmp_path):
+    """`perf.tune_rows.small_staged_candidates`: forwards of 1k rows staged with four rows per
+    128-thread CTA (t128 r32 u4) and two per 256 (t256 r64... as listed): no spills, cp.async
+    rows, registers far under the held plan's (LayerNorm: 48 against 128), ptxas asked for more CTAs per
+    SM than the held plans' 4 (norms 8, softmax 5: its kernel's own register floor)."""
+    from perf.tune_rows import small_staged_candidates
+
+    plans = small_staged_candidates(1024)
+    assert [str(p) for p in plans][:2] == ["t128r32u4 c1 smem", "t256r32u4 c1 smem"]
+    t = plans[0].tiling
+    report, regs, ptx = _compile(name, _params(name, (t.threads, t.threads_per_row, t.unroll, 1), "smem"), tmp_path)
+    assert "cp.async.cg.shared.global" in ptx and regs <= 64, report.format()
+    m = re.search(r"\.minnctapersm (\d+)", ptx)
+    assert m and int(m.group(1)) >= (5 if "softmax" in name else 8)

@@ -5,7 +5,8 @@ Bitwise: staging changes where a thread's vectors live, not the fp32 math (same 
 same order, the same reduction tree for the same plan shape), so every output of a staged plan must
 equal, bit for bit, that of the register plan with the same threads / threads per row / vectors per
 thread / cluster. Both run through the public ops with `cute_kernels.ops._rowwise.plan_for`
-patched. Rows: N in {16384, 65536, 131072} (clusters of 2-8), 4099 and 769 (odd: scalar rows,
+patched. Rows: N in {16384, 65536, 131072} (clusters of 2-8), 1024 and 2048 (several staged rows per
+CTA), 4099 and 769 (odd: scalar rows,
 which stay in registers: the staged request falls back), 0 and 1 rows, and rows with a stride.
 """
 
@@ -77,7 +78,9 @@ def _ref(op, x, w, b, dy):
     return (torch.softmax if op == "softmax" else torch.log_softmax)(xf, -1)
 
 
-CASES = [(64, 16384), (32, 65536), (8, 131072), (33, 4099), (65, 769), (0, 65536), (1, 65536), (1, 769)]
+# 1024 / 2048: four / two staged rows per CTA (t128 r32 u4, t128 r64 u4: `perf.tune_rows.small_staged_candidates`)
+CASES = [(64, 16384), (32, 65536), (8, 131072), (33, 4099), (65, 769), (0, 65536), (1, 65536), (1, 769),
+         (129, 1024), (33, 2048)]
 
 
 @pytest.mark.parametrize("m,n", CASES, ids=[f"{m}x{n}" for m, n in CASES])
