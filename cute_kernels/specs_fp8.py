@@ -14,7 +14,7 @@ from cutlass import Int32
 from cute_kernels import dtypes
 from cute_kernels.catalog import KernelSpec, Param
 from cute_kernels.jit import fake_stream
-from schedules.fp8_gemm import EPI_STAGES, fp8_schedule, grouped_error, overlap_error, sb_smem_error
+from schedules.fp8_gemm import EPI_STAGES, fp8_schedule, grouped_error, overlap_error, sb_smem_error, turns_error
 from schedules.gemm import GROUPINGS, KINDS
 
 OUT_DTYPES = ("bf16", "fp16")
@@ -54,9 +54,10 @@ class Fp8GemmSpec(KernelSpec):
             err = sb_smem_error(s)
             if err:
                 raise ValueError(err)
-        if p["wg_turns"] and (s.kind != "cooperative" or p["promote_overlap"]):
-            raise ValueError(f"wg_turns needs schedule='cooperative' without promote_overlap (got {s.kind}, "
-                             f"promote_overlap={p['promote_overlap']})")
+        if p["wg_turns"]:
+            err = turns_error(s, p["promote_overlap"])
+            if err:
+                raise ValueError(err)
 
     def build(self, p):
         from cute_kernels.kernels.gemm import Gemm

@@ -215,10 +215,10 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
     # 2026-11-30-h200-2c2fe4e/sched_d64.md). Session 10, the 192-row overlap + split once P's pinned
     # conversion stopped it spilling (`AttentionSchedule.pinned_p`): 536.2 vs 517.5 for the synchronous walk
     # (1.036x), causal 485.4 vs 479.2 (1.013x) (perf/results/2026-11-30-h200-70bd8a7/sched_d64*.md).
-    # D = 256: the overlap with two P buffers (`double_p`): B2 S8k H8, 685.5 vs 653.7 (1.049x; sched_d256.md)
     # ... except causal D = 64 below 4096 keys, where the 192-row diagonal tiles waste more: 0.92x / 0.89x
     # the 128-row default at S 512 / 1k, equal at 2k-4k, 1.06-1.07x at 8k-16k (H200 attention suite,
-    # perf/results/2026-11-30-h200-e6b9fe2/attention.md)
+    # perf/results/2026-11-30-h200-e6b9fe2/attention.md; measured with the synchronous 192-row walk)
+    # D = 256: the overlap with two P buffers (`double_p`): B2 S8k H8, 685.5 vs 653.7 (1.049x; sched_d256.md)
     if head_dim in _DEFAULT_OVERRIDE:
         settings, causal_min_keys = _DEFAULT_OVERRIDE[head_dim]
         if not (causal and seqlen_k is not None and seqlen_k < causal_min_keys):

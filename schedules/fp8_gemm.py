@@ -126,6 +126,14 @@ def sb_smem_error(s: GemmSchedule) -> str | None:
     return None
 
 
+def turns_error(s: GemmSchedule, promote_overlap: bool) -> str | None:
+    """Why schedule `s` cannot issue its K-blocks in warpgroup turns (`wg_turns=True`), or None."""
+    if s.kind != "cooperative" or promote_overlap:
+        return (f"wg_turns needs schedule='cooperative' without promote_overlap (got {s.kind}, "
+                f"promote_overlap={promote_overlap})")
+    return None
+
+
 def grouped_error(s: GemmSchedule, grouping: str) -> str | None:
     """Why schedule `s` cannot run the `grouping` walk (None when it can)."""
     if grouping not in GROUPINGS:
