@@ -303,6 +303,16 @@ _RMS_FWD_1K = dict(_ONE_ROW_128, min_threads=256)
 _RMS_FWD_2K = dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128, regs_per_thread=96)
 _STAGED_FWD_16K = dict(target_elems=128, max_elems=128, min_threads=128, max_tpr=128, staging="smem")
 _STAGED_RMS_FWD_128K = dict(_STAGED_FWD_16K, cluster_sync="mbarrier")
+# The same session's RMSNorm backward sweep with mbarrier-synced clusters (tune_rows_bwd.md there): 16k one row
+# of 512 threads x 16 elements in clusters of 2, prefetching, one CTA per SM, 287.6 -> 228.9 us (ncu of the old
+# plan, clusters of 8 on the cluster barrier: 14 % of warp stalls on MEMBAR); 32k one staged row of 256 threads
+# x 64 elements in clusters of 2, prefetching (198 registers, one CTA per SM) 305.2 -> 264.2; 64k the staged
+# resident-grid plan prefetching on mbarriers 286.5 -> 266.6. Not taken (they spill 40-48 B at 512 threads):
+# the 512-thread register plans prefetching 32 elements, 32k 248.9 us and 128k (resident, clusters of 8) 265.6
+# against 338.0.
+_RMS_BWD_16K = dict(_BWD, max_elems=16, cluster_sync="mbarrier", prefetch=True)
+_RMS_BWD_32K = dict(_STAGED_BWD, cluster_sync="mbarrier", prefetch=True)
+_RMS_BWD_64K = dict(_STAGED_NORM_BWD_RG, cluster_sync="mbarrier", prefetch=True)
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
     "fwd": ((4096, _ONE_ROW_128), (8192, _FWD), (16384, dict(_STAGED_FWD_16K, regs=_FWD)),
@@ -323,8 +333,9 @@ HELD_TUNED = {
     # softmax / log-softmax backward staged from 16k (session 10's suite, 8f975dd: the staged plan at 64k 99 % and
     # 256k 91 % of copy, the register plans between them 73 % at 32k and 63 % at 128k)
     "bwd": ((16384, _BWD), (32768, dict(_STAGED_BWD_32K, regs=_BWD)), (None, dict(_STAGED_BWD, regs=_BWD))),
-    "rms_bwd": ((1024, dict(_BWD_1K, regs=_ONE_ROW_128)), (2048, _ONE_ROW_128), (4096, _BWD_4K_PF), (16384, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
-                (32768, _BWD), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_BWD, resident_grid=True))),
+    "rms_bwd": ((1024, dict(_BWD_1K, regs=_ONE_ROW_128)), (2048, _ONE_ROW_128), (4096, _BWD_4K_PF), (8192, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
+                (16384, dict(_RMS_BWD_16K, regs=dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128))),
+                (32768, dict(_RMS_BWD_32K, regs=_BWD)), (65536, dict(_RMS_BWD_64K, regs=dict(_BWD, resident_grid=True))),
                 (131072, dict(_BWD, resident_grid=True)),
                 (None, dict(_LONG_NORM_BWD_16, regs=dict(_BWD, resident_grid=True)))),
     # 8k (and fp32 / scalar rows to 16k): 512-thread CTAs, two per SM in the grid (registers allow one
