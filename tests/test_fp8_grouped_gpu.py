@@ -61,12 +61,14 @@ def _contiguous_inputs(rows_per_expert, n, k, extra_padding_blocks=0):
     return a, sa, b, sb, idx
 
 
-def _run_contiguous(rows_per_expert, n, k, schedule=None, out_dtype=torch.bfloat16, extra_padding_blocks=0):
+def _run_contiguous(rows_per_expert, n, k, schedule=None, out_dtype=torch.bfloat16, extra_padding_blocks=0,
+                    sb_smem=None):
     a, sa, b, sb, idx = _contiguous_inputs(rows_per_expert, n, k, extra_padding_blocks)
     _poison_allocator(idx.numel() * n * 2)
-    out = _contiguous_cuda(a, sa, b, sb, idx, out_dtype, schedule)
+    out = _contiguous_cuda(a, sa, b, sb, idx, out_dtype, schedule, sb_smem)
     assert out.shape == (idx.numel(), n) and out.dtype == out_dtype
     _check_rows(out, fp8_gemm_grouped_contiguous_reference(a, sa, b, sb, idx), idx >= 0)
+    return out, (a, sa, b, sb, idx)
 
 
 def _masked_inputs(e, max_m, n, k):
@@ -77,15 +79,16 @@ def _masked_inputs(e, max_m, n, k):
     return a.view(e, max_m, k), sa.view(e, max_m, -1), b, sb
 
 
-def _run_masked(masked_m, max_m, n, k, schedule=None, expected_m=None, out_dtype=torch.bfloat16):
+def _run_masked(masked_m, max_m, n, k, schedule=None, expected_m=None, out_dtype=torch.bfloat16, sb_smem=None):
     e = len(masked_m)
     a, sa, b, sb = _masked_inputs(e, max_m, n, k)
     mm = torch.tensor(masked_m, dtype=torch.int32, device="cuda")
     _poison_allocator(e * max_m * n * 2)
-    out = _masked_cuda(a, sa, b, sb, mm, expected_m, out_dtype, schedule)
+    out = _masked_cuda(a, sa, b, sb, mm, expected_m, out_dtype, schedule, sb_smem)
     assert out.shape == (e, max_m, n) and out.dtype == out_dtype
     rows = torch.arange(max_m, device="cuda")[None, :] < mm.clamp(0, max_m)[:, None]
     _check_rows(out, fp8_gemm_grouped_masked_reference(a, sa, b, sb, mm), rows)
+    return out, rows, (a, sa, b, sb, mm)
 
 
 # --- contiguous ---------------------------------------------------------------------------------
@@ -116,6 +119,19 @@ def test_contiguous_fp16_and_out_of_range_expert():
     out = ck.fp8_gemm_grouped_contiguous(a, sa, b, sb, idx, torch.float16)
     assert out.dtype == torch.float16
     _check_rows(out, fp8_gemm_grouped_contiguous_reference(a, sa, b, sb, idx), (idx >= 0) & (idx < 2))
+
+
+@pytest.mark.parametrize("rows,n,k", [([1024] * 4, 4096, 7168), ([300, 0, 128, 1, 513], 2112, 1040)])
+def test_contiguous_sb_smem_bitwise(rows, n, k):
+    """B scales staged in smem per tile (each tile its own expert's row): the default from M = 1024
+    (`use_sb_smem`), bitwise equal to the scales read from global memory, padding tiles skipped."""
+    from schedules.fp8_gemm import default_grouped_schedule, use_sb_smem
+
+    on, (a, sa, b, sb, idx) = _run_contiguous(rows, n, k, sb_smem=True, extra_padding_blocks=1)
+    off = _contiguous_cuda(a, sa, b, sb, idx, torch.bfloat16, None, False)
+    valid = idx >= 0
+    assert torch.equal(on[valid], off[valid])
+    assert use_sb_smem(default_grouped_schedule("contiguous", 4096, 4096, 7168), 4096)
 
 
 # --- masked -------------------------------------------------------------------------------------
@@ -165,3 +181,11 @@ def test_torch_compile_fullgraph():
         return ck.fp8_gemm_grouped_contiguous(a, sa, b, sb, idx) * 2
 
     _check_rows(f(a, sa, b, sb, idx) / 2, fp8_gemm_grouped_contiguous_reference(a, sa, b, sb, idx), idx >= 0)
+
+
+@pytest.mark.parametrize("masked_m,max_m,n,k", [([1024], 1024, 4096, 7168), ([5, 200, 0, 333], 336, 2112, 1040)])
+def test_masked_sb_smem_bitwise(masked_m, max_m, n, k):
+    """The masked walk with B scales staged per tile (the expert's row): bitwise the global-read path."""
+    on, rows, (a, sa, b, sb, mm) = _run_masked(masked_m, max_m, n, k, MASKED_SCHEDULES["coop_2x1"], sb_smem=True)
+    off = _masked_cuda(a, sa, b, sb, mm, None, torch.bfloat16, MASKED_SCHEDULES["coop_2x1"], False)
+    assert torch.equal(on[rows], off[rows])

@@ -39,6 +39,7 @@ CONFIGS = {
     "sb_smem": {"sb_smem": True},
     "sb_smem_overlap": {"sb_smem": True, "promote_overlap": True},
     "sb_smem_contiguous": {"sb_smem": True, "grouping": "contiguous", "cluster_m": 1, "cluster_n": 2},
+    "sb_smem_masked": {"sb_smem": True, "grouping": "masked"},
     "wide192": {"tile_n": 192},
     "wide192_sb_smem": {"tile_n": 192, "sb_smem": True},
     "wide160": {"tile_n": 160},
@@ -105,7 +106,7 @@ def test_qgmma_and_ffma_per_k_block(artifacts, name):
         assert ffma == _acc(name), f"{ffma} FFMAs after a K-block, expected {_acc(name)}"
 
 
-@pytest.mark.parametrize("name", ["sb_smem", "wide192_sb_smem", "sb_smem_contiguous"])
+@pytest.mark.parametrize("name", ["sb_smem", "wide192_sb_smem", "sb_smem_contiguous", "sb_smem_masked"])
 def test_sb_smem_k_loop(artifacts, name):
     """Staging in K-block 0 (LDG before its QGMMAs, STS + BAR.SYNC after them, LDS after the
     barrier); the K loop (from block 0's DEPBAR to the loop block's) has no LDG, and every sa * sb

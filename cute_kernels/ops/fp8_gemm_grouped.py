@@ -114,20 +114,30 @@ def _per_expert(x: torch.Tensor) -> torch.Tensor:
     return x.permute(1, 2, 0)
 
 
-def _compiled(grouping, out_dtype, sched, device):
-    key = (grouping, out_dtype, sched, device)
+def _compiled(grouping, out_dtype, sched, device, sb_smem=False):
+    key = (grouping, out_dtype, sched, device, sb_smem)
     hit = _fns.get(key)
     if hit is None:
         from cute_kernels.specs_fp8 import FP8_GEMM, grouped_params
         from schedules.hardware import num_sms
 
-        fn = FP8_GEMM.compiled(**grouped_params(grouping, sched, out_dtype=dtypes.name_of(out_dtype)))
+        extra = {"sb_smem": True} if sb_smem else {}
+        fn = FP8_GEMM.compiled(**grouped_params(grouping, sched, out_dtype=dtypes.name_of(out_dtype), **extra))
         hit = _fns[key] = (fn, num_sms(device))
     return hit
 
 
 # --- contiguous ---------------------------------------------------------------------------------
-def _contiguous_cuda(a, sa, b, sb, m_indices, out_dtype=None, schedule=None):
+def _sb_smem(sched, rows: int, k: int, sb_smem) -> bool:
+    """Whether a grouped GEMM stages its tiles' B-scale rows in shared memory: `sb_smem` if given,
+    else the dense op's rule (`schedules.fp8_gemm.use_sb_smem` at M = the rows computed). Each tile
+    stages the rows of its own expert (`BlockScales.load_row` reads the tile's batch index)."""
+    from schedules.fp8_gemm import SB_SMEM_MAX_K, use_sb_smem
+
+    return (use_sb_smem(sched, rows) if sb_smem is None else sb_smem) and k <= SB_SMEM_MAX_K
+
+
+def _contiguous_cuda(a, sa, b, sb, m_indices, out_dtype=None, schedule=None, sb_smem=None):
     from schedules.fp8_gemm import default_grouped_schedule
     from schedules.gemm import launch_clusters
 
@@ -143,7 +153,7 @@ def _contiguous_cuda(a, sa, b, sb, m_indices, out_dtype=None, schedule=None):
     out = torch.empty(m, npad, dtype=out_dtype, device=a.device)
     d = out[:, :n] if npad != n else out
     sched = schedule or default_grouped_schedule("contiguous", m, n, k)
-    fn, sms = _compiled("contiguous", out_dtype, sched, a.get_device())
+    fn, sms = _compiled("contiguous", out_dtype, sched, a.get_device(), _sb_smem(sched, m, k, sb_smem))
     max_clusters = launch_clusters(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms, a.get_device())
     fn(_as3(a), _per_expert(b), _as3(d), _as3(sa), _per_expert(sb), m_indices.contiguous(), max_clusters)
     return d
@@ -170,7 +180,7 @@ def fp8_gemm_grouped_contiguous(a: torch.Tensor, sa: torch.Tensor, b: torch.Tens
 
 
 # --- masked -------------------------------------------------------------------------------------
-def _masked_cuda(a, sa, b, sb, masked_m, expected_m=None, out_dtype=None, schedule=None):
+def _masked_cuda(a, sa, b, sb, masked_m, expected_m=None, out_dtype=None, schedule=None, sb_smem=None):
     from schedules.fp8_gemm import default_grouped_schedule
     from schedules.gemm import launch_clusters
 
@@ -187,7 +197,7 @@ def _masked_cuda(a, sa, b, sb, masked_m, expected_m=None, out_dtype=None, schedu
     d = out[..., :n] if npad != n else out
     expected = max_m if expected_m is None else min(max(expected_m, 1), max_m)
     sched = schedule or default_grouped_schedule("masked", expected, n, k, e)
-    fn, sms = _compiled("masked", out_dtype, sched, a.get_device())
+    fn, sms = _compiled("masked", out_dtype, sched, a.get_device(), _sb_smem(sched, e * expected, k, sb_smem))
     max_clusters = launch_clusters(-(-max_m // sched.tile_m), -(-n // sched.tile_n), e, sched, sms, a.get_device())
     fn(_per_expert(a), _per_expert(b), _per_expert(d), _per_expert(sa), _per_expert(sb), masked_m.contiguous(),
        max_clusters)
