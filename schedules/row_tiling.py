@@ -295,14 +295,14 @@ _STAGED_BWD_32K = dict(_STAGED_BWD, target_elems=128, max_elems=128)
 # the best plan over the default of the time, measured at the length named only (the brackets around them keep
 # the plans of before): LayerNorm fwd 1k four staged rows of 32 threads a 128-thread CTA, held (8 CTAs per SM
 # against 4: the held row took 128 registers), 154.7 -> 138.3 us; RMSNorm fwd 1k eight rows a 256-thread CTA
-# 134.5 -> 130.4, 2k one row of 128 threads x 16 elements 138.8 -> 127.4, 128k staged t128 u16 c8 mb 153.2 ->
-# 148.0; softmax / log-softmax fwd 16k one staged row of 128 threads x 128 elements: log-softmax 182.2 -> 133.6
-# (it ran 70 % of copy on the register plan that gives softmax 90 %), softmax 141.8 -> 138.9.
+# 134.5 -> 130.4, 2k one row of 128 threads x 16 elements 138.8 -> 127.4; softmax / log-softmax fwd 16k one
+# staged row of 128 threads x 128 elements: log-softmax 182.2 -> 133.6 (it ran 70 % of copy on the register plan
+# that gives softmax 90 %), softmax 141.8 -> 138.9. Not taken: RMSNorm fwd 128k staged t128 u16 c8 mb (153.2 ->
+# 148.0): the fused FP8-output RMSNorm shares the plan and spills 64 B at 16 vectors a thread.
 _LN_FWD_1K = dict(target_elems=32, max_elems=32, min_threads=128, max_tpr=32, staging="smem", hold=True)
 _RMS_FWD_1K = dict(_ONE_ROW_128, min_threads=256)
 _RMS_FWD_2K = dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128, regs_per_thread=96)
 _STAGED_FWD_16K = dict(target_elems=128, max_elems=128, min_threads=128, max_tpr=128, staging="smem")
-_STAGED_RMS_FWD_128K = dict(_STAGED_FWD_16K, cluster_sync="mbarrier")
 # The same session's RMSNorm backward sweep with mbarrier-synced clusters (tune_rows_bwd.md there): 16k one row
 # of 512 threads x 16 elements in clusters of 2, prefetching, one CTA per SM, 287.6 -> 228.9 us (ncu of the old
 # plan, clusters of 8 on the cluster barrier: 14 % of warp stalls on MEMBAR); 32k one staged row of 256 threads
@@ -322,7 +322,7 @@ HELD_TUNED = {
                 (2048, dict(_RMS_FWD_2K, regs=_ONE_ROW_128)),
                 (8192, _ONE_ROW_128), (16384, dict(_STAGED_RMS_FWD_16K, regs=_ONE_ROW_128)),
                 (65536, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)),
-                (131072, dict(_STAGED_RMS_FWD_128K, regs=_NORM_FWD)), (None, dict(_LONG_FWD, regs=_NORM_FWD))),
+                (131072, dict(_STAGED_NORM_FWD, regs=_NORM_FWD)), (None, dict(_LONG_FWD, regs=_NORM_FWD))),
     # LayerNorm 32k-128k: the landed row held (`hold`; session 6 call 6, perf/results/2026-11-29-h200-82f0325/
     # tune_rows.md: 64k 2.50 -> 2.75 TB/s, 128k 2.26 -> 2.45); RMSNorm's hold measured 1.000x: not taken
     "ln_fwd": ((512, _ONE_ROW_128), (1024, dict(_LN_FWD_1K, regs=_ONE_ROW_128)), (4096, _ONE_ROW_128), (8192, _LN_FWD), (16384, dict(_STAGED_LN_FWD_MB, hold=True, regs=_LN_FWD)),

@@ -114,7 +114,7 @@ def test_kernels_without_the_pipeline_refuse_it():
 def test_plans():
     """Two staging buffers per row; the plan's name says pf; the planner passes it through; the
     production table asks for it only where the H200 sweeps measured it faster (the norm backwards at 4k,
-    LayerNorm's at 16k-32k)."""
+    LayerNorm's at 16k-32k, RMSNorm's at 16k-64k)."""
     t = RowTiling(128, 128, 4)
     off, on = HeldRowPlan(t, 1, 2, "smem"), HeldRowPlan(t, 1, 2, "smem", prefetch=True)
     rows = (2, 2)
@@ -128,7 +128,8 @@ def test_plans():
     q = plan_held_rows(65536, 8, target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem")
     assert p.prefetch and p.ctas_per_sm <= q.ctas_per_sm
     asked = {(name, most) for name, fam in HELD_TUNED.items() for most, st in fam if st.get("prefetch")}
-    assert asked == {("rms_bwd", 4096), ("ln_bwd", 4096), ("ln_bwd", 16384), ("ln_bwd", 32768)}, asked
+    assert asked == {("rms_bwd", 4096), ("ln_bwd", 4096), ("ln_bwd", 16384), ("ln_bwd", 32768),
+                     ("rms_bwd", 16384), ("rms_bwd", 32768), ("rms_bwd", 65536)}, asked  # session 11: RMSNorm 16k-64k
     assert plan_for_kernel("rmsnorm.bwd", 4096, 8) == HeldRowPlan(RowTiling(512, 512, 1), 1, 2, prefetch=True)
 
 

@@ -93,7 +93,8 @@ def test_refusals():
 def test_planner_capability():
     """plan_held_rows builds staged plans on request; scalar rows stay in registers. The production
     table stages 16-bit rows of the forwards from 8k-16k to 256k (fp32 and scalar rows take
-    the entry's register settings), the norm backwards' 16-bit rows of 32k-64k, and past the
+    the entry's register settings), the norm backwards' 16-bit rows at 64k (RMSNorm's from 32k), LayerNorm
+    forward's at 1k (several rows a CTA), and past the
     register plans the softmax backward's (128k-256k) and the LayerNorm backward's (64k-128k)."""
     p = plan_held_rows(65536, 8, target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem")
     assert p.staging == "smem" and p.capacity(8) >= 65536
@@ -114,7 +115,9 @@ def test_planner_capability():
                       # softmax forward 128k-256k re-reading a staged row (`_STAGED_FWD`)
                       ("rms_fwd", None), ("ln_fwd", None), ("bwd", None), ("ln_bwd", 131072), ("fwd", 262144),
                       ("bwd", 32768),  # the softmax backward at 16k-32k: one staged row of 16 vectors a thread
-                      ("rms_bwd", None), ("ln_bwd", None)}  # the norm backwards past 128k: clusters of 16
+                      ("rms_bwd", None), ("ln_bwd", None),  # the norm backwards past 128k: clusters of 16
+                      # session 11: LayerNorm fwd 1k (several staged rows a CTA), softmax fwd 16k, RMSNorm bwd 32k
+                      ("ln_fwd", 1024), ("fwd", 16384), ("rms_bwd", 32768)}
     for fam in ("rms_fwd", "ln_fwd", "bwd"):
         assert plan_for_rows(fam, 262144, 8).staging == "smem"
         with pytest.raises(ValueError):  # fp32 rows keep the register settings: 128k at most
@@ -122,12 +125,14 @@ def test_planner_capability():
     assert plan_for_rows("bwd", 16384, 8).staging == "regs"  # the softmax backward: staged from 16k on
     assert all(plan_for_rows("bwd", n, 8).staging == "smem" for n in (16385, 32768, 131072))
     assert plan_for_rows("ln_bwd", 131072, 8).staging == "smem"
-    for fam in ("rms_bwd", "ln_bwd"):  # the norm backwards: staged at 32k-64k, on the one-wave grid
-        assert plan_for_rows(fam, 32768, 8).staging == "regs"
+    assert plan_for_rows("ln_bwd", 32768, 8).staging == "regs"
+    assert plan_for_rows("rms_bwd", 32768, 8).staging == "smem"  # session 11: one staged row, prefetching
+    for fam in ("rms_bwd", "ln_bwd"):  # the norm backwards: staged at 64k, on the one-wave grid
         p = plan_for_rows(fam, 65536, 8)
         assert p.staging == "smem" and p.resident_grid
         assert plan_for_rows(fam, 65536, 4).staging == "regs"
-    for fam, first in (("fwd", 16385), ("rms_fwd", 8193), ("ln_fwd", 8193)):
+    assert plan_for_rows("ln_fwd", 1024, 8).staging == "smem" and plan_for_rows("ln_fwd", 1025, 8).staging == "regs"
+    for fam, first in (("fwd", 8193), ("rms_fwd", 8193), ("ln_fwd", 8193)):
         assert plan_for_rows(fam, first - 1, 8).staging == "regs"
         for n in (first, 32768, 65536, 100000, 131072, 262144):
             assert plan_for_rows(fam, n, 8).staging == "smem"
