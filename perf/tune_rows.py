@@ -49,19 +49,20 @@ CE_BWD = "cross_entropy.bwd"
 
 
 def candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: str = "with") -> list[HeldRowPlan]:
-    """Plans that hold a row of `n` elements with 16-64 elements per thread (bwd: 8-32), CTAs of
+    """Plans that hold a row of `n` elements with 16-64 elements per thread (bwd, and rows up to 4k: from
+    8, one 16-byte vector a thread, Triton's LayerNorm at 1k), CTAs of
     128-512 threads, clusters of up to 8, and no more than 2x padding; for the backward kernels
     also `prefetch_candidates` ("with"), only those and their twins ("only"), or none ("without")."""
     if bwd and prefetch == "only":
         return list(dict.fromkeys(p for q in prefetch_candidates(n, vec) for p in (q, _twin(q, vec))))
     out = []
     for tpr in (32, 64, 128, 256, 512):
-        for elems in ((8, 16, 32) if bwd else (16, 32, 64)):
+        for elems in ((8, 16, 32) if bwd else (8, 16, 32, 64) if n <= 4096 else (16, 32, 64)):
             vpt = elems // vec
             cluster = 1
             while tpr * elems * cluster < n:
                 cluster *= 2
-            if cluster > 8 or tpr * elems * cluster >= 2 * n:
+            if cluster > 8 or tpr * elems * cluster >= 2 * n or (elems == 8 and not bwd and cluster > 1):
                 continue
             for threads in sorted({max(tpr, 128), max(tpr, 256)}):
                 regs = 128 if bwd else 96
