@@ -318,11 +318,12 @@ def mma_k_tiles_promoted_halves(
     groups, so the tensor cores always hold one half while the CUDA cores promote the other (the
     `promote_halves` option of the FP8 GEMM). Per K-block k (half 0 already issued): issue half 1;
     wait for half 0 (one group left in flight), promote it; wait for stage k+1, issue its half 0;
-    wait for half 1 of k, release k's stage, promote it. (Started the other way round, half 0 of k
-    issued before waiting for half 1 of k-1, ptxas serialized every WGMMA: C7514.) The temporaries are half the accumulator each (`halves`: two rmem tensors of
-    `half_mma`'s C partition), so registers stay at the plain promotion's acc + one temporary: the
-    wide tiles (128x160 / 128x192), which `promote_overlap`'s three sets cannot hold, get the overlap.
-    The price: each half's WGMMAs read the warpgroup's A slice again from shared memory.
+    wait for half 1 of k, release k's stage, promote it. The temporaries are half the accumulator each
+    (`halves`: views of one register array shaped as `half_mma`'s C partition), so registers stay at the
+    plain promotion's acc + one temporary: the wide tiles (128x160 / 128x192), which `promote_overlap`'s
+    three sets cannot hold, get the overlap (SASS at 128x192: up to R215 of 232, no spills; the kernel
+    needs `.minnctapersm 1`, `Gemm._reg_bound`, or ptxas ignores setmaxnreg). The price: each half's
+    WGMMAs read the warpgroup's A slice again from shared memory (A 8 KiB + B/2 per half-group).
 
     half_mma / half_set: the half-width MMA with ACCUMULATE on / off (`_issue_fresh`: no zeroing).
     tCrA: `half_mma`'s A fragment (MMA, 1, MMA_K, stage); tCrB: one B fragment per half (the tile's
@@ -338,25 +339,39 @@ def mma_k_tiles_promoted_halves(
         scales.store_row(row)
         read_state.advance()  # release_state: K-block k's stage, read_state: k+1's
         for k in cutlass.range(k_tiles - 1, unroll=1):
-            pipe.consumer_wait(read_state)  # K-block k+1 landed (the ring runs ahead: rarely a wait)
+            sb = scales.prefetch(k)  # B scales of K-block k (global loads without sb_smem: issued first)
             _issue_fresh(half_set, half_mma, t1, tCrA, tCrB[1], release_state.index)
-            s = scales.fetch(scales.prefetch(k), release_state.index)
+            s = scales.fetch(sb, release_state.index)
             warpgroup.wait_group(1)  # half 0 of K-block k
             scales.promote_part(acc, t0, s, to_acc[0])
+            pipe.consumer_wait(read_state)  # K-block k+1
             _issue_fresh(half_set, half_mma, t0, tCrA, tCrB[0], read_state.index)
             read_state.advance()
+            s = scales.fetch(sb, release_state.index)  # again: the products do not live across the issue
             warpgroup.wait_group(1)  # half 1 of K-block k
             pipe.consumer_release(release_state)
             release_state.advance()
             scales.promote_part(acc, t1, s, to_acc[1])
-        _issue_fresh(half_set, half_mma, t1, tCrA, tCrB[1], release_state.index)
-        s = scales.fetch(scales.prefetch(k_tiles - 1), release_state.index)
-        warpgroup.wait_group(1)
-        scales.promote_part(acc, t0, s, to_acc[0])
-        warpgroup.wait_group(0)
-        pipe.consumer_release(release_state)
-        release_state.advance()
-        scales.promote_part(acc, t1, s, to_acc[1])
+        # The last K-block's half 1, written out twice under a condition on purpose: with one
+        # straight-line tail ptxas (CUDA 13.0) reports C7514 and serializes every WGMMA of the kernel.
+        if k_tiles % 2 == 1:
+            _issue_fresh(half_set, half_mma, t1, tCrA, tCrB[1], release_state.index)
+            s = scales.fetch(scales.prefetch(k_tiles - 1), release_state.index)
+            warpgroup.wait_group(1)
+            scales.promote_part(acc, t0, s, to_acc[0])
+            warpgroup.wait_group(0)
+            pipe.consumer_release(release_state)
+            release_state.advance()
+            scales.promote_part(acc, t1, s, to_acc[1])
+        else:
+            _issue_fresh(half_set, half_mma, t1, tCrA, tCrB[1], release_state.index)
+            s = scales.fetch(scales.prefetch(k_tiles - 1), release_state.index)
+            warpgroup.wait_group(1)
+            scales.promote_part(acc, t0, s, to_acc[0])
+            warpgroup.wait_group(0)
+            pipe.consumer_release(release_state)
+            release_state.advance()
+            scales.promote_part(acc, t1, s, to_acc[1])
     return read_state, release_state
 
 

@@ -43,9 +43,9 @@ from collectives.epilogue import EpilogueOps
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma, produce_k_tiles
 from collectives.wgmma_mainloop import (
     accumulate_mode,
+    half_index_map,
     mma_k_tiles,
     mma_k_tiles_promoted,
-    half_index_map,
     mma_k_tiles_promoted_halves,
     mma_k_tiles_promoted_overlap,
 )
@@ -231,7 +231,14 @@ class Gemm:
         self.kernel(tiled_mma, tma_a, tma_ga, tma_b, tma_gb, tma_d, tma_gd, c, bias, alpha, beta,
                     sA_layout, sB_layout, sC_layout, d_major, *scale_args).launch(
             grid=[s.cluster_m, s.cluster_n, clusters], block=[s.threads, 1, 1],
-            cluster=[s.cluster_m, s.cluster_n, 1], stream=stream)
+            cluster=[s.cluster_m, s.cluster_n, 1], stream=stream, **self._reg_bound())
+
+    def _reg_bound(self) -> dict:
+        """Launch bound that fixes the kernel's register count at entry (`.minnctapersm 1`): without it
+        ptxas may give the kernel fewer registers than the launch allows and then ignore setmaxnreg
+        (C7508), capping the consumers at that count. `promote_halves` at 128x160 spilled 176 B that
+        way; the default configurations already get the full count."""
+        return {"min_blocks_per_mp": 1} if self.promote_halves else {}
 
     @cute.kernel
     def kernel(
@@ -377,7 +384,7 @@ class Gemm:
                     tCrB_h = tuple(half_mma.make_fragment_B(thr_h.partition_B(
                         cute.local_tile(sB, (hn, s.tile_k), (h, 0, None)))) for h in range(2))
                     c_half = thr_h.partition_C(cute.make_identity_tensor((s.tile_m, hn)))
-                    # one register array, the halves views of it (two arrays: ptxas serialized the WGMMAs)
+                    # one register array, the two halves views of it
                     both = cute.make_rmem_tensor(cute.make_layout(2 * cute.size(c_half)), self.acc_dtype)
                     hl = cute.make_layout(c_half.shape)
                     halves = tuple(cute.make_tensor(both.iterator + h * cute.size(c_half), hl) for h in range(2))
@@ -442,9 +449,9 @@ class Gemm:
                             scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te,
                                                                      sSB, tid, scale_bar)
                             if cutlass.const_expr(self.promote_halves):
-                                read, release = mma_k_tiles_promoted_halves(half_mma, half_set, acc, halves, tCrA_h, tCrB_h,
-                                                                            pipe, read, release, k_tiles, scales,
-                                                                            to_acc)
+                                read, release = mma_k_tiles_promoted_halves(half_mma, half_set, acc, halves, tCrA_h,
+                                                                            tCrB_h, pipe, read, release, k_tiles,
+                                                                            scales, to_acc)
                             elif cutlass.const_expr(self.promote_overlap):
                                 read, release = mma_k_tiles_promoted_overlap(tiled_mma, acc, temp, temp2, tCrA, tCrB,
                                                                              pipe, read, release, k_tiles, scales)
