@@ -226,3 +226,10 @@ class BlockScales:
         for i in range(cute.size(acc)):
             s = scales[self.row_slot[i] * self.n_cols + self.col_slot[i]]
             acc[i] = acc[i] + temp[i] * s
+
+    def promote_part(self, acc: cute.Tensor, temp: cute.Tensor, scales, to_acc: tuple):
+        """`promote` for a part of the tile: acc[to_acc[i]] += temp[i] * its scale (`promote_halves`)."""
+        for i in range(cute.size(temp)):
+            j = to_acc[i]
+            s = scales[self.row_slot[j] * self.n_cols + self.col_slot[j]]
+            acc[j] = acc[j] + temp[i] * s

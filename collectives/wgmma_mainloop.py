@@ -206,6 +206,21 @@ def _issue_block(tiled_mma: cute.TiledMma, temp: cute.Tensor, tCrA: cute.Tensor,
 
 
 @cute.jit
+def _issue_fresh(mma_set: cute.TiledMma, mma_add: cute.TiledMma, temp: cute.Tensor, tCrA: cute.Tensor,
+                 tCrB: cute.Tensor, stage):
+    """temp = A_stage @ B_stage with no zeroing: the first WGMMA overwrites temp (`mma_set`, its
+    ACCUMULATE field off), the rest add (`mma_add`); committed as one group. Two MMA objects whose
+    fields are set once outside the loops: setting a field per block inside the K loop leaves the
+    object holding a value of the loop's region. Zeroing with moves instead: with another group in
+    flight LLVM sank them past the fence, and ptxas serialized every WGMMA."""
+    warpgroup.fence()
+    tA, tB = stage_of(tCrA, stage), stage_of(tCrB, stage)
+    for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+        cute.gemm(mma_set if kb == 0 else mma_add, temp, tA[(None, None, kb)], tB[(None, None, kb)], temp)
+    warpgroup.commit_group()
+
+
+@cute.jit
 def mma_k_tiles_promoted_overlap(
     tiled_mma: cute.TiledMma,
     acc: cute.Tensor,
@@ -282,6 +297,104 @@ def mma_k_tiles_promoted_overlap(
             release_state.advance()
             scales.promote(acc, t0, s)
     return read_state, release_state
+
+
+@cute.jit
+def mma_k_tiles_promoted_halves(
+    half_mma: cute.TiledMma,
+    half_set: cute.TiledMma,
+    acc: cute.Tensor,
+    halves,
+    tCrA: cute.Tensor,
+    tCrB: tuple,
+    pipe,
+    read_state,
+    release_state,
+    k_tiles,
+    scales,
+    to_acc: tuple,
+):
+    """`mma_k_tiles_promoted` with each K-block's WGMMAs cut into two column halves, committed as two
+    groups, so the tensor cores always hold one half while the CUDA cores promote the other (the
+    `promote_halves` option of the FP8 GEMM). Per K-block k (half 0 already issued): issue half 1;
+    wait for half 0 (one group left in flight), promote it; wait for stage k+1, issue its half 0;
+    wait for half 1 of k, release k's stage, promote it. The temporaries are half the accumulator each
+    (`halves`: views of one register array shaped as `half_mma`'s C partition), so registers stay at the
+    plain promotion's acc + one temporary: the wide tiles (128x160 / 128x192), which `promote_overlap`'s
+    three sets cannot hold, get the overlap (SASS at 128x192: up to R215 of 232, no spills; the kernel
+    needs `.minnctapersm 1`, `Gemm._reg_bound`, or ptxas ignores setmaxnreg). The price: each half's
+    WGMMAs read the warpgroup's A slice again from shared memory (A 8 KiB + B/2 per half-group).
+
+    half_mma / half_set: the half-width MMA with ACCUMULATE on / off (`_issue_fresh`: no zeroing).
+    tCrA: `half_mma`'s A fragment (MMA, 1, MMA_K, stage); tCrB: one B fragment per half (the tile's
+    columns [0, N/2) and [N/2, N)). `to_acc[h]`: for each element of half h, its index in `acc`
+    (trace-time table, `half_index_map`). The FFMAs are the plain promotion's, in the same K order:
+    bitwise the same sums. Same ACCUMULATE setting and returned states as `mma_k_tiles_promoted`."""
+    acc.fill(0.0)
+    t0, t1 = halves
+    if k_tiles > 0:
+        row = scales.load_row()  # sb_smem: stage the tile's B-scale rows (None / no-op without it)
+        pipe.consumer_wait(read_state)
+        _issue_fresh(half_set, half_mma, t0, tCrA, tCrB[0], read_state.index)
+        scales.store_row(row)
+        read_state.advance()  # release_state: K-block k's stage, read_state: k+1's
+        for k in cutlass.range(k_tiles - 1, unroll=1):
+            sb = scales.prefetch(k)  # B scales of K-block k (global loads without sb_smem: issued first)
+            _issue_fresh(half_set, half_mma, t1, tCrA, tCrB[1], release_state.index)
+            s = scales.fetch(sb, release_state.index)
+            warpgroup.wait_group(1)  # half 0 of K-block k
+            scales.promote_part(acc, t0, s, to_acc[0])
+            pipe.consumer_wait(read_state)  # K-block k+1
+            _issue_fresh(half_set, half_mma, t0, tCrA, tCrB[0], read_state.index)
+            read_state.advance()
+            s = scales.fetch(sb, release_state.index)  # again: the products do not live across the issue
+            warpgroup.wait_group(1)  # half 1 of K-block k
+            pipe.consumer_release(release_state)
+            release_state.advance()
+            scales.promote_part(acc, t1, s, to_acc[1])
+        # The last K-block's half 1, written out twice under a condition on purpose: with one
+        # straight-line tail ptxas (CUDA 13.0) reports C7514 and serializes every WGMMA of the kernel.
+        if k_tiles % 2 == 1:
+            _issue_fresh(half_set, half_mma, t1, tCrA, tCrB[1], release_state.index)
+            s = scales.fetch(scales.prefetch(k_tiles - 1), release_state.index)
+            warpgroup.wait_group(1)
+            scales.promote_part(acc, t0, s, to_acc[0])
+            warpgroup.wait_group(0)
+            pipe.consumer_release(release_state)
+            release_state.advance()
+            scales.promote_part(acc, t1, s, to_acc[1])
+        else:
+            _issue_fresh(half_set, half_mma, t1, tCrA, tCrB[1], release_state.index)
+            s = scales.fetch(scales.prefetch(k_tiles - 1), release_state.index)
+            warpgroup.wait_group(1)
+            scales.promote_part(acc, t0, s, to_acc[0])
+            warpgroup.wait_group(0)
+            pipe.consumer_release(release_state)
+            release_state.advance()
+            scales.promote_part(acc, t1, s, to_acc[1])
+    return read_state, release_state
+
+
+def half_index_map(tiled_mma: cute.TiledMma, half_mma: cute.TiledMma, tile_m: int, tile_n: int) -> tuple:
+    """For each column half h of the tile: the index in the full accumulator (`tiled_mma`'s C
+    partition of tile_m x tile_n) of every element of `half_mma`'s C partition of tile_m x tile_n/2,
+    shifted by h * tile_n / 2 columns. Trace-time; raises if a half element has no full twin."""
+    hn = tile_n // 2
+    full = tiled_mma.get_slice(0).partition_C(cute.make_identity_tensor((tile_m, tile_n)))
+    half = half_mma.get_slice(0).partition_C(cute.make_identity_tensor((tile_m, hn)))
+    where = {}
+    for j in range(cute.size(full)):
+        m, n = full[j]
+        where[(int(m), int(n))] = j
+    out = []
+    for h in range(2):
+        idx = []
+        for i in range(cute.size(half)):
+            m, n = half[i]
+            idx.append(where[(int(m), int(n) + h * hn)])
+        out.append(tuple(idx))
+    assert sorted(out[0] + out[1]) == list(range(cute.size(full))), "the halves do not cover the accumulator"
+    return tuple(out)
 
 
 def acc_a_view(acc: cute.Tensor) -> cute.Tensor:

@@ -14,7 +14,15 @@ from cutlass import Int32
 from cute_kernels import dtypes
 from cute_kernels.catalog import KernelSpec, Param
 from cute_kernels.jit import fake_stream
-from schedules.fp8_gemm import EPI_STAGES, fp8_schedule, grouped_error, overlap_error, sb_smem_error, turns_error
+from schedules.fp8_gemm import (
+    EPI_STAGES,
+    fp8_schedule,
+    grouped_error,
+    halves_error,
+    overlap_error,
+    sb_smem_error,
+    turns_error,
+)
 from schedules.gemm import GROUPINGS, KINDS
 
 OUT_DTYPES = ("bf16", "fp16")
@@ -58,6 +66,10 @@ class Fp8GemmSpec(KernelSpec):
             err = turns_error(s, p["promote_overlap"])
             if err:
                 raise ValueError(err)
+        if p["promote_halves"]:
+            err = halves_error(s, p["promote_overlap"], p["wg_turns"])
+            if err:
+                raise ValueError(err)
 
     def build(self, p):
         from cute_kernels.kernels.gemm import Gemm
@@ -78,7 +90,7 @@ class Fp8GemmSpec(KernelSpec):
         sb = cute.runtime.make_fake_tensor(f32, (nb, kb, batch), stride=(sym(), sym(), sym()), assumed_align=4)
         if p["grouping"] == "none":
             return (Gemm(ab, out, s, blockwise=True, promote_overlap=p["promote_overlap"], sb_smem=p["sb_smem"],
-                         wg_turns=p["wg_turns"]).fp8,
+                         wg_turns=p["wg_turns"], promote_halves=p["promote_halves"]).fp8,
                     (a, b, d, sa, sb, Int32(1), fake_stream()))
         # Grouped: B and sb per expert (E); A, sa, d have L = 1 (contiguous) or E (masked), symbolic
         # here; groups is the expert of each row (contiguous, M) or the valid rows per expert (masked, E).
@@ -87,7 +99,7 @@ class Fp8GemmSpec(KernelSpec):
         sb = cute.runtime.make_fake_tensor(f32, (nb, kb, experts), stride=(sym(), sym(), sym()), assumed_align=4)
         groups = cute.runtime.make_fake_tensor(Int32, (sym(),), stride=(1,), assumed_align=4)
         kernel = Gemm(ab, out, s, blockwise=True, grouping=p["grouping"], promote_overlap=p["promote_overlap"],
-                      sb_smem=p["sb_smem"], wg_turns=p["wg_turns"])
+                      sb_smem=p["sb_smem"], wg_turns=p["wg_turns"], promote_halves=p["promote_halves"])
         return kernel.fp8_grouped, (a, b, d, sa, sb, groups, Int32(1), fake_stream())
 
     def representative(self):
@@ -137,5 +149,8 @@ FP8_GEMM = Fp8GemmSpec(
         "wg_turns": Param(False, (False, True), help="cooperative: the two consumer warpgroups issue each K-block's "
                                                      "WGMMAs in turn (named barriers), so one promotes while the "
                                                      "other's WGMMAs run (default off)"),
+        "promote_halves": Param(False, (False, True), help="each K-block's WGMMAs in two column halves: one half is "
+                                                           "promoted while the other runs (the overlap without a "
+                                                           "second full temporary; default off)"),
     },
 )

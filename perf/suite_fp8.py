@@ -19,6 +19,9 @@ QUICK = [(4096, 2112, 7168), (4096, 7168, 2048), (128, 7168, 2048)]
 OVERLAP = "ours promote_overlap"  # `promote_overlap=True` (large M only; its search: the 128x128 tiles, sb_smem on)
 OVERLAP_MIN_M = 1024
 SB_SMEM = "ours no sb_smem"  # the default schedule with `sb_smem=False` (on by default at M >= 1024)
+# The default schedule with `promote_halves` (session 11): each K-block's WGMMAs in two column halves, one
+# promoted on the CUDA cores while the other runs (ncu: 34.6 % of samples waited on the promotion's DEPBAR)
+HALVES = "ours promote_halves"
 # Measured and left as options (perf/results/2026-11-29-h200-db54236, geomean over the six M = 4096
 # shapes vs the then-default 128x128 search): 3 epilogue buffers for a 6th stage 0.990x, 2x2 clusters
 # 1.008x, both 0.999x, explicit 128x192 1.019x, 128x192 with 5 stages 1.020x, the wide search 1.048x
@@ -30,7 +33,7 @@ WIDE_DEEP = "ours 128x192 5 stages"
 # session 8; measured 0.982x the default at M = 4096 in session 9: an option only): one warpgroup's
 # promotion under the other's WGMMAs (cooperative defaults only)
 TURNS = "ours wg_turns"
-OPTIONS = (OVERLAP, SB_SMEM, NARROW, WIDE_DEEP, TURNS)  # large-M, each vs "ours"
+OPTIONS = (HALVES, OVERLAP, SB_SMEM, NARROW, WIDE_DEEP, TURNS)  # large-M, each vs "ours"
 
 
 def _diff(x, y) -> float:
@@ -84,7 +87,7 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
             ov = lambda: _fp8_gemm_cuda(a, sa, b, sb, promote_overlap=True)  # noqa: E731
             sbs = lambda: _fp8_gemm_cuda(a, sa, b, sb, sb_smem=False)  # noqa: E731
             wide_s = fp8_schedule("cooperative", 128, 192, cluster_m=2 if m > 128 else 1)
-            cols = [(OVERLAP, ov), (SB_SMEM, sbs)]
+            cols = [(OVERLAP, ov), (SB_SMEM, sbs), (HALVES, lambda: _fp8_gemm_cuda(a, sa, b, sb, promote_halves=True))]
             if default_fp8_schedule(m, n, k).kind == "cooperative":
                 cols.append((TURNS, lambda: _fp8_gemm_cuda(a, sa, b, sb, wg_turns=True)))
             for name, sched in ((NARROW, default_fp8_schedule(m, n, k, wide=False)),

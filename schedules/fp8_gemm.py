@@ -126,6 +126,21 @@ def sb_smem_error(s: GemmSchedule) -> str | None:
     return None
 
 
+def halves_error(s: GemmSchedule, promote_overlap: bool, wg_turns: bool) -> str | None:
+    """Why schedule `s` cannot promote in column halves (`promote_halves=True`), or None: the halves
+    are WGMMAs tile_n / 2 wide on B's rows [0, N/2) and [N/2, N) (a multiple of 8 wide, starting on a
+    swizzle atom: tile_n a multiple of 16); not combined with the other promotion orders."""
+    err = promoted_error(s)
+    if err:
+        return err
+    if s.tile_n % 16:
+        return f"promote_halves needs tile_n a multiple of 16, got {s.tile_n}"
+    if promote_overlap or wg_turns:
+        return (f"promote_halves cannot be combined with promote_overlap ({promote_overlap}) or wg_turns "
+                f"({wg_turns}): each orders the promotion its own way")
+    return None
+
+
 def turns_error(s: GemmSchedule, promote_overlap: bool) -> str | None:
     """Why schedule `s` cannot issue its K-blocks in warpgroup turns (`wg_turns=True`), or None."""
     if s.kind != "cooperative" or promote_overlap:

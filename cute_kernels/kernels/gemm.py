@@ -34,7 +34,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from collectives import block_scales
@@ -43,8 +43,10 @@ from collectives.epilogue import EpilogueOps
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma, produce_k_tiles
 from collectives.wgmma_mainloop import (
     accumulate_mode,
+    half_index_map,
     mma_k_tiles,
     mma_k_tiles_promoted,
+    mma_k_tiles_promoted_halves,
     mma_k_tiles_promoted_overlap,
 )
 from cute_kernels.kernels.elementwise import map_vectors
@@ -65,7 +67,7 @@ _SCALE_BAR = 5  # FP8 sb_smem: both consumer warpgroups, the tile's B-scale row 
 class Gemm:
     def __init__(self, ab_dtype, out_dtype, schedule: GemmSchedule, ops: EpilogueOps = EpilogueOps(),
                  blockwise: bool = False, grouping: str = "none", promote_overlap: bool = False,
-                 sb_smem: bool = False, wg_turns: bool = False):
+                 sb_smem: bool = False, wg_turns: bool = False, promote_halves: bool = False):
         self.ab_dtype, self.out_dtype = ab_dtype, out_dtype
         self.s, self.ops = schedule, ops
         self.acc_dtype = Float32
@@ -86,6 +88,12 @@ class Gemm:
         if wg_turns and (not blockwise or schedule.kind != "cooperative" or promote_overlap):
             raise ValueError("wg_turns is an option of the FP8 block-scaled mode (blockwise=True) with "
                              "schedule='cooperative', without promote_overlap")
+        # FP8: each K-block's WGMMAs in two column halves (two groups), one half promoted while the
+        # other runs (`mma_k_tiles_promoted_halves`: the overlap in acc + one temporary's registers)
+        self.promote_halves = promote_halves
+        if promote_halves and (not blockwise or promote_overlap or wg_turns or schedule.tile_n % 16):
+            raise ValueError("promote_halves is an option of the FP8 block-scaled mode (blockwise=True), without "
+                             "promote_overlap or wg_turns, for tile_n a multiple of 16")
         self.split = schedule.split_k > 1
         if self.split and (blockwise or grouping != "none"):
             raise ValueError("split_k > 1 is for the bf16/fp16 GEMM (not the FP8 block-scaled or grouped modes)")
@@ -208,6 +216,11 @@ class Gemm:
                 scale_args += (groups,)
         if cutlass.const_expr(self.split):
             scale_args = (None, None, None, None, None, ws)
+        if cutlass.const_expr(self.promote_halves):  # the kernel's `half_mma`: WGMMAs tile_n / 2 wide
+            half_mma, half_set = (sm90_utils.make_trivial_tiled_mma(
+                self.ab_dtype, self.ab_dtype, a_major.sm90_mma_major_mode(), b_major.sm90_mma_major_mode(),
+                self.acc_dtype, s.mma_atoms, tiler_mn=(64, s.tile_n // 2)) for _ in range(2))
+            scale_args = scale_args + ((None,) if self.grouping == "none" else ()) + (None, half_mma, half_set)
         tiles_m = (cute.size(d, mode=[0]) + s.tile_m - 1) // s.tile_m
         tiles_n = (cute.size(d, mode=[1]) + s.tile_n - 1) // s.tile_n
         batch = cute.size(d, mode=[2])
@@ -218,7 +231,14 @@ class Gemm:
         self.kernel(tiled_mma, tma_a, tma_ga, tma_b, tma_gb, tma_d, tma_gd, c, bias, alpha, beta,
                     sA_layout, sB_layout, sC_layout, d_major, *scale_args).launch(
             grid=[s.cluster_m, s.cluster_n, clusters], block=[s.threads, 1, 1],
-            cluster=[s.cluster_m, s.cluster_n, 1], stream=stream)
+            cluster=[s.cluster_m, s.cluster_n, 1], stream=stream, **self._reg_bound())
+
+    def _reg_bound(self) -> dict:
+        """Launch bound that fixes the kernel's register count at entry (`.minnctapersm 1`): without it
+        ptxas may give the kernel fewer registers than the launch allows and then ignore setmaxnreg
+        (C7508), capping the consumers at that count. `promote_halves` at 128x160 spilled 176 B that
+        way; the default configurations already get the full count."""
+        return {"min_blocks_per_mp": 1} if self.promote_halves else {}
 
     @cute.kernel
     def kernel(
@@ -244,6 +264,8 @@ class Gemm:
         sS_layout: cute.Layout = None,
         groups: cute.Tensor = None,
         mW: cute.Tensor = None,
+        half_mma: cute.TiledMma = None,
+        half_set: cute.TiledMma = None,
     ):
         s = self.s
         tidx, _, _ = cute.arch.thread_idx()
@@ -354,7 +376,23 @@ class Gemm:
             acc = cute.make_rmem_tensor(thr_mma.partition_C(gD[(None, None, 0, 0, 0)]).shape, self.acc_dtype)
             tCcC = thr_mma.partition_C(cute.make_identity_tensor((s.tile_m, s.tile_n)))
             if cutlass.const_expr(self.blockwise):
-                temp = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
+                if cutlass.const_expr(self.promote_halves):
+                    # two half-width temporaries and their operands: B's column halves [0, N/2), [N/2, N)
+                    hn = s.tile_n // 2
+                    thr_h = half_mma.get_slice(tid)
+                    tCrA_h = half_mma.make_fragment_A(thr_h.partition_A(sA))
+                    tCrB_h = tuple(half_mma.make_fragment_B(thr_h.partition_B(
+                        cute.local_tile(sB, (hn, s.tile_k), (h, 0, None)))) for h in range(2))
+                    c_half = thr_h.partition_C(cute.make_identity_tensor((s.tile_m, hn)))
+                    # one register array, the two halves views of it
+                    both = cute.make_rmem_tensor(cute.make_layout(2 * cute.size(c_half)), self.acc_dtype)
+                    hl = cute.make_layout(c_half.shape)
+                    halves = tuple(cute.make_tensor(both.iterator + h * cute.size(c_half), hl) for h in range(2))
+                    to_acc = half_index_map(tiled_mma, half_mma, s.tile_m, s.tile_n)
+                    accumulate_mode(half_mma)
+                    half_set.set(warpgroup.Field.ACCUMULATE, False)  # each K-block's first WGMMA overwrites
+                else:
+                    temp = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
                 if cutlass.const_expr(self.promote_overlap):
                     temp2 = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
                 slots = block_scales.element_slots(tiled_mma, s.tile_m, s.tile_n)
@@ -410,7 +448,11 @@ class Gemm:
                         if cutlass.const_expr(self.blockwise):
                             scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te,
                                                                      sSB, tid, scale_bar)
-                            if cutlass.const_expr(self.promote_overlap):
+                            if cutlass.const_expr(self.promote_halves):
+                                read, release = mma_k_tiles_promoted_halves(half_mma, half_set, acc, halves, tCrA_h,
+                                                                            tCrB_h, pipe, read, release, k_tiles,
+                                                                            scales, to_acc)
+                            elif cutlass.const_expr(self.promote_overlap):
                                 read, release = mma_k_tiles_promoted_overlap(tiled_mma, acc, temp, temp2, tCrA, tCrB,
                                                                              pipe, read, release, k_tiles, scales)
                             else:

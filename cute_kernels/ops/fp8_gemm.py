@@ -123,8 +123,8 @@ def _as3(x: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(-1).as_strided((*x.shape, 1), (*x.stride(), 16 * (x.shape[0] + x.shape[1]) * 4))
 
 
-def _compiled(out_dtype, sched, device, promote_overlap=False, sb_smem=False, wg_turns=False):
-    key = (out_dtype, sched, device, promote_overlap, sb_smem, wg_turns)
+def _compiled(out_dtype, sched, device, promote_overlap=False, sb_smem=False, wg_turns=False, promote_halves=False):
+    key = (out_dtype, sched, device, promote_overlap, sb_smem, wg_turns, promote_halves)
     hit = _fns.get(key)
     if hit is None:
         from cute_kernels.specs_fp8 import FP8_GEMM, params_for
@@ -135,15 +135,19 @@ def _compiled(out_dtype, sched, device, promote_overlap=False, sb_smem=False, wg
             extra["sb_smem"] = True
         if wg_turns:
             extra["wg_turns"] = True
+        if promote_halves:
+            extra["promote_halves"] = True
         fn = FP8_GEMM.compiled(**params_for(sched, out_dtype=dtypes.name_of(out_dtype)), **extra)
         hit = _fns[key] = (fn, num_sms(device))
     return hit
 
 
 def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=False, sb_smem=None,
-                   wg_turns=False):
+                   wg_turns=False, promote_halves=False):
     """The op's CUDA body. Options (catalogue `fp8_gemm`): `schedule` (any
     `schedules.fp8_gemm.fp8_schedule`, e.g. the wide 128x192), `promote_overlap` (default off),
+    `promote_halves` (each K-block's WGMMAs in two column halves, one promoted while the other runs;
+    default off, any tile: the wide ones included),
     `wg_turns` (cooperative: K-block WGMMAs issued in turn by the two warpgroups; default off),
     `sb_smem` (B scales staged in smem per tile; None: `schedules.fp8_gemm.use_sb_smem` decides,
     on for cooperative tiles at M >= 1024; K > 65536 runs without it: same bits)."""
@@ -168,7 +172,7 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
     if sb_smem is None:
         sb_smem = use_sb_smem(sched, m)
     fn, sms = _compiled(out_dtype, sched, a.get_device(), promote_overlap, sb_smem and k <= SB_SMEM_MAX_K,
-                        wg_turns and sched.kind == "cooperative")
+                        wg_turns and sched.kind == "cooperative", promote_halves)
     max_clusters = launch_clusters(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms, a.get_device())
     fn(_as3(a), _as3(b), _as3(d), _as3(sa), _as3(sb), max_clusters)
     return d
