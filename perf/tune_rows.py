@@ -13,7 +13,8 @@ tagged "hold") of the staged forward plans (softmax, log-softmax, RMSNorm, Layer
 elements per thread, "x off" the re-reading twin's time over theirs. `--kernels log_softmax.fwd`
 (not in the default list) times the log-softmax forward.
 `--resident-grid both|only` adds (only: times only) the one-wave twins of the clustered backward
-plans, the default's included (`HeldRowPlan.resident_grid`, tagged "rg"), "x off" their SMs-capped
+plans and the capped-grid twins of every forward plan (forwards otherwise launch a CTA per row tile),
+the default's included (`HeldRowPlan.resident_grid`, tagged "rg"), "x off" their SMs-capped
 twin's time over theirs.
 
     python3 -m perf.tune_rows [--n 4096,65536] [--kernels rmsnorm.fwd,...] [--out DIR] [--jobs 16]
@@ -250,10 +251,10 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                 # one-wave grid (same kernel, another grid); "both" adds them, the other non-off mode keeps
                 # only the twin pairs
                 for mode, off, change in ((cluster_sync, "barrier", dict(cluster_sync="mbarrier")),
-                                          (resident_grid if k.endswith(".bwd") else "off", "off",
-                                           dict(resident_grid=True))):
-                    if mode != off:
-                        tw = [dataclasses.replace(p, **change) for p in [default] + ps if p.cluster_n > 1]
+                                          (resident_grid, "off", dict(resident_grid=True))):
+                    if mode != off:  # forwards: every plan has a capped twin (backwards: clustered ones)
+                        tw = [dataclasses.replace(p, **change) for p in [default] + ps
+                              if p.cluster_n > 1 or (change.get("resident_grid") and k.endswith(".fwd"))]
                         ps = (ps + tw) if mode == "both" else (tw + [_twin(p) for p in tw])
                 if hold != "off" and k in HOLD_KERNELS:  # after the mbarrier twins: those too
                     tw = [_hold_twin(p, kernel=k) for p in [default] + ps if _holdable(p)]
@@ -452,8 +453,9 @@ def main(argv=None) -> int:
                          "(both: HeldRowPlan.acc_regs), or only the twin pairs (only); 'x off' is then the "
                          "shared-memory twin's time over the plan's")
     ap.add_argument("--resident-grid", choices=("off", "both", "only"), default="off",
-                    help="clustered backward plans: also their one-wave twins (both: HeldRowPlan.resident_grid), or "
-                         "only the twin pairs (only); 'x off' is then the SMs-capped twin's time over the plan's")
+                    help="clustered backward plans: also their one-wave twins, forwards: every plan's capped-grid twin "
+                         "(both: HeldRowPlan.resident_grid), or only the twin pairs (only); 'x off' is then the "
+                         "twin's time (SMs-capped / uncapped) over the plan's")
     a = ap.parse_args(argv)
     kernels = a.kernels.split(",")
     ns = [int(v) for v in a.n.split(",")]

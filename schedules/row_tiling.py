@@ -126,6 +126,10 @@ class HeldRowPlan:
     # fit, 5 waves), and one fp32 dweight partial row per cluster. True: `ctas_per_sm` x the clusters
     # co-resident (`schedules.hardware.max_active_clusters`, 32 of 4 on an H200): one wave, 4x fewer
     # partial rows. Only the dweight/dbias summation order changes. No effect without a cluster.
+    # The forwards launch one CTA per row tile (uncapped) unless this is set: then they walk the tiles
+    # on the capped grid above (without a cluster `ctas_per_sm` x SMs CTAs), which pays a staged plan's
+    # per-CTA weight copy and its barrier once per CTA instead of once per tile (LayerNorm fwd 1k: four
+    # rows a CTA, 1k weight + 1k bias staged for 8 KiB of rows). Same math per row: bitwise the same.
     resident_grid: bool = False
     # With "smem" staging: the staged row is read from shared memory once, right after it lands, and
     # then held in registers like "regs" (the buffer is only the landing zone of the cp.async copies:

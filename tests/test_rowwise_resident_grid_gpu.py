@@ -18,6 +18,7 @@ import dataclasses
 import pytest
 import torch
 
+import cute_kernels as ck
 from cute_kernels.ops import _rowwise as R
 from tests.helpers import poison_empty, run_with_plans
 from tests.test_rowwise_prefetch_gpu import _bitwise, _grads, _inputs, _reference
@@ -90,3 +91,48 @@ def test_grid_is_one_wave(n):
     assert cap == ctas == p.ctas_per_sm * clusters
     off, _ = R.grid_ctas(rows, dataclasses.replace(p, resident_grid=False), True, dev)
     assert off == p.ctas_per_sm * num_sms(dev.index) > cap
+
+
+# --- the forwards on a capped grid (`resident_grid` on a forward plan: CTAs walk the row tiles) ---------
+FWD_OPS = {
+    "rms_norm": lambda x, w, b: ck.rms_norm(x, w, 1e-6),
+    "layer_norm": lambda x, w, b: ck.layer_norm(x, w, b, 1e-5),
+    "softmax": lambda x, w, b: ck.softmax(x),
+    "log_softmax": lambda x, w, b: ck.log_softmax(x),
+}
+# 1k (LayerNorm: four staged rows a CTA, the weights staged once per CTA), 2k, 4k, 16k (staged, one row),
+# 65536 (clusters); 0, 1 and odd row counts, rows with a stride
+FWD_CASES = [(4099, 1024), (1037, 2048), (769, 4096), (301, 16384), (129, 65536), (0, 1024), (1, 1024),
+             (3, 769)]
+
+
+def _fwd_plan_for(resident: bool):
+    orig = R.plan_for
+
+    def plan_for(name, dtype, n, aligned):
+        p = orig(name, dtype, n, aligned)
+        return dataclasses.replace(p, resident_grid=resident) if name.endswith(".fwd") else p
+
+    return plan_for
+
+
+@pytest.mark.parametrize("m,n", FWD_CASES, ids=[f"{m}x{n}" for m, n in FWD_CASES])
+@pytest.mark.parametrize("op", list(FWD_OPS))
+def test_forward_capped_grid_bitwise(op, m, n, monkeypatch):
+    """Every output of the forward on the capped grid equals the uncapped launch's bit for bit (each
+    row's math is the same whichever CTA walks it), for outputs from NaN-poisoned allocations."""
+    poison_empty(monkeypatch)
+    g = torch.Generator(device="cuda").manual_seed(m * 7 + n)
+    x = torch.randn(m, n + (8 if m % 2 else 0), device="cuda", generator=g).to(torch.bfloat16)[:, :n]
+    w = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16)
+    f = FWD_OPS[op]
+    base, _ = run_with_plans(monkeypatch, _fwd_plan_for(False), lambda: f(x, w, b))
+    got, plans = run_with_plans(monkeypatch, _fwd_plan_for(True), lambda: f(x, w, b))
+    if m:
+        assert all(p.resident_grid for k, p in plans.items() if k.endswith(".fwd")), plans
+    base = base if isinstance(base, tuple) else (base,)
+    got = got if isinstance(got, tuple) else (got,)
+    for i, (a, c) in enumerate(zip(got, base)):
+        assert torch.isfinite(a).all(), f"{op} output {i}: unwritten (NaN) elements"
+        _bitwise(a, c, f"{op} {m}x{n} output {i} (capped grid)")

@@ -88,7 +88,7 @@ def _fwd_cuda(kind, x, weight, bias, residual, eps, fp8_out="none"):
         sig["fp8_out"] = fp8_out
     o2, ro2 = out.view(-1, x.shape[-1]), res_out.view(-1, x.shape[-1]) if residual is not None else None
     fn, plan = launch_params(name, x2, r2, o2, ro2, weight, bias, **sig)
-    cap, _ = grid_ctas(x2.shape[0], plan, False, x.device)
+    cap, _ = grid_ctas(x2.shape[0], plan, plan.resident_grid, x.device)  # forwards: uncapped unless the plan says
     fn(x2, weight, bias if kind == "layer" else None, r2, o2, ro2, mean if kind == "layer" else None, rstd,
        scales, float(eps), cap)
     return outs

@@ -34,7 +34,7 @@ def _sm_run(name, x):
         x2 = rows_of(x)
         y2 = y.view(-1, x.shape[-1])
         fn, plan = launch_params(name, x2, y2)
-        fn(x2, y2, grid_ctas(x2.shape[0], plan, False, x.device)[0])
+        fn(x2, y2, grid_ctas(x2.shape[0], plan, plan.resident_grid, x.device)[0])  # uncapped unless the plan says
     return y
 
 
