@@ -21,7 +21,7 @@ def schedule_of(p) -> GemmSchedule:
     return GemmSchedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=p["tile_n"], tile_k=p["tile_k"],
                         cluster_m=p["cluster_m"], cluster_n=p["cluster_n"], stages=p["stages"],
                         raster_group=p["raster_group"], persistent=p["persistent"], split_k=p["split_k"],
-                        epi_stages=p["epi_stages"], wg_epilogue=p["wg_epilogue"])
+                        epi_stages=p["epi_stages"], wg_epilogue=p["wg_epilogue"], split_fixup=p["split_fixup"])
 
 
 def ops_of(p):
@@ -41,6 +41,8 @@ class GemmSpec(KernelSpec):
                              f"{s.smem_bytes(ab, out)} bytes of shared memory > {SMEM_BYTES}")
         if p["split_k"] > 1 and p["source"]:
             raise ValueError("split_k > 1 does not fuse beta * C (source); use split_k=1")
+        if p["split_fixup"] and p["split_k"] == 1:
+            raise ValueError("split_fixup is an option of split-K (split_k > 1)")
 
     def build(self, p):
         from cute_kernels.kernels.gemm import Gemm
@@ -69,6 +71,10 @@ class GemmSpec(KernelSpec):
             npad = sym(8)
             d = cute.runtime.make_fake_tensor(out, (m, npad, batch), stride=(npad, 1, sym(8)), assumed_align=16)
             ws = cute.runtime.make_fake_tensor(Float32, (m, npad, sym()), stride=(npad, 1, sym(8)), assumed_align=16)
+            if s.split_fixup:  # one launch: a per-tile int32 arrival count, zero before and after the launch
+                flags = cute.runtime.make_fake_tensor(Int32, (sym(),), stride=(1,), assumed_align=4)
+                return Gemm(ab, out, s, ops_of(p)).split_k_fixup, (a, b, d, ws, flags, bias, Float32(1.0), Int32(1),
+                                                                   fake_stream())
             return Gemm(ab, out, s, ops_of(p)).split_k, (a, b, d, ws, bias, Float32(1.0), Int32(1), Int32(1),
                                                          fake_stream())
         return Gemm(ab, out, s, ops_of(p)), (a, b, d, c, bias, Float32(1.0), Float32(0.0), Int32(1), fake_stream())
@@ -118,6 +124,9 @@ GEMM = GemmSpec(
         "persistent": Param(_d.persistent, (True, False), help="persistent CTAs walking tiles, or one tile each"),
         "split_k": Param(_d.split_k, tuple(range(1, 17)),
                          help="K splits per tile (> 1: fp32 partials + a deterministic summing pass)"),
+        "split_fixup": Param(_d.split_fixup, (False, True),
+                             help="split-K: the last split of a tile sums the partials in split order and "
+                                  "stores it (one launch, per-tile arrival flags) instead of a summing pass"),
         "epi_stages": Param(_d.epi_stages, (2, 3, 4), help="output sub-tile smem buffers per storing group "
                                                            "(2: a 5th stage at 128x192)"),
         "wg_epilogue": Param(_d.wg_epilogue, (True, False), help="cooperative: each consumer warpgroup stores "
@@ -132,7 +141,7 @@ def params_for(schedule: GemmSchedule, **signature) -> dict:
             "tile_k": schedule.tile_k, "cluster_m": schedule.cluster_m, "cluster_n": schedule.cluster_n,
             "stages": schedule.stages, "raster_group": schedule.raster_group, "persistent": schedule.persistent,
             "split_k": schedule.split_k, "epi_stages": schedule.epi_stages, "wg_epilogue": schedule.wg_epilogue,
-            **signature}
+            "split_fixup": schedule.split_fixup, **signature}
 
 
 # --- the SIMT rungs of the ladder (shared-memory tiled, register tiled) --------------------------

@@ -51,10 +51,15 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
         d = default_schedule(m, n, k)
         if d.split_k > 1:
             fns["ours no split-K"] = functools.partial(_gemm_cuda, a, b, schedule=dataclasses.replace(d, split_k=1))
+        same = ""
         split = d if d.split_k > 1 else next((c for c in candidates(m, n, k) if c.split_k > 1), None)
         if split is not None and m <= 256:
             fns["ours split-K"] = functools.partial(_gemm_cuda, a, b, schedule=split)
-        same = ""
+            # the same split in one launch: the last split of each tile sums the partials (`split_fixup`)
+            fix = dataclasses.replace(split, split_fixup=True)
+            fns["ours split-K fixup"] = functools.partial(_gemm_cuda, a, b, schedule=fix)
+            eq = torch.equal(fns["ours split-K fixup"](), fns["ours split-K"]())
+            same += f"; split-K fixup bitwise {'=' if eq else '!='} split-K"
         if m >= 1024:  # ping-pong with QuACK's 128x192 tile (192 accumulators a thread; not in the model yet)
             pp192 = GemmSchedule(kind="pingpong", tile_m=128, tile_n=192, cluster_m=2)
             fns["ours pingpong 128x192"] = functools.partial(_gemm_cuda, a, b, schedule=pp192)
@@ -95,7 +100,8 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
                            "ok": geo > 1.0})
     extra = "## Default schedule per shape\n\n| shape | schedule |\n|---|---|\n" + "\n".join(notes)
     extra += "\n\n" + ladder()
-    cols = ["cuBLAS", "QuACK"] + [f"ours {k}" for k in schedules] + ["ours split-K", "ours no split-K"] + options
+    cols = (["cuBLAS", "QuACK"] + [f"ours {k}" for k in schedules] + ["ours split-K", "ours split-K fixup", "ours no split-K"]
+            + options)
     return rows, cols, checks, extra, {}
 
 

@@ -69,6 +69,10 @@ class GemmSchedule:
     # smem buffers and TMA-store warp) instead of both storing 128-row sub-tiles together, so nothing
     # but the stage ring ties the two warpgroups and one's epilogue overlaps the other's K-blocks
     wg_epilogue: bool = False
+    # split-K: the last split of a tile to finish sums the fp32 partials (in split order) and stores
+    # the tile itself, counted by a per-tile atomic flag: one launch, no summing pass (whose launch and
+    # host work cost ~10 us a call: `_SPLIT_LAUNCH_S`)
+    split_fixup: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -92,6 +96,8 @@ class GemmSchedule:
             raise ValueError("register budget: producer + 2 x consumer <= 512 per thread, multiples of 8")
         if not 1 <= self.split_k <= 16:
             raise ValueError(f"split_k must be in [1, 16], got {self.split_k}")
+        if self.split_fixup and self.split_k == 1:
+            raise ValueError("split_fixup is an option of split-K (split_k > 1)")
         if self.wg_epilogue and (self.kind != "cooperative" or self.split_k > 1 or self.tile_m != 128):
             raise ValueError("wg_epilogue is an option of the cooperative schedule at tile_m 128 without split-K "
                              "(ping-pong warpgroups and split-K partials already store on their own; at tile_m 256 "
@@ -150,7 +156,7 @@ class GemmSchedule:
 
     def __str__(self) -> str:
         p = "p" if self.persistent else "np"
-        split = f"_k{self.split_k}" if self.split_k > 1 else ""
+        split = (f"_k{self.split_k}" + ("f" if self.split_fixup else "")) if self.split_k > 1 else ""
         epi = f"_e{self.epi_stages}" if self.epi_stages != 4 else ""  # FP8's 6-stage variant (epi_stages 3)
         epi += "_we" if self.wg_epilogue else ""
         return (f"{self.kind}_{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}"
@@ -429,8 +435,8 @@ def estimate_streaming(s: GemmSchedule, m: int, n: int, k: int, batch: int = 1, 
     load = waves * (s.tile_m + s.tile_n) * (k / splits) * 2 / _CTA_BW
     chip = (m * k + k * n + m * n) * 2 * batch / _HBM_BW
     t = max(estimate(s, m, n, k, batch, num_sms), max(load, chip) * _SM_MACS)
-    if splits > 1:
-        t += (2 * splits * m * n * 4 * batch / _HBM_BW + _SPLIT_LAUNCH_S) * _SM_MACS
+    if splits > 1:  # `split_fixup`: no summing pass to launch (the last split of a tile sums)
+        t += (2 * splits * m * n * 4 * batch / _HBM_BW + (0.0 if s.split_fixup else _SPLIT_LAUNCH_S)) * _SM_MACS
     return t
 
 
@@ -525,12 +531,14 @@ def candidates(m: int, n: int, k: int, limit: int = 32) -> list[GemmSchedule]:
                 out.append(s)
     d = default_schedule(m, n, k)
     # Split-K variants (2, 3, 4 splits) of the schedules whose grid leaves SMs idle, best modelled
-    # first; they take at most a quarter of the list.
+    # first, and their one-launch twins; together at most a quarter of the list.
     splits = [dataclasses.replace(c, split_k=sp) for c in out for sp in (2, 3, 4)
               if -(-m // c.tile_m) * -(-n // c.tile_n) * c.cluster_size < 132
               and effective_splits(dataclasses.replace(c, split_k=sp), k) == sp]
     splits.sort(key=lambda c: estimate_streaming(c, m, n, k))
-    splits = [c for c in splits if c != d][:limit // 4]
+    splits = [c for c in splits if c != d][:limit // 8]
+    # each with its one-launch twin (`split_fixup`: the last split of a tile sums, no summing pass)
+    splits = [v for c in splits for v in (c, dataclasses.replace(c, split_fixup=True))]
     base = dataclasses.replace(d, split_k=1)  # the default's tile unsplit, to compare against
     out.sort(key=lambda s: (s not in (d, base), s != d, -(s.tile_m * s.tile_n), s.kind != "cooperative"))
     if d not in out:

@@ -100,3 +100,39 @@ def test_split_k_compiles(over, tmp_path):
         assert sass["HGMMA/QGMMA"] > 0 and sass["UTMALDG (TMA load)"] > 0 and sass["LDL/STL (spills)"] == 0
         assert sass["UTMASTG (TMA store)"] == 0  # the fp32 partials leave from registers
         assert sass["LDG.128"] > 0
+
+
+# --- split-K in one launch (`split_fixup`) --------------------------------------------------------------
+FIXUP = {"pp64x64_k2": {"schedule": "pingpong", "tile_m": 64, "tile_n": 64, "cluster_m": 1, "cluster_n": 2,
+                        "split_k": 2},
+         "coop128x128_k4_gelu_bias": {"tile_m": 128, "tile_n": 128, "split_k": 4, "activation": "gelu", "bias": True}}
+
+
+@pytest.mark.parametrize("name", list(FIXUP))
+def test_split_fixup_compiles(name, tmp_path):
+    """One kernel: the partials from registers, a GPU-scope release fence and one acq_rel atomic per
+    unit, then (the last split) an acquire fence, the partials read back and the TMA-store epilogue;
+    no summing pass, no local memory."""
+    p = GEMM.resolve({**FIXUP[name], "split_fixup": True})
+    report, files = compile_with_artifacts(GEMM, p, str(tmp_path))
+    assert not report.spills, report.format()
+    assert len(report.kernels) == 1, report.format()  # no second (summing) kernel
+    ptx = files["ptx"].read_text()
+    assert ptx.count("atom.global.acq_rel.add") == 1
+    assert ptx.count("fence.acq_rel.gpu") == 2
+    assert "cp.async.bulk.tensor" in ptx and report.ptx_census["wgmma.mma_async"] > 0
+    splits = FIXUP[name]["split_k"]
+    acc = 64 * FIXUP[name]["tile_n"] // 128  # fp32 accumulators a thread (64 rows a warpgroup)
+    assert ptx.count("ld.global.f32") + ptx.count("ld.global.b32") >= splits * acc  # every split's partial
+
+
+def test_split_fixup_schedule_rules():
+    s = GemmSchedule(kind="pingpong", tile_m=64, tile_n=64, split_k=2, split_fixup=True)
+    assert str(s).endswith("_k2f") and not str(dataclasses.replace(s, split_fixup=False)).endswith("f")
+    with pytest.raises(ValueError, match="split_fixup"):
+        GemmSchedule(split_fixup=True)
+    with pytest.raises(ValueError, match="split_fixup"):
+        GEMM.resolve({"split_fixup": True})
+    from cute_kernels.ops.gemm import _clamp_split
+
+    assert _clamp_split(s, 64) == dataclasses.replace(s, split_k=1, split_fixup=False)  # one K-block

@@ -95,6 +95,7 @@ class Gemm:
             raise ValueError("promote_halves is an option of the FP8 block-scaled mode (blockwise=True), without "
                              "promote_overlap or wg_turns, for tile_n a multiple of 16")
         self.split = schedule.split_k > 1
+        self.fixup = schedule.split_fixup  # split-K in one launch: the last split of a tile sums and stores it
         if self.split and (blockwise or grouping != "none"):
             raise ValueError("split_k > 1 is for the bf16/fp16 GEMM (not the FP8 block-scaled or grouped modes)")
         if self.split and ops.source:
@@ -135,6 +136,17 @@ class Gemm:
         self._reduce_launch(ws, d, bias, alpha, cute.size(b, mode=[0]), reduce_ctas, stream)
 
     @cute.jit
+    def split_k_fixup(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, ws: cute.Tensor, flags: cute.Tensor,
+                      bias: cute.Tensor, alpha: Float32, max_clusters: Int32, stream):
+        """Split-K in one launch (`schedule.split_fixup`): each (tile, split) unit writes its fp32 partial into
+        ws as `split_k` does, then counts itself on the tile's int32 flag (one atomic, after a GPU-scope
+        release fence); the unit that arrives last resets the flag to 0, sums the tile's partials in split
+        order 0..S-1 (the summing pass's order: bitwise the same result) and runs the normal epilogue
+        (fused ops, TMA store). flags: (tiles_m * tiles_n * L,) int32, all zero before the launch (and
+        after it). d, ws as `split_k`."""
+        self._launch(a, b, d, d, bias, alpha, Float32(0.0), max_clusters, stream, ws=ws, flags=flags)
+
+    @cute.jit
     def fp8(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, sa: cute.Tensor, sb: cute.Tensor,
             max_clusters: Int32, stream):
         """D = (A * sa) @ (B * sb)^T with block scales (`blockwise=True`): a (M, K, L) and b (N, K, L)
@@ -152,7 +164,8 @@ class Gemm:
     @cute.jit
     def _launch(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, bias: cute.Tensor,
                 alpha: Float32, beta: Float32, max_clusters: Int32, stream, sa: cute.Tensor = None,
-                sb: cute.Tensor = None, groups: cute.Tensor = None, ws: cute.Tensor = None):
+                sb: cute.Tensor = None, groups: cute.Tensor = None, ws: cute.Tensor = None,
+                flags: cute.Tensor = None):
         """Host side of the entry points (runs while they are traced): layouts, TMA atoms, launch."""
         s = self.s
         a_major, b_major, d_major = LayoutEnum.from_tensor(a), LayoutEnum.from_tensor(b), LayoutEnum.from_tensor(d)
@@ -171,7 +184,7 @@ class Gemm:
         tma_a, tma_ga = operand_tma(a, sA_layout, s.tile_m, s.tile_k, s.cluster_n)
         tma_b, tma_gb = operand_tma(b, sB_layout, s.tile_n, s.tile_k, s.cluster_m)
         tma_d = None
-        if cutlass.const_expr(not self.split):  # split-K stores fp32 partials from registers
+        if cutlass.const_expr(not self.split or self.fixup):  # split-K stores fp32 partials from registers
             tma_d, tma_gd = epi.store_tma(d, sC_layout, s.epi_tile)
         else:
             tma_gd = d
@@ -216,6 +229,8 @@ class Gemm:
                 scale_args += (groups,)
         if cutlass.const_expr(self.split):
             scale_args = (None, None, None, None, None, ws)
+            if cutlass.const_expr(self.fixup):
+                scale_args += (None, None, flags)
         if cutlass.const_expr(self.promote_halves):  # the kernel's `half_mma`: WGMMAs tile_n / 2 wide
             half_mma, half_set = (sm90_utils.make_trivial_tiled_mma(
                 self.ab_dtype, self.ab_dtype, a_major.sm90_mma_major_mode(), b_major.sm90_mma_major_mode(),
@@ -266,6 +281,7 @@ class Gemm:
         mW: cute.Tensor = None,
         half_mma: cute.TiledMma = None,
         half_set: cute.TiledMma = None,
+        flags: cute.Tensor = None,
     ):
         s = self.s
         tidx, _, _ = cute.arch.thread_idx()
@@ -274,7 +290,7 @@ class Gemm:
         if warp == 0:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
-            if cutlass.const_expr(not self.split):
+            if cutlass.const_expr(not self.split or self.fixup):
                 cpasync.prefetch_descriptor(tma_d)
             if cutlass.const_expr(self.blockwise):
                 cpasync.prefetch_descriptor(tma_s)
@@ -287,6 +303,9 @@ class Gemm:
 
         smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(self.storage)
+        last_flag = None
+        if cutlass.const_expr(self.fixup):  # per storing group: "this unit arrived last" (see `split_k_fixup`)
+            last_flag = smem.allocate_tensor(Int32, cute.make_layout(2), byte_alignment=16)
         tx_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(sA_layout, (None, None, 0))) + cute.size_in_bytes(
             self.ab_dtype, cute.slice_(sB_layout, (None, None, 0)))
         if cutlass.const_expr(self.blockwise):
@@ -443,6 +462,11 @@ class Gemm:
                         release.advance(k_next)
                     epi.store_partial(acc, tCcC, mW, tm * s.tile_m, tn * s.tile_n,
                                       walk.split(i, s) * cute.size(gD, mode=[4]) + tl)
+                    if cutlass.const_expr(self.fixup):
+                        counter = self._fixup(acc, tCcC, mW, flags, last_flag, tm, tn, tl, tiles_m, tiles_n,
+                                              cute.size(gD, mode=[4]), epi_tid, epi_bar, cwg, epi_mma, sC, buf0,
+                                              counter, tma_d, gD, d_major, is_store_warp, store_pipe, mC, bias,
+                                              alpha, beta)
                 else:
                     if valid:
                         if cutlass.const_expr(self.blockwise):
@@ -472,6 +496,45 @@ class Gemm:
                                                  gD_tile, s.epi_tile, self.out_dtype, d_major,
                                                  epi_bar, is_store_warp, store_pipe)
             store_pipe.producer_tail()
+
+    @cute.jit
+    def _fixup(self, acc: cute.Tensor, tCcC: cute.Tensor, mW: cute.Tensor, flags: cute.Tensor, last_flag: cute.Tensor,
+               tm, tn, tl, tiles_m, tiles_n, batch, epi_tid, epi_bar, cwg, epi_mma, sC, buf0, counter, tma_d,
+               gD: cute.Tensor, d_major: cutlass.Constexpr, is_store_warp, store_pipe, mC, bias, alpha, beta):
+        """`split_k_fixup`'s end of a unit, after its partial is stored: count the unit on the tile's flag;
+        the last of the tile's splits sums the partials (split order) into acc and stores the tile.
+        Returns the epilogue's store counter."""
+        s = self.s
+        slot = cwg if cutlass.const_expr(s.kind == "pingpong") else 0
+        cute.arch.fence_acq_rel_gpu()  # this thread's partial stores before the arrival (release)
+        epi_bar.arrive_and_wait()
+        tile = (tl * tiles_m + tm) * tiles_n + tn
+        if epi_tid == 0:
+            old = cute.arch.atomic_add((flags.iterator + tile).llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
+            is_last = Int32(0)
+            if old == s.split_k - 1:
+                flags[tile] = Int32(0)  # for the next launch (stream-ordered: nothing else touches it now)
+                is_last = Int32(1)
+            last_flag[slot] = is_last
+        epi_bar.arrive_and_wait()
+        if last_flag[slot] == 1:
+            cute.arch.fence_acq_rel_gpu()  # the other splits' partials (acquire)
+            rows = cute.size(mW, mode=[0])
+            cols = cute.size(mW, mode=[1])
+            m0, n0 = tm * s.tile_m, tn * s.tile_n
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                m = m0 + tCcC[i][0]
+                n = n0 + tCcC[i][1]
+                if m < rows and n < cols:
+                    v = mW[m, n, tl]
+                    for sp in cutlass.range_constexpr(1, s.split_k):
+                        v = v + mW[m, n, sp * batch + tl]
+                    acc[i] = v
+            epi.apply_ops(self.ops, acc, tCcC, m0, n0, tl, mC, bias, alpha, beta)
+            counter = epi.store_tile(epi_mma, acc, epi_tid, sC, buf0, s.epi_stages, counter, tma_d,
+                                     gD[(None, None, tm, tn, tl)], s.epi_tile, self.out_dtype, d_major,
+                                     epi_bar, is_store_warp, store_pipe)
+        return counter
 
     @cute.jit
     def _reduce_launch(self, ws: cute.Tensor, d: cute.Tensor, bias: cute.Tensor, alpha: Float32, n_cols,

@@ -154,7 +154,7 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
     tm, tn = -(-rows // sched.tile_m), -(-n // sched.tile_n)
     max_clusters = launch_clusters(tm, tn, lb, sched, sms, a.get_device())
     if sched.split_k > 1:
-        _split_k(fn, av, bv, out_buf, bias_t, sched.split_k, max_clusters, sms)
+        _split_k(fn, av, bv, out_buf, bias_t, sched, max_clusters, sms)
     else:
         fn(av, bv, d, d, bias_t, 1.0, 0.0, max_clusters)
     out = out_buf if npad == n else out_buf[:, :, :n]
@@ -167,19 +167,42 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
 def _clamp_split(sched: GemmSchedule, k: int) -> GemmSchedule:
     """`sched` with at most one split per K-block (K = 16 with split_k = 4 runs as one split)."""
     splits = effective_splits(sched, k)
-    return sched if splits == sched.split_k else dataclasses.replace(sched, split_k=splits)
+    if splits == sched.split_k:
+        return sched
+    return dataclasses.replace(sched, split_k=splits, split_fixup=sched.split_fixup and splits > 1)
 
 
-def _split_k(fn, av, bv, out_buf, bias_t, splits, max_clusters, sms):
+_flags: dict = {}
+
+
+def _split_flags(tiles: int, device) -> torch.Tensor:
+    """`split_fixup`'s per-tile arrival counts: zeroed once per (device, stream), grown when needed; every
+    launch leaves them zero (the last split of each tile resets its flag). One buffer per stream, so
+    launches on two streams never share counts."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    buf = _flags.get(key)
+    if buf is None or buf.numel() < tiles:
+        buf = _flags[key] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+    return buf
+
+
+def _split_k(fn, av, bv, out_buf, bias_t, sched: GemmSchedule, max_clusters, sms):
     """Split-K launch: a fresh fp32 workspace (S, L, M, Np) per call, the GEMM's partials into it,
-    the summing pass into out_buf (L, M, Np)."""
+    the summing pass into out_buf (L, M, Np); with `sched.split_fixup` the GEMM's last split of each
+    tile sums them itself (one launch)."""
     from cute_kernels.kernels.gemm import REDUCE_SCHEDULE, REDUCE_VEC
 
+    splits = sched.split_k
     lb, rows, npad = out_buf.shape
     if splits * out_buf.numel() >= 2**31:
         raise ValueError(f"split_k={splits}: the workspace of {splits} x {out_buf.numel()} fp32 elements needs "
                          "64-bit indexing; use split_k=1 for this shape")
     ws = torch.empty(splits * lb, rows, npad, dtype=torch.float32, device=out_buf.device)
+    if sched.split_fixup:
+        tiles = -(-rows // sched.tile_m) * -(-npad // sched.tile_n) * lb
+        flags = _split_flags(tiles, out_buf.device)
+        fn(av, bv, out_buf.permute(1, 2, 0), ws.permute(1, 2, 0), flags, bias_t, 1.0, max_clusters)
+        return
     reduce_ctas = REDUCE_SCHEDULE.grid(out_buf.numel() // REDUCE_VEC, sms)
     fn(av, bv, out_buf.permute(1, 2, 0), ws.permute(1, 2, 0), bias_t, 1.0, max_clusters, reduce_ctas)
 
