@@ -27,7 +27,7 @@ section() { echo "===== $1" >> "$LOG"; }
 P="-q -p no:cacheprovider -W ignore --tb=line -rf -o faulthandler_timeout=90"
 
 if [ "$TESTS" != none ]; then
-  [ "$TESTS" = all ] && TESTS=elementwise,elementwise_bulk,reduction,gemm,gemm_pipeline,misc3,rowwise,rowwise_smem,rowwise_prefetch,rowwise_cluster_sync,ce_stream,fp8_exact,fp8,fp8_overlap,fp8_halves,fp8_sb_wide,fp8_pipeline,fp8_grouped,quant,attention,attention_varlen
+  [ "$TESTS" = all ] && TESTS=$(ls tests/test_*_gpu.py | sed "s|tests/test_||; s|_gpu.py||" | paste -sd, -)  # every family
   TT=${TT:-240}
   runfam() {  # one family; log to $OUT/.p.$1
     timeout -k 5 -s INT $TT python3 -m pytest tests/test_${1}_gpu.py -m "gpu and not large" --maxfail=25 $P > "$OUT/.p.$1" 2>&1
