@@ -147,3 +147,18 @@ def test_tuner_candidates():
         assert not any(p.prefetch for p in candidates(n))
         only = candidates(n, bwd=True, prefetch="only")
         assert set(only) <= set(c) and {p for p in only if p.prefetch} == set(pf)
+
+
+def test_the_default_prefetches_only_where_measured():
+    """The production plans prefetch only where the H200 sweeps measured it faster: the RMSNorm and
+    LayerNorm backwards at 4k, LayerNorm's at 16k-32k, RMSNorm's at 16k-64k (bf16, aligned rows). A CPU
+    test (it sat in the GPU file, where CI never ran it, and failed first on the device in session 11)."""
+    import torch
+
+    from cute_kernels.ops import _rowwise as R
+
+    for name in ("rmsnorm.bwd", "layernorm.bwd", "softmax.bwd", "log_softmax.bwd"):
+        for n in (1024, 4096, 16384, 32768, 65536, 131072):
+            want = (name in ("rmsnorm.bwd", "layernorm.bwd") and n == 4096 or name == "layernorm.bwd" and n in (16384, 32768)
+                    or name == "rmsnorm.bwd" and n in (16384, 32768, 65536))
+            assert R.plan_for(name, torch.bfloat16, n, True).prefetch == want, (name, n)
