@@ -123,8 +123,8 @@ def test_contiguous_fp16_and_out_of_range_expert():
 
 @pytest.mark.parametrize("rows,n,k", [([1024] * 4, 4096, 7168), ([300, 0, 128, 1, 513], 2112, 1040)])
 def test_contiguous_sb_smem_bitwise(rows, n, k):
-    """B scales staged in smem per tile (each tile its own expert's row): the default from M = 1024
-    (`use_sb_smem`), bitwise equal to the scales read from global memory, padding tiles skipped."""
+    """B scales staged in smem per tile (each tile its own expert's row), bitwise equal to the scales
+    read from global memory, padding tiles skipped; the dense rule would stage them at this shape."""
     from schedules.fp8_gemm import default_grouped_schedule, use_sb_smem
 
     on, (a, sa, b, sb, idx) = _run_contiguous(rows, n, k, sb_smem=True, extra_padding_blocks=1)

@@ -128,13 +128,21 @@ def _compiled(grouping, out_dtype, sched, device, sb_smem=False):
 
 
 # --- contiguous ---------------------------------------------------------------------------------
-def _sb_smem(sched, rows: int, k: int, sb_smem) -> bool:
-    """Whether a grouped GEMM stages its tiles' B-scale rows in shared memory: `sb_smem` if given,
-    else the dense op's rule (`schedules.fp8_gemm.use_sb_smem` at M = the rows computed). Each tile
-    stages the rows of its own expert (`BlockScales.load_row` reads the tile's batch index)."""
-    from schedules.fp8_gemm import SB_SMEM_MAX_K, use_sb_smem
+# Grouped GEMMs stage B-scale rows in smem by default only once the GPU has checked it (the bitwise
+# tests `test_*_sb_smem_bitwise` and the suite's "ours sb_smem" column, session 12): until then opt-in.
+GROUPED_SB_SMEM_DEFAULT = False
 
-    return (use_sb_smem(sched, rows) if sb_smem is None else sb_smem) and k <= SB_SMEM_MAX_K
+
+def _sb_smem(sched, rows: int, k: int, sb_smem) -> bool:
+    """Whether a grouped GEMM stages its tiles' B-scale rows in shared memory: `sb_smem` if given, else
+    (with GROUPED_SB_SMEM_DEFAULT) the dense op's rule (`schedules.fp8_gemm.use_sb_smem` at M = the rows
+    computed). Each tile stages the rows of its own expert (`BlockScales.load_row` reads the tile's
+    batch index); a schedule that cannot stage them (ping-pong) never does."""
+    from schedules.fp8_gemm import SB_SMEM_MAX_K, sb_smem_error, use_sb_smem
+
+    if sb_smem is None:
+        sb_smem = GROUPED_SB_SMEM_DEFAULT and use_sb_smem(sched, rows)
+    return sb_smem and sb_smem_error(sched) is None and k <= SB_SMEM_MAX_K
 
 
 def _contiguous_cuda(a, sa, b, sb, m_indices, out_dtype=None, schedule=None, sb_smem=None):
