@@ -187,7 +187,7 @@ class HeldRowPlan:
         s = f"{self.tiling} c{self.cluster_n}"
         s = s if self.staging == "regs" else f"{s} {self.staging}"
         s = f"{s} mb" if self.cluster_sync == "mbarrier" else s
-        s = f"{s} rg" if self.resident_grid and self.cluster_n > 1 else s
+        s = f"{s} rg" if self.resident_grid else s  # forwards: a capped grid, also without a cluster
         s = f"{s} hold" if self.hold else s
         s = f"{s} accr" if self.acc_regs else s
         return f"{s} pf" if self.prefetch else s
