@@ -231,6 +231,20 @@ def add_pairs(a, b):
     return tuple(x + y for x, y in zip(a, b))
 
 
+def welford_merge(a, b):
+    """Chan's pairwise merge of two (count, mean, M2) partials of a row (M2: the sum of squared deviations
+    from the mean): n = na + nb, mean = (na ma + nb mb) / n, M2 = M2a + M2b + (mb - ma)^2 na nb / n. Written
+    so that swapping a and b gives the same expression up to the order of the operands of + and * (both
+    commute in IEEE arithmetic; ptxas's FFMA contraction may still differ by an ulp between the two
+    lanes of a butterfly). Empty partials (n = 0) merge to the other one."""
+    na, ma, qa = a
+    nb, mb, qb = b
+    n = na + nb
+    inv = cute.arch.rcp_approx(cutlass.max(n, cutlass.Float32(1.0)))
+    d = mb - ma
+    return n, (na * ma + nb * mb) * inv, qa + qb + d * d * (na * nb) * inv
+
+
 @cute.jit
 def fmax(a, b):
     return cute.arch.fmax(a, b)

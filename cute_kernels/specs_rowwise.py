@@ -62,6 +62,10 @@ ACC_REGS_KERNELS = ("rmsnorm.bwd", "layernorm.bwd")
 _ACC_REGS = Param(False, (False, True), help="dweight/dbias accumulators in registers (else shared memory, "
                   "except staged plans of few elements); register-held plans are capped to ctas_per_sm per SM")
 _CTAS_PER_SM = Param(2, tuple(range(1, 17)), help="with acc_regs on a register-held plan: CTAs per SM ptxas must fit")
+# The LayerNorm forward can take its statistics in one reduction (`HeldRowPlan.welford`).
+WELFORD_KERNELS = ("layernorm.fwd",)
+_WELFORD = Param(False, (False, True), help="mean and variance in one row reduction (per-thread count / mean / M2 "
+                 "merged by Chan's formula) instead of two")
 
 # Row tensors each kernel stages with staging="smem" (cross-entropy backward holds x without a
 # reduction: nothing to overlap, it is not staged).
@@ -82,7 +86,8 @@ def plan_of(p) -> HeldRowPlan:
     return HeldRowPlan(RowTiling(p["threads"], p["threads_per_row"], p["vpt"]), p["cluster_n"],
                        staging=p.get("staging", "regs"), prefetch=p.get("prefetch", False),
                        cluster_sync=p.get("cluster_sync", "barrier"), hold=p.get("hold", False),
-                       acc_regs=p.get("acc_regs", False), ctas_per_sm=p.get("ctas_per_sm", 2))
+                       acc_regs=p.get("acc_regs", False), ctas_per_sm=p.get("ctas_per_sm", 2),
+                       welford=p.get("welford", False))
 
 
 def plan_for_kernel(name: str, n: int, vec: int) -> HeldRowPlan:
@@ -108,6 +113,8 @@ def config_of(plan: HeldRowPlan) -> dict:
     if plan.acc_regs:  # the CTAs per SM become the kernel's register cap
         out["acc_regs"] = True
         out["ctas_per_sm"] = plan.ctas_per_sm
+    if plan.welford:
+        out["welford"] = True
     return out
 
 
@@ -250,6 +257,8 @@ def _spec(name: str, lesson: int, summary: str, ops: tuple[str, ...], extra: dic
     if name in ACC_REGS_KERNELS:
         params["acc_regs"] = _ACC_REGS
         params["ctas_per_sm"] = _CTAS_PER_SM
+    if name in WELFORD_KERNELS:
+        params["welford"] = _WELFORD
     return RowwiseSpec(name=name, family="rowwise", lesson=lesson, summary=summary, ops=ops, status="ready",
                        params=params)
 

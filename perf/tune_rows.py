@@ -116,6 +116,8 @@ def _twin(p: HeldRowPlan, vec: int = 8) -> HeldRowPlan:
     """`p` with shared-memory accumulators when it forces register ones, on the SMs-capped grid when it
     has the resident one, with the cluster barrier when it syncs by mbarrier, else `p` without
     prefetch (a staged twin gets the CTAs per SM of its single buffer)."""
+    if p.welford:
+        return dataclasses.replace(p, welford=False)
     if p.acc_regs:
         return dataclasses.replace(p, acc_regs=False)
     if p.hold:  # the re-reading plan, with the CTAs per SM of its own register floor
@@ -226,10 +228,10 @@ def _timed_with(obj, attr: str, value, fn, what: str):
 
 
 def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "barrier",
-          resident_grid: str = "off", hold: str = "off", acc_regs: str = "off"):
+          resident_grid: str = "off", hold: str = "off", acc_regs: str = "off", welford: str = "off"):
     from cute_kernels.ops import _rowwise as R
     from cute_kernels.precompile import item, precompile
-    from cute_kernels.specs_rowwise import ACC_REGS_KERNELS, HOLD_KERNELS, config_of
+    from cute_kernels.specs_rowwise import ACC_REGS_KERNELS, HOLD_KERNELS, WELFORD_KERNELS, config_of
 
     plans = {}
     items = []
@@ -262,6 +264,9 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                 if acc_regs != "off" and k in ACC_REGS_KERNELS:  # register accumulators, any plan
                     tw = [dataclasses.replace(p, acc_regs=True) for p in [default] + ps if not p.acc_regs]
                     ps = (ps + tw) if acc_regs == "both" else (tw + [_twin(p) for p in tw])
+                if welford != "off" and k in WELFORD_KERNELS:  # one (count, mean, M2) reduction, any plan
+                    tw = [dataclasses.replace(p, welford=True) for p in [default] + ps if not p.welford]
+                    ps = (ps + tw) if welford == "both" else (tw + [_twin(p) for p in tw])
             for p in dict.fromkeys(ps):
                 params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p))
                 if k.startswith(("rmsnorm", "layernorm")):
@@ -307,7 +312,9 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
         best_pf = next((r for r in ranked if r[1].prefetch), None)
         if best_pf is not None and best_pf not in shown:
             shown.append(best_pf)  # the fastest prefetching plan, wherever it ranks
-        for want in (lambda q: q.acc_regs,  # the fastest plan with register accumulators
+        for want in (lambda q: q.welford,  # the fastest one-reduction LayerNorm plan
+                     lambda q: q == dataclasses.replace(default, welford=True),  # the default's twin
+                     lambda q: q.acc_regs,  # the fastest plan with register accumulators
                      lambda q: q.hold,  # the fastest plan holding a staged row
                      lambda q: q.resident_grid,  # the fastest one-wave plan
                      lambda q: q == dataclasses.replace(default, resident_grid=True),  # the default's twin
@@ -319,7 +326,7 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
         for t, p in shown:
             tag = " (default)" if p == default else ""
             twin = _twin(p) if (p.prefetch or p.cluster_sync != "barrier" or p.resident_grid or p.hold
-                                or p.acc_regs) else None
+                                or p.acc_regs or p.welford) else None
             off = f"{times[twin] / t:.3f}" if twin in times else ""
             lines.append(f"| {k} | {n} | {p}{tag} | {p.ctas_per_sm} | {t * 1e3:.1f} | "
                          f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} | {off} |")
@@ -452,6 +459,10 @@ def main(argv=None) -> int:
                     help="norm backwards: also every plan with its dweight/dbias accumulators in registers "
                          "(both: HeldRowPlan.acc_regs), or only the twin pairs (only); 'x off' is then the "
                          "shared-memory twin's time over the plan's")
+    ap.add_argument("--welford", choices=("off", "both", "only"), default="off",
+                    help="LayerNorm forward: also every plan with its mean and variance in one reduction (both: "
+                         "HeldRowPlan.welford), or only the twin pairs (only); 'x off' is then the two-reduction "
+                         "twin's time over the plan's")
     ap.add_argument("--resident-grid", choices=("off", "both", "only"), default="off",
                     help="clustered backward plans: also their one-wave twins, forwards: every plan's capped-grid twin "
                          "(both: HeldRowPlan.resident_grid), or only the twin pairs (only); 'x off' is then the "
@@ -464,7 +475,8 @@ def main(argv=None) -> int:
         kernels.remove(CE_FWD)
         lines = sweep_ce(ns, a.jobs)
     if kernels:
-        held, _ = sweep(kernels, ns, a.jobs, a.prefetch, a.cluster_sync, a.resident_grid, a.hold, a.acc_regs)
+        held, _ = sweep(kernels, ns, a.jobs, a.prefetch, a.cluster_sync, a.resident_grid, a.hold, a.acc_regs,
+                        a.welford)
         lines = held + ([""] + lines if lines else [])
     text = "# held-row plan sweep (bf16, 256 MiB per tensor)\n\n" + "\n".join(lines) + "\n"
     print(text)

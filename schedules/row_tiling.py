@@ -147,6 +147,11 @@ class HeldRowPlan:
     # spills). No shared-memory read-modify-write per row (29.7 % short-scoreboard stalls, LayerNorm 4k);
     # the same adds in the same order: bitwise the shared-memory accumulators' result.
     acc_regs: bool = False
+    # LayerNorm forward: the row's mean and variance in ONE reduction (each thread's (count, mean, M2), merged
+    # pairwise by Chan's formula: `collectives.reduce.welford_merge`) instead of two (the sum, then the sum of
+    # squared deviations): one cluster exchange a row instead of two for clustered rows. Off by default
+    # (session 6's one-exchange version merged 64 parts serially and lost; this merges through the butterfly).
+    welford: bool = False
 
     def __post_init__(self):
         if self.staging not in STAGINGS:
@@ -190,6 +195,7 @@ class HeldRowPlan:
         s = f"{s} rg" if self.resident_grid else s  # forwards: a capped grid, also without a cluster
         s = f"{s} hold" if self.hold else s
         s = f"{s} accr" if self.acc_regs else s
+        s = f"{s} wf" if self.welford else s
         return f"{s} pf" if self.prefetch else s
 
     def capacity(self, vec: int) -> int:
@@ -378,9 +384,9 @@ def plan_for_rows(tuning: str, n: int, vec: int) -> HeldRowPlan:
 
 
 def _plan(n: int, vec: int, st: dict) -> HeldRowPlan:
-    acc_regs = st.get("acc_regs", False)  # a property of the plan, not of the planning
-    plan = plan_held_rows(n, vec, **{k: v for k, v in st.items() if k != "acc_regs"})
-    return dataclasses.replace(plan, acc_regs=True) if acc_regs else plan
+    props = {k: st[k] for k in ("acc_regs", "welford") if st.get(k)}  # properties of the plan, not of the planning
+    plan = plan_held_rows(n, vec, **{k: v for k, v in st.items() if k not in ("acc_regs", "welford")})
+    return dataclasses.replace(plan, **props) if props else plan
 
 
 @functools.lru_cache(maxsize=256)

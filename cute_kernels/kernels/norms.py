@@ -23,7 +23,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from collectives import quantize as fp8
-from collectives.reduce import add, add_pairs
+from collectives.reduce import add, add_pairs, welford_merge
 from collectives.rowwise import RowReducer, RowSlice, cluster_join, cluster_start, my_tile_count, stage_buffer
 from collectives.vector_io import extent, widen_again
 from schedules.row_tiling import HeldRowPlan
@@ -190,6 +190,11 @@ class NormFwd(_RowKernel):
             # the quantizing epilogue (amaxes, scales, e4m3 packing) spilled 232 B at the 80 registers
             # a staged 256-thread plan gets with the default floor (RMSNorm 128k, cluster 8)
             self.staged_min_regs = self.held_min_regs = 128
+        if plan.welford and kind == "layer":
+            # the (count, mean, M2) merge keeps three values a row live through the butterfly: it spilled
+            # at the 64-register floor of the staged plans (CPU compile, 16k / 64k)
+            self.staged_min_regs = max(self.staged_min_regs, 80)
+            self.held_min_regs = max(self.held_min_regs, 80)
         self.staged_rows = (dtype,) * (1 + has_residual)
         self.staged_params = (w_dtype,) * (int(has_weight) + int(has_bias))
 
@@ -208,7 +213,8 @@ class NormFwd(_RowKernel):
         gdim, _, _ = cute.arch.grid_dim()
         rows, n = extent(x, 0), extent(x, 1)
         smem = cutlass.memory.SmemAllocator()
-        sites = (1, 1) if layer else (1,)
+        welford = layer and self.plan.welford  # one reduction of (count, mean, M2) instead of two sums
+        sites = ((3,) if welford else (1, 1)) if layer else (1,)
         amax_site = len(sites)  # per_token: the row's amax
         red = RowReducer.allocate(smem, self.threads, self.tpr, self.cluster_n,
                                   sites + (1,) if self.fp8_out == "per_token" else sites, self.plan.cluster_sync)
@@ -244,7 +250,19 @@ class NormFwd(_RowKernel):
                 sl.store(res_out[row, None], ok, xs)
             mu = Float32(0.0)
             ds = xs
-            if cutlass.const_expr(layer):
+            if cutlass.const_expr(welford):
+                # this thread's count, mean and M2 over its elements inside the row, merged over the row
+                cnt = Float32(0.0)
+                for k in cutlass.range_constexpr(self.vpt):
+                    if sl.valid(k):
+                        cnt = cnt + Float32(self.vec)
+                mt = sl.sum(xs) * cute.arch.rcp_approx(cutlass.max(cnt, Float32(1.0)))
+                dl = [v - mt for v in self.again_x(sl, hx, hr, ok, res_out, xs)]
+                _, mu, m2 = red.reduce((cnt, mt, sl.masked_sum([d * d for d in dl])), welford_merge,
+                                       Float32(0.0), 0, tile)
+                ds = [v - mu for v in self.again_x(sl, hx, hr, ok, res_out, xs)]
+                var = m2 * inv_n
+            elif cutlass.const_expr(layer):
                 mu = red.reduce(sl.sum(xs), add, Float32(0.0), 0, tile) * inv_n
                 ds = [v - mu for v in self.again_x(sl, hx, hr, ok, res_out, xs)]
                 var = red.reduce(sl.masked_sum([d * d for d in ds]), add, Float32(0.0), 1, tile) * inv_n
