@@ -120,10 +120,11 @@ class BlockScales:
     sSB: cute.Tensor = None  # sb_smem: (n_blocks, SB_SMEM_MAX_KB) shared buffer
     tid: object = None  # sb_smem: thread index among the SB_SMEM_THREADS loaders
     bar: object = None  # sb_smem: named barrier of the loaders
+    k0: object = 0  # split-K: the first K-block of this unit (the mainloop counts its K-blocks from 0)
 
     @staticmethod
     def create(tCcC: cute.Tensor, slots, sSA: cute.Tensor, mSB: cute.Tensor, n0, batch, sSB: cute.Tensor = None,
-               tid=None, bar=None) -> BlockScales:
+               tid=None, bar=None, k0=0) -> BlockScales:
         """slots: `element_slots(...)`; n0: the tile's first column; batch: its batch index;
         sSB / tid / bar: the sb_smem buffer (`sb_smem_layout`), this thread's index in [0, 256)
         and the named barrier of those 256 threads (None: sb read from global per K-block)."""
@@ -139,7 +140,7 @@ class BlockScales:
             o = n0 - nb0 * BLOCK
             second = tuple(True if t == 0 else False if t >= BLOCK else o >= t for t in thresholds)
         return BlockScales(tuple(tCcC[i][0] for i in rep), nbs, row_slot, col_slot, sSA, mSB, batch, second,
-                           sSB, tid, bar)
+                           sSB, tid, bar, k0)
 
     @property
     def n_blocks(self) -> int:
@@ -157,6 +158,7 @@ class BlockScales:
     def prefetch(self, k):
         """The B scales of K-block k: global loads (issue them before waiting for the stage), or,
         with sb_smem, just k (`fetch` reads the staged row)."""
+        k = k + self.k0
         if cutlass.const_expr(self.staged):
             v = cute.make_tensor(self.sSB.iterator + k * self.n_blocks, cute.make_layout(self.n_blocks)).load()
             return [v[j] for j in range(self.n_blocks)]

@@ -31,7 +31,7 @@ OUT_DTYPES = ("bf16", "fp16")
 def schedule_of(p):
     return fp8_schedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=p["tile_n"], cluster_m=p["cluster_m"],
                         cluster_n=p["cluster_n"], stages=p["stages"], raster_group=p["raster_group"],
-                        persistent=p["persistent"], epi_stages=p["epi_stages"])
+                        persistent=p["persistent"], epi_stages=p["epi_stages"], split_k=p["split_k"])
 
 
 def params_for(schedule, **signature) -> dict:
@@ -39,7 +39,7 @@ def params_for(schedule, **signature) -> dict:
     return {"schedule": schedule.kind, "tile_m": schedule.tile_m, "tile_n": schedule.tile_n,
             "cluster_m": schedule.cluster_m, "cluster_n": schedule.cluster_n, "stages": schedule.stages,
             "raster_group": schedule.raster_group, "persistent": schedule.persistent,
-            "epi_stages": schedule.epi_stages, **signature}
+            "epi_stages": schedule.epi_stages, "split_k": schedule.split_k, **signature}
 
 
 def grouped_params(grouping: str, schedule, **signature) -> dict:
@@ -89,9 +89,15 @@ class Fp8GemmSpec(KernelSpec):
         sa = cute.runtime.make_fake_tensor(f32, (m, kb, batch), stride=(1, sym(4), sym(4)), assumed_align=16)
         sb = cute.runtime.make_fake_tensor(f32, (nb, kb, batch), stride=(sym(), sym(), sym()), assumed_align=4)
         if p["grouping"] == "none":
-            return (Gemm(ab, out, s, blockwise=True, promote_overlap=p["promote_overlap"], sb_smem=p["sb_smem"],
-                         wg_turns=p["wg_turns"], promote_halves=p["promote_halves"]).fp8,
-                    (a, b, d, sa, sb, Int32(1), fake_stream()))
+            kernel = Gemm(ab, out, s, blockwise=True, promote_overlap=p["promote_overlap"], sb_smem=p["sb_smem"],
+                          wg_turns=p["wg_turns"], promote_halves=p["promote_halves"])
+            if s.split_k > 1:  # d (M, Np, 1) and the fp32 workspace (M, Np, S) contiguous; per-tile flags
+                npad = sym(8)
+                d = cute.runtime.make_fake_tensor(out, (m, npad, batch), stride=(npad, 1, sym(8)), assumed_align=16)
+                ws = cute.runtime.make_fake_tensor(f32, (m, npad, sym()), stride=(npad, 1, sym(8)), assumed_align=16)
+                flags = cute.runtime.make_fake_tensor(Int32, (sym(),), stride=(1,), assumed_align=4)
+                return kernel.fp8_split, (a, b, d, sa, sb, ws, flags, Int32(1), fake_stream())
+            return kernel.fp8, (a, b, d, sa, sb, Int32(1), fake_stream())
         # Grouped: B and sb per expert (E); A, sa, d have L = 1 (contiguous) or E (masked), symbolic
         # here; groups is the expert of each row (contiguous, M) or the valid rows per expert (masked, E).
         experts = sym()
@@ -149,6 +155,8 @@ FP8_GEMM = Fp8GemmSpec(
         "wg_turns": Param(False, (False, True), help="cooperative: the two consumer warpgroups issue each K-block's "
                                                      "WGMMAs in turn (named barriers), so one promotes while the "
                                                      "other's WGMMAs run (default off)"),
+        "split_k": Param(1, tuple(range(1, 17)), help="K splits per tile (small M; > 1: each split promotes its own "
+                                                      "K-blocks, the last split of a tile sums them: one launch)"),
         "promote_halves": Param(False, (False, True), help="each K-block's WGMMAs in two column halves: one half is "
                                                            "promoted while the other runs (the overlap without a "
                                                            "second full temporary; default off)"),

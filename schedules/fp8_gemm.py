@@ -135,6 +135,8 @@ def halves_error(s: GemmSchedule, promote_overlap: bool, wg_turns: bool) -> str 
         return err
     if s.tile_n % 16:
         return f"promote_halves needs tile_n a multiple of 16, got {s.tile_n}"
+    if s.split_k > 1:
+        return f"promote_halves cannot be combined with split_k={s.split_k} (the split path promotes whole K-blocks)"
     if promote_overlap or wg_turns:
         return (f"promote_halves cannot be combined with promote_overlap ({promote_overlap}) or wg_turns "
                 f"({wg_turns}): each orders the promotion its own way")
@@ -195,16 +197,17 @@ def fp8_stages(s: GemmSchedule, out_bytes: int = 2) -> int:
 
 def fp8_schedule(kind: str = "cooperative", tile_m: int = 128, tile_n: int = 128, cluster_m: int = 2,
                  cluster_n: int = 1, stages: int = 0, raster_group: int = 8, persistent: bool = True,
-                 epi_stages: int = 4) -> GemmSchedule:
+                 epi_stages: int = 4, split_k: int = 1) -> GemmSchedule:
     """A GemmSchedule for the FP8 GEMM (tile_k 128, stages counted with the scale boxes); raises
     ValueError naming the problem if the promoted mainloop cannot run it. `epi_stages` (2-4): the
     output sub-tile buffers per storing warpgroup group; fewer leave room for more stages
     (`DEEP_EPI_STAGES`: cooperative 128x128 gets 6 stages, 128x192 with 2 buffers 5)."""
     if epi_stages not in EPI_STAGES:
         raise ValueError(f"epi_stages must be one of {EPI_STAGES}, got {epi_stages}")
+    # split-K (small M): one launch only (`split_fixup`: the last split of a tile sums the promoted partials)
     s = GemmSchedule(kind=kind, tile_m=tile_m, tile_n=tile_n, tile_k=SCALE_BLOCK, cluster_m=cluster_m,
                      cluster_n=cluster_n, stages=stages, raster_group=raster_group, persistent=persistent,
-                     epi_stages=epi_stages)
+                     epi_stages=epi_stages, split_k=split_k, split_fixup=split_k > 1)
     err = promoted_error(s)
     if err:
         raise ValueError(err)

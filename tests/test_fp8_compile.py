@@ -72,3 +72,19 @@ def test_schedule_budget_errors():
         SPEC.resolve({"schedule": "pingpong", "tile_m": 128})
     with pytest.raises(ValueError, match="multiple of 128"):
         SPEC.resolve({"tile_m": 64})
+
+
+@pytest.mark.parametrize("over", [{"schedule": "pingpong", "tile_m": 64, "cluster_m": 1, "split_k": 4},
+                                  {"cluster_m": 1, "split_k": 2, "sb_smem": True}])
+def test_split_k_one_launch(over, tmp_path):
+    """FP8 split-K: one kernel (no summing pass), the promoted mainloop over the unit's K-blocks, the
+    arrival atomic and the two GPU-scope fences of `split_fixup`, no local memory."""
+    spec = catalog.get("fp8_gemm")
+    p = spec.resolve(over)
+    report, files = compile_with_artifacts(spec, p, str(tmp_path))
+    assert not report.spills and len(report.kernels) == 1, report.format()
+    ptx = files["ptx"].read_text()
+    assert ptx.count("atom.global.acq_rel.add") == 1 and ptx.count("fence.acq_rel.gpu") == 2
+    assert report.ptx_census["wgmma.mma_async"] > 0 and "cp.async.bulk.tensor" in ptx
+    with pytest.raises(ValueError, match="promote_halves"):
+        spec.resolve({**over, "promote_halves": True})

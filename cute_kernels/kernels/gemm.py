@@ -91,13 +91,15 @@ class Gemm:
         # FP8: each K-block's WGMMAs in two column halves (two groups), one half promoted while the
         # other runs (`mma_k_tiles_promoted_halves`: the overlap in acc + one temporary's registers)
         self.promote_halves = promote_halves
-        if promote_halves and (not blockwise or promote_overlap or wg_turns or schedule.tile_n % 16):
+        if promote_halves and (not blockwise or promote_overlap or wg_turns or schedule.tile_n % 16
+                               or schedule.split_k > 1):
             raise ValueError("promote_halves is an option of the FP8 block-scaled mode (blockwise=True), without "
-                             "promote_overlap or wg_turns, for tile_n a multiple of 16")
+                             "promote_overlap, wg_turns or split-K, for tile_n a multiple of 16")
         self.split = schedule.split_k > 1
         self.fixup = schedule.split_fixup  # split-K in one launch: the last split of a tile sums and stores it
-        if self.split and (blockwise or grouping != "none"):
-            raise ValueError("split_k > 1 is for the bf16/fp16 GEMM (not the FP8 block-scaled or grouped modes)")
+        if self.split and (grouping != "none" or blockwise and not self.fixup):
+            raise ValueError("split_k > 1 is for the bf16/fp16 GEMM and the dense FP8 GEMM with split_fixup "
+                             "(not the grouped modes)")
         if self.split and ops.source:
             raise ValueError("split_k > 1 does not fuse beta * C (source); use split_k=1")
         if schedule.wg_epilogue and blockwise:
@@ -145,6 +147,14 @@ class Gemm:
         (fused ops, TMA store). flags: (tiles_m * tiles_n * L,) int32, all zero before the launch (and
         after it). d, ws as `split_k`."""
         self._launch(a, b, d, d, bias, alpha, Float32(0.0), max_clusters, stream, ws=ws, flags=flags)
+
+    @cute.jit
+    def fp8_split(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, sa: cute.Tensor, sb: cute.Tensor,
+                  ws: cute.Tensor, flags: cute.Tensor, max_clusters: Int32, stream):
+        """`fp8` with split-K in one launch (`schedule.split_fixup`): each split promotes its own K-blocks
+        (two-level accumulation per 128-deep block, as unsplit), stores the fp32 partial into ws and the
+        last split of a tile sums them (`split_k_fixup`). d (M, Np, 1), ws (M, Np, S)."""
+        self._launch(a, b, d, d, d, Float32(1.0), Float32(0.0), max_clusters, stream, sa, sb, ws=ws, flags=flags)
 
     @cute.jit
     def fp8(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, sa: cute.Tensor, sb: cute.Tensor,
@@ -228,7 +238,10 @@ class Gemm:
             if cutlass.const_expr(self.grouping != "none"):
                 scale_args += (groups,)
         if cutlass.const_expr(self.split):
-            scale_args = (None, None, None, None, None, ws)
+            if cutlass.const_expr(self.blockwise):  # FP8 split: the scale boxes, then the workspace
+                scale_args = scale_args + (None, ws)
+            else:
+                scale_args = (None, None, None, None, None, ws)
             if cutlass.const_expr(self.fixup):
                 scale_args += (None, None, flags)
         if cutlass.const_expr(self.promote_halves):  # the kernel's `half_mma`: WGMMAs tile_n / 2 wide
@@ -350,9 +363,11 @@ class Gemm:
                     tm, tn, tl, te, valid = walk.tile(i, cta_m, cta_n, s, self.grouping, groups, experts)
                     if cutlass.const_expr(self.split):  # this unit's K-blocks only
                         k0, kn = walk.k_range(i, k_tiles, s)
+                        split_box = (tma_s, tSgS[(None, tm, None, tl)], tSsS) if self.blockwise else ()
                         state = produce_k_tiles(pipe, state, kn,
                                                 tma_a, tAgA[(None, tm, None, tl)], tAsA, mask_a,
-                                                tma_b, tBgB[(None, tn, None, te)], tBsB, mask_b, k_first=k0)
+                                                tma_b, tBgB[(None, tn, None, te)], tBsB, mask_b, *split_box,
+                                                k_first=k0)
                     else:
                         if valid:  # B's batch index is the tile's expert (te is tl without grouping)
                             scale_box = (tma_s, tSgS[(None, tm, None, tl)], tSsS) if self.blockwise else ()
@@ -453,8 +468,14 @@ class Gemm:
                     if i > 0:
                         my_turn.wait()  # the other warpgroup has issued its mainloop
                 if cutlass.const_expr(self.split):
-                    _, kn = walk.k_range(i, k_tiles, s)
-                    read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, kn)
+                    k0, kn = walk.k_range(i, k_tiles, s)
+                    if cutlass.const_expr(self.blockwise):  # this split's K-blocks, promoted as unsplit
+                        scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te, sSB, tid,
+                                                                 scale_bar, k0)
+                        read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read, release,
+                                                             kn, scales, turns)
+                    else:
+                        read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, kn)
                     if cutlass.const_expr(s.kind == "pingpong"):
                         their_turn.arrive()
                         _, k_next = walk.k_range(i + 1, k_tiles, s)  # the other warpgroup's next unit

@@ -169,11 +169,22 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
     d = out[:, :n] if npad != n else out
     # promote_overlap is built for the 64/128-column tiles only: its default search leaves the wide ones out
     sched = schedule or default_fp8_schedule(m, n, k, wide=False if promote_overlap else None)
+    if sched.split_k > 1:  # at most one split per 128-deep K-block
+        from cute_kernels.ops.gemm import _clamp_split
+
+        sched = _clamp_split(sched, k)
     if sb_smem is None:
         sb_smem = use_sb_smem(sched, m)
     fn, sms = _compiled(out_dtype, sched, a.get_device(), promote_overlap, sb_smem and k <= SB_SMEM_MAX_K,
                         wg_turns and sched.kind == "cooperative", promote_halves)
     max_clusters = launch_clusters(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms, a.get_device())
+    if sched.split_k > 1:  # one launch: each split promotes its K-blocks, the last split of a tile sums
+        from cute_kernels.ops.gemm import _split_flags
+
+        ws = torch.empty(sched.split_k, m, npad, dtype=torch.float32, device=a.device)
+        flags = _split_flags(-(-m // sched.tile_m) * -(-npad // sched.tile_n), a.device)
+        fn(_as3(a), _as3(b), out.unsqueeze(-1), _as3(sa), _as3(sb), ws.permute(1, 2, 0), flags, max_clusters)
+        return d
     fn(_as3(a), _as3(b), _as3(d), _as3(sa), _as3(sb), max_clusters)
     return d
 
