@@ -46,6 +46,23 @@ def loads_128_bits(report, ptx: str, params: dict) -> bool:
     return params.get("staging") == "smem" and "cp.async.cg.shared.global" in ptx and ", 16, 16;" in ptx
 
 
+def plans_with(match, **changes):
+    """A `cute_kernels.ops._rowwise.plan_for` replacement: the production plan with `changes` applied
+    (`dataclasses.replace`) for the kernels whose name `match(name)` accepts, the others unchanged.
+    For `run_with_plans`."""
+    import dataclasses
+
+    from cute_kernels.ops import _rowwise as R
+
+    orig = R.plan_for
+
+    def plan_for(name, dtype, n, aligned):
+        p = orig(name, dtype, n, aligned)
+        return dataclasses.replace(p, **changes) if match(name) else p
+
+    return plan_for
+
+
 def run_with_plans(monkeypatch, plan_for, fn):
     """Run `fn` with the row-wise ops' plan choice (`cute_kernels.ops._rowwise.plan_for`) replaced
     by `plan_for`, their compiled-function cache emptied before and after (so nothing compiled

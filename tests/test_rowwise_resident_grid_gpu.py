@@ -20,20 +20,14 @@ import torch
 
 import cute_kernels as ck
 from cute_kernels.ops import _rowwise as R
-from tests.helpers import poison_empty, run_with_plans
+from tests.helpers import plans_with, poison_empty, run_with_plans
 from tests.test_rowwise_prefetch_gpu import _bitwise, _grads, _inputs, _reference
 
 pytestmark = pytest.mark.gpu
 
 
-def _plan_for(resident: bool):
-    orig = R.plan_for
-
-    def plan_for(name, dtype, n, aligned):
-        p = orig(name, dtype, n, aligned)
-        return dataclasses.replace(p, resident_grid=resident) if name.endswith(".bwd") else p
-
-    return plan_for
+def _plan_for(resident: bool, direction: str = ".bwd"):
+    return plans_with(lambda name: name.endswith(direction), resident_grid=resident)
 
 
 def _close(out, ref, what):
@@ -106,16 +100,6 @@ FWD_CASES = [(4099, 1024), (1037, 2048), (769, 4096), (301, 16384), (129, 65536)
              (3, 769)]
 
 
-def _fwd_plan_for(resident: bool):
-    orig = R.plan_for
-
-    def plan_for(name, dtype, n, aligned):
-        p = orig(name, dtype, n, aligned)
-        return dataclasses.replace(p, resident_grid=resident) if name.endswith(".fwd") else p
-
-    return plan_for
-
-
 @pytest.mark.parametrize("m,n", FWD_CASES, ids=[f"{m}x{n}" for m, n in FWD_CASES])
 @pytest.mark.parametrize("op", list(FWD_OPS))
 def test_forward_capped_grid_bitwise(op, m, n, monkeypatch):
@@ -127,8 +111,8 @@ def test_forward_capped_grid_bitwise(op, m, n, monkeypatch):
     w = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16)
     b = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16)
     f = FWD_OPS[op]
-    base, _ = run_with_plans(monkeypatch, _fwd_plan_for(False), lambda: f(x, w, b))
-    got, plans = run_with_plans(monkeypatch, _fwd_plan_for(True), lambda: f(x, w, b))
+    base, _ = run_with_plans(monkeypatch, _plan_for(False, ".fwd"), lambda: f(x, w, b))
+    got, plans = run_with_plans(monkeypatch, _plan_for(True, ".fwd"), lambda: f(x, w, b))
     if m:
         assert all(p.resident_grid for k, p in plans.items() if k.endswith(".fwd")), plans
     base = base if isinstance(base, tuple) else (base,)

@@ -8,14 +8,12 @@ variance would cancel).
     python3 -m pytest -q -m gpu tests/test_rowwise_welford_gpu.py
 """
 
-import dataclasses
 
 import pytest
 import torch
 
 import cute_kernels as ck
-from cute_kernels.ops import _rowwise as R
-from tests.helpers import poison_empty, run_with_plans
+from tests.helpers import plans_with, poison_empty, run_with_plans
 
 pytestmark = pytest.mark.gpu
 
@@ -24,13 +22,7 @@ CASES = [(4099, 1024), (1037, 4096), (301, 16384), (129, 65536), (17, 262144), (
 
 
 def _plan_for():
-    orig = R.plan_for
-
-    def plan_for(name, dtype, n, aligned):
-        p = orig(name, dtype, n, aligned)
-        return dataclasses.replace(p, welford=True) if name == "layernorm.fwd" else p
-
-    return plan_for
+    return plans_with(lambda name: name == "layernorm.fwd", welford=True)
 
 
 def _inputs(m, n, dtype, offset=0.0, strided=False):
