@@ -352,27 +352,27 @@ def mma_k_tiles_promoted_halves(
             pipe.consumer_release(release_state)
             release_state.advance()
             scales.promote_part(acc, t1, s, to_acc[1])
-        # The last K-block's half 1, written out twice under a condition on purpose: with one
-        # straight-line tail ptxas (CUDA 13.0) reports C7514 and serializes every WGMMA of the kernel.
+        # The last K-block's half 1, issued from two branches on purpose: with one straight-line tail
+        # ptxas (CUDA 13.0) reports C7514 and serializes every WGMMA of the kernel.
         if k_tiles % 2 == 1:
-            _issue_fresh(half_set, half_mma, t1, tCrA, tCrB[1], release_state.index)
-            s = scales.fetch(scales.prefetch(k_tiles - 1), release_state.index)
-            warpgroup.wait_group(1)
-            scales.promote_part(acc, t0, s, to_acc[0])
-            warpgroup.wait_group(0)
-            pipe.consumer_release(release_state)
-            release_state.advance()
-            scales.promote_part(acc, t1, s, to_acc[1])
+            _halves_tail(half_mma, half_set, acc, t0, t1, tCrA, tCrB, pipe, release_state, k_tiles, scales, to_acc)
         else:
-            _issue_fresh(half_set, half_mma, t1, tCrA, tCrB[1], release_state.index)
-            s = scales.fetch(scales.prefetch(k_tiles - 1), release_state.index)
-            warpgroup.wait_group(1)
-            scales.promote_part(acc, t0, s, to_acc[0])
-            warpgroup.wait_group(0)
-            pipe.consumer_release(release_state)
-            release_state.advance()
-            scales.promote_part(acc, t1, s, to_acc[1])
+            _halves_tail(half_mma, half_set, acc, t0, t1, tCrA, tCrB, pipe, release_state, k_tiles, scales, to_acc)
+        release_state.advance()
     return read_state, release_state
+
+
+@cute.jit
+def _halves_tail(half_mma, half_set, acc, t0, t1, tCrA, tCrB, pipe, release_state, k_tiles, scales, to_acc):
+    """`mma_k_tiles_promoted_halves`'s last K-block (its half 0 already issued): issue half 1, promote
+    half 0, wait for half 1, release the stage (the caller advances the state), promote half 1."""
+    _issue_fresh(half_set, half_mma, t1, tCrA, tCrB[1], release_state.index)
+    s = scales.fetch(scales.prefetch(k_tiles - 1), release_state.index)
+    warpgroup.wait_group(1)
+    scales.promote_part(acc, t0, s, to_acc[0])
+    warpgroup.wait_group(0)
+    pipe.consumer_release(release_state)
+    scales.promote_part(acc, t1, s, to_acc[1])
 
 
 def half_index_map(tiled_mma: cute.TiledMma, half_mma: cute.TiledMma, tile_m: int, tile_n: int) -> tuple:
