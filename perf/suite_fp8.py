@@ -86,35 +86,31 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
         diff = _diff(out, ref)
         fns = {"ours": lambda: ck.fp8_gemm(a, sa, b, sb)}
         overlap_note = ""
+        cols = []
         if m >= OVERLAP_MIN_M:
             ov = lambda: _fp8_gemm_cuda(a, sa, b, sb, promote_overlap=True)  # noqa: E731
             sbs = lambda: _fp8_gemm_cuda(a, sa, b, sb, sb_smem=False)  # noqa: E731
             wide_s = fp8_schedule("cooperative", 128, 192, cluster_m=2 if m > 128 else 1)
-            cols = [(OVERLAP, ov), (SB_SMEM, sbs), (HALVES, lambda: _fp8_gemm_cuda(a, sa, b, sb, promote_halves=True))]
+            cols += [(OVERLAP, ov), (SB_SMEM, sbs), (HALVES, lambda: _fp8_gemm_cuda(a, sa, b, sb, promote_halves=True))]
             if default_fp8_schedule(m, n, k).kind == "cooperative":
                 cols.append((TURNS, lambda: _fp8_gemm_cuda(a, sa, b, sb, wg_turns=True)))
             for name, sched in ((NARROW, default_fp8_schedule(m, n, k, wide=False)),
                                 (WIDE_DEEP, _variant(wide_s, epi_stages=2))):
                 cols.append((name, (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc))(sched)))
-            for name, fn in cols:
-                o = fn()
-                od = _diff(o, ref)
-                overlap_note += f"; {name} diff {od:.1e}, bitwise {'=' if torch.equal(o, out) else '!='} ours"
-                diffs.append((od, f"{m}x{n}x{k} {name}"))
-                del o
-                fns[name] = fn
         if m <= 128:  # small M: the default tile with split-K in one launch, splits to fill the SMs
             d0 = default_fp8_schedule(m, n, k)
             tiles = -(-m // d0.tile_m) * -(-n // d0.tile_n)
             splits = max(2, min(16, -(-k // 128), 132 // max(tiles, 1)))
             ss = fp8_schedule(d0.kind, d0.tile_m, d0.tile_n, d0.cluster_m, d0.cluster_n, split_k=splits)
-            fs = (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc))(ss)
-            o = fs()
+            overlap_note += f"; {SPLIT}: {ss}"
+            cols.append((SPLIT, (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc))(ss)))
+        for name, fn in cols:
+            o = fn()
             od = _diff(o, ref)
-            overlap_note += f"; {SPLIT} ({ss}) diff {od:.1e}"
-            diffs.append((od, f"{m}x{n}x{k} {SPLIT}"))
+            overlap_note += f"; {name} diff {od:.1e}, bitwise {'=' if torch.equal(o, out) else '!='} ours"
+            diffs.append((od, f"{m}x{n}x{k} {name}"))
             del o
-            fns[SPLIT] = fs
+            fns[name] = fn
         del ref
         sm = _scaled_mm(a, sa, b, sb)
         if sm is not None:

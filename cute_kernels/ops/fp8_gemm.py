@@ -179,10 +179,9 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
                         wg_turns and sched.kind == "cooperative", promote_halves)
     max_clusters = launch_clusters(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms, a.get_device())
     if sched.split_k > 1:  # one launch: each split promotes its K-blocks, the last split of a tile sums
-        from cute_kernels.ops.gemm import _split_flags
+        from cute_kernels.ops.gemm import split_buffers
 
-        ws = torch.empty(sched.split_k, m, npad, dtype=torch.float32, device=a.device)
-        flags = _split_flags(-(-m // sched.tile_m) * -(-npad // sched.tile_n), a.device)
+        ws, flags = split_buffers(sched, 1, m, npad, a.device)
         fn(_as3(a), _as3(b), out.unsqueeze(-1), _as3(sa), _as3(sb), ws.permute(1, 2, 0), flags, max_clusters)
         return d
     fn(_as3(a), _as3(b), _as3(d), _as3(sa), _as3(sb), max_clusters)

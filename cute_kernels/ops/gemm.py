@@ -175,15 +175,24 @@ def _clamp_split(sched: GemmSchedule, k: int) -> GemmSchedule:
 _flags: dict = {}
 
 
-def _split_flags(tiles: int, device) -> torch.Tensor:
-    """`split_fixup`'s per-tile arrival counts: zeroed once per (device, stream), grown when needed; every
-    launch leaves them zero (the last split of each tile resets its flag). One buffer per stream, so
-    launches on two streams never share counts."""
+def split_buffers(sched: GemmSchedule, batch: int, rows: int, npad: int, device):
+    """A split-K launch's buffers: a fresh fp32 workspace (S * L, M, Np) and, with `sched.split_fixup`,
+    the per-tile arrival counts (else None). The counts are zeroed once per (device, stream), grown when
+    needed; every launch leaves them zero (the last split of each tile resets its flag), and launches on
+    two streams never share them. Shared by the bf16 and FP8 GEMM ops."""
+    splits = sched.split_k
+    if splits * batch * rows * npad >= 2**31:
+        raise ValueError(f"split_k={splits}: the workspace of {splits} x {batch * rows * npad} fp32 elements "
+                         "needs 64-bit indexing; use split_k=1 for this shape")
+    ws = torch.empty(splits * batch, rows, npad, dtype=torch.float32, device=device)
+    if not sched.split_fixup:
+        return ws, None
+    tiles = -(-rows // sched.tile_m) * -(-npad // sched.tile_n) * batch
     key = (device, torch.cuda.current_stream(device).cuda_stream)
-    buf = _flags.get(key)
-    if buf is None or buf.numel() < tiles:
-        buf = _flags[key] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
-    return buf
+    flags = _flags.get(key)
+    if flags is None or flags.numel() < tiles:
+        flags = _flags[key] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+    return ws, flags
 
 
 def _split_k(fn, av, bv, out_buf, bias_t, sched: GemmSchedule, max_clusters, sms):
@@ -192,15 +201,9 @@ def _split_k(fn, av, bv, out_buf, bias_t, sched: GemmSchedule, max_clusters, sms
     tile sums them itself (one launch)."""
     from cute_kernels.kernels.gemm import REDUCE_SCHEDULE, REDUCE_VEC
 
-    splits = sched.split_k
     lb, rows, npad = out_buf.shape
-    if splits * out_buf.numel() >= 2**31:
-        raise ValueError(f"split_k={splits}: the workspace of {splits} x {out_buf.numel()} fp32 elements needs "
-                         "64-bit indexing; use split_k=1 for this shape")
-    ws = torch.empty(splits * lb, rows, npad, dtype=torch.float32, device=out_buf.device)
-    if sched.split_fixup:
-        tiles = -(-rows // sched.tile_m) * -(-npad // sched.tile_n) * lb
-        flags = _split_flags(tiles, out_buf.device)
+    ws, flags = split_buffers(sched, lb, rows, npad, out_buf.device)
+    if flags is not None:
         fn(av, bv, out_buf.permute(1, 2, 0), ws.permute(1, 2, 0), flags, bias_t, 1.0, max_clusters)
         return
     reduce_ctas = REDUCE_SCHEDULE.grid(out_buf.numel() // REDUCE_VEC, sms)
