@@ -227,6 +227,12 @@ def _timed_with(obj, attr: str, value, fn, what: str):
         setattr(obj, attr, orig)
 
 
+def _with_twins(ps: list, mode: str, twins: list) -> list:
+    """A sweep's plans with an option's `twins` (mode "both": added to them), or (mode "only") just the
+    twins and the plans `_twin` pairs them with."""
+    return (ps + twins) if mode == "both" else (twins + [_twin(p) for p in twins])
+
+
 def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "barrier",
           resident_grid: str = "off", hold: str = "off", acc_regs: str = "off", welford: str = "off"):
     from cute_kernels.ops import _rowwise as R
@@ -255,18 +261,17 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                 for mode, off, change in ((cluster_sync, "barrier", dict(cluster_sync="mbarrier")),
                                           (resident_grid, "off", dict(resident_grid=True))):
                     if mode != off:  # forwards: every plan has a capped twin (backwards: clustered ones)
-                        tw = [dataclasses.replace(p, **change) for p in [default] + ps
-                              if p.cluster_n > 1 or (change.get("resident_grid") and k.endswith(".fwd"))]
-                        ps = (ps + tw) if mode == "both" else (tw + [_twin(p) for p in tw])
+                        ps = _with_twins(ps, mode, [dataclasses.replace(p, **change) for p in [default] + ps
+                                                    if p.cluster_n > 1
+                                                    or (change.get("resident_grid") and k.endswith(".fwd"))])
                 if hold != "off" and k in HOLD_KERNELS:  # after the mbarrier twins: those too
-                    tw = [_hold_twin(p, kernel=k) for p in [default] + ps if _holdable(p)]
-                    ps = (ps + tw) if hold == "both" else (tw + [_twin(p) for p in tw])
+                    ps = _with_twins(ps, hold, [_hold_twin(p, kernel=k) for p in [default] + ps if _holdable(p)])
                 if acc_regs != "off" and k in ACC_REGS_KERNELS:  # register accumulators, any plan
-                    tw = [dataclasses.replace(p, acc_regs=True) for p in [default] + ps if not p.acc_regs]
-                    ps = (ps + tw) if acc_regs == "both" else (tw + [_twin(p) for p in tw])
+                    ps = _with_twins(ps, acc_regs, [dataclasses.replace(p, acc_regs=True) for p in [default] + ps
+                                                    if not p.acc_regs])
                 if welford != "off" and k in WELFORD_KERNELS:  # one (count, mean, M2) reduction, any plan
-                    tw = [dataclasses.replace(p, welford=True) for p in [default] + ps if not p.welford]
-                    ps = (ps + tw) if welford == "both" else (tw + [_twin(p) for p in tw])
+                    ps = _with_twins(ps, welford, [dataclasses.replace(p, welford=True) for p in [default] + ps
+                                                   if not p.welford])
             for p in dict.fromkeys(ps):
                 params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p))
                 if k.startswith(("rmsnorm", "layernorm")):
