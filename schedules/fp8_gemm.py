@@ -179,14 +179,17 @@ def scale_stage_bytes(s: GemmSchedule) -> int:
     return s.tile_m * 4
 
 
-def smem_bytes(s: GemmSchedule, sb_smem: bool = False, out_bytes: int = 2) -> int:
+def smem_bytes(s: GemmSchedule, sb_smem: bool = False, out_bytes: int = 2, padded: bool = True) -> int:
     """Shared memory of the FP8 kernel's storage (`kernels/gemm.py` `ScaledStorage` /
     `StagedScaleStorage`, in order): mbarriers padded to 1 KiB (sA is 1024-aligned), per stage A + B
     + the tile's A scales, the epilogue buffers, and with `sb_smem` the B-scale row; every piece is a
-    multiple of its successor's alignment at these tiles, so this is exact (the CPU test reads the
-    B-scale row's offset back from SASS)."""
+    multiple of its successor's alignment at these tiles, and the struct is padded to its 1 KiB
+    alignment, so this is exact (the CPU tests read the B-scale row's offset back from SASS and
+    compare the struct's size; `padded=False`: the offset of whatever follows the pieces). SMEM_BYTES
+    is a multiple of 1 KiB: the padding never decides a fit."""
     need = s.stages * (s.stage_bytes(1) + scale_stage_bytes(s)) + s.epi_bytes(out_bytes) + BARRIER_BYTES
-    return need + (sb_smem_bytes(s) if sb_smem else 0)
+    need += sb_smem_bytes(s) if sb_smem else 0
+    return -(-need // 1024) * 1024 if padded else need
 
 
 def fp8_stages(s: GemmSchedule, out_bytes: int = 2) -> int:

@@ -202,6 +202,7 @@ class Gemm:
         @cute.struct
         class Storage:
             bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            last: cute.struct.MemRange[Int32, 2]  # split_fixup's per-group "arrived last" (in the barrier pad)
             sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
             sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 1024]
@@ -215,6 +216,7 @@ class Gemm:
             @cute.struct
             class ScaledStorage:
                 bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+                last: cute.struct.MemRange[Int32, 2]  # split_fixup's per-group "arrived last" (in the barrier pad)
                 sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
                 sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
                 sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 1024]
@@ -227,6 +229,7 @@ class Gemm:
                 @cute.struct
                 class StagedScaleStorage:
                     bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+                    last: cute.struct.MemRange[Int32, 2]  # split_fixup's per-group "arrived last" (in the barrier pad)
                     sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
                     sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
                     sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 1024]
@@ -318,7 +321,7 @@ class Gemm:
         st = smem.allocate(self.storage)
         last_flag = None
         if cutlass.const_expr(self.fixup):  # per storing group: "this unit arrived last" (see `split_k_fixup`)
-            last_flag = smem.allocate_tensor(Int32, cute.make_layout(2), byte_alignment=16)
+            last_flag = st.last.get_tensor(cute.make_layout(2))
         tx_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(sA_layout, (None, None, 0))) + cute.size_in_bytes(
             self.ab_dtype, cute.slice_(sB_layout, (None, None, 0)))
         if cutlass.const_expr(self.blockwise):
@@ -530,7 +533,11 @@ class Gemm:
         cute.arch.fence_acq_rel_gpu()  # this thread's partial stores before the arrival (release)
         epi_bar.arrive_and_wait()
         tile = (tl * tiles_m + tm) * tiles_n + tn
-        if epi_tid == 0:
+        # A cluster rounds the tile grid up (tiles_n = 9 on a 1x2 cluster runs a 10th column of CTAs):
+        # such a tile stores nothing and must not arrive, or it counts on the flag of the tile its
+        # index aliases (tile (tm + 1, 0)) and lets that tile sum before all its partials are written.
+        inside = tm < tiles_m and tn < tiles_n
+        if epi_tid == 0 and inside:
             old = cute.arch.atomic_add((flags.iterator + tile).llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
             is_last = Int32(0)
             if old == s.split_k - 1:
@@ -538,7 +545,7 @@ class Gemm:
                 is_last = Int32(1)
             last_flag[slot] = is_last
         epi_bar.arrive_and_wait()
-        if last_flag[slot] == 1:
+        if last_flag[slot] == 1 and inside:
             cute.arch.fence_acq_rel_gpu()  # the other splits' partials (acquire)
             rows = cute.size(mW, mode=[0])
             cols = cute.size(mW, mode=[1])
