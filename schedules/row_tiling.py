@@ -323,6 +323,13 @@ _STAGED_FWD_16K = dict(target_elems=128, max_elems=128, min_threads=128, max_tpr
 _RMS_BWD_16K = dict(_BWD, max_elems=16, cluster_sync="mbarrier", prefetch=True)
 _RMS_BWD_32K = dict(_STAGED_BWD, cluster_sync="mbarrier", prefetch=True)
 _RMS_BWD_64K = dict(_STAGED_NORM_BWD_RG, cluster_sync="mbarrier", prefetch=True)
+# Session 12's LayerNorm backward sweep with the dweight/dbias accumulators in registers (`acc_regs`;
+# perf/results/2026-11-30-h200-<commit>/tune_rows_ln_bwd.md; ncu of session 11 at 32k: 35 % short-scoreboard
+# stalls on the smem accumulators), each the best plan over the default of the time: 16k 285.3 -> 276.8 us,
+# 32k 361.0 -> 319.0, 64k (the staged resident-grid plan on mbarriers, prefetching) 392.7 -> 302.5.
+_LN_BWD_16K_ACCR = dict(_LN_BWD_16K, acc_regs=True)
+_LN_BWD_32K_ACCR = dict(_LN_BWD_32K, acc_regs=True)
+_LN_BWD_64K_ACCR = dict(_RMS_BWD_64K, acc_regs=True)
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
     "fwd": ((4096, _ONE_ROW_128), (8192, _FWD), (16384, dict(_STAGED_FWD_16K, regs=_FWD)),
@@ -351,7 +358,7 @@ HELD_TUNED = {
     # 8k (and fp32 / scalar rows to 16k): 512-thread CTAs, two per SM in the grid (registers allow one
     # resident: the second wave balances the tail), measured at 16k before session 10: 2.08 -> 2.40 TB/s.
     "ln_bwd": ((1024, dict(_BWD_1K, regs=dict(_ONE_ROW_128, min_threads=256))), (2048, dict(_ONE_ROW_128, min_threads=256)), (4096, dict(_LN_BWD_4K_ACCR, regs=dict(_ONE_ROW_128, min_threads=256))), (8192, dict(_LN_BWD, regs_per_thread=64)),
-               (16384, dict(_LN_BWD_16K, regs=dict(_LN_BWD, regs_per_thread=64))), (32768, dict(_LN_BWD_32K, regs=_LN_BWD)), (65536, dict(_STAGED_NORM_BWD_RG, regs=dict(_LN_BWD, resident_grid=True))),
+               (16384, dict(_LN_BWD_16K_ACCR, regs=dict(_LN_BWD, regs_per_thread=64))), (32768, dict(_LN_BWD_32K_ACCR, regs=_LN_BWD)), (65536, dict(_LN_BWD_64K_ACCR, regs=dict(_LN_BWD, resident_grid=True))),
                (131072, dict(_LONG_NORM_BWD, regs=_LN_BWD)), (None, dict(_LONG_NORM_BWD_16, regs=_LN_BWD))),
     # Cross-entropy backward: no reduction (lse is saved), a read-x / write-dx copy bound by bytes in
     # flight. UNMEASURED (CPU compile reports only; time with `perf.tune_rows --kernels

@@ -33,3 +33,19 @@ def test_plan_string_and_spec_params():
     p = HeldRowPlan(RowTiling(512, 512, 1), 1, 2, prefetch=True, acc_regs=True)
     assert "accr" in str(p) and config_of(p)["acc_regs"] and config_of(p)["ctas_per_sm"] == 2
     assert "acc_regs" in catalog.get("layernorm.bwd").params and "acc_regs" not in catalog.get("softmax.bwd").params
+
+
+@pytest.mark.parametrize("n", [16384, 32768, 65536])
+def test_layernorm_bwd_production_plans(n, tmp_path):
+    """The LayerNorm backward's default plans at 16k-64k (session 12's sweep) keep dweight/dbias in
+    registers and compile without spills at their CTAs per SM."""
+    import torch
+
+    from cute_kernels.ops._rowwise import plan_for
+
+    plan = plan_for("layernorm.bwd", torch.bfloat16, n, True)
+    assert plan.acc_regs and plan.prefetch
+    spec = catalog.get("layernorm.bwd")
+    p = spec.resolve(dict(config_of(plan), dtype="bf16", aligned=True, index64=False))
+    report, _ = compile_with_artifacts(spec, p, str(tmp_path))
+    assert not report.spills, report.format()

@@ -60,3 +60,28 @@ def test_register_accumulators_bitwise(op, setting, m, n, monkeypatch):
         _bitwise(a, c, f"{op} {setting} {what}")
     for o, ref, what in zip(regs, _reference(*args), names):
         _check_ref(o, ref, f"{op} {setting} {what}")
+
+
+@pytest.mark.parametrize("m,n", [(267, 16384), (3, 16384), (133, 32768), (133, 65536), (1, 65536)],
+                         ids=lambda v: str(v))
+def test_layernorm_bwd_production_plans_bitwise(m, n, monkeypatch):
+    """LayerNorm backward's default plans at 16k-64k (register accumulators in clusters of 2-8 on
+    mbarriers, prefetching; 64k staged on the resident grid) against themselves with shared-memory
+    accumulators: bit for bit, and the fp32 reference."""
+    orig = R.plan_for
+
+    def flipped(name, dtype, nn, aligned):
+        p = orig(name, dtype, nn, aligned)
+        return dataclasses.replace(p, acc_regs=False) if name == "layernorm.bwd" else p
+
+    poison_empty(monkeypatch)
+    x, dy, w, b, r, ds = _inputs(m, n, strided=(m == 133 and n == 32768))
+    args = ("layer_norm", x, dy, w, b, r, ds)
+    regs, plans = run_with_plans(monkeypatch, orig, lambda: _grads(*args))
+    shared, _ = run_with_plans(monkeypatch, flipped, lambda: _grads(*args))
+    if m:
+        assert plans["layernorm.bwd"].acc_regs, plans
+    for a, c, what in zip(shared, regs, ("dx", "dweight", "dbias")):
+        _bitwise(a, c, f"layer_norm {n} {what}")
+    for o, ref, what in zip(regs, _reference(*args), ("dx", "dweight", "dbias")):
+        _check_ref(o, ref, f"layer_norm {n} {what}")
