@@ -526,8 +526,9 @@ def candidates(m: int, n: int, k: int, limit: int = 32) -> list[GemmSchedule]:
                     continue
                 if tm > 2 * max(m, 64) or tn > 2 * max(n, 64):
                     continue
-                if -(-m // tm) % cm and m > tm or -(-n // tn) % cn and n > tn:
-                    continue  # cluster does not divide the tile grid: idle CTAs
+                if -(-m // tm) % cm or -(-n // tn) % cn:
+                    continue  # cluster does not divide the tile grid: idle CTAs (a 2x1 cluster on one tile
+                    # row ran a whole second CTA on zero-filled A: the split-K columns of session 12)
                 out.append(s)
     d = default_schedule(m, n, k)
     # Split-K variants (2, 3, 4 splits) of the schedules whose grid leaves SMs idle, best modelled

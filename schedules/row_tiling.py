@@ -324,7 +324,7 @@ _RMS_BWD_16K = dict(_BWD, max_elems=16, cluster_sync="mbarrier", prefetch=True)
 _RMS_BWD_32K = dict(_STAGED_BWD, cluster_sync="mbarrier", prefetch=True)
 _RMS_BWD_64K = dict(_STAGED_NORM_BWD_RG, cluster_sync="mbarrier", prefetch=True)
 # Session 12's LayerNorm backward sweep with the dweight/dbias accumulators in registers (`acc_regs`;
-# perf/results/2026-11-30-h200-<commit>/tune_rows_ln_bwd.md; ncu of session 11 at 32k: 35 % short-scoreboard
+# perf/results/2026-11-30-h200-85a8090/tune_rows_ln_bwd.md; ncu of session 11 at 32k: 35 % short-scoreboard
 # stalls on the smem accumulators), each the best plan over the default of the time: 16k 285.3 -> 276.8 us,
 # 32k 361.0 -> 319.0, 64k (the staged resident-grid plan on mbarriers, prefetching) 392.7 -> 302.5.
 _LN_BWD_16K_ACCR = dict(_LN_BWD_16K, acc_regs=True)

@@ -53,6 +53,10 @@ def test_candidates_are_few_valid_and_start_with_the_default():
         assert 1 <= len(cs) <= 32 and all(c.fits() for c in cs)
         assert cs[0] == default_schedule(m, n, k)
         assert len(set(cs)) == len(cs)
+        # every cluster divides its tile grid: no CTA of a cluster computes a tile past the problem
+        # (session 12: the split-K candidates at M = 64 / 128 were 2x1 clusters on one tile row)
+        for c in cs:
+            assert -(-m // c.tile_m) % c.cluster_m == 0 and -(-n // c.tile_n) % c.cluster_n == 0, c
 
 
 def test_fake_mode_shapes_and_errors():
