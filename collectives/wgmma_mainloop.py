@@ -108,6 +108,7 @@ def mma_k_tiles_promoted(
     k_tiles,
     scales,
     turns=None,
+    sb_ahead: cutlass.Constexpr = False,
 ):
     """acc = sum over the `k_tiles` K-blocks of scale_k * (A_k @ B_k), each block's product
     accumulated by WGMMA in `temp` (same shape as acc) and promoted into acc on the CUDA cores.
@@ -164,6 +165,23 @@ def mma_k_tiles_promoted(
             release_state.advance()
             read_state.advance()
             scales.promote(acc, temp, s)
+    elif cutlass.const_expr(sb_ahead):
+        # B scales one K-block ahead: K-block k+1's global loads are issued before K-block k's wait and
+        # consumed a whole K-block later. Two K-blocks an iteration, each scale in its own variable
+        # (a one-K-block loop would carry the value through a register move that ptxas places right
+        # after the loads, waiting for them in the same K-block); an odd last K-block after the loop.
+        sb_a = scales.prefetch(0)
+        last = k_tiles - 1
+        for kk in cutlass.range(k_tiles // 2, unroll=1):
+            sb_b = scales.prefetch(kk * 2 + 1)
+            read_state, release_state = _promoted_block(tiled_mma, acc, temp, tCrA, tCrB, pipe, read_state,
+                                                        release_state, scales, sb_a, turns)
+            sb_a = scales.prefetch(cutlass.min(kk * 2 + 2, last))
+            read_state, release_state = _promoted_block(tiled_mma, acc, temp, tCrA, tCrB, pipe, read_state,
+                                                        release_state, scales, sb_b, turns)
+        if k_tiles % 2 == 1:
+            read_state, release_state = _promoted_block(tiled_mma, acc, temp, tCrA, tCrB, pipe, read_state,
+                                                        release_state, scales, sb_a, turns)
     else:
         for k in cutlass.range(k_tiles, unroll=1):
             sb = scales.prefetch(k)
@@ -180,6 +198,25 @@ def mma_k_tiles_promoted(
             release_state.advance()
             read_state.advance()
             scales.promote(acc, temp, s)
+    return read_state, release_state
+
+
+def _promoted_block(tiled_mma, acc, temp, tCrA, tCrB, pipe, read_state, release_state, scales, sb, turns):
+    """One K-block of `mma_k_tiles_promoted` with its B scales `sb` already loaded (`sb_ahead`): wait
+    stage -> zero temp, WGMMAs, commit -> A scales -> wait for the WGMMAs -> release -> promote."""
+    pipe.consumer_wait(read_state)
+    _take_turn(turns)
+    temp.fill(0.0)
+    warpgroup.fence()
+    mma_blocks(tiled_mma, temp, stage_of(tCrA, read_state.index), stage_of(tCrB, read_state.index))
+    warpgroup.commit_group()
+    _pass_turn(turns)
+    s = scales.fetch(sb, read_state.index)
+    warpgroup.wait_group(0)
+    pipe.consumer_release(release_state)
+    release_state.advance()
+    read_state.advance()
+    scales.promote(acc, temp, s)
     return read_state, release_state
 
 

@@ -70,6 +70,9 @@ class Fp8GemmSpec(KernelSpec):
             err = halves_error(s, p["promote_overlap"], p["wg_turns"])
             if err:
                 raise ValueError(err)
+        if p["sb_ahead"] and (p["sb_smem"] or p["promote_overlap"] or p["promote_halves"]):
+            raise ValueError("sb_ahead=True reads the B scales from global one K-block ahead: not with sb_smem, "
+                             "promote_overlap or promote_halves")
 
     def build(self, p):
         from cute_kernels.kernels.gemm import Gemm
@@ -90,7 +93,7 @@ class Fp8GemmSpec(KernelSpec):
         sb = cute.runtime.make_fake_tensor(f32, (nb, kb, batch), stride=(sym(), sym(), sym()), assumed_align=4)
         if p["grouping"] == "none":
             kernel = Gemm(ab, out, s, blockwise=True, promote_overlap=p["promote_overlap"], sb_smem=p["sb_smem"],
-                          wg_turns=p["wg_turns"], promote_halves=p["promote_halves"])
+                          wg_turns=p["wg_turns"], promote_halves=p["promote_halves"], sb_ahead=p["sb_ahead"])
             if s.split_k > 1:  # d (M, Np, 1) and the fp32 workspace (M, Np, S) contiguous; per-tile flags
                 npad = sym(8)
                 d = cute.runtime.make_fake_tensor(out, (m, npad, batch), stride=(npad, 1, sym(8)), assumed_align=16)
@@ -105,7 +108,8 @@ class Fp8GemmSpec(KernelSpec):
         sb = cute.runtime.make_fake_tensor(f32, (nb, kb, experts), stride=(sym(), sym(), sym()), assumed_align=4)
         groups = cute.runtime.make_fake_tensor(Int32, (sym(),), stride=(1,), assumed_align=4)
         kernel = Gemm(ab, out, s, blockwise=True, grouping=p["grouping"], promote_overlap=p["promote_overlap"],
-                      sb_smem=p["sb_smem"], wg_turns=p["wg_turns"], promote_halves=p["promote_halves"])
+                      sb_smem=p["sb_smem"], wg_turns=p["wg_turns"], promote_halves=p["promote_halves"],
+                      sb_ahead=p["sb_ahead"])
         return kernel.fp8_grouped, (a, b, d, sa, sb, groups, Int32(1), fake_stream())
 
     def representative(self):
@@ -160,5 +164,7 @@ FP8_GEMM = Fp8GemmSpec(
         "promote_halves": Param(False, (False, True), help="each K-block's WGMMAs in two column halves: one half is "
                                                            "promoted while the other runs (the overlap without a "
                                                            "second full temporary; default off)"),
+        "sb_ahead": Param(False, (False, True), help="B scales read from global one K-block ahead (their L2 latency "
+                                                     "off the promotion's path; not with sb_smem; default off)"),
     },
 )

@@ -67,7 +67,8 @@ _SCALE_BAR = 5  # FP8 sb_smem: both consumer warpgroups, the tile's B-scale row 
 class Gemm:
     def __init__(self, ab_dtype, out_dtype, schedule: GemmSchedule, ops: EpilogueOps = EpilogueOps(),
                  blockwise: bool = False, grouping: str = "none", promote_overlap: bool = False,
-                 sb_smem: bool = False, wg_turns: bool = False, promote_halves: bool = False):
+                 sb_smem: bool = False, wg_turns: bool = False, promote_halves: bool = False,
+                 sb_ahead: bool = False):
         self.ab_dtype, self.out_dtype = ab_dtype, out_dtype
         self.s, self.ops = schedule, ops
         self.acc_dtype = Float32
@@ -95,6 +96,12 @@ class Gemm:
                                or schedule.split_k > 1):
             raise ValueError("promote_halves is an option of the FP8 block-scaled mode (blockwise=True), without "
                              "promote_overlap, wg_turns or split-K, for tile_n a multiple of 16")
+        # FP8, B scales from global: K-block k+1's loads issued during K-block k (`mma_k_tiles_promoted`'s
+        # `sb_ahead`), so their L2 latency is off the promotion's critical path
+        self.sb_ahead = sb_ahead
+        if sb_ahead and (not blockwise or sb_smem or promote_overlap or promote_halves):
+            raise ValueError("sb_ahead is an option of the FP8 block-scaled mode (blockwise=True) with the B scales "
+                             "read from global memory: not with sb_smem, promote_overlap or promote_halves")
         self.split = schedule.split_k > 1
         self.fixup = schedule.split_fixup  # split-K in one launch: the last split of a tile sums and stores it
         if self.split and (grouping != "none" or blockwise and not self.fixup):
@@ -476,7 +483,7 @@ class Gemm:
                         scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te, sSB, tid,
                                                                  scale_bar, k0)
                         read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read, release,
-                                                             kn, scales, turns)
+                                                             kn, scales, turns, self.sb_ahead)
                     else:
                         read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, kn)
                     if cutlass.const_expr(s.kind == "pingpong"):
@@ -505,7 +512,7 @@ class Gemm:
                                                                              pipe, read, release, k_tiles, scales)
                             else:
                                 read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read,
-                                                                     release, k_tiles, scales, turns)
+                                                                     release, k_tiles, scales, turns, self.sb_ahead)
                         else:
                             read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, k_tiles)
                         if cutlass.const_expr(s.kind == "pingpong"):

@@ -123,8 +123,9 @@ def _as3(x: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(-1).as_strided((*x.shape, 1), (*x.stride(), 16 * (x.shape[0] + x.shape[1]) * 4))
 
 
-def _compiled(out_dtype, sched, device, promote_overlap=False, sb_smem=False, wg_turns=False, promote_halves=False):
-    key = (out_dtype, sched, device, promote_overlap, sb_smem, wg_turns, promote_halves)
+def _compiled(out_dtype, sched, device, promote_overlap=False, sb_smem=False, wg_turns=False, promote_halves=False,
+              sb_ahead=False):
+    key = (out_dtype, sched, device, promote_overlap, sb_smem, wg_turns, promote_halves, sb_ahead)
     hit = _fns.get(key)
     if hit is None:
         from cute_kernels.specs_fp8 import FP8_GEMM, params_for
@@ -137,20 +138,29 @@ def _compiled(out_dtype, sched, device, promote_overlap=False, sb_smem=False, wg
             extra["wg_turns"] = True
         if promote_halves:
             extra["promote_halves"] = True
+        if sb_ahead:
+            extra["sb_ahead"] = True
         fn = FP8_GEMM.compiled(**params_for(sched, out_dtype=dtypes.name_of(out_dtype)), **extra)
         hit = _fns[key] = (fn, num_sms(device))
     return hit
 
 
+# B scales from global one K-block ahead (`sb_ahead`): off until the H200 has run its bitwise tests and the
+# suite's "ours sb ahead" column (session 12 desk: at M = 64 / 128 every K-block's promotion waited for the
+# L2 latency of its own B-scale load; 320-370 ns a K-block at 64x7168x16384 and 64x2112x7168 alike).
+SB_AHEAD_DEFAULT = False
+
+
 def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=False, sb_smem=None,
-                   wg_turns=False, promote_halves=False):
+                   wg_turns=False, promote_halves=False, sb_ahead=None):
     """The op's CUDA body. Options (catalogue `fp8_gemm`): `schedule` (any
     `schedules.fp8_gemm.fp8_schedule`, e.g. the wide 128x192), `promote_overlap` (default off),
     `promote_halves` (each K-block's WGMMAs in two column halves, one promoted while the other runs;
     default off, any tile: the wide ones included),
     `wg_turns` (cooperative: K-block WGMMAs issued in turn by the two warpgroups; default off),
     `sb_smem` (B scales staged in smem per tile; None: `schedules.fp8_gemm.use_sb_smem` decides,
-    on for cooperative tiles at M >= 1024; K > 65536 runs without it: same bits)."""
+    on for cooperative tiles at M >= 1024; K > 65536 runs without it: same bits), `sb_ahead` (B scales read
+    from global one K-block ahead where they are not staged; None: SB_AHEAD_DEFAULT)."""
     from schedules.fp8_gemm import SB_SMEM_MAX_K, default_fp8_schedule, use_sb_smem
     from schedules.gemm import launch_clusters
 
@@ -175,8 +185,12 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
         sched = _clamp_split(sched, k)
     if sb_smem is None:
         sb_smem = use_sb_smem(sched, m)
-    fn, sms = _compiled(out_dtype, sched, a.get_device(), promote_overlap, sb_smem and k <= SB_SMEM_MAX_K,
-                        wg_turns and sched.kind == "cooperative", promote_halves)
+    sb_smem = sb_smem and k <= SB_SMEM_MAX_K
+    if sb_ahead is None:
+        sb_ahead = SB_AHEAD_DEFAULT
+    sb_ahead = sb_ahead and not (sb_smem or promote_overlap or promote_halves)  # scales from global only
+    fn, sms = _compiled(out_dtype, sched, a.get_device(), promote_overlap, sb_smem,
+                        wg_turns and sched.kind == "cooperative", promote_halves, sb_ahead)
     max_clusters = launch_clusters(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms, a.get_device())
     if sched.split_k > 1:  # one launch: each split promotes its K-blocks, the last split of a tile sums
         from cute_kernels.ops.gemm import split_buffers
