@@ -23,7 +23,6 @@ from schedules.fp8_gemm import (
     acc_per_thread,
     default_fp8_schedule,
     fp8_schedule,
-    sb_smem_bytes,
     sb_smem_error,
     smem_bytes,
 )
