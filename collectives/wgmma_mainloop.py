@@ -270,6 +270,7 @@ def mma_k_tiles_promoted_overlap(
     release_state,
     k_tiles,
     scales,
+    sb_ahead: cutlass.Constexpr = False,
 ):
     """`mma_k_tiles_promoted` with the promotion of K-block k-1 overlapping the WGMMAs of K-block k
     (the `promote_overlap` option of the FP8 GEMM). Two temporaries t0 / t1 alternate: K-block k is
@@ -280,18 +281,28 @@ def mma_k_tiles_promoted_overlap(
     it is released). The parity of a temporary must be known when the kernel is traced, so the
     K loop runs in pairs after K-block 0, with a tail for an even K-block count. Same arguments
     (plus the second temporary), ACCUMULATE setting and returned states as `mma_k_tiles_promoted`;
-    the sum is bitwise the same (same FFMAs in the same K order)."""
+    the sum is bitwise the same (same FFMAs in the same K order).
+
+    `sb_ahead` (B scales from global): K-block j's scales are loaded in the step that issues j, a step
+    before its promotion (without it, in the step that promotes it): `sb_a` holds the even K-blocks'
+    scales and is reloaded right after its use, `sb_b` the odd ones', so no register move carries a
+    load across the loop."""
     acc.fill(0.0)
     if k_tiles > 0:
         row = scales.load_row()  # sb_smem: stage the tile's B-scale rows (None / no-op without it)
         pipe.consumer_wait(read_state)
+        sb_a = scales.prefetch(0) if cutlass.const_expr(sb_ahead) else None
         _issue_block(tiled_mma, t0, tCrA, tCrB, read_state.index)
         scales.store_row(row)
         read_state.advance()
         for p in cutlass.range((k_tiles - 1) // 2, unroll=1):
             k = 2 * p + 1
             # K-block k -> t1 while K-block k-1 (t0) is promoted.
-            sb = scales.prefetch(k - 1)
+            if cutlass.const_expr(sb_ahead):
+                sb_b = scales.prefetch(k)
+                sb = sb_a
+            else:
+                sb = scales.prefetch(k - 1)
             pipe.consumer_wait(read_state)
             _issue_block(tiled_mma, t1, tCrA, tCrB, read_state.index)
             s = scales.fetch(sb, release_state.index)
@@ -301,7 +312,11 @@ def mma_k_tiles_promoted_overlap(
             read_state.advance()
             scales.promote(acc, t0, s)
             # K-block k+1 -> t0 while K-block k (t1) is promoted.
-            sb = scales.prefetch(k)
+            if cutlass.const_expr(sb_ahead):
+                sb_a = scales.prefetch(k + 1)
+                sb = sb_b
+            else:
+                sb = scales.prefetch(k)
             pipe.consumer_wait(read_state)
             _issue_block(tiled_mma, t0, tCrA, tCrB, read_state.index)
             s = scales.fetch(sb, release_state.index)
@@ -311,7 +326,11 @@ def mma_k_tiles_promoted_overlap(
             read_state.advance()
             scales.promote(acc, t1, s)
         if (k_tiles - 1) % 2 == 1:  # even K-block count: the last one goes to t1
-            sb = scales.prefetch(k_tiles - 2)
+            if cutlass.const_expr(sb_ahead):
+                sb_b = scales.prefetch(k_tiles - 1)
+                sb = sb_a
+            else:
+                sb = scales.prefetch(k_tiles - 2)
             pipe.consumer_wait(read_state)
             _issue_block(tiled_mma, t1, tCrA, tCrB, read_state.index)
             s = scales.fetch(sb, release_state.index)
@@ -320,14 +339,14 @@ def mma_k_tiles_promoted_overlap(
             release_state.advance()
             read_state.advance()
             scales.promote(acc, t0, s)
-            sb = scales.prefetch(k_tiles - 1)
+            sb = sb_b if cutlass.const_expr(sb_ahead) else scales.prefetch(k_tiles - 1)
             s = scales.fetch(sb, release_state.index)
             warpgroup.wait_group(0)
             pipe.consumer_release(release_state)
             release_state.advance()
             scales.promote(acc, t1, s)
         else:  # odd: the last one is in t0
-            sb = scales.prefetch(k_tiles - 1)
+            sb = sb_a if cutlass.const_expr(sb_ahead) else scales.prefetch(k_tiles - 1)
             s = scales.fetch(sb, release_state.index)
             warpgroup.wait_group(0)
             pipe.consumer_release(release_state)

@@ -70,9 +70,9 @@ class Fp8GemmSpec(KernelSpec):
             err = halves_error(s, p["promote_overlap"], p["wg_turns"])
             if err:
                 raise ValueError(err)
-        if p["sb_ahead"] and (p["sb_smem"] or p["promote_overlap"] or p["promote_halves"]):
-            raise ValueError("sb_ahead=True reads the B scales from global one K-block ahead: not with sb_smem, "
-                             "promote_overlap or promote_halves")
+        if p["sb_ahead"] and (p["sb_smem"] or p["promote_halves"]):
+            raise ValueError("sb_ahead=True reads the B scales from global one K-block ahead: not with sb_smem "
+                             "or promote_halves")
 
     def build(self, p):
         from cute_kernels.kernels.gemm import Gemm
@@ -165,6 +165,7 @@ FP8_GEMM = Fp8GemmSpec(
                                                            "promoted while the other runs (the overlap without a "
                                                            "second full temporary; default off)"),
         "sb_ahead": Param(False, (False, True), help="B scales read from global one K-block ahead (their L2 latency "
-                                                     "off the promotion's path; not with sb_smem; default off)"),
+                                                     "off the promotion's path; also with promote_overlap; not with "
+                                                     "sb_smem or promote_halves; default off)"),
     },
 )

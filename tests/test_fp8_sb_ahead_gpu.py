@@ -31,3 +31,19 @@ def test_sb_ahead_bitwise(sched, m, n, k):
     plain = _fp8_gemm_cuda(a, sa, b, sb, schedule=s, sb_smem=False, sb_ahead=False)
     assert ahead.equal(plain)
     _check(ahead, a, sa, b, sb)
+
+
+@pytest.mark.parametrize("sched", ["pp64x64", "pp64x128_c2x1", "coop128x128"])
+@pytest.mark.parametrize("k", [128, 256, 384, 1040, 7168], ids=lambda v: f"k{v}")
+def test_sb_ahead_with_promote_overlap_bitwise(sched, k):
+    """promote_overlap's pair loop, its even and odd tails (K-blocks 1, 2, 3, 9 with a partial last,
+    56) with the scales loaded a step ahead: bitwise the plain promotion (overlap is bitwise it too)."""
+    s = {"pp64x64": fp8_schedule("pingpong", 64, 64, cluster_m=1),
+         "pp64x128_c2x1": fp8_schedule("pingpong", 64, 128, cluster_m=2),
+         "coop128x128": fp8_schedule("cooperative", 128, 128, cluster_m=1)}[sched]
+    a, sa, b, sb = _inputs(130, 2112, k)
+    _poison_allocator(130 * 2112 * 4 * 8)
+    both = _fp8_gemm_cuda(a, sa, b, sb, schedule=s, sb_smem=False, promote_overlap=True, sb_ahead=True)
+    plain = _fp8_gemm_cuda(a, sa, b, sb, schedule=s, sb_smem=False)
+    assert both.equal(plain)
+    _check(both, a, sa, b, sb)

@@ -99,9 +99,9 @@ class Gemm:
         # FP8, B scales from global: K-block k+1's loads issued during K-block k (`mma_k_tiles_promoted`'s
         # `sb_ahead`), so their L2 latency is off the promotion's critical path
         self.sb_ahead = sb_ahead
-        if sb_ahead and (not blockwise or sb_smem or promote_overlap or promote_halves):
+        if sb_ahead and (not blockwise or sb_smem or promote_halves):
             raise ValueError("sb_ahead is an option of the FP8 block-scaled mode (blockwise=True) with the B scales "
-                             "read from global memory: not with sb_smem, promote_overlap or promote_halves")
+                             "read from global memory: not with sb_smem or promote_halves")
         self.split = schedule.split_k > 1
         self.fixup = schedule.split_fixup  # split-K in one launch: the last split of a tile sums and stores it
         if self.split and (grouping != "none" or blockwise and not self.fixup):
@@ -509,7 +509,8 @@ class Gemm:
                                                                             scales, to_acc)
                             elif cutlass.const_expr(self.promote_overlap):
                                 read, release = mma_k_tiles_promoted_overlap(tiled_mma, acc, temp, temp2, tCrA, tCrB,
-                                                                             pipe, read, release, k_tiles, scales)
+                                                                             pipe, read, release, k_tiles, scales,
+                                                                             self.sb_ahead)
                             else:
                                 read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read,
                                                                      release, k_tiles, scales, turns, self.sb_ahead)
