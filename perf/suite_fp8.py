@@ -40,7 +40,7 @@ OPTIONS = (HALVES, OVERLAP, SB_SMEM, NARROW, WIDE_DEEP, TURNS)  # large-M, each 
 # Small M: the default with its B scales loaded one K-block ahead (`sb_ahead`, session 12; default off until
 # measured): every K-block's promotion waited for its own B-scale load's L2 latency
 AHEAD = "ours sb ahead"
-SPLIT_AHEAD = "ours split-K sb ahead"
+SPLIT_AHEAD = "ours split-K overlap + sb ahead"  # the split units promoted with the overlap, scales a step ahead
 # Small M: the default 64-row ping-pong tile with `promote_overlap` (K-block k-1 promoted while k's WGMMAs
 # run: 3 x 32 / 3 x 64 accumulators at 64x64 / 64x128, no spills); never measured below M = 1024. At small M
 # a CTA has one tile, so the ping-pong's second warpgroup idles and nothing hides the promotion.
@@ -117,8 +117,9 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
             ss = fp8_schedule(d0.kind, d0.tile_m, d0.tile_n, d0.cluster_m, d0.cluster_n, split_k=splits)
             overlap_note += f"; {SPLIT}: {ss}"
             cols.append((SPLIT, (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc))(ss)))
-            # both: the split units' K-blocks with their B scales one K-block ahead
-            cols.append((SPLIT_AHEAD, (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc, sb_ahead=True))(ss)))
+            # all three: the split units promoted with the overlap, their B scales a step ahead
+            cols.append((SPLIT_AHEAD, (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc, promote_overlap=True,
+                                                                         sb_ahead=True))(ss)))
         for name, fn in cols:
             o = fn()
             od = _diff(o, ref)

@@ -26,6 +26,9 @@ CONFIGS = {
     # step that issues j, a step before its promotion
     "pp64x64_overlap": {"schedule": "pingpong", "tile_m": 64, "tile_n": 64, "cluster_m": 1, "promote_overlap": True},
     "pp64x128_overlap": {"schedule": "pingpong", "tile_m": 64, "promote_overlap": True},
+    # split-K units promote with the overlap too (the split path called the plain promotion before)
+    "pp64x64_k3_overlap": {"schedule": "pingpong", "tile_m": 64, "tile_n": 64, "cluster_m": 1, "split_k": 3,
+                           "promote_overlap": True},
 }
 
 

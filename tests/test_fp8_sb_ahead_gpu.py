@@ -47,3 +47,16 @@ def test_sb_ahead_with_promote_overlap_bitwise(sched, k):
     plain = _fp8_gemm_cuda(a, sa, b, sb, schedule=s, sb_smem=False)
     assert both.equal(plain)
     _check(both, a, sa, b, sb)
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (77, 520, 1000), (1, 96, 1408)], ids=lambda v: str(v))
+def test_split_with_overlap_and_sb_ahead_bitwise(m, n, k):
+    """Split-K units promoted with the overlap and the scales a step ahead: each unit's partial is the
+    plain promotion's, so the summed output equals the plain split bit for bit."""
+    s = fp8_schedule("pingpong", 64, 64, cluster_m=1, cluster_n=2, split_k=3)
+    a, sa, b, sb = _inputs(m, n, k)
+    _poison_allocator(m * n * 4 * 8)
+    both = _fp8_gemm_cuda(a, sa, b, sb, schedule=s, promote_overlap=True, sb_ahead=True)
+    plain = _fp8_gemm_cuda(a, sa, b, sb, schedule=s)
+    assert both.equal(plain)
+    _check(both, a, sa, b, sb)

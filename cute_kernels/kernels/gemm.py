@@ -482,8 +482,12 @@ class Gemm:
                     if cutlass.const_expr(self.blockwise):  # this split's K-blocks, promoted as unsplit
                         scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te, sSB, tid,
                                                                  scale_bar, k0)
-                        read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read, release,
-                                                             kn, scales, turns, self.sb_ahead)
+                        if cutlass.const_expr(self.promote_overlap):
+                            read, release = mma_k_tiles_promoted_overlap(tiled_mma, acc, temp, temp2, tCrA, tCrB, pipe,
+                                                                         read, release, kn, scales, self.sb_ahead)
+                        else:
+                            read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read,
+                                                                 release, kn, scales, turns, self.sb_ahead)
                     else:
                         read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, kn)
                     if cutlass.const_expr(s.kind == "pingpong"):
