@@ -184,26 +184,15 @@ def mma_k_tiles_promoted(
                                                         release_state, scales, sb_a, turns)
     else:
         for k in cutlass.range(k_tiles, unroll=1):
-            sb = scales.prefetch(k)
-            pipe.consumer_wait(read_state)
-            _take_turn(turns)
-            temp.fill(0.0)
-            warpgroup.fence()
-            mma_blocks(tiled_mma, temp, stage_of(tCrA, read_state.index), stage_of(tCrB, read_state.index))
-            warpgroup.commit_group()
-            _pass_turn(turns)
-            s = scales.fetch(sb, read_state.index)
-            warpgroup.wait_group(0)
-            pipe.consumer_release(release_state)
-            release_state.advance()
-            read_state.advance()
-            scales.promote(acc, temp, s)
+            read_state, release_state = _promoted_block(tiled_mma, acc, temp, tCrA, tCrB, pipe, read_state,
+                                                        release_state, scales, scales.prefetch(k), turns)
     return read_state, release_state
 
 
 def _promoted_block(tiled_mma, acc, temp, tCrA, tCrB, pipe, read_state, release_state, scales, sb, turns):
-    """One K-block of `mma_k_tiles_promoted` with its B scales `sb` already loaded (`sb_ahead`): wait
-    stage -> zero temp, WGMMAs, commit -> A scales -> wait for the WGMMAs -> release -> promote."""
+    """One K-block of `mma_k_tiles_promoted` with its B scales `sb` already loaded (this K-block's, or
+    one K-block ahead with `sb_ahead`): wait stage -> zero temp, WGMMAs, commit -> A scales -> wait for
+    the WGMMAs -> release -> promote."""
     pipe.consumer_wait(read_state)
     _take_turn(turns)
     temp.fill(0.0)
