@@ -8,6 +8,8 @@
     python3 -m perf.probe flash_attn bf16 2 8192 16 128 [causal]   (fa4.flash_attn, sdpa.flash_attn,
                                                                      flash_attn.double_p)
     python3 -m perf.probe rms_norm bf16 2048 65536   (quack.rms_norm; also softmax, quack.softmax)
+    python3 -m perf.probe transpose.tma fp32 16384 16384   (torch.transpose, compile.transpose; argmax,
+                                                            torch.argmax, compile.argmax; gemv bf16 R C B)
     python3 -m perf.probe rmsnorm.bwd bf16 32768 4096   (any perf.suite_rowwise case, as the suite times
                                                          it; quack:rmsnorm.bwd, torch:..., torch.compile:...)
 """
@@ -53,6 +55,12 @@ def target(argv):
 
             return (lambda: qg(a, b)), dt, shape
         return ((lambda: ck.gemm(a, b)) if op == "gemm" else (lambda: torch.mm(a, b))), dt, shape
+    if op.partition(".")[2] in ("transpose", "argmax") or op.startswith("transpose.") or op == "argmax":
+        return _misc(op, dtype, shape), dt, shape
+    if op in ("gemv", "torch.gemv"):  # shape: rows cols batch (W rows x cols, x cols x batch)
+        r, c, bt = shape
+        w, v = randn(r, c, dtype=dtype, seed=1), randn(c, bt, dtype=dtype, seed=2)
+        return ((lambda: ck.gemv(w, v)) if op == "gemv" else (lambda: torch.mm(w, v))), dt, shape
     x, y = randn(*shape, dtype=dtype, seed=1), randn(*shape, dtype=dtype, seed=2)
     f = {
         "copy": lambda: ck.copy(x),
@@ -85,6 +93,19 @@ def _rowwise(col, case, dtype, m, n):
     t = torch.randint(0, n, (m,), device="cuda") if fam == "cross_entropy" else None
     dy = randn(m, n, dtype=dtype, seed=22) if direction == "bwd" else None
     return _call(case, _fns(case, n, dtype)[col], x, t, dy)
+
+
+def _misc(op, dtype, shape):
+    """transpose.<variant> / argmax (ours), torch.transpose / torch.argmax (eager), compile.transpose /
+    compile.argmax (torch.compile of the eager op); shape as the suites': (batch,) rows cols."""
+    x = randn(*shape, dtype=dtype, seed=1)
+    if op.startswith("transpose."):
+        return lambda: ck.transpose(x, variant=op.split(".")[1])
+    if op == "argmax":
+        return lambda: ck.argmax(x, dim=-1)
+    eager = (lambda t: t.transpose(-2, -1).contiguous()) if op.endswith("transpose") else (lambda t: t.argmax(-1))
+    g = torch.compile(eager) if op.startswith("compile.") else eager
+    return lambda: g(x)
 
 
 def _fp8(op, m, n, k):
