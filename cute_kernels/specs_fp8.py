@@ -141,7 +141,7 @@ FP8_GEMM = Fp8GemmSpec(
         "out_dtype": Param("bf16", OUT_DTYPES, "signature", "output element type"),
         "schedule": Param("cooperative", KINDS, help="consumer warpgroups: split one tile, or alternate tiles"),
         "tile_m": Param(128, (64, 128), help="CTA tile rows (cooperative 128, ping-pong 64)"),
-        "tile_n": Param(128, (64, 128, 160, 192), help="CTA tile columns (a scale block or half of one; 160 / 192: "
+        "tile_n": Param(128, (16, 32, 64, 128, 160, 192), help="CTA tile columns (a scale block or a 1/2-1/8 of one; 160 / 192: "
                                                        "cooperative only, spanning two scale blocks)"),
         "cluster_m": Param(2, (1, 2), help="CTAs per cluster along M (share B by multicast)"),
         "cluster_n": Param(1, (1, 2), help="CTAs per cluster along N (share A by multicast)"),

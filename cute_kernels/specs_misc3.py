@@ -149,7 +149,7 @@ class TransposeSpec(KernelSpec):
         dt = dtypes.cutlass_of(p["dtype"])
         vec = dtypes.vec_of(p["dtype"], p["aligned"])
         kernel = Transpose(self.name.split(".")[1], dt, vec, p["index64"], p["threads"], p.get("pad", -1),
-                           TileOrder(p["order"], p["group"]))
+                           TileOrder(p["order"], p["group"]), p.get("sub", 1))
         sym = lambda d=1: _index_sym(p["index64"], d)  # noqa: E731
         m, n, b = sym(), sym(), sym()
         align = 16 if p["aligned"] else dt.width // 8
@@ -174,6 +174,8 @@ def _transpose(variant: str, summary: str, lesson: int, extra=None) -> Transpose
                 "order": Param("grouped", ("grouped", "row", "diagonal"),
                                help="tile order (schedules.tile_order): row = the plain 2-D grid"),
                 "group": Param(32, (1, 4, 8, 16, 32, 64, 128), help="tile-rows per group (order=grouped)"),
+                **({} if variant == "naive" else
+                   {"sub": Param(1, (1, 2), help="T x T tiles per side of a CTA's block (2: 256-byte row runs)")}),
                 **(extra or {})},
     )
 

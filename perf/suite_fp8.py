@@ -22,9 +22,6 @@ SB_SMEM = "ours no sb_smem"  # the default schedule with `sb_smem=False` (on by 
 # The default schedule with `promote_halves` (session 11): each K-block's WGMMAs in two column halves, one
 # promoted on the CUDA cores while the other runs (ncu: 34.6 % of samples waited on the promotion's DEPBAR)
 HALVES = "ours promote_halves"
-# Small M (<= 128): the default tile split along K in one launch (each split promotes its own K-blocks,
-# the last split of a tile sums them: `split_fixup`), splits chosen to fill the 132 SMs
-SPLIT = "ours split-K"
 # Measured and left as options (perf/results/2026-11-29-h200-db54236, geomean over the six M = 4096
 # shapes vs the then-default 128x128 search): 3 epilogue buffers for a 6th stage 0.990x, 2x2 clusters
 # 1.008x, both 0.999x, explicit 128x192 1.019x, 128x192 with 5 stages 1.020x, the wide search 1.048x
@@ -37,14 +34,14 @@ WIDE_DEEP = "ours 128x192 5 stages"
 # promotion under the other's WGMMAs (cooperative defaults only)
 TURNS = "ours wg_turns"
 OPTIONS = (HALVES, OVERLAP, SB_SMEM, NARROW, WIDE_DEEP, TURNS)  # large-M, each vs "ours"
-# Small M: the default with its B scales loaded one K-block ahead (`sb_ahead`, session 12; default off until
-# measured): every K-block's promotion waited for its own B-scale load's L2 latency
-AHEAD = "ours sb ahead"
-SPLIT_AHEAD = "ours split-K overlap + sb ahead"  # the split units promoted with the overlap, scales a step ahead
-# Small M: the default 64-row ping-pong tile with `promote_overlap` (K-block k-1 promoted while k's WGMMAs
-# run: 3 x 32 / 3 x 64 accumulators at 64x64 / 64x128, no spills); never measured below M = 1024. At small M
-# a CTA has one tile, so the ping-pong's second warpgroup idles and nothing hides the promotion.
-OVERLAP_SMALL = "ours overlap + sb ahead (small M)"  # with the scales a step ahead too
+# Small M, measured and settled (perf/results/2026-11-30-h200-8732d8e, geomean over the 12 M <= 128 shapes):
+# `sb_ahead` alone 1.008x, `promote_overlap` + `sb_ahead` 1.091x (now the default there:
+# `schedules.fp8_gemm.small_m_promotion`), split-K in one launch 0.540x, with overlap + sb_ahead 0.607x.
+PLAIN_SMALL = "ours plain promotion (small M)"  # what the small-M default replaced (no overlap, scales in turn)
+# Narrow 64-row ping-pong tiles (64x32, 64x16; session 13): 4x / 8x the CTAs of 64x64, so M = 64 grids fill
+# the SMs; each CTA's K-block chain (WGMMAs, wait, promotion) is shorter too. Small-M default promotion.
+N32 = "ours 64x32 (small M)"
+N16 = "ours 64x16 (small M)"
 SMALL_M = 128
 WEIGHTS_BAR = 0.70  # issue 5: small-M shapes reach >= 70 % of the copy bandwidth on the weights
 
@@ -108,18 +105,11 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
                                 (WIDE_DEEP, _variant(wide_s, epi_stages=2))):
                 cols.append((name, (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc))(sched)))
         if m <= SMALL_M:
-            cols.append((AHEAD, lambda: _fp8_gemm_cuda(a, sa, b, sb, sb_ahead=True)))
-            cols.append((OVERLAP_SMALL, lambda: _fp8_gemm_cuda(a, sa, b, sb, promote_overlap=True, sb_ahead=True)))
-        if m <= SMALL_M:  # small M: the default tile with split-K in one launch, splits to fill the SMs
-            d0 = default_fp8_schedule(m, n, k)
-            tiles = -(-m // d0.tile_m) * -(-n // d0.tile_n)
-            splits = max(2, min(16, -(-k // 128), 132 // max(tiles, 1)))
-            ss = fp8_schedule(d0.kind, d0.tile_m, d0.tile_n, d0.cluster_m, d0.cluster_n, split_k=splits)
-            overlap_note += f"; {SPLIT}: {ss}"
-            cols.append((SPLIT, (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc))(ss)))
-            # all three: the split units promoted with the overlap, their B scales a step ahead
-            cols.append((SPLIT_AHEAD, (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc, promote_overlap=True,
-                                                                         sb_ahead=True))(ss)))
+            cols.append((PLAIN_SMALL, lambda: _fp8_gemm_cuda(a, sa, b, sb, promote_overlap=False, sb_ahead=False)))
+            cm = 2 if m > 64 else 1
+            for name, tn in ((N32, 32), (N16, 16)):
+                sc = fp8_schedule("pingpong", 64, tn, cluster_m=cm)
+                cols.append((name, (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc))(sc)))
         for name, fn in cols:
             o = fn()
             od = _diff(o, ref)
@@ -172,7 +162,7 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
                        "measured": f"min {weights_frac(low, low.ours_ms):.1%} ({low.shape}); "
                                    + ", ".join(f"{r.shape} {weights_frac(r, r.ours_ms):.0%}" for r in small),
                        "ok": weights_frac(low, low.ours_ms) >= WEIGHTS_BAR})
-        for name in (AHEAD, OVERLAP_SMALL, SPLIT, SPLIT_AHEAD):
+        for name in (PLAIN_SMALL, N32, N16):
             opt = [r for r in small if name in r.refs_ms]
             if opt:
                 geo = math.exp(sum(math.log(1 / r.ratio(name)) for r in opt) / len(opt))
@@ -184,7 +174,7 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
             geo = math.exp(sum(math.log(1 / r.ratio(name)) for r in ov_rows) / len(ov_rows))
             checks.append({"target": f"{name} faster than ours (geomean, M >= {OVERLAP_MIN_M}; decides the default)",
                            "measured": f"{geo:.3f}x", "ok": geo > 1.0})
-    return (rows, ["torch._scaled_mm", *OPTIONS, AHEAD, OVERLAP_SMALL, SPLIT, SPLIT_AHEAD, "ours bf16", "cuBLAS bf16"],
+    return (rows, ["torch._scaled_mm", *OPTIONS, PLAIN_SMALL, N32, N16, "ours bf16", "cuBLAS bf16"],
             checks, extra, {})
 
 

@@ -64,6 +64,9 @@ TRANSPOSE_VARIANTS = ("naive", "smem", "swizzle", "tma")
 TRANSPOSE_ORDERS = {
     "row": {"order": "row"}, "diagonal": {"order": "diagonal"},
     "g8": {"order": "grouped", "group": 8}, "g64": {"order": "grouped", "group": 64},
+    # a CTA per 2 x 2 block of tiles (session 13: fp32 16384^2 ran 86 % of copy, 0.87x torch.compile, on
+    # one 32 x 32 tile a CTA with 128-byte row runs; the block makes them 256 bytes on both sides)
+    "sub2": {"sub": 2},
 }
 TRANSPOSE_ORDER_VARIANTS = ("swizzle", "tma")
 
@@ -95,7 +98,7 @@ def transpose(shapes=None, dtypes=(torch.bfloat16, torch.float32), quick=False, 
                 rows.append(H.Row(case, _name(dt), "x".join(map(str, shape)), nbytes, 0, t, refs, "copy", copy_bw,
                                   note=f"order {order}"))
     checks = []
-    big = [r for r in rows if r.bytes >= 2 * 64 * MiB and "[" not in r.case]
+    big = [r for r in rows if r.bytes >= 2 * 64 * MiB and ("[" not in r.case or r.case.endswith("[sub2]"))]
     if big:
         best = {}
         for r in big:
@@ -103,7 +106,7 @@ def transpose(shapes=None, dtypes=(torch.bfloat16, torch.float32), quick=False, 
             if key not in best or r.pct_ceiling > best[key].pct_ceiling:
                 best[key] = r
         worst = min(best.values(), key=lambda r: r.pct_ceiling)
-        checks.append({"target": ">= 95% of copy bandwidth, best variant (default tile order), tensors >= 64 MiB",
+        checks.append({"target": ">= 95% of copy bandwidth, best variant (default tile order or 2x2 blocks), tensors >= 64 MiB",
                        "measured": f"min over shapes {worst.pct_ceiling:.1f}% ({worst.case} {worst.dtype} {worst.shape})",
                        "ok": worst.pct_ceiling >= 95.0})
     by = {}

@@ -112,6 +112,20 @@ def use_sb_smem(s: GemmSchedule, m: int) -> bool:
     return m >= SB_SMEM_MIN_M and sb_smem_error(s) is None
 
 
+# Small M (decode): a CTA has a single tile, so the ping-pong's second warpgroup idles and each K-block's
+# chain (B-scale load, WGMMAs, wait, promotion) is the time. `promote_overlap` (K-block k-1 promoted under
+# k's WGMMAs) with `sb_ahead` (B scales loaded a K-block early) measured 1.091x geomean over the 12 M = 64 / 128
+# issue shapes on the H200 (perf/results/2026-11-30-h200-8732d8e: 64x2112x7168 92.6 -> 110.1 TFLOP/s,
+# 128x7168x16384 570 -> 695); only K = 512 (4 K-blocks) lost (0.95x), so K >= SMALL_M_OVERLAP_MIN_K.
+SMALL_M_OVERLAP_MAX_M = 128
+SMALL_M_OVERLAP_MIN_K = 1024
+
+
+def small_m_promotion(s: GemmSchedule, m: int, k: int) -> bool:
+    """Whether the op runs schedule `s` at (m, k) with `promote_overlap` and `sb_ahead` by default."""
+    return m <= SMALL_M_OVERLAP_MAX_M and k >= SMALL_M_OVERLAP_MIN_K and overlap_error(s) is None
+
+
 def sb_smem_error(s: GemmSchedule) -> str | None:
     """Why schedule `s` cannot stage its B-scale rows in shared memory (`sb_smem=True`), or None."""
     err = promoted_error(s)

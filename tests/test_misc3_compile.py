@@ -27,6 +27,9 @@ CASES = [
     ("transpose.tma", {"order": "row"}), ("transpose.tma", {"order": "diagonal", "index64": True}),
     ("transpose.swizzle", {"order": "diagonal", "index64": True}), ("transpose.smem", {"dtype": "fp32", "group": 8}),
     ("transpose.naive", {"order": "row", "aligned": False, "index64": True}),
+    # 2 x 2 tiles a CTA (256-byte row runs on both sides)
+    ("transpose.tma", {"sub": 2, "dtype": "fp32"}), ("transpose.tma", {"sub": 2, "index64": True}),
+    ("transpose.swizzle", {"sub": 2}), ("transpose.smem", {"sub": 2, "dtype": "fp32", "aligned": False}),
 ]
 
 
@@ -59,10 +62,11 @@ def test_census(built, case, tmp_path_factory):
     aligned = over.get("aligned", True) and over.get("dtype") != "key"
     family = name.split(".")[0]
     if name == "transpose.tma":
-        assert ptx["cp.async.bulk.tensor"] == 2, "one TMA load and one TMA store per tile"
+        q = over.get("sub", 1) ** 2
+        assert ptx["cp.async.bulk.tensor"] == 2 * q, "one TMA load and one TMA store per tile"
         assert ptx["mbarrier"] > 0 and ptx["ld.global (all)"] == 0 and ptx["st.global (all)"] == 0
         if sass is not None:
-            assert sass["UTMALDG (TMA load)"] == 1 and sass["UTMASTG (TMA store)"] == 1
+            assert sass["UTMALDG (TMA load)"] == q and sass["UTMASTG (TMA store)"] == q
         assert len(re.findall(r"ld\.shared\.v4", ptx_text)) > 0
         return
     if aligned:

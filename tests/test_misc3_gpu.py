@@ -300,6 +300,24 @@ def test_transpose_tile_orders(order, dtype):
         assert torch.equal(_transpose_cuda(x, v, order), x.transpose(-2, -1).contiguous()), v
 
 
+@pytest.mark.parametrize("order", [{}, {"order": "row"}, {"order": "diagonal"}, {"group": 4}], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_transpose_two_by_two_blocks(order, dtype):
+    """`sub=2` (a CTA takes a 2 x 2 block of tiles): ragged block grids (a block half or a quarter
+    outside the matrix, a single partial tile), batches, every tile order, the scalar builds."""
+    from cute_kernels.ops.transpose import _transpose_cuda
+
+    cfg = {"sub": 2, **order}
+    for shape in [(769, 5125), (5, 769, 33), (3, 2100, 300), (1, 8), (4096, 8), (2, 1000, 1000), (130, 72)]:
+        x = randn(*shape, dtype=dtype)
+        for v in ("smem", "swizzle", "tma"):
+            out = _transpose_cuda(x, v, cfg)
+            assert torch.equal(out, x.transpose(-2, -1).contiguous()), (v, shape)
+    x = randn(3, 515, 261, dtype=dtype)[:, 1:, 1:]  # 16-byte misaligned rows: the scalar builds
+    for v in ("smem", "swizzle"):
+        assert torch.equal(_transpose_cuda(x, v, cfg), x.transpose(-2, -1).contiguous()), v
+
+
 def test_transpose_large_batch_and_64bit():
     """A batch past the old grid-z limit (65535), and 64-bit indexing: > 2^31 elements over a batch
     (aligned: the TMA and 16-byte builds) and in one dim (2^31 + 64 columns, one row: the scalar

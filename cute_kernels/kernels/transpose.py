@@ -47,7 +47,7 @@ class Transpose:
     """
 
     def __init__(self, variant: str, dtype, vec: int, index64: bool, threads: int = 128, pad: int = -1,
-                 order: TileOrder = TileOrder()):
+                 order: TileOrder = TileOrder(), sub: int = 1):
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if variant == "tma" and vec == 1:
@@ -57,6 +57,9 @@ class Transpose:
         self.cv = chunk_elems(dtype)
         self.pad = self.cv if pad < 0 else pad  # elements of padding per row (smem variant)
         self.order = order
+        if sub not in (1, 2) or (sub > 1 and variant == "naive"):
+            raise ValueError(f"sub must be 1, or 2 for the shared-memory variants, got {sub} ({variant})")
+        self.sub = sub  # a CTA takes sub x sub adjacent T x T tiles (one (sub T) x (sub T) block)
 
     def _tile_layout(self):
         if cutlass.const_expr(self.variant == "smem"):
@@ -66,9 +69,10 @@ class Transpose:
     @cute.jit
     def __call__(self, x: cute.Tensor, out: cute.Tensor, stream):
         T = self.T
+        B = T * self.sub
         m, n, b = extent(x, 0), extent(x, 1), extent(x, 2)
-        tiles_m, tiles_n = Int32((m + T - 1) // T), Int32((n + T - 1) // T)
-        grid = [tiles_m * tiles_n * Int32(b), 1, 1]  # one CTA per tile, in `self.order`
+        tiles_m, tiles_n = Int32((m + B - 1) // B), Int32((n + B - 1) // B)  # blocks of sub x sub tiles
+        grid = [tiles_m * tiles_n * Int32(b), 1, 1]  # one CTA per block, in `self.order`
         if cutlass.const_expr(self.variant == "tma"):
             layout = self._tile_layout()
             atom_l, tma_x = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), x, layout, (T, T))
@@ -122,25 +126,33 @@ class Transpose:
                         ob[c + k, r] = v[k]
         else:
             smem = cutlass.memory.SmemAllocator()
-            sA = allocate_tile(smem, self.dtype, self._tile_layout())
-            sB = allocate_tile(smem, self.dtype, self._tile_layout())
-            for it in cutlass.range(passes, unroll=unroll):
-                i = tidx + it * self.threads
-                r = i // per_row
-                c = (i % per_row) * vec
-                if r0 + r < m and c0 + c < n:
-                    v = cute.zipped_divide(xb, (1, vec))[(0, None), (r0 + r, (c0 + c) // vec)].load()
-                    cute.zipped_divide(sA, (1, vec))[(0, None), (r, c // vec)].store(v)
+            q = self.sub * self.sub
+            sAs = [allocate_tile(smem, self.dtype, self._tile_layout()) for _ in range(q)]
+            sBs = [allocate_tile(smem, self.dtype, self._tile_layout()) for _ in range(q)]
+            for s_ in cutlass.range_constexpr(q):  # every sub-tile's loads in flight before the barrier
+                rs = r0 * self.sub + (s_ // self.sub) * T
+                cs = c0 * self.sub + (s_ % self.sub) * T
+                for it in cutlass.range(passes, unroll=unroll):
+                    i = tidx + it * self.threads
+                    r = i // per_row
+                    c = (i % per_row) * vec
+                    if rs + r < m and cs + c < n:
+                        v = cute.zipped_divide(xb, (1, vec))[(0, None), (rs + r, (cs + c) // vec)].load()
+                        cute.zipped_divide(sAs[s_], (1, vec))[(0, None), (r, c // vec)].store(v)
             cute.arch.barrier()
-            self._smem_transpose(sA, sB)
+            for s_ in cutlass.range_constexpr(q):
+                self._smem_transpose(sAs[s_], sBs[s_])
             cute.arch.barrier()
-            for it in cutlass.range(passes, unroll=unroll):
-                i = tidx + it * self.threads
-                r = i // per_row
-                c = (i % per_row) * vec
-                if c0 + r < n and r0 + c < m:
-                    v = cute.zipped_divide(sB, (1, vec))[(0, None), (r, c // vec)].load()
-                    cute.zipped_divide(ob, (1, vec))[(0, None), (c0 + r, (r0 + c) // vec)].store(v)
+            for s_ in cutlass.range_constexpr(q):
+                rs = r0 * self.sub + (s_ // self.sub) * T
+                cs = c0 * self.sub + (s_ % self.sub) * T
+                for it in cutlass.range(passes, unroll=unroll):
+                    i = tidx + it * self.threads
+                    r = i // per_row
+                    c = (i % per_row) * vec
+                    if cs + r < n and rs + c < m:
+                        v = cute.zipped_divide(sBs[s_], (1, vec))[(0, None), (r, c // vec)].load()
+                        cute.zipped_divide(ob, (1, vec))[(0, None), (cs + r, (rs + c) // vec)].store(v)
 
     @cute.kernel
     def kernel_tma(self, atom_l: cute.CopyAtom, tma_x: cute.Tensor, atom_s: cute.CopyAtom, tma_o: cute.Tensor,
@@ -149,20 +161,26 @@ class Transpose:
         the issuing lane with `elect.sync`, which under a one-thread branch deadlocks); the barrier
         set-up is one elected lane's."""
         T = self.T
+        sub = self.sub
+        q = sub * sub
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         t, _, _ = cute.arch.block_idx()
         tm, tn, b = self.order.tile(t, tiles_m, tiles_n)
         smem = cutlass.memory.SmemAllocator()
-        sA = allocate_tile(smem, self.dtype, self._tile_layout())
-        sB = allocate_tile(smem, self.dtype, self._tile_layout())
+        sAs = [allocate_tile(smem, self.dtype, self._tile_layout()) for _ in range(q)]
+        sBs = [allocate_tile(smem, self.dtype, self._tile_layout()) for _ in range(q)]
         mbar = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8).iterator
 
-        gX = cute.local_tile(tma_x[None, None, b], (T, T), (tm, tn))
-        gO = cute.local_tile(tma_o[None, None, b], (T, T), (tn, tm))
-        tAsA, tAgX = cpasync.tma_partition(atom_l, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
-                                           cute.group_modes(gX, 0, 2))
-        tBsB, tBgO = cpasync.tma_partition(atom_s, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
-                                           cute.group_modes(gO, 0, 2))
+        parts = []
+        for s_ in cutlass.range_constexpr(q):  # sub-tile (tm * sub + i, tn * sub + j) of x -> (tn * sub + j, tm * sub + i) of out
+            i, j = s_ // sub, s_ % sub
+            gX = cute.local_tile(tma_x[None, None, b], (T, T), (tm * sub + i, tn * sub + j))
+            gO = cute.local_tile(tma_o[None, None, b], (T, T), (tn * sub + j, tm * sub + i))
+            tAsA, tAgX = cpasync.tma_partition(atom_l, 0, cute.make_layout(1), cute.group_modes(sAs[s_], 0, 2),
+                                               cute.group_modes(gX, 0, 2))
+            tBsB, tBgO = cpasync.tma_partition(atom_s, 0, cute.make_layout(1), cute.group_modes(sBs[s_], 0, 2),
+                                               cute.group_modes(gO, 0, 2))
+            parts.append((tAsA, tAgX, tBsB, tBgO))
         if warp == 0:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_init(mbar, 1)
@@ -170,13 +188,16 @@ class Transpose:
         cute.arch.barrier()
         if warp == 0:
             with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(mbar, T * T * self.dtype.width // 8)
-            cute.copy(atom_l, tAgX, tAsA, tma_bar_ptr=mbar)
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar, q * T * T * self.dtype.width // 8)
+            for s_ in cutlass.range_constexpr(q):
+                cute.copy(atom_l, parts[s_][1], parts[s_][0], tma_bar_ptr=mbar)
         cute.arch.mbarrier_wait(mbar, Int32(0))
-        self._smem_transpose(sA, sB)
+        for s_ in cutlass.range_constexpr(q):
+            self._smem_transpose(sAs[s_], sBs[s_])
         cute.arch.fence_proxy("async.shared", space="cta")  # our writes to sB, visible to the TMA unit
         cute.arch.barrier()
         if warp == 0:
-            cute.copy(atom_s, tBsB, tBgO)
+            for s_ in cutlass.range_constexpr(q):
+                cute.copy(atom_s, parts[s_][2], parts[s_][3])
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # sB must outlive the store's reads

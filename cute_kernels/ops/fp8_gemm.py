@@ -151,17 +151,18 @@ def _compiled(out_dtype, sched, device, promote_overlap=False, sb_smem=False, wg
 SB_AHEAD_DEFAULT = False
 
 
-def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=False, sb_smem=None,
+def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=None, sb_smem=None,
                    wg_turns=False, promote_halves=False, sb_ahead=None):
     """The op's CUDA body. Options (catalogue `fp8_gemm`): `schedule` (any
-    `schedules.fp8_gemm.fp8_schedule`, e.g. the wide 128x192), `promote_overlap` (default off),
+    `schedules.fp8_gemm.fp8_schedule`, e.g. the wide 128x192), `promote_overlap` (None: on with `sb_ahead`
+    where `schedules.fp8_gemm.small_m_promotion` says, M <= 128 and K >= 1024; else off),
     `promote_halves` (each K-block's WGMMAs in two column halves, one promoted while the other runs;
     default off, any tile: the wide ones included),
     `wg_turns` (cooperative: K-block WGMMAs issued in turn by the two warpgroups; default off),
     `sb_smem` (B scales staged in smem per tile; None: `schedules.fp8_gemm.use_sb_smem` decides,
     on for cooperative tiles at M >= 1024; K > 65536 runs without it: same bits), `sb_ahead` (B scales read
     from global one K-block ahead where they are not staged; None: SB_AHEAD_DEFAULT)."""
-    from schedules.fp8_gemm import SB_SMEM_MAX_K, default_fp8_schedule, use_sb_smem
+    from schedules.fp8_gemm import SB_SMEM_MAX_K, default_fp8_schedule, small_m_promotion, use_sb_smem
     from schedules.gemm import launch_clusters
 
     _check(a, sa, b, sb, out_dtype)
@@ -183,6 +184,10 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
         from cute_kernels.ops.gemm import _clamp_split
 
         sched = _clamp_split(sched, k)
+    if promote_overlap is None:  # the small-M default: overlap with the scales a K-block ahead
+        promote_overlap = small_m_promotion(sched, m, k) and not promote_halves
+        if promote_overlap and sb_ahead is None:
+            sb_ahead = True
     if sb_smem is None:
         sb_smem = use_sb_smem(sched, m)
     sb_smem = sb_smem and k <= SB_SMEM_MAX_K
