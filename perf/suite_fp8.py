@@ -38,10 +38,11 @@ OPTIONS = (HALVES, OVERLAP, SB_SMEM, NARROW, WIDE_DEEP, TURNS)  # large-M, each 
 # `sb_ahead` alone 1.008x, `promote_overlap` + `sb_ahead` 1.091x (now the default there:
 # `schedules.fp8_gemm.small_m_promotion`), split-K in one launch 0.540x, with overlap + sb_ahead 0.607x.
 PLAIN_SMALL = "ours plain promotion (small M)"  # what the small-M default replaced (no overlap, scales in turn)
-# Narrow 64-row ping-pong tiles (64x32, 64x16; session 13): 4x / 8x the CTAs of 64x64, so M = 64 grids fill
-# the SMs; each CTA's K-block chain (WGMMAs, wait, promotion) is shorter too. Small-M default promotion.
-N32 = "ours 64x32 (small M)"
-N16 = "ours 64x16 (small M)"
+# Narrow 64-row ping-pong tiles (64x32, 64x16; session 13, perf/results/2026-11-30-h200-d05f96b): geomean
+# 0.767x / 0.526x the default over the 12 small-M shapes, but 1.09-1.18x on the three grids that 64x64 left
+# below a wave (64x2112x7168, 64x4096x7168, 128x2112x7168): `schedules.fp8_gemm._narrowed` now picks them
+# there. The column: the 64x64 tile the narrowing replaced, on those shapes.
+UNNARROWED = "ours 64x64 (small M, not narrowed)"
 SMALL_M = 128
 WEIGHTS_BAR = 0.70  # issue 5: small-M shapes reach >= 70 % of the copy bandwidth on the weights
 
@@ -106,10 +107,9 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
                 cols.append((name, (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc))(sched)))
         if m <= SMALL_M:
             cols.append((PLAIN_SMALL, lambda: _fp8_gemm_cuda(a, sa, b, sb, promote_overlap=False, sb_ahead=False)))
-            cm = 2 if m > 64 else 1
-            for name, tn in ((N32, 32), (N16, 16)):
-                sc = fp8_schedule("pingpong", 64, tn, cluster_m=cm)
-                cols.append((name, (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc))(sc)))
+            unn = default_fp8_schedule(m, n, k, narrow=False)
+            if unn != default_fp8_schedule(m, n, k):
+                cols.append((UNNARROWED, lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=unn)))
         for name, fn in cols:
             o = fn()
             od = _diff(o, ref)
@@ -162,7 +162,7 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
                        "measured": f"min {weights_frac(low, low.ours_ms):.1%} ({low.shape}); "
                                    + ", ".join(f"{r.shape} {weights_frac(r, r.ours_ms):.0%}" for r in small),
                        "ok": weights_frac(low, low.ours_ms) >= WEIGHTS_BAR})
-        for name in (PLAIN_SMALL, N32, N16):
+        for name in (PLAIN_SMALL, UNNARROWED):
             opt = [r for r in small if name in r.refs_ms]
             if opt:
                 geo = math.exp(sum(math.log(1 / r.ratio(name)) for r in opt) / len(opt))
@@ -174,7 +174,7 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
             geo = math.exp(sum(math.log(1 / r.ratio(name)) for r in ov_rows) / len(ov_rows))
             checks.append({"target": f"{name} faster than ours (geomean, M >= {OVERLAP_MIN_M}; decides the default)",
                            "measured": f"{geo:.3f}x", "ok": geo > 1.0})
-    return (rows, ["torch._scaled_mm", *OPTIONS, PLAIN_SMALL, N32, N16, "ours bf16", "cuBLAS bf16"],
+    return (rows, ["torch._scaled_mm", *OPTIONS, PLAIN_SMALL, UNNARROWED, "ours bf16", "cuBLAS bf16"],
             checks, extra, {})
 
 

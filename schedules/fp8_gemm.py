@@ -238,10 +238,11 @@ def fp8_schedule(kind: str = "cooperative", tile_m: int = 128, tile_n: int = 128
 
 @functools.lru_cache(maxsize=4096)
 def default_fp8_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: int = 132,
-                         batch: int = 1, wide: bool | None = None) -> GemmSchedule:
+                         batch: int = 1, wide: bool | None = None, narrow: bool = True) -> GemmSchedule:
     """The FP8 tile with the least modelled time (`schedules.gemm.estimate`'s wave model with the
     FP8 tiles' own efficiencies), clustered 2x1 when there are at least two tile rows. The wide
-    tiles (`WIDE_FP8_TILES`) join the search when `wide` is True; None: at M >= WIDE_MIN_M."""
+    tiles (`WIDE_FP8_TILES`) join the search when `wide` is True; None: at M >= WIDE_MIN_M. `narrow`: a
+    64x64 ping-pong tile on a grid of less than a wave is narrowed (`_narrowed`; dense GEMMs only)."""
     if wide is None:
         wide = m >= WIDE_MIN_M
     best = None
@@ -253,7 +254,26 @@ def default_fp8_schedule(m: int, n: int, k: int, kind: str | None = None, num_sm
         t = estimate(s, m, n, k, batch, num_sms, coop_epilogue_k=0) * _eff_correction(s)
         if best is None or t < best[0] * 0.999:
             best = (t, s)
-    return best[1]
+    return _narrowed(best[1], m, n, num_sms, batch) if narrow else best[1]
+
+
+# Small grids: a 64-row ping-pong tile that leaves most SMs idle is narrowed (64 -> 32 -> 16 columns) while
+# the narrower grid still fits in one wave. Measured on the H200 (perf/results/2026-11-30-h200-d05f96b,
+# small-M default promotion): 64x2112x7168 33 tiles at 64x64 110 TFLOP/s, 64x32 124, 64x16 130;
+# 64x4096x7168 212 -> 232 at 64x32; 128x2112x7168 213 -> 237 at 64x32. Where 64x64 / 64x128 already fill
+# the SMs the narrow tiles lost (each CTA reloads the whole A block: 0.53-0.77x geomean).
+NARROW_TILE_N = (32, 16)
+
+
+def _narrowed(s: GemmSchedule, m: int, n: int, num_sms: int, batch: int) -> GemmSchedule:
+    if s.kind != "pingpong" or s.tile_m != 64 or s.tile_n != 64:
+        return s
+    rows = -(-m // 64) * batch
+    for tn in NARROW_TILE_N:
+        if rows * -(-n // tn) > num_sms:
+            break
+        s = fp8_schedule("pingpong", 64, tn, cluster_m=s.cluster_m, cluster_n=s.cluster_n)
+    return s
 
 
 def _eff_correction(s: GemmSchedule) -> float:
@@ -273,5 +293,5 @@ def default_grouped_schedule(grouping: str, m: int, n: int, k: int, groups: int 
         cn = 2 if -(-n // 128) >= 2 else 1
         return fp8_schedule("cooperative", 128, 128, cluster_m=1, cluster_n=cn)
     if grouping == "masked":
-        return default_fp8_schedule(max(m, 1), n, k, None, num_sms, max(groups, 1), wide=False)
+        return default_fp8_schedule(max(m, 1), n, k, None, num_sms, max(groups, 1), wide=False, narrow=False)
     raise ValueError(f"grouping must be 'contiguous' or 'masked', got {grouping!r}")

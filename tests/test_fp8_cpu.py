@@ -32,6 +32,22 @@ def test_schedules_fit_and_are_promotable():
     assert default_fp8_schedule(64, 7168, 7168).tile_m == 64
 
 
+def test_small_grids_narrow_the_tile():
+    """A 64x64 ping-pong tile on less than a wave narrows while the narrower grid still fits one wave
+    (the measured small-M wins); grids that 64x64 / 64x128 fill keep their tile; grouped never narrows."""
+    from schedules.fp8_gemm import default_grouped_schedule
+
+    assert default_fp8_schedule(64, 2112, 7168).tile_n == 16  # 33 -> 132 tiles
+    assert default_fp8_schedule(64, 4096, 7168).tile_n == 32  # 64 -> 128 (16 would be 256)
+    s = default_fp8_schedule(128, 2112, 7168)
+    assert (s.tile_n, s.cluster_m) == (32, 2)  # 2 x 66 tiles, the 2x1 cluster kept
+    assert default_fp8_schedule(128, 4096, 7168).tile_n == 64  # 128 tiles already
+    assert default_fp8_schedule(64, 7168, 16384).tile_n == 64  # 112 tiles: 224 at 64x32 is two waves
+    assert default_fp8_schedule(64, 24576, 1536).tile_n == 128
+    assert default_fp8_schedule(64, 2112, 7168, narrow=False).tile_n == 64
+    assert default_grouped_schedule("masked", 64, 2112, 7168, groups=1).tile_n >= 64
+
+
 def test_schedule_errors_name_the_problem():
     with pytest.raises(ValueError, match="accumulators per thread"):
         fp8_schedule("cooperative", 128, 256)

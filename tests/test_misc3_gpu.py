@@ -318,6 +318,17 @@ def test_transpose_two_by_two_blocks(order, dtype):
         assert torch.equal(_transpose_cuda(x, v, cfg), x.transpose(-2, -1).contiguous()), v
 
 
+def test_transpose_default_blocks_on_large_matrices():
+    """The op's default for a matrix of >= 96 MiB is the TMA transpose with 2 x 2 blocks
+    (`schedules.tile_order.transpose_sub`): ragged block edges on both dims, poisoned output."""
+    import cute_kernels as ck
+
+    x = randn(7000, 7200, dtype=torch.bfloat16)  # 96.1 MiB; 7000 = 54 x 128 + 88, 7200 = 56 x 128 + 32
+    torch.cuda.empty_cache()
+    torch.full((7000 * 7200 + 4096,), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert torch.equal(ck.transpose(x), x.t().contiguous())
+
+
 def test_transpose_large_batch_and_64bit():
     """A batch past the old grid-z limit (65535), and 64-bit indexing: > 2^31 elements over a batch
     (aligned: the TMA and 16-byte builds) and in one dim (2^31 + 64 columns, one row: the scalar

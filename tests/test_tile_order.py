@@ -55,3 +55,17 @@ def test_bad_orders():
         TileOrder("grouped", 0)
     assert set(ORDERS) == {"row", "grouped", "diagonal"}
     assert str(TileOrder()) == "g32" and str(TileOrder("row")) == "r" and str(TileOrder("diagonal")) == "d"
+
+
+def test_transpose_sub_policy():
+    """2 x 2 blocks for the TMA transpose of matrices of ~100 MiB and more (measured wins), never for the
+    other variants or small / batched-small matrices (measured losses or ties)."""
+    from schedules.tile_order import transpose_sub
+
+    assert transpose_sub("tma", 16384, 16384, 4) == 2
+    assert transpose_sub("tma", 8192, 8192, 2) == 2
+    assert transpose_sub("tma", 8000, 8000, 2) == 2
+    assert transpose_sub("tma", 4096, 4096, 4) == 1
+    assert transpose_sub("tma", 4096, 4096, 2) == 1
+    assert transpose_sub("tma", 2048, 2048, 4) == 1  # one entry of a 32 x 2048 x 2048 batch
+    assert transpose_sub("swizzle", 16384, 16384, 4) == 1

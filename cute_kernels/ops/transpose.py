@@ -7,7 +7,8 @@ store of swizzled tiles; the default). The 16-byte variants need both dims multi
 elements (8 bf16/fp16, 4 fp32) and 16-byte aligned data; otherwise the scalar version of the same
 variant runs ("tma" falls back to the scalar "swizzle"; also to "swizzle" for a dim of 2^31 elements,
 past the TMA unit's 32-bit coordinates). The tile order is the catalogue default (`order=grouped`,
-`schedules/tile_order.py`). Inputs whose last dim is not unit-stride,
+`schedules/tile_order.py`); a TMA transpose of a matrix of ~100 MiB or more gives each CTA a 2 x 2 block
+of tiles (`schedules.tile_order.transpose_sub`). Inputs whose last dim is not unit-stride,
 or whose batch dim cannot be expressed as one stride, are first copied to a contiguous buffer.
 """
 
@@ -18,6 +19,7 @@ import torch
 from cute_kernels import catalog, dtypes
 from cute_kernels.kernels.transpose import VARIANTS
 from cute_kernels.ops._checks import INDEX32_LIMIT, check_tensor, direct_call_ok, register_op
+from schedules.tile_order import transpose_sub
 
 _fns: dict[tuple, object] = {}
 
@@ -53,11 +55,14 @@ def _transpose_cuda(x, variant="tma", config=None):
     if variant == "tma" and (not aligned or max(m, n) > INDEX32_LIMIT - 128):  # TMA coordinates are s32
         variant = "swizzle"
     index64 = max(b * x3.stride(0) if b > 1 else m * x3.stride(1), b * m * n) > INDEX32_LIMIT
-    key = (variant, x.dtype, aligned, index64, tuple(sorted((config or {}).items())))
+    config = dict(config or {})
+    if variant != "naive" and "sub" not in config:  # large matrices: a CTA per 2 x 2 block of tiles
+        config["sub"] = transpose_sub(variant, m, n, x.element_size())
+    key = (variant, x.dtype, aligned, index64, tuple(sorted(config.items())))
     fn = _fns.get(key)
     if fn is None:
         fn = _fns[key] = catalog.get(f"transpose.{variant}").compiled(
-            dtype=dtypes.name_of(x.dtype), aligned=aligned, index64=index64, **(config or {}))
+            dtype=dtypes.name_of(x.dtype), aligned=aligned, index64=index64, **config)
     xs = x3.permute(1, 2, 0)
     if b == 1:  # a single batch entry: its stride is never used; give it one the kernel accepts
         xs = xs.as_strided((m, n, 1), (x3.stride(1), 1, m * x3.stride(1)))
