@@ -246,5 +246,44 @@ GEMV = GemvSpec(
     },
 )
 
-SPECS: tuple[KernelSpec, ...] = (GEMV, SILU_FWD, SILU_BWD, SWIGLU_FWD, SWIGLU_BWD, ARGMAX,
+@dataclass(frozen=True, eq=False)
+class GemvMmaSpec(KernelSpec):
+    def build(self, p):
+        from cute_kernels.kernels.gemv_mma import GemvMma
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        kernel = GemvMma(dt, p["cols"], p["index64"], p["warps"], p["row_blocks"], p["unroll"])
+        sym = lambda d=1: _index_sym(p["index64"], d)  # noqa: E731
+        n, k = sym(), sym(8)
+        w = _fake(dt, (n, k), (sym(8), 1), 16)
+        xt = _fake(dt, (p["cols"], k), (sym(8), 1), 16)
+        y = _fake(dt, (n, p["cols"]), (sym(), sym()), dt.width // 8)
+        return kernel, (w, xt, y, fake_stream())
+
+    def dynamic_smem_bytes(self, p):
+        return 4 * 2 * 32 * p["row_blocks"] * p["warps"]
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"cols": 2, "dtype": "fp16", "row_blocks": 1, "warps": 8})]
+
+    def sweep(self):
+        return [self.resolve({"dtype": d, "cols": c, "row_blocks": r})
+                for d, c, r in itertools.product(("bf16", "fp16"), range(1, 9), (1, 2, 4))]
+
+
+GEMV_MMA = GemvMmaSpec(
+    name="gemv.mma", family="gemv", lesson=3,
+    summary="y = W x for x of 1-8 columns on tensor cores (mma.sync m16n8k16, x^T as A, 8 rows of W as B)",
+    ops=("gemv",), status="ready",
+    params={
+        "dtype": Param("bf16", ("bf16", "fp16"), "signature", "element type of W, x and y"),
+        "index64": _SIG_COMMON["index64"],
+        "cols": Param(8, tuple(range(1, 9)), "signature", "columns of x (decode batch)"),
+        "warps": Param(4, (2, 4, 8, 16), help="warps per CTA, splitting K in 32-wide chunks"),
+        "row_blocks": Param(2, (1, 2, 4), help="8-row blocks of W per CTA (one x load serves them all)"),
+        "unroll": Param(2, (1, 2, 4), help="K chunks loaded before their MMAs"),
+    },
+)
+
+SPECS: tuple[KernelSpec, ...] = (GEMV, GEMV_MMA, SILU_FWD, SILU_BWD, SWIGLU_FWD, SWIGLU_BWD, ARGMAX,
                                  TRANSPOSE_NAIVE, TRANSPOSE_SMEM, TRANSPOSE_SWIZZLE, TRANSPOSE_TMA)

@@ -7,6 +7,8 @@ none of these as a standalone op (its SwiGLU lives in GEMM epilogues), so there 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from perf import harness as H
@@ -26,8 +28,14 @@ def _worst(rows, pred=lambda r: True):
 # ----------------------------------------------------------------------------------------------
 # Lesson 3: GEMV (bytes counted: W only, as the target says; x and y are < 0.1% of them)
 # ----------------------------------------------------------------------------------------------
+GEMV_MMA = "ours tensor cores"  # kernels.gemv_mma where the op's default is the FMA kernel (B < 4)
+GEMV_FMA = "ours FMA kernel"  # kernels.gemv where the default is the tensor-core one
+
+
 def gemv(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):
     import cute_kernels as ck
+    from cute_kernels.ops.gemv import _gemv_cuda
+    from schedules.gemv import MMA_MIN_COLS
 
     shapes = shapes or ([(4096, 4096), (16384, 16384)] if quick else
                         [(4096, 4096), (8192, 8192), (16384, 16384), (14336, 4096), (4096, 14336), (1024, 16384)])
@@ -44,6 +52,9 @@ def gemv(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):
                 t = H.do_bench(lambda: ck.gemv(w, x))["median_ms"]
                 refs = {"torch": H.do_bench(lambda: w @ x)["median_ms"],
                         "torch.compile": H.do_bench(lambda: compiled(w, x))["median_ms"]}
+                # the other kernel of the op at this B (decides `schedules.gemv.MMA_MIN_COLS`)
+                alt = GEMV_FMA if b >= MMA_MIN_COLS else GEMV_MMA
+                refs[alt] = H.do_bench(lambda: _gemv_cuda(w, x, tensor_cores=alt == GEMV_MMA))["median_ms"]
                 rows.append(H.Row("gemv", _name(dt), f"{n}x{k} B={b}", w.numel() * w.element_size(),
                                   2 * n * k * b, t, refs, "copy", copy_bw))
     checks = []
@@ -52,7 +63,13 @@ def gemv(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):
         checks.append({"target": ">= 90% of copy bandwidth (bytes of W), W 4096-16384 square",
                        "measured": f"min {square.pct_ceiling:.1f}% ({square.dtype} {square.shape})",
                        "ok": square.pct_ceiling >= 90.0})
-    return rows, ["torch", "torch.compile"], checks, "", {}
+    for alt in (GEMV_MMA, GEMV_FMA):
+        sel = [r for r in rows if alt in r.refs_ms]
+        if sel:
+            geo = math.exp(sum(math.log(1 / r.ratio(alt)) for r in sel) / len(sel))
+            checks.append({"target": f"{alt} faster than ours (geomean of {len(sel)}; decides MMA_MIN_COLS)",
+                           "measured": f"{geo:.3f}x", "ok": geo > 1.0})
+    return rows, ["torch", "torch.compile", GEMV_MMA, GEMV_FMA], checks, "", {}
 
 
 # ----------------------------------------------------------------------------------------------

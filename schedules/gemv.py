@@ -56,3 +56,32 @@ def plan_gemv(rows: int, row_vectors: int, cols: int, num_sms: int) -> GemvPlan:
     if tiling.threads_per_row < 8:  # lanes of a row: at least 8 (short rows waste a few lanes)
         tiling = RowTiling(tiling.threads, 8, tiling.unroll)
     return GemvPlan(tiling, r, t["ctas_per_sm"])
+
+
+# --- the tensor-core kernel (`kernels.gemv_mma`, session 13) -------------------------------------------
+# Columns of x from which the op runs the tensor-core kernel (bf16 / fp16, K a multiple of 8, 16-byte
+# aligned rows): the FMA kernel is issue-bound there (B = 8: 40-62 % of copy, 0.60-0.75x cuBLAS).
+MMA_MIN_COLS = 4
+MMA_WARPS_PER_SM = 32  # resident warps aimed at: each keeps `unroll` chunks (2 KB of W at R = 2) in flight
+
+
+@dataclass(frozen=True)
+class GemvMmaPlan:
+    warps: int  # per CTA, splitting K in 32-wide chunks
+    row_blocks: int  # 8-row blocks of W per CTA
+    unroll: int
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_gemv_mma(rows: int, k: int, num_sms: int) -> GemvMmaPlan:
+    """Two 8-row blocks a CTA (one x load for both) where that still gives a CTA per SM, else one; warps
+    per CTA (4-16, a power of two) so that about MMA_WARPS_PER_SM warps per SM stream W, and never
+    fewer than 2 chunks a warp."""
+    r = 2 if -(-rows // 16) >= num_sms else 1
+    ctas = -(-rows // (8 * r))
+    want = max(1, MMA_WARPS_PER_SM * num_sms // ctas)
+    warps = 4
+    while warps < 16 and warps * 2 <= want and -(-k // 32) >= 2 * warps * 2:
+        warps *= 2
+    return GemvMmaPlan(warps, r, 2)
+

@@ -6,7 +6,9 @@ dtype required). The kernel reads each column of x contiguously: pass x as the t
 (B, K) tensor (`x = xt.t()`, e.g. the (B, K) activations of a decode step) and nothing is copied; a
 (K, B) row-major x is first transposed into a small (B, K) buffer. A w whose last dim is not
 unit-stride is copied (a (N, K) view with a row stride, e.g. a slice of a fused weight, is read in
-place). Not differentiable (inference op).
+place). Not differentiable (inference op). Kernels: for B >= 4 columns (`schedules.gemv.MMA_MIN_COLS`),
+bf16 / fp16, K a multiple of 8 and 16-byte aligned rows, the tensor-core kernel (`kernels.gemv_mma`:
+mma.sync with x^T as A, 8 rows of W as B); otherwise the FMA kernel with a register tile (`kernels.gemv`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 
 from cute_kernels import catalog, dtypes
 from cute_kernels.ops._checks import INDEX32_LIMIT, check_tensor, direct_call_ok, register_op
-from schedules.gemv import plan_gemv
+from schedules.gemv import MMA_MIN_COLS, plan_gemv, plan_gemv_mma
 from schedules.hardware import num_sms
 
 MAX_COLS = 8
@@ -42,7 +44,14 @@ def _gemv_fake(w, x):
     return torch.empty(shape, dtype=w.dtype, device=w.device)
 
 
-def _gemv_cuda(w, x):
+def _mma_ok(w, k, aligned) -> bool:
+    """The tensor-core kernel's needs: 16-bit elements, K a multiple of 8, 16-byte aligned rows."""
+    return aligned and w.element_size() == 2 and k % 8 == 0
+
+
+def _gemv_cuda(w, x, tensor_cores=None):
+    """`tensor_cores`: None = the op's choice (B >= `schedules.gemv.MMA_MIN_COLS` where `_mma_ok`),
+    True / False to force it (benchmarks; True still falls back to the FMA kernel where not `_mma_ok`)."""
     y = _gemv_fake(w, x)
     if y.numel() == 0:
         return y
@@ -62,8 +71,18 @@ def _gemv_cuda(w, x):
     vec = 16 // w.element_size()
     aligned = (w.data_ptr() % 16 == 0 and xt.data_ptr() % 16 == 0 and w.stride(0) % vec == 0
                and xt.stride(0) % vec == 0)
-    v = vec if aligned else 1
     index64 = n * w.stride(0) > INDEX32_LIMIT
+    if (tensor_cores if tensor_cores is not None else b >= MMA_MIN_COLS) and _mma_ok(w, k, aligned):
+        plan = plan_gemv_mma(n, k, num_sms(w.device.index or 0))
+        key = ("mma", w.dtype, b, index64, plan)
+        fn = _fns.get(key)
+        if fn is None:
+            fn = _fns[key] = catalog.get("gemv.mma").compiled(
+                dtype=dtypes.name_of(w.dtype), cols=b, index64=index64, warps=plan.warps,
+                row_blocks=plan.row_blocks, unroll=plan.unroll)
+        fn(w, xt, y.view(n, b))
+        return y
+    v = vec if aligned else 1
     sms = num_sms(w.device.index or 0)
     plan = plan_gemv(n, k // v, b, sms)
     key = (w.dtype, b, aligned, index64, plan.tiling, plan.row_block)

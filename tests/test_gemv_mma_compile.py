@@ -1,0 +1,33 @@
+"""CPU: the tensor-core GEMV compiles for sm_90a without spills for its plan shapes; the SASS runs
+HMMA.16816.F32.BF16 / HMMA.16816.F32 (fp16) and reads W and x only with 128-bit loads; `plan_gemv_mma` picks one or two
+row blocks and 4-16 warps as documented."""
+
+import pytest
+
+from cute_kernels import catalog
+from cute_kernels.artifacts import compile_with_artifacts
+from schedules.gemv import plan_gemv_mma
+from tests.helpers import sass_or_skip
+
+SPEC = catalog.get("gemv.mma")
+
+
+@pytest.mark.parametrize("over", [{}, {"cols": 3, "dtype": "fp16", "row_blocks": 1, "warps": 16},
+                                  {"cols": 8, "row_blocks": 4, "unroll": 4, "index64": True}], ids=str)
+def test_gemv_mma_compiles(over, tmp_path):
+    report, files = compile_with_artifacts(SPEC, SPEC.resolve(over), str(tmp_path))
+    assert not report.spills and report.ptx_census["ld/st.local"] == 0, report.format()
+    assert report.ptx_census["ld.global (all)"] == report.ptx_census["ld.global.v4 (128-bit)"]
+    sass = sass_or_skip(report, files)
+    assert ("HMMA.16816.F32 " if over.get("dtype") == "fp16" else "HMMA.16816.F32.BF16 ") in sass
+
+
+def test_plan_gemv_mma():
+    p = plan_gemv_mma(16384, 16384, 132)
+    assert (p.row_blocks, p.warps) == (2, 4)  # 1024 CTAs
+    p = plan_gemv_mma(4096, 4096, 132)
+    assert (p.row_blocks, p.warps) == (2, 16)  # 256 CTAs
+    p = plan_gemv_mma(1024, 16384, 132)
+    assert (p.row_blocks, p.warps) == (1, 16)  # 128 CTAs
+    p = plan_gemv_mma(1, 64, 132)
+    assert p.warps == 4  # two chunks: no more warps than work

@@ -1,0 +1,59 @@
+"""GPU: the tensor-core GEMV (`kernels.gemv_mma`) against an fp64 reference at dtype-aware bounds and
+against the FMA kernel: every column count 1-8, bf16 and fp16, K with a partial last 32-wide chunk (K % 32
+= 8, 16, 24) and K < 32, rows not a multiple of the 16-row CTA block (1, 7, 769), each plan shape (1 or 2
+row blocks, 4-16 warps), a strided W (a slice of a wider matrix), outputs poisoned; deterministic."""
+
+import pytest
+import torch
+
+from tests.helpers import randn
+
+pytestmark = pytest.mark.gpu
+
+ck = pytest.importorskip("cute_kernels")
+from cute_kernels.ops.gemv import _gemv_cuda  # noqa: E402
+
+
+def _check(y, w, x):
+    ref = (w.double() @ x.double())
+    torch_err = (w @ x).double().sub(ref).abs().max().item()
+    err = y.double().sub(ref).abs().max().item()
+    assert torch.isfinite(y).all(), "unwritten (NaN) outputs"
+    assert err <= 2 * torch_err + 1e-3 * ref.abs().max().item(), (err, torch_err)
+
+
+def _poison(n, b, dtype):
+    torch.cuda.empty_cache()
+    torch.full((n * b * 4 + 4096,), float("nan"), dtype=dtype, device="cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,k", [(1, 4096), (7, 40), (769, 5128), (4096, 4096), (1024, 16384), (300, 24), (64, 8)],
+                         ids=str)
+@pytest.mark.parametrize("b", [1, 2, 3, 5, 8])
+def test_gemv_mma(dtype, n, k, b):
+    w = randn(n, k, dtype=dtype)
+    x = randn(b, k, dtype=dtype).t()
+    _poison(n, b, dtype)
+    y = _gemv_cuda(w, x, tensor_cores=True)
+    assert y.shape == (n, b)
+    _check(y, w, x)
+    assert torch.equal(y, _gemv_cuda(w, x, tensor_cores=True))  # deterministic
+
+
+def test_gemv_mma_strided_w_and_vector_x():
+    base = randn(2000, 6144, dtype=torch.bfloat16)
+    w = base[:, 1024:5120]  # row stride 6144: read in place
+    x = randn(8, 4096, dtype=torch.bfloat16).t()
+    _check(_gemv_cuda(w, x, tensor_cores=True), w, x)
+    xv = randn(4096, dtype=torch.bfloat16)
+    y = _gemv_cuda(w, xv, tensor_cores=True)
+    assert y.shape == (2000,)
+    _check(y, w, xv)
+
+
+def test_gemv_default_uses_tensor_cores_from_four_columns():
+    """The op's default at B >= 4 is the tensor-core kernel: equal to the forced call bit for bit."""
+    w = randn(4096, 4096, dtype=torch.bfloat16)
+    x = randn(8, 4096, dtype=torch.bfloat16).t()
+    assert torch.equal(ck.gemv(w, x), _gemv_cuda(w, x, tensor_cores=True))
