@@ -76,12 +76,14 @@ class GemvMmaPlan:
 def plan_gemv_mma(rows: int, k: int, num_sms: int) -> GemvMmaPlan:
     """Two 8-row blocks a CTA (one x load for both) where that still gives a CTA per SM, else one; warps
     per CTA (4-16, a power of two) so that about MMA_WARPS_PER_SM warps per SM stream W, and never
-    fewer than 2 chunks a warp."""
+    fewer than 2 chunks a warp; 4 chunks loaded ahead at up to 8 warps a CTA, else 2."""
     r = 2 if -(-rows // 16) >= num_sms else 1
     ctas = -(-rows // (8 * r))
     want = max(1, MMA_WARPS_PER_SM * num_sms // ctas)
     warps = 4
     while warps < 16 and warps * 2 <= want and -(-k // 32) >= 2 * warps * 2:
         warps *= 2
-    return GemvMmaPlan(warps, r, 2)
+    # 4 chunks in flight where the grid is large (<= 8 warps a CTA), else 2: the H200 sweep
+    # (perf/tune_gemv.py, B = 8) put these first or within 1.2 % on the five suite shapes
+    return GemvMmaPlan(warps, r, 4 if warps <= 8 else 2)
 

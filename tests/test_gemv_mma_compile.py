@@ -24,9 +24,9 @@ def test_gemv_mma_compiles(over, tmp_path):
 
 def test_plan_gemv_mma():
     p = plan_gemv_mma(16384, 16384, 132)
-    assert (p.row_blocks, p.warps) == (2, 4)  # 1024 CTAs
+    assert (p.row_blocks, p.warps, p.unroll) == (2, 4, 4)  # 1024 CTAs
     p = plan_gemv_mma(4096, 4096, 132)
-    assert (p.row_blocks, p.warps) == (2, 16)  # 256 CTAs
+    assert (p.row_blocks, p.warps, p.unroll) == (2, 16, 2)  # 256 CTAs
     p = plan_gemv_mma(1024, 16384, 132)
     assert (p.row_blocks, p.warps) == (1, 16)  # 128 CTAs
     p = plan_gemv_mma(1, 64, 132)
