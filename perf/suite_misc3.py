@@ -28,14 +28,15 @@ def _worst(rows, pred=lambda r: True):
 # ----------------------------------------------------------------------------------------------
 # Lesson 3: GEMV (bytes counted: W only, as the target says; x and y are < 0.1% of them)
 # ----------------------------------------------------------------------------------------------
-GEMV_MMA = "ours tensor cores"  # kernels.gemv_mma where the op's default is the FMA kernel (B < 4)
+GEMV_MMA = "ours tensor cores"  # kernels.gemv_mma where the op's default is the FMA kernel
 GEMV_FMA = "ours FMA kernel"  # kernels.gemv where the default is the tensor-core one
 
 
 def gemv(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):
     import cute_kernels as ck
     from cute_kernels.ops.gemv import _gemv_cuda
-    from schedules.gemv import MMA_MIN_COLS
+    from schedules.gemv import use_tensor_cores
+    from schedules.hardware import num_sms
 
     shapes = shapes or ([(4096, 4096), (16384, 16384)] if quick else
                         [(4096, 4096), (8192, 8192), (16384, 16384), (14336, 4096), (4096, 14336), (1024, 16384)])
@@ -53,7 +54,7 @@ def gemv(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):
                 refs = {"torch": H.do_bench(lambda: w @ x)["median_ms"],
                         "torch.compile": H.do_bench(lambda: compiled(w, x))["median_ms"]}
                 # the other kernel of the op at this B (decides `schedules.gemv.MMA_MIN_COLS`)
-                alt = GEMV_FMA if b >= MMA_MIN_COLS else GEMV_MMA
+                alt = GEMV_FMA if use_tensor_cores(n, b, num_sms()) else GEMV_MMA
                 refs[alt] = H.do_bench(lambda: _gemv_cuda(w, x, tensor_cores=alt == GEMV_MMA))["median_ms"]
                 rows.append(H.Row("gemv", _name(dt), f"{n}x{k} B={b}", w.numel() * w.element_size(),
                                   2 * n * k * b, t, refs, "copy", copy_bw))
@@ -67,7 +68,7 @@ def gemv(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):
         sel = [r for r in rows if alt in r.refs_ms]
         if sel:
             geo = math.exp(sum(math.log(1 / r.ratio(alt)) for r in sel) / len(sel))
-            checks.append({"target": f"{alt} faster than ours (geomean of {len(sel)}; decides MMA_MIN_COLS)",
+            checks.append({"target": f"{alt} faster than ours (geomean of {len(sel)}; decides use_tensor_cores)",
                            "measured": f"{geo:.3f}x", "ok": geo > 1.0})
     return rows, ["torch", "torch.compile", GEMV_MMA, GEMV_FMA], checks, "", {}
 

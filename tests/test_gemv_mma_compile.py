@@ -31,3 +31,13 @@ def test_plan_gemv_mma():
     assert (p.row_blocks, p.warps) == (1, 16)  # 128 CTAs
     p = plan_gemv_mma(1, 64, 132)
     assert p.warps == 4  # two chunks: no more warps than work
+
+
+def test_use_tensor_cores():
+    from schedules.gemv import use_tensor_cores
+
+    assert not use_tensor_cores(16384, 1, 132)
+    assert use_tensor_cores(16384, 2, 132) and use_tensor_cores(2112, 2, 132)
+    assert not use_tensor_cores(1024, 2, 132) and not use_tensor_cores(1024, 4, 132)
+    assert use_tensor_cores(1024, 5, 132) and use_tensor_cores(1024, 8, 132)
+

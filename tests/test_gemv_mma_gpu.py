@@ -52,8 +52,11 @@ def test_gemv_mma_strided_w_and_vector_x():
     _check(y, w, xv)
 
 
-def test_gemv_default_uses_tensor_cores_from_four_columns():
-    """The op's default at B >= 4 is the tensor-core kernel: equal to the forced call bit for bit."""
-    w = randn(4096, 4096, dtype=torch.bfloat16)
-    x = randn(8, 4096, dtype=torch.bfloat16).t()
-    assert torch.equal(ck.gemv(w, x), _gemv_cuda(w, x, tensor_cores=True))
+def test_gemv_default_kernel_choice():
+    """The op's default (`schedules.gemv.use_tensor_cores`): the tensor-core kernel from B = 2 on W of
+    >= 16 rows per SM, from B = 5 on fewer rows; equal bit for bit to the forced kernel it picks."""
+    for n, b in [(4096, 8), (4096, 2), (1024, 8), (1024, 4), (1024, 2)]:
+        w = randn(n, 4096, dtype=torch.bfloat16)
+        x = randn(b, 4096, dtype=torch.bfloat16).t()
+        mma = n >= 16 * torch.cuda.get_device_properties(0).multi_processor_count or b >= 5
+        assert torch.equal(ck.gemv(w, x), _gemv_cuda(w, x, tensor_cores=mma)), (n, b)

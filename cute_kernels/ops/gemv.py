@@ -6,8 +6,9 @@ dtype required). The kernel reads each column of x contiguously: pass x as the t
 (B, K) tensor (`x = xt.t()`, e.g. the (B, K) activations of a decode step) and nothing is copied; a
 (K, B) row-major x is first transposed into a small (B, K) buffer. A w whose last dim is not
 unit-stride is copied (a (N, K) view with a row stride, e.g. a slice of a fused weight, is read in
-place). Not differentiable (inference op). Kernels: for B >= 4 columns (`schedules.gemv.MMA_MIN_COLS`),
-bf16 / fp16, K a multiple of 8 and 16-byte aligned rows, the tensor-core kernel (`kernels.gemv_mma`:
+place). Not differentiable (inference op). Kernels: for B >= 2 columns (B >= 5 on W of fewer than 16 rows
+per SM: `schedules.gemv.use_tensor_cores`), bf16 / fp16, K a multiple of 8 and 16-byte aligned rows, the
+tensor-core kernel (`kernels.gemv_mma`:
 mma.sync with x^T as A, 8 rows of W as B); otherwise the FMA kernel with a register tile (`kernels.gemv`).
 """
 
@@ -17,7 +18,7 @@ import torch
 
 from cute_kernels import catalog, dtypes
 from cute_kernels.ops._checks import INDEX32_LIMIT, check_tensor, direct_call_ok, register_op
-from schedules.gemv import MMA_MIN_COLS, plan_gemv, plan_gemv_mma
+from schedules.gemv import plan_gemv, plan_gemv_mma, use_tensor_cores
 from schedules.hardware import num_sms
 
 MAX_COLS = 8
@@ -50,7 +51,7 @@ def _mma_ok(w, k, aligned) -> bool:
 
 
 def _gemv_cuda(w, x, tensor_cores=None):
-    """`tensor_cores`: None = the op's choice (B >= `schedules.gemv.MMA_MIN_COLS` where `_mma_ok`),
+    """`tensor_cores`: None = the op's choice (`schedules.gemv.use_tensor_cores`, where `_mma_ok`),
     True / False to force it (benchmarks; True still falls back to the FMA kernel where not `_mma_ok`)."""
     y = _gemv_fake(w, x)
     if y.numel() == 0:
@@ -72,8 +73,9 @@ def _gemv_cuda(w, x, tensor_cores=None):
     aligned = (w.data_ptr() % 16 == 0 and xt.data_ptr() % 16 == 0 and w.stride(0) % vec == 0
                and xt.stride(0) % vec == 0)
     index64 = n * w.stride(0) > INDEX32_LIMIT
-    if (tensor_cores if tensor_cores is not None else b >= MMA_MIN_COLS) and _mma_ok(w, k, aligned):
-        plan = plan_gemv_mma(n, k, num_sms(w.device.index or 0))
+    sms = num_sms(w.device.index or 0)
+    if (tensor_cores if tensor_cores is not None else use_tensor_cores(n, b, sms)) and _mma_ok(w, k, aligned):
+        plan = plan_gemv_mma(n, k, sms)
         key = ("mma", w.dtype, b, index64, plan)
         fn = _fns.get(key)
         if fn is None:
@@ -83,7 +85,6 @@ def _gemv_cuda(w, x, tensor_cores=None):
         fn(w, xt, y.view(n, b))
         return y
     v = vec if aligned else 1
-    sms = num_sms(w.device.index or 0)
     plan = plan_gemv(n, k // v, b, sms)
     key = (w.dtype, b, aligned, index64, plan.tiling, plan.row_block)
     fn = _fns.get(key)
