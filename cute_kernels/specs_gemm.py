@@ -115,7 +115,7 @@ GEMM = GemmSpec(
         "scale": Param(False, (True, False), "signature", "fused alpha * acc"),
         "schedule": Param(_d.kind, KINDS, help="consumer warpgroups: split one tile, or alternate tiles"),
         "tile_m": Param(_d.tile_m, (64, 128, 256), help="CTA tile rows"),
-        "tile_n": Param(_d.tile_n, (64, 96, 128, 160, 192, 224, 256), help="CTA tile columns"),
+        "tile_n": Param(_d.tile_n, (32, 64, 96, 128, 160, 192, 224, 256), help="CTA tile columns"),
         "tile_k": Param(_d.tile_k, (32, 64, 128), help="K-block per pipeline stage"),
         "cluster_m": Param(_d.cluster_m, (1, 2, 4), help="CTAs per cluster along M (share B by multicast)"),
         "cluster_n": Param(_d.cluster_n, (1, 2, 4), help="CTAs per cluster along N (share A by multicast)"),
