@@ -65,6 +65,17 @@ def allocate_tile(smem, dtype, layout, byte_alignment: int = 1024):
     return smem.allocate_tensor(dtype, layout, byte_alignment=byte_alignment)
 
 
+def allocate_tiles(smem, dtype, layout, count: int, byte_alignment: int = 1024):
+    """`count` tiles of a swizzled `layout` (`swizzled_tile`) back to back, as one (rows, cols, count)
+    tensor: tile c is `t[None, None, c]` for a runtime c too (pipeline stages). A tile is a whole number
+    of 1 KiB swizzle periods, so the swizzle on the pointer treats every tile alike."""
+    inner = layout.outer
+    rows, cols = inner.shape
+    assert rows * cols * dtype.width % (1024 * 8) == 0, "allocate_tiles: a tile must be a multiple of 1 KiB"
+    staged = cute.make_layout((rows, cols, count), stride=(*inner.stride, rows * cols))
+    return smem.allocate_tensor(dtype, staged, byte_alignment=byte_alignment, swizzle=layout.inner)
+
+
 def bank_of(byte_offset: int) -> int:
     """Host-side helper for studies: the bank a byte offset falls in."""
     return (byte_offset // BANK_BYTES) % BANKS

@@ -149,13 +149,13 @@ class TransposeSpec(KernelSpec):
         dt = dtypes.cutlass_of(p["dtype"])
         vec = dtypes.vec_of(p["dtype"], p["aligned"])
         kernel = Transpose(self.name.split(".")[1], dt, vec, p["index64"], p["threads"], p.get("pad", -1),
-                           TileOrder(p["order"], p["group"]), p.get("sub", 1))
+                           TileOrder(p["order"], p["group"]), p.get("sub", 1), p.get("persistent", False))
         sym = lambda d=1: _index_sym(p["index64"], d)  # noqa: E731
         m, n, b = sym(), sym(), sym()
         align = 16 if p["aligned"] else dt.width // 8
         x = _fake(dt, (m, n, b), (sym(vec), 1, sym(vec)), align)
         out = _fake(dt, (n, m, b), (sym(vec), 1, sym(vec)), align)
-        return kernel, (x, out, fake_stream())
+        return kernel, (x, out, Int32(1), fake_stream())
 
     def representative(self):
         return [self.resolve(), self.resolve({"dtype": "fp32"})]
@@ -184,7 +184,10 @@ TRANSPOSE_NAIVE = _transpose("naive", "coalesced 16-byte reads, scattered column
 TRANSPOSE_SMEM = _transpose("smem", "tile through padded shared memory: coalesced both ways", 9,
                             {"pad": Param(-1, (-1, 0), help="row padding: -1 = 16 bytes, 0 = none (bank conflicts)")})
 TRANSPOSE_SWIZZLE = _transpose("swizzle", "tile through 128-byte-swizzled shared memory (no padding)", 9)
-TRANSPOSE_TMA = _transpose("tma", "TMA load of the tile, swizzled smem transpose, TMA store", 9)
+TRANSPOSE_TMA = _transpose("tma", "TMA load of the tile, swizzled smem transpose, TMA store", 9,
+                            {"persistent": Param(False, (False, True),
+                                                 help="CTAs walk the blocks, the next block's TMA load under this "
+                                                      "one's transpose and stores (two stages)")})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -85,3 +85,9 @@ def transpose_sub(variant: str, rows: int, cols: int, elem_bytes: int) -> int:
     on a matrix of at least SUB2_MIN_BYTES, else 1."""
     return 2 if variant == "tma" and rows * cols * elem_bytes >= SUB2_MIN_BYTES else 1
 
+
+def persistent_ctas_per_sm(sub: int, tile_bytes: int = 4096, smem_bytes: int = 227 << 10) -> int:
+    """Resident CTAs per SM of the persistent TMA transpose: its shared memory is two load stages and two
+    store buffers of sub x sub tiles (4 x sub^2 x 4 KiB), at most 8 CTAs (a quarter of the SM's threads)."""
+    return max(1, min(8, smem_bytes // (4 * sub * sub * tile_bytes + 1024)))
+

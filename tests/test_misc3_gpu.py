@@ -318,6 +318,23 @@ def test_transpose_two_by_two_blocks(order, dtype):
         assert torch.equal(_transpose_cuda(x, v, cfg), x.transpose(-2, -1).contiguous()), v
 
 
+@pytest.mark.parametrize("cfg", [{"persistent": True}, {"persistent": True, "sub": 2},
+                                 {"persistent": True, "order": "diagonal"}, {"persistent": True, "order": "row"}],
+                         ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_transpose_persistent(cfg, dtype):
+    """The persistent TMA transpose (two load stages, two store buffers): CTAs with one block, with many
+    (more blocks than resident CTAs: both stages reused, mbarrier phases flipping), ragged edges, batches."""
+    from cute_kernels.ops.transpose import _transpose_cuda
+
+    for shape in [(769, 5125), (5, 768, 40), (3, 2100, 304), (1, 8), (2, 4104, 4096), (8, 8)]:
+        x = randn(*shape, dtype=dtype)
+        torch.cuda.empty_cache()
+        torch.full((x.numel() + 4096,), float("nan"), dtype=dtype, device="cuda")
+        out = _transpose_cuda(x, "tma", cfg)  # rows not 16-byte multiples: the swizzle fallback, option dropped
+        assert torch.equal(out, x.transpose(-2, -1).contiguous()), shape
+
+
 def test_transpose_default_blocks_on_large_matrices():
     """The op's default for a matrix of >= 96 MiB is the TMA transpose with 2 x 2 blocks
     (`schedules.tile_order.transpose_sub`): ragged block edges on both dims, poisoned output."""

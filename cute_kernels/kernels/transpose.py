@@ -27,7 +27,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
-from collectives.smem_tiles import allocate_tile, chunk_elems, padded_tile, swizzled_tile
+from collectives.smem_tiles import allocate_tile, allocate_tiles, chunk_elems, padded_tile, swizzled_tile
 from collectives.vector_io import extent
 from schedules.tile_order import TileOrder
 
@@ -47,7 +47,7 @@ class Transpose:
     """
 
     def __init__(self, variant: str, dtype, vec: int, index64: bool, threads: int = 128, pad: int = -1,
-                 order: TileOrder = TileOrder(), sub: int = 1):
+                 order: TileOrder = TileOrder(), sub: int = 1, persistent: bool = False):
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if variant == "tma" and vec == 1:
@@ -60,6 +60,9 @@ class Transpose:
         if sub not in (1, 2) or (sub > 1 and variant == "naive"):
             raise ValueError(f"sub must be 1, or 2 for the shared-memory variants, got {sub} ({variant})")
         self.sub = sub  # a CTA takes sub x sub adjacent T x T tiles (one (sub T) x (sub T) block)
+        if persistent and variant != "tma":
+            raise ValueError(f"persistent is for the TMA variant, got {variant}")
+        self.persistent = persistent  # max_ctas CTAs walk the blocks, the next block's load under this one
 
     def _tile_layout(self):
         if cutlass.const_expr(self.variant == "smem"):
@@ -67,18 +70,23 @@ class Transpose:
         return swizzled_tile(self.T, self.T, self.dtype)
 
     @cute.jit
-    def __call__(self, x: cute.Tensor, out: cute.Tensor, stream):
+    def __call__(self, x: cute.Tensor, out: cute.Tensor, max_ctas: Int32, stream):
         T = self.T
         B = T * self.sub
         m, n, b = extent(x, 0), extent(x, 1), extent(x, 2)
         tiles_m, tiles_n = Int32((m + B - 1) // B), Int32((n + B - 1) // B)  # blocks of sub x sub tiles
-        grid = [tiles_m * tiles_n * Int32(b), 1, 1]  # one CTA per block, in `self.order`
+        blocks = tiles_m * tiles_n * Int32(b)
+        grid = [blocks, 1, 1]  # one CTA per block, in `self.order`
         if cutlass.const_expr(self.variant == "tma"):
             layout = self._tile_layout()
             atom_l, tma_x = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), x, layout, (T, T))
             atom_s, tma_o = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), out, layout, (T, T))
-            self.kernel_tma(atom_l, tma_x, atom_s, tma_o, tiles_m, tiles_n).launch(
-                grid=grid, block=[self.threads, 1, 1], stream=stream)
+            if cutlass.const_expr(self.persistent):
+                self.kernel_tma_persistent(atom_l, tma_x, atom_s, tma_o, tiles_m, tiles_n, blocks).launch(
+                    grid=[cutlass.min(blocks, max_ctas), 1, 1], block=[self.threads, 1, 1], stream=stream)
+            else:
+                self.kernel_tma(atom_l, tma_x, atom_s, tma_o, tiles_m, tiles_n).launch(
+                    grid=grid, block=[self.threads, 1, 1], stream=stream)
         else:
             self.kernel(x, out, tiles_m, tiles_n).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
 
@@ -201,3 +209,72 @@ class Transpose:
                 cute.copy(atom_s, parts[s_][2], parts[s_][3])
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # sB must outlive the store's reads
+
+    @cute.kernel
+    def kernel_tma_persistent(self, atom_l: cute.CopyAtom, tma_x: cute.Tensor, atom_s: cute.CopyAtom,
+                              tma_o: cute.Tensor, tiles_m: Int32, tiles_n: Int32, blocks: Int32):
+        """`kernel_tma` with CTAs that walk the blocks (block t, t + grid, ... in `self.order`) through two
+        load stages and two store buffers: block i+1's TMA loads are issued before block i is waited for,
+        and block i's TMA stores drain while block i+1 is transposed. Per block: warp 0 issues the next
+        load, waits until at most one store group still reads (block i-1's: block i-2's, which read this
+        store buffer, is done), everyone waits for this block's bytes, a barrier, the smem transpose, the
+        proxy fence, a barrier, warp 0 issues the stores. Stage s = i % 2 (a runtime index into the staged
+        tiles: the transpose's swizzled addresses are computed once, not per stage), phase (i // 2) % 2."""
+        T = self.T
+        sub = self.sub
+        q = sub * sub
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        t0, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        smem = cutlass.memory.SmemAllocator()
+        sA = allocate_tiles(smem, self.dtype, self._tile_layout(), 2 * q)  # (T, T, stage * q + sub-tile)
+        sB = allocate_tiles(smem, self.dtype, self._tile_layout(), 2 * q)
+        mbar = smem.allocate_tensor(Int64, cute.make_layout(2), byte_alignment=8).iterator
+
+        if warp == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_init(mbar, 1)
+                cute.arch.mbarrier_init(mbar + 1, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
+        count = (blocks - t0 + grid - 1) // grid  # blocks of this CTA (>= 1: the grid is at most `blocks`)
+        if warp == 0:  # block 0's loads into stage 0
+            self._issue_loads(atom_l, tma_x, sA, 0, mbar, t0, tiles_m, tiles_n)
+        for i in cutlass.range(count, unroll=1):
+            s = i % 2
+            if warp == 0:
+                if i + 1 < count:  # the next block into the other stage (its readers passed a barrier)
+                    self._issue_loads(atom_l, tma_x, sA, (1 - s) * q, mbar + (1 - s), t0 + (i + 1) * grid,
+                                      tiles_m, tiles_n)
+                cute.arch.cp_async_bulk_wait_group(1, read=True)  # block i-2's stores have read sB stage s
+            cute.arch.mbarrier_wait(mbar + s, (i // 2) % 2)
+            cute.arch.barrier()
+            for s_ in cutlass.range_constexpr(q):
+                self._smem_transpose(sA[None, None, s * q + s_], sB[None, None, s * q + s_])
+            cute.arch.fence_proxy("async.shared", space="cta")  # our sB writes, visible to the TMA unit
+            cute.arch.barrier()
+            if warp == 0:
+                tm, tn, b = self.order.tile(t0 + i * grid, tiles_m, tiles_n)
+                for s_ in cutlass.range_constexpr(q):
+                    gO = cute.local_tile(tma_o[None, None, b], (T, T), (tn * sub + s_ % sub, tm * sub + s_ // sub))
+                    tBsB, tBgO = cpasync.tma_partition(atom_s, 0, cute.make_layout(1),
+                                                       cute.group_modes(sB[None, None, s * q + s_], 0, 2),
+                                                       cute.group_modes(gO, 0, 2))
+                    cute.copy(atom_s, tBsB, tBgO)
+                cute.arch.cp_async_bulk_commit_group()
+        if warp == 0:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)  # the smem must outlive the last stores' reads
+
+    def _issue_loads(self, atom_l, tma_x, sA, first, bar, t, tiles_m, tiles_n):
+        """Warp 0 (trace-time helper, no control flow of its own): block t's sub x sub TMA loads into
+        tiles first, first + 1, ... of the staged sA, their bytes expected on `bar`."""
+        sub, T = self.sub, self.T
+        tm, tn, b = self.order.tile(t, tiles_m, tiles_n)
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(bar, sub * sub * T * T * self.dtype.width // 8)
+        for s_ in range(sub * sub):
+            gX = cute.local_tile(tma_x[None, None, b], (T, T), (tm * sub + s_ // sub, tn * sub + s_ % sub))
+            tAsA, tAgX = cpasync.tma_partition(atom_l, 0, cute.make_layout(1),
+                                               cute.group_modes(sA[None, None, first + s_], 0, 2),
+                                               cute.group_modes(gX, 0, 2))
+            cute.copy(atom_l, tAgX, tAsA, tma_bar_ptr=bar)

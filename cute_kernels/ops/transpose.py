@@ -19,7 +19,8 @@ import torch
 from cute_kernels import catalog, dtypes
 from cute_kernels.kernels.transpose import VARIANTS
 from cute_kernels.ops._checks import INDEX32_LIMIT, check_tensor, direct_call_ok, register_op
-from schedules.tile_order import transpose_sub
+from schedules.hardware import num_sms
+from schedules.tile_order import persistent_ctas_per_sm, transpose_sub
 
 _fns: dict[tuple, object] = {}
 
@@ -56,6 +57,8 @@ def _transpose_cuda(x, variant="tma", config=None):
         variant = "swizzle"
     index64 = max(b * x3.stride(0) if b > 1 else m * x3.stride(1), b * m * n) > INDEX32_LIMIT
     config = dict(config or {})
+    if variant != "tma":  # (also after the TMA fallback above) a TMA-only option
+        config.pop("persistent", None)
     if variant != "naive" and "sub" not in config:  # large matrices: a CTA per 2 x 2 block of tiles
         config["sub"] = transpose_sub(variant, m, n, x.element_size())
     key = (variant, x.dtype, aligned, index64, tuple(sorted(config.items())))
@@ -66,7 +69,8 @@ def _transpose_cuda(x, variant="tma", config=None):
     xs = x3.permute(1, 2, 0)
     if b == 1:  # a single batch entry: its stride is never used; give it one the kernel accepts
         xs = xs.as_strided((m, n, 1), (x3.stride(1), 1, m * x3.stride(1)))
-    fn(xs, o3.permute(1, 2, 0))
+    ctas = num_sms(x.device.index or 0) * persistent_ctas_per_sm(config.get("sub", 1))
+    fn(xs, o3.permute(1, 2, 0), ctas)
     return out
 
 
