@@ -77,11 +77,13 @@ SWIGLU_BWD = _gated("swiglu_bwd", "dgate, dup from gate, up, dout in one pass (5
 class ArgMaxSpec(KernelSpec):
     def check(self, p):
         RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
+        if p["row_head"] and (p["aligned"] or p["dtype"] == "key"):
+            raise ValueError("row_head is for values whose rows are not 16-byte aligned (aligned=False)")
 
     def _in(self, p):
         keys_in = p["dtype"] == "key"
         dt = cutlass.Int64 if keys_in else dtypes.cutlass_of(p["dtype"])
-        vec = 1 if keys_in else dtypes.vec_of(p["dtype"], p["aligned"])
+        vec = 1 if keys_in else dtypes.vec_of(p["dtype"], p["aligned"] or p["row_head"])
         return keys_in, dt, vec
 
     def build(self, p):
@@ -89,10 +91,10 @@ class ArgMaxSpec(KernelSpec):
 
         keys_in, dt, vec = self._in(p)
         tiling = RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
-        kernel = ArgMax(dt, vec, p["index64"], tiling, keys_in, p["keys_out"])
+        kernel = ArgMax(dt, vec, p["index64"], tiling, keys_in, p["keys_out"], p["row_head"])
         m, n = _index_sym(p["index64"]), _index_sym(p["index64"])
         align = 16 if (p["aligned"] and not keys_in) else dt.width // 8
-        x = _fake(dt, (m, n), (_index_sym(p["index64"], vec), 1), align)
+        x = _fake(dt, (m, n), (_index_sym(p["index64"], 1 if p["row_head"] else vec), 1), align)
         s = _index_sym(p["index64"])
         out = _fake(cutlass.Int64, (m, s), (s, 1), 8)
         return kernel, (x, out, Int32(1), fake_stream())
@@ -113,6 +115,7 @@ class ArgMaxSpec(KernelSpec):
             out.append(self.resolve({"dtype": "key", "aligned": False, "threads_per_row": tpr}))
         for d in dtypes.FLOAT_NAMES:
             out.append(self.resolve({"dtype": d, "index64": True}))
+            out.append(self.resolve({"dtype": d, "aligned": False, "row_head": True}))
         return out
 
 
@@ -125,6 +128,9 @@ ARGMAX = ArgMaxSpec(
         "aligned": _SIG_COMMON["aligned"],
         "index64": _SIG_COMMON["index64"],
         "keys_out": Param(False, (True, False), "signature", "write split partials (keys) instead of indices"),
+        "row_head": Param(False, (True, False), "signature",
+                          "rows not 16-byte aligned: each row's first elements up to a 16-byte boundary scalar, "
+                          "the rest in 128-bit vectors (aligned=False)"),
         "threads": Param(_ROW_TUNED["threads"], (128, 256, 512, 1024), help="threads per CTA"),
         "threads_per_row": Param(_ROW_TUNED["threads"], (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
                                  help="threads sharing one row"),

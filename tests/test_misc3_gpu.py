@@ -248,6 +248,32 @@ def test_argmax_two_level_positions(dtype, n):
         assert ck.argmax(big).item() == length // 2 + 5
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_argmax_row_heads(dtype):
+    """Rows of odd length (every row starts at a different offset from a 16-byte boundary: the scalar
+    head, 128-bit vectors, the scalar end): the maximum, a NaN or a tie in the head, the vectors and the
+    end of each row; a vocabulary row length; one long odd row split over CTAs."""
+    import cute_kernels as ck
+
+    n = 50257
+    x = randn(64, n, dtype=dtype)
+    for r in range(16):
+        h = (-r * n) % 8  # this row's head length
+        pos = [0, max(h - 1, 0), h, h + 7, n // 2, n - 1, n - 8, n - 9][r % 8]
+        x[r, pos] = 100.0 if r < 8 else float("nan")
+    x[16, [3, 40000]] = 100.0  # a tie between a head slot (row 16's head is 0) and the body
+    x[17, [0, n - 1]] = 100.0
+    x[18] = -float("inf")
+    assert torch.equal(ck.argmax(x), torch.argmax(x, dim=-1))
+    v = randn(300, 1001, dtype=dtype)[:, :999]  # stride 1001, length 999: a head and an end on each row
+    assert torch.equal(ck.argmax(v), torch.argmax(v, dim=-1))
+    big = randn(1, 3_000_001, dtype=dtype)
+    big[0, [2_999_999, 1_000_003]] = 50.0
+    assert ck.argmax(big).item() == 1_000_003
+    big[0, 1] = float("nan")
+    assert ck.argmax(big).item() == 1
+
+
 def test_argmax_strided_deterministic_keepdim():
     import cute_kernels as ck
 

@@ -47,11 +47,19 @@ class ArgMax:
     holds the index. CTAs walk row tiles grid-stride, at most `max_ctas` per split.
     """
 
-    def __init__(self, in_dtype, vec: int, index64: bool, tiling: RowTiling, keys_in: bool, keys_out: bool):
+    def __init__(self, in_dtype, vec: int, index64: bool, tiling: RowTiling, keys_in: bool, keys_out: bool,
+                 row_head: bool = False):
         self.in_dtype, self.vec, self.index64, self.tiling = in_dtype, vec, index64, tiling
         self.keys_in, self.keys_out = keys_in, keys_out
         if keys_in and vec != 1:
             raise ValueError("the key pass reads one key at a time (vec=1)")
+        if row_head and (keys_in or vec == 1):
+            raise ValueError("row_head reads values in vectors (vec > 1)")
+        # Rows not 16-byte aligned (an odd row length, e.g. a 50257-word vocabulary): each row's h < vec
+        # first elements up to its first 16-byte boundary are scalars, then nv vectors, then the rest.
+        # nv = (n - vec + 1) // vec is the same for every row (the head varies), so the walk's split of
+        # the vectors over threads and CTAs is too; the up to 2 vec - 2 scalars go to the last split.
+        self.row_head = row_head
 
     @cute.jit
     def __call__(self, x: cute.Tensor, out: cute.Tensor, max_ctas: Int32, stream):
@@ -69,8 +77,11 @@ class ArgMax:
 
         buf = group_smem(cutlass.memory.SmemAllocator(), Int64, self.tiling.threads, tpr)
 
-        w = SplitRowWalk.create(self.tiling, rows, n, vec, splits, self.index64)
+        n_vec = cutlass.max(n - (vec - 1), 0) if cutlass.const_expr(self.row_head) else n
+        w = SplitRowWalk.create(self.tiling, rows, n_vec, vec, splits, self.index64)
         lane, nv, v_begin, v_count, tail = w.lane, w.nv, w.v_begin, w.v_count, w.tail
+        if cutlass.const_expr(self.row_head):
+            tail = n - nv * vec  # the head and the end, up to 2 vec - 2 scalars
         _, split, _ = cute.arch.block_idx()
         if cutlass.const_expr(self.index64):
             v_begin = Int64(v_begin)
@@ -79,7 +90,7 @@ class ArgMax:
         has = (lane < v_count) | (last & (lane < tail))
         first = v_begin * vec + lane * vec
         if lane >= v_count:
-            first = nv * vec + lane
+            first = nv * vec + lane  # (row_head: shifted per row below)
 
         for i in cutlass.range(w.count, unroll=1):
             row = w.row(i)
@@ -97,7 +108,21 @@ class ArgMax:
                     key = strided_fold(v_count, lane, tpr, tpr * self.tiling.unroll, self.tiling.unroll,
                                        load_key, step_key, key)
                 else:
-                    xv = as_vectors(x[row, None], n, vec)
+                    head = 0
+                    if cutlass.const_expr(self.row_head):
+                        # vectors from the row's first 16-byte boundary; element positions shift by head
+                        p0 = x[row, None].iterator
+                        pa = p0.align(16)
+                        head = Int32((pa.toint() - p0.toint()) // (self.in_dtype.width // 8))
+                        xv = as_vectors(cute.make_tensor(pa, cute.make_layout(nv * vec)), nv * vec, vec)
+                    else:
+                        xv = as_vectors(x[row, None], n, vec)
+                    start = first + head
+                    if cutlass.const_expr(self.row_head):
+                        if lane >= v_count:  # a scalar-only lane: its first scalar slot (head or end)
+                            start = type(start)(nv * vec + lane)
+                            if lane < head:
+                                start = type(start)(lane)
 
                     def load(j):
                         return xv[None, v_begin + j].load()
@@ -111,19 +136,22 @@ class ArgMax:
                             vm = vector_max(words, self.in_dtype)
                             take = improves(vm, best)
                             saved = [select(take, w, s) for w, s in zip(words, saved)]
-                            return (select(take, vm, best), select(take, (v_begin + j) * vec, pos), *saved)
+                            return (select(take, vm, best), select(take, head + (v_begin + j) * vec, pos), *saved)
 
                         # Before any vector improves, the saved words are -inf, so `locate` gives 0.
-                        state = (Float32(-float("inf")), first, *[neg_inf_word(self.in_dtype)] * (
+                        state = (Float32(-float("inf")), start, *[neg_inf_word(self.in_dtype)] * (
                             vec * self.in_dtype.width // 32))
                         state = strided_fold(v_count, lane, tpr, tpr * self.tiling.unroll, self.tiling.unroll,
                                              load, step, state)
                         best = state[0]
                         idx = state[1] + locate(list(state[2:]), self.in_dtype, best)
                         if last:
-                            for k in cutlass.range_constexpr(-(-vec // tpr)):
+                            for k in cutlass.range_constexpr(-(-(2 * vec if self.row_head else vec) // tpr)):
                                 if lane + k * tpr < tail:
                                     e = nv * vec + lane + k * tpr
+                                    if cutlass.const_expr(self.row_head):
+                                        if lane + k * tpr < head:  # the row's head scalars
+                                            e = type(e)(lane + k * tpr)
                                     best, idx = scan_update(best, idx, x[row, e].to(Float32), e)
                     else:
 
