@@ -251,9 +251,16 @@ def test_argmax_two_level_positions(dtype, n):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_argmax_row_heads(dtype):
     """Rows of odd length (every row starts at a different offset from a 16-byte boundary: the scalar
-    head, 128-bit vectors, the scalar end): the maximum, a NaN or a tie in the head, the vectors and the
-    end of each row; a vocabulary row length; one long odd row split over CTAs."""
-    import cute_kernels as ck
+    head, 128-bit vectors, the scalar end), the head path forced (`row_head=True`): the maximum, a NaN or a
+    tie in the head, the vectors and the end of each row; a vocabulary row length; one long odd row split
+    over CTAs; a strided view."""
+    from cute_kernels.ops.argmax import _argmax_rows
+    from cute_kernels.ops.reduction import _rows_of
+
+    def am(t):
+        out = torch.full(t.shape[:-1], -7, dtype=torch.int64, device="cuda")
+        _argmax_rows(_rows_of(t), out.view(-1), row_head=True)
+        return out
 
     n = 50257
     x = randn(64, n, dtype=dtype)
@@ -264,14 +271,18 @@ def test_argmax_row_heads(dtype):
     x[16, [3, 40000]] = 100.0  # a tie between a head slot (row 16's head is 0) and the body
     x[17, [0, n - 1]] = 100.0
     x[18] = -float("inf")
-    assert torch.equal(ck.argmax(x), torch.argmax(x, dim=-1))
+    assert torch.equal(am(x), torch.argmax(x, dim=-1))
     v = randn(300, 1001, dtype=dtype)[:, :999]  # stride 1001, length 999: a head and an end on each row
-    assert torch.equal(ck.argmax(v), torch.argmax(v, dim=-1))
+    assert torch.equal(am(v), torch.argmax(v, dim=-1))
+    for n in (16, 17, 23, 769, 4099):
+        y = randn(33, n, dtype=dtype)
+        y[5, n - 1] = float("nan")
+        assert torch.equal(am(y), torch.argmax(y, dim=-1)), n
     big = randn(1, 3_000_001, dtype=dtype)
     big[0, [2_999_999, 1_000_003]] = 50.0
-    assert ck.argmax(big).item() == 1_000_003
+    assert am(big).item() == 1_000_003
     big[0, 1] = float("nan")
-    assert ck.argmax(big).item() == 1
+    assert am(big).item() == 1
 
 
 def test_argmax_strided_deterministic_keepdim():

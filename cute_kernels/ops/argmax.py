@@ -30,15 +30,22 @@ def _kernel(dtype: str, aligned, index64, keys_out, tiling, row_head=False):
     return fn
 
 
-def _argmax_rows(x2: torch.Tensor, out: torch.Tensor, **plan_options) -> None:
-    """out[m] = argmax(x2[m, :]) for a (M, N) unit-stride matrix, M, N >= 1."""
+# The per-row aligned head for 16-bit rows that are not 16-byte aligned (built in session 13; the default
+# once its GPU tests, tests/test_misc3_gpu.py::test_argmax_row_heads, have run on the H200)
+ROW_HEAD_DEFAULT = False
+
+
+def _argmax_rows(x2: torch.Tensor, out: torch.Tensor, row_head=None, **plan_options) -> None:
+    """out[m] = argmax(x2[m, :]) for a (M, N) unit-stride matrix, M, N >= 1. `row_head`: None = the
+    default (ROW_HEAD_DEFAULT), True / False to force the head + vectors path where it applies."""
     m, n = x2.shape
     vec = 16 // x2.element_size()
     aligned = x2.data_ptr() % 16 == 0 and x2.stride(0) % vec == 0
     # 16-bit rows that are not 16-byte aligned (odd lengths: a 50257-word vocabulary) read a scalar head up
     # to each row's first 16-byte boundary, then 128-bit vectors (the 2-byte scalar path ran 72 % of the
     # read ceiling on bf16 16384 x 50257); fp32's 4-byte scalar path already ran 98.5 % there
-    row_head = not aligned and x2.element_size() == 2 and n >= 2 * vec
+    row_head = (ROW_HEAD_DEFAULT if row_head is None else row_head) and (
+        not aligned and x2.element_size() == 2 and n >= 2 * vec)
     v = vec if aligned or row_head else 1
     index64 = max(m * x2.stride(0), n) > INDEX32_LIMIT
     sms = num_sms(x2.device.index or 0)
