@@ -271,6 +271,10 @@ def test_argmax_row_heads(dtype):
     x[16, [3, 40000]] = 100.0  # a tie between a head slot (row 16's head is 0) and the body
     x[17, [0, n - 1]] = 100.0
     x[18] = -float("inf")
+    for r in (19, 20, 21, 22):  # heads of 5, 4, 3, 2 elements: a head slot ties with a later element that
+        h = (-r * n) % 8  # the same lane scans (its first vector, element h + 9) -> the head slot wins
+        x[r, [1, h + 9, n // 2]] = 100.0
+    x[25, [0, 9]] = float("nan")  # head 7: a NaN in the head and in the first vector -> 0
     assert torch.equal(am(x), torch.argmax(x, dim=-1))
     v = randn(300, 1001, dtype=dtype)[:, :999]  # stride 1001, length 999: a head and an end on each row
     assert torch.equal(am(v), torch.argmax(v, dim=-1))

@@ -119,10 +119,12 @@ class ArgMax:
                         xv = as_vectors(x[row, None], n, vec)
                     start = first + head
                     if cutlass.const_expr(self.row_head):
-                        if lane >= v_count:  # a scalar-only lane: its first scalar slot (head or end)
+                        if lane >= v_count:  # a scalar-only lane (as without heads: slots past the vectors)
                             start = type(start)(nv * vec + lane)
-                            if lane < head:
-                                start = type(start)(lane)
+                    # the row's head scalars (row_head): their own in-order scan, its key max'ed in after;
+                    # scanned after the vectors into the same state they would lose ties they must win
+                    hbest = Float32(-float("inf"))
+                    hidx = type(start)(lane)  # the lane's first head slot (used only if lane < head)
 
                     def load(j):
                         return xv[None, v_begin + j].load()
@@ -150,9 +152,13 @@ class ArgMax:
                                 if lane + k * tpr < tail:
                                     e = nv * vec + lane + k * tpr
                                     if cutlass.const_expr(self.row_head):
-                                        if lane + k * tpr < head:  # the row's head scalars
-                                            e = type(e)(lane + k * tpr)
-                                    best, idx = scan_update(best, idx, x[row, e].to(Float32), e)
+                                        if lane + k * tpr < head:  # a head scalar: the head scan
+                                            he = type(e)(lane + k * tpr)
+                                            hbest, hidx = scan_update(hbest, hidx, x[row, he].to(Float32), he)
+                                        else:
+                                            best, idx = scan_update(best, idx, x[row, e].to(Float32), e)
+                                    else:
+                                        best, idx = scan_update(best, idx, x[row, e].to(Float32), e)
                     else:
 
                         def step1(acc, j, v):
@@ -163,6 +169,8 @@ class ArgMax:
                         best, idx = strided_fold(v_count, lane, tpr, tpr * self.tiling.unroll, self.tiling.unroll,
                                                  load, step1, state)
                     key = pack_key(best, idx, has)
+                    if cutlass.const_expr(self.row_head):
+                        key = max_key(key, pack_key(hbest, hidx, last & (lane < head)))
             key = group_reduce(key, max_key, tpr, buf, Int64(EMPTY))
             if row < rows and lane == 0:
                 if cutlass.const_expr(self.keys_out):
