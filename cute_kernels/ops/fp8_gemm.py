@@ -185,7 +185,7 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
 
         sched = _clamp_split(sched, k)
     if promote_overlap is None:  # the small-M default: overlap with the scales a K-block ahead
-        promote_overlap = small_m_promotion(sched, m, k) and not promote_halves
+        promote_overlap = small_m_promotion(sched, m, k) and not (promote_halves or wg_turns)
         if promote_overlap and sb_ahead is None:
             sb_ahead = True
     if sb_smem is None:
