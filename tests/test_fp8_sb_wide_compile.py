@@ -169,10 +169,10 @@ def test_schedules_and_errors():
     assert fp8_schedule("cooperative", 128, 192).stages == 4
     assert fp8_schedule("cooperative", 128, 160).stages == 5
     shapes = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (200, 320)]
-    for m in (1, 64, 128, 769, 1023):  # below WIDE_MIN_M: the 64/128-column tiles only
-        for n, k in shapes:
-            assert default_fp8_schedule(m, n, k).tile_n in (64, 128)
-            assert default_fp8_schedule(m, n, k, wide=True).tile_n in (64, 128, 160, 192)
+    for m in (1, 64, 128, 769, 1023):  # below WIDE_MIN_M: the 64/128-column tiles only (or the narrowed
+        for n, k in shapes:  # 32 / 16 of a 64x64 tile on a grid below a wave: `_narrowed`)
+            assert default_fp8_schedule(m, n, k).tile_n in (16, 32, 64, 128)
+            assert default_fp8_schedule(m, n, k, wide=True).tile_n in (16, 32, 64, 128, 160, 192)
     # from WIDE_MIN_M the wide tiles join (the M = 4096 measurement: a wide tile at five of six shapes)
     picks = [default_fp8_schedule(4096, n, k).tile_n for n, k in shapes[:6]]
     assert sum(t in (160, 192) for t in picks) == 5, picks
