@@ -9,7 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docs" / "figures" / "make_kernel_figures.py"
-EXPECTED = ("rowwise_plans.png", "rowwise_cluster_exchange.png", "gemv_register_tile.png", "transpose_banks.png",
+EXPECTED = ("rowwise_plans.png", "rowwise_cluster_exchange.png", "gemv_register_tile.png", "gemv_mma_chunk.png",
+            "transpose_banks.png",
             "transpose_orders_tma.png", "argmax_two_level.png", "swiglu_fusion.png")
 
 
@@ -27,7 +28,7 @@ def test_kernel_figures_written(tmp_path):
 
 def test_pages_reference_figures():
     docs = ROOT / "docs" / "kernels"
-    pages = {"rowwise.md": ("rowwise_plans.png", "rowwise_cluster_exchange.png"), "gemv.md": ("gemv_register_tile.png",),
+    pages = {"rowwise.md": ("rowwise_plans.png", "rowwise_cluster_exchange.png"), "gemv.md": ("gemv_register_tile.png", "gemv_mma_chunk.png"),
              "transpose.md": ("transpose_banks.png", "transpose_orders_tma.png"),
              "swiglu_argmax.md": ("argmax_two_level.png", "swiglu_fusion.png")}
     for page, figs in pages.items():

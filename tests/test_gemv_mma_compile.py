@@ -41,3 +41,38 @@ def test_use_tensor_cores():
     assert not use_tensor_cores(1024, 2, 132) and not use_tensor_cores(1024, 4, 132)
     assert use_tensor_cores(1024, 5, 132) and use_tensor_cores(1024, 8, 132)
 
+
+
+def test_chunk_slots_match_the_mma_fragments():
+    """`chunk_slot` (the K permutation the kernel's register moves implement) against the DSL's own
+    m16n8k16 fragment layouts (layout algebra, traced on the CPU): B value e of lane 4g+c is W row g at the
+    MMA's k slot chunk_slot(...)[0]; A values 0, 1, 4, 5 (x) are row g at the same slots, 2, 3, 6, 7 row
+    g+8 (the zero half); and over the chunk's two MMAs each lane's memory k is 8c..8c+7, once each."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import BFloat16, Float32
+    from cutlass.cute.nvgpu import warp
+
+    from cute_kernels.kernels.gemv_mma import chunk_slot
+
+    seen = {}
+
+    @cute.jit
+    def probe():
+        tiled = cute.make_tiled_mma(warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
+        la, lb = tiled.tv_layout_A, tiled.tv_layout_B
+        for lane in cutlass.range_constexpr(32):  # static: the layouts evaluate to Python ints
+            seen[lane] = ([int(la((lane, v))) for v in range(8)], [int(lb((lane, v))) for v in range(4)])
+
+    probe()
+    for lane, (a_idx, b_idx) in seen.items():
+        g, c = lane // 4, lane % 4
+        for e in range(4):
+            slot = chunk_slot(lane, 0, e)[0]
+            assert (b_idx[e] % 8, b_idx[e] // 8) == (g, slot), (lane, e)  # B: (n, k) of an 8 x 16 tile
+            va = (0, 1, 4, 5)[e]
+            assert (a_idx[va] % 16, a_idx[va] // 16) == (g, slot), (lane, e)  # A: (m, k) of 16 x 16
+            vz = (2, 3, 6, 7)[e]
+            assert (a_idx[vz] % 16, a_idx[vz] // 16) == (g + 8, slot), (lane, e)
+        mem = sorted(chunk_slot(lane, t, e)[1] for t in range(2) for e in range(4))
+        assert mem == list(range(8 * c, 8 * c + 8))

@@ -37,6 +37,14 @@ CHUNK = 32  # k per chunk: two MMAs of k = 16
 VEC = 8  # 16-byte vectors of bf16 / fp16
 
 
+def chunk_slot(lane: int, t: int, e: int) -> tuple[int, int]:
+    """Value e (0-3) of `lane`'s B fragment in MMA t of a chunk: (the MMA's k slot, 0-15, from the
+    m16n8k16 fragment layout; the memory k inside the 32-wide chunk, from the permutation above). The same
+    pair holds for the A fragment's values 0, 1, 4, 5 (x). Host-side (figures, tests)."""
+    c = lane % 4
+    return 2 * c + e % 2 + 8 * (e // 2), 8 * c + 4 * t + e
+
+
 class GemvMma:
     """y[n, b] = sum_k W[n, k] * xt[b, k] for W (N, K), xt (B, K), y (N, B); B = `cols` in 1..8."""
 

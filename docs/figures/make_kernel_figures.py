@@ -250,6 +250,52 @@ def gemv_register_tile(out: Path, n_rows: int = 4096, k: int = 4096, cols=(1, 4,
     return _save(fig, out, "gemv_register_tile.png")
 
 
+def gemv_mma_chunk(out: Path) -> Path:
+    """One 32-wide K chunk of the tensor-core GEMV: which lane loads which 16 bytes of W (and of x), and
+    which k slot of which MMA each element feeds (`kernels.gemv_mma.chunk_slot`)."""
+    import numpy as np
+
+    from cute_kernels.kernels.gemv_mma import chunk_slot
+
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(12.5, 5.6), gridspec_kw={"height_ratios": [3, 1.3]})
+    img = np.ones((8, 32, 3))
+    base = plt.cm.tab10(np.arange(4))[:, :3]
+    for g in range(8):
+        for c in range(4):
+            lane = 4 * g + c
+            for t in range(2):
+                for e in range(4):
+                    slot, k = chunk_slot(lane, t, e)
+                    img[g, k] = base[c] * (0.55 if t == 0 else 0.85) + (0.45 if t == 0 else 0.15)
+                    ax.text(k + 0.5, g + 0.5, f"{slot}", ha="center", va="center", fontsize=6)
+    ax.imshow(img, aspect="auto", interpolation="nearest", extent=(0, 32, 8, 0))
+    for x in range(8, 32, 8):
+        ax.axvline(x, color="black", lw=1.0)
+    for x in range(4, 32, 8):
+        ax.axvline(x, color="0.3", lw=0.5, ls="--")
+    ax.set_yticks([g + 0.5 for g in range(8)], [f"W row 8b+{g} (lanes {4 * g}-{4 * g + 3})" for g in range(8)],
+                  fontsize=6)
+    ax.set_xticks([4 * i + 2 for i in range(8)], [f"c={i // 2}, MMA t={i % 2}" for i in range(8)], fontsize=6)
+    ax.set_title("W rows of one 8-row block x one 32-wide K chunk (memory order). Lane 4g+c loads the 16 bytes "
+                 "k = 8c..8c+7 of row g in ONE LDG.128;\n"
+                 "elements 0-3 feed MMA t=0, 4-7 MMA t=1 (pale / dark); "
+                 "the number is the MMA's k slot (0-15) the element takes in lane c's B fragment, x column g "
+                 "the same", fontsize=7, loc="left")
+    ax2.axis("off")
+    lines = ["C (16 x 8) of each MMA pair = y^T of the block: lane 4g+c holds C[g, 2c], C[g, 2c+1] = "
+             "y[8b+2c, g], y[8b+2c+1, g] (rows g >= B dropped),",
+             "and C[g+8, *] (the zero rows 8-15 of A: never stored). Warps split the chunks (warp w: w, w+warps, ...);"
+             " their C values meet in shared memory, summed in warp order.",
+             "A (16 x 16) = x^T: A[g, k] from the same 16-byte load of x column g (lanes g >= B load column B-1: "
+             "their C rows are dropped); A[g+8, *] = 0 (constant registers)."]
+    for i, line in enumerate(lines):
+        ax2.text(0.0, 0.85 - 0.3 * i, line, fontsize=7, transform=ax2.transAxes, va="top")
+    fig.suptitle("kernels.gemv_mma: mma.sync.m16n8k16 with x^T as A and 8 rows of W as B; the K permutation "
+                 "memory k = 8c + 4t + e", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return _save(fig, out, "gemv_mma_chunk.png")
+
+
 # ---------------------------------------------------------------------------------------------
 # transpose
 # ---------------------------------------------------------------------------------------------
@@ -511,8 +557,8 @@ def swiglu_fusion(out: Path, n_vectors: int = 1536 + 256) -> Path:
     return _save(fig, out, "swiglu_fusion.png")
 
 
-FIGURES = (rowwise_plans, rowwise_cluster_exchange, gemv_register_tile, transpose_banks, transpose_orders_tma,
-           argmax_two_level, swiglu_fusion)
+FIGURES = (rowwise_plans, rowwise_cluster_exchange, gemv_register_tile, gemv_mma_chunk, transpose_banks,
+           transpose_orders_tma, argmax_two_level, swiglu_fusion)
 
 
 def main(argv=None) -> list[Path]:
