@@ -60,3 +60,23 @@ def test_gemv_default_kernel_choice():
         x = randn(b, 4096, dtype=torch.bfloat16).t()
         mma = n >= 16 * torch.cuda.get_device_properties(0).multi_processor_count or b >= 5
         assert torch.equal(ck.gemv(w, x), _gemv_cuda(w, x, tensor_cores=mma)), (n, b)
+
+
+@pytest.mark.large
+@pytest.mark.parametrize("b", [1, 8])
+def test_gemv_past_2_31_elements(b):
+    """W of 65600 x 32768 bf16 (2^31 + 2.1M elements, 4.3 GB): 64-bit row offsets in both kernels (B = 1:
+    the FMA kernel, B = 8: the tensor cores); the rows past element 2^31 and the first rows checked against
+    fp32 references of those rows."""
+    n, k = 65600, 32768
+    w = torch.empty(n, k, dtype=torch.bfloat16, device="cuda")
+    for r0 in range(0, n, 8192):  # randn in chunks (a float32 randn of the whole would take 8.6 GB)
+        w[r0:r0 + 8192] = randn(min(8192, n - r0), k, dtype=torch.bfloat16)
+    x = randn(b, k, dtype=torch.bfloat16).t()
+    _poison(n, b, torch.bfloat16)
+    y = ck.gemv(w, x)
+    assert torch.isfinite(y).all()
+    for rows in (slice(0, 64), slice(65536 - 8, n)):
+        ref = w[rows].float() @ x.float()
+        err = (y[rows].float() - ref).abs().max().item()
+        assert err <= 2e-2 * ref.abs().max().item(), (rows, err)
