@@ -147,11 +147,8 @@ def mma_k_tiles_promoted(
             _pass_turn(turns)
             scales.store_row(row)
             s = scales.fetch(scales.prefetch(0), read_state.index)  # after store_row's barrier
-            warpgroup.wait_group(0)
-            pipe.consumer_release(release_state)
-            release_state.advance()
-            read_state.advance()
-            scales.promote(acc, temp, s)
+            read_state, release_state = _release_and_promote(pipe, release_state, read_state, scales, acc, temp,
+                                                             s, 0)
         for k in cutlass.range(1, k_tiles, unroll=1):
             sb = scales.prefetch(k)
             pipe.consumer_wait(read_state)
@@ -201,12 +198,31 @@ def _promoted_block(tiled_mma, acc, temp, tCrA, tCrB, pipe, read_state, release_
     warpgroup.commit_group()
     _pass_turn(turns)
     s = scales.fetch(sb, read_state.index)
-    warpgroup.wait_group(0)
+    return _release_and_promote(pipe, release_state, read_state, scales, acc, temp, s, 0)
+
+
+def _release_and_promote(pipe, release_state, read_state, scales, acc, temp, s, pending: int):
+    """The end of a promoted K-block: wait until at most `pending` WGMMA groups are in flight (this
+    K-block's are done), release its stage, step the states (`read_state` too unless None: nothing
+    left to read) and promote `temp` with the scales `s` into acc. Returns the states (callers rebind them:
+    the tracer threads only locals rebound in the staged loop or branch body)."""
+    warpgroup.wait_group(pending)
     pipe.consumer_release(release_state)
     release_state.advance()
-    read_state.advance()
+    if read_state is not None:
+        read_state.advance()
     scales.promote(acc, temp, s)
     return read_state, release_state
+
+
+def _overlap_step(tiled_mma, acc, t_new, t_old, tCrA, tCrB, pipe, read_state, release_state, scales, sb):
+    """A step of `mma_k_tiles_promoted_overlap`: the next K-block's WGMMAs into `t_new`, then the
+    previous K-block (`t_old`, its B scales `sb`, its stage the one `release_state` points at) waited
+    for, released and promoted while they run."""
+    pipe.consumer_wait(read_state)
+    _issue_block(tiled_mma, t_new, tCrA, tCrB, read_state.index)
+    s = scales.fetch(sb, release_state.index)
+    return _release_and_promote(pipe, release_state, read_state, scales, acc, t_old, s, 1)
 
 
 def _take_turn(turns):
@@ -292,55 +308,31 @@ def mma_k_tiles_promoted_overlap(
                 sb = sb_a
             else:
                 sb = scales.prefetch(k - 1)
-            pipe.consumer_wait(read_state)
-            _issue_block(tiled_mma, t1, tCrA, tCrB, read_state.index)
-            s = scales.fetch(sb, release_state.index)
-            warpgroup.wait_group(1)
-            pipe.consumer_release(release_state)
-            release_state.advance()
-            read_state.advance()
-            scales.promote(acc, t0, s)
+            read_state, release_state = _overlap_step(tiled_mma, acc, t1, t0, tCrA, tCrB, pipe, read_state,
+                                                      release_state, scales, sb)
             # K-block k+1 -> t0 while K-block k (t1) is promoted.
             if cutlass.const_expr(sb_ahead):
                 sb_a = scales.prefetch(k + 1)
                 sb = sb_b
             else:
                 sb = scales.prefetch(k)
-            pipe.consumer_wait(read_state)
-            _issue_block(tiled_mma, t0, tCrA, tCrB, read_state.index)
-            s = scales.fetch(sb, release_state.index)
-            warpgroup.wait_group(1)
-            pipe.consumer_release(release_state)
-            release_state.advance()
-            read_state.advance()
-            scales.promote(acc, t1, s)
+            read_state, release_state = _overlap_step(tiled_mma, acc, t0, t1, tCrA, tCrB, pipe, read_state,
+                                                      release_state, scales, sb)
         if (k_tiles - 1) % 2 == 1:  # even K-block count: the last one goes to t1
             if cutlass.const_expr(sb_ahead):
                 sb_b = scales.prefetch(k_tiles - 1)
                 sb = sb_a
             else:
                 sb = scales.prefetch(k_tiles - 2)
-            pipe.consumer_wait(read_state)
-            _issue_block(tiled_mma, t1, tCrA, tCrB, read_state.index)
-            s = scales.fetch(sb, release_state.index)
-            warpgroup.wait_group(1)
-            pipe.consumer_release(release_state)
-            release_state.advance()
-            read_state.advance()
-            scales.promote(acc, t0, s)
+            read_state, release_state = _overlap_step(tiled_mma, acc, t1, t0, tCrA, tCrB, pipe, read_state,
+                                                      release_state, scales, sb)
             sb = sb_b if cutlass.const_expr(sb_ahead) else scales.prefetch(k_tiles - 1)
-            s = scales.fetch(sb, release_state.index)
-            warpgroup.wait_group(0)
-            pipe.consumer_release(release_state)
-            release_state.advance()
-            scales.promote(acc, t1, s)
+            _, release_state = _release_and_promote(pipe, release_state, None, scales, acc, t1,
+                                                    scales.fetch(sb, release_state.index), 0)
         else:  # odd: the last one is in t0
             sb = sb_a if cutlass.const_expr(sb_ahead) else scales.prefetch(k_tiles - 1)
-            s = scales.fetch(sb, release_state.index)
-            warpgroup.wait_group(0)
-            pipe.consumer_release(release_state)
-            release_state.advance()
-            scales.promote(acc, t0, s)
+            _, release_state = _release_and_promote(pipe, release_state, None, scales, acc, t0,
+                                                    scales.fetch(sb, release_state.index), 0)
     return read_state, release_state
 
 
