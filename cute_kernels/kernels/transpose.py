@@ -137,9 +137,10 @@ class Transpose:
             q = self.sub * self.sub
             sAs = [allocate_tile(smem, self.dtype, self._tile_layout()) for _ in range(q)]
             sBs = [allocate_tile(smem, self.dtype, self._tile_layout()) for _ in range(q)]
+            # each sub-tile's first row and column in x (its block is (sub T) x (sub T) at (r0, c0) * sub)
+            origins = [(r0 * self.sub + (s_ // self.sub) * T, c0 * self.sub + (s_ % self.sub) * T) for s_ in range(q)]
             for s_ in cutlass.range_constexpr(q):  # every sub-tile's loads in flight before the barrier
-                rs = r0 * self.sub + (s_ // self.sub) * T
-                cs = c0 * self.sub + (s_ % self.sub) * T
+                rs, cs = origins[s_]
                 for it in cutlass.range(passes, unroll=unroll):
                     i = tidx + it * self.threads
                     r = i // per_row
@@ -152,8 +153,7 @@ class Transpose:
                 self._smem_transpose(sAs[s_], sBs[s_])
             cute.arch.barrier()
             for s_ in cutlass.range_constexpr(q):
-                rs = r0 * self.sub + (s_ // self.sub) * T
-                cs = c0 * self.sub + (s_ % self.sub) * T
+                rs, cs = origins[s_]
                 for it in cutlass.range(passes, unroll=unroll):
                     i = tidx + it * self.threads
                     r = i // per_row
@@ -168,46 +168,28 @@ class Transpose:
         """Warp 0 drives the TMA unit. The TMA copies must be called by a whole warp (the DSL elects
         the issuing lane with `elect.sync`, which under a one-thread branch deadlocks); the barrier
         set-up is one elected lane's."""
-        T = self.T
-        sub = self.sub
-        q = sub * sub
+        q = self.sub * self.sub
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         t, _, _ = cute.arch.block_idx()
-        tm, tn, b = self.order.tile(t, tiles_m, tiles_n)
+        block = self.order.tile(t, tiles_m, tiles_n)
         smem = cutlass.memory.SmemAllocator()
-        sAs = [allocate_tile(smem, self.dtype, self._tile_layout()) for _ in range(q)]
-        sBs = [allocate_tile(smem, self.dtype, self._tile_layout()) for _ in range(q)]
+        sA = allocate_tiles(smem, self.dtype, self._tile_layout(), q)  # (T, T, sub-tile)
+        sB = allocate_tiles(smem, self.dtype, self._tile_layout(), q)
         mbar = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8).iterator
-
-        parts = []
-        for s_ in cutlass.range_constexpr(q):  # sub-tile (tm * sub + i, tn * sub + j) of x -> (tn * sub + j, tm * sub + i) of out
-            i, j = s_ // sub, s_ % sub
-            gX = cute.local_tile(tma_x[None, None, b], (T, T), (tm * sub + i, tn * sub + j))
-            gO = cute.local_tile(tma_o[None, None, b], (T, T), (tn * sub + j, tm * sub + i))
-            tAsA, tAgX = cpasync.tma_partition(atom_l, 0, cute.make_layout(1), cute.group_modes(sAs[s_], 0, 2),
-                                               cute.group_modes(gX, 0, 2))
-            tBsB, tBgO = cpasync.tma_partition(atom_s, 0, cute.make_layout(1), cute.group_modes(sBs[s_], 0, 2),
-                                               cute.group_modes(gO, 0, 2))
-            parts.append((tAsA, tAgX, tBsB, tBgO))
         if warp == 0:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_init(mbar, 1)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
         if warp == 0:
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(mbar, q * T * T * self.dtype.width // 8)
-            for s_ in cutlass.range_constexpr(q):
-                cute.copy(atom_l, parts[s_][1], parts[s_][0], tma_bar_ptr=mbar)
+            self._issue_loads(atom_l, tma_x, sA, 0, mbar, block)
         cute.arch.mbarrier_wait(mbar, Int32(0))
         for s_ in cutlass.range_constexpr(q):
-            self._smem_transpose(sAs[s_], sBs[s_])
+            self._smem_transpose(sA[None, None, s_], sB[None, None, s_])
         cute.arch.fence_proxy("async.shared", space="cta")  # our writes to sB, visible to the TMA unit
         cute.arch.barrier()
         if warp == 0:
-            for s_ in cutlass.range_constexpr(q):
-                cute.copy(atom_s, parts[s_][2], parts[s_][3])
-            cute.arch.cp_async_bulk_commit_group()
+            self._issue_stores(atom_s, tma_o, sB, 0, block)
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # sB must outlive the store's reads
 
     @cute.kernel
@@ -220,9 +202,7 @@ class Transpose:
         store buffer, is done), everyone waits for this block's bytes, a barrier, the smem transpose, the
         proxy fence, a barrier, warp 0 issues the stores. Stage s = i % 2 (a runtime index into the staged
         tiles: the transpose's swizzled addresses are computed once, not per stage), phase (i // 2) % 2."""
-        T = self.T
-        sub = self.sub
-        q = sub * sub
+        q = self.sub * self.sub
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         t0, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
@@ -239,13 +219,13 @@ class Transpose:
         cute.arch.barrier()
         count = (blocks - t0 + grid - 1) // grid  # blocks of this CTA (>= 1: the grid is at most `blocks`)
         if warp == 0:  # block 0's loads into stage 0
-            self._issue_loads(atom_l, tma_x, sA, 0, mbar, t0, tiles_m, tiles_n)
+            self._issue_loads(atom_l, tma_x, sA, 0, mbar, self.order.tile(t0, tiles_m, tiles_n))
         for i in cutlass.range(count, unroll=1):
             s = i % 2
             if warp == 0:
                 if i + 1 < count:  # the next block into the other stage (its readers passed a barrier)
-                    self._issue_loads(atom_l, tma_x, sA, (1 - s) * q, mbar + (1 - s), t0 + (i + 1) * grid,
-                                      tiles_m, tiles_n)
+                    self._issue_loads(atom_l, tma_x, sA, (1 - s) * q, mbar + (1 - s),
+                                      self.order.tile(t0 + (i + 1) * grid, tiles_m, tiles_n))
                 cute.arch.cp_async_bulk_wait_group(1, read=True)  # block i-2's stores have read sB stage s
             cute.arch.mbarrier_wait(mbar + s, (i // 2) % 2)
             cute.arch.barrier()
@@ -254,22 +234,29 @@ class Transpose:
             cute.arch.fence_proxy("async.shared", space="cta")  # our sB writes, visible to the TMA unit
             cute.arch.barrier()
             if warp == 0:
-                tm, tn, b = self.order.tile(t0 + i * grid, tiles_m, tiles_n)
-                for s_ in cutlass.range_constexpr(q):
-                    gO = cute.local_tile(tma_o[None, None, b], (T, T), (tn * sub + s_ % sub, tm * sub + s_ // sub))
-                    tBsB, tBgO = cpasync.tma_partition(atom_s, 0, cute.make_layout(1),
-                                                       cute.group_modes(sB[None, None, s * q + s_], 0, 2),
-                                                       cute.group_modes(gO, 0, 2))
-                    cute.copy(atom_s, tBsB, tBgO)
-                cute.arch.cp_async_bulk_commit_group()
+                self._issue_stores(atom_s, tma_o, sB, s * q, self.order.tile(t0 + i * grid, tiles_m, tiles_n))
         if warp == 0:
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # the smem must outlive the last stores' reads
 
-    def _issue_loads(self, atom_l, tma_x, sA, first, bar, t, tiles_m, tiles_n):
-        """Warp 0 (trace-time helper, no control flow of its own): block t's sub x sub TMA loads into
-        tiles first, first + 1, ... of the staged sA, their bytes expected on `bar`."""
+    def _issue_stores(self, atom_s, tma_o, sB, first, block):
+        """Warp 0 (trace-time helper): the sub x sub TMA stores of block `block` = (tm, tn, batch entry) from
+        tiles first, first + 1, ... of the staged sB (block tile (i, j) of x goes to tile (j, i) of out),
+        committed as one bulk group."""
         sub, T = self.sub, self.T
-        tm, tn, b = self.order.tile(t, tiles_m, tiles_n)
+        tm, tn, b = block
+        for s_ in range(sub * sub):
+            gO = cute.local_tile(tma_o[None, None, b], (T, T), (tn * sub + s_ % sub, tm * sub + s_ // sub))
+            tBsB, tBgO = cpasync.tma_partition(atom_s, 0, cute.make_layout(1),
+                                               cute.group_modes(sB[None, None, first + s_], 0, 2),
+                                               cute.group_modes(gO, 0, 2))
+            cute.copy(atom_s, tBsB, tBgO)
+        cute.arch.cp_async_bulk_commit_group()
+
+    def _issue_loads(self, atom_l, tma_x, sA, first, bar, block):
+        """Warp 0 (trace-time helper, no control flow of its own): the sub x sub TMA loads of block `block` =
+        (tm, tn, batch entry) into tiles first, first + 1, ... of the staged sA, their bytes expected on `bar`."""
+        sub, T = self.sub, self.T
+        tm, tn, b = block
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(bar, sub * sub * T * T * self.dtype.width // 8)
         for s_ in range(sub * sub):
