@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import statistics
@@ -198,6 +199,15 @@ class Row:
     def ratio(self, ref: str) -> float:
         """Speed relative to a reference: > 1 means ours is faster."""
         return self.refs_ms[ref] / self.ours_ms
+
+
+def option_speedup(rows: list[Row], name: str) -> tuple[float | None, list[Row]]:
+    """An experiment column's verdict: (the geomean over the rows that time column `name` of our time /
+    its time (> 1: the option is faster than ours), those rows); (None, []) where no row has it."""
+    sel = [r for r in rows if name in r.refs_ms]
+    if not sel:
+        return None, sel
+    return math.exp(sum(math.log(1 / r.ratio(name)) for r in sel) / len(sel)), sel
 
 
 def progress(msg: str) -> None:

@@ -101,9 +101,8 @@ def attention(shapes=None, quick=False, ceilings=None, causal=(False, True)):
             checks.append({"target": f"geomean >= 1.0x {name}", "measured": f"{geo:.3f}x (min {worst.ratio(name):.3f}x "
                            f"at {worst.case} {worst.shape})", "ok": geo >= 1.0})
     for name in variant_names:  # the option columns: does the option beat our default? (decides the default)
-        have = [r for r in rows if name in r.refs_ms]
+        geo, have = H.option_speedup(rows, name)  # > 1: the option is faster
         if have:
-            geo = math.exp(sum(math.log(1 / r.ratio(name)) for r in have) / len(have))  # > 1: the option is faster
             worst = min(have, key=lambda r: 1 / r.ratio(name))
             checks.append({"target": f"{name} faster than ours (geomean of {len(have)}; decides the default)",
                            "measured": f"{geo:.3f}x (worst {1 / worst.ratio(name):.3f}x at {worst.case} {worst.shape})",

@@ -163,15 +163,13 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
                                    + ", ".join(f"{r.shape} {weights_frac(r, r.ours_ms):.0%}" for r in small),
                        "ok": weights_frac(low, low.ours_ms) >= WEIGHTS_BAR})
         for name in (PLAIN_SMALL, UNNARROWED):
-            opt = [r for r in small if name in r.refs_ms]
+            geo, opt = H.option_speedup(small, name)
             if opt:
-                geo = math.exp(sum(math.log(1 / r.ratio(name)) for r in opt) / len(opt))
                 checks.append({"target": f"{name} faster than ours (geomean, M <= {SMALL_M}; decides the default)",
                                "measured": f"{geo:.3f}x", "ok": geo > 1.0})
     for name in OPTIONS:
-        ov_rows = [r for r in rows if name in r.refs_ms]
+        geo, ov_rows = H.option_speedup(rows, name)
         if ov_rows:
-            geo = math.exp(sum(math.log(1 / r.ratio(name)) for r in ov_rows) / len(ov_rows))
             checks.append({"target": f"{name} faster than ours (geomean, M >= {OVERLAP_MIN_M}; decides the default)",
                            "measured": f"{geo:.3f}x", "ok": geo > 1.0})
     return (rows, ["torch._scaled_mm", *OPTIONS, PLAIN_SMALL, UNNARROWED, "ours bf16", "cuBLAS bf16"],

@@ -99,9 +99,8 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
         checks.append({"target": ">= 740 TFLOP/s at 8192^3", "measured": f"{big[0].ours_tbs:.0f} TFLOP/s",
                        "ok": big[0].ours_tbs >= 740})
     for col in options:  # the experiment columns: does the option beat the default where it applies?
-        with_col = [r for r in rows if col in r.refs_ms]
+        geo, with_col = H.option_speedup(rows, col)
         if with_col:
-            geo = math.exp(sum(math.log(1 / r.ratio(col)) for r in with_col) / len(with_col))
             best = max(with_col, key=lambda r: 1 / r.ratio(col))
             checks.append({"target": f"{col} faster than ours (geomean of {len(with_col)}; decides the default)",
                            "measured": f"{geo:.3f}x (best {1 / best.ratio(col):.3f}x at {best.shape})",

@@ -7,8 +7,6 @@ none of these as a standalone op (its SwiGLU lives in GEMM epilogues), so there 
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from perf import harness as H
@@ -65,9 +63,8 @@ def gemv(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):
                        "measured": f"min {square.pct_ceiling:.1f}% ({square.dtype} {square.shape})",
                        "ok": square.pct_ceiling >= 90.0})
     for alt in (GEMV_MMA, GEMV_FMA):
-        sel = [r for r in rows if alt in r.refs_ms]
+        geo, sel = H.option_speedup(rows, alt)
         if sel:
-            geo = math.exp(sum(math.log(1 / r.ratio(alt)) for r in sel) / len(sel))
             checks.append({"target": f"{alt} faster than ours (geomean of {len(sel)}; decides use_tensor_cores)",
                            "measured": f"{geo:.3f}x", "ok": geo > 1.0})
     return rows, ["torch", "torch.compile", GEMV_MMA, GEMV_FMA], checks, "", {}
@@ -240,9 +237,8 @@ def argmax(shapes=None, dtypes=(torch.bfloat16, torch.float32), quick=False, cei
     if w:
         checks.append({"target": ">= 95% of the read ceiling (inputs >= 256 MiB)",
                        "measured": f"min {w.pct_ceiling:.1f}% ({w.dtype} {w.shape})", "ok": w.pct_ceiling >= 95.0})
-    sel = [r for r in rows if ARGMAX_HEAD in r.refs_ms]
+    geo, sel = H.option_speedup(rows, ARGMAX_HEAD)
     if sel:
-        geo = math.exp(sum(math.log(1 / r.ratio(ARGMAX_HEAD)) for r in sel) / len(sel))
         checks.append({"target": f"{ARGMAX_HEAD} faster than ours (geomean of {len(sel)}; decides ROW_HEAD_DEFAULT)",
                        "measured": f"{geo:.3f}x", "ok": geo > 1.0})
     return rows, ["torch", "torch.compile", ARGMAX_HEAD], checks, "", {}
