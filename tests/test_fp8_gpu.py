@@ -65,6 +65,16 @@ def _check(out, a, sa, b, sb, dtype=torch.bfloat16, bound=1e-3):
     assert diff < bound, f"DeepGEMM diff {diff:.2e} >= {bound:.0e}"
 
 
+def _same_bits(m, n, k, kw, ref_kw):
+    """Fresh inputs, outputs poisoned: `_fp8_gemm_cuda(..., **kw)` equals `_fp8_gemm_cuda(..., **ref_kw)` bit
+    for bit (the same FFMAs in the same order) and meets the fp32 reference."""
+    a, sa, b, sb = _inputs(m, n, k)
+    _poison_allocator(m * n * 4 * 8)
+    out = _fp8_gemm_cuda(a, sa, b, sb, **kw)
+    assert out.equal(_fp8_gemm_cuda(a, sa, b, sb, **ref_kw))
+    _check(out, a, sa, b, sb)
+
+
 @pytest.mark.parametrize("n,k", ISSUE_NK)
 @pytest.mark.parametrize("m", [64, 128, 4096])
 def test_issue_shapes(m, n, k):

@@ -8,12 +8,11 @@ and short K, M = 1 / 77 / 128, outputs poisoned."""
 
 import pytest
 
-from tests.test_fp8_gpu import _check, _inputs, _poison_allocator
+from tests.test_fp8_gpu import _same_bits
 
 pytestmark = pytest.mark.gpu
 
 ck = pytest.importorskip("cute_kernels")
-from cute_kernels.ops.fp8_gemm import _fp8_gemm_cuda  # noqa: E402
 from schedules.fp8_gemm import fp8_schedule  # noqa: E402
 
 SHAPES = [(64, 2112, 7168), (128, 2112, 7168), (77, 520, 1000), (1, 96, 1408), (64, 8, 256), (128, 4096, 384)]
@@ -24,11 +23,6 @@ SHAPES = [(64, 2112, 7168), (128, 2112, 7168), (77, 520, 1000), (1, 96, 1408), (
 @pytest.mark.parametrize("m,n,k", SHAPES, ids=lambda v: str(v))
 def test_narrow_tile_bitwise(tile_n, overlap, m, n, k):
     cm = 2 if m > 64 else 1
-    s = fp8_schedule("pingpong", 64, tile_n, cluster_m=cm)
-    ref_s = fp8_schedule("pingpong", 64, 64, cluster_m=cm)
-    a, sa, b, sb = _inputs(m, n, k)
-    _poison_allocator(m * n * 4 * 8)
-    out = _fp8_gemm_cuda(a, sa, b, sb, schedule=s, promote_overlap=overlap, sb_ahead=overlap)
-    wide = _fp8_gemm_cuda(a, sa, b, sb, schedule=ref_s, promote_overlap=False, sb_ahead=False)
-    assert out.equal(wide)
-    _check(out, a, sa, b, sb)
+    _same_bits(m, n, k, dict(schedule=fp8_schedule("pingpong", 64, tile_n, cluster_m=cm), promote_overlap=overlap,
+                             sb_ahead=overlap),
+               dict(schedule=fp8_schedule("pingpong", 64, 64, cluster_m=cm), promote_overlap=False, sb_ahead=False))
