@@ -21,6 +21,8 @@ import torch
 import cute_kernels as ck
 from perf.harness import randn
 
+MISC = ("argmax", "torch.argmax", "compile.argmax", "torch.transpose", "compile.transpose")  # + transpose.<variant>
+
 
 def target(argv):
     """(the call, its dtype name, its shape) of a probe spec `op dtype dims... [causal]`: the op built on
@@ -55,7 +57,7 @@ def target(argv):
 
             return (lambda: qg(a, b)), dt, shape
         return ((lambda: ck.gemm(a, b)) if op == "gemm" else (lambda: torch.mm(a, b))), dt, shape
-    if op.partition(".")[2] in ("transpose", "argmax") or op.startswith("transpose.") or op == "argmax":
+    if op in MISC or op.startswith("transpose."):
         return _misc(op, dtype, shape), dt, shape
     if op in ("gemv", "torch.gemv"):  # shape: rows cols batch (W rows x cols, x cols x batch)
         r, c, bt = shape

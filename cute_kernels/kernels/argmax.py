@@ -117,10 +117,10 @@ class ArgMax:
                         xv = as_vectors(cute.make_tensor(pa, cute.make_layout(nv * vec)), nv * vec, vec)
                     else:
                         xv = as_vectors(x[row, None], n, vec)
-                    start = first + head
+                    start = first
                     if cutlass.const_expr(self.row_head):
-                        if lane >= v_count:  # a scalar-only lane (as without heads: slots past the vectors)
-                            start = type(start)(nv * vec + lane)
+                        if lane < v_count:  # a vector lane: its first vector starts `head` later
+                            start = first + head
                     # the row's head scalars (row_head): their own in-order scan, its key max'ed in after;
                     # scanned after the vectors into the same state they would lose ties they must win
                     hbest = Float32(-float("inf"))

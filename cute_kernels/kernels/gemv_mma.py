@@ -95,13 +95,13 @@ class GemvMma:
         # full chunks of this warp: wid, wid + W_, ...; `U` at a time loaded before their MMAs
         mine = (full - wid + W_ - 1) // W_
         for i in cutlass.range(mine // U, unroll=1):
-            xs = [self._load_x(xv, (wid + (i * U + u) * W_) * 4 + c) for u in range(U)]
+            xs = [xv[None, (wid + (i * U + u) * W_) * 4 + c].load() for u in range(U)]
             ws = [self._load_w(wvs, (wid + (i * U + u) * W_) * 4 + c) for u in range(U)]
             for u in cutlass.range_constexpr(U):
                 self._mma_chunk(atom, accs, fa, fb, xs[u], ws[u])
         for i in cutlass.range(mine - mine % U, mine, unroll=1):
             j = (wid + i * W_) * 4 + c
-            self._mma_chunk(atom, accs, fa, fb, self._load_x(xv, j), self._load_w(wvs, j))
+            self._mma_chunk(atom, accs, fa, fb, xv[None, j].load(), self._load_w(wvs, j))
         # the partial last chunk (K % 32 = 8, 16 or 24): its warp, vectors past the row as zeros
         if full * 4 < nv and wid == full % W_:
             xr = cute.make_rmem_tensor((VEC,), self.dtype)
@@ -137,10 +137,6 @@ class GemvMma:
                     y[row, col] = total.to(self.dtype)
 
     # --- pieces (trace-time helpers: every value they use is an argument) ---------------------------
-    def _load_x(self, xv, j):
-        """Vector j of this lane's x column (lanes g >= B read column B-1: their C rows are dropped)."""
-        return xv[None, j].load()
-
     def _load_w(self, wvs, j):
         return [wv[None, j].load() for wv in wvs]
 
