@@ -12,11 +12,12 @@
 #   tunerows: perf.tune_rows (held-row plan sweep; TR=timeout, TRARGS=its arguments)
 #   par: run the test families concurrently (TT=seconds per family, default 240)
 #     FAMILIES: comma list of tests/test_<family>_gpu.py families (elementwise, ..., attention_varlen)
-#               or "all" (default: all); "none" skips the tests
+#               or "all"; default: none (a call that names no tests runs none: the whole set takes
+#               longer than one call may run)
 #     SUITES:   comma list of bench suites (see perf/suites.py SUITES) or "all"; default: none
 set -u
 OUT=${OUT:-/tmp/ck_out}; mkdir -p "$OUT"; LOG="$OUT/session.log"; : > "$LOG"
-TESTS=all; BENCH=none; ARGS=" "
+TESTS=none; BENCH=none; ARGS=" "
 for a in "$@"; do
   case $a in tests=*) TESTS=${a#tests=};; bench=*) BENCH=${a#bench=};; *) ARGS="$ARGS$a ";; esac
 done
