@@ -106,7 +106,7 @@ GEMM = GemmSpec(
     status="ready",
     params={
         "dtype": Param("bf16", AB_DTYPES, "signature", "A and B element type"),
-        "out_dtype": Param("bf16", AB_DTYPES, "signature", "output (and C, bias) element type"),
+        "out_dtype": Param("bf16", AB_DTYPES + ("fp32",), "signature", "output (and C, bias) element type"),
         "a_major": Param("k", ("k", "m"), "signature", "A (M, K): unit stride along K (row-major) or M"),
         "b_major": Param("k", ("k", "n"), "signature", "B as (N, K): unit stride along K (B col-major) or N"),
         "activation": Param("none", ("none", "relu", "gelu", "silu"), "signature", "fused activation"),

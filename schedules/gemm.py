@@ -375,7 +375,17 @@ def masked_tile_order(masked_m: list[int], tiles_m: int, tiles_n: int, s: GemmSc
 # the epilogue better); measured ordering on the H200, coarse on purpose. Ping-pong 64x128 0.7 -> 0.8:
 # at 128x7168x2048 (112 tiles either way) it ran 289.6 TFLOP/s against cooperative 128x64's 275.7
 # (perf/results/2026-11-29-h200-9ae9811/gemm.md); it now wins single-wave small-M grids.
-_TILE_EFF = {("cooperative", 128, 256): 1.0, ("cooperative", 256, 128): 0.98, ("cooperative", 128, 192): 0.96,
+#
+# Ping-pong 128x192 (QuACK's tile: 192 fp32 accumulators a thread) 0.98: timed beside the defaults in five H200
+# suites (sessions 12-14), it beat them at 8192^3 every time (709 / 734 / 714 / 738 / 737 TFLOP/s against
+# 692 / 713 / 695 / 714 / 717 for cooperative 128x256: +2.6-3.4 %) and at 16384x8192x1024 (725-751 against
+# ping-pong 128x128's 705-739), tied at 4096x24576x1536 and 4096x14336x4096, won 1.1 % over cooperative 128x192 at
+# 4096x2112x7168, and lost 7-32 % where its extra tile columns add a wave (4096^3, 2048^3, 4096x4096x14336,
+# 4096x7168x16384: 5.3 / 1.3 / 5.3 / 9.2 waves against 3.9 / 1.0 / 3.9 / 6.8). Fitted per shape from those runs
+# (perf/results/2026-11-30-h200-e6bb0ba/gemm.md) the efficiency that matches each ratio lies at 0.95-1.0; 0.98
+# makes the model pick it where it won (8192^3, 16384x8192x1024, 4096x2112x7168, 4096x24576x1536) and nowhere it lost.
+_TILE_EFF = {("cooperative", 128, 256): 1.0, ("pingpong", 128, 192): 0.98, ("cooperative", 256, 128): 0.98,
+             ("cooperative", 128, 192): 0.96,
              ("pingpong", 128, 128): 0.93, ("cooperative", 128, 128): 0.9, ("cooperative", 128, 64): 0.75,
              ("pingpong", 64, 128): 0.8, ("pingpong", 64, 256): 0.8, ("pingpong", 64, 64): 0.55}
 

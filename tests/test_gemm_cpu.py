@@ -68,6 +68,10 @@ def test_fake_mode_shapes_and_errors():
         a2 = torch.empty(64, 32, dtype=torch.bfloat16, device="cuda")
         out = torch.ops.cute_kernels.gemm(a2, b, None, None, torch.float16)
         assert out.shape == (64, 48) and out.dtype == torch.float16
+        out = torch.ops.cute_kernels.gemm(a2, b, None, "gelu", torch.float32)  # fp32 output (session 14)
+        assert out.shape == (64, 48) and out.dtype == torch.float32
+        with pytest.raises(TypeError, match="out_dtype must be"):
+            torch.ops.cute_kernels.gemm(a2, b, None, None, torch.int32)
         with pytest.raises(ValueError, match="inner dims"):
             torch.ops.cute_kernels.gemm(a, a, None, None, None)
         with pytest.raises(TypeError, match="float32"):

@@ -31,7 +31,7 @@ def _operand(rows, cols, major, dtype, batch=None):
     return randn(*shape[:-2], cols, rows, dtype=dtype).transpose(-1, -2)
 
 
-def _check(out, a, b, bias=None, activation=None):
+def _check(out, a, b, bias=None, activation=None, out_dtype=None):
     ref = a.double() @ b.double()
     cublas = (a @ b).double()
     if bias is not None:
@@ -40,7 +40,7 @@ def _check(out, a, b, bias=None, activation=None):
     act = {None: lambda x: x, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
            "silu": torch.nn.functional.silu}[activation]
     ref, cublas = act(ref), act(cublas)
-    assert out.shape == ref.shape and out.dtype == a.dtype
+    assert out.shape == ref.shape and out.dtype == (out_dtype or a.dtype)
     assert torch.isfinite(out).all(), "unwritten (NaN) or overflowed elements"
     bound = 2 * rel_err(cublas, ref) + 1e-4
     err = rel_err(out, ref)
@@ -84,7 +84,7 @@ def test_default_schedule_and_fp16():
     _check(ck.gemm(a, b), a, b)
 
 
-@pytest.mark.parametrize("sched", ["cooperative", "pingpong"])
+@pytest.mark.parametrize("sched", ["cooperative", "pingpong", "pingpong_128x192"])
 def test_batched(sched):
     a, b = randn(3, 300, 256), _operand(256, 520, "col", torch.bfloat16, batch=3)
     out = _gemm_cuda(a, b, schedule=SCHEDULES[sched])
@@ -104,12 +104,36 @@ def test_broadcast_batch():
 
 
 @pytest.mark.parametrize("activation", [None, "relu", "gelu", "silu"])
-@pytest.mark.parametrize("sched", ["cooperative", "pingpong"])
+@pytest.mark.parametrize("sched", ["cooperative", "pingpong", "pingpong_128x192"])
 def test_fused_bias_activation(activation, sched):
     m, n, k = 777, 1000, 512
     a, b, bias = randn(m, k), randn(k, n), randn(n)
     out = _gemm_cuda(a, b, bias, activation, schedule=SCHEDULES[sched])
     _check(out, a, b, bias, activation)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("sched", list(SCHEDULES))
+def test_out_dtype(sched, out_dtype):
+    """bf16 operands, an fp32 / fp16 output (the epilogue's conversion and, for fp32, its wider smem tile: 4
+    stages still fit at ping-pong 128x192), with the bias and an activation, N not a multiple of the tile."""
+    m, n, k = 700, 1000, 320
+    a, b, bias = randn(m, k), randn(k, n), randn(n)
+    _poison_allocator(m * n * 4)
+    out = _gemm_cuda(a, b, bias, "silu", out_dtype=out_dtype, schedule=SCHEDULES[sched])
+    _check(out, a, b, bias, "silu", out_dtype=out_dtype)
+
+
+def test_default_schedule_pingpong_128x192():
+    """The model's ping-pong 128x192 pick (8192^3: session 14) through the op's default path, odd edges."""
+    from schedules.gemm import default_schedule
+
+    assert (default_schedule(8192, 8192, 8192).kind, default_schedule(8192, 8192, 8192).tile_n) == ("pingpong", 192)
+    m, n, k = 1000, 3000, 1024
+    assert default_schedule(m, n, k).tile_n == 192
+    a, b = randn(m, k), randn(k, n)
+    _poison_allocator(m * n * 2)
+    _check(ck.gemm(a, b), a, b)
 
 
 def test_k_zero_and_empty():

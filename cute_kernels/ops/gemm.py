@@ -4,7 +4,7 @@ inputs (lesson 10).
 a is (M, K) or (L, M, K), b is (K, N) or (L, K, N) (a 2-D operand is shared by every batch), bf16 or
 fp16, either row- or column-major: the kernel reads both majors of both operands directly (TMA +
 WGMMA take K-major and MN-major tiles), so `a.t()` or `b.t()` cost nothing. The output is a new
-row-major tensor of a's dtype (or `out_dtype`); fp32 accumulation.
+row-major tensor of a's dtype (or `out_dtype`: bf16, fp16 or fp32); fp32 accumulation.
 
 Layouts TMA cannot address are copied first into a contiguous buffer (one extra read and write of
 that operand, counted in the benchmarks): no unit-stride dim, a leading stride or base address not
@@ -26,6 +26,7 @@ from schedules.gemm import GemmSchedule, default_schedule, effective_splits, lau
 from schedules.hardware import num_sms
 
 AB_TORCH = (torch.bfloat16, torch.float16)
+OUT_TORCH = AB_TORCH + (torch.float32,)  # fp32 outputs: plain 64-bit smem stores before the TMA store (no stmatrix)
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
 _fns: dict[tuple, tuple] = {}
 _dummy_bias: dict[tuple, torch.Tensor] = {}
@@ -46,8 +47,8 @@ def _check(a, b, bias, activation, out_dtype):
         raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)}: batch sizes differ")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS[1:]} or None, got {activation!r}")
-    if out_dtype is not None and out_dtype not in AB_TORCH:
-        raise TypeError(f"out_dtype must be bfloat16, float16 or None, got {out_dtype}")
+    if out_dtype is not None and out_dtype not in OUT_TORCH:
+        raise TypeError(f"out_dtype must be bfloat16, float16, float32 or None, got {out_dtype}")
     if bias is not None:
         if not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != b.shape[-1]:
             shape = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
@@ -237,6 +238,7 @@ def _backward(ctx, g):
     fused (no extra memory kept); both operand gradients reuse the forward kernel with transposed
     (free: other-major) operands."""
     a, b, bias = ctx.saved_tensors
+    g = g.to(a.dtype) if ctx.activation == "none" else g  # an fp32 output's gradient: the operands' dtype
     if ctx.activation != "none":
         with torch.enable_grad():
             pre = gemm(a.detach(), b.detach(), bias.detach() if bias is not None else None).float().requires_grad_()
@@ -262,7 +264,8 @@ register_op("cute_kernels::gemm", "(Tensor a, Tensor b, Tensor? bias=None, str? 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None,
          out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """act(a @ b + bias) like torch.matmul for 2-D/3-D bf16/fp16 inputs (fp32 accumulation)."""
+    """act(a @ b + bias) like torch.matmul for 2-D/3-D bf16/fp16 inputs (fp32 accumulation); the output
+    in a's dtype or `out_dtype` (bf16, fp16, fp32)."""
     if direct_call_ok(a, b, *(() if bias is None else (bias,))):
         return _gemm_cuda(a, b, bias, activation, out_dtype)
     return torch.ops.cute_kernels.gemm(a, b, bias, activation, out_dtype)
