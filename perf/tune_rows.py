@@ -19,7 +19,7 @@ twin's time over theirs.
 
     python3 -m perf.tune_rows [--n 4096,65536] [--kernels rmsnorm.fwd,...] [--out DIR] [--jobs 16]
                               [--prefetch with|without|only] [--resident-grid off|both|only]
-                              [--hold off|both|only]
+                              [--hold off|both|only] [--max-cluster 8|16]
 
 `--kernels cross_entropy.fwd` (not in the default list) times the streaming cross-entropy forward's
 `plan_rows` settings instead (`ce_candidates`, against `ops.softmax.CE_FWD_PLAN`, and QuACK's).
@@ -47,12 +47,15 @@ MiB = 1 << 20
 KERNELS = ("rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "rmsnorm.bwd", "layernorm.bwd", "softmax.bwd")
 MOVED = {"fwd": 2, "bwd": 3, "cross_entropy.bwd": 2}  # (M, N) tensors read + written
 CE_BWD = "cross_entropy.bwd"
+# The largest cluster the candidates use: 8 (portable), or 16 with `--max-cluster 16` (Hopper's non-portable
+# size, which the DSL allows on every kernel; the norm backwards past 128k run on it already)
+MAX_SWEEP_CLUSTER = 8
 
 
 def candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: str = "with") -> list[HeldRowPlan]:
     """Plans that hold a row of `n` elements with 16-64 elements per thread (bwd, and rows up to 4k: from
     8, one 16-byte vector a thread, Triton's LayerNorm at 1k), CTAs of
-    128-512 threads, clusters of up to 8, and no more than 2x padding; for the backward kernels
+    128-512 threads, clusters of up to MAX_SWEEP_CLUSTER, and no more than 2x padding; for the backward kernels
     also `prefetch_candidates` ("with"), only those and their twins ("only"), or none ("without")."""
     if bwd and prefetch == "only":
         return list(dict.fromkeys(p for q in prefetch_candidates(n, vec) for p in (q, _twin(q, vec))))
@@ -63,7 +66,7 @@ def candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: str = "with") 
             cluster = 1
             while tpr * elems * cluster < n:
                 cluster *= 2
-            if cluster > 8 or tpr * elems * cluster >= 2 * n or (elems == 8 and not bwd and cluster > 1):
+            if cluster > MAX_SWEEP_CLUSTER or tpr * elems * cluster >= 2 * n or (elems == 8 and not bwd and cluster > 1):
                 continue
             for threads in sorted({max(tpr, 128), max(tpr, 256)}):
                 regs = 128 if bwd else 96
@@ -140,7 +143,7 @@ def _staged(tiling: RowTiling, cluster: int, vec: int, bwd: bool, prefetch: bool
 
 def staged_candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: bool = False) -> list[HeldRowPlan]:
     """Shared-memory staged plans: CTAs of 128 or 256 threads (one row each), 32-128 elements per
-    thread, clusters of 1-8, no more than 2x padding; CTAs per SM as shared memory allows (the
+    thread, clusters of 1-MAX_SWEEP_CLUSTER, no more than 2x padding; CTAs per SM as shared memory allows (the
     kernels ask ptxas for that many); `prefetch`: double-buffered."""
     out = []
     for tpr in (128, 256):
@@ -148,7 +151,7 @@ def staged_candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: bool = 
             cluster = 1
             while tpr * elems * cluster < n:
                 cluster *= 2
-            if cluster > 8 or tpr * elems * cluster >= 2 * n:
+            if cluster > MAX_SWEEP_CLUSTER or tpr * elems * cluster >= 2 * n:
                 continue
             out.append(_staged(RowTiling(tpr, tpr, elems // vec), cluster, vec, bwd, prefetch))
     return out
@@ -472,7 +475,11 @@ def main(argv=None) -> int:
                     help="clustered backward plans: also their one-wave twins, forwards: every plan's capped-grid twin "
                          "(both: HeldRowPlan.resident_grid), or only the twin pairs (only); 'x off' is then the "
                          "twin's time (SMs-capped / uncapped) over the plan's")
+    ap.add_argument("--max-cluster", type=int, choices=(8, 16), default=8,
+                    help="the largest cluster of the candidate plans: 8 (portable) or 16 (non-portable)")
     a = ap.parse_args(argv)
+    global MAX_SWEEP_CLUSTER
+    MAX_SWEEP_CLUSTER = a.max_cluster
     kernels = a.kernels.split(",")
     ns = [int(v) for v in a.n.split(",")]
     lines = []
