@@ -230,6 +230,30 @@ def _timed_with(obj, attr: str, value, fn, what: str):
         setattr(obj, attr, orig)
 
 
+def _output_with(obj, attr: str, value, fn):
+    """One call's output (a backward's dx) with `obj.attr` set to `value` (restored after); None when it fails."""
+    orig = getattr(obj, attr)
+    setattr(obj, attr, value)
+    try:
+        out = fn()()
+        return (out[0] if isinstance(out, tuple) else out).float()
+    except Exception:
+        return None
+    finally:
+        setattr(obj, attr, orig)
+
+
+def _max_err(out, ref) -> float:
+    """max |out - ref| / max |ref| (inf when out is missing or not finite): a plan that merges its
+    cluster wrongly or leaves elements unwritten shows orders of magnitude above the bf16 rounding."""
+    if out is None or not torch.isfinite(out).all():
+        return float("inf")
+    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+ERR_OK = 2e-2  # bf16 outputs of two reduction orders differ by a few units in the last place
+
+
 def _with_twins(ps: list, mode: str, twins: list) -> list:
     """A sweep's plans with an option's `twins` (mode "both": added to them), or (mode "only") just the
     twins and the plans `_twin` pairs them with."""
@@ -296,20 +320,35 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
             H.progress(f"  precompile: {type(e).__name__}: {str(e)[:200]}")
     ceil = H.copy_bandwidth() if hasattr(H, "copy_bandwidth") else None
     orig = R.plan_for
-    lines = ["| kernel | N | plan | ctas/SM | us | TB/s | x default | x off |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| kernel | N | plan | ctas/SM | us | TB/s | x default | x off | max err |",
+             "|---|---|---|---|---|---|---|---|---|"]
     best_rows = []
     for (k, n), (default, ps) in plans.items():
         m = max(1, 128 * MiB // n)
         res = []
+        errs = {}
+        ref = None
         for p in [default] + [p for p in ps if p != default]:
             # only the kernel under test (the forward of a backward's graph keeps its own plan)
-            t = _timed_with(R, "plan_for", lambda name, dtype, nn, aligned, _p=p, _k=k:
-                            _p if name == _k else orig(name, dtype, nn, aligned),
-                            lambda: _call(k, n, m), f"{k} {n} {p}")
+            def patch(name, dtype, nn, aligned, _p=p, _k=k):
+                return _p if name == _k else orig(name, dtype, nn, aligned)
+
+            t = _timed_with(R, "plan_for", patch, lambda: _call(k, n, m), f"{k} {n} {p}")
             if t is None:
                 continue
+            # every plan's output against the default's (fresh outputs: the timed call allocates them)
+            out = _output_with(R, "plan_for", patch, lambda: _call(k, n, m))
+            if ref is None and out is not None:
+                ref = out
+            errs[p] = _max_err(out, ref) if ref is not None else float("inf")
+            if errs[p] > ERR_OK:  # a wrong plan must never rank: report it, leave it out
+                H.progress(f"  {k} {n} {p}: WRONG, max err {errs[p]:.2e} against the default")
+                lines.append(f"| {k} | {n} | {p} WRONG | {p.ctas_per_sm} | | | | | {errs[p]:.2e} |")
+                continue
+            del out
             res.append((t, p))
             torch.cuda.empty_cache()
+        ref = None
         if not res:
             continue
         t0 = res[0][0]
@@ -337,13 +376,13 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                                 or p.acc_regs or p.welford) else None
             off = f"{times[twin] / t:.3f}" if twin in times else ""
             lines.append(f"| {k} | {n} | {p}{tag} | {p.ctas_per_sm} | {t * 1e3:.1f} | "
-                         f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} | {off} |")
+                         f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} | {off} | {errs.get(p, 0.0):.1e} |")
         best_rows.append((k, n, ranked[0]))
         if k == CE_BWD:  # the peer, after every plan of ours at this N (importing it patches CuTe)
             try:
                 t = H.do_bench(_call(k, n, m, peer=True))["median_ms"]
                 lines.append(f"| {k} | {n} | QuACK cross_entropy backward | | {t * 1e3:.1f} | "
-                             f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} | |")
+                             f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} | | |")
                 shown = shown + [None]
             except Exception as e:
                 H.progress(f"  quack: {type(e).__name__}: {str(e)[:120]}")
