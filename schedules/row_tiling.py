@@ -330,22 +330,40 @@ _RMS_BWD_64K = dict(_STAGED_NORM_BWD_RG, cluster_sync="mbarrier", prefetch=True)
 _LN_BWD_16K_ACCR = dict(_LN_BWD_16K, acc_regs=True)
 _LN_BWD_32K_ACCR = dict(_LN_BWD_32K, acc_regs=True)
 _LN_BWD_64K_ACCR = dict(_RMS_BWD_64K, acc_regs=True)
+# Session 14's forward sweep on Hopper's non-portable 16-CTA clusters (`perf.tune_rows --max-cluster 16`;
+# perf/results/2026-11-30-h200-d44c4c4/tune_rows_fwd_{256k,128k}.md; bf16, 256 MiB per tensor; each plan's output
+# within 1.8e-3 of the default's), each the best plan over the default: at 256k a CTA of the 8-CTA plans staged
+# 64 KiB of x (and the norms 64 KiB of weight), 2-3 CTAs an SM; on 16 CTAs half that: RMSNorm 256k t256 u8 c16
+# (4 CTAs per SM) 181.7 -> 163.7 us (the sweep's best, t128 u16 c16 mb at 157.4, holds 128 elements a thread: the
+# fused FP8-output RMSNorm, which shares the plan, spills 64 B there even at 255 registers), 128k t128 u8 c16 mb
+# (8 per SM) 153.1 -> 141.3; LayerNorm 256k t256 u8 c16 mb
+# hold 237.0 -> 211.6; softmax 256k t256 u8 c16 mb hold 162.9 against 173.9 (log-softmax shares the entry: its
+# re-reading c16 twin tied with the default there, 164.4 / 164.5; the hold plan untimed for it). No gain: LayerNorm,
+# softmax and log-softmax at 128k (0.999-1.007x), the norm backwards at 256k (already on 16 CTAs). The entries stop at
+# 256k: past it the 8-CTA plans' limits stand (the 16-CTA ones would widen their CTAs to 1M-element rows, unmeasured).
+_C16_RMS_FWD_256K = dict(target_elems=64, max_elems=64, min_threads=256, max_tpr=256, staging="smem", max_cluster=16)
+_C16_RMS_FWD_128K = dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem",
+                         cluster_sync="mbarrier", max_cluster=16)
+_C16_HOLD_FWD_256K = dict(target_elems=64, max_elems=64, min_threads=256, max_tpr=256, staging="smem",
+                          cluster_sync="mbarrier", hold=True, max_cluster=16)
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
     "fwd": ((4096, _ONE_ROW_128), (8192, _FWD), (16384, dict(_STAGED_FWD_16K, regs=_FWD)),
             (131072, dict(_STAGED_FWD_HOLD, regs=_FWD)),
-            (262144, dict(_STAGED_FWD, regs=_FWD)), (None, _FWD)),
+            (262144, dict(_C16_HOLD_FWD_256K, staged_regs=80, regs=_FWD)), (None, _FWD)),
     "rms_fwd": ((512, _ONE_ROW_128), (1024, dict(_RMS_FWD_1K, regs=_ONE_ROW_128)),
                 (2048, dict(_RMS_FWD_2K, regs=_ONE_ROW_128)),
                 (8192, _ONE_ROW_128), (16384, dict(_STAGED_RMS_FWD_16K, regs=_ONE_ROW_128)),
                 (65536, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)),
-                (131072, dict(_STAGED_NORM_FWD, regs=_NORM_FWD)), (None, dict(_LONG_FWD, regs=_NORM_FWD))),
+                (131072, dict(_C16_RMS_FWD_128K, regs=_NORM_FWD)), (262144, dict(_C16_RMS_FWD_256K, regs=_NORM_FWD)),
+                (None, dict(_LONG_FWD, regs=_NORM_FWD))),
     # LayerNorm 32k-128k: the landed row held (`hold`; session 6 call 6, perf/results/2026-11-29-h200-82f0325/
     # tune_rows.md: 64k 2.50 -> 2.75 TB/s, 128k 2.26 -> 2.45); RMSNorm's hold measured 1.000x: not taken
     "ln_fwd": ((512, _ONE_ROW_128), (1024, dict(_LN_FWD_1K, regs=_ONE_ROW_128)), (4096, _ONE_ROW_128), (8192, _LN_FWD), (16384, dict(_STAGED_LN_FWD_MB, hold=True, regs=_LN_FWD)),
                (32768, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", hold=True, regs=_LN_FWD)),
                (65536, dict(_STAGED_LN_FWD_MB, hold=True, regs=_LN_FWD)),
                (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", hold=True, regs=_NORM_FWD)),
+               (262144, dict(_C16_HOLD_FWD_256K, regs=_NORM_FWD)),
                (None, dict(_LONG_FWD, cluster_sync="mbarrier", hold=True, regs=_NORM_FWD))),
     # softmax / log-softmax backward staged from 16k (session 10's suite, 8f975dd: the staged plan at 64k 99 % and
     # 256k 91 % of copy, the register plans between them 73 % at 32k and 63 % at 128k)

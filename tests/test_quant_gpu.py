@@ -137,7 +137,10 @@ def _norm(kind, x, w, b, res, fp8_out=None):
 
 NORM_SHAPES = [(4096, 4096, torch.bfloat16, False), (769, 7168, torch.bfloat16, True), (1, 256, torch.bfloat16, False),
                (333, 769, torch.bfloat16, False), (64, 131072, torch.bfloat16, False), (300, 2048, torch.float32, True),
-               (130, 200, torch.float16, False)]
+               (130, 200, torch.float16, False),
+               # session 14: the 16-CTA plans (RMSNorm from 128k, LayerNorm at 256k) and the register floor of the
+               # quantizing epilogue beside a residual
+               (16, 131072, torch.bfloat16, True), (4, 262144, torch.bfloat16, True)]
 
 
 @pytest.mark.parametrize("kind", ["rms", "layer"])

@@ -84,7 +84,8 @@ def test_the_defaults_that_sync_by_mbarrier():
     mb = {("rmsnorm.fwd", 65536), ("layernorm.fwd", 65536), ("layernorm.fwd", 131072),
           ("softmax.fwd", 65536), ("softmax.fwd", 131072),  # softmax: the hold plans (session 6)
           ("rmsnorm.bwd", 65536),  # session 11: the staged resident-grid plan prefetching on mbarriers
-          ("layernorm.bwd", 65536)}  # session 12: the same plan with register dweight/dbias
+          ("layernorm.bwd", 65536),  # session 12: the same plan with register dweight/dbias
+          ("rmsnorm.fwd", 131072)}  # session 14: 16-CTA clusters (and at 256k, which this test does not walk)
     for name in ("rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "rmsnorm.bwd", "layernorm.bwd", "softmax.bwd"):
         for n in (4096, 65536, 131072):
             for dtype in (torch.bfloat16, torch.float32):

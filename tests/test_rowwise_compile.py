@@ -116,7 +116,9 @@ def test_plans_cover_the_required_row_lengths():
             vec, most = (8, vector) if aligned else (1, scalar)
             for n in (1, 7, 769, 1024, 4096, 5125, 16384, 65536, most):
                 plan = plan_for_kernel(name, n, vec)
-                assert plan.capacity(vec) >= n and plan.cluster_n <= (16 if name.endswith("norm.bwd") else 8)
+                # clusters of 16: the norm backwards past 128k, the 16-bit forwards from 128k (session 14)
+                big = name.endswith("norm.bwd") or (direction == "fwd" and vec == 8 and n > 65536)
+                assert plan.capacity(vec) >= n and plan.cluster_n <= (16 if big else 8)
             assert max_held_row(tuning_of(name), vec) == most, name
 
 
@@ -134,10 +136,11 @@ def test_rows_past_the_limit_name_x():
                                           ("rmsnorm.bwd", 262144, "bf16"), ("layernorm.bwd", 262144, "bf16"),
                                           ("log_softmax.bwd", 262144, "fp16")])
 def test_long_staged_rows_compile(name, n, dtype, tmp_path):
-    """Rows past the register plans, staged in shared memory (`_LONG_FWD`, `_LONG_NORM_BWD`, the
-    softmax backward's staged plan): 16-byte cp.async, a cluster of 8, no spills."""
+    """Rows past the register plans, staged in shared memory (the 16-CTA forwards of session 14, `_LONG_NORM_BWD`,
+    the softmax backward's staged plan): 16-byte cp.async, a cluster of 8 (16: the norms past 128k), no spills."""
     p = _params(name, n, dtype=dtype)
-    assert p["staging"] == "smem" and p["cluster_n"] == (16 if name.endswith("norm.bwd") and n > 131072 else 8)
+    assert p["staging"] == "smem" and p["cluster_n"] == (16 if ".fwd" in name or n > 131072 and name.endswith("norm.bwd")
+                                                         else 8)
     _, ptx = _compile(name, p, tmp_path)
     assert "cp.async.cg.shared.global" in ptx and ", 16;" in ptx
 
@@ -155,3 +158,30 @@ def test_band_plans_compile(name, n, tmp_path):
     _, ptx = _compile(name, p, tmp_path)
     if p["cluster_n"] > 1:  # (the softmax backward at 32k: one CTA a row)
         assert "mbarrier" in ptx or "barrier.cluster" in ptx
+
+
+C16 = [("rmsnorm.fwd", 131072, {}), ("rmsnorm.fwd", 262144, {}), ("rmsnorm.fwd", 262144, {"residual": True}),
+       ("rmsnorm.fwd", 262144, {"w_dtype": "fp32"}), ("rmsnorm.fwd", 262144, {"fp8_out": "per_token"}),
+       ("rmsnorm.fwd", 131072, {"fp8_out": "block128", "residual": True}), ("rmsnorm.fwd", 262144, {"dtype": "fp16"}),
+       ("layernorm.fwd", 262144, {}), ("layernorm.fwd", 262144, {"residual": True}),
+       ("layernorm.fwd", 262144, {"fp8_out": "block128"}), ("layernorm.fwd", 262144, {"weight": False, "bias": False}),
+       ("rmsnorm.fwd", 262144, {"weight": False}), ("rmsnorm.fwd", 262144, {"fp8_out": "block128", "residual": True}),
+       ("rmsnorm.fwd", 131072, {"fp8_out": "per_token", "residual": True}),
+       ("layernorm.fwd", 262144, {"fp8_out": "per_token", "residual": True}), ("layernorm.fwd", 131072, {"weight": False, "bias": False}),
+       ("softmax.fwd", 262144, {}), ("softmax.fwd", 262144, {"dtype": "fp16"}), ("log_softmax.fwd", 262144, {})]
+
+
+@pytest.mark.parametrize("name,n,extra", C16, ids=[f"{a}-{b}-{'-'.join(f'{k}={v}' for k, v in c.items())}"
+                                                    for a, b, c in C16])
+def test_cluster16_forward_plans_compile(name, n, extra, tmp_path):
+    """The 16-CTA forward plans of session 14 (RMSNorm 128k-256k, LayerNorm / softmax / log-softmax 256k) under
+    every signature that shares them (fused residual, fp32 weight, FP8 outputs, fp16, no affine): within the
+    register budget of their CTAs per SM, no spills (the register floors of `NormFwd` for the fused FP8 output
+    beside a residual and for rows staged without a weight)."""
+    dtype = extra.pop("dtype", "bf16")
+    p = _params(name, n, dtype=dtype, **extra)
+    if n == 262144 or name == "rmsnorm.fwd":  # (LayerNorm 128k: the 8-CTA plan, its no-affine variant spilled)
+        assert p["cluster_n"] == 16 and p["staging"] == "smem"
+        # mbarrier-synced but RMSNorm at 256k (the barrier twin measured faster there)
+        assert p["cluster_sync"] == ("barrier" if (name, n) == ("rmsnorm.fwd", 262144) else "mbarrier")
+    _compile(name, p, tmp_path)

@@ -232,6 +232,20 @@ def test_layer_norm_forward(dtype, m, n):
     _check_ln_forward(dtype, m, n, no_affine=(m, n) == (769, 4096))
 
 
+LONG16 = [(8, 131080), (6, 200000), (4, 262144)]
+
+
+@pytest.mark.parametrize("m,n", LONG16, ids=[f"{m}x{n}" for m, n in LONG16])
+def test_cluster16_forwards(m, n):
+    """Session 14's 16-CTA forward plans (RMSNorm from 128k, LayerNorm / softmax / log-softmax past 128k) on
+    padded rows (131080, 200000: the last CTAs of a cluster hold part of a slice or none of it), with and
+    without the affine parameters (rows staged alone: `NormFwd`'s register floor)."""
+    _check_rms_forward(BF16, m, n, no_weight=True)
+    _check_ln_forward(BF16, m, n, no_affine=True)
+    for log in (False, True):
+        _check_softmax_forward(log, BF16, m, n)
+
+
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 @pytest.mark.parametrize("dtype", [BF16, FP32])
 def test_fused_residual(kind, dtype):

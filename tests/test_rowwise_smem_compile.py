@@ -114,6 +114,7 @@ def test_planner_capability():
                       # past the register plans (`_LONG_FWD`, `_LONG_NORM_BWD`): 128k-256k, LayerNorm bwd 64k-128k;
                       # softmax forward 128k-256k re-reading a staged row (`_STAGED_FWD`)
                       ("rms_fwd", None), ("ln_fwd", None), ("bwd", None), ("ln_bwd", 131072), ("fwd", 262144),
+                      ("rms_fwd", 262144), ("ln_fwd", 262144),  # session 14: clusters of 16 at 128k-256k
                       ("bwd", 32768),  # the softmax backward at 16k-32k: one staged row of 16 vectors a thread
                       ("rms_bwd", None), ("ln_bwd", None),  # the norm backwards past 128k: clusters of 16
                       # session 11: LayerNorm fwd 1k (several staged rows a CTA), softmax fwd 16k, RMSNorm bwd 32k
@@ -138,8 +139,10 @@ def test_planner_capability():
             assert plan_for_rows(fam, n, 8).staging == "smem"
             if n <= 131072:
                 assert plan_for_rows(fam, n, 4).staging == plan_for_rows(fam, n, 1).staging == "regs"
-    # held rows where the sweeps measured them faster: softmax and LayerNorm 16k-32k (softmax not past 128k)
-    assert plan_for_rows("fwd", 32768, 8).hold and not plan_for_rows("fwd", 262144, 8).hold
+    # held rows where the sweeps measured them faster: softmax and LayerNorm 16k-32k, and (session 14, on 16 CTAs)
+    # at 256k
+    assert plan_for_rows("fwd", 32768, 8).hold and plan_for_rows("fwd", 262144, 8).hold
+    assert plan_for_rows("fwd", 262144, 8).cluster_n == plan_for_rows("ln_fwd", 262144, 8).cluster_n == 16
     assert plan_for_rows("ln_fwd", 16384, 8).hold and plan_for_rows("ln_fwd", 262144, 8).hold
 
 

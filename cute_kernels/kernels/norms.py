@@ -190,6 +190,17 @@ class NormFwd(_RowKernel):
             # the quantizing epilogue (amaxes, scales, e4m3 packing) spilled 232 B at the 80 registers
             # a staged 256-thread plan gets with the default floor (RMSNorm 128k, cluster 8)
             self.staged_min_regs = self.held_min_regs = 128
+        elems = plan.tiling.unroll * vec
+        if fp8_out != "none" and has_residual and elems >= 64:
+            # the quantizing epilogue next to the residual's row: 24-120 B of spills at 128 registers (RMSNorm 128k,
+            # both modes, CPU compile of session 14); 168 fits them (3 CTAs of 128 threads, or 1 of 256)
+            self.staged_min_regs = self.held_min_regs = 168
+        if plan.staging == "smem" and not (has_weight or has_bias) and elems >= 64:
+            # nothing staged but the row: shared memory then admits more CTAs than the row's registers allow (CPU
+            # compile, session 14: LayerNorm holding 64 elements spilled 104 B at 64 registers, RMSNorm re-reading
+            # 128 elements 176 B at 80); with a weight, shared memory already held them to what was measured
+            self.staged_min_regs = max(self.staged_min_regs, 128 if elems >= 128 else 96)
+            self.held_min_regs = max(self.held_min_regs, 96)
         if plan.welford and kind == "layer":
             # the (count, mean, M2) merge keeps three values a row live through the butterfly: it spilled
             # at the 64-register floor of the staged plans (CPU compile, 16k / 64k)
