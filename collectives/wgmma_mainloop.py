@@ -65,12 +65,16 @@ def mma_k_tiles(
     release_state,
     k_tiles,
     in_flight: cutlass.Constexpr[int] = 1,
+    k_step: cutlass.Constexpr[int] = 1,
 ):
     """acc = A_tile @ B_tile over `k_tiles` K-blocks (acc is zeroed first; k_tiles >= 1). The caller
     sets the MMA's ACCUMULATE field once, before its tile loop (`accumulate_mode(tiled_mma)`).
 
     tCrA/tCrB are the WGMMA operand views (MMA, MMA_M/N, MMA_K, stage). Returns the advanced
     (read_state, release_state); every stage read is released before returning.
+    `k_step` (the ping-pong `k_interleave`: two warpgroups on one tile, each every other K-block): the
+    states step over that many stages after each K-block (the other warpgroup's stages in between are
+    neither waited for nor released here).
     """
     acc.fill(0.0)
     warpgroup.fence()
@@ -79,19 +83,19 @@ def mma_k_tiles(
         pipe.consumer_wait(read_state)
         mma_blocks(tiled_mma, acc, stage_of(tCrA, read_state.index), stage_of(tCrB, read_state.index))
         warpgroup.commit_group()
-        read_state.advance()
+        read_state.advance(k_step)
     for _ in cutlass.range(prologue, k_tiles, unroll=1):
         pipe.consumer_wait(read_state)
         mma_blocks(tiled_mma, acc, stage_of(tCrA, read_state.index), stage_of(tCrB, read_state.index))
         warpgroup.commit_group()
         warpgroup.wait_group(in_flight)
         pipe.consumer_release(release_state)
-        release_state.advance()
-        read_state.advance()
+        release_state.advance(k_step)
+        read_state.advance(k_step)
     warpgroup.wait_group(0)
     for _ in cutlass.range(prologue, unroll=1):
         pipe.consumer_release(release_state)
-        release_state.advance()
+        release_state.advance(k_step)
     return read_state, release_state
 
 
@@ -109,6 +113,7 @@ def mma_k_tiles_promoted(
     scales,
     turns=None,
     sb_ahead: cutlass.Constexpr = False,
+    k_step: cutlass.Constexpr[int] = 1,
 ):
     """acc = sum over the `k_tiles` K-blocks of scale_k * (A_k @ B_k), each block's product
     accumulated by WGMMA in `temp` (same shape as acc) and promoted into acc on the CUDA cores.
@@ -134,8 +139,13 @@ def mma_k_tiles_promoted(
     barrier after its WGMMAs are issued); later K-blocks read sb with an LDS before the stage wait
     and sa right after it, and multiply them after the WGMMAs complete (in PTX; ptxas moves the
     FMULs up, but their inputs are shared loads issued before the K-block's first WGMMA).
+
+    `k_step` (as in `mma_k_tiles`): the K-blocks are every `k_step`-th of the tile from `scales.k0` (their
+    B scales too); not with staged B scales (their rows are copied at the tile's K-block 0).
     """
     acc.fill(0.0)
+    if cutlass.const_expr(scales.staged and k_step != 1):
+        raise ValueError("k_step > 1 (k_interleave) does not combine with staged B scales (sb_smem)")
     if cutlass.const_expr(scales.staged):
         # sb_smem: K-block 0 also stages the tile's B-scale rows (global loads before the wait,
         # shared stores + barrier once its WGMMAs are issued); the loop then starts at 1.
@@ -170,26 +180,27 @@ def mma_k_tiles_promoted(
         sb_a = scales.prefetch(0)
         last = k_tiles - 1
         for kk in cutlass.range(k_tiles // 2, unroll=1):
-            sb_b = scales.prefetch(kk * 2 + 1)
+            sb_b = scales.prefetch((kk * 2 + 1) * k_step)
             read_state, release_state = _promoted_block(tiled_mma, acc, temp, tCrA, tCrB, pipe, read_state,
-                                                        release_state, scales, sb_a, turns)
-            sb_a = scales.prefetch(cutlass.min(kk * 2 + 2, last))
+                                                        release_state, scales, sb_a, turns, k_step)
+            sb_a = scales.prefetch(cutlass.min(kk * 2 + 2, last) * k_step)
             read_state, release_state = _promoted_block(tiled_mma, acc, temp, tCrA, tCrB, pipe, read_state,
-                                                        release_state, scales, sb_b, turns)
+                                                        release_state, scales, sb_b, turns, k_step)
         if k_tiles % 2 == 1:
             read_state, release_state = _promoted_block(tiled_mma, acc, temp, tCrA, tCrB, pipe, read_state,
-                                                        release_state, scales, sb_a, turns)
+                                                        release_state, scales, sb_a, turns, k_step)
     else:
         for k in cutlass.range(k_tiles, unroll=1):
             read_state, release_state = _promoted_block(tiled_mma, acc, temp, tCrA, tCrB, pipe, read_state,
-                                                        release_state, scales, scales.prefetch(k), turns)
+                                                        release_state, scales, scales.prefetch(k * k_step), turns,
+                                                        k_step)
     return read_state, release_state
 
 
-def _promoted_block(tiled_mma, acc, temp, tCrA, tCrB, pipe, read_state, release_state, scales, sb, turns):
+def _promoted_block(tiled_mma, acc, temp, tCrA, tCrB, pipe, read_state, release_state, scales, sb, turns, step=1):
     """One K-block of `mma_k_tiles_promoted` with its B scales `sb` already loaded (this K-block's, or
     one K-block ahead with `sb_ahead`): wait stage -> zero temp, WGMMAs, commit -> A scales -> wait for
-    the WGMMAs -> release -> promote."""
+    the WGMMAs -> release -> promote. `step`: the stages the states step over (`k_step`)."""
     pipe.consumer_wait(read_state)
     _take_turn(turns)
     temp.fill(0.0)
@@ -198,19 +209,19 @@ def _promoted_block(tiled_mma, acc, temp, tCrA, tCrB, pipe, read_state, release_
     warpgroup.commit_group()
     _pass_turn(turns)
     s = scales.fetch(sb, read_state.index)
-    return _release_and_promote(pipe, release_state, read_state, scales, acc, temp, s, 0)
+    return _release_and_promote(pipe, release_state, read_state, scales, acc, temp, s, 0, step)
 
 
-def _release_and_promote(pipe, release_state, read_state, scales, acc, temp, s, pending: int):
+def _release_and_promote(pipe, release_state, read_state, scales, acc, temp, s, pending: int, step: int = 1):
     """The end of a promoted K-block: wait until at most `pending` WGMMA groups are in flight (this
-    K-block's are done), release its stage, step the states (`read_state` too unless None: nothing
-    left to read) and promote `temp` with the scales `s` into acc. Returns the states (callers rebind them:
-    the tracer threads only locals rebound in the staged loop or branch body)."""
+    K-block's are done), release its stage, step the states by `step` stages (`read_state` too unless None:
+    nothing left to read) and promote `temp` with the scales `s` into acc. Returns the states (callers rebind
+    them: the tracer threads only locals rebound in the staged loop or branch body)."""
     warpgroup.wait_group(pending)
     pipe.consumer_release(release_state)
-    release_state.advance()
+    release_state.advance(step)
     if read_state is not None:
-        read_state.advance()
+        read_state.advance(step)
     scales.promote(acc, temp, s)
     return read_state, release_state
 

@@ -31,7 +31,8 @@ OUT_DTYPES = ("bf16", "fp16")
 def schedule_of(p):
     return fp8_schedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=p["tile_n"], cluster_m=p["cluster_m"],
                         cluster_n=p["cluster_n"], stages=p["stages"], raster_group=p["raster_group"],
-                        persistent=p["persistent"], epi_stages=p["epi_stages"], split_k=p["split_k"])
+                        persistent=p["persistent"], epi_stages=p["epi_stages"], split_k=p["split_k"],
+                        k_interleave=p["k_interleave"])
 
 
 def params_for(schedule, **signature) -> dict:
@@ -39,7 +40,8 @@ def params_for(schedule, **signature) -> dict:
     return {"schedule": schedule.kind, "tile_m": schedule.tile_m, "tile_n": schedule.tile_n,
             "cluster_m": schedule.cluster_m, "cluster_n": schedule.cluster_n, "stages": schedule.stages,
             "raster_group": schedule.raster_group, "persistent": schedule.persistent,
-            "epi_stages": schedule.epi_stages, "split_k": schedule.split_k, **signature}
+            "epi_stages": schedule.epi_stages, "split_k": schedule.split_k, "k_interleave": schedule.k_interleave,
+            **signature}
 
 
 def grouped_params(grouping: str, schedule, **signature) -> dict:
@@ -70,6 +72,13 @@ class Fp8GemmSpec(KernelSpec):
             err = halves_error(s, p["promote_overlap"], p["wg_turns"])
             if err:
                 raise ValueError(err)
+        if s.k_interleave:
+            if p["promote_overlap"] or p["sb_smem"] or p["wg_turns"] or p["promote_halves"] or p["sb_ahead"]:
+                raise ValueError("k_interleave (two warpgroups on a tile's alternate K-blocks) runs the plain "
+                                 "promotion: not with promote_overlap, sb_smem, wg_turns, promote_halves or sb_ahead")
+            if not s.exchange_fits(dtypes.cutlass_of(p["out_dtype"]).width // 8):
+                raise ValueError(f"k_interleave: warpgroup 1's {s.tile_m}x{s.tile_n} fp32 partial does not fit its "
+                                 f"{s.epi_stages} epilogue buffers")
         if p["sb_ahead"] and (p["sb_smem"] or p["promote_halves"]):
             raise ValueError("sb_ahead=True reads the B scales from global one K-block ahead: not with sb_smem "
                              "or promote_halves")
@@ -161,6 +170,8 @@ FP8_GEMM = Fp8GemmSpec(
                                                      "other's WGMMAs run (default off)"),
         "split_k": Param(1, tuple(range(1, 17)), help="K splits per tile (small M; > 1: each split promotes its own "
                                                       "K-blocks, the last split of a tile sums them: one launch)"),
+        "k_interleave": Param(False, (False, True), help="ping-pong 64 x <= 64: both consumer warpgroups on every "
+                              "tile, each every other K-block (plain promotion), partials summed through smem"),
         "promote_halves": Param(False, (False, True), help="each K-block's WGMMAs in two column halves: one half is "
                                                            "promoted while the other runs (the overlap without a "
                                                            "second full temporary; default off)"),

@@ -21,7 +21,8 @@ def schedule_of(p) -> GemmSchedule:
     return GemmSchedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=p["tile_n"], tile_k=p["tile_k"],
                         cluster_m=p["cluster_m"], cluster_n=p["cluster_n"], stages=p["stages"],
                         raster_group=p["raster_group"], persistent=p["persistent"], split_k=p["split_k"],
-                        epi_stages=p["epi_stages"], wg_epilogue=p["wg_epilogue"], split_fixup=p["split_fixup"])
+                        epi_stages=p["epi_stages"], wg_epilogue=p["wg_epilogue"], split_fixup=p["split_fixup"],
+                        k_interleave=p["k_interleave"])
 
 
 def ops_of(p):
@@ -43,6 +44,9 @@ class GemmSpec(KernelSpec):
             raise ValueError("split_k > 1 does not fuse beta * C (source); use split_k=1")
         if p["split_fixup"] and p["split_k"] == 1:
             raise ValueError("split_fixup is an option of split-K (split_k > 1)")
+        if s.k_interleave and not s.exchange_fits(out):
+            raise ValueError(f"k_interleave: warpgroup 1's {s.tile_m}x{s.tile_n} fp32 partial does not fit its "
+                             f"{s.epi_stages} epilogue buffers of {out}-byte outputs")
 
     def build(self, p):
         from cute_kernels.kernels.gemm import Gemm
@@ -131,6 +135,8 @@ GEMM = GemmSpec(
                                                            "(2: a 5th stage at 128x192)"),
         "wg_epilogue": Param(_d.wg_epilogue, (True, False), help="cooperative: each consumer warpgroup stores "
                                                                  "its own rows (no shared epilogue barrier)"),
+        "k_interleave": Param(_d.k_interleave, (False, True), help="ping-pong 64 x <= 64: both consumer warpgroups "
+                              "on every tile, each every other K-block, partials summed through smem"),
     },
 )
 
@@ -141,7 +147,7 @@ def params_for(schedule: GemmSchedule, **signature) -> dict:
             "tile_k": schedule.tile_k, "cluster_m": schedule.cluster_m, "cluster_n": schedule.cluster_n,
             "stages": schedule.stages, "raster_group": schedule.raster_group, "persistent": schedule.persistent,
             "split_k": schedule.split_k, "epi_stages": schedule.epi_stages, "wg_epilogue": schedule.wg_epilogue,
-            "split_fixup": schedule.split_fixup, **signature}
+            "split_fixup": schedule.split_fixup, "k_interleave": schedule.k_interleave, **signature}
 
 
 # --- the SIMT rungs of the ladder (shared-memory tiled, register tiled) --------------------------

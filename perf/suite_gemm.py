@@ -68,6 +68,13 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
                 options.append(col)
             fns[col] = functools.partial(_gemm_cuda, a, b, schedule=dataclasses.replace(d, tile_n=32, split_k=1,
                                                                                          split_fixup=False))
+            # both ping-pong warpgroups on each tile, every other K-block (`k_interleave`, session 14): the other
+            # warpgroup idles at one tile a CTA (PC sampling here: 61 % of samples waiting on the full barrier)
+            col = "ours k-interleave (small M)"
+            if col not in options:
+                options.append(col)
+            fns[col] = functools.partial(_gemm_cuda, a, b, schedule=dataclasses.replace(
+                d, split_k=1, split_fixup=False, k_interleave=True))
         if m >= 1024:  # ping-pong with QuACK's 128x192 tile (192 accumulators a thread; not in the model yet)
             pp192 = GemmSchedule(kind="pingpong", tile_m=128, tile_n=192, cluster_m=2)
             fns["ours pingpong 128x192"] = functools.partial(_gemm_cuda, a, b, schedule=pp192)

@@ -81,6 +81,8 @@ def overlap_error(s: GemmSchedule) -> str | None:
     err = promoted_error(s)
     if err:
         return err
+    if s.k_interleave:
+        return "promote_overlap=True: k_interleave schedules run the plain promotion (each warpgroup every other K-block)"
     if s.tile_n in WIDE_TILE_N:
         return (f"promote_overlap=True cannot be combined with tile_n={s.tile_n} ({s.kind} {s.tile_m}x{s.tile_n}): "
                 f"sum + two block temporaries = 3 x {acc_per_thread(s)} fp32 registers per thread > "
@@ -214,7 +216,7 @@ def fp8_stages(s: GemmSchedule, out_bytes: int = 2) -> int:
 
 def fp8_schedule(kind: str = "cooperative", tile_m: int = 128, tile_n: int = 128, cluster_m: int = 2,
                  cluster_n: int = 1, stages: int = 0, raster_group: int = 8, persistent: bool = True,
-                 epi_stages: int = 4, split_k: int = 1) -> GemmSchedule:
+                 epi_stages: int = 4, split_k: int = 1, k_interleave: bool = False) -> GemmSchedule:
     """A GemmSchedule for the FP8 GEMM (tile_k 128, stages counted with the scale boxes); raises
     ValueError naming the problem if the promoted mainloop cannot run it. `epi_stages` (2-4): the
     output sub-tile buffers per storing warpgroup group; fewer leave room for more stages
@@ -224,7 +226,7 @@ def fp8_schedule(kind: str = "cooperative", tile_m: int = 128, tile_n: int = 128
     # split-K (small M): one launch only (`split_fixup`: the last split of a tile sums the promoted partials)
     s = GemmSchedule(kind=kind, tile_m=tile_m, tile_n=tile_n, tile_k=SCALE_BLOCK, cluster_m=cluster_m,
                      cluster_n=cluster_n, stages=stages, raster_group=raster_group, persistent=persistent,
-                     epi_stages=epi_stages, split_k=split_k, split_fixup=split_k > 1)
+                     epi_stages=epi_stages, split_k=split_k, split_fixup=split_k > 1, k_interleave=k_interleave)
     err = promoted_error(s)
     if err:
         raise ValueError(err)

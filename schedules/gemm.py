@@ -73,6 +73,13 @@ class GemmSchedule:
     # the tile itself, counted by a per-tile atomic flag: one launch, no summing pass (whose launch and
     # host work cost ~10 us a call: `_SPLIT_LAUNCH_S`)
     split_fixup: bool = False
+    # ping-pong at tile_m 64: both consumer warpgroups work on every tile, warpgroup w on the tile's K-blocks
+    # w, w + 2, ... (the producer's ring order is unchanged), each with its own accumulator; warpgroup 1 hands
+    # its partial to warpgroup 0 through its own (idle) half of the epilogue's shared memory, warpgroup 0 adds
+    # it and stores the tile. For grids of at most a tile a CTA (small M), where the other ping-pong warpgroup
+    # idles: two K-block chains in flight a tile instead of one. Not bitwise the one-warpgroup sum (two
+    # partial sums added at the end).
+    k_interleave: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -98,6 +105,11 @@ class GemmSchedule:
             raise ValueError(f"split_k must be in [1, 16], got {self.split_k}")
         if self.split_fixup and self.split_k == 1:
             raise ValueError("split_fixup is an option of split-K (split_k > 1)")
+        if self.k_interleave and (self.kind != "pingpong" or self.split_k > 1 or self.tile_m != 64
+                                  or self.tile_n > 64):
+            raise ValueError("k_interleave is an option of the ping-pong schedule at tile_m 64, tile_n <= 64, without "
+                             "split-K (warpgroup 1's partial, 64 x tile_n fp32, goes through its half of the epilogue "
+                             "buffers)")
         if self.wg_epilogue and (self.kind != "cooperative" or self.split_k > 1 or self.tile_m != 128):
             raise ValueError("wg_epilogue is an option of the cooperative schedule at tile_m 128 without split-K "
                              "(ping-pong warpgroups and split-K partials already store on their own; at tile_m 256 "
@@ -142,6 +154,10 @@ class GemmSchedule:
     def epi_bytes(self, out_bytes: int) -> int:
         return self.epi_buffers * self.epi_tile[0] * self.epi_tile[1] * out_bytes
 
+    def exchange_fits(self, out_bytes: int) -> bool:
+        """`k_interleave`: warpgroup 1's fp32 partial (tile_m x tile_n) fits its half of the epilogue buffers."""
+        return self.tile_m * self.tile_n * 4 <= self.epi_stages * self.epi_tile[0] * self.epi_tile[1] * out_bytes
+
     def num_stages(self, ab_bytes: int, out_bytes: int) -> int:
         if self.stages:
             return self.stages
@@ -159,6 +175,7 @@ class GemmSchedule:
         split = (f"_k{self.split_k}" + ("f" if self.split_fixup else "")) if self.split_k > 1 else ""
         epi = f"_e{self.epi_stages}" if self.epi_stages != 4 else ""  # FP8's 6-stage variant (epi_stages 3)
         epi += "_we" if self.wg_epilogue else ""
+        epi += "_ki" if self.k_interleave else ""
         return (f"{self.kind}_{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}"
                 f"_s{self.stages}{epi}_r{self.raster_group}_{p}{split}")
 

@@ -58,10 +58,17 @@ from schedules.grid_stride import GridStride
 REDUCE_VEC = 4
 REDUCE_SCHEDULE = GridStride(threads=128, unroll=4, ctas_per_sm=0, order="cta")
 
+def _ring_state(stages: int, pos):
+    """The consumer's pipeline state at ring position `pos` (K-blocks since the start): stage pos mod stages,
+    phase (pos div stages) mod 2."""
+    return pipeline.PipelineState(stages, pos, pos % stages, (pos // stages) % 2)
+
+
 # Named barrier ids (0 is __syncthreads).
 _EPI_BAR = 1  # cooperative: both consumer warpgroups; ping-pong and wg_epilogue: 1 + warpgroup
 _ORDER_BAR = 3  # ping-pong mainloop turns, FP8 `wg_turns` K-block turns: 3 + warpgroup
 _SCALE_BAR = 5  # FP8 sb_smem: both consumer warpgroups, the tile's B-scale row is in smem
+_XCHG_BAR = 6  # ping-pong k_interleave: 6 = warpgroup 1's partial is in smem, 7 = warpgroup 0 has read it
 
 
 class Gemm:
@@ -410,7 +417,7 @@ class Gemm:
             else:
                 tid = tidx % 128
                 epi_tid = tid
-                first, step = cwg, 2
+                first, step = (0, 1) if s.k_interleave else (cwg, 2)  # k_interleave: both on every tile
                 epi_bar = pipeline.NamedBarrier(barrier_id=_EPI_BAR + cwg, num_threads=128)
                 buf0 = cwg * s.epi_stages
                 is_store_warp = warp % 4 == 0
@@ -450,7 +457,19 @@ class Gemm:
             release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
             my_turn = pipeline.NamedBarrier(barrier_id=_ORDER_BAR + cwg, num_threads=256)
             their_turn = pipeline.NamedBarrier(barrier_id=_ORDER_BAR + 1 - cwg, num_threads=256)
-            if cutlass.const_expr(s.kind == "pingpong"):
+            xready = xfree = xbuf = None
+            kbase = Int32(0)  # k_interleave: the ring position of the tile's first K-block
+            if cutlass.const_expr(s.k_interleave):
+                # warpgroup 1's partial goes to warpgroup 0 through warpgroup 1's half of the epilogue buffers
+                # (it stores nothing itself), as [value i][thread]: each store and load a full warp's 128 B
+                xready = pipeline.NamedBarrier(barrier_id=_XCHG_BAR, num_threads=256)
+                xfree = pipeline.NamedBarrier(barrier_id=_XCHG_BAR + 1, num_threads=256)
+                half = s.epi_stages * s.epi_tile[0] * s.epi_tile[1]  # elements of one warpgroup's buffers
+                xptr = cute.recast_ptr(st.sC.data_ptr() + half, dtype=self.acc_dtype)
+                xbuf = cute.make_tensor(xptr, cute.make_layout((cute.size(acc), 128), stride=(128, 1)))
+                if cwg == 0:
+                    xfree.arrive()  # the buffer starts free
+            elif cutlass.const_expr(s.kind == "pingpong"):
                 # The producer fills the ring tile after tile; warpgroup 2's first tile starts after
                 # tile 0's K-blocks, and each warpgroup skips the other's tiles (below).
                 if cutlass.const_expr(self.split):  # split-K units differ in K-blocks by one
@@ -474,63 +493,91 @@ class Gemm:
                 # valid is False only for padding tiles of the contiguous grouping (cooperative only:
                 # the ping-pong turn-taking assumes every tile is computed).
                 tm, tn, tl, te, valid = walk.tile(i, cta_m, cta_n, s, self.grouping, groups, experts)
-                if cutlass.const_expr(s.kind == "pingpong"):
-                    if i > 0:
-                        my_turn.wait()  # the other warpgroup has issued its mainloop
-                if cutlass.const_expr(self.split):
-                    k0, kn = walk.k_range(i, k_tiles, s)
-                    if cutlass.const_expr(self.blockwise):  # this split's K-blocks, promoted as unsplit
-                        scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te, sSB, tid,
-                                                                 scale_bar, k0)
-                        if cutlass.const_expr(self.promote_overlap):
-                            read, release = mma_k_tiles_promoted_overlap(tiled_mma, acc, temp, temp2, tCrA, tCrB, pipe,
-                                                                         read, release, kn, scales, self.sb_ahead)
-                        else:
-                            read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read,
-                                                                 release, kn, scales, turns, self.sb_ahead)
+                if cutlass.const_expr(s.k_interleave):
+                    # both warpgroups on this tile: warpgroup w reads the ring at kbase + w, + 2, ... (no turns)
+                    read = _ring_state(stages, kbase + cwg)
+                    release = _ring_state(stages, kbase + cwg)
+                    mine = (k_tiles + 1 - cwg) // 2  # warpgroup 0 takes the odd K-block of an odd count
+                    if cutlass.const_expr(self.blockwise):
+                        scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te, None, tid,
+                                                                 None, cwg)
+                        mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read, release, mine, scales,
+                                             None, False, 2)
                     else:
-                        read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, kn)
-                    if cutlass.const_expr(s.kind == "pingpong"):
-                        their_turn.arrive()
-                        _, k_next = walk.k_range(i + 1, k_tiles, s)  # the other warpgroup's next unit
-                        read.advance(k_next)
-                        release.advance(k_next)
-                    epi.store_partial(acc, tCcC, mW, tm * s.tile_m, tn * s.tile_n,
-                                      walk.split(i, s) * cute.size(gD, mode=[4]) + tl)
-                    if cutlass.const_expr(self.fixup):
-                        counter = self._fixup(acc, tCcC, mW, flags, last_flag, tm, tn, tl, tiles_m, tiles_n,
-                                              cute.size(gD, mode=[4]), epi_tid, epi_bar, cwg, epi_mma, sC, buf0,
-                                              counter, tma_d, gD, d_major, is_store_warp, store_pipe, mC, bias,
-                                              alpha, beta)
+                        mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, mine, 1, 2)
+                    kbase = kbase + k_tiles
+                    if cwg == 1:
+                        xfree.arrive_and_wait()  # warpgroup 0 has added the previous tile's partial
+                        for v in cutlass.range_constexpr(cute.size(acc)):
+                            xbuf[v, tid] = acc[v]
+                        xready.arrive()
+                    else:
+                        xready.arrive_and_wait()
+                        for v in cutlass.range_constexpr(cute.size(acc)):
+                            acc[v] = acc[v] + xbuf[v, tid]
+                        xfree.arrive()
+                        epi.apply_ops(self.ops, acc, tCcC, tm * s.tile_m, tn * s.tile_n, tl, mC, bias, alpha, beta)
+                        counter = epi.store_tile(epi_mma, acc, epi_tid, sC, buf0, s.epi_stages, counter, tma_d,
+                                                 gD[(None, None, tm, tn, tl)], s.epi_tile, self.out_dtype, d_major,
+                                                 epi_bar, is_store_warp, store_pipe)
                 else:
-                    if valid:
-                        if cutlass.const_expr(self.blockwise):
-                            scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te,
-                                                                     sSB, tid, scale_bar)
-                            if cutlass.const_expr(self.promote_halves):
-                                read, release = mma_k_tiles_promoted_halves(half_mma, half_set, acc, halves, tCrA_h,
-                                                                            tCrB_h, pipe, read, release, k_tiles,
-                                                                            scales, to_acc)
-                            elif cutlass.const_expr(self.promote_overlap):
-                                read, release = mma_k_tiles_promoted_overlap(tiled_mma, acc, temp, temp2, tCrA, tCrB,
-                                                                             pipe, read, release, k_tiles, scales,
-                                                                             self.sb_ahead)
+                    if cutlass.const_expr(s.kind == "pingpong"):
+                        if i > 0:
+                            my_turn.wait()  # the other warpgroup has issued its mainloop
+                    if cutlass.const_expr(self.split):
+                        k0, kn = walk.k_range(i, k_tiles, s)
+                        if cutlass.const_expr(self.blockwise):  # this split's K-blocks, promoted as unsplit
+                            scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te, sSB, tid,
+                                                                     scale_bar, k0)
+                            if cutlass.const_expr(self.promote_overlap):
+                                read, release = mma_k_tiles_promoted_overlap(tiled_mma, acc, temp, temp2, tCrA, tCrB, pipe,
+                                                                             read, release, kn, scales, self.sb_ahead)
                             else:
                                 read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read,
-                                                                     release, k_tiles, scales, turns, self.sb_ahead)
+                                                                     release, kn, scales, turns, self.sb_ahead)
                         else:
-                            read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, k_tiles)
+                            read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, kn)
                         if cutlass.const_expr(s.kind == "pingpong"):
-                            their_turn.arrive()  # hand the tensor cores over; our epilogue overlaps their mainloop
-                            read.advance(k_tiles)
-                            release.advance(k_tiles)
-                        epi.apply_ops(self.ops, acc, tCcC, tm * s.tile_m, tn * s.tile_n, tl, mC, bias, alpha, beta)
-                        gD_tile = gD[(None, None, tm, tn, tl)]
-                        if cutlass.const_expr(s.wg_epilogue):  # this warpgroup's rows of the tile
-                            gD_tile = cute.local_tile(gD_tile, (64, s.tile_n), (cwg, 0))
-                        counter = epi.store_tile(epi_mma, acc, epi_tid, sC, buf0, s.epi_stages, counter, tma_d,
-                                                 gD_tile, s.epi_tile, self.out_dtype, d_major,
-                                                 epi_bar, is_store_warp, store_pipe)
+                            their_turn.arrive()
+                            _, k_next = walk.k_range(i + 1, k_tiles, s)  # the other warpgroup's next unit
+                            read.advance(k_next)
+                            release.advance(k_next)
+                        epi.store_partial(acc, tCcC, mW, tm * s.tile_m, tn * s.tile_n,
+                                          walk.split(i, s) * cute.size(gD, mode=[4]) + tl)
+                        if cutlass.const_expr(self.fixup):
+                            counter = self._fixup(acc, tCcC, mW, flags, last_flag, tm, tn, tl, tiles_m, tiles_n,
+                                                  cute.size(gD, mode=[4]), epi_tid, epi_bar, cwg, epi_mma, sC, buf0,
+                                                  counter, tma_d, gD, d_major, is_store_warp, store_pipe, mC, bias,
+                                                  alpha, beta)
+                    else:
+                        if valid:
+                            if cutlass.const_expr(self.blockwise):
+                                scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te,
+                                                                         sSB, tid, scale_bar)
+                                if cutlass.const_expr(self.promote_halves):
+                                    read, release = mma_k_tiles_promoted_halves(half_mma, half_set, acc, halves, tCrA_h,
+                                                                                tCrB_h, pipe, read, release, k_tiles,
+                                                                                scales, to_acc)
+                                elif cutlass.const_expr(self.promote_overlap):
+                                    read, release = mma_k_tiles_promoted_overlap(tiled_mma, acc, temp, temp2, tCrA, tCrB,
+                                                                                 pipe, read, release, k_tiles, scales,
+                                                                                 self.sb_ahead)
+                                else:
+                                    read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read,
+                                                                         release, k_tiles, scales, turns, self.sb_ahead)
+                            else:
+                                read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, k_tiles)
+                            if cutlass.const_expr(s.kind == "pingpong"):
+                                their_turn.arrive()  # hand the tensor cores over; our epilogue overlaps their mainloop
+                                read.advance(k_tiles)
+                                release.advance(k_tiles)
+                            epi.apply_ops(self.ops, acc, tCcC, tm * s.tile_m, tn * s.tile_n, tl, mC, bias, alpha, beta)
+                            gD_tile = gD[(None, None, tm, tn, tl)]
+                            if cutlass.const_expr(s.wg_epilogue):  # this warpgroup's rows of the tile
+                                gD_tile = cute.local_tile(gD_tile, (64, s.tile_n), (cwg, 0))
+                            counter = epi.store_tile(epi_mma, acc, epi_tid, sC, buf0, s.epi_stages, counter, tma_d,
+                                                     gD_tile, s.epi_tile, self.out_dtype, d_major,
+                                                     epi_bar, is_store_warp, store_pipe)
             store_pipe.producer_tail()
 
     @cute.jit
