@@ -91,7 +91,8 @@ def rowwise_plans(out: Path, families=(("rms_fwd", "RMSNorm forward"), ("fwd", "
                 for k in range(t.unroll):
                     x0 = (rank * t.unroll + k) * slab
                     shade = 1.0 if k % 2 == 0 else 0.62
-                    ax.add_patch(Rectangle((x0 * scale, 0.45), slab * scale, 0.5, facecolor=RANK_COLORS[rank],
+                    color = RANK_COLORS[rank % len(RANK_COLORS)]  # 16-CTA clusters reuse the 8 colors
+                    ax.add_patch(Rectangle((x0 * scale, 0.45), slab * scale, 0.5, facecolor=color,
                                            alpha=shade, edgecolor="white", lw=0.4))
                     if t.unroll * plan.cluster_n <= 32:
                         ax.text((x0 + slab / 2) * scale, 0.7, f"k{k}", ha="center", va="center", fontsize=5.5,
