@@ -235,6 +235,14 @@ def test_layer_norm_forward(dtype, m, n):
 LONG16 = [(8, 131080), (6, 200000), (4, 262144)]
 
 
+@pytest.mark.parametrize("m,n", [(1027, 1024), (3, 1000), (4098, 1016)], ids=["1027x1024", "3x1000", "4098x1016"])
+def test_layer_norm_staged_rows_per_cta(m, n):
+    """LayerNorm forward's staged plan of several rows a CTA (1k: four rows of 32 threads, held): each row group
+    stages and reads its own copy of the weight and bias (session 14: no CTA barrier before the rows load);
+    row counts that leave the last CTA's groups partly empty, with and without the affine parameters."""
+    _check_ln_forward(BF16, m, n, no_affine=True)
+
+
 @pytest.mark.parametrize("m,n", LONG16, ids=[f"{m}x{n}" for m, n in LONG16])
 def test_cluster16_forwards(m, n):
     """Session 14's 16-CTA forward plans (RMSNorm from 128k, LayerNorm / softmax / log-softmax past 128k) on
