@@ -142,11 +142,12 @@ def _staged(tiling: RowTiling, cluster: int, vec: int, bwd: bool, prefetch: bool
 
 
 def staged_candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: bool = False) -> list[HeldRowPlan]:
-    """Shared-memory staged plans: CTAs of 128 or 256 threads (one row each), 32-128 elements per
+    """Shared-memory staged plans: CTAs of 128, 256 or 512 threads (one row each), 32-128 elements per
     thread, clusters of 1-MAX_SWEEP_CLUSTER, no more than 2x padding; CTAs per SM as shared memory allows (the
-    kernels ask ptxas for that many); `prefetch`: double-buffered."""
+    kernels ask ptxas for that many); `prefetch`: double-buffered. (512 threads since session 14: on 16-CTA
+    clusters a 256k row at 32 elements a thread, e.g. the LayerNorm forward holding it at 64 registers.)"""
     out = []
-    for tpr in (128, 256):
+    for tpr in (128, 256, 512):
         for elems in (32, 64, 128):
             cluster = 1
             while tpr * elems * cluster < n:
