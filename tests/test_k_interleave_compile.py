@@ -49,3 +49,32 @@ def test_refusals():
         fp8.check(fp8.resolve({**base, "epi_stages": 3}))
     s = GemmSchedule(kind="pingpong", tile_m=64, tile_n=64, cluster_m=1, k_interleave=True)
     assert s.exchange_fits(2) and str(s).count("_ki") == 1
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4, 7, 8])
+def test_ring_positions_cover_every_stage_once(stages):
+    """The kernel's bookkeeping, modelled: at tile t (ring base kbase = sum of the earlier tiles' K-blocks)
+    warpgroup w reads positions kbase + w, + 2, ... ((K + 1 - w) // 2 of them), its state built from the
+    position (`gemm._ring_state`: stage pos mod stages, phase pos div stages mod 2). Every position the
+    producer fills is read by exactly one warpgroup, each warpgroup's in order, and the built state equals
+    the one a consumer stepping one stage at a time from 0 would hold there."""
+    def stepped(pos):  # PipelineState.advance() pos times from the consumer's start (index 0, phase 0)
+        index = phase = 0
+        for _ in range(pos):
+            index += 1
+            if index == stages:
+                index, phase = 0, phase ^ 1
+        return index, phase
+
+    for ks in ([1], [2], [3, 1, 4], [9, 9], [56, 7, 1, 2]):
+        kbase, seen = 0, []
+        for k in ks:
+            for w in (0, 1):
+                mine = (k + 1 - w) // 2
+                pos = [kbase + w + 2 * j for j in range(mine)]
+                assert all(p < kbase + k for p in pos)
+                for p in pos:
+                    assert (p % stages, (p // stages) % 2) == stepped(p)
+                seen += pos
+            kbase += k
+        assert sorted(seen) == list(range(kbase))
