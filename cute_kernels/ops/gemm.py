@@ -92,33 +92,44 @@ def _operand(x3: torch.Tensor, k_dim: int):
     return buf[:, :, :k].permute(1, 2, 0), "k"
 
 
-def _compiled(dtype, out_dtype, a_major, b_major, activation, has_bias, sched: GemmSchedule, device):
+def _compiled(dtype, out_dtype, a_major, b_major, activation, has_bias, sched: GemmSchedule, device,
+              source: bool = False, scale: bool = False):
     # Keyed by the schedule's identity (hashing the dataclass costs more than the lookup; the
     # default schedules come from an lru_cache, so equal ones are the same object); the entry keeps
     # the schedule alive so its id cannot be reused.
-    key = (dtype, out_dtype, a_major, b_major, activation, has_bias, id(sched), device)
+    key = (dtype, out_dtype, a_major, b_major, activation, has_bias, id(sched), device, source, scale)
     hit = _fns.get(key)
     if hit is None:
         from cute_kernels.specs_gemm import GEMM, params_for
 
         fn = GEMM.compiled(**params_for(sched, dtype=dtypes.name_of(dtype), out_dtype=dtypes.name_of(out_dtype),
                                         a_major="k" if a_major == "k" else "m", b_major="k" if b_major == "k" else "n",
-                                        activation=activation, bias=has_bias))
+                                        activation=activation, bias=has_bias, source=source, scale=scale))
         hit = _fns[key] = (fn, num_sms(device), sched)
     return hit
 
 
-def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: GemmSchedule | None = None):
+def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: GemmSchedule | None = None,
+               alpha: float = 1.0, beta: float = 0.0, c: torch.Tensor | None = None):
+    """The op's CUDA body; also the kernel's whole epilogue, act(alpha * (a @ b) + beta * c + bias), with `alpha`,
+    `beta` and `c` (the output's shape, any strides, cast to the output dtype) beyond the op's signature."""
     activation = activation or "none"
     _check(a, b, bias, activation, out_dtype)
     out_dtype = out_dtype or a.dtype
     shape = _out_shape(a, b)
+    if c is not None and tuple(c.shape) != tuple(shape):
+        raise ValueError(f"c must have the output's shape {tuple(shape)}, got {tuple(c.shape)}")
+    if c is not None and c.device != a.device:
+        raise ValueError(f"c is on {c.device} but a is on {a.device}")
+    source, scale = c is not None and beta != 0.0, alpha != 1.0
     m, n, k = a.shape[-2], b.shape[-1], a.shape[-1]
     batch = shape[0] if len(shape) == 3 else 1
     if m == 0 or n == 0 or batch == 0:
         return torch.empty(shape, dtype=out_dtype, device=a.device)
     if k == 0:
         out = torch.zeros(shape, dtype=torch.float32, device=a.device)
+        if source:
+            out = out + beta * c.float()
         if bias is not None:
             out = out + bias.float()
         return _act_torch(out, activation).to(out_dtype)
@@ -144,7 +155,10 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
     sched = schedule or default_schedule(rows, n, k)
     if sched.split_k > 1:
         sched = _clamp_split(sched, k)
-    fn, sms, _ = _compiled(a.dtype, out_dtype, a_major, b_major, activation, bias is not None, sched, a.get_device())
+    if source and sched.split_k > 1:  # the split-K epilogues do not read C: the unsplit tile
+        sched = _unsplit(sched)
+    fn, sms, _ = _compiled(a.dtype, out_dtype, a_major, b_major, activation, bias is not None, sched, a.get_device(),
+                           source, scale)
     if bias is None:
         bkey = (out_dtype, a.get_device())
         bias_t = _dummy_bias.get(bkey)
@@ -154,10 +168,14 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
         bias_t = bias if bias.dtype == out_dtype else bias.to(out_dtype)
     tm, tn = -(-rows // sched.tile_m), -(-n // sched.tile_n)
     max_clusters = launch_clusters(tm, tn, lb, sched, sms, a.get_device())
+    c3 = d
+    if source:  # c as the kernel's (rows, n, L) view, like d
+        cc = c.to(out_dtype).reshape(lb, rows, n)
+        c3 = cc.permute(1, 2, 0)
     if sched.split_k > 1:
-        _split_k(fn, av, bv, out_buf, bias_t, sched, max_clusters, sms)
+        _split_k(fn, av, bv, out_buf, bias_t, sched, max_clusters, sms, alpha)
     else:
-        fn(av, bv, d, d, bias_t, 1.0, 0.0, max_clusters)
+        fn(av, bv, d, c3, bias_t, float(alpha), float(beta) if source else 0.0, max_clusters)
     out = out_buf if npad == n else out_buf[:, :, :n]
     if batch_fold:
         return out.view(batch, m, n) if npad == n else out.reshape(batch, m, n)
@@ -196,7 +214,12 @@ def split_buffers(sched: GemmSchedule, batch: int, rows: int, npad: int, device)
     return ws, flags
 
 
-def _split_k(fn, av, bv, out_buf, bias_t, sched: GemmSchedule, max_clusters, sms):
+@functools.lru_cache(maxsize=256)
+def _unsplit(sched: GemmSchedule) -> GemmSchedule:
+    return dataclasses.replace(sched, split_k=1, split_fixup=False)
+
+
+def _split_k(fn, av, bv, out_buf, bias_t, sched: GemmSchedule, max_clusters, sms, alpha=1.0):
     """Split-K launch: a fresh fp32 workspace (S, L, M, Np) per call, the GEMM's partials into it,
     the summing pass into out_buf (L, M, Np); with `sched.split_fixup` the GEMM's last split of each
     tile sums them itself (one launch)."""
@@ -205,10 +228,10 @@ def _split_k(fn, av, bv, out_buf, bias_t, sched: GemmSchedule, max_clusters, sms
     lb, rows, npad = out_buf.shape
     ws, flags = split_buffers(sched, lb, rows, npad, out_buf.device)
     if flags is not None:
-        fn(av, bv, out_buf.permute(1, 2, 0), ws.permute(1, 2, 0), flags, bias_t, 1.0, max_clusters)
+        fn(av, bv, out_buf.permute(1, 2, 0), ws.permute(1, 2, 0), flags, bias_t, float(alpha), max_clusters)
         return
     reduce_ctas = REDUCE_SCHEDULE.grid(out_buf.numel() // REDUCE_VEC, sms)
-    fn(av, bv, out_buf.permute(1, 2, 0), ws.permute(1, 2, 0), bias_t, 1.0, max_clusters, reduce_ctas)
+    fn(av, bv, out_buf.permute(1, 2, 0), ws.permute(1, 2, 0), bias_t, float(alpha), max_clusters, reduce_ctas)
 
 
 def _act_torch(x, activation):
