@@ -256,7 +256,15 @@ def default_fp8_schedule(m: int, n: int, k: int, kind: str | None = None, num_sm
         t = estimate(s, m, n, k, batch, num_sms, coop_epilogue_k=0) * _eff_correction(s)
         if best is None or t < best[0] * 0.999:
             best = (t, s)
-    return _narrowed(best[1], m, n, num_sms, batch) if narrow else best[1]
+    s = _narrowed(best[1], m, n, num_sms, batch) if narrow else best[1]
+    if narrow:  # dense GEMMs on small grids: both warpgroups on each tile (`schedules.gemm.K_INTERLEAVE_DEFAULT`)
+        from schedules.gemm import interleaved
+
+        t = interleaved(s, m, n, num_sms, batch)
+        if t is not s:
+            s = fp8_schedule(t.kind, t.tile_m, t.tile_n, cluster_m=t.cluster_m, cluster_n=t.cluster_n,
+                             k_interleave=True)
+    return s
 
 
 # Small grids: a 64-row ping-pong tile that leaves most SMs idle is narrowed (64 -> 32 -> 16 columns) while

@@ -486,6 +486,23 @@ def best_split(s: GemmSchedule, m: int, n: int, k: int, batch: int = 1, num_sms:
     return best
 
 
+# `k_interleave` as the default on small-M grids (both ping-pong warpgroups on each tile): off until the H200 has
+# run tests/test_k_interleave_gpu.py and the suites' "ours k-interleave (small M)" columns (built in session 14).
+K_INTERLEAVE_DEFAULT = False
+
+
+def interleaved(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int = 1) -> GemmSchedule:
+    """`s` with `k_interleave` where K_INTERLEAVE_DEFAULT is on and it applies: an unsplit ping-pong 64 x <= 64
+    tile whose grid gives no CTA more than one tile (there the second warpgroup has nothing else to do)."""
+    if (not K_INTERLEAVE_DEFAULT or s.kind != "pingpong" or s.tile_m != 64 or s.tile_n > 64 or s.split_k > 1
+            or s.k_interleave):
+        return s
+    tiles = -(-m // s.tile_m) * -(-n // s.tile_n) * batch
+    if tiles > cluster_slots(s, num_sms) * s.cluster_size:
+        return s
+    return dataclasses.replace(s, k_interleave=True)
+
+
 @functools.lru_cache(maxsize=4096)
 def default_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: int = 132) -> GemmSchedule:
     """A good schedule for an (m, n, k) problem without measuring (`cute-kernels schedules gemm`
@@ -504,7 +521,8 @@ def default_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: i
             if best is None or t < best[0] * 0.999:
                 best = (t, s)
             break  # the first cluster shape that fits is the preferred one
-    return best_split(best[1], m, n, k, 1, num_sms)  # split-K when the grid leaves SMs idle
+    # split-K when the grid leaves SMs idle; else, on such grids, both warpgroups on each tile (`interleaved`)
+    return interleaved(best_split(best[1], m, n, k, 1, num_sms), m, n, num_sms)
 
 
 def pipeline_variants(d: GemmSchedule, m: int, n: int) -> dict[str, GemmSchedule]:

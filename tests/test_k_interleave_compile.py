@@ -78,3 +78,27 @@ def test_ring_positions_cover_every_stage_once(stages):
                 seen += pos
             kbase += k
         assert sorted(seen) == list(range(kbase))
+
+
+def test_default_only_where_switched_on(monkeypatch):
+    """`K_INTERLEAVE_DEFAULT` off: the defaults never interleave. On: the bf16 and FP8 small-M defaults whose grid
+    gives each CTA at most one tile interleave, the others do not (8192^3, the 128x7168 ping-pong 64x128 tile)."""
+    import schedules.gemm as G
+    from schedules.fp8_gemm import default_fp8_schedule
+
+    shapes = [(64, 4096, 4096), (64, 2112, 7168), (128, 7168, 2048), (8192, 8192, 8192), (1024, 4096, 4096)]
+    for m, n, k in shapes:
+        assert not G.default_schedule(m, n, k).k_interleave and not default_fp8_schedule(m, n, k).k_interleave
+    monkeypatch.setattr(G, "K_INTERLEAVE_DEFAULT", True)
+    G.default_schedule.cache_clear()
+    default_fp8_schedule.cache_clear()
+    try:
+        assert G.default_schedule(64, 4096, 4096).k_interleave  # 64 tiles of 64x64 on 132 SMs
+        assert not G.default_schedule(8192, 8192, 8192).k_interleave
+        assert not G.default_schedule(128, 7168, 2048).k_interleave  # ping-pong 64x128: no room for the partial
+        fp8 = default_fp8_schedule(64, 2112, 7168)  # narrowed to 64x16: 132 tiles
+        assert fp8.k_interleave and fp8.tile_n <= 64
+        assert not default_fp8_schedule(1024, 4096, 4096).k_interleave
+    finally:
+        G.default_schedule.cache_clear()
+        default_fp8_schedule.cache_clear()
