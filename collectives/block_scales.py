@@ -121,6 +121,9 @@ class BlockScales:
     tid: object = None  # sb_smem: thread index among the SB_SMEM_THREADS loaders
     bar: object = None  # sb_smem: named barrier of the loaders
     k0: object = 0  # split-K: the first K-block of this unit (the mainloop counts its K-blocks from 0)
+    # `k_interleave` with `sb_ahead`: the last K-block; a prefetch past it (a warpgroup whose next K-block does not
+    # exist: the read-ahead of the last one, or warpgroup 1 of a one-K-block tile) reads that one instead
+    k_last: object = None
 
     @staticmethod
     def create(tCcC: cute.Tensor, slots, sSA: cute.Tensor, mSB: cute.Tensor, n0, batch, sSB: cute.Tensor = None,
@@ -159,6 +162,8 @@ class BlockScales:
         """The B scales of K-block k: global loads (issue them before waiting for the stage), or,
         with sb_smem, just k (`fetch` reads the staged row)."""
         k = k + self.k0
+        if cutlass.const_expr(self.k_last is not None):
+            k = cutlass.min(k, self.k_last)
         if cutlass.const_expr(self.staged):
             v = cute.make_tensor(self.sSB.iterator + k * self.n_blocks, cute.make_layout(self.n_blocks)).load()
             return [v[j] for j in range(self.n_blocks)]

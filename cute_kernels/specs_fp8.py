@@ -73,9 +73,10 @@ class Fp8GemmSpec(KernelSpec):
             if err:
                 raise ValueError(err)
         if s.k_interleave:
-            if p["promote_overlap"] or p["sb_smem"] or p["wg_turns"] or p["promote_halves"] or p["sb_ahead"]:
+            if p["promote_overlap"] or p["sb_smem"] or p["wg_turns"] or p["promote_halves"]:
                 raise ValueError("k_interleave (two warpgroups on a tile's alternate K-blocks) runs the plain "
-                                 "promotion: not with promote_overlap, sb_smem, wg_turns, promote_halves or sb_ahead")
+                                 "promotion (with or without sb_ahead): not with promote_overlap, sb_smem, wg_turns "
+                                 "or promote_halves")
             if not s.exchange_fits(dtypes.cutlass_of(p["out_dtype"]).width // 8):
                 raise ValueError(f"k_interleave: warpgroup 1's {s.tile_m}x{s.tile_n} fp32 partial does not fit its "
                                  f"{s.epi_stages} epilogue buffers")

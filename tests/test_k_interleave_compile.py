@@ -14,7 +14,8 @@ from tests.helpers import sass_or_skip
 
 CASES = [("gemm", {"tile_n": 64, "cluster_m": 1, "cluster_n": 2}), ("gemm", {"tile_n": 32, "cluster_m": 2}),
          ("gemm", {"tile_n": 64, "cluster_m": 1, "bias": True, "activation": "silu", "out_dtype": "fp32"}),
-         ("fp8_gemm", {"tile_n": 64, "cluster_m": 1}), ("fp8_gemm", {"tile_n": 16, "cluster_m": 2})]
+         ("fp8_gemm", {"tile_n": 64, "cluster_m": 1}), ("fp8_gemm", {"tile_n": 16, "cluster_m": 2}),
+         ("fp8_gemm", {"tile_n": 32, "cluster_m": 1, "sb_ahead": True})]
 
 
 def _compile(name, over, tmp_path):
@@ -42,9 +43,10 @@ def test_refusals():
             GemmSchedule(**bad, k_interleave=True)
     fp8 = catalog.get("fp8_gemm")
     base = {"schedule": "pingpong", "tile_m": 64, "tile_n": 64, "cluster_m": 1, "k_interleave": True}
-    for opt in ("promote_overlap", "sb_ahead"):
-        with pytest.raises(ValueError, match="k_interleave"):
+    for opt in ("promote_overlap", "wg_turns", "promote_halves"):
+        with pytest.raises(ValueError, match="k_interleave|wg_turns|promote_halves"):
             fp8.check(fp8.resolve({**base, opt: True}))
+    fp8.check(fp8.resolve({**base, "sb_ahead": True}))  # the B scales a K-block ahead: allowed (clamped)
     with pytest.raises(ValueError, match="k_interleave"):  # 3 epilogue buffers: 12 KiB < the 16 KiB partial
         fp8.check(fp8.resolve({**base, "epi_stages": 3}))
     s = GemmSchedule(kind="pingpong", tile_m=64, tile_n=64, cluster_m=1, k_interleave=True)

@@ -59,14 +59,19 @@ def test_bf16_fused_epilogue(activation):
 FP8_SHAPES = [(64, 2112, 7168), (128, 4096, 1152), (1, 96, 128), (77, 520, 1000), (512, 2048, 256)]
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["plain", "sb_ahead"])
 @pytest.mark.parametrize("tile_n", [64, 32, 16])
 @pytest.mark.parametrize("m,n,k", FP8_SHAPES, ids=lambda v: str(v))
-def test_fp8(tile_n, m, n, k):
+def test_fp8(tile_n, m, n, k, ahead):
+    """With `sb_ahead` the read-ahead past a warpgroup's last K-block (and warpgroup 1's only one at K = 128) is
+    clamped to the tile's last K-block (`BlockScales.k_last`)."""
     cm = 2 if m > 64 else 1
     a, sa, b, sb = _fp8_inputs(m, n, k)
     _poison_allocator(m * n * 4 * 8)
     ki = fp8_schedule("pingpong", 64, tile_n, cluster_m=cm, k_interleave=True)
-    out = _fp8_gemm_cuda(a, sa, b, sb, schedule=ki)
+    out = _fp8_gemm_cuda(a, sa, b, sb, schedule=ki, sb_ahead=ahead)
+    if ahead:  # the same products and promotions in the same order: bitwise the plain interleave
+        assert out.equal(_fp8_gemm_cuda(a, sa, b, sb, schedule=ki, sb_ahead=False))
     _fp8_check(out, a, sa, b, sb)
     plain = _fp8_gemm_cuda(a, sa, b, sb, schedule=fp8_schedule("pingpong", 64, tile_n, cluster_m=cm))
     assert rel_err(out, plain) < 1e-2
@@ -78,7 +83,7 @@ def test_refusals():
     with pytest.raises(ValueError, match="k_interleave"):
         GemmSchedule(kind="pingpong", tile_m=64, tile_n=128, k_interleave=True)
     a, sa, b, sb = _fp8_inputs(64, 256, 512)
-    with pytest.raises(ValueError, match="k_interleave"):
+    with pytest.raises(ValueError, match="k_interleave|promote_overlap"):
         _fp8_gemm_cuda(a, sa, b, sb, schedule=fp8_schedule("pingpong", 64, 64, cluster_m=1, k_interleave=True),
                        promote_overlap=True)
     assert torch.cuda.is_available()

@@ -29,6 +29,8 @@ Everything else (pipeline, promotion, epilogue) is the blockwise kernel.
 
 from __future__ import annotations
 
+import dataclasses
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -501,8 +503,10 @@ class Gemm:
                     if cutlass.const_expr(self.blockwise):
                         scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te, None, tid,
                                                                  None, cwg)
+                        if cutlass.const_expr(self.sb_ahead):  # read-aheads past the tile's last K-block: clamped
+                            scales = dataclasses.replace(scales, k_last=cute.size(mSB, mode=[1]) - 1)
                         mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read, release, mine, scales,
-                                             None, False, 2)
+                                             None, self.sb_ahead, 2)
                     else:
                         mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, mine, 1, 2)
                     kbase = kbase + k_tiles

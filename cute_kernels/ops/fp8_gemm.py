@@ -193,7 +193,7 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
     sb_smem = sb_smem and k <= SB_SMEM_MAX_K
     if sb_ahead is None:
         sb_ahead = SB_AHEAD_DEFAULT
-    sb_ahead = sb_ahead and not (sb_smem or promote_halves or sched.k_interleave)  # scales from global only
+    sb_ahead = sb_ahead and not (sb_smem or promote_halves)  # scales from global only
     fn, sms = _compiled(out_dtype, sched, a.get_device(), promote_overlap, sb_smem,
                         wg_turns and sched.kind == "cooperative", promote_halves, sb_ahead)
     max_clusters = launch_clusters(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms, a.get_device())
