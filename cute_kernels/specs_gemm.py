@@ -123,7 +123,8 @@ GEMM = GemmSpec(
         "tile_k": Param(_d.tile_k, (32, 64, 128), help="K-block per pipeline stage"),
         "cluster_m": Param(_d.cluster_m, (1, 2, 4), help="CTAs per cluster along M (share B by multicast)"),
         "cluster_n": Param(_d.cluster_n, (1, 2, 4), help="CTAs per cluster along N (share A by multicast)"),
-        "stages": Param(_d.stages, (0, 2, 3, 4, 5, 6, 7, 8), help="A/B smem stages (0: as many as fit)"),
+        "stages": Param(_d.stages, tuple([0] + list(range(2, 17))), help="A/B smem stages (0: as many as fit, at most "
+                        "8; more only when asked: small tiles, latency-bound grids)"),
         "raster_group": Param(_d.raster_group, (1, 2, 4, 8, 16), help="cluster-rows per raster group"),
         "persistent": Param(_d.persistent, (True, False), help="persistent CTAs walking tiles, or one tile each"),
         "split_k": Param(_d.split_k, tuple(range(1, 17)),

@@ -68,6 +68,17 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
                 options.append(col)
             fns[col] = functools.partial(_gemm_cuda, a, b, schedule=dataclasses.replace(d, tile_n=32, split_k=1,
                                                                                          split_fixup=False))
+            # a deeper A/B ring (more than `num_stages`' 8: 12 stages of 64x64): PC sampling here had 61 % of the
+            # samples waiting on the full barrier, i.e. too few bytes in flight a CTA on 64 of 132 SMs (session 14)
+            deep = max((st for st in range(9, 17) if dataclasses.replace(d, stages=st, split_k=1,
+                                                                          split_fixup=False).fits()), default=None)
+            if deep:
+                col = "ours deep ring (small M)"
+                if col not in options:
+                    options.append(col)
+                fns[col] = functools.partial(_gemm_cuda, a, b, schedule=dataclasses.replace(
+                    d, stages=deep, split_k=1, split_fixup=False))
+                same += f"; deep ring: {deep} stages"
             # both ping-pong warpgroups on each tile, every other K-block (`k_interleave`, session 14): the other
             # warpgroup idles at one tile a CTA (PC sampling here: 61 % of samples waiting on the full barrier)
             col = "ours k-interleave (small M)"

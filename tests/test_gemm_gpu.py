@@ -334,3 +334,15 @@ def test_alpha_beta_c_batched_fp32_and_split():
     torch.testing.assert_close(k0, torch.relu(2.0 * c0.float() + bias0.float()).to(k0.dtype))
     with pytest.raises(ValueError, match="c must have the output's shape"):
         _gemm_cuda(a2, b2, beta=1.0, c=randn(300, 263))
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 4096, 4096), (100, 1000, 1032), (1, 256, 64)])
+def test_deep_ring_bitwise(m, n, k):
+    """12 A/B stages of the small-M 64x64 ping-pong tile (the suite's "deep ring" column; `num_stages` stops at 8):
+    the same WGMMAs in the same K order, so bitwise the 8-stage kernel's output."""
+    s = GemmSchedule(kind="pingpong", tile_m=64, tile_n=64, cluster_m=1, cluster_n=1)
+    a, b = randn(m, k), randn(k, n)
+    _poison_allocator(m * n * 2)
+    out = _gemm_cuda(a, b, schedule=dataclasses.replace(s, stages=12))
+    assert out.equal(_gemm_cuda(a, b, schedule=s))
+    _check(out, a, b)
