@@ -428,6 +428,7 @@ class Gemm:
             tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
             acc = cute.make_rmem_tensor(thr_mma.partition_C(gD[(None, None, 0, 0, 0)]).shape, self.acc_dtype)
             tCcC = thr_mma.partition_C(cute.make_identity_tensor((s.tile_m, s.tile_n)))
+            temp = temp2 = halves_args = None  # the promoted mainloops' temporaries (`_mainloop`)
             if cutlass.const_expr(self.blockwise):
                 if cutlass.const_expr(self.promote_halves):
                     # two half-width temporaries and their operands: B's column halves [0, N/2), [N/2, N)
@@ -442,6 +443,7 @@ class Gemm:
                     hl = cute.make_layout(c_half.shape)
                     halves = tuple(cute.make_tensor(both.iterator + h * cute.size(c_half), hl) for h in range(2))
                     to_acc = half_index_map(tiled_mma, half_mma, s.tile_m, s.tile_n)
+                    halves_args = (half_mma, half_set, halves, tCrA_h, tCrB_h, to_acc)
                     accumulate_mode(half_mma)
                     half_set.set(warpgroup.Field.ACCUMULATE, False)  # each K-block's first WGMMA overwrites
                 else:
@@ -505,10 +507,10 @@ class Gemm:
                                                                  None, cwg)
                         if cutlass.const_expr(self.sb_ahead):  # read-aheads past the tile's last K-block: clamped
                             scales = dataclasses.replace(scales, k_last=cute.size(mSB, mode=[1]) - 1)
-                        mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read, release, mine, scales,
-                                             None, self.sb_ahead, 2)
                     else:
-                        mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, mine, 1, 2)
+                        scales = None
+                    self._mainloop(tiled_mma, acc, temp, temp2, halves_args, tCrA, tCrB, pipe, read, release, mine,
+                                   scales, None, 2)
                     kbase = kbase + k_tiles
                     if cwg == 1:
                         xfree.arrive_and_wait()  # warpgroup 0 has added the previous tile's partial
@@ -533,14 +535,10 @@ class Gemm:
                         if cutlass.const_expr(self.blockwise):  # this split's K-blocks, promoted as unsplit
                             scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te, sSB, tid,
                                                                      scale_bar, k0)
-                            if cutlass.const_expr(self.promote_overlap):
-                                read, release = mma_k_tiles_promoted_overlap(tiled_mma, acc, temp, temp2, tCrA, tCrB, pipe,
-                                                                             read, release, kn, scales, self.sb_ahead)
-                            else:
-                                read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read,
-                                                                     release, kn, scales, turns, self.sb_ahead)
                         else:
-                            read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, kn)
+                            scales = None
+                        read, release = self._mainloop(tiled_mma, acc, temp, temp2, halves_args, tCrA, tCrB, pipe,
+                                                       read, release, kn, scales, turns)
                         if cutlass.const_expr(s.kind == "pingpong"):
                             their_turn.arrive()
                             _, k_next = walk.k_range(i + 1, k_tiles, s)  # the other warpgroup's next unit
@@ -558,19 +556,10 @@ class Gemm:
                             if cutlass.const_expr(self.blockwise):
                                 scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te,
                                                                          sSB, tid, scale_bar)
-                                if cutlass.const_expr(self.promote_halves):
-                                    read, release = mma_k_tiles_promoted_halves(half_mma, half_set, acc, halves, tCrA_h,
-                                                                                tCrB_h, pipe, read, release, k_tiles,
-                                                                                scales, to_acc)
-                                elif cutlass.const_expr(self.promote_overlap):
-                                    read, release = mma_k_tiles_promoted_overlap(tiled_mma, acc, temp, temp2, tCrA, tCrB,
-                                                                                 pipe, read, release, k_tiles, scales,
-                                                                                 self.sb_ahead)
-                                else:
-                                    read, release = mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read,
-                                                                         release, k_tiles, scales, turns, self.sb_ahead)
                             else:
-                                read, release = mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, k_tiles)
+                                scales = None
+                            read, release = self._mainloop(tiled_mma, acc, temp, temp2, halves_args, tCrA, tCrB, pipe,
+                                                           read, release, k_tiles, scales, turns)
                             if cutlass.const_expr(s.kind == "pingpong"):
                                 their_turn.arrive()  # hand the tensor cores over; our epilogue overlaps their mainloop
                                 read.advance(k_tiles)
@@ -583,6 +572,24 @@ class Gemm:
                                                      gD_tile, s.epi_tile, self.out_dtype, d_major,
                                                      epi_bar, is_store_warp, store_pipe)
             store_pipe.producer_tail()
+
+    def _mainloop(self, tiled_mma, acc, temp, temp2, halves_args, tCrA, tCrB, pipe, read, release, k_count, scales,
+                  turns, k_step: int = 1):
+        """acc over `k_count` K-blocks of the ring from `read` / `release`: the bf16 mainloop, or the FP8 promoted
+        one this kernel was built with (halves, overlap, or plain with `turns` / `sb_ahead`); every K-block path
+        (a tile, a split-K unit, a `k_interleave` warpgroup's share: `k_step`) calls this one choice. Returns the
+        advanced (read, release)."""
+        if cutlass.const_expr(not self.blockwise):
+            return mma_k_tiles(tiled_mma, acc, tCrA, tCrB, pipe, read, release, k_count, 1, k_step)
+        if cutlass.const_expr(self.promote_halves):
+            half_mma, half_set, halves, tCrA_h, tCrB_h, to_acc = halves_args
+            return mma_k_tiles_promoted_halves(half_mma, half_set, acc, halves, tCrA_h, tCrB_h, pipe, read, release,
+                                               k_count, scales, to_acc)
+        if cutlass.const_expr(self.promote_overlap):
+            return mma_k_tiles_promoted_overlap(tiled_mma, acc, temp, temp2, tCrA, tCrB, pipe, read, release, k_count,
+                                                scales, self.sb_ahead)
+        return mma_k_tiles_promoted(tiled_mma, acc, temp, tCrA, tCrB, pipe, read, release, k_count, scales, turns,
+                                    self.sb_ahead, k_step)
 
     @cute.jit
     def _fixup(self, acc: cute.Tensor, tCcC: cute.Tensor, mW: cute.Tensor, flags: cute.Tensor, last_flag: cute.Tensor,
