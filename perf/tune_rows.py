@@ -217,29 +217,22 @@ def _holdable(p: HeldRowPlan, vec: int = 8) -> bool:
     return p.staging == "smem" and not p.hold and p.tiling.unroll * vec <= HOLD_ELEMS
 
 
-def _timed_with(obj, attr: str, value, fn, what: str):
+def _timed_with(obj, attr: str, value, fn, what: str, output: bool = False):
     """Median ms of `fn()` (`fn` builds the timed call) with `obj.attr` set to `value`, restored
-    after; None (reported) when the call fails."""
+    after; None (reported) when the call fails. `output`: (ms, one more call's output as fp32, a backward's
+    dx), from the same built call (inputs made once); (None, None) when it fails."""
     orig = getattr(obj, attr)
     setattr(obj, attr, value)
     try:
-        return H.do_bench(fn())["median_ms"]
+        call = fn()
+        ms = H.do_bench(call)["median_ms"]
+        if not output:
+            return ms
+        out = call()
+        return ms, (out[0] if isinstance(out, tuple) else out).float()
     except Exception as e:
         H.progress(f"  {what}: {type(e).__name__}: {str(e)[:120]}")
-        return None
-    finally:
-        setattr(obj, attr, orig)
-
-
-def _output_with(obj, attr: str, value, fn):
-    """One call's output (a backward's dx) with `obj.attr` set to `value` (restored after); None when it fails."""
-    orig = getattr(obj, attr)
-    setattr(obj, attr, value)
-    try:
-        out = fn()()
-        return (out[0] if isinstance(out, tuple) else out).float()
-    except Exception:
-        return None
+        return (None, None) if output else None
     finally:
         setattr(obj, attr, orig)
 
@@ -334,14 +327,13 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
             def patch(name, dtype, nn, aligned, _p=p, _k=k):
                 return _p if name == _k else orig(name, dtype, nn, aligned)
 
-            t = _timed_with(R, "plan_for", patch, lambda: _call(k, n, m), f"{k} {n} {p}")
+            # every plan's output against the default's (fresh outputs: the timed call allocates them)
+            t, out = _timed_with(R, "plan_for", patch, lambda: _call(k, n, m), f"{k} {n} {p}", output=True)
             if t is None:
                 continue
-            # every plan's output against the default's (fresh outputs: the timed call allocates them)
-            out = _output_with(R, "plan_for", patch, lambda: _call(k, n, m))
-            if ref is None and out is not None:
+            if ref is None:  # the default's, or the first plan that ran
                 ref = out
-            errs[p] = _max_err(out, ref) if ref is not None else float("inf")
+            errs[p] = _max_err(out, ref)
             if errs[p] > ERR_OK:  # a wrong plan must never rank: report it, leave it out
                 H.progress(f"  {k} {n} {p}: WRONG, max err {errs[p]:.2e} against the default")
                 lines.append(f"| {k} | {n} | {p} WRONG | {p.ctas_per_sm} | | | | | {errs[p]:.2e} |")
