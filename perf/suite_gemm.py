@@ -52,6 +52,12 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
         if d.split_k > 1:
             fns["ours no split-K"] = functools.partial(_gemm_cuda, a, b, schedule=dataclasses.replace(d, split_k=1))
         same = ""
+
+        def option(col, sched):  # an experiment column (its "faster than ours" check decides a default)
+            if col not in options:
+                options.append(col)
+            fns[col] = functools.partial(_gemm_cuda, a, b, schedule=sched)
+
         split = d if d.split_k > 1 else next((c for c in candidates(m, n, k) if c.split_k > 1), None)
         if split is not None and m <= 256:
             fns["ours split-K"] = functools.partial(_gemm_cuda, a, b, schedule=split)
@@ -63,29 +69,17 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
         if m <= 256 and d.tile_m == 64 and d.tile_n == 64:
             # a 64x32 tile on a grid 64x64 leaves below a wave (64x4096x4096: 64 tiles -> 128; the FP8 GEMM's
             # narrowing measured 1.09-1.18x on such grids, session 13)
-            col = "ours 64x32 (small M)"
-            if col not in options:
-                options.append(col)
-            fns[col] = functools.partial(_gemm_cuda, a, b, schedule=dataclasses.replace(d, tile_n=32, split_k=1,
-                                                                                         split_fixup=False))
+            unsplit = dataclasses.replace(d, split_k=1, split_fixup=False)
+            option("ours 64x32 (small M)", dataclasses.replace(unsplit, tile_n=32))
             # a deeper A/B ring (more than `num_stages`' 8: 12 stages of 64x64): PC sampling here had 61 % of the
             # samples waiting on the full barrier, i.e. too few bytes in flight a CTA on 64 of 132 SMs (session 14)
-            deep = max((st for st in range(9, 17) if dataclasses.replace(d, stages=st, split_k=1,
-                                                                          split_fixup=False).fits()), default=None)
+            deep = max((st for st in range(9, 17) if dataclasses.replace(unsplit, stages=st).fits()), default=None)
             if deep:
-                col = "ours deep ring (small M)"
-                if col not in options:
-                    options.append(col)
-                fns[col] = functools.partial(_gemm_cuda, a, b, schedule=dataclasses.replace(
-                    d, stages=deep, split_k=1, split_fixup=False))
+                option("ours deep ring (small M)", dataclasses.replace(unsplit, stages=deep))
                 same += f"; deep ring: {deep} stages"
             # both ping-pong warpgroups on each tile, every other K-block (`k_interleave`, session 14): the other
             # warpgroup idles at one tile a CTA (PC sampling here: 61 % of samples waiting on the full barrier)
-            col = "ours k-interleave (small M)"
-            if col not in options:
-                options.append(col)
-            fns[col] = functools.partial(_gemm_cuda, a, b, schedule=dataclasses.replace(
-                d, split_k=1, split_fixup=False, k_interleave=True))
+            option("ours k-interleave (small M)", dataclasses.replace(unsplit, k_interleave=True))
         if m >= 1024:  # ping-pong with QuACK's 128x192 tile (192 accumulators a thread; in the model since session 14)
             pp192 = GemmSchedule(kind="pingpong", tile_m=128, tile_n=192, cluster_m=2)
             fns["ours pingpong 128x192"] = functools.partial(_gemm_cuda, a, b, schedule=pp192)
@@ -93,9 +87,7 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
             out = ck.gemm(a, b)
             for name, sched in pipeline_variants(d, m, n).items():
                 col = f"ours {name}"
-                if col not in options:
-                    options.append(col)
-                fns[col] = functools.partial(_gemm_cuda, a, b, schedule=sched)
+                option(col, sched)
                 same += f"; {col} bitwise {'=' if torch.equal(fns[col](), out) else '!='} ours"
         refs = {c: r["median_ms"] for c, r in H.do_bench_interleaved(fns).items()}
         t = refs.pop("ours")
