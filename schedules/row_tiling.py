@@ -269,14 +269,10 @@ _BWD_4K_PF = dict(target_elems=8, max_elems=8, min_threads=512, max_tpr=512, pre
 # CTAs per SM): H200 sweep of session 9 (perf/results/2026-11-30-h200-29048e7/tune_rows.md), 242.0 us
 # (3.33 TB/s) against 271.1 for the one-row t256 u4 default (1.12x) and 263.9 with smem accumulators.
 _LN_BWD_4K_ACCR = dict(target_elems=16, max_elems=16, min_threads=256, max_tpr=256, prefetch=True, acc_regs=True)
-# Rows past what the register plans hold (RMSNorm / LayerNorm forward and softmax backward past 128k,
-# the LayerNorm backward past 64k): staged in shared memory, 64 elements a thread, clusters of 8, the
-# forwards' CTAs widened to 512 threads (262144 bf16 elements: 64 KiB staged per tensor and CTA).
-# The norm backwards stop at 128k: their fp32 dweight/dbias accumulators and staged weight take
-# 320-448 KiB a CTA at 256k. Correctness plans, UNMEASURED for speed; 16-bit rows only (fp32 and
-# scalar rows keep the register plans).
+# Rows past what the tuned plans hold (the RMSNorm / LayerNorm forwards past 256k): staged in shared memory, 64
+# elements a thread, clusters of 8, CTAs of 512 threads (262144 bf16 elements: 64 KiB staged per tensor and CTA).
+# Correctness plans, UNMEASURED for speed; 16-bit rows only (fp32 and scalar rows keep the register plans).
 _LONG_FWD = dict(target_elems=64, max_elems=64, min_threads=512, max_tpr=512, staging="smem")
-_LONG_NORM_BWD = dict(_STAGED_NORM_BWD_RG, target_elems=64, max_elems=64)
 # The norm backwards past 128k: a non-portable cluster of 16 CTAs (Hopper allows 16 with the
 # attribute the DSL sets on every kernel), 32 elements a thread at 512 threads: x and dy staged
 # (64 KiB), the weight (32 KiB) and the fp32 dweight / dbias accumulators (64 KiB each): 160 KiB a
@@ -346,6 +342,17 @@ _C16_RMS_FWD_128K = dict(target_elems=64, max_elems=64, min_threads=128, max_tpr
                          cluster_sync="mbarrier", max_cluster=16)
 _C16_HOLD_FWD_256K = dict(target_elems=64, max_elems=64, min_threads=256, max_tpr=256, staging="smem",
                           cluster_sync="mbarrier", hold=True, max_cluster=16)
+# Session 15's H200 sweep of the norm backwards at 64k-128k (`perf.tune_rows --acc-regs both --resident-grid both
+# --cluster-sync mbarrier`; perf/results/2026-11-30-h200-e7feb6f/tune_rows_bwd_*; bf16, 256 MiB per tensor; outputs
+# within 4.7e-4 of the default's), each the best plan over the default: LayerNorm 128k one row of 512 threads x 32
+# elements held in registers, clusters of 8, one CTA per SM, 459.7 -> 385.7 us (the staged plan before it: 2 CTAs
+# an SM); RMSNorm 128k the same geometry staged, double-buffered, accumulators in registers, 333.5 -> 289.9;
+# RMSNorm 64k 512 threads x 16 elements in registers, clusters of 8 on mbarriers, accumulators in registers, 2 CTAs
+# per SM, 265.3 -> 225.2. No gain: LayerNorm 64k (1.001x), both at 256k (1.002-1.004x).
+_LN_BWD_128K = dict(target_elems=32, max_elems=32, min_threads=512, max_tpr=512, resident_grid=True)
+_RMS_BWD_128K = dict(_LN_BWD_128K, staging="smem", staged_rows=2, staged_regs=128, prefetch=True, acc_regs=True)
+_RMS_BWD_64K_ACCR = dict(target_elems=16, max_elems=16, min_threads=512, max_tpr=512, cluster_sync="mbarrier",
+                         resident_grid=True, acc_regs=True, regs_per_thread=64)
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
     "fwd": ((4096, _ONE_ROW_128), (8192, _FWD), (16384, dict(_STAGED_FWD_16K, regs=_FWD)),
@@ -370,14 +377,14 @@ HELD_TUNED = {
     "bwd": ((16384, _BWD), (32768, dict(_STAGED_BWD_32K, regs=_BWD)), (None, dict(_STAGED_BWD, regs=_BWD))),
     "rms_bwd": ((1024, dict(_BWD_1K, regs=_ONE_ROW_128)), (2048, _ONE_ROW_128), (4096, _BWD_4K_PF), (8192, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
                 (16384, dict(_RMS_BWD_16K, regs=dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128))),
-                (32768, dict(_RMS_BWD_32K, regs=_BWD)), (65536, dict(_RMS_BWD_64K, regs=dict(_BWD, resident_grid=True))),
-                (131072, dict(_BWD, resident_grid=True)),
+                (32768, dict(_RMS_BWD_32K, regs=_BWD)), (65536, dict(_RMS_BWD_64K_ACCR, regs=dict(_BWD, resident_grid=True))),
+                (131072, dict(_RMS_BWD_128K, regs=dict(_BWD, resident_grid=True))),
                 (None, dict(_LONG_NORM_BWD_16, regs=dict(_BWD, resident_grid=True)))),
     # 8k (and fp32 / scalar rows to 16k): 512-thread CTAs, two per SM in the grid (registers allow one
     # resident: the second wave balances the tail), measured at 16k before session 10: 2.08 -> 2.40 TB/s.
     "ln_bwd": ((1024, dict(_BWD_1K, regs=dict(_ONE_ROW_128, min_threads=256))), (2048, dict(_ONE_ROW_128, min_threads=256)), (4096, dict(_LN_BWD_4K_ACCR, regs=dict(_ONE_ROW_128, min_threads=256))), (8192, dict(_LN_BWD, regs_per_thread=64)),
                (16384, dict(_LN_BWD_16K_ACCR, regs=dict(_LN_BWD, regs_per_thread=64))), (32768, dict(_LN_BWD_32K_ACCR, regs=_LN_BWD)), (65536, dict(_LN_BWD_64K_ACCR, regs=dict(_LN_BWD, resident_grid=True))),
-               (131072, dict(_LONG_NORM_BWD, regs=_LN_BWD)), (None, dict(_LONG_NORM_BWD_16, regs=_LN_BWD))),
+               (131072, dict(_LN_BWD_128K, regs=_LN_BWD)), (None, dict(_LONG_NORM_BWD_16, regs=_LN_BWD))),
     # Cross-entropy backward: no reduction (lse is saved), a read-x / write-dx copy bound by bytes in
     # flight. UNMEASURED (CPU compile reports only; time with `perf.tune_rows --kernels
     # cross_entropy.bwd`): 64 elements (8 bf16 vectors, 128 B) per thread loaded together, 128-256
@@ -398,13 +405,14 @@ def held_settings(tuning: str, n: int) -> dict:
     raise AssertionError("the last entry of a HELD_TUNED family covers every row length")
 
 
-def plan_for_rows(tuning: str, n: int, vec: int) -> HeldRowPlan:
+def plan_for_rows(tuning: str, n: int, vec: int, staged: bool = True) -> HeldRowPlan:
     """The held-row plan of family `tuning` (a HELD_TUNED key) for rows of `n` elements in
     `vec`-element vectors; ValueError when no cluster holds the row. Staged settings give way to
-    their `regs` register settings for rows of other than 16-bit vectors (vec != 8)."""
+    their `regs` register settings for rows of other than 16-bit vectors (vec != 8) and where `staged`
+    is False (a signature whose operands leave the staged rows no room: `ops._rowwise.launch_params`)."""
     st = held_settings(tuning, n)
     if "regs" in st:
-        st = st["regs"] if vec != 8 else {k: v for k, v in st.items() if k != "regs"}
+        st = st["regs"] if vec != 8 or not staged else {k: v for k, v in st.items() if k != "regs"}
     return _plan(n, vec, st)
 
 

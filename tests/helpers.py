@@ -73,7 +73,7 @@ def run_with_plans(monkeypatch, plan_for, fn):
         m.setattr(R, "plan_for", plan_for)
         R._fns.clear()
         out = fn()
-        plans = {k[0]: k[4] for k in R._fns}
+        plans = {k[0]: plan for k, (_, plan) in R._fns.items()}
     R._fns.clear()
     return out, plans
 

@@ -281,14 +281,28 @@ def _grads(fn, inputs, dy):
     return [t.grad if t is not None else None for t in inputs]
 
 
-def _check_norm_backward(kind, dtype, m, n):
+def _check_norm_backward(kind, dtype, m, n, w_dtype=None):
+    """`w_dtype`: the weight's (and bias') dtype when not x's (torch's own then runs on them cast to x's)."""
     name = ("rmsnorm" if kind == "rms" else "layernorm") + ".bwd"
     if not _supported(name, n, dtype):
         pytest.skip(f"{name} holds rows up to {max_row_length(name, dtype)}")
     x = randn(m, n, dtype=dtype).requires_grad_()
-    w = randn(n, dtype=dtype).requires_grad_()
-    b = randn(n, dtype=dtype).requires_grad_() if kind == "layer" else None
+    w = randn(n, dtype=w_dtype or dtype).requires_grad_()
+    b = randn(n, dtype=w_dtype or dtype).requires_grad_() if kind == "layer" else None
     dy = randn(m, n, dtype=dtype)
+    if w_dtype not in (None, dtype):
+        ours = _grads(lambda x, w, b: ck.rms_norm(x, w, 1e-6) if kind == "rms" else ck.layer_norm(x, w, b, 1e-5),
+                      [x, w, b], dy)
+        xr, wr, br = (None if t is None else t.detach().double().requires_grad_() for t in (x, w, b))
+        x, w, b = (None if t is None else t.detach().to(dtype).requires_grad_() for t in (x, w, b))
+        theirs = _grads(lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6) if kind == "rms"
+                        else F.layer_norm(x, (n,), w, b, 1e-5), [x, w, b], dy)
+        ref = _grads(lambda x, w, b: _rms_ref(x, w, 1e-6) if kind == "rms" else _ln_ref(x, w, b, 1e-5),
+                     [xr, wr, br], dy.double())
+        for o, t, r, what in zip(ours, theirs, ref, ("dx", "dweight", "dbias")):
+            if o is not None:
+                check(o, r, t, f"{kind} {what} (weight {w_dtype})")
+        return
     if kind == "rms":
         ours = _grads(lambda x, w: ck.rms_norm(x, w, 1e-6), [x, w], dy)
         theirs = _grads(lambda x, w: F.rms_norm(x, (n,), w, 1e-6), [x, w], dy)
@@ -307,6 +321,25 @@ def _check_norm_backward(kind, dtype, m, n):
 @pytest.mark.parametrize("dtype,m,n", BWD_CASES, ids=_ids(BWD_CASES))
 def test_norm_backward(kind, dtype, m, n):
     _check_norm_backward(kind, dtype, m, n)
+
+
+# Session 15's plans (LayerNorm 128k held, RMSNorm 128k staged + double-buffered, RMSNorm 64k register accumulators;
+# rows past the resident clusters, so each cluster walks several): bf16 weights, fp32 weights (RMSNorm 128k then
+# runs its register plan: the staged one has no room, `ops._rowwise.fitted`), and RMSNorm without a weight.
+S15 = [("rms", 70, 65536), ("rms", 37, 131072), ("layer", 37, 131072)]
+
+
+@pytest.mark.parametrize("kind,m,n", S15, ids=[f"{k}-{m}x{n}" for k, m, n in S15])
+def test_norm_backward_plans_of_session15(kind, m, n):
+    _check_norm_backward(kind, BF16, m, n)
+    _check_norm_backward(kind, BF16, m, n, w_dtype=FP32)
+    if kind == "rms":
+        x, dy = randn(m, n).requires_grad_(), randn(m, n)
+        (dx,) = _grads(lambda x: ck.rms_norm(x, None, 1e-6), [x], dy)
+        xr = x.detach().double().requires_grad_()
+        xt = x.detach().clone().requires_grad_()
+        check(dx, _grads(lambda x: _rms_ref(x, None, 1e-6), [xr], dy.double())[0],
+              _grads(lambda x: F.rms_norm(x, (n,), None, 1e-6), [xt], dy)[0], "rms dx (no weight)")
 
 
 def test_norm_backward_with_residual():

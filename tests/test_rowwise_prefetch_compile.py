@@ -114,7 +114,7 @@ def test_kernels_without_the_pipeline_refuse_it():
 def test_plans():
     """Two staging buffers per row; the plan's name says pf; the planner passes it through; the
     production table asks for it only where the H200 sweeps measured it faster (the norm backwards at 4k
-    and 16k-64k)."""
+    and 16k-64k, RMSNorm's at 16k-32k and 128k)."""
     t = RowTiling(128, 128, 4)
     off, on = HeldRowPlan(t, 1, 2, "smem"), HeldRowPlan(t, 1, 2, "smem", prefetch=True)
     rows = (2, 2)
@@ -129,7 +129,8 @@ def test_plans():
     assert p.prefetch and p.ctas_per_sm <= q.ctas_per_sm
     asked = {(name, most) for name, fam in HELD_TUNED.items() for most, st in fam if st.get("prefetch")}
     assert asked == {("rms_bwd", 4096), ("ln_bwd", 4096), ("ln_bwd", 16384), ("ln_bwd", 32768), ("ln_bwd", 65536),
-                     ("rms_bwd", 16384), ("rms_bwd", 32768), ("rms_bwd", 65536)}, asked  # session 12: LayerNorm 64k
+                     ("rms_bwd", 16384), ("rms_bwd", 32768),
+                     ("rms_bwd", 131072)}, asked  # session 12: LayerNorm 64k; session 15: RMSNorm 128k, not 64k
     assert plan_for_kernel("rmsnorm.bwd", 4096, 8) == HeldRowPlan(RowTiling(512, 512, 1), 1, 2, prefetch=True)
 
 
@@ -150,8 +151,8 @@ def test_tuner_candidates():
 
 
 def test_the_default_prefetches_only_where_measured():
-    """The production plans prefetch only where the H200 sweeps measured it faster: the RMSNorm and
-    LayerNorm backwards at 4k and 16k-64k (bf16, aligned rows). A CPU
+    """The production plans prefetch only where the H200 sweeps measured it faster: the LayerNorm backward at 4k
+    and 16k-64k, the RMSNorm backward at 4k, 16k-32k and 128k (bf16, aligned rows). A CPU
     test (it sat in the GPU file, where CI never ran it, and failed first on the device in session 11)."""
     import torch
 
@@ -159,5 +160,6 @@ def test_the_default_prefetches_only_where_measured():
 
     for name in ("rmsnorm.bwd", "layernorm.bwd", "softmax.bwd", "log_softmax.bwd"):
         for n in (1024, 4096, 16384, 32768, 65536, 131072):
-            want = name in ("rmsnorm.bwd", "layernorm.bwd") and n in (4096, 16384, 32768, 65536)
+            want = (name == "layernorm.bwd" and n in (4096, 16384, 32768, 65536)
+                    or name == "rmsnorm.bwd" and n in (4096, 16384, 32768, 131072))
             assert R.plan_for(name, torch.bfloat16, n, True).prefetch == want, (name, n)

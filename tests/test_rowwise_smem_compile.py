@@ -108,29 +108,31 @@ def test_planner_capability():
 
     staged = {(fam, most) for fam, entries in HELD_TUNED.items() for most, st in entries if "staging" in st}
     assert staged == {("fwd", 131072), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536),
-                      ("ln_fwd", 131072), ("rms_bwd", 65536), ("ln_bwd", 65536),
+                      ("ln_fwd", 131072), ("ln_bwd", 65536),
                       # the 16k-32k band (session 10's sweep): RMSNorm and LayerNorm forwards from 8k
                       ("rms_fwd", 16384), ("ln_fwd", 16384), ("ln_fwd", 32768),
-                      # past the register plans (`_LONG_FWD`, `_LONG_NORM_BWD`): 128k-256k, LayerNorm bwd 64k-128k;
-                      # softmax forward 128k-256k re-reading a staged row (`_STAGED_FWD`)
-                      ("rms_fwd", None), ("ln_fwd", None), ("bwd", None), ("ln_bwd", 131072), ("fwd", 262144),
+                      # past the tuned plans (`_LONG_FWD`): the norm forwards past 256k; softmax forward 128k-256k
+                      # re-reading a staged row (`_STAGED_FWD`)
+                      ("rms_fwd", None), ("ln_fwd", None), ("bwd", None), ("fwd", 262144),
                       ("rms_fwd", 262144), ("ln_fwd", 262144),  # session 14: clusters of 16 at 128k-256k
                       ("bwd", 32768),  # the softmax backward at 16k-32k: one staged row of 16 vectors a thread
                       ("rms_bwd", None), ("ln_bwd", None),  # the norm backwards past 128k: clusters of 16
                       # session 11: LayerNorm fwd 1k (several staged rows a CTA), softmax fwd 16k, RMSNorm bwd 32k
-                      ("ln_fwd", 1024), ("fwd", 16384), ("rms_bwd", 32768)}
+                      ("ln_fwd", 1024), ("fwd", 16384), ("rms_bwd", 32768),
+                      ("rms_bwd", 131072)}  # session 15: RMSNorm bwd 128k staged, double-buffered (64k: registers)
     for fam in ("rms_fwd", "ln_fwd", "bwd"):
         assert plan_for_rows(fam, 262144, 8).staging == "smem"
         with pytest.raises(ValueError):  # fp32 rows keep the register settings: 128k at most
             plan_for_rows(fam, 262144, 4)
     assert plan_for_rows("bwd", 16384, 8).staging == "regs"  # the softmax backward: staged from 16k on
     assert all(plan_for_rows("bwd", n, 8).staging == "smem" for n in (16385, 32768, 131072))
-    assert plan_for_rows("ln_bwd", 131072, 8).staging == "smem"
+    assert plan_for_rows("ln_bwd", 131072, 8).staging == "regs"  # session 15: held, one CTA per SM
+    assert plan_for_rows("rms_bwd", 65536, 8).staging == "regs"  # session 15: accumulators in registers
     assert plan_for_rows("ln_bwd", 32768, 8).staging == "regs"
     assert plan_for_rows("rms_bwd", 32768, 8).staging == "smem"  # session 11: one staged row, prefetching
-    for fam in ("rms_bwd", "ln_bwd"):  # the norm backwards: staged at 64k, on the one-wave grid
+    for fam in ("rms_bwd", "ln_bwd"):  # the norm backwards at 64k on the one-wave grid (LayerNorm's staged)
         p = plan_for_rows(fam, 65536, 8)
-        assert p.staging == "smem" and p.resident_grid
+        assert p.staging == ("smem" if fam == "ln_bwd" else "regs") and p.resident_grid
         assert plan_for_rows(fam, 65536, 4).staging == "regs"
     assert plan_for_rows("ln_fwd", 1024, 8).staging == "smem" and plan_for_rows("ln_fwd", 1025, 8).staging == "regs"
     for fam, first in (("fwd", 8193), ("rms_fwd", 8193), ("ln_fwd", 8193)):

@@ -10,7 +10,7 @@ from cute_kernels.specs_rowwise import config_of, plan_for_kernel, tuning_of
 from schedules.hardware import max_active_clusters, num_sms
 from schedules.row_tiling import max_held_row
 
-_fns: dict[tuple, object] = {}
+_fns: dict[tuple, tuple] = {}  # (compiled kernel, its plan)
 
 
 def vector_ok(*ts) -> bool:
@@ -41,8 +41,25 @@ def plan_for(name: str, dtype: torch.dtype, n: int, aligned: bool):
 def kernel_params(name: str, dtype: torch.dtype, n: int, aligned: bool, index64: bool = False, **signature) -> dict:
     """The catalogue parameters of the kernel the ops run for (M, n) rows: what `launch_params`
     compiles, and what a test or bench can precompile (`cute_kernels.precompile.precompile`)."""
-    plan = plan_for(name, dtype, n, aligned)
+    plan = fitted(name, plan_for(name, dtype, n, aligned), dtype, n, aligned, signature)
     return dict(dtype=dtypes.name_of(dtype), aligned=aligned, index64=index64, **config_of(plan), **signature)
+
+
+def fitted(name: str, plan, dtype: torch.dtype, n: int, aligned: bool, signature: dict):
+    """`plan`, or where its staged rows leave this signature's operands no room in shared memory (RMSNorm
+    backward at 128k with an fp32 weight: 256 KiB a CTA) the register plan its family keeps for the length
+    (HELD_TUNED's `regs` settings)."""
+    if plan.staging != "smem":
+        return plan
+    spec = catalog.get(name)
+    try:  # (the spec's check names the shared memory a plan needs past SMEM_PER_CTA)
+        spec.resolve(dict(dtype=dtypes.name_of(dtype), aligned=aligned, **config_of(plan), **signature))
+        return plan
+    except ValueError:
+        regs = plan_for_kernel(name, n, 16 // dtype.itemsize if aligned else 1, staged=False)
+        if regs == plan:
+            raise
+        return regs
 
 
 def launch_params(name: str, x2: torch.Tensor, *others, **signature):
@@ -53,11 +70,12 @@ def launch_params(name: str, x2: torch.Tensor, *others, **signature):
     index64 = max(m * max(x2.stride(0), n), n) > INDEX32_LIMIT
     plan = plan_for(name, x2.dtype, n, aligned)
     key = (name, x2.dtype, aligned, index64, plan, tuple(sorted(signature.items())))
-    fn = _fns.get(key)
-    if fn is None:
-        fn = _fns[key] = catalog.get(name).compiled(
-            dtype=dtypes.name_of(x2.dtype), aligned=aligned, index64=index64, **config_of(plan), **signature)
-    return fn, plan
+    hit = _fns.get(key)
+    if hit is None:  # the kernel and the plan it was built for (`fitted` may swap a staged plan)
+        plan = fitted(name, plan, x2.dtype, n, aligned, signature)
+        hit = _fns[key] = (catalog.get(name).compiled(
+            dtype=dtypes.name_of(x2.dtype), aligned=aligned, index64=index64, **config_of(plan), **signature), plan)
+    return hit
 
 
 def grid_ctas(rows: int, plan, capped: bool, device) -> tuple[int, int]:
