@@ -32,7 +32,7 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
 
     import cute_kernels as ck
     from cute_kernels.ops.gemm import _gemm_cuda
-    from schedules.gemm import GemmSchedule, candidates, default_schedule, pipeline_variants
+    from schedules.gemm import GemmSchedule, candidates, deepened, default_schedule, pipeline_variants
 
     shapes = shapes or (QUICK if quick else SHAPES)
     rows, notes = [], []
@@ -70,13 +70,15 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
             # a 64x32 tile on a grid 64x64 leaves below a wave (64x4096x4096: 64 tiles -> 128; the FP8 GEMM's
             # narrowing measured 1.09-1.18x on such grids, session 13)
             unsplit = dataclasses.replace(d, split_k=1, split_fixup=False)
-            option("ours 64x32 (small M)", dataclasses.replace(unsplit, tile_n=32))
-            # a deeper A/B ring (more than `num_stages`' 8: 12 stages of 64x64): PC sampling here had 61 % of the
-            # samples waiting on the full barrier, i.e. too few bytes in flight a CTA on 64 of 132 SMs (session 14)
-            deep = max((st for st in range(9, 17) if dataclasses.replace(unsplit, stages=st).fits()), default=None)
-            if deep:
-                option("ours deep ring (small M)", dataclasses.replace(unsplit, stages=deep))
-                same += f"; deep ring: {deep} stages"
+            option("ours 64x32 (small M)", dataclasses.replace(unsplit, tile_n=32, stages=0))
+            # the default's deep A/B ring (`schedules.gemm.deepened`, session 15: 12 stages of 64x64 1.06x the 8 of
+            # `num_stages`) against the automatic depth, and on the 64x32 tile (16 stages of 12 KiB fit)
+            if unsplit.stages:
+                option("ours 8 stages (small M)", dataclasses.replace(unsplit, stages=0))
+                same += f"; deep ring: {unsplit.stages} stages"
+            narrow = deepened(dataclasses.replace(unsplit, tile_n=32, stages=0), m, n)
+            if narrow.stages:
+                option("ours 64x32 deep ring (small M)", narrow)
             # both ping-pong warpgroups on each tile, every other K-block (`k_interleave`, session 14): the other
             # warpgroup idles at one tile a CTA (PC sampling here: 61 % of samples waiting on the full barrier)
             option("ours k-interleave (small M)", dataclasses.replace(unsplit, k_interleave=True))

@@ -260,7 +260,7 @@ def default_fp8_schedule(m: int, n: int, k: int, kind: str | None = None, num_sm
     if narrow:  # dense GEMMs on small grids: both warpgroups on each tile (`schedules.gemm.K_INTERLEAVE_DEFAULT`)
         from schedules.gemm import interleaved
 
-        t = interleaved(s, m, n, num_sms, batch)
+        t = interleaved(s, m, n, num_sms, batch, family="fp8")
         if t is not s:
             s = fp8_schedule(t.kind, t.tile_m, t.tile_n, cluster_m=t.cluster_m, cluster_n=t.cluster_n,
                              k_interleave=True)

@@ -486,21 +486,45 @@ def best_split(s: GemmSchedule, m: int, n: int, k: int, batch: int = 1, num_sms:
     return best
 
 
-# `k_interleave` as the default on small-M grids (both ping-pong warpgroups on each tile): off until the H200 has
-# run tests/test_k_interleave_gpu.py and the suites' "ours k-interleave (small M)" columns (built in session 14).
-K_INTERLEAVE_DEFAULT = False
+# `k_interleave` as the default on small-M grids (both ping-pong warpgroups on each tile), per GEMM family. H200,
+# session 15 (perf/results/2026-11-30-h200-e7feb6f/): FP8 at M <= 128 1.100x the default (geomean of the 7 shapes
+# whose grid gives a CTA at most one tile, 1.04-1.16x each, tests/test_k_interleave_gpu.py passing); bf16 at
+# 64x4096x4096 0.930x (its partial exchange costs more than the second warpgroup brings at 64 K-blocks of 64).
+K_INTERLEAVE_DEFAULT = {"bf16": False, "fp8": True}
 
 
-def interleaved(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int = 1) -> GemmSchedule:
-    """`s` with `k_interleave` where K_INTERLEAVE_DEFAULT is on and it applies: an unsplit ping-pong 64 x <= 64
-    tile whose grid gives no CTA more than one tile (there the second warpgroup has nothing else to do)."""
-    if (not K_INTERLEAVE_DEFAULT or s.kind != "pingpong" or s.tile_m != 64 or s.tile_n > 64 or s.split_k > 1
-            or s.k_interleave):
-        return s
-    tiles = -(-m // s.tile_m) * -(-n // s.tile_n) * batch
-    if tiles > cluster_slots(s, num_sms) * s.cluster_size:
+def on_one_wave(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int = 1) -> bool:
+    """Whether the grid of `s` on (m, n) gives no CTA more than one tile."""
+    return -(-m // s.tile_m) * -(-n // s.tile_n) * batch <= cluster_slots(s, num_sms) * s.cluster_size
+
+
+def interleaved(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int = 1,
+                family: str = "bf16") -> GemmSchedule:
+    """`s` with `k_interleave` where K_INTERLEAVE_DEFAULT[family] is on and it applies: an unsplit ping-pong
+    64 x <= 64 tile whose grid gives no CTA more than one tile (there the second warpgroup has nothing else to do)."""
+    if (not K_INTERLEAVE_DEFAULT[family] or s.kind != "pingpong" or s.tile_m != 64 or s.tile_n > 64
+            or s.split_k > 1 or s.k_interleave or not on_one_wave(s, m, n, num_sms, batch)):
         return s
     return dataclasses.replace(s, k_interleave=True)
+
+
+# A/B rings deeper than `GemmSchedule.num_stages`' 8 where a 64-row tile's grid gives a CTA one tile: the
+# catalogue takes up to 16. H200, session 15 (perf/results/2026-11-30-h200-e7feb6f/gemm.md): bf16 64x4096x4096,
+# 64x64 ping-pong, 12 stages 130.1 TFLOP/s against 8 stages 122.7 (1.06x; session 14's PC sampling there: 61 % of
+# the samples waiting on the full barrier, too few bytes in flight on 64 of 132 SMs). `out_bytes` 2: the op
+# falls back to the automatic depth where a wider output's buffers leave no room (`ops.gemm._gemm_cuda`).
+DEEP_RING_STAGES = 16
+
+
+def deepened(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int = 1) -> GemmSchedule:
+    """`s` with the deepest A/B ring (up to DEEP_RING_STAGES) that fits beside bf16 output buffers, for an unsplit
+    64-row tile on a grid of one tile a CTA that the automatic depth caps at 8; else `s`."""
+    if s.stages or s.split_k > 1 or s.tile_m != 64 or not on_one_wave(s, m, n, num_sms, batch):
+        return s
+    auto = s.num_stages(2, 2)
+    deep = max((st for st in range(auto + 1, DEEP_RING_STAGES + 1) if dataclasses.replace(s, stages=st).fits(2, 2)),
+               default=None)
+    return dataclasses.replace(s, stages=deep) if deep else s
 
 
 @functools.lru_cache(maxsize=4096)
@@ -521,8 +545,9 @@ def default_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: i
             if best is None or t < best[0] * 0.999:
                 best = (t, s)
             break  # the first cluster shape that fits is the preferred one
-    # split-K when the grid leaves SMs idle; else, on such grids, both warpgroups on each tile (`interleaved`)
-    return interleaved(best_split(best[1], m, n, k, 1, num_sms), m, n, num_sms)
+    # split-K when the grid leaves SMs idle; else, on such grids, a deeper ring (`deepened`) and both warpgroups on
+    # each tile where that is switched on (`interleaved`)
+    return interleaved(deepened(best_split(best[1], m, n, k, 1, num_sms), m, n, num_sms), m, n, num_sms)
 
 
 def pipeline_variants(d: GemmSchedule, m: int, n: int) -> dict[str, GemmSchedule]:

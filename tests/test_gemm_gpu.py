@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 
 ck = pytest.importorskip("cute_kernels")
 from cute_kernels.ops.gemm import _gemm_cuda  # noqa: E402
-from schedules.gemm import GemmSchedule  # noqa: E402
+from schedules.gemm import GemmSchedule, default_schedule  # noqa: E402
 
 SCHEDULES = {
     "cooperative": GemmSchedule(kind="cooperative", tile_m=128, tile_n=256, cluster_m=2),
@@ -329,11 +329,24 @@ def test_alpha_beta_c_batched_fp32_and_split():
 
 @pytest.mark.parametrize("m,n,k", [(64, 4096, 4096), (100, 1000, 1032), (1, 256, 64)])
 def test_deep_ring_bitwise(m, n, k):
-    """12 A/B stages of the small-M 64x64 ping-pong tile (the suite's "deep ring" column; `num_stages` stops at 8):
-    the same WGMMAs in the same K order, so bitwise the 8-stage kernel's output."""
+    """12 A/B stages of the small-M 64x64 ping-pong tile (`num_stages` stops at 8; the small-M default since
+    session 15, `schedules.gemm.deepened`): the same WGMMAs in the same K order, so bitwise the 8-stage output."""
     s = GemmSchedule(kind="pingpong", tile_m=64, tile_n=64, cluster_m=1, cluster_n=1)
     a, b = randn(m, k), randn(k, n)
     _poison_allocator(m * n * 2)
     out = _gemm_cuda(a, b, schedule=dataclasses.replace(s, stages=12))
     assert out.equal(_gemm_cuda(a, b, schedule=s))
     _check(out, a, b)
+
+
+def test_deep_default_ring_outputs():
+    """The small-M default with its deep ring (`schedules.gemm.deepened`: 12 stages at 64x4096): bf16 output, fp32
+    output (12 stages do not fit beside fp32 buffers: the op runs the automatic depth), alpha / beta * C, bias."""
+    m, n, k = 64, 4096, 1024
+    assert default_schedule(m, n, k).stages > 8
+    a, b, bias = randn(m, k), randn(k, n), randn(n)
+    _poison_allocator(m * n * 4)
+    _check(_gemm_cuda(a, b, bias, "silu"), a, b, bias, "silu")
+    _check(_gemm_cuda(a, b, out_dtype=torch.float32), a, b, out_dtype=torch.float32)
+    c = randn(m, n)
+    _check(_gemm_cuda(a, b, alpha=0.5, beta=2.0, c=c), a, b, alpha=0.5, beta=2.0, c=c)

@@ -83,24 +83,46 @@ def test_ring_positions_cover_every_stage_once(stages):
 
 
 def test_default_only_where_switched_on(monkeypatch):
-    """`K_INTERLEAVE_DEFAULT` off: the defaults never interleave. On: the bf16 and FP8 small-M defaults whose grid
-    gives each CTA at most one tile interleave, the others do not (8192^3, the 128x7168 ping-pong 64x128 tile)."""
+    """`K_INTERLEAVE_DEFAULT` per family: FP8 on (session 15: 1.10x at M <= 128 on the H200), bf16 off (0.93x at
+    64x4096x4096). Switched on, the small-M defaults whose grid gives each CTA at most one tile interleave, the
+    others do not (8192^3, the 128x7168 ping-pong 64x128 tile)."""
     import schedules.gemm as G
     from schedules.fp8_gemm import default_fp8_schedule
 
+    assert G.K_INTERLEAVE_DEFAULT == {"bf16": False, "fp8": True}
     shapes = [(64, 4096, 4096), (64, 2112, 7168), (128, 7168, 2048), (8192, 8192, 8192), (1024, 4096, 4096)]
     for m, n, k in shapes:
-        assert not G.default_schedule(m, n, k).k_interleave and not default_fp8_schedule(m, n, k).k_interleave
-    monkeypatch.setattr(G, "K_INTERLEAVE_DEFAULT", True)
+        assert not G.default_schedule(m, n, k).k_interleave
+    assert default_fp8_schedule(64, 2112, 7168).k_interleave  # narrowed to 64x16: 132 tiles
+    assert default_fp8_schedule(64, 4096, 7168).k_interleave and default_fp8_schedule(128, 4096, 7168).k_interleave
+    assert not default_fp8_schedule(1024, 4096, 4096).k_interleave
+    assert not default_fp8_schedule(128, 7168, 16384).k_interleave  # ping-pong 64x128: no room for the partial
+    monkeypatch.setitem(G.K_INTERLEAVE_DEFAULT, "bf16", True)
+    monkeypatch.setitem(G.K_INTERLEAVE_DEFAULT, "fp8", False)
     G.default_schedule.cache_clear()
     default_fp8_schedule.cache_clear()
     try:
         assert G.default_schedule(64, 4096, 4096).k_interleave  # 64 tiles of 64x64 on 132 SMs
         assert not G.default_schedule(8192, 8192, 8192).k_interleave
         assert not G.default_schedule(128, 7168, 2048).k_interleave  # ping-pong 64x128: no room for the partial
-        fp8 = default_fp8_schedule(64, 2112, 7168)  # narrowed to 64x16: 132 tiles
-        assert fp8.k_interleave and fp8.tile_n <= 64
-        assert not default_fp8_schedule(1024, 4096, 4096).k_interleave
+        assert not default_fp8_schedule(64, 2112, 7168).k_interleave
     finally:
         G.default_schedule.cache_clear()
         default_fp8_schedule.cache_clear()
+
+
+def test_deep_default_ring():
+    """`schedules.gemm.deepened`: a 64-row default tile on a grid of one tile a CTA gets the deepest ring that fits
+    (64x64 bf16: 12 stages of 16 KiB beside 32 KiB of output buffers; session 15: 1.06x at 64x4096x4096); the
+    grids of more than a wave, split-K and 128-row tiles keep the automatic depth."""
+    import dataclasses
+
+    from schedules.gemm import default_schedule, on_one_wave
+
+    d = default_schedule(64, 4096, 4096)
+    assert (d.tile_m, d.tile_n, d.stages) == (64, 64, 12) and d.fits(2, 2)
+    assert not dataclasses.replace(d, stages=13).fits(2, 2) and not d.fits(2, 4)  # fp32 out: `_gemm_cuda` falls back
+    assert on_one_wave(d, 64, 4096)
+    for m, n, k in [(8192, 8192, 8192), (4096, 2112, 7168), (128, 7168, 2048), (4096, 4096, 4096)]:
+        s = default_schedule(m, n, k)
+        assert s.stages == 0 or s.split_k > 1, s

@@ -153,6 +153,8 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
         d = d.as_strided(d.shape, (d.stride(0), 1, 16 * (rows + npad)))
 
     sched = schedule or default_schedule(rows, n, k)
+    if schedule is None and sched.stages and not sched.fits(a.element_size(), out_buf.element_size()):
+        sched = dataclasses.replace(sched, stages=0)  # a deep default ring (`deepened`) beside fp32 output buffers
     if sched.split_k > 1:
         sched = _clamp_split(sched, k)
     if source and sched.split_k > 1:  # the split-K epilogues do not read C: the unsplit tile
