@@ -152,10 +152,8 @@ class RowwiseSpec(KernelSpec):
             w = dtypes.cutlass_of(p["w_dtype"]).width // 8
             has_w, has_b = p["weight"], p.get("bias", False) and self.name.startswith("layernorm")
             if self.name.endswith(".fwd"):
-                from cute_kernels.kernels.norms import params_per_group
-
                 rows = (row,) * (1 + p["residual"])
-                params = (w,) * ((int(has_w) + int(has_b)) * params_per_group(plan))
+                params = (w,) * (int(has_w) + int(has_b))
             else:
                 params, accs = (w,) * int(has_w), int(has_w) + int(has_b)
         return plan.row_smem_bytes(vec, rows, params, accs) or None

@@ -115,30 +115,23 @@ class _RowKernel:
         """The (N,) operands `vecs` (weight, bias; None where absent) as the loop reads them: with
         shared-memory staging copied once per CTA into shared memory by row group 0 (a CTA
         barrier before the tile loop) and read from there; else the tensors, loaded per tile.
-        `with_first_tile`: every row group copies its own slots (a copy per row group: `rows_per_cta`
-        times the shared memory, which `params_per_group` accounts), so each thread reads only the
-        slots it copied itself: no wait and no barrier here, the copies complete with the first tile's
-        (its `RowSlice.arrive` waits for every group), so a CTA that does one tile, as the uncapped
-        forwards do, no longer pays a round trip to L2 and a CTA barrier for the weights before its row
-        loads start (LayerNorm fwd 1k, four rows a CTA: 10 % of its warps' stalls were on that barrier,
-        session 11's ncu). The caller waits for them after the loop (a CTA with no tile)."""
+        `with_first_tile` (one row group per CTA, so each thread reads only the slots it copied
+        itself): no wait and no barrier here, the copies complete with the first tile's (its
+        `RowSlice.arrive` waits for every group), so a CTA that does one tile, as the uncapped
+        forwards do, no longer pays a round trip to L2 for the weights before its row loads start.
+        The caller waits for them after the loop (a CTA with no tile)."""
         if cutlass.const_expr(not self.staged):
             return vecs
         out = []
         for v in vecs:
             if cutlass.const_expr(v is None):
                 out.append(None)
-            elif cutlass.const_expr(with_first_tile):
-                buf = stage_buffer(smem, v.element_type, self.vec, self.tpr, self.vpt, self.rows_per_cta)
-                buf = buf[None, None, group]
-                sl.fetch(v, True, 0.0, buf)
-                out.append(buf)
             else:
                 buf = stage_buffer(smem, v.element_type, self.vec, self.tpr, self.vpt, 1)[None, None, 0]
                 if group == 0:
                     sl.fetch(v, True, 0.0, buf)
                 out.append(buf)
-        if cutlass.const_expr(with_first_tile):
+        if cutlass.const_expr(with_first_tile and self.rows_per_cta == 1):
             RowSlice.commit(True)
         else:
             sl.arrive(True)
@@ -163,12 +156,6 @@ class _RowKernel:
         elif self.plan.acc_regs:  # register accumulators of a register-held plan: keep its CTAs per SM
             launch.update(min_blocks_per_mp=self.plan.ctas_per_sm, preferred_smem_carveout=100)
         return launch
-
-
-def params_per_group(plan: HeldRowPlan) -> int:
-    """Copies of the (N,) operands a staged norm-forward CTA holds: one per row group (each group stages
-    and reads its own, so no CTA barrier waits for them)."""
-    return plan.tiling.rows_per_cta
 
 
 class NormFwd(_RowKernel):
@@ -220,8 +207,7 @@ class NormFwd(_RowKernel):
             self.staged_min_regs = max(self.staged_min_regs, 80)
             self.held_min_regs = max(self.held_min_regs, 80)
         self.staged_rows = (dtype,) * (1 + has_residual)
-        # a copy of the weight and bias per row group (`stage_vectors(with_first_tile=True)`)
-        self.staged_params = (w_dtype,) * ((int(has_weight) + int(has_bias)) * params_per_group(plan))
+        self.staged_params = (w_dtype,) * (int(has_weight) + int(has_bias))
 
     @cute.jit
     def __call__(self, x: cute.Tensor, w, b, res, out: cute.Tensor, res_out, mean, rstd: cute.Tensor, scales,
@@ -314,7 +300,7 @@ class NormFwd(_RowKernel):
                 if cutlass.const_expr(layer):
                     mean[row] = mu
             red.end_tile()
-        if cutlass.const_expr(self.staged and (self.has_weight or self.has_bias)):
+        if cutlass.const_expr(self.staged and self.rows_per_cta == 1 and (self.has_weight or self.has_bias)):
             cute.arch.cp_async_wait_group(0)  # the weights' copies, in a CTA that had no tile to wait for them
 
     def held_x(self, sl: RowSlice, hx, hr, ok, res_out, again: bool = False):
