@@ -155,7 +155,8 @@ FP8_GEMM = Fp8GemmSpec(
                                                        "cooperative only, spanning two scale blocks)"),
         "cluster_m": Param(2, (1, 2), help="CTAs per cluster along M (share B by multicast)"),
         "cluster_n": Param(1, (1, 2), help="CTAs per cluster along N (share A by multicast)"),
-        "stages": Param(0, (0, 2, 3, 4, 5, 6, 7, 8), help="A/B/scale smem stages (0: as many as fit)"),
+        "stages": Param(0, tuple([0] + list(range(2, 17))), help="A/B/scale smem stages (0: as many as fit, at most "
+                        "8; up to 16 when asked: the narrow small-M tiles)"),
         "epi_stages": Param(4, EPI_STAGES, help="output sub-tile smem buffers (3: room for a 6th stage at "
                                                 "128x128)"),
         "raster_group": Param(8, (1, 2, 4, 8, 16), help="cluster-rows per raster group"),

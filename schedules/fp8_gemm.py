@@ -22,6 +22,7 @@ shared along N instead); "masked" runs every schedule (its walk never skips a ti
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from schedules.gemm import BARRIER_BYTES, GROUPINGS, SMEM_BYTES, GemmSchedule, estimate
@@ -236,6 +237,18 @@ def fp8_schedule(kind: str = "cooperative", tile_m: int = 128, tile_n: int = 128
     if need > SMEM_BYTES:
         raise ValueError(f"{s.stages} stages need {need} bytes of shared memory > {SMEM_BYTES}")
     return s
+
+
+def deep_fp8(s: GemmSchedule) -> GemmSchedule:
+    """`s` with the deepest A/B/A-scale ring that fits (at most `schedules.gemm.DEEP_RING_STAGES`); `s` itself where
+    that is no deeper. The bf16 GEMM's 64-row tiles on grids of one tile a CTA run such rings by default
+    (`schedules.gemm.deepened`: 12 stages 1.06x at 64x4096x4096); the FP8 suite's "ours deep ring (small M)"
+    column times them on the narrow FP8 tiles (64x16: 10.25 KiB a stage, 16 fit; 64x64: 12)."""
+    from schedules.gemm import DEEP_RING_STAGES
+
+    fits = [st for st in range(s.stages + 1, DEEP_RING_STAGES + 1)
+            if smem_bytes(dataclasses.replace(s, stages=st)) <= SMEM_BYTES]
+    return dataclasses.replace(s, stages=fits[-1]) if fits else s
 
 
 @functools.lru_cache(maxsize=4096)

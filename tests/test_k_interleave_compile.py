@@ -126,3 +126,17 @@ def test_deep_default_ring():
     for m, n, k in [(8192, 8192, 8192), (4096, 2112, 7168), (128, 7168, 2048), (4096, 4096, 4096)]:
         s = default_schedule(m, n, k)
         assert s.stages == 0 or s.split_k > 1, s
+
+
+@pytest.mark.parametrize("tile_n", [16, 32, 64])
+def test_fp8_deep_ring_compiles(tile_n, tmp_path):
+    """`schedules.fp8_gemm.deep_fp8` on the interleaved small-M FP8 tiles (16 / 15 / 11 stages): the catalogue takes
+    the depth, the kernel's shared memory is what `smem_bytes` counts (within the SM's), no spills."""
+    from schedules.fp8_gemm import deep_fp8, fp8_schedule, smem_bytes
+    from schedules.gemm import SMEM_BYTES
+
+    deep = deep_fp8(fp8_schedule("pingpong", 64, tile_n, cluster_m=1, k_interleave=True))
+    assert deep.stages == {16: 16, 32: 15, 64: 11}[tile_n] and smem_bytes(deep) <= SMEM_BYTES
+    report, _ = _compile("fp8_gemm", {"tile_n": tile_n, "cluster_m": 1, "k_interleave": True, "stages": deep.stages},
+                         tmp_path)
+    assert not report.spills and report.ptx_census["ld/st.local"] == 0, report.format()

@@ -87,3 +87,22 @@ def test_refusals():
         _fp8_gemm_cuda(a, sa, b, sb, schedule=fp8_schedule("pingpong", 64, 64, cluster_m=1, k_interleave=True),
                        promote_overlap=True)
     assert torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("tile_n", [64, 32, 16])
+@pytest.mark.parametrize("m,n,k", [(64, 2112, 7168), (128, 520, 1000), (1024, 2048, 2304)], ids=lambda v: str(v))
+def test_fp8_deep_ring_bitwise(tile_n, m, n, k):
+    """The interleaved small-M FP8 tile with its deepest ring (`schedules.fp8_gemm.deep_fp8`: 11-16 stages, the
+    suite's "ours deep ring (small M)" column): the same WGMMAs and promotions in the same order as 8 stages, so
+    bitwise their output; several tiles a CTA at 1024 rows (the ring wraps mid-tile)."""
+    from schedules.fp8_gemm import deep_fp8
+
+    cm = 2 if m > 64 else 1
+    a, sa, b, sb = _fp8_inputs(m, n, k)
+    _poison_allocator(m * n * 4 * 8)
+    ki = fp8_schedule("pingpong", 64, tile_n, cluster_m=cm, k_interleave=True)
+    deep = deep_fp8(ki)
+    assert deep.stages > ki.stages
+    out = _fp8_gemm_cuda(a, sa, b, sb, schedule=deep)
+    assert out.equal(_fp8_gemm_cuda(a, sa, b, sb, schedule=ki))
+    _fp8_check(out, a, sa, b, sb)
