@@ -52,7 +52,8 @@ UNNARROWED = "ours 64x64 (small M, not narrowed)"
 NO_K_INTERLEAVE = "ours no k-interleave (small M)"
 K_INTERLEAVE_AHEAD = "ours k-interleave sb_ahead (small M)"
 # The default's tile with the deepest ring that fits (`schedules.fp8_gemm.deep_fp8`: 11-16 stages instead of 8; the
-# bf16 GEMM's 12-stage ring on the same kind of grid won 1.06x, session 15). Bitwise the default's output.
+# bf16 GEMM's 12-stage ring on the same kind of grid won 1.06x). Bitwise the default's output. Session 15
+# (perf/results/2026-11-30-h200-37d0300): 0.985x over the 6 interleaved shapes, not taken.
 DEEP = "ours deep ring (small M)"
 SMALL_M = 128
 WEIGHTS_BAR = 0.70  # issue 5: small-M shapes reach >= 70 % of the copy bandwidth on the weights
