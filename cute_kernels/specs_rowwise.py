@@ -46,7 +46,10 @@ _CONFIG = {
 
 # Kernels whose tile loop pipelines row tiles (`HeldRowPlan.prefetch`): the backward kernels, which
 # walk row tiles grid-stride. Only their specs have the `prefetch` parameter.
-PREFETCH_KERNELS = ("rmsnorm.bwd", "layernorm.bwd", "softmax.bwd", "log_softmax.bwd")
+PREFETCH_KERNELS = ("rmsnorm.bwd", "layernorm.bwd", "softmax.bwd", "log_softmax.bwd", "rmsnorm.fwd", "layernorm.fwd",
+                    "softmax.fwd", "log_softmax.fwd")
+# ...the forwards only with `hold` (their one staging buffer refilled once the held row is read out of it)
+PREFETCH_HOLD_ONLY = ("rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "log_softmax.fwd")
 _PREFETCH = Param(False, (False, True), help="fetch the next row tile (x/y and dy; registers: a second set, "
                   "smem: a second staging buffer, cp.async wait_group 1) while computing this one")
 
@@ -95,7 +98,8 @@ def plan_for_kernel(name: str, n: int, vec: int, staged: bool = True) -> HeldRow
     `plan_for_rows` of its family (`staged`: as there), without `hold` for a kernel that does not build it (the
     cross-entropy forward shares the softmax forward's family)."""
     plan = plan_for_rows(tuning_of(name), n, vec, staged)
-    return plan if not plan.hold or name in HOLD_KERNELS else dataclasses.replace(plan, hold=False)
+    # (a held forward's refill, `prefetch`, goes with its `hold`)
+    return plan if not plan.hold or name in HOLD_KERNELS else dataclasses.replace(plan, hold=False, prefetch=False)
 
 
 def config_of(plan: HeldRowPlan) -> dict:
@@ -124,6 +128,9 @@ class RowwiseSpec(KernelSpec):
 
     def check(self, p):
         plan = plan_of(p)  # raises on a bad combination
+        if plan.prefetch and self.name in PREFETCH_HOLD_ONLY and not plan.hold:
+            raise ValueError(f"{self.name}: prefetch needs hold=True (the held row's staging buffer is refilled with "
+                             f"the next tile once read); plan {plan}")
         if plan.staging == "smem":
             if self.name not in STAGED_TENSORS:
                 raise ValueError(f"{self.name}: staging='smem' is not built for this kernel (plan {plan})")

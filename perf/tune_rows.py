@@ -119,6 +119,8 @@ def _twin(p: HeldRowPlan, vec: int = 8) -> HeldRowPlan:
     """`p` with shared-memory accumulators when it forces register ones, on the SMs-capped grid when it
     has the resident one, with the cluster barrier when it syncs by mbarrier, else `p` without
     prefetch (a staged twin gets the CTAs per SM of its single buffer)."""
+    if p.prefetch and p.hold:  # a forward refilling its held row's buffer: the same plan without the refill
+        return dataclasses.replace(p, prefetch=False)
     if p.welford:
         return dataclasses.replace(p, welford=False)
     if p.acc_regs:
@@ -255,10 +257,17 @@ def _with_twins(ps: list, mode: str, twins: list) -> list:
 
 
 def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "barrier",
-          resident_grid: str = "off", hold: str = "off", acc_regs: str = "off", welford: str = "off"):
+          resident_grid: str = "off", hold: str = "off", acc_regs: str = "off", welford: str = "off",
+          fwd_prefetch: str = "off"):
     from cute_kernels.ops import _rowwise as R
     from cute_kernels.precompile import item, precompile
-    from cute_kernels.specs_rowwise import ACC_REGS_KERNELS, HOLD_KERNELS, WELFORD_KERNELS, config_of
+    from cute_kernels.specs_rowwise import (
+        ACC_REGS_KERNELS,
+        HOLD_KERNELS,
+        PREFETCH_HOLD_ONLY,
+        WELFORD_KERNELS,
+        config_of,
+    )
 
     plans = {}
     items = []
@@ -287,6 +296,9 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                                                     or (change.get("resident_grid") and k.endswith(".fwd"))])
                 if hold != "off" and k in HOLD_KERNELS:  # after the mbarrier twins: those too
                     ps = _with_twins(ps, hold, [_hold_twin(p, kernel=k) for p in [default] + ps if _holdable(p)])
+                if fwd_prefetch != "off" and k in PREFETCH_HOLD_ONLY:  # held rows refilled, on the capped grid
+                    ps = _with_twins(ps, fwd_prefetch, [dataclasses.replace(p, prefetch=True, resident_grid=True)
+                                                        for p in [default] + ps if p.hold and not p.prefetch])
                 if acc_regs != "off" and k in ACC_REGS_KERNELS:  # register accumulators, any plan
                     ps = _with_twins(ps, acc_regs, [dataclasses.replace(p, acc_regs=True) for p in [default] + ps
                                                     if not p.acc_regs])
@@ -507,6 +519,10 @@ def main(argv=None) -> int:
                     help="clustered backward plans: also their one-wave twins, forwards: every plan's capped-grid twin "
                          "(both: HeldRowPlan.resident_grid), or only the twin pairs (only); 'x off' is then the "
                          "twin's time (SMs-capped / uncapped) over the plan's")
+    ap.add_argument("--fwd-prefetch", choices=("off", "both", "only"), default="off",
+                    help="norm forwards: also every held plan refilling its buffer with the next tile on the capped "
+                         "grid (both: HeldRowPlan.prefetch + hold + resident_grid), or only the twin pairs (only); 'x "
+                         "off' is then the held plan's time without the refill over the plan's")
     ap.add_argument("--max-cluster", type=int, choices=(8, 16), default=8,
                     help="the largest cluster of the candidate plans: 8 (portable) or 16 (non-portable)")
     a = ap.parse_args(argv)
@@ -520,7 +536,7 @@ def main(argv=None) -> int:
         lines = sweep_ce(ns, a.jobs)
     if kernels:
         held, _ = sweep(kernels, ns, a.jobs, a.prefetch, a.cluster_sync, a.resident_grid, a.hold, a.acc_regs,
-                        a.welford)
+                        a.welford, a.fwd_prefetch)
         lines = held + ([""] + lines if lines else [])
     text = "# held-row plan sweep (bf16, 256 MiB per tensor)\n\n" + "\n".join(lines) + "\n"
     print(text)

@@ -112,6 +112,9 @@ class HeldRowPlan:
     # while a CTA computes tile i its threads already have tile i+1's row loads in flight, in a
     # second register set ("regs") or the second of two staging buffers ("smem": cp.async groups,
     # wait_group 1). Same fp32 math in the same order: the output is bitwise that of prefetch off.
+    # With `hold` (the staged forwards): ONE buffer, refilled with tile i+1's row as soon as tile i's is
+    # read out of it into registers (each thread copies and reads only its own slots), so the next row's
+    # loads run under this one's reductions, cluster exchange and stores at no extra shared memory.
     prefetch: bool = False
     # How the CTAs of a cluster exchange a row's partial results (`collectives.reduce.cluster_reduce`):
     # "barrier": remote stores then a cluster barrier (arrive.release / wait.acquire: ptxas emits
@@ -164,8 +167,9 @@ class HeldRowPlan:
 
     @property
     def stages(self) -> int:
-        """Row tiles a row group holds at once: 2 when prefetching the next one, else 1."""
-        return 2 if self.prefetch else 1
+        """Staging buffers a row group has for each row tensor: 2 when prefetching the next tile, else 1
+        (and 1 for a held row: its buffer is refilled once read)."""
+        return 2 if self.prefetch and not self.hold else 1
 
     def row_smem_bytes(self, vec: int, rows: tuple = (), params: tuple = (), accumulators: int = 0) -> int:
         """Row-sized shared memory (bytes) of a CTA for `vec`-element vectors: with "smem" staging

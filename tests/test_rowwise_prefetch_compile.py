@@ -1,12 +1,14 @@
-"""CPU: software pipelining across row tiles in the row-wise backward kernels (`HeldRowPlan.prefetch`).
+"""CPU: software pipelining across row tiles in the row-wise kernels (`HeldRowPlan.prefetch`).
 
-Staged plans (staging="smem") double-buffer the rows: the next tile's cp.async group is committed
-before `cp.async.wait_group 1` waits for this tile's, and the staging shared memory doubles.
+Staged plans (staging="smem") of the backward kernels double-buffer the rows: the next tile's cp.async group is
+committed before `cp.async.wait_group 1` waits for this tile's, and the staging shared memory doubles.
 Register plans hold the next tile's vectors in a second register set: one more 128-bit load per
 held vector (the prologue's copy of the loop's loads) and no spills at 16 elements per thread.
-The option is a config parameter (part of the cache key) of the backward kernels only, off by
-default, and refused by the kernels that do not implement it."""
+The norm forwards prefetch on held rows only (`hold`): their one buffer refilled once read (session 15).
+The option is a config parameter (part of the cache key), off by default, and refused by the kernels that do
+not implement it."""
 
+import dataclasses
 import re
 
 import pytest
@@ -92,7 +94,7 @@ def test_prefetch_is_a_config_param_of_the_backward_kernels_only():
     assert plan.prefetch and config_of(plan) == {k: b[k] for k in config_of(plan)}
     assert "prefetch" not in config_of(plan_of(a)) and not plan_of(a).prefetch
     assert set(PREFETCH_KERNELS) == {s.name for s in ROWWISE if "prefetch" in s.params}
-    for name in ("rmsnorm.fwd", "softmax.fwd", "cross_entropy.bwd"):
+    for name in ("rmsnorm.fwd", "softmax.fwd", "cross_entropy.bwd"):  # (the norm forwards: only with hold)
         with pytest.raises(ValueError, match="prefetch"):
             catalog.get(name).resolve(dict(prefetch=True))
 
@@ -104,9 +106,9 @@ def test_kernels_without_the_pipeline_refuse_it():
     from cute_kernels.kernels.softmax import SoftmaxBwd, SoftmaxFwd
 
     plan = HeldRowPlan(RowTiling(128, 128, 4), 1, 2, "regs", prefetch=True)
-    with pytest.raises(ValueError, match="prefetch is not built"):
+    with pytest.raises(ValueError, match="prefetch is built for held rows only"):  # (hold + prefetch: built)
         SoftmaxFwd(False, BFloat16, 8, False, plan)
-    with pytest.raises(ValueError, match="prefetch is not built"):
+    with pytest.raises(ValueError, match="prefetch is built for held rows only"):  # (hold + prefetch: built)
         NormFwd("rms", BFloat16, BFloat16, BFloat16, 8, False, plan, True, False, False)
     SoftmaxBwd(False, BFloat16, 8, False, plan)
 
@@ -163,3 +165,56 @@ def test_the_default_prefetches_only_where_measured():
             want = (name == "layernorm.bwd" and n in (4096, 16384, 32768, 65536)
                     or name == "rmsnorm.bwd" and n in (4096, 16384, 32768, 131072))
             assert R.plan_for(name, torch.bfloat16, n, True).prefetch == want, (name, n)
+
+
+# The norm and softmax forwards on held rows (`hold` + `prefetch`, session 15): one staging buffer, refilled with the next
+# tile's row once this tile's is read out of it. (kernel, threads, threads_per_row, vpt, cluster_n, signature)
+FWD_HELD = [
+    ("rmsnorm.fwd", (256, 256, 8, 16), {}),
+    ("layernorm.fwd", (256, 256, 8, 16), dict(cluster_sync="mbarrier")),
+    ("layernorm.fwd", (256, 256, 4, 8), dict(cluster_sync="mbarrier", residual=True)),
+    ("rmsnorm.fwd", (128, 128, 8, 8), dict(cluster_sync="mbarrier", w_dtype="fp32")),
+    ("softmax.fwd", (256, 256, 8, 16), dict(cluster_sync="mbarrier")),
+    ("log_softmax.fwd", (256, 256, 8, 8), {}),
+]
+
+
+@pytest.mark.parametrize("name,shape,extra", FWD_HELD, ids=[f"{n}-{'x'.join(map(str, s))}-{len(e)}"
+                                                            for n, s, e in FWD_HELD])
+def test_forward_prefetch_refills_the_held_buffer(name, shape, extra, tmp_path):
+    """No spills but a tile loop's scalar; the held plan's shared memory (one buffer); the loop's refill: a second
+    set of copies of the row(s) after the prologue's, the tile's wait leaving nothing in flight (0)."""
+    base = dict(threads=shape[0], threads_per_row=shape[1], vpt=shape[2], cluster_n=shape[3], staging="smem",
+                hold=True, **extra)
+    spec = catalog.get(name)
+    p = spec.resolve({**base, "prefetch": True})
+    plain = spec.resolve(base)
+
+    def build(params, where):
+        report, files = compile_with_artifacts(spec, params, str(where))
+        return report, files["ptx"].read_text()
+
+    report, ptx = build(p, tmp_path)
+    report0, ptx0 = build(plain, tmp_path / "plain")
+    # at most 8 B of local memory either way: the softmax's held plans at their 80-register floor keep one or two
+    # of the tile loop's scalars there (a reload per tile; with the refill's row index, 16-CTA softmax: 8 B)
+    assert report0.kernels[0].local_bytes <= 8 and report.kernels[0].local_bytes <= 8, report.format()
+    assert spec.dynamic_smem_bytes(p) == spec.dynamic_smem_bytes(plain) == report.dynamic_smem_bytes
+    rows = 2 if extra.get("residual") else 1
+    copies = ptx.count("cp.async.cg.shared.global")
+    assert copies - ptx0.count("cp.async.cg.shared.global") == rows * shape[2], (copies, rows)
+    assert set(int(w) for w in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)) == {0}
+
+
+def test_forward_prefetch_needs_hold():
+    spec = catalog.get("rmsnorm.fwd")
+    with pytest.raises(ValueError, match="prefetch needs hold"):
+        spec.check(spec.resolve(dict(threads=256, threads_per_row=256, vpt=8, cluster_n=16, staging="smem",
+                                     prefetch=True)))
+    held = HeldRowPlan(RowTiling(256, 256, 8), 16, 2, "smem", prefetch=True, hold=True)
+    assert held.stages == 1 and str(held).endswith("hold pf")
+    assert held.row_smem_bytes(8, (2,), (2,)) == dataclasses.replace(held, prefetch=False).row_smem_bytes(8, (2,), (2,))
+    from perf.tune_rows import _twin  # `--fwd-prefetch only`: each refilling plan timed beside the same without
+
+    rg = dataclasses.replace(held, resident_grid=True)
+    assert _twin(rg) == dataclasses.replace(rg, prefetch=False)

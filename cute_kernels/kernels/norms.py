@@ -59,7 +59,7 @@ class _RowKernel:
             return [None] * len(dtypes)
         bufs = [stage_buffer(smem, dt, self.vec, self.tpr, self.vpt, self.rows_per_cta, self.plan.stages)
                 for dt in dtypes]
-        return [b[None, None, group, None] if self.prefetch else b[None, None, group] for b in bufs]
+        return [b[None, None, group, None] if self.plan.stages > 1 else b[None, None, group] for b in bufs]
 
     # --- software pipelining across row tiles (`HeldRowPlan.prefetch`) -------------------------
     # Prologue: `fetch_rows` of the first tile into stage 0, `RowSlice.commit`. Tile i: `held_rows`
@@ -175,6 +175,9 @@ class NormFwd(_RowKernel):
 
     holds = True  # `HeldRowPlan.hold`: the landed x (and residual) read once, held in their 16-bit type
     held_min_regs = 64
+    # `HeldRowPlan.prefetch` with `hold`: once a tile's row is read out of its staging buffer (and widened), the
+    # next tile's copies go into that buffer, in flight under this tile's reductions, exchange and stores
+    pipelined = True
 
     def __init__(self, kind: str, dtype, w_dtype, out_dtype, vec: int, index64: bool, plan: HeldRowPlan,
                  has_weight: bool, has_bias: bool, has_residual: bool, fp8_out: str = "none"):
@@ -183,10 +186,14 @@ class NormFwd(_RowKernel):
         self.kind, self.dtype, self.w_dtype, self.out_dtype = kind, dtype, w_dtype, out_dtype
         self.has_weight, self.has_bias, self.has_residual = has_weight, has_bias, has_residual
         self.fp8_out = fp8_out
+        if plan.prefetch and not plan.hold:
+            raise ValueError(f"NormFwd: prefetch is built for held rows only (hold=True: the buffer is refilled once "
+                             f"read); plan {plan}")
         if fp8_out != "none":
             # the quantizing epilogue keeps the re-reading staged path: `hold` unmeasured there (the same
-            # bits either way; only the plan's cache key differs)
+            # bits either way; only the plan's cache key differs), and so without the refill
             self.hold = False
+            self.prefetch = False
             # the quantizing epilogue (amaxes, scales, e4m3 packing) spilled 232 B at the 80 registers
             # a staged 256-thread plan gets with the default floor (RMSNorm 128k, cluster 8)
             self.staged_min_regs = self.held_min_regs = 128
@@ -242,14 +249,18 @@ class NormFwd(_RowKernel):
         inv_n = cute.arch.rcp_approx(Float32(n))  # no IEEE-division subroutine call
         cluster_start(self.cluster_n)
         count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx, gdim, self.index64)
+        if cutlass.const_expr(self.prefetch):  # the first tile's rows (beside the weights' copies: one group)
+            row0 = bidx * self.rows_per_cta + tidx // self.tpr
+            self.fetch_x(sl, x, res, bufs, row0, row0 < rows)
+            RowSlice.commit(True)
         for i in cutlass.range(count, unroll=1):
             row = (bidx + i * gdim) * self.rows_per_cta + tidx // self.tpr
             ok = row < rows
             tile = Int32(i)  # the row tile's index: `RowReducer.reduce`
-            hx = sl.fetch(x[row, None], ok, 0.0, bufs[0])
-            hr = None
-            if cutlass.const_expr(self.has_residual):
-                hr = sl.fetch(res[row, None], ok, 0.0, bufs[1])
+            hx = bufs[0]
+            hr = bufs[1] if self.has_residual else None
+            if cutlass.const_expr(not self.prefetch):
+                hx, hr = self.fetch_x(sl, x, res, bufs, row, ok)
             cluster_join(self.cluster_n, i == 0)
             sl.arrive(self.staged)
             if cutlass.const_expr(self.hold):  # read once; every later pass widens the held vectors again
@@ -257,6 +268,10 @@ class NormFwd(_RowKernel):
                 if cutlass.const_expr(self.has_residual):
                     hr = sl.read(hr, ok, 0.0)
             xs = self.held_x(sl, hx, hr, ok, res_out)
+            if cutlass.const_expr(self.prefetch):  # the row is in registers (widened): refill its buffers
+                nrow = row + gdim * self.rows_per_cta  # >= rows past this CTA's last tile
+                self.fetch_x(sl, x, res, bufs, nrow, nrow < rows)
+                RowSlice.commit(True)
             if cutlass.const_expr(self.has_residual):
                 sl.store(res_out[row, None], ok, xs)
             mu = Float32(0.0)
@@ -302,6 +317,15 @@ class NormFwd(_RowKernel):
             red.end_tile()
         if cutlass.const_expr(self.staged and self.rows_per_cta == 1 and (self.has_weight or self.has_bias)):
             cute.arch.cp_async_wait_group(0)  # the weights' copies, in a CTA that had no tile to wait for them
+
+    @cute.jit
+    def fetch_x(self, sl: RowSlice, x: cute.Tensor, res, bufs: list, row, ok):
+        """Start fetching `row` of x (and of the residual) into `bufs` (staging) or registers; the held rows."""
+        hx = sl.fetch(x[row, None], ok, 0.0, bufs[0])
+        hr = None
+        if cutlass.const_expr(self.has_residual):
+            hr = sl.fetch(res[row, None], ok, 0.0, bufs[1])
+        return hx, hr
 
     def held_x(self, sl: RowSlice, hx, hr, ok, res_out, again: bool = False):
         """The fp32 row x (x + residual, rounded to the residual's dtype) from the held row(s);

@@ -61,9 +61,15 @@ class SoftmaxFwd(_RowLoop):
     tile is read from shared memory once and then computed from registers (one exp per element)."""
 
     holds = True
+    # `HeldRowPlan.prefetch` with `hold` (as `NormFwd`): the next tile's row lands in this tile's buffer once the
+    # held row's (m, l) state and exps are taken from it
+    pipelined = True
 
     def __init__(self, log: bool, dtype, vec: int, index64: bool, plan):
         super().__init__(vec, index64, plan)
+        if plan.prefetch and not plan.hold:
+            raise ValueError(f"SoftmaxFwd: prefetch is built for held rows only (hold=True: the buffer is refilled "
+                             f"once read); plan {plan}")
         self.log, self.dtype = log, dtype
         self.staged_rows = (dtype,)
         self.staged_min_regs = 88  # (m, l) pass + exps' addresses: 64 elements spill at 64 (and, since exp_diff, at 80)
@@ -80,10 +86,16 @@ class SoftmaxFwd(_RowLoop):
         # rows (tests/test_rowwise_smem_gpu.py, session 8 call 3; not understood yet) and no speed
         # (64k 91.3 -> 91.5 % of copy)
         cluster_join(self.cluster_n, True)
+        if cutlass.const_expr(self.prefetch):  # the first tile's row
+            row0 = bidx * self.rows_per_cta + group
+            sl.fetch(x[row0, None], row0 < rows, _NEG_INF, bufs[0])
+            RowSlice.commit(True)
         for i in cutlass.range(count, unroll=1):
             row = (bidx + i * gdim) * self.rows_per_cta + group
             ok = row < rows
-            hx = sl.fetch(x[row, None], ok, _NEG_INF, bufs[0])
+            hx = bufs[0]
+            if cutlass.const_expr(not self.prefetch):
+                hx = sl.fetch(x[row, None], ok, _NEG_INF, bufs[0])
             sl.arrive(self.staged)
             if cutlass.const_expr(self.hold):
                 # the landed row read once and held from here on, in its own dtype (half the
@@ -93,6 +105,10 @@ class SoftmaxFwd(_RowLoop):
             else:
                 xs = sl.to_f32(sl.read(hx, ok, _NEG_INF))
             mine, exps = local_state(sl.lazy(hx, xs, ok, _NEG_INF))
+            if cutlass.const_expr(self.prefetch):  # the held row's state and exps are taken: refill its buffer
+                nrow = row + gdim * self.rows_per_cta  # >= rows past this CTA's last tile
+                sl.fetch(x[nrow, None], nrow < rows, _NEG_INF, bufs[0])
+                RowSlice.commit(True)
             state = red.reduce(mine, merge, _empty(), 0, Int32(i))
             if cutlass.const_expr(self.log):
                 lse = log_sum_exp(state)
