@@ -309,12 +309,17 @@ def _eff_correction(s: GemmSchedule) -> float:
 @functools.lru_cache(maxsize=4096)
 def default_grouped_schedule(grouping: str, m: int, n: int, k: int, groups: int = 1,
                              num_sms: int = 132) -> GemmSchedule:
-    """Schedule of a grouped FP8 GEMM. "contiguous" (m: all rows): cooperative 128x128 with A
-    shared by 1x2 clusters when there are two tile columns. "masked" (m: the expected valid rows per
-    expert, `groups` experts): `default_fp8_schedule`'s wave model over groups x that problem."""
+    """Schedule of a grouped FP8 GEMM. "contiguous" (m: all rows): the dense op's cooperative tile for
+    (m, n, k) (the wide 128x192 / 128x160 from WIDE_MIN_M rows), with A shared by 1x2 clusters when there
+    are two tile columns (the M tiles of a cluster may belong to different experts: no B multicast).
+    Session 15 (perf/results/2026-11-30-h200-e7feb6f/fp8_gemm_grouped.md; and 29dcd7e): 128x192 at 4 x
+    8192 tokens, N = 4096, K = 7168 1090 against 1058 TFLOP/s for 128x128 (1039 / 994 a session earlier),
+    bitwise the same output. "masked" (m: the expected valid rows per expert, `groups` experts):
+    `default_fp8_schedule`'s wave model over groups x that problem."""
     if grouping == "contiguous":
-        cn = 2 if -(-n // 128) >= 2 else 1
-        return fp8_schedule("cooperative", 128, 128, cluster_m=1, cluster_n=cn)
+        t = default_fp8_schedule(max(m, 1), n, k, "cooperative", num_sms, narrow=False)
+        cn = 2 if -(-n // t.tile_n) >= 2 else 1
+        return fp8_schedule("cooperative", t.tile_m, t.tile_n, cluster_m=1, cluster_n=cn)
     if grouping == "masked":
         return default_fp8_schedule(max(m, 1), n, k, None, num_sms, max(groups, 1), wide=False, narrow=False)
     raise ValueError(f"grouping must be 'contiguous' or 'masked', got {grouping!r}")

@@ -33,6 +33,8 @@ SPEC = catalog.get("fp8_gemm")
 CONFIGS = {
     "contiguous_1x2": {"grouping": "contiguous", "cluster_m": 1, "cluster_n": 2},
     "contiguous_1x1": {"grouping": "contiguous", "cluster_m": 1},
+    # the default from 1024 rows (session 15: the dense search's wide tile), B-scale rows staged as the op does
+    "contiguous_128x192_1x2": {"grouping": "contiguous", "cluster_m": 1, "cluster_n": 2, "tile_n": 192, "sb_smem": True},
     "masked_coop_2x1": {"grouping": "masked"},
     "masked_pingpong": {"grouping": "masked", "schedule": "pingpong", "tile_m": 64},
 }
@@ -88,6 +90,10 @@ def test_schedule_rules_name_the_reason():
     assert grouped_error(fp8_schedule("pingpong", 64, 128), "masked") is None
     s = default_grouped_schedule("contiguous", 32768, 4096, 7168)
     assert grouped_error(s, "contiguous") is None and (s.cluster_m, s.cluster_n) == (1, 2)
+    assert (s.kind, s.tile_n) == ("cooperative", 192)  # session 15: the dense op's wide tile, 1.03-1.05x 128x128
+    for m, n in ((1024, 768), (300, 2112), (4096, 7168), (128, 64)):  # the dense search's ping-pong picks: never
+        t = default_grouped_schedule("contiguous", m, n, 7168)
+        assert grouped_error(t, "contiguous") is None and t.kind == "cooperative", t
     assert default_grouped_schedule("contiguous", 256, 64, 128).cluster_n == 1
     for m, e in ((1024, 1), (256, 4), (16, 8)):
         assert grouped_error(default_grouped_schedule("masked", m, 4096, 7168, e), "masked") is None

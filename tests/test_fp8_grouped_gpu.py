@@ -22,7 +22,10 @@ from cute_kernels.ops.fp8_gemm_grouped import (  # noqa: E402
 from schedules.fp8_gemm import fp8_schedule  # noqa: E402
 
 CONTIGUOUS_SCHEDULES = {"coop_1x2": fp8_schedule(cluster_m=1, cluster_n=2), "coop_1x1": fp8_schedule(cluster_m=1),
-                        "coop_128x64": fp8_schedule(tile_n=64, cluster_m=1)}
+                        "coop_128x64": fp8_schedule(tile_n=64, cluster_m=1),
+                        # the wide tiles (the default from 1024 rows since session 15), B-scale rows of two blocks
+                        "coop_128x192_1x2": fp8_schedule(tile_n=192, cluster_m=1, cluster_n=2),
+                        "coop_128x160": fp8_schedule(tile_n=160, cluster_m=1)}
 MASKED_SCHEDULES = {"coop_2x1": fp8_schedule(), "coop_1x2": fp8_schedule(cluster_m=1, cluster_n=2),
                     "pingpong64x128": fp8_schedule("pingpong", 64, 128), "pingpong64x64": fp8_schedule("pingpong", 64, 64),
                     "nonpersistent": fp8_schedule(cluster_m=1, persistent=False)}
@@ -132,6 +135,19 @@ def test_contiguous_sb_smem_bitwise(rows, n, k):
     valid = idx >= 0
     assert torch.equal(on[valid], off[valid])
     assert use_sb_smem(default_grouped_schedule("contiguous", 4096, 4096, 7168), 4096)
+
+
+def test_contiguous_wide_default_bitwise():
+    """The default tile from 1024 rows (the dense search's wide tiles) against 128x128: each output element the same
+    promotions in the same K order, so bitwise on the valid rows."""
+    from schedules.fp8_gemm import default_grouped_schedule
+
+    rows = [1024, 0, 3000, 1030]  # 5120 rows once each expert is padded to the 128-row alignment
+    out, (a, sa, b, sb, idx) = _run_contiguous(rows, 2112, 1152)
+    assert default_grouped_schedule("contiguous", idx.numel(), 2112, 1152).tile_n > 128, idx.numel()
+    sq = _contiguous_cuda(a, sa, b, sb, idx, torch.bfloat16, fp8_schedule(cluster_m=1, cluster_n=2))
+    valid = idx >= 0
+    assert torch.equal(out[valid], sq[valid])
 
 
 # --- masked -------------------------------------------------------------------------------------
