@@ -328,7 +328,10 @@ _RMS_BWD_64K = dict(_STAGED_NORM_BWD_RG, cluster_sync="mbarrier", prefetch=True)
 # stalls on the smem accumulators), each the best plan over the default of the time: 16k 285.3 -> 276.8 us,
 # 32k 361.0 -> 319.0, 64k (the staged resident-grid plan on mbarriers, prefetching) 392.7 -> 302.5.
 _LN_BWD_16K_ACCR = dict(_LN_BWD_16K, acc_regs=True)
-_LN_BWD_32K_ACCR = dict(_LN_BWD_32K, acc_regs=True)
+# At 32k the sweep's winner ran 2 CTAs an SM (the register cap of its accumulators: 64 a thread), but the entry
+# inherited `regs_per_thread` 128, i.e. 1 CTA an SM: the suites after it measured 4096x32768 at 394.8 / 402.6 us,
+# slower than the 359-361 of the plan before it (session 15; e7feb6f, da3605d). Now the measured plan.
+_LN_BWD_32K_ACCR = dict(_LN_BWD_32K, acc_regs=True, regs_per_thread=64)
 _LN_BWD_64K_ACCR = dict(_RMS_BWD_64K, acc_regs=True)
 # Session 14's forward sweep on Hopper's non-portable 16-CTA clusters (`perf.tune_rows --max-cluster 16`;
 # perf/results/2026-11-30-h200-d44c4c4/tune_rows_fwd_{256k,128k}.md; bf16, 256 MiB per tensor; each plan's output

@@ -198,7 +198,10 @@ BWD15 = [("layernorm.bwd", 131072, {}), ("layernorm.bwd", 131072, {"residual": T
          ("rmsnorm.bwd", 131072, {}), ("rmsnorm.bwd", 131072, {"residual": True}),
          ("rmsnorm.bwd", 131072, {"w_dtype": "fp32"}), ("rmsnorm.bwd", 65536, {}),
          ("rmsnorm.bwd", 65536, {"residual": True}), ("rmsnorm.bwd", 65536, {"w_dtype": "fp32", "dtype": "fp16"}),
-         ("rmsnorm.bwd", 65536, {"weight": False})]
+         ("rmsnorm.bwd", 65536, {"weight": False}),
+         # LayerNorm 32k (session 12's plan at the 2 CTAs an SM it was measured with: 64 registers)
+         ("layernorm.bwd", 32768, {}), ("layernorm.bwd", 32768, {"residual": True}),
+         ("layernorm.bwd", 32768, {"w_dtype": "fp32", "bias": False})]
 
 
 @pytest.mark.parametrize("name,n,extra", BWD15, ids=[f"{a}-{b}-{'-'.join(f'{k}={v}' for k, v in c.items())}"
@@ -206,7 +209,8 @@ BWD15 = [("layernorm.bwd", 131072, {}), ("layernorm.bwd", 131072, {"residual": T
 def test_norm_backward_plans_of_session15_compile(name, n, extra, tmp_path):
     """Session 15's norm-backward plans (LayerNorm 128k: 32 elements a thread held in clusters of 8, one CTA an SM;
     RMSNorm 128k the same staged and double-buffered with register accumulators; RMSNorm 64k 16 elements a thread,
-    register accumulators capped at 2 CTAs an SM) under every signature that shares them: within the register
+    register accumulators capped at 2 CTAs an SM; LayerNorm 32k's cap corrected to 2) under every signature that
+    shares them: within the register
     budget of their CTAs per SM, no spills but LayerNorm's and RMSNorm 64k's without weight: ptxas keeps one 4-byte
     value of the row-tile loop in local memory (a store before the loop, a reload and a store per row tile; the H200
     sweep timed LayerNorm so, 1.19x the staged plan)."""
@@ -216,6 +220,8 @@ def test_norm_backward_plans_of_session15_compile(name, n, extra, tmp_path):
     # RMSNorm 128k staged, but beside an fp32 weight (256 KiB a CTA): the register plan (`ops._rowwise.fitted`)
     staged = (name, n) == ("rmsnorm.bwd", 131072) and extra.get("w_dtype") != "fp32"
     assert p["staging"] == ("smem" if staged else "regs")
+    if (name, n) == ("layernorm.bwd", 32768):
+        assert p["ctas_per_sm"] == 2 and p["acc_regs"]
     report, _ = _compile(name, p, tmp_path, loop_spill=name == "layernorm.bwd" or "weight" in extra)
     if report.sass_census:  # (nvdisasm present) the one value: a store before the loop, a reload + store in it
         assert report.sass_census["LDL/STL (spills)"] <= (3 if name == "layernorm.bwd" or "weight" in extra else 0), \
