@@ -29,6 +29,7 @@ from schedules.row_tiling import (
     STAGINGS,
     HeldRowPlan,
     RowTiling,
+    bwd_smem_accumulators,
     plan_for_rows,
 )
 
@@ -161,8 +162,8 @@ class RowwiseSpec(KernelSpec):
             if self.name.endswith(".fwd"):
                 rows = (row,) * (1 + p["residual"])
                 params = (w,) * (int(has_w) + int(has_b))
-            else:
-                params, accs = (w,) * int(has_w), int(has_w) + int(has_b)
+            else:  # (accumulators in registers, one row group a CTA: no shared slots)
+                params, accs = (w,) * int(has_w), bwd_smem_accumulators(plan, vec, int(has_w) + int(has_b))
         return plan.row_smem_bytes(vec, rows, params, accs) or None
 
     def build(self, p):

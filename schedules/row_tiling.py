@@ -450,6 +450,22 @@ def max_held_row(tuning: str, vec: int) -> int:
     return lo * vec
 
 
+# The norm backwards' dweight/dbias accumulators (`kernels.norms.NormBwd`): in registers where the plan asks
+# (`acc_regs`) or a staged plan has at most NORM_BWD_ACC_REG_ELEMS fp32 of them a thread, else in shared memory.
+NORM_BWD_ACC_REG_ELEMS = 32
+
+
+def bwd_acc_in_regs(plan: HeldRowPlan, vec: int, accumulators: int) -> bool:
+    return plan.acc_regs or (plan.staging == "smem" and accumulators * plan.tiling.unroll * vec <= NORM_BWD_ACC_REG_ELEMS)
+
+
+def bwd_smem_accumulators(plan: HeldRowPlan, vec: int, accumulators: int) -> int:
+    """fp32 row slices of shared memory the norm backward's `accumulators` take a row group: none where they are in
+    registers and a CTA has one row group (its partial rows written from the registers), else one each (register
+    sums are folded over the CTA's row groups there)."""
+    return 0 if bwd_acc_in_regs(plan, vec, accumulators) and plan.tiling.rows_per_cta == 1 else accumulators
+
+
 MAX_CLUSTER = 8  # the portable cluster size on Hopper (16 where a HELD_TUNED entry asks: non-portable)
 STAGINGS = ("regs", "smem")
 HOLD_ELEMS = 64  # `HeldRowPlan.hold`: the most elements per thread a held staged row may have (fp32 registers)

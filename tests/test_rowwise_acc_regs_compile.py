@@ -49,3 +49,31 @@ def test_layernorm_bwd_production_plans(n, tmp_path):
     p = spec.resolve(dict(config_of(plan), dtype="bf16", aligned=True, index64=False))
     report, _ = compile_with_artifacts(spec, p, str(tmp_path))
     assert not report.spills, report.format()
+
+
+@pytest.mark.parametrize("name,plan,has_bias", [
+    ("rmsnorm.bwd", HeldRowPlan(RowTiling(512, 512, 4), 8, 1, "smem", prefetch=True, resident_grid=True,
+                                acc_regs=True), False),
+    ("layernorm.bwd", HeldRowPlan(RowTiling(256, 256, 4), 8, 2, "smem", prefetch=True, cluster_sync="mbarrier",
+                                  resident_grid=True, acc_regs=True), True),
+    ("layernorm.bwd", HeldRowPlan(RowTiling(512, 512, 2), 2, 1, prefetch=True, cluster_sync="mbarrier",
+                                  acc_regs=True), True)])
+def test_one_row_group_writes_partials_from_registers(name, plan, has_bias, tmp_path):
+    """Register accumulators with one row group a CTA (session 15): no shared slots (the spec's shared memory is
+    the staging alone), the partial rows stored from the registers, and the launch's CTAs per SM those of the plan
+    with the slots (what the sweeps measured)."""
+    spec = catalog.get(name)
+    p = spec.resolve(dict(config_of(plan), dtype="bf16", aligned=True, index64=False))
+    staged = spec.dynamic_smem_bytes(p) or 0
+    chunk = plan.tiling.threads_per_row * plan.tiling.unroll * 8
+    assert staged == (plan.row_smem_bytes(8, (2, 2), (2,)) if plan.staging == "smem" else 0)
+    report, files = compile_with_artifacts(spec, p, str(tmp_path))
+    assert not report.spills, report.format()
+    assert (report.dynamic_smem_bytes or 0) == staged
+    from cutlass import BFloat16
+
+    from cute_kernels.kernels.norms import NormBwd
+
+    k = NormBwd("layer" if has_bias else "rms", BFloat16, BFloat16, 8, False, plan, True, has_bias, False)
+    assert k.direct_partial and k.accumulators == 0
+    assert k.residency_smem_bytes() == k.row_smem_bytes() + (1 + has_bias) * 4 * chunk

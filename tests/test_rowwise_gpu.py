@@ -324,8 +324,9 @@ def test_norm_backward(kind, dtype, m, n):
 
 
 # Session 15's plans (LayerNorm 128k held, RMSNorm 128k staged + double-buffered, RMSNorm 64k register accumulators;
-# rows past the resident clusters, so each cluster walks several): bf16 weights, fp32 weights (RMSNorm 128k then
-# runs its register plan: the staged one has no room, `ops._rowwise.fitted`), and RMSNorm without a weight.
+# rows past the resident clusters, so each cluster walks several): bf16 weights, fp32 weights, and RMSNorm without
+# a weight. (Their register accumulators need no shared slots with one row group a CTA: the partial rows are
+# written from the registers, `schedules.row_tiling.bwd_smem_accumulators`.)
 S15 = [("rms", 70, 65536), ("rms", 37, 131072), ("layer", 37, 131072)]
 
 
@@ -340,6 +341,13 @@ def test_norm_backward_plans_of_session15(kind, m, n):
         xt = x.detach().clone().requires_grad_()
         check(dx, _grads(lambda x: _rms_ref(x, None, 1e-6), [xr], dy.double())[0],
               _grads(lambda x: F.rms_norm(x, (n,), None, 1e-6), [xt], dy)[0], "rms dx (no weight)")
+
+
+@pytest.mark.parametrize("kind,m,n", [("rms", 40, 32768), ("layer", 6, 262144)], ids=["rms-32k", "layer-256k"])
+def test_norm_backward_fp32_weight_fitted(kind, m, n):
+    """Staged plans an fp32 weight overflows (the op raised on these before session 15): RMSNorm 32k runs its
+    register plan, LayerNorm 256k its staged plan with the accumulators in registers (`ops._rowwise.fitted`)."""
+    _check_norm_backward(kind, BF16, m, n, w_dtype=FP32)
 
 
 def test_norm_backward_with_residual():

@@ -26,7 +26,7 @@ from collectives import quantize as fp8
 from collectives.reduce import add, add_pairs, welford_merge
 from collectives.rowwise import RowReducer, RowSlice, cluster_join, cluster_start, my_tile_count, stage_buffer
 from collectives.vector_io import extent, widen_again
-from schedules.row_tiling import HeldRowPlan
+from schedules.row_tiling import NORM_BWD_ACC_REG_ELEMS, HeldRowPlan, bwd_acc_in_regs, bwd_smem_accumulators
 
 
 class _RowKernel:
@@ -104,10 +104,15 @@ class _RowKernel:
     accumulators = 0
     staged_min_regs = 64  # the norms' backward: 128 (its fp32 dweight/dbias work spills below)
 
-    def row_smem_bytes(self) -> int:
-        """Row-sized shared memory of a CTA: what bounds the CTAs per SM under shared-memory staging."""
+    def row_smem_bytes(self, accumulators: int | None = None) -> int:
+        """Row-sized shared memory of a CTA (with `accumulators` fp32 row slices instead of the kernel's own)."""
         return self.plan.row_smem_bytes(self.vec, tuple(t.width // 8 for t in self.staged_rows),
-                                        tuple(t.width // 8 for t in self.staged_params), self.accumulators)
+                                        tuple(t.width // 8 for t in self.staged_params),
+                                        self.accumulators if accumulators is None else accumulators)
+
+    def residency_smem_bytes(self) -> int:
+        """The shared memory that sets the CTAs per SM ptxas is asked to fit under staging (its register cap)."""
+        return self.row_smem_bytes()
 
     @cute.jit
     def stage_vectors(self, smem, sl: RowSlice, group, vecs: cutlass.Constexpr,
@@ -151,7 +156,7 @@ class _RowKernel:
             # Registers no longer bound the CTAs per SM: ask ptxas to fit as many as shared memory
             # allows (a register cap); the carveout is given so the DSL does not query a device.
             regs = self.held_min_regs if self.hold else self.staged_min_regs
-            launch.update(min_blocks_per_mp=self.plan.staged_residency(self.row_smem_bytes(), regs),
+            launch.update(min_blocks_per_mp=self.plan.staged_residency(self.residency_smem_bytes(), regs),
                           preferred_smem_carveout=100)
         elif self.plan.acc_regs:  # register accumulators of a register-held plan: keep its CTAs per SM
             launch.update(min_blocks_per_mp=self.plan.ctas_per_sm, preferred_smem_carveout=100)
@@ -387,7 +392,7 @@ class NormBwd(_RowKernel):
     # session 7 call 4). With the row held in registers they cost more registers than their count
     # (RMSNorm t128 u4: 106 -> 158, LayerNorm t128 u2: 80 -> 126) and were slower where they fit
     # (RMSNorm 4k t512 u1 prefetch: 44 -> 56 registers, 223.1 -> 231.2 us).
-    ACC_REG_ELEMS = 32
+    ACC_REG_ELEMS = NORM_BWD_ACC_REG_ELEMS
 
     def __init__(self, kind: str, dtype, w_dtype, vec: int, index64: bool, plan: HeldRowPlan,
                  has_weight: bool, has_bias: bool, has_dres: bool):
@@ -396,12 +401,16 @@ class NormBwd(_RowKernel):
         self.has_weight, self.has_bias, self.has_dres = has_weight, has_bias, has_dres
         self.staged_rows = (dtype, dtype)
         self.staged_params = (w_dtype,) if has_weight else ()
-        self.accumulators = int(has_weight) + int(has_bias)
+        self.accumulators = int(has_weight) + int(has_bias)  # fp32 row slices in shared memory (see below)
         self.staged_min_regs = 128
         # dweight/dbias accumulate in registers for staged plans with few of them (ACC_REG_ELEMS fp32 a
         # thread, both together), else in shared memory (a private slot per thread, read-modify-written per row)
-        self.acc_in_regs = plan.acc_regs or (
-            plan.staging == "smem" and self.accumulators * plan.tiling.unroll * vec <= self.ACC_REG_ELEMS)
+        self.acc_in_regs = bwd_acc_in_regs(plan, vec, self.accumulators)
+        # ... and with one row group a CTA (nothing to fold) the partial rows go from the registers to global memory:
+        # no shared slots at all (the norms at 128k-256k: 64-128 KiB a CTA freed for staging, e.g. a second buffer)
+        self.direct_partial = self.acc_in_regs and plan.tiling.rows_per_cta == 1
+        self.slot_accumulators = self.accumulators  # what the CTAs per SM were measured with (below)
+        self.accumulators = bwd_smem_accumulators(plan, vec, self.accumulators)
 
     @cute.jit
     def __call__(self, x: cute.Tensor, w, dy: cute.Tensor, dres, mean, rstd: cute.Tensor, dx: cute.Tensor,
@@ -431,8 +440,9 @@ class NormBwd(_RowKernel):
         # registers where `acc_in_regs`, else in shared memory (in registers they would double the
         # register footprint of the plans that hold the row in registers). The shared slots also collect the registers'
         # sums after the loop, for the CTA's fold over its row groups (`write_partial`).
-        dw_buf = self.accumulator(smem, group, lane) if self.has_weight else None
-        db_buf = self.accumulator(smem, group, lane) if self.has_bias else None
+        slots = not self.direct_partial
+        dw_buf = self.accumulator(smem, group, lane) if self.has_weight and slots else None
+        db_buf = self.accumulator(smem, group, lane) if self.has_bias and slots else None
         dw_acc = self.acc_of(dw_buf, lane, group) if self.has_weight else None
         db_acc = self.acc_of(db_buf, lane, group) if self.has_bias else None
         cluster_start(self.cluster_n)
@@ -503,17 +513,31 @@ class NormBwd(_RowKernel):
                 dxs = [d + e for d, e in zip(dxs, drs)]
             sl.store(dx[row, None], ok, dxs)
             red.end_tile()
-        if cutlass.const_expr(self.acc_in_regs):  # the registers' sums into this thread's shared slots
-            for buf, acc in ((dw_buf, dw_acc), (db_buf, db_acc)):
-                if cutlass.const_expr(buf is not None):
-                    mine = buf[None, None, lane, group]
+        if cutlass.const_expr(self.direct_partial):  # one row group: this thread's sums are the CTA's
+            for acc, partial in ((dw_acc, dw_partial), (db_acc, db_partial)):
+                if cutlass.const_expr(acc is not None):
+                    pv = sl.view(partial[bidx0, None])
                     for k in cutlass.range_constexpr(vpt):
-                        mine[None, k].store(acc[None, k].load())
-        cute.arch.barrier()
-        if cutlass.const_expr(self.has_weight):
-            self.write_partial(smem, dw_buf, dw_partial, sl, group, bidx0)
-        if cutlass.const_expr(self.has_bias):
-            self.write_partial(smem, db_buf, db_partial, sl, group, bidx0)
+                        if sl.valid(k):
+                            pv[None, sl.index(k)].store(acc[None, k].load())
+        else:
+            if cutlass.const_expr(self.acc_in_regs):  # the registers' sums into this thread's shared slots
+                for buf, acc in ((dw_buf, dw_acc), (db_buf, db_acc)):
+                    if cutlass.const_expr(buf is not None):
+                        mine = buf[None, None, lane, group]
+                        for k in cutlass.range_constexpr(vpt):
+                            mine[None, k].store(acc[None, k].load())
+            cute.arch.barrier()
+            if cutlass.const_expr(self.has_weight):
+                self.write_partial(smem, dw_buf, dw_partial, sl, group, bidx0)
+            if cutlass.const_expr(self.has_bias):
+                self.write_partial(smem, db_buf, db_partial, sl, group, bidx0)
+
+    def residency_smem_bytes(self) -> int:
+        """As if the accumulators had their shared slots (`direct_partial` frees them): the register cap of the
+        measured plans stays (LayerNorm 64k at 2 CTAs an SM would get 128 registers and spill 72 B); the freed
+        shared memory goes to what a plan stages (an fp32 weight, a second buffer), not to more CTAs."""
+        return self.row_smem_bytes(self.slot_accumulators)
 
     @cute.jit
     def row_stats(self, mean, rstd: cute.Tensor, row, ok):

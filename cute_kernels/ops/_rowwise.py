@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from cute_kernels import catalog, dtypes
 from cute_kernels.ops._checks import INDEX32_LIMIT, UNCAPPED  # noqa: F401 (re-exported to the row-wise ops)
-from cute_kernels.specs_rowwise import config_of, plan_for_kernel, tuning_of
+from cute_kernels.specs_rowwise import ACC_REGS_KERNELS, config_of, plan_for_kernel, tuning_of
 from schedules.hardware import max_active_clusters, num_sms
 from schedules.row_tiling import max_held_row
 
@@ -46,20 +48,33 @@ def kernel_params(name: str, dtype: torch.dtype, n: int, aligned: bool, index64:
 
 
 def fitted(name: str, plan, dtype: torch.dtype, n: int, aligned: bool, signature: dict):
-    """`plan`, or where its staged rows leave this signature's operands no room in shared memory (RMSNorm
-    backward at 128k with an fp32 weight: 256 KiB a CTA) the register plan its family keeps for the length
-    (HELD_TUNED's `regs` settings)."""
+    """`plan`, or where its staged rows leave this signature's operands no room in shared memory (an fp32 weight
+    beside RMSNorm's 32k rows or LayerNorm's 256k: 256 KiB a CTA) the register plan its family keeps for the length
+    (HELD_TUNED's `regs` settings), else the plan with its dweight / dbias accumulators in registers (a norm
+    backward's shared slots freed: `schedules.row_tiling.bwd_smem_accumulators`)."""
     if plan.staging != "smem":
         return plan
     spec = catalog.get(name)
-    try:  # (the spec's check names the shared memory a plan needs past SMEM_PER_CTA)
-        spec.resolve(dict(dtype=dtypes.name_of(dtype), aligned=aligned, **config_of(plan), **signature))
+
+    def error(p):  # (the spec's check names the shared memory a plan needs past SMEM_PER_CTA)
+        try:
+            spec.resolve(dict(dtype=dtypes.name_of(dtype), aligned=aligned, **config_of(p), **signature))
+            return None
+        except ValueError as e:
+            return e
+
+    first = error(plan)
+    if first is None:
         return plan
-    except ValueError:
+    try:
         regs = plan_for_kernel(name, n, 16 // dtype.itemsize if aligned else 1, staged=False)
-        if regs == plan:
-            raise
-        return regs
+    except ValueError:  # no register plan holds rows this long
+        regs = None
+    accr = dataclasses.replace(plan, acc_regs=True) if name in ACC_REGS_KERNELS and not plan.acc_regs else None
+    for alt in (regs, accr):
+        if alt is not None and alt != plan and error(alt) is None:
+            return alt
+    raise first
 
 
 def launch_params(name: str, x2: torch.Tensor, *others, **signature):
