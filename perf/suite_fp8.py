@@ -54,6 +54,10 @@ K_INTERLEAVE_AHEAD = "ours k-interleave sb_ahead (small M)"
 # bf16 GEMM's 12-stage ring on the same kind of grid won 1.06x). Bitwise the default's output. Session 15
 # (perf/results/2026-11-30-h200-37d0300): 0.985x over the 6 interleaved shapes, not taken.
 DEEP = "ours deep ring (small M)"
+# M = 64 grids (one tile row, cluster_m 1): 1x2 clusters multicast A to two N-tiles. Each narrowed CTA reads all
+# of A (64 x K) for its 16-64 columns of B: at 64x2112x7168 (64x16 tiles) 4x the bytes of its B tile, from L2.
+# The bf16 GEMM's small-M default runs 1x2 there. Bitwise the 1x1 output. Unmeasured (session 15).
+C1X2 = "ours c1x2 (small M)"
 SMALL_M = 128
 WEIGHTS_BAR = 0.70  # issue 5: small-M shapes reach >= 70 % of the copy bandwidth on the weights
 
@@ -126,6 +130,9 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
                 plain = fp8_schedule("pingpong", 64, d.tile_n, cluster_m=d.cluster_m, cluster_n=d.cluster_n)
                 cols.append((NO_K_INTERLEAVE, lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=plain)))
                 cols.append((K_INTERLEAVE_AHEAD, lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=d, sb_ahead=True)))
+            if d.cluster_m == 1 and d.cluster_n == 1 and d.split_k == 1 and -(-n // d.tile_n) % 2 == 0:
+                c12 = fp8_schedule(d.kind, d.tile_m, d.tile_n, cluster_m=1, cluster_n=2, k_interleave=d.k_interleave)
+                cols.append((C1X2, lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=c12)))
             deep = deep_fp8(d)
             if d.tile_m == 64 and d.split_k == 1 and deep != d:
                 cols.append((DEEP, lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=deep)))
@@ -181,7 +188,7 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
                        "measured": f"min {weights_frac(low, low.ours_ms):.1%} ({low.shape}); "
                                    + ", ".join(f"{r.shape} {weights_frac(r, r.ours_ms):.0%}" for r in small),
                        "ok": weights_frac(low, low.ours_ms) >= WEIGHTS_BAR})
-        for name in (PLAIN_SMALL, UNNARROWED, NO_K_INTERLEAVE, K_INTERLEAVE_AHEAD, DEEP):
+        for name in (PLAIN_SMALL, UNNARROWED, NO_K_INTERLEAVE, K_INTERLEAVE_AHEAD, DEEP, C1X2):
             geo, opt = H.option_speedup(small, name)
             if opt:
                 checks.append({"target": f"{name} faster than ours (geomean, M <= {SMALL_M}; decides the default)",
@@ -192,7 +199,7 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
             checks.append({"target": f"{name} faster than ours (geomean, M >= {OVERLAP_MIN_M}; decides the default)",
                            "measured": f"{geo:.3f}x", "ok": geo > 1.0})
     return (rows, ["torch._scaled_mm", *OPTIONS, PLAIN_SMALL, UNNARROWED, NO_K_INTERLEAVE, K_INTERLEAVE_AHEAD, DEEP,
-                   "ours bf16",
+                   C1X2, "ours bf16",
                    "cuBLAS bf16"],
             checks, extra, {})
 

@@ -106,3 +106,16 @@ def test_fp8_deep_ring_bitwise(tile_n, m, n, k):
     out = _fp8_gemm_cuda(a, sa, b, sb, schedule=deep)
     assert out.equal(_fp8_gemm_cuda(a, sa, b, sb, schedule=ki))
     _fp8_check(out, a, sa, b, sb)
+
+
+@pytest.mark.parametrize("tile_n,ki", [(16, True), (64, True), (128, False)])
+def test_fp8_small_m_c1x2_bitwise(tile_n, ki):
+    """M = 64 on 1x2 clusters (A multicast to two N-tiles; the suite's "ours c1x2 (small M)" column, which runs
+    only where the N-tile count is even): the same products and promotions as 1x1, so bitwise."""
+    a, sa, b, sb = _fp8_inputs(64, 2112 if tile_n == 16 else 2048, 1536)
+    _poison_allocator(64 * 2112 * 4)
+    one = fp8_schedule("pingpong", 64, tile_n, cluster_m=1, k_interleave=ki)
+    two = fp8_schedule("pingpong", 64, tile_n, cluster_m=1, cluster_n=2, k_interleave=ki)
+    out = _fp8_gemm_cuda(a, sa, b, sb, schedule=two)
+    assert out.equal(_fp8_gemm_cuda(a, sa, b, sb, schedule=one))
+    _fp8_check(out, a, sa, b, sb)
