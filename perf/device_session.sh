@@ -11,6 +11,8 @@
 #   kt: each call's kernels and GPU span of KT="probe args;..." (perf/kernel_times.py; KTT=timeout)
 #   tunerows: perf.tune_rows (held-row plan sweep; TR=timeout, TRARGS=its arguments)
 #   par: run the test families concurrently (TT=seconds per family, default 240)
+#   TK: a pytest -k expression applied to every named family (e.g. TK="deep_ring or alpha_beta": a family's
+#       new tests without the rest of it, which may not fit TT in parallel with others: gemm took > 210 s)
 #     FAMILIES: comma list of tests/test_<family>_gpu.py families (elementwise, ..., attention_varlen)
 #               or "all"; default: none (a call that names no tests runs none: the whole set takes
 #               longer than one call may run)
@@ -31,7 +33,7 @@ if [ "$TESTS" != none ]; then
   [ "$TESTS" = all ] && TESTS=$(ls tests/test_*_gpu.py | sed "s|tests/test_||; s|_gpu.py||" | paste -sd, -)  # every family
   TT=${TT:-240}
   runfam() {  # one family; log to $OUT/.p.$1
-    timeout -k 5 -s INT $TT python3 -m pytest tests/test_${1}_gpu.py -m "gpu and not large" --maxfail=25 $P > "$OUT/.p.$1" 2>&1
+    timeout -k 5 -s INT $TT python3 -m pytest tests/test_${1}_gpu.py -m "gpu and not large" ${TK:+-k "$TK"} --maxfail=25 $P > "$OUT/.p.$1" 2>&1
   }
   if has par; then  # families side by side (compiles are CPU-bound; 16 cores): correctness only, no timing
     for f in ${TESTS//,/ }; do runfam $f & done; wait
