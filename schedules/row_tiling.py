@@ -280,7 +280,8 @@ _LONG_FWD = dict(target_elems=64, max_elems=64, min_threads=512, max_tpr=512, st
 # The norm backwards past 128k: a non-portable cluster of 16 CTAs (Hopper allows 16 with the
 # attribute the DSL sets on every kernel), 32 elements a thread at 512 threads: x and dy staged
 # (64 KiB), the weight (32 KiB) and the fp32 dweight / dbias accumulators (64 KiB each): 160 KiB a
-# CTA for RMSNorm, 224 KiB for LayerNorm (CPU compile: 113 / 125 registers, no spills). The H200
+# CTA for RMSNorm, 224 KiB for LayerNorm (CPU compile: 113 / 125 registers, no spills; since session 15
+# RMSNorm's one accumulator, in registers, writes its partial row from them: 96 KiB). The H200
 # co-schedules them (session 10: GPU tests at 262144 pass; 1024 x 262144 RMSNorm 651 us per call
 # against QuACK's 902, LayerNorm 948.5; perf/results/2026-11-30-h200-70cbbad/). Correctness plans, untuned.
 _LONG_NORM_BWD_16 = dict(_STAGED_NORM_BWD_RG, max_cluster=16)
@@ -416,7 +417,7 @@ def plan_for_rows(tuning: str, n: int, vec: int, staged: bool = True) -> HeldRow
     """The held-row plan of family `tuning` (a HELD_TUNED key) for rows of `n` elements in
     `vec`-element vectors; ValueError when no cluster holds the row. Staged settings give way to
     their `regs` register settings for rows of other than 16-bit vectors (vec != 8) and where `staged`
-    is False (a signature whose operands leave the staged rows no room: `ops._rowwise.launch_params`)."""
+    is False (a signature whose operands leave the staged rows no room: `ops._rowwise.fitted`)."""
     st = held_settings(tuning, n)
     if "regs" in st:
         st = st["regs"] if vec != 8 or not staged else {k: v for k, v in st.items() if k != "regs"}
