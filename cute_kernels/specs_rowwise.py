@@ -94,11 +94,11 @@ def plan_of(p) -> HeldRowPlan:
                        welford=p.get("welford", False))
 
 
-def plan_for_kernel(name: str, n: int, vec: int, staged: bool = True) -> HeldRowPlan:
+def plan_for_kernel(name: str, n: int, vec: int, staged: bool = True, index64: bool = False) -> HeldRowPlan:
     """The `HELD_TUNED` plan of kernel `name` for rows of `n` elements in `vec`-element vectors:
-    `plan_for_rows` of its family (`staged`: as there), without `hold` for a kernel that does not build it (the
-    cross-entropy forward shares the softmax forward's family)."""
-    plan = plan_for_rows(tuning_of(name), n, vec, staged)
+    `plan_for_rows` of its family (`staged`, `index64`: as there), without `hold` for a kernel that does not build
+    it (the cross-entropy forward shares the softmax forward's family)."""
+    plan = plan_for_rows(tuning_of(name), n, vec, staged, index64)
     # (a held forward's refill, `prefetch`, goes with its `hold`)
     return plan if not plan.hold or name in HOLD_KERNELS else dataclasses.replace(plan, hold=False, prefetch=False)
 

@@ -358,6 +358,7 @@ _C16_HOLD_FWD_256K = dict(target_elems=64, max_elems=64, min_threads=256, max_tp
 # RMSNorm 64k 512 threads x 16 elements in registers, clusters of 8 on mbarriers, accumulators in registers, 2 CTAs
 # per SM, 265.3 -> 225.2. No gain: LayerNorm 64k (1.001x), both at 256k (1.002-1.004x).
 _LN_BWD_128K = dict(target_elems=32, max_elems=32, min_threads=512, max_tpr=512, resident_grid=True)
+_LN_BWD_128K_I64 = dict(_STAGED_NORM_BWD_RG, target_elems=64, max_elems=64)  # the plan before it, staged
 _RMS_BWD_128K = dict(_LN_BWD_128K, staging="smem", staged_rows=2, staged_regs=128, prefetch=True, acc_regs=True)
 _RMS_BWD_64K_ACCR = dict(target_elems=16, max_elems=16, min_threads=512, max_tpr=512, cluster_sync="mbarrier",
                          resident_grid=True, acc_regs=True, regs_per_thread=64)
@@ -385,14 +386,18 @@ HELD_TUNED = {
     "bwd": ((16384, _BWD), (32768, dict(_STAGED_BWD_32K, regs=_BWD)), (None, dict(_STAGED_BWD, regs=_BWD))),
     "rms_bwd": ((1024, dict(_BWD_1K, regs=_ONE_ROW_128)), (2048, _ONE_ROW_128), (4096, _BWD_4K_PF), (8192, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
                 (16384, dict(_RMS_BWD_16K, regs=dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128))),
-                (32768, dict(_RMS_BWD_32K, regs=_BWD)), (65536, dict(_RMS_BWD_64K_ACCR, regs=dict(_BWD, resident_grid=True))),
+                (32768, dict(_RMS_BWD_32K, regs=_BWD)), (65536, dict(_RMS_BWD_64K_ACCR, regs=dict(_BWD, resident_grid=True),
+                                                                      # 64-bit: 64 B spilled at 64 registers
+                                                                      i64=dict(_RMS_BWD_64K, regs=dict(_BWD, resident_grid=True)))),
                 (131072, dict(_RMS_BWD_128K, regs=dict(_BWD, resident_grid=True))),
                 (None, dict(_LONG_NORM_BWD_16, regs=dict(_BWD, resident_grid=True)))),
     # 8k (and fp32 / scalar rows to 16k): 512-thread CTAs, two per SM in the grid (registers allow one
     # resident: the second wave balances the tail), measured at 16k before session 10: 2.08 -> 2.40 TB/s.
     "ln_bwd": ((1024, dict(_BWD_1K, regs=dict(_ONE_ROW_128, min_threads=256))), (2048, dict(_ONE_ROW_128, min_threads=256)), (4096, dict(_LN_BWD_4K_ACCR, regs=dict(_ONE_ROW_128, min_threads=256))), (8192, dict(_LN_BWD, regs_per_thread=64)),
                (16384, dict(_LN_BWD_16K_ACCR, regs=dict(_LN_BWD, regs_per_thread=64))), (32768, dict(_LN_BWD_32K_ACCR, regs=_LN_BWD)), (65536, dict(_LN_BWD_64K_ACCR, regs=dict(_LN_BWD, resident_grid=True))),
-               (131072, dict(_LN_BWD_128K, regs=_LN_BWD)), (None, dict(_LONG_NORM_BWD_16, regs=_LN_BWD))),
+               # (64-bit indexing: the 128k plan spills 48 B at its 128 registers; the staged plan before it does not)
+               (131072, dict(_LN_BWD_128K, regs=_LN_BWD, i64=dict(_LN_BWD_128K_I64, regs=_LN_BWD))),
+               (None, dict(_LONG_NORM_BWD_16, regs=_LN_BWD))),
     # Cross-entropy backward: no reduction (lse is saved), a read-x / write-dx copy bound by bytes in
     # flight. UNMEASURED (CPU compile reports only; time with `perf.tune_rows --kernels
     # cross_entropy.bwd`): 64 elements (8 bf16 vectors, 128 B) per thread loaded together, 128-256
@@ -413,12 +418,17 @@ def held_settings(tuning: str, n: int) -> dict:
     raise AssertionError("the last entry of a HELD_TUNED family covers every row length")
 
 
-def plan_for_rows(tuning: str, n: int, vec: int, staged: bool = True) -> HeldRowPlan:
+def plan_for_rows(tuning: str, n: int, vec: int, staged: bool = True, index64: bool = False) -> HeldRowPlan:
     """The held-row plan of family `tuning` (a HELD_TUNED key) for rows of `n` elements in
     `vec`-element vectors; ValueError when no cluster holds the row. Staged settings give way to
     their `regs` register settings for rows of other than 16-bit vectors (vec != 8) and where `staged`
-    is False (a signature whose operands leave the staged rows no room: `ops._rowwise.fitted`)."""
+    is False (a signature whose operands leave the staged rows no room: `ops._rowwise.fitted`).
+    `index64` (tensors past 2^31 elements): an entry's `i64` settings where it has them (a plan whose
+    64-bit address math would spill at its register cap)."""
     st = held_settings(tuning, n)
+    if index64 and "i64" in st:
+        st = st["i64"]
+    st = {k: v for k, v in st.items() if k != "i64"}
     if "regs" in st:
         st = st["regs"] if vec != 8 or not staged else {k: v for k, v in st.items() if k != "regs"}
     return _plan(n, vec, st)

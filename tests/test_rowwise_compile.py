@@ -201,7 +201,10 @@ BWD15 = [("layernorm.bwd", 131072, {}), ("layernorm.bwd", 131072, {"residual": T
          ("rmsnorm.bwd", 65536, {"weight": False}),
          # LayerNorm 32k (session 12's plan at the 2 CTAs an SM it was measured with: 64 registers)
          ("layernorm.bwd", 32768, {}), ("layernorm.bwd", 32768, {"residual": True}),
-         ("layernorm.bwd", 32768, {"w_dtype": "fp32", "bias": False})]
+         ("layernorm.bwd", 32768, {"w_dtype": "fp32", "bias": False}),
+         # 64-bit indexing (rows x N past 2^31 elements)
+         ("layernorm.bwd", 131072, {"index64": True}), ("rmsnorm.bwd", 131072, {"index64": True}),
+         ("rmsnorm.bwd", 65536, {"index64": True})]
 
 
 @pytest.mark.parametrize("name,n,extra", BWD15, ids=[f"{a}-{b}-{'-'.join(f'{k}={v}' for k, v in c.items())}"
@@ -213,9 +216,14 @@ def test_norm_backward_plans_of_session15_compile(name, n, extra, tmp_path):
     shares them: within the register
     budget of their CTAs per SM, no spills but LayerNorm's and RMSNorm 64k's without weight: ptxas keeps one 4-byte
     value of the row-tile loop in local memory (a store before the loop, a reload and a store per row tile; the H200
-    sweep timed LayerNorm so, 1.19x the staged plan)."""
+    sweep timed LayerNorm so, 1.19x the staged plan). With 64-bit indexing LayerNorm 128k and RMSNorm 64k spilled
+    48-64 B: their entries' `i64` plans (the staged plans before them) run there, without spills."""
     dtype = extra.pop("dtype", "bf16")
     p = _params(name, n, dtype=dtype, **extra)
+    if extra.get("index64") and (name, n) in (("layernorm.bwd", 131072), ("rmsnorm.bwd", 65536)):
+        assert p["staging"] == "smem" and p["threads"] == 256
+        _compile(name, p, tmp_path)
+        return
     assert (p["threads"], p["cluster_n"]) == (512, 8)
     # RMSNorm 128k staged, also beside an fp32 weight (192 KiB a CTA: its register accumulators take no shared slots)
     staged = (name, n) == ("rmsnorm.bwd", 131072)

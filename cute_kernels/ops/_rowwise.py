@@ -43,8 +43,20 @@ def plan_for(name: str, dtype: torch.dtype, n: int, aligned: bool):
 def kernel_params(name: str, dtype: torch.dtype, n: int, aligned: bool, index64: bool = False, **signature) -> dict:
     """The catalogue parameters of the kernel the ops run for (M, n) rows: what `launch_params`
     compiles, and what a test or bench can precompile (`cute_kernels.precompile.precompile`)."""
-    plan = fitted(name, plan_for(name, dtype, n, aligned), dtype, n, aligned, signature)
+    plan = plan_for(name, dtype, n, aligned)
+    plan = fitted(name, wide_plan(name, plan, dtype, n, aligned) if index64 else plan, dtype, n, aligned, signature)
     return dict(dtype=dtypes.name_of(dtype), aligned=aligned, index64=index64, **config_of(plan), **signature)
+
+
+def wide_plan(name: str, plan, dtype: torch.dtype, n: int, aligned: bool):
+    """For tensors past 2^31 elements (64-bit indexing): the production plan's `i64` alternative where its entry
+    has one (`schedules.row_tiling.plan_for_rows`: a plan whose 64-bit address math would spill), else `plan`; a
+    plan that is not the production one (a test's, a sweep's) is kept."""
+    vec = 16 // dtype.itemsize if aligned else 1
+    try:
+        return plan_for_kernel(name, n, vec, index64=True) if plan == plan_for_kernel(name, n, vec) else plan
+    except ValueError:
+        return plan
 
 
 def fitted(name: str, plan, dtype: torch.dtype, n: int, aligned: bool, signature: dict):
@@ -86,7 +98,8 @@ def launch_params(name: str, x2: torch.Tensor, *others, **signature):
     plan = plan_for(name, x2.dtype, n, aligned)
     key = (name, x2.dtype, aligned, index64, plan, tuple(sorted(signature.items())))
     hit = _fns.get(key)
-    if hit is None:  # the kernel and the plan it was built for (`fitted` may swap a staged plan)
+    if hit is None:  # the kernel and the plan it was built for (`wide_plan`, `fitted` may swap it)
+        plan = wide_plan(name, plan, x2.dtype, n, aligned) if index64 else plan
         plan = fitted(name, plan, x2.dtype, n, aligned, signature)
         hit = _fns[key] = (catalog.get(name).compiled(
             dtype=dtypes.name_of(x2.dtype), aligned=aligned, index64=index64, **config_of(plan), **signature), plan)
