@@ -77,9 +77,9 @@ class Fp8GemmSpec(KernelSpec):
                 raise ValueError("k_interleave (two warpgroups on a tile's alternate K-blocks) runs the plain "
                                  "promotion (with or without sb_ahead): not with promote_overlap, sb_smem, wg_turns "
                                  "or promote_halves")
-            if not s.exchange_fits(dtypes.cutlass_of(p["out_dtype"]).width // 8):
-                raise ValueError(f"k_interleave: warpgroup 1's {s.tile_m}x{s.tile_n} fp32 partial does not fit its "
-                                 f"{s.epi_stages} epilogue buffers")
+            err = s.exchange_error(dtypes.cutlass_of(p["out_dtype"]).width // 8)
+            if err:
+                raise ValueError(err)
         if p["sb_ahead"] and (p["sb_smem"] or p["promote_halves"]):
             raise ValueError("sb_ahead=True reads the B scales from global one K-block ahead: not with sb_smem "
                              "or promote_halves")

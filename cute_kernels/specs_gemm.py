@@ -44,9 +44,9 @@ class GemmSpec(KernelSpec):
             raise ValueError("split_k > 1 does not fuse beta * C (source); use split_k=1")
         if p["split_fixup"] and p["split_k"] == 1:
             raise ValueError("split_fixup is an option of split-K (split_k > 1)")
-        if s.k_interleave and not s.exchange_fits(out):
-            raise ValueError(f"k_interleave: warpgroup 1's {s.tile_m}x{s.tile_n} fp32 partial does not fit its "
-                             f"{s.epi_stages} epilogue buffers of {out}-byte outputs")
+        err = s.exchange_error(out)
+        if err:
+            raise ValueError(err)
 
     def build(self, p):
         from cute_kernels.kernels.gemm import Gemm

@@ -47,10 +47,9 @@ _CONFIG = {
 
 # Kernels whose tile loop pipelines row tiles (`HeldRowPlan.prefetch`): the backward kernels, which
 # walk row tiles grid-stride. Only their specs have the `prefetch` parameter.
-PREFETCH_KERNELS = ("rmsnorm.bwd", "layernorm.bwd", "softmax.bwd", "log_softmax.bwd", "rmsnorm.fwd", "layernorm.fwd",
-                    "softmax.fwd", "log_softmax.fwd")
-# ...the forwards only with `hold` (their one staging buffer refilled once the held row is read out of it)
+# ...and the forwards, only with `hold` (their one staging buffer refilled once the held row is read out of it)
 PREFETCH_HOLD_ONLY = ("rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "log_softmax.fwd")
+PREFETCH_KERNELS = ("rmsnorm.bwd", "layernorm.bwd", "softmax.bwd", "log_softmax.bwd") + PREFETCH_HOLD_ONLY
 _PREFETCH = Param(False, (False, True), help="fetch the next row tile (x/y and dy; registers: a second set, "
                   "smem: a second staging buffer, cp.async wait_group 1) while computing this one")
 

@@ -22,7 +22,6 @@ shared along N instead); "masked" runs every schedule (its walk never skips a ti
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 from schedules.gemm import BARRIER_BYTES, GROUPINGS, SMEM_BYTES, GemmSchedule, estimate
@@ -244,11 +243,9 @@ def deep_fp8(s: GemmSchedule) -> GemmSchedule:
     that is no deeper. The bf16 GEMM's 64-row tiles on grids of one tile a CTA run such rings by default
     (`schedules.gemm.deepened`: 12 stages 1.06x at 64x4096x4096); the FP8 suite's "ours deep ring (small M)"
     column times them on the narrow FP8 tiles (64x16: 10.25 KiB a stage, 16 fit; 64x64: 12)."""
-    from schedules.gemm import DEEP_RING_STAGES
+    from schedules.gemm import deepest_ring
 
-    fits = [st for st in range(s.stages + 1, DEEP_RING_STAGES + 1)
-            if smem_bytes(dataclasses.replace(s, stages=st)) <= SMEM_BYTES]
-    return dataclasses.replace(s, stages=fits[-1]) if fits else s
+    return deepest_ring(s, s.stages, lambda c: smem_bytes(c) <= SMEM_BYTES)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -158,6 +158,13 @@ class GemmSchedule:
         """`k_interleave`: warpgroup 1's fp32 partial (tile_m x tile_n) fits its half of the epilogue buffers."""
         return self.tile_m * self.tile_n * 4 <= self.epi_stages * self.epi_tile[0] * self.epi_tile[1] * out_bytes
 
+    def exchange_error(self, out_bytes: int) -> str | None:
+        """Why this `k_interleave` schedule cannot run with `out_bytes`-byte outputs (None when it can)."""
+        if not self.k_interleave or self.exchange_fits(out_bytes):
+            return None
+        return (f"k_interleave: warpgroup 1's {self.tile_m}x{self.tile_n} fp32 partial does not fit its "
+                f"{self.epi_stages} epilogue buffers of {out_bytes}-byte outputs")
+
     def num_stages(self, ab_bytes: int, out_bytes: int) -> int:
         if self.stages:
             return self.stages
@@ -521,10 +528,15 @@ def deepened(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int = 1
     64-row tile on a grid of one tile a CTA that the automatic depth caps at 8; else `s`."""
     if s.stages or s.split_k > 1 or s.tile_m != 64 or not on_one_wave(s, m, n, num_sms, batch):
         return s
-    auto = s.num_stages(2, 2)
-    deep = max((st for st in range(auto + 1, DEEP_RING_STAGES + 1) if dataclasses.replace(s, stages=st).fits(2, 2)),
-               default=None)
-    return dataclasses.replace(s, stages=deep) if deep else s
+    return deepest_ring(s, s.num_stages(2, 2), lambda c: c.fits(2, 2))
+
+
+def deepest_ring(s: GemmSchedule, stages: int, fits) -> GemmSchedule:
+    """`s` with the most A/B stages past `stages` (up to DEEP_RING_STAGES) for which `fits(schedule)` holds (the
+    bf16 GEMM's `GemmSchedule.fits`, the FP8 GEMM's shared-memory count: `schedules.fp8_gemm.deep_fp8`); `s` itself
+    where none does."""
+    deep = [c for c in (dataclasses.replace(s, stages=st) for st in range(stages + 1, DEEP_RING_STAGES + 1)) if fits(c)]
+    return deep[-1] if deep else s
 
 
 @functools.lru_cache(maxsize=4096)

@@ -33,12 +33,17 @@ class _RowKernel:
     """Launch geometry shared by the row-held kernels: CTAs x cluster ranks, grid-stride tiles."""
 
     pipelined = False  # the tile loop implements `HeldRowPlan.prefetch` (the backward kernels)
+    # ... only on held rows (the forwards: their one staging buffer refilled once the row is read out of it)
+    prefetch_needs_hold = False
     holds = False  # the tile loop implements `HeldRowPlan.hold` (the softmax forward)
     held_min_regs = 80  # with `hold`: registers per thread the held row needs (sets the CTAs per SM)
 
     def __init__(self, vec: int, index64: bool, plan: HeldRowPlan):
         if plan.prefetch and not self.pipelined:
             raise ValueError(f"{type(self).__name__}: prefetch is not built for this kernel (plan {plan})")
+        if plan.prefetch and self.prefetch_needs_hold and not plan.hold:
+            raise ValueError(f"{type(self).__name__}: prefetch is built for held rows only (hold=True: the buffer is "
+                             f"refilled once read); plan {plan}")
         if plan.hold and not self.holds:
             raise ValueError(f"{type(self).__name__}: hold is not built for this kernel (plan {plan})")
         self.vec, self.index64, self.plan = vec, index64, plan
@@ -182,7 +187,7 @@ class NormFwd(_RowKernel):
     held_min_regs = 64
     # `HeldRowPlan.prefetch` with `hold`: once a tile's row is read out of its staging buffer (and widened), the
     # next tile's copies go into that buffer, in flight under this tile's reductions, exchange and stores
-    pipelined = True
+    pipelined = prefetch_needs_hold = True
 
     def __init__(self, kind: str, dtype, w_dtype, out_dtype, vec: int, index64: bool, plan: HeldRowPlan,
                  has_weight: bool, has_bias: bool, has_residual: bool, fp8_out: str = "none"):
@@ -191,9 +196,6 @@ class NormFwd(_RowKernel):
         self.kind, self.dtype, self.w_dtype, self.out_dtype = kind, dtype, w_dtype, out_dtype
         self.has_weight, self.has_bias, self.has_residual = has_weight, has_bias, has_residual
         self.fp8_out = fp8_out
-        if plan.prefetch and not plan.hold:
-            raise ValueError(f"NormFwd: prefetch is built for held rows only (hold=True: the buffer is refilled once "
-                             f"read); plan {plan}")
         if fp8_out != "none":
             # the quantizing epilogue keeps the re-reading staged path: `hold` unmeasured there (the same
             # bits either way; only the plan's cache key differs), and so without the refill
@@ -409,7 +411,6 @@ class NormBwd(_RowKernel):
         # ... and with one row group a CTA (nothing to fold) the partial rows go from the registers to global memory:
         # no shared slots at all (the norms at 128k-256k: 64-128 KiB a CTA freed for staging, e.g. a second buffer)
         self.direct_partial = self.acc_in_regs and plan.tiling.rows_per_cta == 1
-        self.slot_accumulators = self.accumulators  # what the CTAs per SM were measured with (below)
         self.accumulators = bwd_smem_accumulators(plan, vec, self.accumulators)
 
     @cute.jit
@@ -537,7 +538,7 @@ class NormBwd(_RowKernel):
         """As if the accumulators had their shared slots (`direct_partial` frees them): the register cap of the
         measured plans stays (LayerNorm 64k at 2 CTAs an SM would get 128 registers and spill 72 B); the freed
         shared memory goes to what a plan stages (an fp32 weight, a second buffer), not to more CTAs."""
-        return self.row_smem_bytes(self.slot_accumulators)
+        return self.row_smem_bytes(int(self.has_weight) + int(self.has_bias))
 
     @cute.jit
     def row_stats(self, mean, rstd: cute.Tensor, row, ok):

@@ -63,13 +63,10 @@ class SoftmaxFwd(_RowLoop):
     holds = True
     # `HeldRowPlan.prefetch` with `hold` (as `NormFwd`): the next tile's row lands in this tile's buffer once the
     # held row's (m, l) state and exps are taken from it
-    pipelined = True
+    pipelined = prefetch_needs_hold = True
 
     def __init__(self, log: bool, dtype, vec: int, index64: bool, plan):
         super().__init__(vec, index64, plan)
-        if plan.prefetch and not plan.hold:
-            raise ValueError(f"SoftmaxFwd: prefetch is built for held rows only (hold=True: the buffer is refilled "
-                             f"once read); plan {plan}")
         self.log, self.dtype = log, dtype
         self.staged_rows = (dtype,)
         self.staged_min_regs = 88  # (m, l) pass + exps' addresses: 64 elements spill at 64 (and, since exp_diff, at 80)

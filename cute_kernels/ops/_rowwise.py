@@ -29,7 +29,7 @@ def vector_ok(*ts) -> bool:
 
 def plan_for(name: str, dtype: torch.dtype, n: int, aligned: bool):
     """The held-row plan kernel `name` uses for rows of `n` elements (ValueError naming x past its capacity)."""
-    vec = 16 // dtype.itemsize if aligned else 1
+    vec = _vec(dtype, aligned)
     try:
         return plan_for_kernel(name, n, vec)
     except ValueError:
@@ -43,16 +43,25 @@ def plan_for(name: str, dtype: torch.dtype, n: int, aligned: bool):
 def kernel_params(name: str, dtype: torch.dtype, n: int, aligned: bool, index64: bool = False, **signature) -> dict:
     """The catalogue parameters of the kernel the ops run for (M, n) rows: what `launch_params`
     compiles, and what a test or bench can precompile (`cute_kernels.precompile.precompile`)."""
-    plan = plan_for(name, dtype, n, aligned)
-    plan = fitted(name, wide_plan(name, plan, dtype, n, aligned) if index64 else plan, dtype, n, aligned, signature)
+    plan = launch_plan(name, plan_for(name, dtype, n, aligned), dtype, n, aligned, index64, signature)
     return dict(dtype=dtypes.name_of(dtype), aligned=aligned, index64=index64, **config_of(plan), **signature)
+
+
+def launch_plan(name: str, plan, dtype: torch.dtype, n: int, aligned: bool, index64: bool, signature: dict):
+    """`plan` (`plan_for`'s) as the kernel is built for this signature: its 64-bit alternative (`wide_plan`) for
+    tensors past 2^31 elements, then one whose shared memory the signature's operands fit (`fitted`)."""
+    return fitted(name, wide_plan(name, plan, dtype, n, aligned) if index64 else plan, dtype, n, aligned, signature)
+
+
+def _vec(dtype: torch.dtype, aligned: bool) -> int:
+    return 16 // dtype.itemsize if aligned else 1
 
 
 def wide_plan(name: str, plan, dtype: torch.dtype, n: int, aligned: bool):
     """For tensors past 2^31 elements (64-bit indexing): the production plan's `i64` alternative where its entry
     has one (`schedules.row_tiling.plan_for_rows`: a plan whose 64-bit address math would spill), else `plan`; a
     plan that is not the production one (a test's, a sweep's) is kept."""
-    vec = 16 // dtype.itemsize if aligned else 1
+    vec = _vec(dtype, aligned)
     try:
         return plan_for_kernel(name, n, vec, index64=True) if plan == plan_for_kernel(name, n, vec) else plan
     except ValueError:
@@ -79,7 +88,7 @@ def fitted(name: str, plan, dtype: torch.dtype, n: int, aligned: bool, signature
     if first is None:
         return plan
     try:
-        regs = plan_for_kernel(name, n, 16 // dtype.itemsize if aligned else 1, staged=False)
+        regs = plan_for_kernel(name, n, _vec(dtype, aligned), staged=False)
     except ValueError:  # no register plan holds rows this long
         regs = None
     accr = dataclasses.replace(plan, acc_regs=True) if name in ACC_REGS_KERNELS and not plan.acc_regs else None
@@ -98,9 +107,8 @@ def launch_params(name: str, x2: torch.Tensor, *others, **signature):
     plan = plan_for(name, x2.dtype, n, aligned)
     key = (name, x2.dtype, aligned, index64, plan, tuple(sorted(signature.items())))
     hit = _fns.get(key)
-    if hit is None:  # the kernel and the plan it was built for (`wide_plan`, `fitted` may swap it)
-        plan = wide_plan(name, plan, x2.dtype, n, aligned) if index64 else plan
-        plan = fitted(name, plan, x2.dtype, n, aligned, signature)
+    if hit is None:  # the kernel and the plan it was built for (`launch_plan` may swap it)
+        plan = launch_plan(name, plan, x2.dtype, n, aligned, index64, signature)
         hit = _fns[key] = (catalog.get(name).compiled(
             dtype=dtypes.name_of(x2.dtype), aligned=aligned, index64=index64, **config_of(plan), **signature), plan)
     return hit
