@@ -520,7 +520,8 @@ def main(argv=None) -> int:
                          "(both: HeldRowPlan.resident_grid), or only the twin pairs (only); 'x off' is then the "
                          "twin's time (SMs-capped / uncapped) over the plan's")
     ap.add_argument("--fwd-prefetch", choices=("off", "both", "only"), default="off",
-                    help="norm forwards: also every held plan refilling its buffer with the next tile on the capped "
+                    help="staged forwards (norms, softmax, log-softmax): also every held plan refilling its buffer with "
+                         "the next tile on the capped "
                          "grid (both: HeldRowPlan.prefetch + hold + resident_grid), or only the twin pairs (only); 'x "
                          "off' is then the held plan's time without the refill over the plan's")
     ap.add_argument("--max-cluster", type=int, choices=(8, 16), default=8,
