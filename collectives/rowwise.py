@@ -115,12 +115,19 @@ class RowSlice:
         if cutlass.const_expr(buf is None):
             return self.load(row, ok, fill)
         rv = self.vectors(row)
-        # 128-bit copies (an fp32 weight next to bf16 rows: two per vector)
+        # 128-bit copies, an fp32 weight next to bf16 rows two per vector: one cute.copy each, on a 16-byte piece.
+        # (cute.copy with the 128-bit atom on a whole 32-byte vector issued one copy, leaving its upper half
+        # unwritten: the staged fp32 weights, GPU test test_norm_backward_fp32_weight_fitted, session 16.)
+        bits = min(128, self.vec * row.element_type.width)
+        per = bits // row.element_type.width
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), row.element_type,
-                                   num_bits_per_copy=128)
+                                   num_bits_per_copy=bits)
         for k in cutlass.range_constexpr(self.vpt):
             if ok and self.valid(k):
-                cute.copy(atom, self.vector(rv, k), buf[None, self.slot(k)])
+                src = cute.zipped_divide(self.vector(rv, k), (per,))
+                dst = cute.zipped_divide(buf[None, self.slot(k)], (per,))
+                for j in cutlass.range_constexpr(self.vec // per):
+                    cute.copy(atom, src[None, j], dst[None, j])
         return buf
 
     @staticmethod

@@ -343,6 +343,23 @@ def test_norm_backward_plans_of_session15(kind, m, n):
               _grads(lambda x: F.rms_norm(x, (n,), None, 1e-6), [xt], dy)[0], "rms dx (no weight)")
 
 
+@pytest.mark.parametrize("n", [16384, 65536, 131072, 262144])
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_norm_forward_fp32_weight(kind, n):
+    """fp32 weight and bias beside bf16 rows on the staged plans (16k-256k): a vector of the staged parameter is 32
+    bytes, two cp.async (session 16 found one, half of each staged weight never written; the forward's staged
+    fp32 weights had no GPU test)."""
+    m = 37
+    x = randn(m, n) + (3.0 if kind == "layer" else 0.0)
+    w, b = randn(n, dtype=FP32), randn(n, dtype=FP32)
+    xb, wb, bb = x, w.to(BF16), b.to(BF16)  # torch's own in bf16 (weights rounded)
+    if kind == "rms":
+        check(ck.rms_norm(x, w, 1e-6), _rms_ref(x, w, 1e-6), F.rms_norm(xb, (n,), wb, 1e-6), "rms_norm fp32 w")
+    else:
+        check(ck.layer_norm(x, w, b, 1e-5), _ln_ref(x, w, b, 1e-5), F.layer_norm(xb, (n,), wb, bb, 1e-5),
+              "layer_norm fp32 w")
+
+
 @pytest.mark.parametrize("kind,m,n", [("rms", 40, 32768), ("layer", 6, 262144)], ids=["rms-32k", "layer-256k"])
 def test_norm_backward_fp32_weight_fitted(kind, m, n):
     """Staged plans an fp32 weight overflows (the op raised on these before session 15): RMSNorm 32k runs its
