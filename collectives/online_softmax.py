@@ -46,7 +46,10 @@ def merge(a, b):
     m2, l2 = b
     m = cute.arch.fmax(m1, m2)
     ref = finite_ref(m)
-    s = l1 * exp_diff(m1, ref) + l2 * exp_diff(m2, ref)
+    # one explicit fma: written as l1 * e1 + l2 * e2, ptxas contracted either product into FFMA
+    # depending on the code around it, so the held softmax forward and the same plan with its
+    # refill (`prefetch`) differed in the last bit of l (GPU test_softmax_prefetch_equals_held_bitwise)
+    s = cute.math.fma(l1, exp_diff(m1, ref), l2 * exp_diff(m2, ref))
     return (m, s)
 
 
@@ -66,13 +69,14 @@ def fold(state, v):
         part = vs[k].dtype(vs[k].reduce(cute.ReductionOp.MAX, vs[k].dtype(NEG_INF), 0)).to(Float32)
         m_new = cute.arch.fmax(m_new, part)
     ref = finite_ref(m_new)
-    s = s * exp_diff(m, ref)
+    r = exp_diff(m, ref)
     for k in cutlass.range_constexpr(len(vs)):
         els = widen_f32(vs[k], vs[k].dtype)  # bf16: one integer op per element
         part = exp_diff(els[0], ref)
         for e in cutlass.range_constexpr(1, len(els)):
             part = part + exp_diff(els[e], ref)
-        s = s + part
+        # the rescale of l fused with the first part explicitly (as in `merge`: never left to ptxas)
+        s = cute.math.fma(s, r, part) if k == 0 else s + part
     return (m_new, s)
 
 
