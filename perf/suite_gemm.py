@@ -22,12 +22,15 @@ SHAPES = [
     (128, 7168, 2048), (64, 4096, 4096),
 ]
 QUICK = [(8192, 8192, 8192), (4096, 4096, 4096), (4096, 2112, 7168), (128, 7168, 2048)]
+# `gemm_small`: decode-sized M, where the small-grid defaults (`schedules.gemm.narrowed` / `deepened`) decide
+SMALL_M = [(64, 4096, 4096), (64, 2048, 4096), (64, 4096, 1024), (128, 2112, 4096), (32, 4096, 4096),
+           (64, 8192, 8192), (64, 7168, 2048), (128, 7168, 2048)]
 # Pipeline options of the default schedule (`schedules.gemm.pipeline_variants`; docs/kernels/gemm.md,
 # "2026-11-29 (session 4)"), timed beside it where they apply, each checked bitwise against "ours".
 OPTIONS = ["ours c2x2", "ours wg_epilogue", "ours c2x2 wg_epilogue", "ours 5 stages", "ours pingpong 128x192"]
 
 
-def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pingpong")):
+def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pingpong"), with_ladder=True):
     from quack.gemm_interface import gemm as quack_gemm  # imported here: it patches CuTe classes
 
     import cute_kernels as ck
@@ -66,6 +69,13 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
             fns["ours split-K fixup"] = functools.partial(_gemm_cuda, a, b, schedule=fix)
             eq = torch.equal(fns["ours split-K fixup"](), fns["ours split-K"]())
             same += f"; split-K fixup bitwise {'=' if eq else '!='} split-K"
+        if m <= 256 and d.tile_m == 64 and d.tile_n == 32 and d.split_k == 1:
+            # the narrowed default (`schedules.gemm.narrowed`, session 16) against the 64x64 tile it replaced (with
+            # that tile's deep ring) and against its own automatic depth
+            option("ours 64x64 deep ring (small M)", deepened(dataclasses.replace(d, tile_n=64, stages=0), m, n))
+            if d.stages:
+                option("ours 64x32 8 stages (small M)", dataclasses.replace(d, stages=0))
+            option("ours 64x32 k-interleave (small M)", dataclasses.replace(d, k_interleave=True))
         if m <= 256 and d.tile_m == 64 and d.tile_n == 64:
             # a 64x32 tile on a grid 64x64 leaves below a wave (64x4096x4096: 64 tiles -> 128; the FP8 GEMM's
             # narrowing measured 1.09-1.18x on such grids, session 13)
@@ -118,7 +128,8 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
                            "measured": f"{geo:.3f}x (best {1 / best.ratio(col):.3f}x at {best.shape})",
                            "ok": geo > 1.0})
     extra = "## Default schedule per shape\n\n| shape | schedule |\n|---|---|\n" + "\n".join(notes)
-    extra += "\n\n" + ladder()
+    if with_ladder:
+        extra += "\n\n" + ladder()
     cols = (["cuBLAS", "QuACK"] + [f"ours {k}" for k in schedules] + ["ours split-K", "ours split-K fixup", "ours no split-K"]
             + options)
     return rows, cols, checks, extra, {}

@@ -161,8 +161,17 @@ def _gemm(**kw):
     return gemm(**{k: v for k, v in kw.items() if k != "ceilings"})
 
 
+def _gemm_small(**kw):
+    from perf.suite_gemm import SMALL_M, gemm
+
+    kw = {k: v for k, v in kw.items() if k not in ("ceilings", "quick")}
+    return gemm(**{"shapes": SMALL_M, **{k: v for k, v in kw.items() if v}}, with_ladder=False)
+
+
 SUITES["gemm"] = _gemm
 PEERS["gemm"] = ("quack",)
+SUITES["gemm_small"] = _gemm_small  # decode-sized M: the small-grid defaults
+PEERS["gemm_small"] = ("quack",)
 
 
 # Lessons 3, 8, 9, 11, 12: gemv, transpose, swiglu, argmax.

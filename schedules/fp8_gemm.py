@@ -277,23 +277,12 @@ def default_fp8_schedule(m: int, n: int, k: int, kind: str | None = None, num_sm
     return s
 
 
-# Small grids: a 64-row ping-pong tile that leaves most SMs idle is narrowed (64 -> 32 -> 16 columns) while
-# the narrower grid still fits in one wave. Measured on the H200 (perf/results/2026-11-30-h200-d05f96b,
-# small-M default promotion): 64x2112x7168 33 tiles at 64x64 110 TFLOP/s, 64x32 124, 64x16 130;
-# 64x4096x7168 212 -> 232 at 64x32; 128x2112x7168 213 -> 237 at 64x32. Where 64x64 / 64x128 already fill
-# the SMs the narrow tiles lost (each CTA reloads the whole A block: 0.53-0.77x geomean).
-NARROW_TILE_N = (32, 16)
-
-
 def _narrowed(s: GemmSchedule, m: int, n: int, num_sms: int, batch: int) -> GemmSchedule:
-    if s.kind != "pingpong" or s.tile_m != 64 or s.tile_n != 64:
-        return s
-    rows = -(-m // 64) * batch
-    for tn in NARROW_TILE_N:
-        if rows * -(-n // tn) > num_sms:
-            break
-        s = fp8_schedule("pingpong", 64, tn, cluster_m=s.cluster_m, cluster_n=s.cluster_n)
-    return s
+    """`schedules.gemm.narrowed` for the FP8 tiles (64 -> 32 -> 16 columns; the measurements are there)."""
+    from schedules.gemm import narrowed
+
+    return narrowed(s, m, n, num_sms, batch, "fp8",
+                    lambda s, tn: fp8_schedule("pingpong", 64, tn, cluster_m=s.cluster_m, cluster_n=s.cluster_n))
 
 
 def _eff_correction(s: GemmSchedule) -> float:

@@ -515,6 +515,33 @@ def interleaved(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int 
     return dataclasses.replace(s, k_interleave=True)
 
 
+# Small grids: a 64x64 ping-pong tile whose grid leaves most SMs idle is narrowed (64 -> 32 (-> 16) columns) while the
+# narrower grid still fits in one wave: more CTAs stream the weights, each reloading its (small) A block.
+# - FP8, H200 (perf/results/2026-11-30-h200-d05f96b): 64x2112x7168, 33 tiles at 64x64 110 TFLOP/s, 64x32 124, 64x16 130;
+#   64x4096x7168 212 -> 232 at 64x32; 128x2112x7168 213 -> 237 at 64x32. Where 64x64 / 64x128 already fill the SMs
+#   the narrow tiles lost (0.53-0.77x geomean).
+# - bf16, H200 session 16 (perf/results/2026-11-30-h200-5f9f713/gemm.md): 64x4096x4096, 64 tiles at 64x64 with the
+#   12-stage ring 128.1 TFLOP/s; 64x32 (128 tiles) with the automatic 8 stages 131.3, with its deepest ring (16)
+#   138.7 (1.083x; cuBLAS 142.6). 64x16 was not measured for bf16.
+NARROW_TILE_N = {"bf16": (32,), "fp8": (32, 16)}
+
+
+def narrowed(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int = 1, family: str = "bf16",
+             make=None) -> GemmSchedule:
+    """`s` (an unsplit 64x64 ping-pong tile) with the narrowest NARROW_TILE_N[family] columns whose grid still fits in
+    `num_sms` CTAs; else `s`. `make(s, tile_n)` builds the narrowed schedule (default: `s` with that width and the
+    automatic depth)."""
+    if s.kind != "pingpong" or s.tile_m != 64 or s.tile_n != 64 or s.split_k > 1:
+        return s
+    make = make or (lambda s, tn: dataclasses.replace(s, tile_n=tn, stages=0))
+    rows = -(-m // 64) * batch
+    for tn in NARROW_TILE_N[family]:
+        if rows * -(-n // tn) > num_sms:
+            break
+        s = make(s, tn)
+    return s
+
+
 # A/B rings deeper than `GemmSchedule.num_stages`' 8 where a 64-row tile's grid gives a CTA one tile: the
 # catalogue takes up to 16. H200, session 15 (perf/results/2026-11-30-h200-e7feb6f/gemm.md): bf16 64x4096x4096,
 # 64x64 ping-pong, 12 stages 130.1 TFLOP/s against 8 stages 122.7 (1.06x; session 14's PC sampling there: 61 % of
@@ -557,9 +584,10 @@ def default_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: i
             if best is None or t < best[0] * 0.999:
                 best = (t, s)
             break  # the first cluster shape that fits is the preferred one
-    # split-K when the grid leaves SMs idle; else, on such grids, a deeper ring (`deepened`) and both warpgroups on
-    # each tile where that is switched on (`interleaved`)
-    return interleaved(deepened(best_split(best[1], m, n, k, 1, num_sms), m, n, num_sms), m, n, num_sms)
+    # split-K when the grid leaves SMs idle; else, on such grids, narrower tiles (`narrowed`), a deeper ring
+    # (`deepened`) and both warpgroups on each tile where that is switched on (`interleaved`)
+    s = narrowed(best_split(best[1], m, n, k, 1, num_sms), m, n, num_sms)
+    return interleaved(deepened(s, m, n, num_sms), m, n, num_sms)
 
 
 def pipeline_variants(d: GemmSchedule, m: int, n: int) -> dict[str, GemmSchedule]:

@@ -119,10 +119,16 @@ def test_deep_default_ring():
 
     from schedules.gemm import default_schedule, on_one_wave
 
-    d = default_schedule(64, 4096, 4096)
+    from schedules.gemm import GemmSchedule, deepened
+
+    d = deepened(GemmSchedule(kind="pingpong", tile_m=64, tile_n=64, cluster_m=1, cluster_n=2), 64, 4096)
     assert (d.tile_m, d.tile_n, d.stages) == (64, 64, 12) and d.fits(2, 2)
     assert not dataclasses.replace(d, stages=13).fits(2, 2) and not d.fits(2, 4)  # fp32 out: `_gemm_cuda` falls back
     assert on_one_wave(d, 64, 4096)
+    # the default there since session 16: narrowed to 64x32 (`schedules.gemm.narrowed`), 16 stages of 12 KiB
+    d = default_schedule(64, 4096, 4096)
+    assert (d.tile_m, d.tile_n, d.stages) == (64, 32, 16) and d.fits(2, 2) and on_one_wave(d, 64, 4096)
+    assert default_schedule(64, 8192, 8192).tile_n == 64  # 64x32 would be 256 tiles: more than a wave
     for m, n, k in [(8192, 8192, 8192), (4096, 2112, 7168), (128, 7168, 2048), (4096, 4096, 4096)]:
         s = default_schedule(m, n, k)
         assert s.stages == 0 or s.split_k > 1, s
