@@ -362,6 +362,16 @@ _LN_BWD_128K_I64 = dict(_STAGED_NORM_BWD_RG, target_elems=64, max_elems=64)  # t
 _RMS_BWD_128K = dict(_LN_BWD_128K, staging="smem", staged_rows=2, staged_regs=128, prefetch=True, acc_regs=True)
 _RMS_BWD_64K_ACCR = dict(target_elems=16, max_elems=16, min_threads=512, max_tpr=512, cluster_sync="mbarrier",
                          resident_grid=True, acc_regs=True, regs_per_thread=64)
+# Session 16's forward sweep of the held rows refilled (`perf.tune_rows --hold both --fwd-prefetch only`; perf/results/
+# 2026-11-30-h200-a6831ea/tune_rows.md; bf16, 256 MiB per tensor): once a tile's row is in registers its staging
+# buffer takes the next tile's row (`HeldRowPlan.prefetch` with `hold`), each CTA walking its tiles on the capped
+# grid (`resident_grid`). Same math, bitwise the held plan (GPU tests/test_rowwise_fwd_prefetch_gpu.py). Each the
+# best plan over the default: LayerNorm 64k 180.7 -> 145.5 us (1.24x), 128k 199.1 -> 147.5 (1.35x), 256k 210.9 ->
+# 149.2 (1.41x), on the defaults' own tilings; RMSNorm 256k 512 threads x 32 elements in 16-CTA clusters, 2 CTAs an
+# SM, 163.8 -> 152.0 (1.08x). No gain: RMSNorm 64k / 128k (0.95-0.97x), softmax and log-softmax 64k-256k (0.90-0.97x).
+_REFILL = dict(hold=True, resident_grid=True, prefetch=True)
+_REFILL_RMS_FWD_256K = dict(target_elems=32, max_elems=32, min_threads=512, max_tpr=512, staging="smem",
+                            max_cluster=16, **_REFILL)
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
     "fwd": ((4096, _ONE_ROW_128), (8192, _FWD), (16384, dict(_STAGED_FWD_16K, regs=_FWD)),
@@ -371,15 +381,15 @@ HELD_TUNED = {
                 (2048, dict(_RMS_FWD_2K, regs=_ONE_ROW_128)),
                 (8192, _ONE_ROW_128), (16384, dict(_STAGED_RMS_FWD_16K, regs=_ONE_ROW_128)),
                 (65536, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)),
-                (131072, dict(_C16_RMS_FWD_128K, regs=_NORM_FWD)), (262144, dict(_C16_RMS_FWD_256K, regs=_NORM_FWD)),
+                (131072, dict(_C16_RMS_FWD_128K, regs=_NORM_FWD)), (262144, dict(_REFILL_RMS_FWD_256K, regs=_NORM_FWD)),
                 (None, dict(_LONG_FWD, regs=_NORM_FWD))),
     # LayerNorm 32k-128k: the landed row held (`hold`; session 6 call 6, perf/results/2026-11-29-h200-82f0325/
     # tune_rows.md: 64k 2.50 -> 2.75 TB/s, 128k 2.26 -> 2.45); RMSNorm's hold measured 1.000x: not taken
     "ln_fwd": ((512, _ONE_ROW_128), (1024, dict(_LN_FWD_1K, regs=_ONE_ROW_128)), (4096, _ONE_ROW_128), (8192, _LN_FWD), (16384, dict(_STAGED_LN_FWD_MB, hold=True, regs=_LN_FWD)),
                (32768, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", hold=True, regs=_LN_FWD)),
-               (65536, dict(_STAGED_LN_FWD_MB, hold=True, regs=_LN_FWD)),
-               (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", hold=True, regs=_NORM_FWD)),
-               (262144, dict(_C16_HOLD_FWD_256K, regs=_NORM_FWD)),
+               (65536, dict(_STAGED_LN_FWD_MB, **_REFILL, regs=_LN_FWD)),
+               (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", **_REFILL, regs=_NORM_FWD)),
+               (262144, dict(_C16_HOLD_FWD_256K, **_REFILL, regs=_NORM_FWD)),
                (None, dict(_LONG_FWD, cluster_sync="mbarrier", hold=True, regs=_NORM_FWD))),
     # softmax / log-softmax backward staged from 16k (session 10's suite, 8f975dd: the staged plan at 64k 99 % and
     # 256k 91 % of copy, the register plans between them 73 % at 32k and 63 % at 128k)

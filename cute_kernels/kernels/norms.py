@@ -215,6 +215,11 @@ class NormFwd(_RowKernel):
             # 128 elements 176 B at 80); with a weight, shared memory already held them to what was measured
             self.staged_min_regs = max(self.staged_min_regs, 128 if elems >= 128 else 96)
             self.held_min_regs = max(self.held_min_regs, 96)
+        if has_residual and plan.prefetch and plan.tiling.threads >= 512:
+            # the refilled held row beside the residual's: RMSNorm 256k (512 threads x 32 elements, 2 CTAs an SM, 64
+            # registers) spilled 24 B (CPU compile, session 16); 80 fit, one CTA an SM (the capped grid then runs
+            # in two waves: the fused-residual signature only)
+            self.held_min_regs = max(self.held_min_regs, 80)
         if plan.welford and kind == "layer":
             # the (count, mean, M2) merge keeps three values a row live through the butterfly: it spilled
             # at the 64-register floor of the staged plans (CPU compile, 16k / 64k)
