@@ -369,6 +369,10 @@ _RMS_BWD_64K_ACCR = dict(target_elems=16, max_elems=16, min_threads=512, max_tpr
 # best plan over the default: LayerNorm 64k 180.7 -> 145.5 us (1.24x), 128k 199.1 -> 147.5 (1.35x), 256k 210.9 ->
 # 149.2 (1.41x), on the defaults' own tilings; RMSNorm 256k 512 threads x 32 elements in 16-CTA clusters, 2 CTAs an
 # SM, 163.8 -> 152.0 (1.08x). No gain: RMSNorm 64k / 128k (0.95-0.97x), softmax and log-softmax 64k-256k (0.90-0.97x).
+# The same sweep at 16k-32k (perf/results/2026-11-30-h200-31ecefd/tune_rows.md), bitwise twins of the defaults:
+# LayerNorm 16k held on the capped grid without the refill 157.1 -> 140.7 us (1.12x; refilled 144.7), 32k refilled
+# 167.1 -> 142.8 (1.17x; 512 threads x 64 elements, one CTA of a row, 140.0 but other bits and unchecked beside a
+# residual); RMSNorm 16k held on the capped grid 152.9 -> 142.4 (1.07x). No gain: RMSNorm 32k, softmax 16k / 32k.
 _REFILL = dict(hold=True, resident_grid=True, prefetch=True)
 _REFILL_RMS_FWD_256K = dict(target_elems=32, max_elems=32, min_threads=512, max_tpr=512, staging="smem",
                             max_cluster=16, **_REFILL)
@@ -379,14 +383,14 @@ HELD_TUNED = {
             (262144, dict(_C16_HOLD_FWD_256K, staged_regs=80, regs=_FWD)), (None, _FWD)),
     "rms_fwd": ((512, _ONE_ROW_128), (1024, dict(_RMS_FWD_1K, regs=_ONE_ROW_128)),
                 (2048, dict(_RMS_FWD_2K, regs=_ONE_ROW_128)),
-                (8192, _ONE_ROW_128), (16384, dict(_STAGED_RMS_FWD_16K, regs=_ONE_ROW_128)),
+                (8192, _ONE_ROW_128), (16384, dict(_STAGED_RMS_FWD_16K, hold=True, resident_grid=True, regs=_ONE_ROW_128)),
                 (65536, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)),
                 (131072, dict(_C16_RMS_FWD_128K, regs=_NORM_FWD)), (262144, dict(_REFILL_RMS_FWD_256K, regs=_NORM_FWD)),
                 (None, dict(_LONG_FWD, regs=_NORM_FWD))),
     # LayerNorm 32k-128k: the landed row held (`hold`; session 6 call 6, perf/results/2026-11-29-h200-82f0325/
     # tune_rows.md: 64k 2.50 -> 2.75 TB/s, 128k 2.26 -> 2.45); RMSNorm's hold measured 1.000x: not taken
-    "ln_fwd": ((512, _ONE_ROW_128), (1024, dict(_LN_FWD_1K, regs=_ONE_ROW_128)), (4096, _ONE_ROW_128), (8192, _LN_FWD), (16384, dict(_STAGED_LN_FWD_MB, hold=True, regs=_LN_FWD)),
-               (32768, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", hold=True, regs=_LN_FWD)),
+    "ln_fwd": ((512, _ONE_ROW_128), (1024, dict(_LN_FWD_1K, regs=_ONE_ROW_128)), (4096, _ONE_ROW_128), (8192, _LN_FWD), (16384, dict(_STAGED_LN_FWD_MB, hold=True, resident_grid=True, regs=_LN_FWD)),
+               (32768, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", **_REFILL, regs=_LN_FWD)),
                (65536, dict(_STAGED_LN_FWD_MB, **_REFILL, regs=_LN_FWD)),
                (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", **_REFILL, regs=_NORM_FWD)),
                (262144, dict(_C16_HOLD_FWD_256K, **_REFILL, regs=_NORM_FWD)),

@@ -117,9 +117,7 @@ def test_deep_default_ring():
     grids of more than a wave, split-K and 128-row tiles keep the automatic depth."""
     import dataclasses
 
-    from schedules.gemm import default_schedule, on_one_wave
-
-    from schedules.gemm import GemmSchedule, deepened
+    from schedules.gemm import GemmSchedule, deepened, default_schedule, on_one_wave
 
     d = deepened(GemmSchedule(kind="pingpong", tile_m=64, tile_n=64, cluster_m=1, cluster_n=2), 64, 4096)
     assert (d.tile_m, d.tile_n, d.stages) == (64, 64, 12) and d.fits(2, 2)

@@ -215,11 +215,15 @@ class NormFwd(_RowKernel):
             # 128 elements 176 B at 80); with a weight, shared memory already held them to what was measured
             self.staged_min_regs = max(self.staged_min_regs, 128 if elems >= 128 else 96)
             self.held_min_regs = max(self.held_min_regs, 96)
-        if has_residual and plan.prefetch and plan.tiling.threads >= 512:
-            # the refilled held row beside the residual's: RMSNorm 256k (512 threads x 32 elements, 2 CTAs an SM, 64
-            # registers) spilled 24 B (CPU compile, session 16); 80 fit, one CTA an SM (the capped grid then runs
-            # in two waves: the fused-residual signature only)
+        if kind == "rms" and has_residual and plan.hold:
+            # RMSNorm's held row beside the residual's at the 64-register floor (CPU compile, session 16): 256k (512
+            # threads x 32 elements, refilled, 2 CTAs an SM) spilled 24 B, 16k (128 threads x 32, 8 an SM) 16 B.
+            # 80 fit (fewer CTAs an SM for the fused-residual signature only; the capped grid then takes two waves)
             self.held_min_regs = max(self.held_min_regs, 80)
+        if fp8_out == "per_token" and kind == "layer" and not has_residual and elems >= 64:
+            # LayerNorm's per-token FP8 epilogue at 64 elements a thread spilled 160 B at 128 registers (32k, 256
+            # threads; CPU compile, session 16, a plan of session 12)
+            self.staged_min_regs = self.held_min_regs = 168
         if plan.welford and kind == "layer":
             # the (count, mean, M2) merge keeps three values a row live through the butterfly: it spilled
             # at the 64-register floor of the staged plans (CPU compile, 16k / 64k)
