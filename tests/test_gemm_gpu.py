@@ -350,3 +350,19 @@ def test_deep_default_ring_outputs():
     _check(_gemm_cuda(a, b, out_dtype=torch.float32), a, b, out_dtype=torch.float32)
     c = randn(m, n)
     _check(_gemm_cuda(a, b, alpha=0.5, beta=2.0, c=c), a, b, alpha=0.5, beta=2.0, c=c)
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 4096, 1024), (37, 2048, 4096), (128, 2112, 4096), (1, 130, 64)])
+def test_narrowed_default(m, n, k):
+    """Small grids narrow the 64x64 ping-pong tile to 64x32 while the grid stays one wave (`schedules.gemm.narrowed`,
+    session 16), with its deepest ring: correct, every element written, bitwise the same tile at the automatic depth;
+    bias + activation and fp32 output (which falls back to the automatic depth) too."""
+    d = default_schedule(m, n, k)
+    assert (d.tile_m, d.tile_n) == (64, 32) and d.stages > 8, d
+    a, b, bias = randn(m, k), randn(k, n), randn(n)
+    _poison_allocator(m * n * 4)
+    out = _gemm_cuda(a, b)
+    _check(out, a, b)
+    assert out.equal(_gemm_cuda(a, b, schedule=dataclasses.replace(d, stages=0)))
+    _check(_gemm_cuda(a, b, bias, "gelu"), a, b, bias, "gelu")
+    _check(_gemm_cuda(a, b, out_dtype=torch.float32), a, b, out_dtype=torch.float32)
