@@ -55,7 +55,7 @@ _PREFETCH = Param(False, (False, True), help="fetch the next row tile (x/y and d
 
 # Kernels that can hold a staged row in registers after it lands (`HeldRowPlan.hold`): only their
 # specs have the `hold` parameter.
-HOLD_KERNELS = ("softmax.fwd", "log_softmax.fwd", "rmsnorm.fwd", "layernorm.fwd")
+HOLD_KERNELS = ("softmax.fwd", "log_softmax.fwd", "rmsnorm.fwd", "layernorm.fwd", "rmsnorm.bwd", "layernorm.bwd")
 _HOLD = Param(False, (False, True), help="staging='smem': read the landed row once into registers and compute "
               "from there (one exp per element), instead of re-reading the buffer per pass")
 

@@ -115,7 +115,7 @@ def prefetch_candidates(n: int, vec: int = 8) -> list[HeldRowPlan]:
     return [dataclasses.replace(p, prefetch=True) for p in regs] + staged_candidates(n, vec, True, prefetch=True)
 
 
-def _twin(p: HeldRowPlan, vec: int = 8) -> HeldRowPlan:
+def _twin(p: HeldRowPlan, vec: int = 8, bwd: bool = False) -> HeldRowPlan:
     """`p` with shared-memory accumulators when it forces register ones, on the SMs-capped grid when it
     has the resident one, with the cluster barrier when it syncs by mbarrier, else `p` without
     prefetch (a staged twin gets the CTAs per SM of its single buffer)."""
@@ -125,6 +125,8 @@ def _twin(p: HeldRowPlan, vec: int = 8) -> HeldRowPlan:
         return dataclasses.replace(p, welford=False)
     if p.acc_regs:
         return dataclasses.replace(p, acc_regs=False)
+    if p.hold and bwd:  # a held backward: the same plan re-reading its buffers (the grid it had)
+        return dataclasses.replace(p, hold=False, ctas_per_sm=_staged(p.tiling, p.cluster_n, vec, True, False).ctas_per_sm)
     if p.hold:  # the re-reading plan, with the CTAs per SM of its own register floor
         return dataclasses.replace(_staged(p.tiling, p.cluster_n, vec, False, False), cluster_sync=p.cluster_sync)
     if p.resident_grid:
@@ -206,13 +208,16 @@ def _call(kernel: str, n: int, m: int, peer: bool = False):
 
 def _hold_twin(p: HeldRowPlan, vec: int = 8, kernel: str = "softmax.fwd") -> HeldRowPlan:
     """`p` holding its staged row in registers, with the CTAs per SM the kernel asks for (its
-    `held_min_regs`)."""
-    from cute_kernels.kernels.norms import NormFwd
+    `held_min_regs`). The norm backwards hold x and dy; a prefetching backward plan's twin refills its one
+    buffer per tensor once they are read out (`HeldRowPlan.stages` 1: where the double buffer did not fit)."""
+    from cute_kernels.kernels.norms import NormBwd, NormFwd
     from cute_kernels.kernels.softmax import SoftmaxFwd
 
     q = dataclasses.replace(p, hold=True)
-    regs = (NormFwd if kernel.startswith(("rmsnorm", "layernorm")) else SoftmaxFwd).held_min_regs
-    return dataclasses.replace(q, ctas_per_sm=min(16, q.staged_residency(q.row_smem_bytes(vec, (16 // vec,)), regs)))
+    bwd = kernel.endswith(".bwd")
+    regs = (NormBwd if bwd else NormFwd if kernel.startswith(("rmsnorm", "layernorm")) else SoftmaxFwd).held_min_regs
+    rows = (16 // vec,) * (2 if bwd else 1)
+    return dataclasses.replace(q, ctas_per_sm=min(16, q.staged_residency(q.row_smem_bytes(vec, rows), regs)))
 
 
 def _holdable(p: HeldRowPlan, vec: int = 8) -> bool:
@@ -250,10 +255,10 @@ def _max_err(out, ref) -> float:
 ERR_OK = 2e-2  # bf16 outputs of two reduction orders differ by a few units in the last place
 
 
-def _with_twins(ps: list, mode: str, twins: list) -> list:
+def _with_twins(ps: list, mode: str, twins: list, bwd: bool = False) -> list:
     """A sweep's plans with an option's `twins` (mode "both": added to them), or (mode "only") just the
     twins and the plans `_twin` pairs them with."""
-    return (ps + twins) if mode == "both" else (twins + [_twin(p) for p in twins])
+    return (ps + twins) if mode == "both" else (twins + [_twin(p, bwd=bwd) for p in twins])
 
 
 def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "barrier",
@@ -295,7 +300,10 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                                                     if p.cluster_n > 1
                                                     or (change.get("resident_grid") and k.endswith(".fwd"))])
                 if hold != "off" and k in HOLD_KERNELS:  # after the mbarrier twins: those too
-                    ps = _with_twins(ps, hold, [_hold_twin(p, kernel=k) for p in [default] + ps if _holdable(p)])
+                    held = [p for p in [default] + ps if _holdable(p)]
+                    if k.endswith(".bwd"):  # the backwards: each staged plan held, and held + refilled
+                        held = held + [dataclasses.replace(p, prefetch=True) for p in held if not p.prefetch]
+                    ps = _with_twins(ps, hold, [_hold_twin(p, kernel=k) for p in held], bwd=k.endswith(".bwd"))
                 if fwd_prefetch != "off" and k in PREFETCH_HOLD_ONLY:  # held rows refilled, on the capped grid
                     ps = _with_twins(ps, fwd_prefetch, [dataclasses.replace(p, prefetch=True, resident_grid=True)
                                                         for p in [default] + ps if p.hold and not p.prefetch])
@@ -377,7 +385,7 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                 shown.append(r)
         for t, p in shown:
             tag = " (default)" if p == default else ""
-            twin = _twin(p) if (p.prefetch or p.cluster_sync != "barrier" or p.resident_grid or p.hold
+            twin = _twin(p, bwd=k.endswith(".bwd")) if (p.prefetch or p.cluster_sync != "barrier" or p.resident_grid or p.hold
                                 or p.acc_regs or p.welford) else None
             off = f"{times[twin] / t:.3f}" if twin in times else ""
             lines.append(f"| {k} | {n} | {p}{tag} | {p.ctas_per_sm} | {t * 1e3:.1f} | "
@@ -505,8 +513,9 @@ def main(argv=None) -> int:
                          "(both), or only the twin pairs (mbarrier); 'x off' is then the barrier twin's time over "
                          "the plan's")
     ap.add_argument("--hold", choices=("off", "both", "only"), default="off",
-                    help="forwards: also the hold twins of staged plans of <= 64 elements per thread (both), "
-                         "or only the twin pairs (only); 'x off' is then the re-reading twin's time over the plan's")
+                    help="also the hold twins of staged plans of <= 64 elements per thread (both), or only the twin "
+                         "pairs (only); 'x off' is then the re-reading twin's time over the plan's. The norm "
+                         "backwards: each staged plan held, and held + refilled (one buffer; 'x off' against held)")
     ap.add_argument("--acc-regs", choices=("off", "both", "only"), default="off",
                     help="norm backwards: also every plan with its dweight/dbias accumulators in registers "
                          "(both: HeldRowPlan.acc_regs), or only the twin pairs (only); 'x off' is then the "

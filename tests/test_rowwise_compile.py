@@ -291,3 +291,27 @@ def test_short_softmax_forwards_keep_7_ctas_per_sm(name, n, tmp_path):
     assert p["threads"] == 128 and p["staging"] == "regs", p
     report, _ = _compile(name, p, tmp_path)
     assert report.kernels[0].registers <= 72, report.format()
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["hold", "refill"])
+@pytest.mark.parametrize("extra", [{}, {"residual": True}], ids=["plain", "dres"])
+def test_layernorm_bwd_held_rows_compile(prefetch, extra, tmp_path):
+    """`NormBwd` holding x and dy (session 16) on LayerNorm 256k's staged plan, re-read buffers replaced by the held
+    16-bit rows: fewer shared loads, within the 128 registers of one 512-thread CTA an SM (at most one scalar of the
+    tile loop in local memory, as the held forwards), one staging buffer a tensor when refilled."""
+    import dataclasses
+
+    from cute_kernels.specs_rowwise import config_of
+
+    base = plan_for_kernel("layernorm.bwd", 262144, 8)
+    assert base.staging == "smem" and not base.hold
+    sig = dict(dtype="bf16", aligned=True, index64=False, weight=True, bias=True, w_dtype="bf16", residual=False)
+    sig.update(extra)
+    lds = {}
+    for p in (base, dataclasses.replace(base, hold=True, prefetch=prefetch)):
+        params = catalog.get("layernorm.bwd").resolve(dict(config_of(p), **sig))
+        report, files = compile_with_artifacts(catalog.get("layernorm.bwd"), params, str(tmp_path / str(p.hold)))
+        k = report.kernels[0]
+        assert k.registers <= 128 and k.local_bytes <= 8, report.format()
+        lds[p.hold] = len(re.findall(r"ld\.shared", files["ptx"].read_text()))
+    assert lds[True] < lds[False], lds

@@ -87,8 +87,8 @@ class _RowKernel:
         `holders` (stage `stage` of a prefetching plan); returns the held rows (`RowSlice.read`)."""
         out = []
         for h, src in zip(holders, srcs):
-            if cutlass.const_expr(self.staged):
-                out.append(sl.fetch(src, ok, fill, h[None, None, stage] if self.prefetch else h))
+            if cutlass.const_expr(self.staged):  # (a held row refilled: one buffer, `HeldRowPlan.stages` 1)
+                out.append(sl.fetch(src, ok, fill, h[None, None, stage] if self.plan.stages > 1 else h))
             elif cutlass.const_expr(self.prefetch):
                 sl.load_ahead(h, src, ok, fill)
                 out.append(h)
@@ -99,7 +99,7 @@ class _RowKernel:
     def held_rows(self, sl: RowSlice, holders: list, stage) -> list:
         """Prefetching: the held rows of the tile in `stage` (registers: their values, read now)."""
         if self.staged:
-            return [h[None, None, stage] for h in holders]
+            return [h[None, None, stage] if self.plan.stages > 1 else h for h in holders]
         return [sl.take(h) for h in holders]
 
     # Staged operands: the element types of the row tensors and of the (N,) operands; fp32
@@ -395,6 +395,13 @@ class NormBwd(_RowKernel):
     """
 
     pipelined = True
+    # `HeldRowPlan.hold` (session 16): x and dy read out of their staging buffers once into registers (16-bit), the
+    # output pass widening them again instead of re-reading shared memory; with `prefetch` the buffers are then
+    # refilled with the next tile (one buffer each, as the held forwards), where the double-buffered prefetch does
+    # not fit beside the shared accumulators (LayerNorm 256k: 224 KiB a CTA; PC sampling there, session 16: 16.7 % of
+    # the samples on the first read of a landed row, nothing in flight while a tile is reduced and stored)
+    holds = True
+    held_min_regs = 128
     # ncu, LayerNorm backward 32768x4096 (t256 r128 u4, accumulators in shared memory): 29.7 % of the
     # warps' cycles stalled on the short scoreboard, the samples on the adds right after each
     # accumulator's LDS.128 and on registers reused after its STS.128 (few warps resident to hide it).
@@ -472,7 +479,17 @@ class NormBwd(_RowKernel):
             ok = row < rows
             parity = Int32(i % 2)
             tile = Int32(i)
-            if cutlass.const_expr(self.prefetch):
+            if cutlass.const_expr(self.prefetch and self.hold):  # one buffer each: read out, then refilled
+                hx, hdy = self.held_rows(sl, hold, parity)
+                r, mu = stats[0], stats[1]
+                sl.arrive(self.staged)
+                hx = sl.read(hx, ok, 0.0)
+                hdy = sl.read(hdy, ok, 0.0)
+                nrow = row + gdim * self.rows_per_cta  # >= rows past this CTA's last tile
+                self.fetch_rows(sl, hold, [x[nrow, None], dy[nrow, None]], nrow < rows, 0.0, 0)
+                stats[0], stats[1] = self.row_stats(mean, rstd, nrow, nrow < rows)
+                RowSlice.commit(True)
+            elif cutlass.const_expr(self.prefetch):
                 hx, hdy = self.held_rows(sl, hold, parity)
                 r, mu = stats[0], stats[1]
                 nrow = row + gdim * self.rows_per_cta  # >= rows past this CTA's last tile
@@ -489,6 +506,9 @@ class NormBwd(_RowKernel):
                 hx = sl.fetch(x[row, None], ok, 0.0, hold[0])
                 hdy = sl.fetch(dy[row, None], ok, 0.0, hold[1])
                 sl.arrive(self.staged)
+                if cutlass.const_expr(self.hold):
+                    hx = sl.read(hx, ok, 0.0)
+                    hdy = sl.read(hdy, ok, 0.0)
             xs = sl.to_f32(sl.read(hx, ok, 0.0))
             dys = sl.to_f32(sl.read(hdy, ok, 0.0))
             xh = [(v - mu) * r for v in xs]
@@ -513,8 +533,12 @@ class NormBwd(_RowKernel):
             c1 = c1 * inv_n
             c2 = c2 * inv_n
             if cutlass.const_expr(self.staged):  # x, dy (and w) again for the output pass
-                xh = [(v - mu) * r for v in sl.again(hx, xs, ok, 0.0)]
-                wdy = sl.again(hdy, dys, ok, 0.0)
+                if cutlass.const_expr(self.hold):  # from the held 16-bit vectors (`widen_again`: not merged)
+                    xh = [(widen_again(v) - mu) * r for v in hx]
+                    wdy = [widen_again(v) for v in hdy]
+                else:
+                    xh = [(v - mu) * r for v in sl.again(hx, xs, ok, 0.0)]
+                    wdy = sl.again(hdy, dys, ok, 0.0)
                 if cutlass.const_expr(self.has_weight):
                     wdy = [d * c for d, c in zip(wdy, self.vector_of(sl, hw))]
             dxs = [(g - (a * c1 + c2)) * r for a, g in zip(xh, wdy)]
