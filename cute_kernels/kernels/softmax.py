@@ -78,21 +78,24 @@ class SoftmaxFwd(_RowLoop):
     @cute.kernel
     def kernel(self, x: cute.Tensor, y: cute.Tensor):
         red, sl, count, bidx, gdim, rows, n, group, lane, rank, bufs = self.setup(x, (2,), 1)
-        # the cluster wait at the start, not after the first loads as in the norms: with it there the
-        # H200 gave staged (hold, mbarrier) and register plans different bits on strided 32x65536
-        # rows (tests/test_rowwise_smem_gpu.py, session 8 call 3; not understood yet) and no speed
-        # (64k 91.3 -> 91.5 % of copy)
-        cluster_join(self.cluster_n, True)
+        # The cluster wait after the first tile's loads are issued, as in the norms (session 16; before, at the
+        # kernel's start, so each CTA of a 16-CTA cluster waited for the whole cluster before its first load: at
+        # 256k, ~20 waves of CTAs of ~8 us each, 0.86x QuACK, which waits only at its reduction). Session 8 had
+        # moved it to the start after strided 32x65536 rows gave staged and register plans different bits there;
+        # a likely cause, ptxas contracting the state merge's l1 * e1 + l2 * e2 differently in the two kernels,
+        # is gone since the merge writes its fma (`collectives.online_softmax.merge`).
         if cutlass.const_expr(self.prefetch):  # the first tile's row
             row0 = bidx * self.rows_per_cta + group
             sl.fetch(x[row0, None], row0 < rows, _NEG_INF, bufs[0])
             RowSlice.commit(True)
+            cluster_join(self.cluster_n, True)
         for i in cutlass.range(count, unroll=1):
             row = (bidx + i * gdim) * self.rows_per_cta + group
             ok = row < rows
             hx = bufs[0]
             if cutlass.const_expr(not self.prefetch):
                 hx = sl.fetch(x[row, None], ok, _NEG_INF, bufs[0])
+                cluster_join(self.cluster_n, i == 0)
             sl.arrive(self.staged)
             if cutlass.const_expr(self.hold):
                 # the landed row read once and held from here on, in its own dtype (half the
