@@ -116,7 +116,8 @@ def test_kernels_without_the_pipeline_refuse_it():
 def test_plans():
     """Two staging buffers per row; the plan's name says pf; the planner passes it through; the
     production table asks for it only where the H200 sweeps measured it faster (the norm backwards at 4k
-    and 16k-64k, RMSNorm's at 16k-32k and 128k)."""
+    and 16k-64k, RMSNorm's at 16k-32k and 128k; the held norm forwards' refill, LayerNorm 32k-256k and RMSNorm
+    256k)."""
     t = RowTiling(128, 128, 4)
     off, on = HeldRowPlan(t, 1, 2, "smem"), HeldRowPlan(t, 1, 2, "smem", prefetch=True)
     rows = (2, 2)
@@ -132,7 +133,10 @@ def test_plans():
     asked = {(name, most) for name, fam in HELD_TUNED.items() for most, st in fam if st.get("prefetch")}
     assert asked == {("rms_bwd", 4096), ("ln_bwd", 4096), ("ln_bwd", 16384), ("ln_bwd", 32768), ("ln_bwd", 65536),
                      ("rms_bwd", 16384), ("rms_bwd", 32768),
-                     ("rms_bwd", 131072)}, asked  # session 12: LayerNorm 64k; session 15: RMSNorm 128k, not 64k
+                     ("rms_bwd", 131072),
+                     # session 16: the held forwards refilling their buffer (prefetch with hold)
+                     ("ln_fwd", 32768), ("ln_fwd", 65536), ("ln_fwd", 131072), ("ln_fwd", 262144),
+                     ("rms_fwd", 262144)}, asked  # session 12: LayerNorm 64k; session 15: RMSNorm 128k, not 64k
     assert plan_for_kernel("rmsnorm.bwd", 4096, 8) == HeldRowPlan(RowTiling(512, 512, 1), 1, 2, prefetch=True)
 
 
