@@ -523,15 +523,20 @@ def interleaved(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int 
 # - bf16, H200 session 16 (perf/results/2026-11-30-h200-5f9f713/gemm.md): 64x4096x4096, 64 tiles at 64x64 with the
 #   12-stage ring 128.1 TFLOP/s; 64x32 (128 tiles) with the automatic 8 stages 131.3, with its deepest ring (16)
 #   138.7 (1.083x; cuBLAS 142.6). 64x16 was not measured for bf16.
+#   At M = 32 the 64x64 tile with its 12-stage ring ran 1.093x the narrowed one (perf/results/2026-11-30-h200-
+#   a6831ea/gemm_small.md): with fewer than half the tile's rows real, each narrowed CTA's A box is mostly out of
+#   bounds and twice as many CTAs load it. So bf16 narrows only from NARROW_MIN_M rows (the FP8 suites never
+#   measured M < 64).
 NARROW_TILE_N = {"bf16": (32,), "fp8": (32, 16)}
+NARROW_MIN_M = {"bf16": 33, "fp8": 1}
 
 
 def narrowed(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int = 1, family: str = "bf16",
              make=None) -> GemmSchedule:
-    """`s` (an unsplit 64x64 ping-pong tile) with the narrowest NARROW_TILE_N[family] columns whose grid still fits in
-    `num_sms` CTAs; else `s`. `make(s, tile_n)` builds the narrowed schedule (default: `s` with that width and the
-    automatic depth)."""
-    if s.kind != "pingpong" or s.tile_m != 64 or s.tile_n != 64 or s.split_k > 1:
+    """`s` (an unsplit 64x64 ping-pong tile, at least NARROW_MIN_M[family] rows) with the narrowest
+    NARROW_TILE_N[family] columns whose grid still fits in `num_sms` CTAs; else `s`. `make(s, tile_n)` builds the
+    narrowed schedule (default: `s` with that width and the automatic depth)."""
+    if s.kind != "pingpong" or s.tile_m != 64 or s.tile_n != 64 or s.split_k > 1 or m < NARROW_MIN_M[family]:
         return s
     make = make or (lambda s, tn: dataclasses.replace(s, tile_n=tn, stages=0))
     rows = -(-m // 64) * batch
