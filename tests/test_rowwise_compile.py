@@ -305,6 +305,7 @@ def test_layernorm_bwd_held_rows_compile(prefetch, extra, tmp_path):
 
     base = plan_for_kernel("layernorm.bwd", 262144, 8)
     assert base.staging == "smem" and not base.hold
+    assert dataclasses.replace(base, hold=True, prefetch=True).stages == 1  # refilled: one buffer a tensor
     sig = dict(dtype="bf16", aligned=True, index64=False, weight=True, bias=True, w_dtype="bf16", residual=False)
     sig.update(extra)
     lds = {}
