@@ -484,11 +484,17 @@ def bwd_acc_in_regs(plan: HeldRowPlan, vec: int, accumulators: int) -> bool:
     return plan.acc_regs or (plan.staging == "smem" and accumulators * plan.tiling.unroll * vec <= NORM_BWD_ACC_REG_ELEMS)
 
 
+def bwd_direct_partial(plan: HeldRowPlan, vec: int, accumulators: int) -> bool:
+    """Whether the norm backward writes its partial rows straight from register accumulators: in registers, and one
+    row group a CTA (nothing to fold over row groups in shared memory)."""
+    return bwd_acc_in_regs(plan, vec, accumulators) and plan.tiling.rows_per_cta == 1
+
+
 def bwd_smem_accumulators(plan: HeldRowPlan, vec: int, accumulators: int) -> int:
-    """fp32 row slices of shared memory the norm backward's `accumulators` take a row group: none where they are in
-    registers and a CTA has one row group (its partial rows written from the registers), else one each (register
-    sums are folded over the CTA's row groups there)."""
-    return 0 if bwd_acc_in_regs(plan, vec, accumulators) and plan.tiling.rows_per_cta == 1 else accumulators
+    """fp32 row slices of shared memory the norm backward's `accumulators` take a row group: none where the partial
+    rows are written from the registers (`bwd_direct_partial`), else one each (register sums are folded over the
+    CTA's row groups there)."""
+    return 0 if bwd_direct_partial(plan, vec, accumulators) else accumulators
 
 
 MAX_CLUSTER = 8  # the portable cluster size on Hopper (16 where a HELD_TUNED entry asks: non-portable)

@@ -26,7 +26,13 @@ from collectives import quantize as fp8
 from collectives.reduce import add, add_pairs, welford_merge
 from collectives.rowwise import RowReducer, RowSlice, cluster_join, cluster_start, my_tile_count, stage_buffer
 from collectives.vector_io import extent, widen_again
-from schedules.row_tiling import NORM_BWD_ACC_REG_ELEMS, HeldRowPlan, bwd_acc_in_regs, bwd_smem_accumulators
+from schedules.row_tiling import (
+    NORM_BWD_ACC_REG_ELEMS,
+    HeldRowPlan,
+    bwd_acc_in_regs,
+    bwd_direct_partial,
+    bwd_smem_accumulators,
+)
 
 
 class _RowKernel:
@@ -426,7 +432,7 @@ class NormBwd(_RowKernel):
         self.acc_in_regs = bwd_acc_in_regs(plan, vec, self.accumulators)
         # ... and with one row group a CTA (nothing to fold) the partial rows go from the registers to global memory:
         # no shared slots at all (the norms at 128k-256k: 64-128 KiB a CTA freed for staging, e.g. a second buffer)
-        self.direct_partial = self.acc_in_regs and plan.tiling.rows_per_cta == 1
+        self.direct_partial = bwd_direct_partial(plan, vec, self.accumulators)
         self.accumulators = bwd_smem_accumulators(plan, vec, self.accumulators)
 
     @cute.jit
@@ -479,23 +485,21 @@ class NormBwd(_RowKernel):
             ok = row < rows
             parity = Int32(i % 2)
             tile = Int32(i)
-            if cutlass.const_expr(self.prefetch and self.hold):  # one buffer each: read out, then refilled
+            if cutlass.const_expr(self.prefetch):
                 hx, hdy = self.held_rows(sl, hold, parity)
                 r, mu = stats[0], stats[1]
-                sl.arrive(self.staged)
-                hx = sl.read(hx, ok, 0.0)
-                hdy = sl.read(hdy, ok, 0.0)
+                if cutlass.const_expr(self.hold):  # one buffer each: this tile's rows read out before the refill
+                    sl.arrive(self.staged)
+                    hx = sl.read(hx, ok, 0.0)
+                    hdy = sl.read(hdy, ok, 0.0)
                 nrow = row + gdim * self.rows_per_cta  # >= rows past this CTA's last tile
-                self.fetch_rows(sl, hold, [x[nrow, None], dy[nrow, None]], nrow < rows, 0.0, 0)
-                stats[0], stats[1] = self.row_stats(mean, rstd, nrow, nrow < rows)
-                RowSlice.commit(True)
-            elif cutlass.const_expr(self.prefetch):
-                hx, hdy = self.held_rows(sl, hold, parity)
-                r, mu = stats[0], stats[1]
-                nrow = row + gdim * self.rows_per_cta  # >= rows past this CTA's last tile
+                # (the other stage of two; a held plan's one buffer takes no stage index: `fetch_rows`)
                 self.fetch_rows(sl, hold, [x[nrow, None], dy[nrow, None]], nrow < rows, 0.0, 1 - parity)
                 stats[0], stats[1] = self.row_stats(mean, rstd, nrow, nrow < rows)
-                sl.arrive(self.staged, 1)
+                if cutlass.const_expr(self.hold):
+                    RowSlice.commit(True)
+                else:
+                    sl.arrive(self.staged, 1)
             else:
                 r = Float32(0.0)
                 mu = Float32(0.0)
