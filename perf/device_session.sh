@@ -84,7 +84,16 @@ if has clocks; then  # CLK: ";"-separated perf.probe-style targets run back to b
   section clocks; IFS=';' read -ra CC <<< "${CLK:-}"
   timeout ${CLKT:-200} python3 -m perf.clocks "${CC[@]}" > "$OUT/.c" 2>&1; cat "$OUT/.c" >> "$LOG"; grep -E "^\| |Error|error" "$OUT/.c" | tail -12; rm -f "$OUT/.c"
 fi
-if has tunerows; then section tune_rows; timeout ${TR:-300} python3 -m perf.tune_rows --out "$OUT" ${TRARGS:-} > "$OUT/.s" 2>&1; cat "$OUT/.s" >> "$LOG"; grep -E "^\| " "$OUT/.s" | tail -80; rm -f "$OUT/.s"; fi
+if has tunerows; then  # TRARGS: one sweep's arguments, or several separated by "|" (each its own TR seconds, its
+  # results in $OUT/tune_rows.md, then tune_rows_2.md, ...)
+  IFS='|' read -ra SWEEPS <<< "${TRARGS:- }"; i=1
+  for a in "${SWEEPS[@]}"; do
+    section "tune_rows $a"; d="$OUT"; [ $i -gt 1 ] && d="$OUT/.tr$i" && mkdir -p "$d"
+    timeout ${TR:-300} python3 -m perf.tune_rows --out "$d" $a > "$OUT/.s" 2>&1; cat "$OUT/.s" >> "$LOG"
+    [ $i -gt 1 ] && [ -f "$d/tune_rows.md" ] && mv "$d/tune_rows.md" "$OUT/tune_rows_$i.md"; rm -rf "$OUT/.tr$i"
+    echo "tune_rows $a:"; grep -E "^\| " "$OUT/.s" | tail -40; rm -f "$OUT/.s"; i=$((i+1))
+  done
+fi
 if has small; then section small; timeout ${ST:-200} python3 -m perf.small --out "$OUT" ${SMALLARGS:-} > "$OUT/.s" 2>&1; cat "$OUT/.s" >> "$LOG"; grep "^|" "$OUT/.s"; rm -f "$OUT/.s"; fi
 if has sanitize; then
   for p in "add bf16 1048579" "row_sum bf16 3 769" "sum fp32 1000003" "gemm bf16 769 2112 1032"; do

@@ -374,6 +374,15 @@ _RMS_BWD_64K_ACCR = dict(target_elems=16, max_elems=16, min_threads=512, max_tpr
 # 167.1 -> 142.8 (1.17x; 512 threads x 64 elements, one CTA of a row, 140.0 but other bits and unchecked beside a
 # residual); RMSNorm 16k held on the capped grid 152.9 -> 142.4 (1.07x). No gain: RMSNorm 32k, softmax 16k / 32k.
 _REFILL = dict(hold=True, resident_grid=True, prefetch=True)
+# Session 17's backward sweep of the held rows (`perf.tune_rows --kernels layernorm.bwd --hold only --resident-grid
+# both --max-cluster 16`; perf/results/2026-11-30-h200-980ec95/tune_rows.md; bf16, 256 MiB per tensor; dx bitwise
+# the default's): once a tile's x and dy are read out of their staging buffers into registers (16-bit), the one
+# buffer per tensor takes the next tile (`hold` + `prefetch` on `NormBwd`; the double buffer does not fit beside the
+# shared dweight/dbias slots). LayerNorm 128k: the register plan's geometry staged, 386.2 -> 352.4 us (1.10x);
+# 256k: the 16-CTA staged plan, 484.8 -> 389.3 (1.25x; held without the refill 458.8). No gain at 64k (0.88x).
+_LN_BWD_128K_REFILL = dict(_LN_BWD_128K, staging="smem", staged_rows=2, staged_regs=128, hold=True, prefetch=True)
+# With 64-bit indexing the 256k plan spills 40-48 B at its 128 registers: the staged plan before it runs there.
+_LN_BWD_256K_REFILL = dict(_LONG_NORM_BWD_16, hold=True, prefetch=True, i64=_LONG_NORM_BWD_16)
 _REFILL_RMS_FWD_256K = dict(target_elems=32, max_elems=32, min_threads=512, max_tpr=512, staging="smem",
                             max_cluster=16, **_REFILL)
 HELD_TUNED = {
@@ -410,7 +419,8 @@ HELD_TUNED = {
     "ln_bwd": ((1024, dict(_BWD_1K, regs=dict(_ONE_ROW_128, min_threads=256))), (2048, dict(_ONE_ROW_128, min_threads=256)), (4096, dict(_LN_BWD_4K_ACCR, regs=dict(_ONE_ROW_128, min_threads=256))), (8192, dict(_LN_BWD, regs_per_thread=64)),
                (16384, dict(_LN_BWD_16K_ACCR, regs=dict(_LN_BWD, regs_per_thread=64))), (32768, dict(_LN_BWD_32K_ACCR, regs=_LN_BWD)), (65536, dict(_LN_BWD_64K_ACCR, regs=dict(_LN_BWD, resident_grid=True))),
                # (64-bit indexing: the 128k plan spills 48 B at its 128 registers; the staged plan before it does not)
-               (131072, dict(_LN_BWD_128K, regs=_LN_BWD, i64=dict(_LN_BWD_128K_I64, regs=_LN_BWD))),
+               (131072, dict(_LN_BWD_128K_REFILL, regs=_LN_BWD_128K, i64=dict(_LN_BWD_128K_I64, regs=_LN_BWD))),
+               (262144, dict(_LN_BWD_256K_REFILL, regs=_LN_BWD)),
                (None, dict(_LONG_NORM_BWD_16, regs=_LN_BWD))),
     # Cross-entropy backward: no reduction (lse is saved), a read-x / write-dx copy bound by bytes in
     # flight. UNMEASURED (CPU compile reports only; time with `perf.tune_rows --kernels
@@ -481,7 +491,10 @@ NORM_BWD_ACC_REG_ELEMS = 32
 
 
 def bwd_acc_in_regs(plan: HeldRowPlan, vec: int, accumulators: int) -> bool:
-    return plan.acc_regs or (plan.staging == "smem" and accumulators * plan.tiling.unroll * vec <= NORM_BWD_ACC_REG_ELEMS)
+    """(A held plan keeps them in shared memory unless it asks: its held x and dy take those registers; LayerNorm
+    256k without a bias, 32 accumulators beside the held rows, spilled 72 B at 128 registers.)"""
+    return plan.acc_regs or (plan.staging == "smem" and not plan.hold
+                             and accumulators * plan.tiling.unroll * vec <= NORM_BWD_ACC_REG_ELEMS)
 
 
 def bwd_direct_partial(plan: HeldRowPlan, vec: int, accumulators: int) -> bool:

@@ -32,7 +32,7 @@ def _plans(**change):
                 from schedules.row_tiling import HeldRowPlan, RowTiling
 
                 p = HeldRowPlan(RowTiling(512, 512, 4), n // 16384, 1, "smem", resident_grid=True)
-            p = dataclasses.replace(p, acc_regs=False, prefetch=False, **change)
+            p = dataclasses.replace(p, **{"acc_regs": False, "prefetch": False, "hold": False, **change})
         return p
 
     return plan_for

@@ -111,12 +111,13 @@ def test_norm_options_compile(tmp_path):
 def test_plans_cover_the_required_row_lengths():
     """Rows the ops hold in one CTA or a cluster (issue 3: N to 256k): 16-byte vectors (bf16) 256k for
     every op (the norm backwards past 128k in clusters of 16); scalar rows (N not a multiple of the
-    vector) 256k for the softmax forwards and cross-entropy, 128k for the others but the LayerNorm
-    backward (64k). Past that the op names x and the limit (`ops._rowwise.plan_for`)."""
+    vector) 256k for the softmax forwards and cross-entropy, 128k for the others (the LayerNorm backward's since
+    session 17: its 128k register plan, kept for what the staged one does not take). Past that the op names x and
+    the limit (`ops._rowwise.plan_for`)."""
     for name in NAMES:
         fam, direction = name.split(".")
         scalar = 262144 if fam == "cross_entropy" or (fam in ("softmax", "log_softmax") and direction == "fwd") \
-            else 65536 if name == "layernorm.bwd" else 131072
+            else 131072
         vector = 262144  # the norm backwards past 128k in non-portable clusters of 16 (`_LONG_NORM_BWD_16`)
         for aligned in (True, False):
             vec, most = (8, vector) if aligned else (1, scalar)
@@ -193,9 +194,7 @@ def test_cluster16_forward_plans_compile(name, n, extra, tmp_path):
     _compile(name, p, tmp_path)
 
 
-BWD15 = [("layernorm.bwd", 131072, {}), ("layernorm.bwd", 131072, {"residual": True}),
-         ("layernorm.bwd", 131072, {"w_dtype": "fp32"}), ("layernorm.bwd", 131072, {"dtype": "fp16", "bias": False}),
-         ("rmsnorm.bwd", 131072, {}), ("rmsnorm.bwd", 131072, {"residual": True}),
+BWD15 = [("layernorm.bwd", 131072, {"w_dtype": "fp32"}), ("rmsnorm.bwd", 131072, {}), ("rmsnorm.bwd", 131072, {"residual": True}),
          ("rmsnorm.bwd", 131072, {"w_dtype": "fp32"}), ("rmsnorm.bwd", 65536, {}),
          ("rmsnorm.bwd", 65536, {"residual": True}), ("rmsnorm.bwd", 65536, {"w_dtype": "fp32", "dtype": "fp16"}),
          ("rmsnorm.bwd", 65536, {"weight": False}),
@@ -225,6 +224,7 @@ def test_norm_backward_plans_of_session15_compile(name, n, extra, tmp_path):
         _compile(name, p, tmp_path)
         return
     assert (p["threads"], p["cluster_n"]) == (512, 8)
+    # (LayerNorm 128k's register plan runs since session 17 beside an fp32 weight only: test_layernorm_bwd_refill_*)
     # RMSNorm 128k staged, also beside an fp32 weight (192 KiB a CTA: its register accumulators take no shared slots)
     staged = (name, n) == ("rmsnorm.bwd", 131072)
     assert p["staging"] == ("smem" if staged else "regs")
@@ -272,8 +272,10 @@ def test_staged_fp32_params_copied_whole(name, n, extra, tmp_path):
     upper half of the staged weight never written: dx wrong by up to 15 at RMSNorm 128k / LayerNorm 256k. The
     fp32 kernel issues exactly vpt more copies per parameter than the bf16 one."""
     counts = {}
+    wide = _params(name, n, w_dtype="fp32", **extra)
     for wd in ("bf16", "fp32"):
-        p = _params(name, n, w_dtype=wd, **extra)
+        # (the plan the fp32 weight runs, also for bf16: LayerNorm bwd 256k's held default gives way to it)
+        p = catalog.get(name).resolve(dict(wide, w_dtype=wd))
         assert p["staging"] == "smem", p
         # (LayerNorm 256k beside an fp32 weight spills: test_staged_plans_fitted_to_an_fp32_weight)
         _, files = compile_with_artifacts(catalog.get(name), p, str(tmp_path / wd))
@@ -303,9 +305,9 @@ def test_layernorm_bwd_held_rows_compile(prefetch, extra, tmp_path):
 
     from cute_kernels.specs_rowwise import config_of
 
-    base = plan_for_kernel("layernorm.bwd", 262144, 8)
-    assert base.staging == "smem" and not base.hold
-    assert dataclasses.replace(base, hold=True, prefetch=True).stages == 1  # refilled: one buffer a tensor
+    landed = plan_for_kernel("layernorm.bwd", 262144, 8)  # (the refilled plan since session 17)
+    assert landed.staging == "smem" and landed.hold and landed.prefetch and landed.stages == 1  # one buffer a tensor
+    base = dataclasses.replace(landed, hold=False, prefetch=False)
     sig = dict(dtype="bf16", aligned=True, index64=False, weight=True, bias=True, w_dtype="bf16", residual=False)
     sig.update(extra)
     lds = {}
@@ -316,3 +318,31 @@ def test_layernorm_bwd_held_rows_compile(prefetch, extra, tmp_path):
         assert k.registers <= 128 and k.local_bytes <= 8, report.format()
         lds[p.hold] = len(re.findall(r"ld\.shared", files["ptx"].read_text()))
     assert lds[True] < lds[False], lds
+
+
+REFILL17 = [(n, extra) for n in (131072, 262144)
+            for extra in ({}, {"residual": True}, {"bias": False}, {"weight": False, "bias": False}, {"dtype": "fp16"},
+                          {"w_dtype": "fp32"}, {"w_dtype": "fp32", "residual": True}, {"index64": True})]
+
+
+@pytest.mark.parametrize("n,extra", REFILL17, ids=[f"{a}-{'-'.join(f'{k}={v}' for k, v in c.items()) or 'plain'}"
+                                                   for a, c in REFILL17])
+def test_layernorm_bwd_refill_plans_compile(n, extra, tmp_path):
+    """Session 17's LayerNorm backward defaults at 128k / 256k (x and dy held, their one buffer a tensor refilled with
+    the next tile) under every signature that shares them: at most the held plans' one loop scalar in local memory.
+    Where the held plan does not fit the signature another runs: beside an fp32 weight (the staged rows leave it no
+    room) 128k's register plan, 256k the staged plan with register accumulators (112 B spilled: the fallback that
+    runs where the op raised before session 15); with 64-bit indexing the plans before them (the held 256k plan
+    spilled 40-48 B there; the unheld one keeps the 16 B it had). Without a bias the one accumulator stays in shared
+    memory beside the held rows (in registers it spilled 72 B)."""
+    dtype = extra.pop("dtype", "bf16")
+    p = _params(name := "layernorm.bwd", n, dtype=dtype, **extra)
+    held = "w_dtype" not in extra and "index64" not in extra
+    assert bool(p.get("hold")) == held and bool(p.get("prefetch")) == held, p
+    if extra.get("w_dtype") == "fp32":
+        assert p["staging"] == ("regs" if n == 131072 else "smem"), p
+    report, _ = compile_with_artifacts(catalog.get(name), p, str(tmp_path))
+    k = report.kernels[0]
+    assert k.registers <= 65536 // p["threads"], report.format()
+    spill = 112 if extra.get("w_dtype") == "fp32" and n == 262144 else 16 if extra.get("index64") else 8
+    assert k.local_bytes <= spill, report.format()

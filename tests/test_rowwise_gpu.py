@@ -367,6 +367,30 @@ def test_norm_backward_fp32_weight_fitted(kind, m, n):
     _check_norm_backward(kind, BF16, m, n, w_dtype=FP32)
 
 
+R17 = [(FP32, 20, 131072), (BF16, 20, 131071), (FP16, 9, 100003)]
+
+
+@pytest.mark.parametrize("dtype,m,n", R17, ids=_ids(R17))
+def test_layer_norm_backward_128k_register_plan(dtype, m, n):
+    """LayerNorm bwd past 64k for fp32 rows and rows not a multiple of the vector: its 128k register plan (the
+    default of sessions 15-16, now the `regs` settings of the refilled staged default) holds them; the op raised
+    there before session 17."""
+    _check_norm_backward("layer", dtype, m, n)
+
+
+def test_layer_norm_backward_256k_without_bias():
+    """The refilled 256k plan without a bias: one accumulator, kept in shared memory beside the held rows."""
+    m, n = 70, 262144
+    x, w, dy = randn(m, n).requires_grad_(), randn(n).requires_grad_(), randn(m, n)
+    ours = _grads(lambda x, w: ck.layer_norm(x, w, None, 1e-5), [x, w], dy)
+    xt, wt = (t.detach().clone().requires_grad_() for t in (x, w))
+    theirs = _grads(lambda x, w: F.layer_norm(x, (n,), w, None, 1e-5), [xt, wt], dy)
+    xr, wr = (t.detach().double().requires_grad_() for t in (x, w))
+    ref = _grads(lambda x, w: _ln_ref(x, w, None, 1e-5), [xr, wr], dy.double())
+    for o, t, r, what in zip(ours, theirs, ref, ("dx", "dweight")):
+        check(o, r, t, f"layer {what} (no bias)")
+
+
 def test_norm_backward_with_residual():
     m, n = 257, 2048
     x, r = randn(m, n).requires_grad_(), randn(m, n).requires_grad_()

@@ -136,7 +136,9 @@ def test_plans():
                      ("rms_bwd", 131072),
                      # session 16: the held forwards refilling their buffer (prefetch with hold)
                      ("ln_fwd", 32768), ("ln_fwd", 65536), ("ln_fwd", 131072), ("ln_fwd", 262144),
-                     ("rms_fwd", 262144)}, asked  # session 12: LayerNorm 64k; session 15: RMSNorm 128k, not 64k
+                     ("rms_fwd", 262144),
+                     # session 17: the LayerNorm backward holding x and dy, their one buffer refilled
+                     ("ln_bwd", 131072), ("ln_bwd", 262144)}, asked  # session 12: LayerNorm 64k; session 15: RMSNorm 128k
     assert plan_for_kernel("rmsnorm.bwd", 4096, 8) == HeldRowPlan(RowTiling(512, 512, 1), 1, 2, prefetch=True)
 
 
@@ -158,7 +160,7 @@ def test_tuner_candidates():
 
 def test_the_default_prefetches_only_where_measured():
     """The production plans prefetch only where the H200 sweeps measured it faster: the LayerNorm backward at 4k
-    and 16k-64k, the RMSNorm backward at 4k, 16k-32k and 128k (bf16, aligned rows). A CPU
+    and 16k-128k (128k held and refilled, session 17), the RMSNorm backward at 4k, 16k-32k and 128k (bf16, aligned rows). A CPU
     test (it sat in the GPU file, where CI never ran it, and failed first on the device in session 11)."""
     import torch
 
@@ -166,7 +168,7 @@ def test_the_default_prefetches_only_where_measured():
 
     for name in ("rmsnorm.bwd", "layernorm.bwd", "softmax.bwd", "log_softmax.bwd"):
         for n in (1024, 4096, 16384, 32768, 65536, 131072):
-            want = (name == "layernorm.bwd" and n in (4096, 16384, 32768, 65536)
+            want = (name == "layernorm.bwd" and n in (4096, 16384, 32768, 65536, 131072)
                     or name == "rmsnorm.bwd" and n in (4096, 16384, 32768, 131072))
             assert R.plan_for(name, torch.bfloat16, n, True).prefetch == want, (name, n)
 

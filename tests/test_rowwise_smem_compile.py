@@ -119,14 +119,16 @@ def test_planner_capability():
                       ("rms_bwd", None), ("ln_bwd", None),  # the norm backwards past 128k: clusters of 16
                       # session 11: LayerNorm fwd 1k (several staged rows a CTA), softmax fwd 16k, RMSNorm bwd 32k
                       ("ln_fwd", 1024), ("fwd", 16384), ("rms_bwd", 32768),
-                      ("rms_bwd", 131072)}  # session 15: RMSNorm bwd 128k staged, double-buffered (64k: registers)
+                      ("rms_bwd", 131072),  # session 15: RMSNorm bwd 128k staged, double-buffered (64k: registers)
+                      ("ln_bwd", 131072), ("ln_bwd", 262144)}  # session 17: held x and dy, refilled
     for fam in ("rms_fwd", "ln_fwd", "bwd"):
         assert plan_for_rows(fam, 262144, 8).staging == "smem"
         with pytest.raises(ValueError):  # fp32 rows keep the register settings: 128k at most
             plan_for_rows(fam, 262144, 4)
     assert plan_for_rows("bwd", 16384, 8).staging == "regs"  # the softmax backward: staged from 16k on
     assert all(plan_for_rows("bwd", n, 8).staging == "smem" for n in (16385, 32768, 131072))
-    assert plan_for_rows("ln_bwd", 131072, 8).staging == "regs"  # session 15: held, one CTA per SM
+    # session 17: staged, x and dy held and refilled; the register plan of session 15 for other vectors
+    assert plan_for_rows("ln_bwd", 131072, 8).hold and plan_for_rows("ln_bwd", 131072, 4).staging == "regs"
     assert plan_for_rows("rms_bwd", 65536, 8).staging == "regs"  # session 15: accumulators in registers
     assert plan_for_rows("ln_bwd", 32768, 8).staging == "regs"
     assert plan_for_rows("rms_bwd", 32768, 8).staging == "smem"  # session 11: one staged row, prefetching

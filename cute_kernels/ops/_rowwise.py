@@ -72,7 +72,8 @@ def fitted(name: str, plan, dtype: torch.dtype, n: int, aligned: bool, signature
     """`plan`, or where its staged rows leave this signature's operands no room in shared memory (an fp32 weight
     beside RMSNorm's 32k rows or LayerNorm's 256k: 256 KiB a CTA) the register plan its family keeps for the length
     (HELD_TUNED's `regs` settings), else the plan with its dweight / dbias accumulators in registers (a norm
-    backward's shared slots freed: `schedules.row_tiling.bwd_smem_accumulators`)."""
+    backward's shared slots freed: `schedules.row_tiling.bwd_smem_accumulators`; a held backward plan without its
+    hold and refill first)."""
     if plan.staging != "smem":
         return plan
     spec = catalog.get(name)
@@ -91,8 +92,11 @@ def fitted(name: str, plan, dtype: torch.dtype, n: int, aligned: bool, signature
         regs = plan_for_kernel(name, n, _vec(dtype, aligned), staged=False)
     except ValueError:  # no register plan holds rows this long
         regs = None
-    accr = dataclasses.replace(plan, acc_regs=True) if name in ACC_REGS_KERNELS and not plan.acc_regs else None
-    for alt in (regs, accr):
+    # a held plan's staged twin (its registers are then free for the accumulators: LayerNorm 128k-256k beside an
+    # fp32 weight spilled 208-224 B held with register accumulators, 112 B unheld)
+    unheld = dataclasses.replace(plan, hold=False, prefetch=False) if plan.hold and name.endswith(".bwd") else plan
+    accr = dataclasses.replace(unheld, acc_regs=True) if name in ACC_REGS_KERNELS and not unheld.acc_regs else None
+    for alt in (regs, unheld, accr):
         if alt is not None and alt != plan and error(alt) is None:
             return alt
     raise first
