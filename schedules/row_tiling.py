@@ -380,9 +380,12 @@ _REFILL = dict(hold=True, resident_grid=True, prefetch=True)
 # buffer per tensor takes the next tile (`hold` + `prefetch` on `NormBwd`; the double buffer does not fit beside the
 # shared dweight/dbias slots). LayerNorm 128k: the register plan's geometry staged, 386.2 -> 352.4 us (1.10x);
 # 256k: the 16-CTA staged plan, 484.8 -> 389.3 (1.25x; held without the refill 458.8). No gain at 64k (0.88x).
+# The same sweep of RMSNorm (2026-11-30-h200-82704a2/tune_rows_2.md): 128k the staged plan of session 15 without its
+# register accumulators, held and refilled, 292.6 -> 273.0 us (1.07x); 256k as LayerNorm's, 335.6 -> 308.3 (1.09x);
+# both bitwise the defaults. LayerNorm 16k-32k (tune_rows.md there): no gain (0.95-0.97x).
 _LN_BWD_128K_REFILL = dict(_LN_BWD_128K, staging="smem", staged_rows=2, staged_regs=128, hold=True, prefetch=True)
 # With 64-bit indexing the 256k plan spills 40-48 B at its 128 registers: the staged plan before it runs there.
-_LN_BWD_256K_REFILL = dict(_LONG_NORM_BWD_16, hold=True, prefetch=True, i64=_LONG_NORM_BWD_16)
+_NORM_BWD_256K_REFILL = dict(_LONG_NORM_BWD_16, hold=True, prefetch=True, i64=_LONG_NORM_BWD_16)
 _REFILL_RMS_FWD_256K = dict(target_elems=32, max_elems=32, min_threads=512, max_tpr=512, staging="smem",
                             max_cluster=16, **_REFILL)
 HELD_TUNED = {
@@ -412,7 +415,9 @@ HELD_TUNED = {
                 (32768, dict(_RMS_BWD_32K, regs=_BWD)), (65536, dict(_RMS_BWD_64K_ACCR, regs=dict(_BWD, resident_grid=True),
                                                                       # 64-bit: 64 B spilled at 64 registers
                                                                       i64=dict(_RMS_BWD_64K, regs=dict(_BWD, resident_grid=True)))),
-                (131072, dict(_RMS_BWD_128K, regs=dict(_BWD, resident_grid=True))),
+                (131072, dict(_LN_BWD_128K_REFILL, regs=dict(_BWD, resident_grid=True),
+                              i64=dict(_RMS_BWD_128K, regs=dict(_BWD, resident_grid=True)))),
+                (262144, dict(_NORM_BWD_256K_REFILL, regs=dict(_BWD, resident_grid=True))),
                 (None, dict(_LONG_NORM_BWD_16, regs=dict(_BWD, resident_grid=True)))),
     # 8k (and fp32 / scalar rows to 16k): 512-thread CTAs, two per SM in the grid (registers allow one
     # resident: the second wave balances the tail), measured at 16k before session 10: 2.08 -> 2.40 TB/s.
@@ -420,7 +425,7 @@ HELD_TUNED = {
                (16384, dict(_LN_BWD_16K_ACCR, regs=dict(_LN_BWD, regs_per_thread=64))), (32768, dict(_LN_BWD_32K_ACCR, regs=_LN_BWD)), (65536, dict(_LN_BWD_64K_ACCR, regs=dict(_LN_BWD, resident_grid=True))),
                # (64-bit indexing: the 128k plan spills 48 B at its 128 registers; the staged plan before it does not)
                (131072, dict(_LN_BWD_128K_REFILL, regs=_LN_BWD_128K, i64=dict(_LN_BWD_128K_I64, regs=_LN_BWD))),
-               (262144, dict(_LN_BWD_256K_REFILL, regs=_LN_BWD)),
+               (262144, dict(_NORM_BWD_256K_REFILL, regs=_LN_BWD)),
                (None, dict(_LONG_NORM_BWD_16, regs=_LN_BWD))),
     # Cross-entropy backward: no reduction (lse is saved), a read-x / write-dx copy bound by bytes in
     # flight. UNMEASURED (CPU compile reports only; time with `perf.tune_rows --kernels
@@ -448,7 +453,8 @@ def plan_for_rows(tuning: str, n: int, vec: int, staged: bool = True, index64: b
     their `regs` register settings for rows of other than 16-bit vectors (vec != 8) and where `staged`
     is False (a signature whose operands leave the staged rows no room: `ops._rowwise.fitted`).
     `index64` (tensors past 2^31 elements): an entry's `i64` settings where it has them (a plan whose
-    64-bit address math would spill at its register cap)."""
+    64-bit address math would spill at its register cap; the held backwards' `i64` plans, the unheld ones before
+    them, also run beside an fp32 weight: `ops._rowwise.fitted`)."""
     st = held_settings(tuning, n)
     if index64 and "i64" in st:
         st = st["i64"]

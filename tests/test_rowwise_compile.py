@@ -194,8 +194,7 @@ def test_cluster16_forward_plans_compile(name, n, extra, tmp_path):
     _compile(name, p, tmp_path)
 
 
-BWD15 = [("layernorm.bwd", 131072, {"w_dtype": "fp32"}), ("rmsnorm.bwd", 131072, {}), ("rmsnorm.bwd", 131072, {"residual": True}),
-         ("rmsnorm.bwd", 131072, {"w_dtype": "fp32"}), ("rmsnorm.bwd", 65536, {}),
+BWD15 = [("layernorm.bwd", 131072, {"w_dtype": "fp32"}), ("rmsnorm.bwd", 131072, {"w_dtype": "fp32"}), ("rmsnorm.bwd", 65536, {}),
          ("rmsnorm.bwd", 65536, {"residual": True}), ("rmsnorm.bwd", 65536, {"w_dtype": "fp32", "dtype": "fp16"}),
          ("rmsnorm.bwd", 65536, {"weight": False}),
          # LayerNorm 32k (session 12's plan at the 2 CTAs an SM it was measured with: 64 registers)
@@ -242,7 +241,7 @@ def test_norm_backward_plans_of_session15_compile(name, n, extra, tmp_path):
     ("rmsnorm.bwd", 32768, {"w_dtype": "fp32"}, "regs"),  # the staged plan would take 256 KiB: the register plan
     ("layernorm.bwd", 262144, {"w_dtype": "fp32"}, "accr"),  # no register plan holds 256k: accumulators in registers
     ("layernorm.bwd", 262144, {"w_dtype": "fp32", "residual": True}, "accr"),
-    ("rmsnorm.bwd", 131072, {"w_dtype": "fp32"}, "same")])
+    ("rmsnorm.bwd", 131072, {"w_dtype": "fp32"}, "unheld")])
 def test_staged_plans_fitted_to_an_fp32_weight(name, n, extra, want, tmp_path):
     """A staged backward plan whose shared memory an fp32 weight overflows (refused by the spec: the op raised on
     these valid inputs before session 15) runs its family's register plan for the length, else its accumulators in
@@ -253,8 +252,10 @@ def test_staged_plans_fitted_to_an_fp32_weight(name, n, extra, want, tmp_path):
         assert plan.staging == "smem" and p["staging"] == "regs"
     elif want == "accr":
         assert not plan.acc_regs and p["acc_regs"] and p["staging"] == "smem"
-    else:
-        assert p["staging"] == plan.staging and p.get("acc_regs", False) == plan.acc_regs
+    else:  # (session 17: the held default gives way to the plan before it, its entry's `i64` plan)
+        unheld = plan_for_kernel(name, n, 8, index64=True)
+        assert plan.hold and not p.get("hold") and p["staging"] == unheld.staging
+        assert p.get("acc_regs", False) == unheld.acc_regs
     if want == "accr":  # LayerNorm 256k: two fp32 accumulators of 32 a thread at 128 registers spill 112 B; a
         # fallback that runs (slower) where the op raised, for a signature no plan of this length fits otherwise
         report, _ = compile_with_artifacts(catalog.get(name), p, str(tmp_path))
@@ -320,29 +321,33 @@ def test_layernorm_bwd_held_rows_compile(prefetch, extra, tmp_path):
     assert lds[True] < lds[False], lds
 
 
-REFILL17 = [(n, extra) for n in (131072, 262144)
+REFILL17 = [(name, n, extra) for name in ("layernorm.bwd", "rmsnorm.bwd") for n in (131072, 262144)
             for extra in ({}, {"residual": True}, {"bias": False}, {"weight": False, "bias": False}, {"dtype": "fp16"},
-                          {"w_dtype": "fp32"}, {"w_dtype": "fp32", "residual": True}, {"index64": True})]
+                          {"w_dtype": "fp32"}, {"w_dtype": "fp32", "residual": True}, {"index64": True},
+                          {"index64": True, "residual": True})
+            if name == "layernorm.bwd" or "bias" not in extra]
 
 
-@pytest.mark.parametrize("n,extra", REFILL17, ids=[f"{a}-{'-'.join(f'{k}={v}' for k, v in c.items()) or 'plain'}"
-                                                   for a, c in REFILL17])
-def test_layernorm_bwd_refill_plans_compile(n, extra, tmp_path):
-    """Session 17's LayerNorm backward defaults at 128k / 256k (x and dy held, their one buffer a tensor refilled with
-    the next tile) under every signature that shares them: at most the held plans' one loop scalar in local memory.
-    Where the held plan does not fit the signature another runs: beside an fp32 weight (the staged rows leave it no
-    room) 128k's register plan, 256k the staged plan with register accumulators (112 B spilled: the fallback that
-    runs where the op raised before session 15); with 64-bit indexing the plans before them (the held 256k plan
-    spilled 40-48 B there; the unheld one keeps the 16 B it had). Without a bias the one accumulator stays in shared
-    memory beside the held rows (in registers it spilled 72 B)."""
+@pytest.mark.parametrize("name,n,extra", REFILL17, ids=[f"{a}-{b}-{'-'.join(f'{k}={v}' for k, v in c.items()) or 'plain'}"
+                                                        for a, b, c in REFILL17])
+def test_norm_bwd_refill_plans_compile(name, n, extra, tmp_path):
+    """Session 17's norm backward defaults at 128k / 256k (x and dy held, their one buffer a tensor refilled with the
+    next tile) under every signature that shares them: at most the held plans' one loop scalar in local memory.
+    Beside an fp32 weight (its widened staged vectors take the held rows' registers: RMSNorm spilled 16-32 B) and with
+    64-bit indexing (LayerNorm 256k spilled 40-48 B) the unheld plans before them run (`ops._rowwise.fitted`, the
+    entries' `i64` plans); where an fp32 weight leaves LayerNorm's staged rows no room, 128k's register plan, 256k the
+    staged plan with register accumulators (112 B spilled: the fallback that runs where the op raised before
+    session 15; 64-bit: the 16 B that plan had). Without a bias LayerNorm's one accumulator stays in shared memory
+    beside the held rows (in registers it spilled 72 B)."""
     dtype = extra.pop("dtype", "bf16")
-    p = _params(name := "layernorm.bwd", n, dtype=dtype, **extra)
+    p = _params(name, n, dtype=dtype, **extra)
     held = "w_dtype" not in extra and "index64" not in extra
-    assert bool(p.get("hold")) == held and bool(p.get("prefetch")) == held, p
-    if extra.get("w_dtype") == "fp32":
+    assert bool(p.get("hold")) == held and (not held or p.get("prefetch")), p
+    if extra.get("w_dtype") == "fp32" and name == "layernorm.bwd":
         assert p["staging"] == ("regs" if n == 131072 else "smem"), p
     report, _ = compile_with_artifacts(catalog.get(name), p, str(tmp_path))
     k = report.kernels[0]
     assert k.registers <= 65536 // p["threads"], report.format()
-    spill = 112 if extra.get("w_dtype") == "fp32" and n == 262144 else 16 if extra.get("index64") else 8
+    spill = (112 if extra.get("w_dtype") == "fp32" and (name, n) == ("layernorm.bwd", 262144)
+             else 16 if extra.get("index64") and n == 262144 else 8)
     assert k.local_bytes <= spill, report.format()

@@ -138,7 +138,7 @@ def test_plans():
                      ("ln_fwd", 32768), ("ln_fwd", 65536), ("ln_fwd", 131072), ("ln_fwd", 262144),
                      ("rms_fwd", 262144),
                      # session 17: the LayerNorm backward holding x and dy, their one buffer refilled
-                     ("ln_bwd", 131072), ("ln_bwd", 262144)}, asked  # session 12: LayerNorm 64k; session 15: RMSNorm 128k
+                     ("ln_bwd", 131072), ("ln_bwd", 262144), ("rms_bwd", 262144)}, asked  # session 12: LayerNorm 64k; session 15: RMSNorm 128k
     assert plan_for_kernel("rmsnorm.bwd", 4096, 8) == HeldRowPlan(RowTiling(512, 512, 1), 1, 2, prefetch=True)
 
 

@@ -120,7 +120,7 @@ def test_planner_capability():
                       # session 11: LayerNorm fwd 1k (several staged rows a CTA), softmax fwd 16k, RMSNorm bwd 32k
                       ("ln_fwd", 1024), ("fwd", 16384), ("rms_bwd", 32768),
                       ("rms_bwd", 131072),  # session 15: RMSNorm bwd 128k staged, double-buffered (64k: registers)
-                      ("ln_bwd", 131072), ("ln_bwd", 262144)}  # session 17: held x and dy, refilled
+                      ("ln_bwd", 131072), ("ln_bwd", 262144), ("rms_bwd", 262144)}  # session 17: held x and dy, refilled
     for fam in ("rms_fwd", "ln_fwd", "bwd"):
         assert plan_for_rows(fam, 262144, 8).staging == "smem"
         with pytest.raises(ValueError):  # fp32 rows keep the register settings: 128k at most

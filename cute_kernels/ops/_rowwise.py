@@ -76,6 +76,13 @@ def fitted(name: str, plan, dtype: torch.dtype, n: int, aligned: bool, signature
     hold and refill first)."""
     if plan.staging != "smem":
         return plan
+    if plan.hold and name.endswith(".bwd") and signature.get("w_dtype") == "fp32" and dtype.itemsize == 2:
+        # a held backward beside an fp32 weight: the widened staged weight takes the held rows' registers (RMSNorm
+        # 128k-256k spilled 16-32 B): the entry's `i64` plan (the unheld plan before it) where the plan is the
+        # production one
+        vec = _vec(dtype, aligned)
+        if plan == plan_for_kernel(name, n, vec):
+            plan = plan_for_kernel(name, n, vec, index64=True)
     spec = catalog.get(name)
 
     def error(p):  # (the spec's check names the shared memory a plan needs past SMEM_PER_CTA)
