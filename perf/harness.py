@@ -47,8 +47,8 @@ def _flush_l2() -> None:
 
 def do_bench(fn: Callable[[], object], *, warmup_ms: float = 30.0, rep_ms: float = 150.0,
              min_reps: int = 10, max_reps: int = 500, flush: bool = True) -> dict:
-    """Median time of `fn()` in ms over CUDA events, L2 flushed and the GPU spinning ~100 us before
-    each repetition (so the call is queued before its start event fires): `do_bench_interleaved`
+    """Median time of `fn()` in ms over CUDA events, L2 flushed and the GPU spinning >= 100 us (twice the call's
+    host time) before each repetition (so the call is queued before its start event fires): `do_bench_interleaved`
     with one column."""
     return do_bench_interleaved({"fn": fn}, warmup_ms=warmup_ms, rep_ms=rep_ms, min_reps=min_reps,
                                 max_reps=max_reps, flush=flush)["fn"]
@@ -75,6 +75,18 @@ def do_bench_interleaved(fns: dict[str, Callable[[], object]], *, warmup_ms: flo
     torch.cuda.synchronize()
     est_ms = max((time.perf_counter() - t0) * 1e3 / n_warm, 1e-3)
     reps = int(min(max_reps, max(min_reps, rep_ms * len(names) / est_ms)))
+    # The GPU spins before each timed call so that the host has queued the call when `s` fires: at least 100 us,
+    # else twice the slowest column's host time per call. The norm backwards at 1k (a ~200 us kernel behind an
+    # autograd call of 165-330 us host time, QuACK's alike: perf.host_time, session 17) read 1.6-2x slow when
+    # the host fell behind the 100 us spin: the event pair then timed the host.
+    host_us = 0.0
+    for f in fns.values():
+        for _ in range(3):
+            h0 = time.perf_counter()
+            f()
+            host_us = max(host_us, (time.perf_counter() - h0) * 1e6)
+    torch.cuda.synchronize()
+    spin = int(2000 * min(2000.0, max(100.0, 2 * host_us)))  # cycles (~2 GHz)
     events = {k: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
               for k in names}
     for r in range(reps):
@@ -82,7 +94,7 @@ def do_bench_interleaved(fns: dict[str, Callable[[], object]], *, warmup_ms: flo
             k = names[(r + j) % len(names)]
             if flush:
                 _flush_l2()
-            torch.cuda._sleep(200_000)  # ~100 us of GPU spin: the call below is queued before `s` fires
+            torch.cuda._sleep(spin)  # (>= ~100 us of GPU spin: the call below is queued before `s` fires)
             s, e = events[k][r]
             s.record()
             fns[k]()
