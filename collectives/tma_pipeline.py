@@ -69,20 +69,22 @@ def produce_k_tiles(
     tSgS: cute.Tensor = None,
     tSsS: cute.Tensor = None,
     k_first=None,
+    a_step: cutlass.Constexpr = 1,
 ):
     """Load the `k_tiles` K-blocks of one output tile: tAgA/tBgB are this tile's (TMA, k) global
     views, tAsA/tBsB the (TMA, stage) shared ring. With `tma_s` (FP8 block scales) a third box,
     the tile's A scales of the K-block, lands in the same stage on the same full barrier (the
     pipeline's tx count includes its bytes; not multicast). With `k_first` (split-K) the K-blocks
-    are k_first .. k_first + k_tiles - 1 of the views, else 0 .. k_tiles - 1. Returns the advanced
-    producer state."""
+    are k_first .. k_first + k_tiles - 1 of the views, else 0 .. k_tiles - 1. `a_step` > 1: A's box is the
+    first rows of a stage, tAsA a ring of a_step times the stages (`GemmSchedule.a_rows`), stage i at a_step * i.
+    Returns the advanced producer state."""
     for i in cutlass.range(k_tiles, unroll=1):
         k = i
         if cutlass.const_expr(k_first is not None):
             k = k_first + i
         pipe.producer_acquire(state)
         bar = pipe.producer_get_barrier(state)
-        cute.copy(tma_a, tAgA[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=mask_a)
+        cute.copy(tma_a, tAgA[(None, k)], tAsA[(None, state.index * a_step)], tma_bar_ptr=bar, mcast_mask=mask_a)
         cute.copy(tma_b, tBgB[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=mask_b)
         if cutlass.const_expr(tma_s is not None):
             cute.copy(tma_s, tSgS[(None, k)], tSsS[(None, state.index)], tma_bar_ptr=bar)

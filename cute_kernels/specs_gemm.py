@@ -22,7 +22,7 @@ def schedule_of(p) -> GemmSchedule:
                         cluster_m=p["cluster_m"], cluster_n=p["cluster_n"], stages=p["stages"],
                         raster_group=p["raster_group"], persistent=p["persistent"], split_k=p["split_k"],
                         epi_stages=p["epi_stages"], wg_epilogue=p["wg_epilogue"], split_fixup=p["split_fixup"],
-                        k_interleave=p["k_interleave"])
+                        k_interleave=p["k_interleave"], a_rows=p.get("a_rows", 0))
 
 
 def ops_of(p):
@@ -47,6 +47,9 @@ class GemmSpec(KernelSpec):
         err = s.exchange_error(out)
         if err:
             raise ValueError(err)
+        if s.a_rows and (p["a_major"] != "k" or s.tile_k * ab != 128):
+            raise ValueError(f"a_rows {s.a_rows}: A's short box needs K-major A with a 128-byte K-block "
+                             f"(tile_k x {ab} bytes = {s.tile_k * ab})")
 
     def build(self, p):
         from cute_kernels.kernels.gemm import Gemm
@@ -138,6 +141,8 @@ GEMM = GemmSpec(
                                                                  "its own rows (no shared epilogue barrier)"),
         "k_interleave": Param(_d.k_interleave, (False, True), help="ping-pong 64 x <= 64: both consumer warpgroups "
                               "on every tile, each every other K-block, partials summed through smem"),
+        "a_rows": Param(_d.a_rows, (0, 8, 16, 32), help="small M (M <= a_rows): A's TMA box of the tile's first "
+                        "a_rows rows, none of it past M (0: the whole tile)"),
     },
 )
 
@@ -148,7 +153,8 @@ def params_for(schedule: GemmSchedule, **signature) -> dict:
             "tile_k": schedule.tile_k, "cluster_m": schedule.cluster_m, "cluster_n": schedule.cluster_n,
             "stages": schedule.stages, "raster_group": schedule.raster_group, "persistent": schedule.persistent,
             "split_k": schedule.split_k, "epi_stages": schedule.epi_stages, "wg_epilogue": schedule.wg_epilogue,
-            "split_fixup": schedule.split_fixup, "k_interleave": schedule.k_interleave, **signature}
+            "split_fixup": schedule.split_fixup, "k_interleave": schedule.k_interleave, "a_rows": schedule.a_rows,
+            **signature}
 
 
 # --- the SIMT rungs of the ladder (shared-memory tiled, register tiled) --------------------------

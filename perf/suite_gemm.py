@@ -81,6 +81,17 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
                 options.append(col)
             fns[col] = functools.partial(_gemm_cuda, a_pad, b)
             same += f"; padded A bitwise {'=' if torch.equal(_gemm_cuda(a_pad, b)[:m], ck.gemm(a, b)) else '!='} ours"
+            # A's TMA box cut to the M rows (`GemmSchedule.a_rows`, session 17): no box past M, no copy. On the
+            # default, and on the 64x32 deep ring the padded column runs (the M >= 33 narrowed default)
+            if d.tile_m == 64 and d.split_k == 1 and not d.k_interleave:
+                box = next((r for r in (8, 16, 32) if r >= m and r % (8 * d.cluster_n) == 0), 0)
+                if box:
+                    option("ours short A box (M < 64)", dataclasses.replace(d, a_rows=box))
+                    short32 = dataclasses.replace(deepened(dataclasses.replace(d, tile_n=32, stages=0), 64, n),
+                                                  a_rows=box)
+                    option("ours 64x32 short A box (M < 64)", short32)
+                    eq = torch.equal(fns["ours short A box (M < 64)"](), ck.gemm(a, b))
+                    same += f"; short A box bitwise {'=' if eq else '!='} ours"
         if m <= 256 and d.tile_m == 64 and d.tile_n == 32 and d.split_k == 1:
             # the narrowed default (`schedules.gemm.narrowed`, session 16) against the 64x64 tile it replaced (with
             # that tile's deep ring) and against its own automatic depth

@@ -280,7 +280,7 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
         for n in ns:
             try:
                 default = R.plan_for(k, torch.bfloat16, n, True)
-            except ValueError as e:  # the op refuses this width (layernorm.bwd past 64k): nothing to compare with
+            except ValueError as e:  # the op refuses this width (rows past the kernel's limit): nothing to compare with
                 H.progress(f"  skip {k} {n}: {str(e)[:120]}")
                 continue
             keep = []

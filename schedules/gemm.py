@@ -80,6 +80,13 @@ class GemmSchedule:
     # idles: two K-block chains in flight a tile instead of one. Not bitwise the one-warpgroup sum (two
     # partial sums added at the end).
     k_interleave: bool = False
+    # Small M (one row of tiles, M <= a_rows < tile_m): A's TMA box covers only the first `a_rows` rows of the tile
+    # (8, 16 or 32; 0: the whole tile). A box reaching past M is boundary-checked, which runs slower (the "A padded
+    # to 64 rows" column of `gemm_small`: 32x4096x4096 1.26x; DeepGEMM's maintainers say the same of M = 68 against
+    # 132); with a_rows = M nothing of the box is out of bounds. The tile's other rows keep whatever shared memory
+    # held: their accumulator rows are past M, never stored, and no epilogue mixes rows. K-major A whose K-block
+    # is one 128-byte swizzle atom wide (bf16 tile_k 64, 8-bit 128), so a short box is the stage's first rows.
+    a_rows: int = 0
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -110,6 +117,10 @@ class GemmSchedule:
             raise ValueError("k_interleave is an option of the ping-pong schedule at tile_m 64, tile_n <= 64, without "
                              "split-K (warpgroup 1's partial, 64 x tile_n fp32, goes through its half of the epilogue "
                              "buffers)")
+        if self.a_rows and (self.a_rows not in (8, 16, 32) or self.a_rows >= self.tile_m
+                            or self.a_rows % (8 * self.cluster_n)):
+            raise ValueError(f"a_rows must be 0 or 8, 16, 32 below tile_m and a multiple of 8 x cluster_n (each CTA "
+                             f"of the cluster multicasts whole 8-row swizzle atoms), got {self.a_rows}")
         if self.wg_epilogue and (self.kind != "cooperative" or self.split_k > 1 or self.tile_m != 128):
             raise ValueError("wg_epilogue is an option of the cooperative schedule at tile_m 128 without split-K "
                              "(ping-pong warpgroups and split-K partials already store on their own; at tile_m 256 "
@@ -183,6 +194,7 @@ class GemmSchedule:
         epi = f"_e{self.epi_stages}" if self.epi_stages != 4 else ""  # FP8's 6-stage variant (epi_stages 3)
         epi += "_we" if self.wg_epilogue else ""
         epi += "_ki" if self.k_interleave else ""
+        epi += f"_a{self.a_rows}" if self.a_rows else ""
         return (f"{self.kind}_{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}"
                 f"_s{self.stages}{epi}_r{self.raster_group}_{p}{split}")
 

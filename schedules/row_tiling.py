@@ -383,7 +383,7 @@ _REFILL = dict(hold=True, resident_grid=True, prefetch=True)
 # The same sweep of RMSNorm (2026-11-30-h200-82704a2/tune_rows_2.md): 128k the staged plan of session 15 without its
 # register accumulators, held and refilled, 292.6 -> 273.0 us (1.07x); 256k as LayerNorm's, 335.6 -> 308.3 (1.09x);
 # both bitwise the defaults. LayerNorm 16k-32k (tune_rows.md there): no gain (0.95-0.97x).
-_LN_BWD_128K_REFILL = dict(_LN_BWD_128K, staging="smem", staged_rows=2, staged_regs=128, hold=True, prefetch=True)
+_NORM_BWD_128K_REFILL = dict(_LN_BWD_128K, staging="smem", staged_rows=2, staged_regs=128, hold=True, prefetch=True)
 # With 64-bit indexing the 256k plan spills 40-48 B at its 128 registers: the staged plan before it runs there.
 _NORM_BWD_256K_REFILL = dict(_LONG_NORM_BWD_16, hold=True, prefetch=True, i64=_LONG_NORM_BWD_16)
 _REFILL_RMS_FWD_256K = dict(target_elems=32, max_elems=32, min_threads=512, max_tpr=512, staging="smem",
@@ -415,7 +415,7 @@ HELD_TUNED = {
                 (32768, dict(_RMS_BWD_32K, regs=_BWD)), (65536, dict(_RMS_BWD_64K_ACCR, regs=dict(_BWD, resident_grid=True),
                                                                       # 64-bit: 64 B spilled at 64 registers
                                                                       i64=dict(_RMS_BWD_64K, regs=dict(_BWD, resident_grid=True)))),
-                (131072, dict(_LN_BWD_128K_REFILL, regs=dict(_BWD, resident_grid=True),
+                (131072, dict(_NORM_BWD_128K_REFILL, regs=dict(_BWD, resident_grid=True),
                               i64=dict(_RMS_BWD_128K, regs=dict(_BWD, resident_grid=True)))),
                 (262144, dict(_NORM_BWD_256K_REFILL, regs=dict(_BWD, resident_grid=True))),
                 (None, dict(_LONG_NORM_BWD_16, regs=dict(_BWD, resident_grid=True)))),
@@ -424,7 +424,7 @@ HELD_TUNED = {
     "ln_bwd": ((1024, dict(_BWD_1K, regs=dict(_ONE_ROW_128, min_threads=256))), (2048, dict(_ONE_ROW_128, min_threads=256)), (4096, dict(_LN_BWD_4K_ACCR, regs=dict(_ONE_ROW_128, min_threads=256))), (8192, dict(_LN_BWD, regs_per_thread=64)),
                (16384, dict(_LN_BWD_16K_ACCR, regs=dict(_LN_BWD, regs_per_thread=64))), (32768, dict(_LN_BWD_32K_ACCR, regs=_LN_BWD)), (65536, dict(_LN_BWD_64K_ACCR, regs=dict(_LN_BWD, resident_grid=True))),
                # (64-bit indexing: the 128k plan spills 48 B at its 128 registers; the staged plan before it does not)
-               (131072, dict(_LN_BWD_128K_REFILL, regs=_LN_BWD_128K, i64=dict(_LN_BWD_128K_I64, regs=_LN_BWD))),
+               (131072, dict(_NORM_BWD_128K_REFILL, regs=_LN_BWD_128K, i64=dict(_LN_BWD_128K_I64, regs=_LN_BWD))),
                (262144, dict(_NORM_BWD_256K_REFILL, regs=_LN_BWD)),
                (None, dict(_LONG_NORM_BWD_16, regs=_LN_BWD))),
     # Cross-entropy backward: no reduction (lse is saved), a read-x / write-dx copy bound by bytes in

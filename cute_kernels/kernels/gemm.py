@@ -207,7 +207,13 @@ class Gemm:
         sA_layout = operand_smem_layout(a_major, self.ab_dtype, s.tile_m, s.tile_k, stages)
         sB_layout = operand_smem_layout(b_major, self.ab_dtype, s.tile_n, s.tile_k, stages)
         sC_layout = epi.smem_layout(d_major, self.out_dtype, s.epi_tile, epi_buffers)
-        tma_a, tma_ga = operand_tma(a, sA_layout, s.tile_m, s.tile_k, s.cluster_n)
+        # `a_rows` (small M): A's box is the stage's first a_rows rows, a (a_rows, tile_k, stages * a_step) view of the
+        # same ring (one swizzle atom along K: the short box's stage a_step * i is the first rows of stage i)
+        a_step = s.tile_m // s.a_rows if s.a_rows else 1
+        sA_box_layout = sA_layout
+        if cutlass.const_expr(a_step > 1):
+            sA_box_layout = operand_smem_layout(a_major, self.ab_dtype, s.a_rows, s.tile_k, stages * a_step)
+        tma_a, tma_ga = operand_tma(a, sA_box_layout, s.tile_m // a_step, s.tile_k, s.cluster_n)
         tma_b, tma_gb = operand_tma(b, sB_layout, s.tile_n, s.tile_k, s.cluster_m)
         tma_d = None
         if cutlass.const_expr(not self.split or self.fixup):  # split-K stores fp32 partials from registers
@@ -276,7 +282,7 @@ class Gemm:
             clusters = clusters * s.split_k
         clusters = cutlass.max(cutlass.min(clusters, max_clusters), 1)
         self.kernel(tiled_mma, tma_a, tma_ga, tma_b, tma_gb, tma_d, tma_gd, c, bias, alpha, beta,
-                    sA_layout, sB_layout, sC_layout, d_major, *scale_args).launch(
+                    sA_layout, sB_layout, sC_layout, d_major, *scale_args, sA_box_layout=sA_box_layout).launch(
             grid=[s.cluster_m, s.cluster_n, clusters], block=[s.threads, 1, 1],
             cluster=[s.cluster_m, s.cluster_n, 1], stream=stream, **self._reg_bound())
 
@@ -314,8 +320,10 @@ class Gemm:
         half_mma: cute.TiledMma = None,
         half_set: cute.TiledMma = None,
         flags: cute.Tensor = None,
+        sA_box_layout: cute.ComposedLayout = None,
     ):
         s = self.s
+        a_step = s.tile_m // s.a_rows if s.a_rows else 1  # (`a_rows`: A's short box, see `_launch`)
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
@@ -338,7 +346,7 @@ class Gemm:
         last_flag = None
         if cutlass.const_expr(self.fixup):  # per storing group: "this unit arrived last" (see `split_k_fixup`)
             last_flag = st.last.get_tensor(cute.make_layout(2))
-        tx_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(sA_layout, (None, None, 0))) + cute.size_in_bytes(
+        tx_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(sA_box_layout, (None, None, 0))) + cute.size_in_bytes(
             self.ab_dtype, cute.slice_(sB_layout, (None, None, 0)))
         if cutlass.const_expr(self.blockwise):
             tx_bytes += cute.size_in_bytes(Float32, cute.slice_(sS_layout, (None, None, 0)))
@@ -354,8 +362,12 @@ class Gemm:
         gA = cute.local_tile(mA, (s.tile_m, s.tile_k), (None, None, None))
         gB = cute.local_tile(mB, (s.tile_n, s.tile_k), (None, None, None))
         gD = cute.local_tile(mD, (s.tile_m, s.tile_n), (None, None, None))
+        sA_box, gA_box = sA, gA
+        if cutlass.const_expr(a_step > 1):  # box i of the tile's rows is tile i * a_step of a_rows rows
+            sA_box = st.sA.get_tensor(sA_box_layout.outer, swizzle=sA_box_layout.inner)
+            gA_box = cute.local_tile(mA, (s.a_rows, s.tile_k), (None, None, None))
         tAsA, tAgA = cpasync.tma_partition(tma_a, cta_n, cute.make_layout(s.cluster_n),
-                                           cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+                                           cute.group_modes(sA_box, 0, 2), cute.group_modes(gA_box, 0, 2))
         tBsB, tBgB = cpasync.tma_partition(tma_b, cta_m, cute.make_layout(s.cluster_m),
                                            cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
         sS = tSsS = tSgS = None
@@ -384,15 +396,16 @@ class Gemm:
                         k0, kn = walk.k_range(i, k_tiles, s)
                         split_box = (tma_s, tSgS[(None, tm, None, tl)], tSsS) if self.blockwise else ()
                         state = produce_k_tiles(pipe, state, kn,
-                                                tma_a, tAgA[(None, tm, None, tl)], tAsA, mask_a,
+                                                tma_a, tAgA[(None, tm * a_step, None, tl)], tAsA, mask_a,
                                                 tma_b, tBgB[(None, tn, None, te)], tBsB, mask_b, *split_box,
-                                                k_first=k0)
+                                                k_first=k0, a_step=a_step)
                     else:
                         if valid:  # B's batch index is the tile's expert (te is tl without grouping)
                             scale_box = (tma_s, tSgS[(None, tm, None, tl)], tSsS) if self.blockwise else ()
                             state = produce_k_tiles(pipe, state, k_tiles,
-                                                    tma_a, tAgA[(None, tm, None, tl)], tAsA, mask_a,
-                                                    tma_b, tBgB[(None, tn, None, te)], tBsB, mask_b, *scale_box)
+                                                    tma_a, tAgA[(None, tm * a_step, None, tl)], tAsA, mask_a,
+                                                    tma_b, tBgB[(None, tn, None, te)], tBsB, mask_b, *scale_box,
+                                                    a_step=a_step)
                 pipe.producer_tail(state)
         else:
             # ---- consumers: WGMMA mainloop + epilogue ----

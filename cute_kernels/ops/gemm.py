@@ -159,6 +159,9 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
         sched = _clamp_split(sched, k)
     if source and sched.split_k > 1:  # the split-K epilogues do not read C: the unsplit tile
         sched = _unsplit(sched)
+    if sched.a_rows and (rows > sched.a_rows or a_major != "k"):
+        raise ValueError(f"schedule {sched}: a_rows {sched.a_rows} loads only A's first {sched.a_rows} rows of a "
+                         f"K-major A; got {rows} rows, A {'K' if a_major == 'k' else 'M'}-major")
     fn, sms, _ = _compiled(a.dtype, out_dtype, a_major, b_major, activation, bias is not None, sched, a.get_device(),
                            source, scale)
     if bias is None:

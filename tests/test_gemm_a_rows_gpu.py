@@ -1,0 +1,54 @@
+"""GPU: the bf16 GEMM's short A box (`GemmSchedule.a_rows`, session 17; small M): A's TMA box covers only the
+tile's first a_rows rows, so a box of M rows has nothing out of bounds. The tile's other rows are whatever shared
+memory held (their accumulator rows are past M, never stored), so the result must equal the full-box schedule's
+bit for bit (the same WGMMA K order): M = 1, 5, 8, 16, 20, 32 under the 1x1 and 1x2 clusters the small-M defaults
+use, the deep ring and the 64x32 tile, odd N and K, batched A with a shared B, outputs poisoned. The op refuses M
+past a_rows and an M-major A, naming the schedule."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from tests.helpers import randn
+
+pytestmark = pytest.mark.gpu
+
+ck = pytest.importorskip("cute_kernels")
+from cute_kernels.ops.gemm import _gemm_cuda  # noqa: E402
+from schedules.gemm import GemmSchedule  # noqa: E402
+
+
+def _box(m: int, cluster_n: int) -> int:
+    return next(r for r in (8, 16, 32) if r >= m and r % (8 * cluster_n) == 0)
+
+
+CASES = [(1, 4096, 4096), (5, 520, 1000), (8, 96, 16), (16, 2112, 7168), (20, 4096, 1024), (32, 4096, 4096)]
+
+
+@pytest.mark.parametrize("tile_n,cn,stages", [(64, 2, 12), (32, 2, 16), (32, 1, 0)], ids=str)
+@pytest.mark.parametrize("m,n,k", CASES, ids=str)
+def test_short_a_box_bitwise(m, n, k, tile_n, cn, stages):
+    full = GemmSchedule(kind="pingpong", tile_m=64, tile_n=tile_n, cluster_m=1, cluster_n=cn, stages=stages)
+    short = dataclasses.replace(full, a_rows=_box(m, cn))
+    a, b = randn(m, k, dtype=torch.bfloat16), randn(k, n, dtype=torch.bfloat16)
+    torch.cuda.empty_cache()
+    torch.full((m * n * 4 + 4096,), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = _gemm_cuda(a, b, schedule=short)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, _gemm_cuda(a, b, schedule=full))
+    ref = a.double() @ b.double()
+    assert (out.double() - ref).norm() / ref.norm() < 1e-2
+
+
+def test_short_a_box_batched_and_refused():
+    s = GemmSchedule(kind="pingpong", tile_m=64, tile_n=64, cluster_m=1, cluster_n=2, a_rows=16)
+    a, b = randn(3, 16, 512, dtype=torch.bfloat16), randn(3, 512, 200, dtype=torch.bfloat16)
+    out = _gemm_cuda(a, b, schedule=s)  # three batches of 16 rows (B batched too: nothing folds)
+    assert torch.equal(out, _gemm_cuda(a, b, schedule=dataclasses.replace(s, a_rows=0)))
+    with pytest.raises(ValueError, match="a_rows 16"):
+        _gemm_cuda(randn(17, 512, dtype=torch.bfloat16), b[0], schedule=s)
+    with pytest.raises(ValueError, match="a_rows 16"):  # a contiguous batched A folds with a shared B: 48 rows
+        _gemm_cuda(a, b[0], schedule=s)
+    with pytest.raises(ValueError, match="M-major"):
+        _gemm_cuda(randn(512, 16, dtype=torch.bfloat16).t(), b[0], schedule=s)
