@@ -23,8 +23,9 @@ SHAPES = [
 ]
 QUICK = [(8192, 8192, 8192), (4096, 4096, 4096), (4096, 2112, 7168), (128, 7168, 2048)]
 # `gemm_small`: decode-sized M, where the small-grid defaults (`schedules.gemm.narrowed` / `deepened`) decide
+# (16 and 8 rows since session 17: decode batches, where `GemmSchedule.a_rows` keeps A's box inside M)
 SMALL_M = [(64, 4096, 4096), (64, 2048, 4096), (64, 4096, 1024), (128, 2112, 4096), (32, 4096, 4096),
-           (64, 8192, 8192), (64, 7168, 2048), (128, 7168, 2048)]
+           (64, 8192, 8192), (64, 7168, 2048), (128, 7168, 2048), (16, 4096, 4096), (8, 7168, 2048)]
 # Pipeline options of the default schedule (`schedules.gemm.pipeline_variants`; docs/kernels/gemm.md,
 # "2026-11-29 (session 4)"), timed beside it where they apply, each checked bitwise against "ours".
 OPTIONS = ["ours c2x2", "ours wg_epilogue", "ours c2x2 wg_epilogue", "ours 5 stages", "ours pingpong 128x192"]
