@@ -546,16 +546,17 @@ NARROW_MIN_M = {"bf16": 33, "fp8": 1}
 def narrowed(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int = 1, family: str = "bf16",
              make=None) -> GemmSchedule:
     """`s` (an unsplit 64x64 ping-pong tile, at least NARROW_MIN_M[family] rows) with the narrowest
-    NARROW_TILE_N[family] columns whose grid still fits in `num_sms` CTAs; else `s`. `make(s, tile_n)` builds the
-    narrowed schedule (default: `s` with that width and the automatic depth)."""
+    NARROW_TILE_N[family] columns whose grid still gives no CTA more than one tile (`on_one_wave`, as `deepened`
+    and `interleaved` count it); else `s`. `make(s, tile_n)` builds the narrowed schedule (default: `s` with that
+    width and the automatic depth)."""
     if s.kind != "pingpong" or s.tile_m != 64 or s.tile_n != 64 or s.split_k > 1 or m < NARROW_MIN_M[family]:
         return s
     make = make or (lambda s, tn: dataclasses.replace(s, tile_n=tn, stages=0))
-    rows = -(-m // 64) * batch
     for tn in NARROW_TILE_N[family]:
-        if rows * -(-n // tn) > num_sms:
+        t = make(s, tn)
+        if not on_one_wave(t, m, n, num_sms, batch):
             break
-        s = make(s, tn)
+        s = t
     return s
 
 

@@ -81,3 +81,25 @@ def test_fake_mode_shapes_and_errors():
 def test_cpu_tensor_gets_a_named_device_error():
     with pytest.raises(ValueError, match="a must be on a CUDA device"):
         ck.gemm(torch.randn(4, 4, dtype=torch.bfloat16), torch.randn(4, 4, dtype=torch.bfloat16))
+
+
+def test_narrowing_counts_a_wave_as_the_deep_ring_does():
+    """`schedules.gemm.narrowed` stops where the narrower grid would give a CTA a second tile, counted as `deepened`
+    and `interleaved` count it (`on_one_wave`: cluster slots x cluster size; session 17 unified the two counts). Over
+    the 1320 dense and grouped shapes checked then, no default moved: the counts differ only for 4-CTA clusters (32
+    slots of 4 on 132 SMs: 128 CTAs), which no small-grid default uses."""
+    import dataclasses
+
+    from schedules.gemm import NARROW_TILE_N, GemmSchedule, narrowed, on_one_wave
+
+    for cm, cn in ((1, 1), (2, 1), (1, 2), (2, 2)):
+        s0 = GemmSchedule(kind="pingpong", tile_m=64, tile_n=64, cluster_m=cm, cluster_n=cn)
+        for fam in ("bf16", "fp8"):
+            for m in (33, 64, 128, 200):
+                for n in (512, 2112, 4096, 7168, 8192):
+                    s = narrowed(s0, m, n, family=fam)
+                    if s.tile_n != 64:
+                        assert on_one_wave(s, m, n), (s, m, n)
+                    narrower = [t for t in NARROW_TILE_N[fam] if t < s.tile_n]
+                    if narrower:  # the next width would not have been one wave
+                        assert not on_one_wave(dataclasses.replace(s0, tile_n=narrower[0]), m, n), (s, m, n)
