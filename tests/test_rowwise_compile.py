@@ -339,6 +339,7 @@ def test_norm_bwd_refill_plans_compile(name, n, extra, tmp_path):
     staged plan with register accumulators (112 B spilled: the fallback that runs where the op raised before
     session 15; 64-bit: the 16 B that plan had). Without a bias LayerNorm's one accumulator stays in shared memory
     beside the held rows (in registers it spilled 72 B)."""
+    extra = dict(extra)  # (the parametrized dict is shared across runs)
     dtype = extra.pop("dtype", "bf16")
     p = _params(name, n, dtype=dtype, **extra)
     held = "w_dtype" not in extra and "index64" not in extra
