@@ -36,7 +36,7 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
 
     import cute_kernels as ck
     from cute_kernels.ops.gemm import _gemm_cuda
-    from schedules.gemm import GemmSchedule, candidates, deepened, default_schedule, pipeline_variants
+    from schedules.gemm import GemmSchedule, a_box_for, candidates, deepened, default_schedule, pipeline_variants
 
     shapes = shapes or (QUICK if quick else SHAPES)
     rows, notes = [], []
@@ -85,7 +85,7 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
             # A's TMA box cut to the M rows (`GemmSchedule.a_rows`, session 17): no box past M, no copy. On the
             # default, and on the 64x32 deep ring the padded column runs (the M >= 33 narrowed default)
             if d.tile_m == 64 and d.split_k == 1 and not d.k_interleave:
-                box = next((r for r in (8, 16, 32) if r >= m and r % (8 * d.cluster_n) == 0), 0)
+                box = a_box_for(m, d.cluster_n)
                 if box:
                     option("ours short A box (M < 64)", dataclasses.replace(d, a_rows=box))
                     short32 = dataclasses.replace(deepened(dataclasses.replace(d, tile_n=32, stages=0), 64, n),

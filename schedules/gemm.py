@@ -135,6 +135,11 @@ class GemmSchedule:
         return 2 if self.kind == "cooperative" else 1
 
     @property
+    def a_step(self) -> int:
+        """Short A boxes a stage holds (`a_rows`): the kernel's A ring is a_step times the stages of a_rows rows."""
+        return self.tile_m // self.a_rows if self.a_rows else 1
+
+    @property
     def mma_atoms(self) -> tuple[int, int, int]:
         """Warpgroups of the tiled MMA along (M, N, K)."""
         return (self.consumers_per_tile, 1, 1)
@@ -510,6 +515,12 @@ def best_split(s: GemmSchedule, m: int, n: int, k: int, batch: int = 1, num_sms:
 # whose grid gives a CTA at most one tile, 1.04-1.16x each, tests/test_k_interleave_gpu.py passing); bf16 at
 # 64x4096x4096 0.930x (its partial exchange costs more than the second warpgroup brings at 64 K-blocks of 64).
 K_INTERLEAVE_DEFAULT = {"bf16": False, "fp8": True}
+
+
+def a_box_for(m: int, cluster_n: int) -> int:
+    """The smallest `GemmSchedule.a_rows` that holds M = m rows on clusters `cluster_n` wide (each CTA multicasts
+    whole 8-row atoms), or 0 (the whole tile) past 32 rows."""
+    return next((r for r in (8, 16, 32) if r >= m and r % (8 * cluster_n) == 0), 0)
 
 
 def on_one_wave(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int = 1) -> bool:

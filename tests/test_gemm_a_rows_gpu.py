@@ -16,12 +16,8 @@ pytestmark = pytest.mark.gpu
 
 ck = pytest.importorskip("cute_kernels")
 from cute_kernels.ops.gemm import _gemm_cuda  # noqa: E402
-from schedules.gemm import GemmSchedule  # noqa: E402
-
-
-def _box(m: int, cluster_n: int) -> int:
-    return next(r for r in (8, 16, 32) if r >= m and r % (8 * cluster_n) == 0)
-
+from schedules.gemm import GemmSchedule, a_box_for  # noqa: E402
+from tests.test_gemm_pipeline_gpu import _run  # noqa: E402  (poisoned output, fp64 check at the cuBLAS bound)
 
 CASES = [(1, 4096, 4096), (5, 520, 1000), (8, 96, 16), (16, 2112, 7168), (20, 4096, 1024), (32, 4096, 4096)]
 
@@ -30,21 +26,15 @@ CASES = [(1, 4096, 4096), (5, 520, 1000), (8, 96, 16), (16, 2112, 7168), (20, 40
 @pytest.mark.parametrize("m,n,k", CASES, ids=str)
 def test_short_a_box_bitwise(m, n, k, tile_n, cn, stages):
     full = GemmSchedule(kind="pingpong", tile_m=64, tile_n=tile_n, cluster_m=1, cluster_n=cn, stages=stages)
-    short = dataclasses.replace(full, a_rows=_box(m, cn))
+    short = dataclasses.replace(full, a_rows=a_box_for(m, cn))
     a, b = randn(m, k, dtype=torch.bfloat16), randn(k, n, dtype=torch.bfloat16)
-    torch.cuda.empty_cache()
-    torch.full((m * n * 4 + 4096,), float("nan"), dtype=torch.bfloat16, device="cuda")
-    out = _gemm_cuda(a, b, schedule=short)
-    assert torch.isfinite(out).all()
-    assert torch.equal(out, _gemm_cuda(a, b, schedule=full))
-    ref = a.double() @ b.double()
-    assert (out.double() - ref).norm() / ref.norm() < 1e-2
+    assert torch.equal(_run(a, b, short), _gemm_cuda(a, b, schedule=full))
 
 
 def test_short_a_box_batched_and_refused():
     s = GemmSchedule(kind="pingpong", tile_m=64, tile_n=64, cluster_m=1, cluster_n=2, a_rows=16)
     a, b = randn(3, 16, 512, dtype=torch.bfloat16), randn(3, 512, 200, dtype=torch.bfloat16)
-    out = _gemm_cuda(a, b, schedule=s)  # three batches of 16 rows (B batched too: nothing folds)
+    out = _run(a, b, s)  # three batches of 16 rows (B batched too: nothing folds)
     assert torch.equal(out, _gemm_cuda(a, b, schedule=dataclasses.replace(s, a_rows=0)))
     with pytest.raises(ValueError, match="a_rows 16"):
         _gemm_cuda(randn(17, 512, dtype=torch.bfloat16), b[0], schedule=s)

@@ -209,7 +209,7 @@ class Gemm:
         sC_layout = epi.smem_layout(d_major, self.out_dtype, s.epi_tile, epi_buffers)
         # `a_rows` (small M): A's box is the stage's first a_rows rows, a (a_rows, tile_k, stages * a_step) view of the
         # same ring (one swizzle atom along K: the short box's stage a_step * i is the first rows of stage i)
-        a_step = s.tile_m // s.a_rows if s.a_rows else 1
+        a_step = s.a_step
         sA_box_layout = sA_layout
         if cutlass.const_expr(a_step > 1):
             sA_box_layout = operand_smem_layout(a_major, self.ab_dtype, s.a_rows, s.tile_k, stages * a_step)
@@ -323,7 +323,7 @@ class Gemm:
         sA_box_layout: cute.ComposedLayout = None,
     ):
         s = self.s
-        a_step = s.tile_m // s.a_rows if s.a_rows else 1  # (`a_rows`: A's short box, see `_launch`)
+        a_step = s.a_step  # (`a_rows`: A's short box, see `_launch`)
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
