@@ -36,7 +36,7 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
 
     import cute_kernels as ck
     from cute_kernels.ops.gemm import _gemm_cuda
-    from schedules.gemm import GemmSchedule, a_box_for, candidates, deepened, default_schedule, pipeline_variants
+    from schedules.gemm import GemmSchedule, candidates, deepened, default_schedule, pipeline_variants
 
     shapes = shapes or (QUICK if quick else SHAPES)
     rows, notes = [], []
@@ -82,25 +82,22 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
                 options.append(col)
             fns[col] = functools.partial(_gemm_cuda, a_pad, b)
             same += f"; padded A bitwise {'=' if torch.equal(_gemm_cuda(a_pad, b)[:m], ck.gemm(a, b)) else '!='} ours"
-            # A's TMA box cut to the M rows (`GemmSchedule.a_rows`, session 17): no box past M, no copy. On the
-            # default, and on the 64x32 deep ring the padded column runs (the M >= 33 narrowed default)
-            if d.tile_m == 64 and d.split_k == 1 and not d.k_interleave:
-                box = a_box_for(m, d.cluster_n)
-                if box:
-                    option("ours short A box (M < 64)", dataclasses.replace(d, a_rows=box))
-                    short32 = dataclasses.replace(deepened(dataclasses.replace(d, tile_n=32, stages=0), 64, n),
-                                                  a_rows=box)
-                    option("ours 64x32 short A box (M < 64)", short32)
-                    eq = torch.equal(fns["ours short A box (M < 64)"](), ck.gemm(a, b))
-                    same += f"; short A box bitwise {'=' if eq else '!='} ours"
-        if m <= 256 and d.tile_m == 64 and d.tile_n == 32 and d.split_k == 1:
+            # A's TMA box cut to the M rows (`GemmSchedule.a_rows`, session 17; the default at M <= 32 since session
+            # 18, `schedules.gemm.shortened`): against the whole box, and the default's tile at the other width
+            if d.a_rows:
+                option("ours whole A box (M <= 32)", dataclasses.replace(d, a_rows=0))
+                other = deepened(dataclasses.replace(d, tile_n=96 - d.tile_n, stages=0), m, n)
+                option(f"ours 64x{other.tile_n} short A box (M <= 32)", other)
+                eq = torch.equal(fns["ours whole A box (M <= 32)"](), ck.gemm(a, b))
+                same += f"; whole A box bitwise {'=' if eq else '!='} ours"
+        if m <= 256 and d.tile_m == 64 and d.tile_n == 32 and d.split_k == 1 and not d.a_rows:
             # the narrowed default (`schedules.gemm.narrowed`, session 16) against the 64x64 tile it replaced (with
             # that tile's deep ring) and against its own automatic depth
             option("ours 64x64 deep ring (small M)", deepened(dataclasses.replace(d, tile_n=64, stages=0), m, n))
             if d.stages:
                 option("ours 64x32 8 stages (small M)", dataclasses.replace(d, stages=0))
             option("ours 64x32 k-interleave (small M)", dataclasses.replace(d, k_interleave=True))
-        if m <= 256 and d.tile_m == 64 and d.tile_n == 64:
+        if m <= 256 and d.tile_m == 64 and d.tile_n == 64 and not d.a_rows:
             # a 64x32 tile on a grid 64x64 leaves below a wave (64x4096x4096: 64 tiles -> 128; the FP8 GEMM's
             # narrowing measured 1.09-1.18x on such grids, session 13)
             unsplit = dataclasses.replace(d, split_k=1, split_fixup=False)

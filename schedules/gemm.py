@@ -523,6 +523,20 @@ def a_box_for(m: int, cluster_n: int) -> int:
     return next((r for r in (8, 16, 32) if r >= m and r % (8 * cluster_n) == 0), 0)
 
 
+# Decode-sized M: A's TMA box cut to the M rows (`GemmSchedule.a_rows`). H200, session 18 (perf/results/
+# 2026-11-30-h200-08346d1/gemm_small.md), bf16, against the full 64-row box of the same schedule: 32x4096x4096
+# 56.7 -> 71.5 TFLOP/s, at 64x32 with the deep ring 73.9 (cuBLAS 63.7); 16x4096x4096 27.4 -> 36.8, 64x32 37.9 (cuBLAS
+# 31.8); 8x7168x2048 13.6 -> 17.8 (cuBLAS 17.5; 64x32 would take two waves there: 15.2). With the box inside M
+# the narrowed tile wins again below NARROW_MIN_M rows (`narrowed` takes a short-box schedule at any M).
+def shortened(s: GemmSchedule, m: int) -> GemmSchedule:
+    """`s` with A's box cut to the smallest `a_rows` holding m rows (`a_box_for`), for an unsplit 64-row ping-pong
+    tile without `k_interleave` (the measured ones); else `s`. The op drops it again for an M-major A."""
+    if s.kind != "pingpong" or s.tile_m != 64 or s.split_k > 1 or s.k_interleave or s.a_rows:
+        return s
+    box = a_box_for(m, s.cluster_n)
+    return dataclasses.replace(s, a_rows=box) if box else s
+
+
 def on_one_wave(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int = 1) -> bool:
     """Whether the grid of `s` on (m, n) gives no CTA more than one tile."""
     return -(-m // s.tile_m) * -(-n // s.tile_n) * batch <= cluster_slots(s, num_sms) * s.cluster_size
@@ -533,7 +547,7 @@ def interleaved(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int 
     """`s` with `k_interleave` where K_INTERLEAVE_DEFAULT[family] is on and it applies: an unsplit ping-pong
     64 x <= 64 tile whose grid gives no CTA more than one tile (there the second warpgroup has nothing else to do)."""
     if (not K_INTERLEAVE_DEFAULT[family] or s.kind != "pingpong" or s.tile_m != 64 or s.tile_n > 64
-            or s.split_k > 1 or s.k_interleave or not on_one_wave(s, m, n, num_sms, batch)):
+            or s.split_k > 1 or s.k_interleave or s.a_rows or not on_one_wave(s, m, n, num_sms, batch)):
         return s
     return dataclasses.replace(s, k_interleave=True)
 
@@ -549,7 +563,7 @@ def interleaved(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int 
 #   At M = 32 the 64x64 tile with its 12-stage ring ran 1.093x the narrowed one (perf/results/2026-11-30-h200-
 #   a6831ea/gemm_small.md): with fewer than half the tile's rows real, each narrowed CTA's A box is mostly out of
 #   bounds and twice as many CTAs load it. So bf16 narrows only from NARROW_MIN_M rows (the FP8 suites never
-#   measured M < 64).
+#   measured M < 64), or where A's box is already cut to the M rows (`shortened`: 64x32 1.03x the 64x64 short box).
 NARROW_TILE_N = {"bf16": (32,), "fp8": (32, 16)}
 NARROW_MIN_M = {"bf16": 33, "fp8": 1}
 
@@ -560,7 +574,8 @@ def narrowed(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int = 1
     NARROW_TILE_N[family] columns whose grid still gives no CTA more than one tile (`on_one_wave`, as `deepened`
     and `interleaved` count it); else `s`. `make(s, tile_n)` builds the narrowed schedule (default: `s` with that
     width and the automatic depth)."""
-    if s.kind != "pingpong" or s.tile_m != 64 or s.tile_n != 64 or s.split_k > 1 or m < NARROW_MIN_M[family]:
+    if (s.kind != "pingpong" or s.tile_m != 64 or s.tile_n != 64 or s.split_k > 1
+            or m < NARROW_MIN_M[family] and not s.a_rows):
         return s
     make = make or (lambda s, tn: dataclasses.replace(s, tile_n=tn, stages=0))
     for tn in NARROW_TILE_N[family]:
@@ -613,9 +628,10 @@ def default_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: i
             if best is None or t < best[0] * 0.999:
                 best = (t, s)
             break  # the first cluster shape that fits is the preferred one
-    # split-K when the grid leaves SMs idle; else, on such grids, narrower tiles (`narrowed`), a deeper ring
-    # (`deepened`) and both warpgroups on each tile where that is switched on (`interleaved`)
-    s = narrowed(best_split(best[1], m, n, k, 1, num_sms), m, n, num_sms)
+    # split-K when the grid leaves SMs idle; else, on such grids, A's box cut to M rows (`shortened`, M <= 32),
+    # narrower tiles (`narrowed`), a deeper ring (`deepened`) and both warpgroups on each tile where that is
+    # switched on (`interleaved`)
+    s = narrowed(shortened(best_split(best[1], m, n, k, 1, num_sms), m), m, n, num_sms)
     return interleaved(deepened(s, m, n, num_sms), m, n, num_sms)
 
 

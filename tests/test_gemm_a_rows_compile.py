@@ -5,6 +5,7 @@ a_step * i; checked bitwise on the GPU), and the rest of the kernel, WGMMAs incl
 kernel's. Invalid boxes are refused by
 the schedule and the catalogue with the reason."""
 
+import dataclasses
 import re
 
 import pytest
@@ -53,3 +54,35 @@ def test_short_a_box_refused():
     with pytest.raises(ValueError, match="128-byte"):
         SPEC.resolve(params_for(GemmSchedule(kind="pingpong", tile_m=64, tile_n=64, tile_k=128, cluster_m=1,
                                              cluster_n=1, a_rows=16)))
+
+
+def test_small_m_default_cuts_a_box():
+    """The default schedule at M <= 32 (session 18): A's box of the smallest a_rows holding M (`shortened`), then
+    narrowed to 64x32 while that grid stays one wave (32x4096: 128 tiles; 8x7168 would take 224 and stays 64x64).
+    From 33 rows, split-K schedules and other tiles: the whole box, as before."""
+    from schedules.gemm import default_schedule, on_one_wave
+
+    for m in (1, 5, 8, 16, 17, 32):
+        for n, k in ((4096, 4096), (7168, 2048), (8192, 8192), (520, 1000)):
+            d = default_schedule(m, n, k)
+            if d.split_k > 1:
+                assert not d.a_rows
+                continue
+            assert d.a_rows >= m and d.a_rows % (8 * d.cluster_n) == 0 and d.a_rows // 2 < max(m, 8 * d.cluster_n)
+            assert not d.k_interleave
+            assert (d.tile_n == 32) == on_one_wave(dataclasses.replace(d, tile_n=32), m, n), (m, n, d)
+    assert str(default_schedule(32, 4096, 4096)).startswith("pingpong_64x32x64_c1x2_s16_a32")
+    assert str(default_schedule(8, 7168, 2048)).startswith("pingpong_64x64x64_c1x2_s12_a16")
+    for m in (33, 64, 128, 4096):
+        assert not default_schedule(m, 4096, 4096).a_rows
+
+
+def test_default_short_box_falls_back_for_m_major_a():
+    """The op keeps the default's short box only for a K-major A; an M-major one runs the same schedule with the
+    whole box (one cached schedule object: `_compiled` keys on it), while an explicit short-box schedule is refused."""
+    from cute_kernels.ops.gemm import _full_a_box
+    from schedules.gemm import default_schedule
+
+    d = default_schedule(16, 4096, 4096)
+    full = _full_a_box(d)
+    assert full is _full_a_box(d) and full.a_rows == 0 and dataclasses.replace(full, a_rows=d.a_rows) == d

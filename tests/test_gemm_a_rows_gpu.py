@@ -17,6 +17,7 @@ pytestmark = pytest.mark.gpu
 ck = pytest.importorskip("cute_kernels")
 from cute_kernels.ops.gemm import _gemm_cuda  # noqa: E402
 from schedules.gemm import GemmSchedule, a_box_for  # noqa: E402
+from tests.test_gemm_gpu import _check  # noqa: E402
 from tests.test_gemm_pipeline_gpu import _run  # noqa: E402  (poisoned output, fp64 check at the cuBLAS bound)
 
 CASES = [(1, 4096, 4096), (5, 520, 1000), (8, 96, 16), (16, 2112, 7168), (20, 4096, 1024), (32, 4096, 4096)]
@@ -42,3 +43,19 @@ def test_short_a_box_batched_and_refused():
         _gemm_cuda(a, b[0], schedule=s)
     with pytest.raises(ValueError, match="M-major"):
         _gemm_cuda(randn(512, 16, dtype=torch.bfloat16).t(), b[0], schedule=s)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (16, 4096, 4096), (32, 4096, 4096), (8, 7168, 2048),
+                                   (20, 2112, 1000)], ids=str)
+def test_small_m_default(m, n, k):
+    """The M <= 32 default (`schedules.gemm.shortened`, session 18) equals its whole-box schedule bit for bit; an
+    M-major A (the op drops the short box for it) and the fp16 and fp32-output signatures run correct too."""
+    from schedules.gemm import default_schedule
+
+    d = default_schedule(m, n, k)
+    a, b = randn(m, k, dtype=torch.bfloat16), randn(k, n, dtype=torch.bfloat16)
+    out = _run(a, b, None)
+    assert torch.equal(out, _gemm_cuda(a, b, schedule=dataclasses.replace(d, a_rows=0)))
+    _run(randn(k, m, dtype=torch.bfloat16).t(), b, None)
+    _run(a.half(), b.half(), None)
+    _check(_gemm_cuda(a, b, out_dtype=torch.float32), a, b, out_dtype=torch.float32)

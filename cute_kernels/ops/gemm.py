@@ -159,6 +159,8 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
         sched = _clamp_split(sched, k)
     if source and sched.split_k > 1:  # the split-K epilogues do not read C: the unsplit tile
         sched = _unsplit(sched)
+    if schedule is None and sched.a_rows and a_major != "k":
+        sched = _full_a_box(sched)  # the default's short A box (`schedules.gemm.shortened`) reads K-major A only
     if sched.a_rows and (rows > sched.a_rows or a_major != "k"):
         raise ValueError(f"schedule {sched}: a_rows {sched.a_rows} loads only A's first {sched.a_rows} rows of a "
                          f"K-major A; got {rows} rows, A {'K' if a_major == 'k' else 'M'}-major")
@@ -185,6 +187,12 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
     if batch_fold:
         return out.view(batch, m, n) if npad == n else out.reshape(batch, m, n)
     return out[0] if len(shape) == 2 else out
+
+
+@functools.lru_cache(maxsize=256)
+def _full_a_box(sched: GemmSchedule) -> GemmSchedule:
+    """`sched` loading A's whole tile (cached: `_compiled` keys on the schedule object)."""
+    return dataclasses.replace(sched, a_rows=0)
 
 
 @functools.lru_cache(maxsize=256)
