@@ -24,12 +24,12 @@ from cute_kernels.catalog import _SIG_COMMON, KernelSpec, Param, _index_sym
 from cute_kernels.jit import fake_stream
 from schedules.row_tiling import (
     CLUSTER_SYNCS,
-    HOLD_ELEMS,
     SMEM_PER_CTA,
     STAGINGS,
     HeldRowPlan,
     RowTiling,
     bwd_smem_accumulators,
+    hold_elems,
     plan_for_rows,
 )
 
@@ -137,8 +137,8 @@ class RowwiseSpec(KernelSpec):
             if not p["aligned"]:
                 raise ValueError(f"{self.name}: staging='smem' needs 16-byte aligned rows (cp.async moves "
                                  f"4-16 bytes); plan {plan} with aligned=False")
-            if plan.hold and plan.tiling.unroll * dtypes.vec_of(p["dtype"], p["aligned"]) > HOLD_ELEMS:
-                raise ValueError(f"{self.name}: hold=True keeps the row in registers: at most {HOLD_ELEMS} "
+            if plan.hold and plan.tiling.unroll * dtypes.vec_of(p["dtype"], p["aligned"]) > hold_elems(self.name):
+                raise ValueError(f"{self.name}: hold=True keeps the row in registers: at most {hold_elems(self.name)} "
                                  f"elements per thread (plan {plan})")
             total = self.dynamic_smem_bytes(p)
             if total > SMEM_PER_CTA:

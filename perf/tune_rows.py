@@ -41,7 +41,7 @@ import os
 import torch
 
 from perf import harness as H
-from schedules.row_tiling import HOLD_ELEMS, HeldRowPlan, RowTiling
+from schedules.row_tiling import HeldRowPlan, RowTiling, hold_elems
 
 MiB = 1 << 20
 KERNELS = ("rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "rmsnorm.bwd", "layernorm.bwd", "softmax.bwd")
@@ -215,13 +215,16 @@ def _hold_twin(p: HeldRowPlan, vec: int = 8, kernel: str = "softmax.fwd") -> Hel
 
     q = dataclasses.replace(p, hold=True)
     bwd = kernel.endswith(".bwd")
-    regs = (NormBwd if bwd else NormFwd if kernel.startswith(("rmsnorm", "layernorm")) else SoftmaxFwd).held_min_regs
+    if kernel.startswith(("rmsnorm", "layernorm")):
+        regs = (NormBwd if bwd else NormFwd).held_min_regs
+    else:
+        regs = SoftmaxFwd.held_regs(p.tiling.unroll * vec)
     rows = (16 // vec,) * (2 if bwd else 1)
     return dataclasses.replace(q, ctas_per_sm=min(16, q.staged_residency(q.row_smem_bytes(vec, rows), regs)))
 
 
-def _holdable(p: HeldRowPlan, vec: int = 8) -> bool:
-    return p.staging == "smem" and not p.hold and p.tiling.unroll * vec <= HOLD_ELEMS
+def _holdable(p: HeldRowPlan, kernel: str, vec: int = 8) -> bool:
+    return p.staging == "smem" and not p.hold and p.tiling.unroll * vec <= hold_elems(kernel)
 
 
 def _timed_with(obj, attr: str, value, fn, what: str, output: bool = False):
@@ -300,7 +303,7 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                                                     if p.cluster_n > 1
                                                     or (change.get("resident_grid") and k.endswith(".fwd"))])
                 if hold != "off" and k in HOLD_KERNELS:  # after the mbarrier twins: those too
-                    held = [p for p in [default] + ps if _holdable(p)]
+                    held = [p for p in [default] + ps if _holdable(p, k)]
                     if k.endswith(".bwd"):  # the backwards: each staged plan held, and held + refilled
                         held = held + [dataclasses.replace(p, prefetch=True) for p in held if not p.prefetch]
                     ps = _with_twins(ps, hold, [_hold_twin(p, kernel=k) for p in held], bwd=k.endswith(".bwd"))

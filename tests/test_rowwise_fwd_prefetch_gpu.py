@@ -26,24 +26,24 @@ def _plans(prefetch: bool):
 
     def plan_for(name, dtype, n, aligned):
         p = orig(name, dtype, n, aligned)
-        if name in FWD and _holdable(p):
+        if name in FWD and _holdable(p, name):
             p = dataclasses.replace(p, hold=True, resident_grid=True, prefetch=prefetch)
         return p
 
     return plan_for
 
 
-def _holdable(p) -> bool:
-    """A staged plan whose row a thread's registers hold (`HOLD_ELEMS` bf16 elements)."""
-    from schedules.row_tiling import HOLD_ELEMS
+def _holdable(p, name) -> bool:
+    """A staged plan whose row a thread's registers hold (`hold_elems(name)` bf16 elements)."""
+    from schedules.row_tiling import hold_elems
 
-    return p.staging == "smem" and p.tiling.unroll * 8 <= HOLD_ELEMS
+    return p.staging == "smem" and p.tiling.unroll * 8 <= hold_elems(name)
 
 
 def _production_holdable(name, n) -> bool:
     from cute_kernels.specs_rowwise import plan_for_kernel
 
-    return _holdable(plan_for_kernel(name, n, 8))
+    return _holdable(plan_for_kernel(name, n, 8), name)
 
 
 CASES = [(700, 16384), (300, 65536), (97, 131072), (70, 262144), (0, 65536), (1, 262144)]

@@ -92,6 +92,34 @@ def test_hold_rows_tied_extremes(monkeypatch):
     assert held[1, 12345].item() == 1.0 and held[2, -1].item() == 1.0
 
 
+# 128 elements a thread (`schedules.row_tiling.SOFTMAX_HOLD_ELEMS`, session 18: QuACK's 16k geometry, the exps held in
+# fp32 at 168 registers): 128-thread CTAs, 16k in one CTA, 32k in clusters of 2.
+WIDE = dict(target_elems=128, max_elems=128, min_threads=128, max_tpr=128, staging="smem")
+WIDE_CASES = [(300, 16384), (40, 32768), (5, 16384 - 8), (1, 16384), (0, 16384)]
+
+
+@pytest.mark.parametrize("m,n", WIDE_CASES, ids=[f"{m}x{n}" for m, n in WIDE_CASES])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_hold_128_elements_bitwise(op, m, n, monkeypatch):
+    from schedules.row_tiling import plan_held_rows
+
+    def plan(hold):
+        return lambda name, dtype, n, aligned: plan_held_rows(n, 16 // dtype.itemsize if aligned else 1, **WIDE,
+                                                               hold=hold and name in HOLD_KERNELS)
+
+    poison_empty(monkeypatch)
+    f = getattr(ck, op)
+    x = randn(m, n, dtype=torch.bfloat16, seed=11) * 3
+    staged, _ = run_with_plans(monkeypatch, plan(False), lambda: f(x))
+    held, plans = run_with_plans(monkeypatch, plan(True), lambda: f(x))
+    if m:
+        assert plans[f"{op}.fwd"].hold and plans[f"{op}.fwd"].tiling.unroll == 16, plans
+        assert not torch.isnan(held).any()
+        ref = getattr(torch, op)(x.double(), -1)
+        assert (held.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item() + 1e-2
+    assert torch.equal(staged.view(torch.uint16), held.view(torch.uint16))
+
+
 NORM_CASES = [(64, 16384), (32, 65536), (8, 131072), (3, 65536 + 8), (1, 65536), (0, 65536)]
 
 

@@ -70,6 +70,14 @@ class SoftmaxFwd(_RowLoop):
         self.log, self.dtype = log, dtype
         self.staged_rows = (dtype,)
         self.staged_min_regs = 88  # (m, l) pass + exps' addresses: 64 elements spill at 64 (and, since exp_diff, at 80)
+        self.held_min_regs = self.held_regs(plan.tiling.unroll * vec)
+
+    @staticmethod
+    def held_regs(elems: int) -> int:
+        """Registers a thread holding `elems` elements of a staged row asks for (`HeldRowPlan.hold`; sets the CTAs
+        per SM): 80 to 64 elements; 168 past that (128 elements: the fp32 exps alone take 128; CPU compile, session
+        18: 167 registers, no spills, 3 CTAs of 128 threads an SM; capped at 80 it spilled 608 B)."""
+        return 80 if elems <= 64 else 168
 
     @cute.jit
     def __call__(self, x: cute.Tensor, y: cute.Tensor, max_ctas: Int32, stream):
