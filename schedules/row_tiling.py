@@ -388,9 +388,15 @@ _NORM_BWD_128K_REFILL = dict(_LN_BWD_128K, staging="smem", staged_rows=2, staged
 _NORM_BWD_256K_REFILL = dict(_LONG_NORM_BWD_16, hold=True, prefetch=True, i64=_LONG_NORM_BWD_16)
 _REFILL_RMS_FWD_256K = dict(target_elems=32, max_elems=32, min_threads=512, max_tpr=512, staging="smem",
                             max_cluster=16, **_REFILL)
+# Session 18's sweep of the softmax forward holding 128 elements a thread (`perf.tune_rows --kernels softmax.fwd,
+# log_softmax.fwd --n 16384,32768 --hold both --fwd-prefetch both`; perf/results/2026-11-30-h200-4952de9/tune_rows.md;
+# bf16, 256 MiB per tensor): at 16k the default's own tiling (one row of 128 threads x 128 elements) held, one exp an
+# element, 3 CTAs an SM at 168 registers: softmax 138.7 -> 130.7 us (1.061x), log-softmax 133.1 -> 131.2 (1.015x),
+# both bitwise the default. No gain at 32k (0.97-0.99x; the 64-element hold there stays).
+_STAGED_FWD_16K_HOLD = dict(_STAGED_FWD_16K, hold=True, staged_regs=168)
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
-    "fwd": ((4096, _ONE_ROW_128), (8192, _FWD), (16384, dict(_STAGED_FWD_16K, regs=_FWD)),
+    "fwd": ((4096, _ONE_ROW_128), (8192, _FWD), (16384, dict(_STAGED_FWD_16K_HOLD, regs=_FWD)),
             (131072, dict(_STAGED_FWD_HOLD, regs=_FWD)),
             (262144, dict(_C16_HOLD_FWD_256K, staged_regs=80, regs=_FWD)), (None, _FWD)),
     "rms_fwd": ((512, _ONE_ROW_128), (1024, dict(_RMS_FWD_1K, regs=_ONE_ROW_128)),
