@@ -525,16 +525,17 @@ def bwd_smem_accumulators(plan: HeldRowPlan, vec: int, accumulators: int) -> int
 MAX_CLUSTER = 8  # the portable cluster size on Hopper (16 where a HELD_TUNED entry asks: non-portable)
 STAGINGS = ("regs", "smem")
 HOLD_ELEMS = 64  # `HeldRowPlan.hold`: the most elements per thread a held staged row may have (fp32 registers)
-# ... for the softmax forward (and log-softmax): 128, QuACK's 16k geometry (128 threads x 128 elements, the exps held
-# in fp32 at 167 registers, 3 CTAs an SM; `kernels.softmax.SoftmaxFwd.held_regs`). The staged re-reading plan it
-# would replace computes every exp twice: ncu, softmax 8192x16384, 90.3 M warp instructions against QuACK's 38.7 M
+# ... for the softmax forward (and log-softmax) and RMSNorm's: 128, QuACK's 16k geometry (128 threads x 128 elements;
+# the softmax holds its exps in fp32 at 167 registers, 3 CTAs an SM, `kernels.softmax.SoftmaxFwd.held_regs`; RMSNorm
+# 127, 227 beside a residual; LayerNorm beside a residual spilled at 255: 64 there). The staged re-reading plan it
+# replaces at 16k computes every exp twice: ncu, softmax 8192x16384, 90.3 M warp instructions against QuACK's 38.7 M
 # (same bytes; 68.6 % issue-active against 30.6 %; session 18).
-SOFTMAX_HOLD_ELEMS = 128
+WIDE_HOLD_ELEMS = 128
 
 
 def hold_elems(kernel: str) -> int:
     """The most elements per thread kernel `kernel` ("softmax.fwd", ...) may hold (`HeldRowPlan.hold`)."""
-    return SOFTMAX_HOLD_ELEMS if kernel in ("softmax.fwd", "log_softmax.fwd") else HOLD_ELEMS
+    return WIDE_HOLD_ELEMS if kernel in ("softmax.fwd", "log_softmax.fwd", "rmsnorm.fwd") else HOLD_ELEMS
 CLUSTER_SYNCS = ("barrier", "mbarrier")
 SMEM_PER_CTA = 227 * 1024  # the most dynamic shared memory one CTA may opt into on Hopper
 SMEM_PER_SM = 228 * 1024

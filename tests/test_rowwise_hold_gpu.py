@@ -92,7 +92,7 @@ def test_hold_rows_tied_extremes(monkeypatch):
     assert held[1, 12345].item() == 1.0 and held[2, -1].item() == 1.0
 
 
-# 128 elements a thread (`schedules.row_tiling.SOFTMAX_HOLD_ELEMS`, session 18: QuACK's 16k geometry, the exps held in
+# 128 elements a thread (`schedules.row_tiling.WIDE_HOLD_ELEMS`, session 18: QuACK's 16k geometry, the exps held in
 # fp32 at 168 registers): 128-thread CTAs, 16k in one CTA, 32k in clusters of 2.
 WIDE = dict(target_elems=128, max_elems=128, min_threads=128, max_tpr=128, staging="smem")
 WIDE_CASES = [(300, 16384), (40, 32768), (5, 16384 - 8), (1, 16384), (0, 16384)]
@@ -123,7 +123,7 @@ def test_hold_128_elements_bitwise(op, m, n, monkeypatch):
 NORM_CASES = [(64, 16384), (32, 65536), (8, 131072), (3, 65536 + 8), (1, 65536), (0, 65536)]
 
 
-def _norm_plan(hold: bool):
+def _norm_plan(hold: bool, wide: bool = False):
     """RMSNorm / LayerNorm forward staged at 64 elements per thread (LayerNorm: 32, its 64-element
     hold takes 111-128 registers), mbarrier sync; the backward keeps its own plan."""
     from cute_kernels.ops._rowwise import plan_for as default_plan
@@ -133,6 +133,9 @@ def _norm_plan(hold: bool):
         if name not in ("rmsnorm.fwd", "layernorm.fwd"):
             return default_plan(name, dtype, n, aligned)
         vec = 16 // dtype.itemsize if aligned else 1
+        if wide:  # QuACK's 16k geometry: 128 threads x 128 elements
+            return plan_held_rows(n, vec, target_elems=128, max_elems=128, min_threads=128, max_tpr=128,
+                                  staging="smem", hold=hold)
         e = 64 if name == "rmsnorm.fwd" else 32
         return plan_held_rows(n, vec, target_elems=e, max_elems=e, min_threads=256, max_tpr=256, staging="smem",
                               cluster_sync="mbarrier", hold=hold)
@@ -140,13 +143,20 @@ def _norm_plan(hold: bool):
     return plan_for
 
 
-@pytest.mark.parametrize("m,n", NORM_CASES, ids=[f"{m}x{n}" for m, n in NORM_CASES])
+WIDE_NORM_CASES = [(300, 16384), (40, 32768), (5, 16384 - 8), (1, 16384), (0, 16384)]
+
+
+@pytest.mark.parametrize("m,n,wide", [(m, n, False) for m, n in NORM_CASES] + [(m, n, True) for m, n in WIDE_NORM_CASES],
+                         ids=[f"{m}x{n}" for m, n in NORM_CASES] + [f"{m}x{n}_128elems" for m, n in WIDE_NORM_CASES])
 @pytest.mark.parametrize("op", ["rms_norm", "rms_norm_res", "layer_norm"])
-def test_norm_hold_equals_staged_bitwise(op, m, n, monkeypatch):
+def test_norm_hold_equals_staged_bitwise(op, m, n, wide, monkeypatch):
     """Norm forwards holding the landed x (and residual) in 16 bits, widened again per pass
-    (`vector_io.widen_again`): y, the residual sum, rstd and mean bit for bit the re-reading plan's."""
+    (`vector_io.widen_again`): y, the residual sum, rstd and mean bit for bit the re-reading plan's. `wide`: 128
+    elements a thread (RMSNorm only: LayerNorm beside a residual spills there)."""
     if op == "layer_norm" and n > 65536 + 8:
         pytest.skip("one long LayerNorm row is enough")
+    if wide and op == "layer_norm":
+        pytest.skip("128 held elements: RMSNorm only")
     poison_empty(monkeypatch)
     x = randn(m, n, dtype=torch.bfloat16, seed=1)
     r = randn(m, n, dtype=torch.bfloat16, seed=4)
@@ -154,8 +164,8 @@ def test_norm_hold_equals_staged_bitwise(op, m, n, monkeypatch):
     b = randn(n, dtype=torch.bfloat16, seed=3)
     f = {"rms_norm": lambda: ck.rms_norm(x, w, 1e-6), "rms_norm_res": lambda: ck.rms_norm(x, w, 1e-6, residual=r),
          "layer_norm": lambda: ck.layer_norm(x, w, b, 1e-5)}[op]
-    staged, _ = run_with_plans(monkeypatch, _norm_plan(False), f)
-    held, plans = run_with_plans(monkeypatch, _norm_plan(True), f)
+    staged, _ = run_with_plans(monkeypatch, _norm_plan(False, wide), f)
+    held, plans = run_with_plans(monkeypatch, _norm_plan(True, wide), f)
     if n % 8 == 0 and m:
         assert any(p.hold for p in plans.values()), plans
     a = [staged] if isinstance(staged, torch.Tensor) else list(staged)

@@ -185,8 +185,8 @@ def test_hold_refusals():
         HeldRowPlan(RowTiling(256, 256, 8), 4, 2, "regs", hold=True)
     with pytest.raises(ValueError, match="at most 128 elements"):  # the softmax forward: 128 (session 18)
         _params("softmax.fwd", (256, 256, 32, 1), "smem", hold=True)
-    with pytest.raises(ValueError, match="at most 64 elements"):  # the norms: 64
-        _params("rmsnorm.fwd", (256, 256, 16, 2), "smem", hold=True)
+    with pytest.raises(ValueError, match="at most 64 elements"):  # LayerNorm: 64
+        _params("layernorm.fwd", (256, 256, 16, 2), "smem", hold=True)
     with pytest.raises(ValueError):  # only the staged forwards (HOLD_KERNELS) have the parameter
         _params("softmax.bwd", (256, 256, 8, 4), "smem", hold=True)
     p = plan_of(_params("softmax.fwd", (256, 256, 8, 4), "smem", hold=True))
@@ -197,7 +197,7 @@ def test_hold_refusals():
 
 def test_tuner_hold_twins():
     """perf.tune_rows --hold: a hold twin for each staged softmax-forward plan of <= 128 elements
-    per thread (the norms: 64), next to its re-reading twin; 128 elements ask for 168 registers."""
+    per thread (LayerNorm: 64), next to its re-reading twin; 128 elements ask for 168 registers."""
     from perf.tune_rows import _hold_twin, _holdable, _twin, staged_candidates
 
     c = staged_candidates(65536)
@@ -207,7 +207,7 @@ def test_tuner_hold_twins():
     assert all(_twin(p) in c for p in tw)
     assert {p.ctas_per_sm for p in tw if p.tiling.threads == 256 and p.tiling.unroll == 8} == {3}
     assert {p.ctas_per_sm for p in tw if p.tiling.threads == 128 and p.tiling.unroll == 16} == {3}
-    assert all(p.tiling.unroll * 8 <= 64 for p in c if _holdable(p, "rmsnorm.fwd"))
+    assert all(p.tiling.unroll * 8 <= 64 for p in c if _holdable(p, "layernorm.fwd"))
 
 
 @pytest.mark.parametrize("name,shape", [("rmsnorm.fwd", (256, 256, 8, 4)), ("rmsnorm.fwd", (128, 128, 8, 8)),
