@@ -40,7 +40,7 @@ def gemv(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):
                         [(4096, 4096), (8192, 8192), (16384, 16384), (14336, 4096), (4096, 14336), (1024, 16384)])
     cols = (1, 8) if quick else (1, 2, 4, 8)
     copy_bw = ceilings["copy"]
-    compiled = torch.compile(lambda w, x: w @ x)
+    compiled = H.compiled(lambda w, x: w @ x)
     rows = []
     for dt in dtypes:
         for n, k in shapes:
@@ -96,7 +96,7 @@ def transpose(shapes=None, dtypes=(torch.bfloat16, torch.float32), quick=False, 
                         [(4096, 4096), (8192, 8192), (16384, 16384), (4096, 16384), (8000, 8000), (32, 2048, 2048),
                          (256, 512, 512)])
     copy_bw = ceilings["copy"]
-    compiled = torch.compile(lambda x: x.transpose(-2, -1).contiguous())
+    compiled = H.compiled(lambda x: x.transpose(-2, -1).contiguous())
     rows = []
     for dt in dtypes:
         for shape in shapes:
@@ -167,9 +167,9 @@ def swiglu(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):
         return torch.autograd.grad(F.silu(g) * u, (g, u), d)
 
     fwd_eager = lambda g, u: F.silu(g) * u  # noqa: E731
-    fwd_compiled = torch.compile(fwd_eager)
-    bwd_compiled = torch.compile(swiglu_bwd_eager)
-    silu_compiled = torch.compile(F.silu)
+    fwd_compiled = H.compiled(fwd_eager)
+    bwd_compiled = H.compiled(swiglu_bwd_eager)
+    silu_compiled = H.compiled(F.silu)
     rows = []
     for dt in dtypes:
         for shape in shapes:
@@ -216,7 +216,7 @@ def argmax(shapes=None, dtypes=(torch.bfloat16, torch.float32), quick=False, cei
                         [(32768, 4096), (4096, 32768), (256, 131072), (131072, 1024), (8, 1 << 24), (1, 1 << 28),
                          (16384, 50257)])
     read_bw = ceilings["read"]
-    compiled = torch.compile(lambda x: torch.argmax(x, dim=-1))
+    compiled = H.compiled(lambda x: torch.argmax(x, dim=-1))
     rows = []
     for dt in dtypes:
         for m, n in shapes:

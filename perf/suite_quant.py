@@ -26,8 +26,8 @@ def quant(quick=False, ceilings=None, shapes=None):
     from cute_kernels.ops.fp8_gemm import quantize_1x128_reference, quantize_128x128_reference
 
     copy_bw = ceilings["copy"]
-    compiled = {"1x128": torch.compile(quantize_1x128_reference),
-                "128x128": torch.compile(quantize_128x128_reference)}
+    compiled = {"1x128": H.compiled(quantize_1x128_reference),
+                "128x128": H.compiled(quantize_128x128_reference)}
     ours = {"1x128": ck.quantize_1x128, "128x128": ck.quantize_128x128}
     eager = {"1x128": quantize_1x128_reference, "128x128": quantize_128x128_reference}
     rows = []

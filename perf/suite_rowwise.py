@@ -5,7 +5,9 @@ Columns: ours, torch eager, torch.compile, QuACK (where it has the op: rmsnorm, 
 softmax, cross_entropy). Bytes per case are the floor's: every (M, N) tensor the op must read or
 write once (weights, per-row statistics and the weight-gradient partials are left out: < 1%).
 Backward cases time `torch.autograd.grad` of a retained graph (ours: the backward kernel, plus the
-small sum over per-CTA weight-gradient partials). Ceiling: the copy bandwidth measured in the run.
+small sum over per-CTA weight-gradient partials); the norms' weight and bias require grad (training), so every
+column computes dweight / dbias. torch.compile is specialized to each shape (`harness.compiled`: the default went
+dynamic after the first shape of the sweep). Ceiling: the copy bandwidth measured in the run.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ def _fns(case, n, dtype):
     fam, direction = case.split(".")
     w = H.randn(n, dtype=dtype, seed=11)
     b = H.randn(n, dtype=dtype, seed=12)
+    if direction == "bwd" and fam in ("rmsnorm", "layernorm"):
+        # training: the weight and bias are parameters, so every column computes their gradients too (before
+        # session 18 only x required grad: torch and torch.compile then skipped dweight / dbias, ours did not)
+        w.requires_grad_()
+        b.requires_grad_()
     eager = {
         "rmsnorm": (lambda x: ck.rms_norm(x, w, 1e-6), lambda x: F.rms_norm(x, (n,), w, 1e-6)),
         "layernorm": (lambda x: ck.layer_norm(x, w, b, 1e-5), lambda x: F.layer_norm(x, (n,), w, b, 1e-5)),
@@ -41,7 +48,7 @@ def _fns(case, n, dtype):
     if fam == "cross_entropy":
         ours = lambda x, t: ck.cross_entropy(x, t, reduction="none")  # noqa: E731
         ref = lambda x, t: F.cross_entropy(x.float(), t, reduction="none")  # noqa: E731
-        cols = {"ours": ours, "torch": ref, "torch.compile": torch.compile(ref)}
+        cols = {"ours": ours, "torch": ref, "torch.compile": H.compiled(ref)}
         try:
             from quack.cross_entropy import cross_entropy as qce
 
@@ -50,7 +57,7 @@ def _fns(case, n, dtype):
             pass
     else:
         ours, ref = eager[fam]
-        cols = {"ours": ours, "torch": ref, "torch.compile": torch.compile(ref)}
+        cols = {"ours": ours, "torch": ref, "torch.compile": H.compiled(ref)}
         try:
             if fam == "rmsnorm":
                 from quack.rmsnorm import rmsnorm as qrms
@@ -83,7 +90,23 @@ def _call(case, f, x, t, dy):
     y = f(xg, t) if fam == "cross_entropy" else f(xg)
     y = y[0] if isinstance(y, tuple) else y
     g = dy if fam != "cross_entropy" else torch.ones_like(y)
-    return lambda: torch.autograd.grad(y, xg, g, retain_graph=True)
+    # x and the parameters the graph reached (a norm's weight and bias: `_fns`)
+    wrt = [xg] + [p for p in _params(y) if p is not xg]
+    return lambda: torch.autograd.grad(y, wrt, g, retain_graph=True)
+
+
+def _params(y) -> list:
+    """The leaf tensors requiring grad that `y`'s graph reaches (a norm's weight and bias)."""
+    out, seen, stack = [], set(), [y.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if hasattr(fn, "variable"):
+            out.append(fn.variable)
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return out
 
 
 def rowwise(shapes=None, dtypes=(torch.bfloat16,), cases=tuple(CASES), quick=False, ceilings=None):
