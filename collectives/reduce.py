@@ -170,7 +170,8 @@ def cluster_smem_slots(rows_per_cta: int, cluster_n: int, width: int = 1) -> int
 
 @cute.jit
 def cluster_reduce(val, op: Callable, cluster_n: cutlass.Constexpr[int], smem: cute.Tensor,
-                   row_in_cta, lane_in_row, rank, mbar=None, phase=None, rows_per_cta: cutlass.Constexpr[int] = 1):
+                   row_in_cta, lane_in_row, rank, mbar=None, phase=None, rows_per_cta: cutlass.Constexpr[int] = 1,
+                   tree: cutlass.Constexpr[bool] = False, row_threads: cutlass.Constexpr[int] = WARP):
     """Combine per-CTA row results over the `cluster_n` CTAs of a cluster (distributed shared memory).
 
     Every thread of a row holds the CTA's result `val` for that row (after `group_reduce`). Lane `r`
@@ -192,6 +193,13 @@ def cluster_reduce(val, op: Callable, cluster_n: cutlass.Constexpr[int], smem: c
     drain first. Reuse holds as with the barrier: a peer writes tile i+2 into a slot set only after
     it has this CTA's tile i+1 values, which are sent after the CTA's tile barrier (`end_tile`)
     that follows every thread's reads of tile i.
+
+    `tree` (`HeldRowPlan.cluster_fold` "tree"; the row's `row_threads` >= cluster_n): the fold is a butterfly
+    instead, as `group_reduce` combines its warps: lane l of the row loads slot l % cluster_n and log2(cluster_n)
+    shuffle stages leave the result in every lane. One shared-memory load and log2(cluster_n) ops on the critical
+    path instead of cluster_n of each (a 16-CTA softmax row: 4 merges of two exps each, not 15 in a chain). The
+    order is fixed (deterministic), the same in every CTA; the bits may differ from the rank-order fold's, and, for
+    an `op` that does not commute exactly (the softmax state's merge), by an ulp between lanes, as `warp_reduce`'s.
     """
     width = width_of(val)
     if cutlass.const_expr(mbar is not None):
@@ -217,9 +225,14 @@ def cluster_reduce(val, op: Callable, cluster_n: cutlass.Constexpr[int], smem: c
         while not done:  # a loop the compiler sees (cute.arch.mbarrier_wait's asm loop made ptxas spill)
             done = cute.arch.mbarrier_try_wait(mbar, phase)
     first = row_in_cta * cluster_n * width
-    acc = _whole(tuple(smem[first + i] for i in range(width)), val)
-    for r in cutlass.range_constexpr(1, cluster_n):
-        acc = op(acc, _whole(tuple(smem[first + r * width + i] for i in range(width)), val))
+    if cutlass.const_expr(tree):
+        assert row_threads >= cluster_n, "the butterfly spans cluster_n lanes of a row"
+        src = first + (lane_in_row % cluster_n) * width
+        acc = warp_reduce(_whole(tuple(smem[src + i] for i in range(width)), val), op, min(cluster_n, WARP))
+    else:
+        acc = _whole(tuple(smem[first + i] for i in range(width)), val)
+        for r in cutlass.range_constexpr(1, cluster_n):
+            acc = op(acc, _whole(tuple(smem[first + r * width + i] for i in range(width)), val))
     return acc
 
 

@@ -275,10 +275,11 @@ class RowReducer:
     group_bufs: tuple
     cluster_bufs: tuple
     mbars: object = None  # "mbarrier" sync: 2 per call site (one per slot set), else None
+    tree: bool = False  # `HeldRowPlan.cluster_fold` "tree": the cluster's partials folded by a butterfly
 
     @staticmethod
     def allocate(smem, threads: int, tpr: int, cluster_n: int, widths: tuple[int, ...],
-                 sync: str = "barrier") -> "RowReducer":
+                 sync: str = "barrier", fold: str = "serial") -> "RowReducer":
         group_bufs, cluster_bufs = [], []
         for w in widths:
             g = group_smem_slots(threads, tpr, w)
@@ -290,7 +291,8 @@ class RowReducer:
         if cluster_n > 1 and sync == "mbarrier":
             mbars = smem.allocate_array(cutlass.Int64, num_elems=2 * len(widths), byte_alignment=8)
             _init_mbarriers(mbars, 2 * len(widths))
-        return RowReducer(threads, tpr, cluster_n, tuple(group_bufs), tuple(cluster_bufs), mbars)
+        return RowReducer(threads, tpr, cluster_n, tuple(group_bufs), tuple(cluster_bufs), mbars,
+                          fold == "tree" and cluster_n > 1)
 
     @property
     def needs_barrier(self) -> bool:
@@ -310,11 +312,11 @@ class RowReducer:
             parity = tile % 2
             if cutlass.const_expr(self.mbars is None):
                 val = cluster_reduce(val, op, self.cluster_n, self.cluster_bufs[site][None, parity],
-                                     tidx // self.tpr, tidx % self.tpr, rank)
+                                     tidx // self.tpr, tidx % self.tpr, rank, tree=self.tree, row_threads=self.tpr)
             else:
                 val = cluster_reduce(val, op, self.cluster_n, self.cluster_bufs[site][None, parity],
                                      tidx // self.tpr, tidx % self.tpr, rank, self.mbars + (2 * site + parity),
-                                     (tile // 2) % 2, self.threads // self.tpr)
+                                     (tile // 2) % 2, self.threads // self.tpr, tree=self.tree, row_threads=self.tpr)
         return val
 
     @cute.jit

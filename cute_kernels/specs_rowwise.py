@@ -23,6 +23,7 @@ from cute_kernels import dtypes
 from cute_kernels.catalog import _SIG_COMMON, KernelSpec, Param, _index_sym
 from cute_kernels.jit import fake_stream
 from schedules.row_tiling import (
+    CLUSTER_FOLDS,
     CLUSTER_SYNCS,
     SMEM_PER_CTA,
     STAGINGS,
@@ -70,6 +71,10 @@ WELFORD_KERNELS = ("layernorm.fwd",)
 _WELFORD = Param(False, (False, True), help="mean and variance in one row reduction (per-thread count / mean / M2 "
                  "merged by Chan's formula) instead of two")
 
+# Every clustered row-wise kernel can fold its cluster's partials by a butterfly (`HeldRowPlan.cluster_fold`).
+_CLUSTER_FOLD = Param("serial", CLUSTER_FOLDS, help="how a clustered row's CTA partials are folded: serial (rank "
+                      "order, cluster_n - 1 ops) or tree (a butterfly over cluster_n lanes, log2(cluster_n) ops)")
+
 # Row tensors each kernel stages with staging="smem" (cross-entropy backward holds x without a
 # reduction: nothing to overlap, it is not staged).
 STAGED_TENSORS = {"rmsnorm.fwd": 1, "layernorm.fwd": 1, "softmax.fwd": 1, "log_softmax.fwd": 1,
@@ -90,7 +95,7 @@ def plan_of(p) -> HeldRowPlan:
                        staging=p.get("staging", "regs"), prefetch=p.get("prefetch", False),
                        cluster_sync=p.get("cluster_sync", "barrier"), hold=p.get("hold", False),
                        acc_regs=p.get("acc_regs", False), ctas_per_sm=p.get("ctas_per_sm", 2),
-                       welford=p.get("welford", False))
+                       welford=p.get("welford", False), cluster_fold=p.get("cluster_fold", "serial"))
 
 
 def plan_for_kernel(name: str, n: int, vec: int, staged: bool = True, index64: bool = False) -> HeldRowPlan:
@@ -119,6 +124,8 @@ def config_of(plan: HeldRowPlan) -> dict:
         out["ctas_per_sm"] = plan.ctas_per_sm
     if plan.welford:
         out["welford"] = True
+    if plan.cluster_fold != "serial":
+        out["cluster_fold"] = plan.cluster_fold
     return out
 
 
@@ -266,6 +273,8 @@ def _spec(name: str, lesson: int, summary: str, ops: tuple[str, ...], extra: dic
         params["ctas_per_sm"] = _CTAS_PER_SM
     if name in WELFORD_KERNELS:
         params["welford"] = _WELFORD
+    if name in STAGED_TENSORS:  # the held-row kernels (their clusters)
+        params["cluster_fold"] = _CLUSTER_FOLD
     return RowwiseSpec(name=name, family="rowwise", lesson=lesson, summary=summary, ops=ops, status="ready",
                        params=params)
 

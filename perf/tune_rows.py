@@ -119,6 +119,8 @@ def _twin(p: HeldRowPlan, vec: int = 8, bwd: bool = False) -> HeldRowPlan:
     """`p` with shared-memory accumulators when it forces register ones, on the SMs-capped grid when it
     has the resident one, with the cluster barrier when it syncs by mbarrier, else `p` without
     prefetch (a staged twin gets the CTAs per SM of its single buffer)."""
+    if p.cluster_fold != "serial":  # (the sweep's last option: every other plan may have this twin)
+        return dataclasses.replace(p, cluster_fold="serial")
     if p.prefetch and p.hold:  # a forward refilling its held row's buffer: the same plan without the refill
         return dataclasses.replace(p, prefetch=False)
     if p.welford:
@@ -266,7 +268,7 @@ def _with_twins(ps: list, mode: str, twins: list, bwd: bool = False) -> list:
 
 def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "barrier",
           resident_grid: str = "off", hold: str = "off", acc_regs: str = "off", welford: str = "off",
-          fwd_prefetch: str = "off"):
+          fwd_prefetch: str = "off", cluster_fold: str = "off"):
     from cute_kernels.ops import _rowwise as R
     from cute_kernels.precompile import item, precompile
     from cute_kernels.specs_rowwise import (
@@ -316,6 +318,13 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                 if welford != "off" and k in WELFORD_KERNELS:  # one (count, mean, M2) reduction, any plan
                     ps = _with_twins(ps, welford, [dataclasses.replace(p, welford=True) for p in [default] + ps
                                                    if not p.welford])
+                if cluster_fold != "off" and k != CE_BWD:  # the cluster's partials folded by a butterfly, last:
+                    # every clustered plan above (held, refilled, ...) gets its twin
+                    ps = _with_twins(ps, cluster_fold, [dataclasses.replace(p, cluster_fold="tree")
+                                                        for p in [default] + ps
+                                                        if p.cluster_n > 1 and p.cluster_fold == "serial"
+                                                        and p.tiling.threads_per_row >= p.cluster_n],
+                                     bwd=k.endswith(".bwd"))
             for p in dict.fromkeys(ps):
                 params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p))
                 if k.startswith(("rmsnorm", "layernorm")):
@@ -375,7 +384,9 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
         best_pf = next((r for r in ranked if r[1].prefetch), None)
         if best_pf is not None and best_pf not in shown:
             shown.append(best_pf)  # the fastest prefetching plan, wherever it ranks
-        for want in (lambda q: q.welford,  # the fastest one-reduction LayerNorm plan
+        for want in (lambda q: q.cluster_fold == "tree",  # the fastest butterfly-folded plan
+                     lambda q: q == dataclasses.replace(default, cluster_fold="tree"),  # the default's twin
+                     lambda q: q.welford,  # the fastest one-reduction LayerNorm plan
                      lambda q: q == dataclasses.replace(default, welford=True),  # the default's twin
                      lambda q: q.acc_regs,  # the fastest plan with register accumulators
                      lambda q: q.hold,  # the fastest plan holding a staged row
@@ -389,7 +400,7 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
         for t, p in shown:
             tag = " (default)" if p == default else ""
             twin = _twin(p, bwd=k.endswith(".bwd")) if (p.prefetch or p.cluster_sync != "barrier" or p.resident_grid or p.hold
-                                or p.acc_regs or p.welford) else None
+                                or p.acc_regs or p.welford or p.cluster_fold != "serial") else None
             off = f"{times[twin] / t:.3f}" if twin in times else ""
             lines.append(f"| {k} | {n} | {p}{tag} | {p.ctas_per_sm} | {t * 1e3:.1f} | "
                          f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} | {off} | {errs.get(p, 0.0):.1e} |")
@@ -536,6 +547,10 @@ def main(argv=None) -> int:
                          "the next tile on the capped "
                          "grid (both: HeldRowPlan.prefetch + hold + resident_grid), or only the twin pairs (only); 'x "
                          "off' is then the held plan's time without the refill over the plan's")
+    ap.add_argument("--cluster-fold", choices=("off", "both", "only"), default="off",
+                    help="clustered plans: also their twins folding the cluster's partials by a butterfly (both: "
+                         "HeldRowPlan.cluster_fold 'tree'), or only the twin pairs (only); 'x off' is then the "
+                         "rank-order (serial) twin's time over the plan's")
     ap.add_argument("--max-cluster", type=int, choices=(8, 16), default=8,
                     help="the largest cluster of the candidate plans: 8 (portable) or 16 (non-portable)")
     a = ap.parse_args(argv)
@@ -549,7 +564,7 @@ def main(argv=None) -> int:
         lines = sweep_ce(ns, a.jobs)
     if kernels:
         held, _ = sweep(kernels, ns, a.jobs, a.prefetch, a.cluster_sync, a.resident_grid, a.hold, a.acc_regs,
-                        a.welford, a.fwd_prefetch)
+                        a.welford, a.fwd_prefetch, a.cluster_fold)
         lines = held + ([""] + lines if lines else [])
     text = "# held-row plan sweep (bf16, 256 MiB per tensor)\n\n" + "\n".join(lines) + "\n"
     print(text)

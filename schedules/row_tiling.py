@@ -155,6 +155,13 @@ class HeldRowPlan:
     # squared deviations): one cluster exchange a row instead of two for clustered rows. Off by default
     # (session 6's one-exchange version merged 64 parts serially and lost; this merges through the butterfly).
     welford: bool = False
+    # How a clustered row's CTA partials are folded once they land (`collectives.reduce.cluster_reduce`): "serial",
+    # each thread folds the cluster's slots in rank order (cluster_n - 1 dependent ops: at 16 CTAs a softmax state
+    # takes 15 merges of two exps each, per thread); "tree", lane l of the row loads slot l % cluster_n and a
+    # butterfly of log2(cluster_n) stages leaves the result in every lane, as `group_reduce` combines warps. Other
+    # bits than "serial" (another fixed order), deterministic. Needs threads_per_row >= cluster_n. Session 18, built
+    # for softmax fwd 256k (ncu: 70.4 M warp instructions against QuACK's 45.8 M, 0.85x); unmeasured.
+    cluster_fold: str = "serial"
 
     def __post_init__(self):
         if self.staging not in STAGINGS:
@@ -164,6 +171,11 @@ class HeldRowPlan:
                              f"(got {self.staging!r})")
         if self.cluster_sync not in CLUSTER_SYNCS:
             raise ValueError(f"cluster_sync must be one of {CLUSTER_SYNCS}, got {self.cluster_sync!r}")
+        if self.cluster_fold not in CLUSTER_FOLDS:
+            raise ValueError(f"cluster_fold must be one of {CLUSTER_FOLDS}, got {self.cluster_fold!r}")
+        if self.cluster_fold == "tree" and self.tiling.threads_per_row < self.cluster_n:
+            raise ValueError(f"cluster_fold='tree' spreads the cluster's {self.cluster_n} partials over the row's "
+                             f"lanes: threads_per_row {self.tiling.threads_per_row} is fewer")
 
     @property
     def stages(self) -> int:
@@ -200,6 +212,7 @@ class HeldRowPlan:
         s = f"{s} hold" if self.hold else s
         s = f"{s} accr" if self.acc_regs else s
         s = f"{s} wf" if self.welford else s
+        s = f"{s} tf" if self.cluster_fold == "tree" and self.cluster_n > 1 else s
         return f"{s} pf" if self.prefetch else s
 
     def capacity(self, vec: int) -> int:
@@ -471,8 +484,11 @@ def plan_for_rows(tuning: str, n: int, vec: int, staged: bool = True, index64: b
 
 
 def _plan(n: int, vec: int, st: dict) -> HeldRowPlan:
-    props = {k: st[k] for k in ("acc_regs", "welford") if st.get(k)}  # properties of the plan, not of the planning
-    plan = plan_held_rows(n, vec, **{k: v for k, v in st.items() if k not in ("acc_regs", "welford")})
+    extra = ("acc_regs", "welford", "cluster_fold")  # properties of the plan, not of the planning
+    props = {k: st[k] for k in extra if st.get(k)}
+    plan = plan_held_rows(n, vec, **{k: v for k, v in st.items() if k not in extra})
+    if props.get("cluster_fold") == "tree" and plan.cluster_n == 1:
+        del props["cluster_fold"]
     return dataclasses.replace(plan, **props) if props else plan
 
 
@@ -537,6 +553,7 @@ def hold_elems(kernel: str) -> int:
     """The most elements per thread kernel `kernel` ("softmax.fwd", ...) may hold (`HeldRowPlan.hold`)."""
     return WIDE_HOLD_ELEMS if kernel in ("softmax.fwd", "log_softmax.fwd", "rmsnorm.fwd") else HOLD_ELEMS
 CLUSTER_SYNCS = ("barrier", "mbarrier")
+CLUSTER_FOLDS = ("serial", "tree")
 SMEM_PER_CTA = 227 * 1024  # the most dynamic shared memory one CTA may opt into on Hopper
 SMEM_PER_SM = 228 * 1024
 

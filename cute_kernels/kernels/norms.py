@@ -257,7 +257,8 @@ class NormFwd(_RowKernel):
         sites = ((3,) if welford else (1, 1)) if layer else (1,)
         amax_site = len(sites)  # per_token: the row's amax
         red = RowReducer.allocate(smem, self.threads, self.tpr, self.cluster_n,
-                                  sites + (1,) if self.fp8_out == "per_token" else sites, self.plan.cluster_sync)
+                                  sites + (1,) if self.fp8_out == "per_token" else sites, self.plan.cluster_sync,
+                                  self.plan.cluster_fold)
         block_buf = None
         if cutlass.const_expr(self.fp8_out == "block128"):
             slots = fp8.block_smem_slots(self.threads, self.vec, self.tpr, self.vpt)
@@ -452,7 +453,7 @@ class NormBwd(_RowKernel):
         rows, n = extent(x, 0), extent(x, 1)
         smem = cutlass.memory.SmemAllocator()
         red = RowReducer.allocate(smem, self.threads, tpr, self.cluster_n, (2,) if layer else (1,),
-                                  self.plan.cluster_sync)
+                                  self.plan.cluster_sync, self.plan.cluster_fold)
         lane = tidx % tpr
         group = tidx // tpr
         sl = RowSlice(vec, tpr, vpt, lane, rank, n, self.staged)

@@ -47,7 +47,8 @@ class _RowLoop(_RowKernel):
         gdim, _, _ = cute.arch.grid_dim()
         rows, n = extent(x, 0), extent(x, 1)
         smem = cutlass.memory.SmemAllocator()
-        red = RowReducer.allocate(smem, self.threads, self.tpr, self.cluster_n, widths, self.plan.cluster_sync)
+        red = RowReducer.allocate(smem, self.threads, self.tpr, self.cluster_n, widths, self.plan.cluster_sync,
+                                  self.plan.cluster_fold)
         lane = tidx % self.tpr
         sl = RowSlice(self.vec, self.tpr, self.vpt, lane, rank, n, self.staged)
         bufs = self.holders(sl, smem, (x.element_type,) * staged, tidx // self.tpr)
