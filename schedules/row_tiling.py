@@ -406,7 +406,9 @@ _REFILL_RMS_FWD_256K = dict(target_elems=32, max_elems=32, min_threads=512, max_
 # bf16, 256 MiB per tensor): at 16k the default's own tiling (one row of 128 threads x 128 elements) held, one exp an
 # element, 3 CTAs an SM at 168 registers: softmax 138.7 -> 130.7 us (1.061x), log-softmax 133.1 -> 131.2 (1.015x),
 # both bitwise the default. No gain at 32k (0.97-0.99x; the 64-element hold there stays).
-_STAGED_FWD_16K_HOLD = dict(_STAGED_FWD_16K, hold=True, staged_regs=168)
+# With 64-bit indexing the held plan spills 8 B at its 168 registers (softmax; log-softmax fp16): the re-reading plan
+# before it runs there.
+_STAGED_FWD_16K_HOLD = dict(_STAGED_FWD_16K, hold=True, staged_regs=168, i64=dict(_STAGED_FWD_16K, regs=_FWD))
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
     "fwd": ((4096, _ONE_ROW_128), (8192, _FWD), (16384, dict(_STAGED_FWD_16K_HOLD, regs=_FWD)),
@@ -548,14 +550,15 @@ HOLD_ELEMS = 64  # `HeldRowPlan.hold`: the most elements per thread a held stage
 # (same bytes; 68.6 % issue-active against 30.6 %; session 18).
 WIDE_HOLD_ELEMS = 128
 
-
-def hold_elems(kernel: str) -> int:
-    """The most elements per thread kernel `kernel` ("softmax.fwd", ...) may hold (`HeldRowPlan.hold`)."""
-    return WIDE_HOLD_ELEMS if kernel in ("softmax.fwd", "log_softmax.fwd", "rmsnorm.fwd") else HOLD_ELEMS
 CLUSTER_SYNCS = ("barrier", "mbarrier")
 CLUSTER_FOLDS = ("serial", "tree")
 SMEM_PER_CTA = 227 * 1024  # the most dynamic shared memory one CTA may opt into on Hopper
 SMEM_PER_SM = 228 * 1024
+
+
+def hold_elems(kernel: str) -> int:
+    """The most elements per thread kernel `kernel` ("softmax.fwd", ...) may hold (`HeldRowPlan.hold`)."""
+    return WIDE_HOLD_ELEMS if kernel in ("softmax.fwd", "log_softmax.fwd", "rmsnorm.fwd") else HOLD_ELEMS
 
 
 @functools.lru_cache(maxsize=4096)

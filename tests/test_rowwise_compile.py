@@ -352,3 +352,18 @@ def test_norm_bwd_refill_plans_compile(name, n, extra, tmp_path):
     spill = (112 if extra.get("w_dtype") == "fp32" and (name, n) == ("layernorm.bwd", 262144)
              else 16 if extra.get("index64") and n == 262144 else 8)
     assert k.local_bytes <= spill, report.format()
+
+
+@pytest.mark.parametrize("name", ["softmax.fwd", "log_softmax.fwd"])
+@pytest.mark.parametrize("dtype,index64", [("bf16", False), ("fp16", False), ("bf16", True)], ids=str)
+def test_softmax_fwd_16k_plans_compile(name, dtype, index64, tmp_path):
+    """Session 18's 16k softmax / log-softmax forward: one row of 128 threads x 128 elements held (the exps in fp32,
+    168 registers, 3 CTAs an SM), bf16 without spills (fp16 log-softmax: the held plans' 8 B of the tile loop in
+    local memory, `_compile`); with 64-bit indexing (softmax spilled 8 B) the re-reading plan before it (the
+    entry's `i64`)."""
+    p = _params(name, 16384, dtype=dtype, index64=index64)
+    assert (p["threads"], p["vpt"], p["staging"]) == (128, 16, "smem")
+    assert p.get("hold", False) is not index64
+    report, _ = _compile(name, p, tmp_path)
+    if dtype == "bf16":
+        assert report.kernels[0].local_bytes == 0, report.format()

@@ -99,8 +99,9 @@ WIDE_CASES = [(300, 16384), (40, 32768), (5, 16384 - 8), (1, 16384), (0, 16384)]
 
 
 @pytest.mark.parametrize("m,n", WIDE_CASES, ids=[f"{m}x{n}" for m, n in WIDE_CASES])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
-def test_hold_128_elements_bitwise(op, m, n, monkeypatch):
+def test_hold_128_elements_bitwise(op, dtype, m, n, monkeypatch):
     from schedules.row_tiling import plan_held_rows
 
     def plan(hold):
@@ -109,7 +110,7 @@ def test_hold_128_elements_bitwise(op, m, n, monkeypatch):
 
     poison_empty(monkeypatch)
     f = getattr(ck, op)
-    x = randn(m, n, dtype=torch.bfloat16, seed=11) * 3
+    x = randn(m, n, dtype=dtype, seed=11) * 3
     staged, _ = run_with_plans(monkeypatch, plan(False), lambda: f(x))
     held, plans = run_with_plans(monkeypatch, plan(True), lambda: f(x))
     if m:
