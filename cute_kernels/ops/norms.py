@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import dtypes
-from cute_kernels.ops._checks import check_like, check_tensor, direct_call_ok, register_op, rows_of
+from cute_kernels.ops._checks import call, check_like, check_tensor, register_op, rows_of
 from cute_kernels.ops._rowwise import grid_ctas, launch_params
 from cute_kernels.ops.reduction import sum_columns_into
 
@@ -175,7 +175,7 @@ def _rms_setup(ctx, inputs, output):
 def _rms_backward(ctx, g_out, g_res, g_rstd):
     x, weight, rstd = ctx.saved_tensors
     dres = g_res if ctx.has_res and g_res is not None else None
-    dx, dw = torch.ops.cute_kernels.rms_norm_bwd(x, weight, g_out.contiguous(), dres, rstd)
+    dx, dw = call("cute_kernels::rms_norm_bwd", x, weight, g_out.contiguous(), dres, rstd)
     return dx, (dw if weight is not None else None), (dx if ctx.has_res else None), None
 
 
@@ -191,7 +191,7 @@ def _ln_setup(ctx, inputs, output):
 def _ln_backward(ctx, g_out, g_res, g_mean, g_rstd):
     x, weight, mean, rstd = ctx.saved_tensors
     dres = g_res if ctx.has_res and g_res is not None else None
-    dx, dw, db = torch.ops.cute_kernels.layer_norm_bwd(x, weight, ctx.has_bias, g_out.contiguous(), dres, mean, rstd)
+    dx, dw, db = call("cute_kernels::layer_norm_bwd", x, weight, ctx.has_bias, g_out.contiguous(), dres, mean, rstd)
     return (dx, dw if weight is not None else None, db.to(ctx.bias_dtype) if ctx.has_bias else None,
             dx if ctx.has_res else None, None)
 
@@ -249,10 +249,6 @@ register_op("cute_kernels::layer_norm_fp8",
 
 
 # --- public wrappers ------------------------------------------------------------------------------
-def _present(*ts):
-    return [t for t in ts if t is not None]
-
-
 def _fp8_result(q, scales, res_out, residual):
     return (q, scales, res_out) if residual is not None else (q, scales)
 
@@ -264,13 +260,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     plus fp32 scales, (y_q, scales) or (y_q, scales, s) (module docstring)."""
     if fp8_out is not None:
         _check_fp8_mode(fp8_out)
-        if direct_call_ok(*_present(x, weight, residual)):
-            return _fp8_result(*_rms_fp8_cuda(x, weight, residual, float(eps), fp8_out), residual)
-        return _fp8_result(*torch.ops.cute_kernels.rms_norm_fp8(x, weight, residual, float(eps), fp8_out), residual)
-    if direct_call_ok(*_present(x, weight, residual)):
-        out, res_out, _ = _rms_fwd_cuda(x, weight, residual, float(eps))
-    else:
-        out, res_out, _ = torch.ops.cute_kernels.rms_norm(x, weight, residual, float(eps))
+        return _fp8_result(*call("cute_kernels::rms_norm_fp8", x, weight, residual, float(eps), fp8_out), residual)
+    out, res_out, _ = call("cute_kernels::rms_norm", x, weight, residual, float(eps))
     return (out, res_out) if residual is not None else out
 
 
@@ -281,12 +272,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     `rms_norm`."""
     if fp8_out is not None:
         _check_fp8_mode(fp8_out)
-        if direct_call_ok(*_present(x, weight, bias, residual)):
-            return _fp8_result(*_ln_fp8_cuda(x, weight, bias, residual, float(eps), fp8_out), residual)
-        return _fp8_result(*torch.ops.cute_kernels.layer_norm_fp8(x, weight, bias, residual, float(eps), fp8_out),
+        return _fp8_result(*call("cute_kernels::layer_norm_fp8", x, weight, bias, residual, float(eps), fp8_out),
                            residual)
-    if direct_call_ok(*_present(x, weight, bias, residual)):
-        out, res_out, _, _ = _ln_fwd_cuda(x, weight, bias, residual, float(eps))
-    else:
-        out, res_out, _, _ = torch.ops.cute_kernels.layer_norm(x, weight, bias, residual, float(eps))
+    out, res_out, _, _ = call("cute_kernels::layer_norm", x, weight, bias, residual, float(eps))
     return (out, res_out) if residual is not None else out

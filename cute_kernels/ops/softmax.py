@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.ops._checks import check_like, check_tensor, direct_call_ok, register_op, rows_of
+from cute_kernels.ops._checks import call, check_like, check_tensor, register_op, rows_of
 from cute_kernels.ops._rowwise import INDEX32_LIMIT, UNCAPPED, grid_ctas, launch_params
 from schedules.hardware import num_sms
 from schedules.row_tiling import RowPlan, plan_rows
@@ -64,9 +64,9 @@ register_op("cute_kernels::softmax_bwd", "(Tensor y, Tensor dy) -> Tensor",
 register_op("cute_kernels::log_softmax_bwd", "(Tensor y, Tensor dy) -> Tensor",
             lambda y, dy: _sm_bwd_run("log_softmax.bwd", y, dy), _sm_bwd_fake)
 register_op("cute_kernels::softmax", "(Tensor x) -> Tensor", lambda x: _sm_run("softmax.fwd", x), _sm_fake,
-            lambda ctx, g: torch.ops.cute_kernels.softmax_bwd(ctx.saved_tensors[0], g.contiguous()), _save_y)
+            lambda ctx, g: call("cute_kernels::softmax_bwd", ctx.saved_tensors[0], g.contiguous()), _save_y)
 register_op("cute_kernels::log_softmax", "(Tensor x) -> Tensor", lambda x: _sm_run("log_softmax.fwd", x), _sm_fake,
-            lambda ctx, g: torch.ops.cute_kernels.log_softmax_bwd(ctx.saved_tensors[0], g.contiguous()), _save_y)
+            lambda ctx, g: call("cute_kernels::log_softmax_bwd", ctx.saved_tensors[0], g.contiguous()), _save_y)
 
 
 # --- cross-entropy -----------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ def _ce_setup(ctx, inputs, output):
 
 def _ce_backward(ctx, g_loss, g_lse):
     logits, target, lse = ctx.saved_tensors
-    dx = torch.ops.cute_kernels.cross_entropy_bwd(logits, target, g_loss, lse, ctx.ignore_index)
+    dx = call("cute_kernels::cross_entropy_bwd", logits, target, g_loss, lse, ctx.ignore_index)
     return dx, None, None
 
 
@@ -204,13 +204,13 @@ register_op("cute_kernels::cross_entropy", "(Tensor logits, Tensor target, int i
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """softmax over the last dim (fp32 math, output in x's dtype)."""
     _last_dim(x, dim)
-    return _sm_run("softmax.fwd", x) if direct_call_ok(x) else torch.ops.cute_kernels.softmax(x)
+    return call("cute_kernels::softmax", x)
 
 
 def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """log-softmax over the last dim (fp32 math, output in x's dtype)."""
     _last_dim(x, dim)
-    return _sm_run("log_softmax.fwd", x) if direct_call_ok(x) else torch.ops.cute_kernels.log_softmax(x)
+    return call("cute_kernels::log_softmax", x)
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean",
@@ -219,10 +219,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, reduction: str = "
     (reduction 'mean' averages over rows whose target is not `ignore_index`). fp32 result."""
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    if direct_call_ok(logits, target):
-        loss, _ = _ce_cuda(logits, target, int(ignore_index))
-    else:
-        loss, _ = torch.ops.cute_kernels.cross_entropy(logits, target, int(ignore_index))
+    loss, _ = call("cute_kernels::cross_entropy", logits, target, int(ignore_index))
     if reduction == "none":
         return loss
     if reduction == "sum":

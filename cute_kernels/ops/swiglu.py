@@ -18,9 +18,9 @@ from cute_kernels import catalog, dtypes
 from cute_kernels.ops._checks import (
     INDEX32_LIMIT,
     aligned16,
+    call,
     check_like,
     check_tensor,
-    direct_call_ok,
     flat,
     register_op,
 )
@@ -113,12 +113,12 @@ def _save_inputs(ctx, inputs, output):
 
 def _silu_backward(ctx, dy):
     (x,) = ctx.saved_tensors
-    return torch.ops.cute_kernels.silu_backward(x, dy.contiguous())
+    return call("cute_kernels::silu_backward", x, dy.contiguous())
 
 
 def _swiglu_backward(ctx, dout):
     gate, up = ctx.saved_tensors
-    return tuple(torch.ops.cute_kernels.swiglu_backward(gate, up, dout.contiguous()))
+    return tuple(call("cute_kernels::swiglu_backward", gate, up, dout.contiguous()))
 
 
 register_op("cute_kernels::silu_backward", "(Tensor x, Tensor dy) -> Tensor", _silu_bwd_cuda, _silu_bwd_fake)
@@ -131,13 +131,9 @@ register_op("cute_kernels::swiglu", "(Tensor gate, Tensor up) -> Tensor", _swigl
 
 def silu(x: torch.Tensor) -> torch.Tensor:
     """x * sigmoid(x) (bf16/fp16/fp32, CUDA), differentiable."""
-    if direct_call_ok(x):
-        return _silu_cuda(x)
-    return torch.ops.cute_kernels.silu(x)
+    return call("cute_kernels::silu", x)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, fused, differentiable (gate and up: same shape and dtype)."""
-    if direct_call_ok(gate, up):
-        return _swiglu_cuda(gate, up)
-    return torch.ops.cute_kernels.swiglu(gate, up)
+    return call("cute_kernels::swiglu", gate, up)
