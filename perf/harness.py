@@ -112,8 +112,7 @@ def compiled(fn: Callable) -> Callable:
     """The suites' torch.compile column: `fn` compiled for each shape it meets (`dynamic=False`), what a user with
     fixed shapes gets. The default marks a dimension dynamic at its first recompile (automatic dynamic shapes) and a
     suite calls one function over many shapes: session 18 measured torch.compile's RMSNorm fwd at 8192x16384 at 56 %
-    of copy in the sweep and at 98 % run alone (0.933x ours), its RMSNorm bwd at 32768x4096 at 1.17x ours alone.
-    The recompile limit is raised so that every shape (and grad mode) of a sweep gets its own graph instead of
+    of copy in the sweep and at 98 % run alone (0.933x ours). The recompile limit is raised so that every shape (and grad mode) of a sweep gets its own graph instead of
     falling back to eager."""
     import torch._dynamo
 
@@ -136,6 +135,24 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     y = torch.empty_like(x)
     t = do_bench(lambda: y.copy_(x))["median_ms"]
     return 2 * nbytes / (t * 1e-3) / 1e12
+
+
+def same_bytes_copy(rows, moved, copy_tbs: float) -> str:
+    """A markdown table putting each row's rate beside a device copy that moves the same bytes, measured now: for
+    inputs of tens of MiB a copy itself falls well short of the 1 GiB copy rate the ceilings use (session 18's
+    reading of the elementwise suite: 32 MiB moved 68.5 %, 128 MiB 95.2 %), so this is the floor such a size
+    allows. `moved(row)`: the bytes the row's kernel must move (a GEMV's or a small-M GEMM's weights)."""
+    lines = ["| shape | MiB | ours TB/s | same-bytes copy TB/s | copy % of the 1 GiB copy | ours / same-bytes copy |",
+             "|---|---|---|---|---|---|"]
+    seen = {}
+    for r in rows:
+        b = moved(r)
+        if b not in seen:
+            seen[b] = copy_bandwidth(max(2, b // 2))  # reads b / 2 and writes b / 2: b bytes moved
+        ours = b / (r.ours_ms * 1e-3) / 1e12
+        lines.append(f"| {r.shape} | {b / 2**20:.1f} | {ours:.3f} | {seen[b]:.3f} | {seen[b] / copy_tbs:.1%} | "
+                     f"{ours / seen[b]:.3f} |")
+    return "\n".join(lines)
 
 
 def read_bandwidth(nbytes: int = 1 << 30) -> float:

@@ -184,6 +184,8 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
             return n_ * k_ / (ms * 1e-3) / 1e12 / ceilings["copy"]
 
         low = min(small, key=lambda r: weights_frac(r, r.ours_ms))
+        extra += ("\n\n## Small M beside a copy of the same bytes (the weights)\n\n"
+                  + H.same_bytes_copy(small, lambda r: math.prod(map(int, r.shape.split("x")[1:])), ceilings["copy"]))
         checks.append({"target": f"M <= {SMALL_M}: >= {WEIGHTS_BAR:.0%} of copy bandwidth on the weights, every shape",
                        "measured": f"min {weights_frac(low, low.ours_ms):.1%} ({low.shape}); "
                                    + ", ".join(f"{r.shape} {weights_frac(r, r.ours_ms):.0%}" for r in small),

@@ -67,7 +67,11 @@ def gemv(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):
         if sel:
             checks.append({"target": f"{alt} faster than ours (geomean of {len(sel)}; decides use_tensor_cores)",
                            "measured": f"{geo:.3f}x", "ok": geo > 1.0})
-    return rows, ["torch", "torch.compile", GEMV_MMA, GEMV_FMA], checks, "", {}
+    extra = ""
+    if square:  # context for the 4096^2 rows: what a copy of W's bytes reaches at that size
+        sel = [r for r in rows if r.shape.endswith("B=1")]
+        extra = "## B = 1 beside a copy of the same bytes (W)\n\n" + H.same_bytes_copy(sel, lambda r: r.bytes, copy_bw)
+    return rows, ["torch", "torch.compile", GEMV_MMA, GEMV_FMA], checks, extra, {}
 
 
 # ----------------------------------------------------------------------------------------------
