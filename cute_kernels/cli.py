@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("bench", help="benchmark on the GPU against torch and the peers")
     s.add_argument("what", help="kernel, family or 'all'")
-    s.add_argument("--shape", nargs="*", type=int, default=None, help="one shape instead of the suite")
+    s.add_argument("--shape", nargs="+", type=int, action="append", default=None,
+                   help="a shape instead of the suite's (repeat the flag for several: one table)")
     s.add_argument("--out", default=None, metavar="DIR", help="write <suite>.json/.md/.png here")
     s.add_argument("--quick", action="store_true", help="fewer sizes (smoke run)")
     s.set_defaults(fn=cmd_bench)

@@ -206,6 +206,10 @@ PEERS["attention"] = ("flash_attn",)
 
 
 def run(what: str, out_dir=None, shapes=None, quick=False) -> int:
+    """Run suite(s) `what`; `shapes`: a list of shapes (each a list of ints) instead of the suites' own, or one shape
+    (a list of ints, as before)."""
+    if shapes and not isinstance(shapes[0], (list, tuple)):
+        shapes = [shapes]
 
     if not torch.cuda.is_available():
         raise SystemExit("bench needs a CUDA GPU")
@@ -226,9 +230,9 @@ def run(what: str, out_dir=None, shapes=None, quick=False) -> int:
             kwargs["ops"] = (what.split(".")[1],)
         if shapes:
             if f == "elementwise":
-                kwargs["sizes_mib"] = [max(1, math.prod(shapes) * 2 // MiB)]
+                kwargs["sizes_mib"] = [max(1, math.prod(s) * 2 // MiB) for s in shapes]
             else:
-                kwargs["shapes"] = [tuple(shapes)]
+                kwargs["shapes"] = [tuple(s) for s in shapes]
         H.progress(f"suite {f}")
         m = dict(meta)
         m["peers"] = H.peer_versions(PEERS[f]) or "none has this op"

@@ -43,3 +43,34 @@ def test_bad_requests_are_named():
     assert r.returncode != 0 and "unroll" in r.stderr
     r = _run("compile", "moe_dispatch")
     assert r.returncode != 0 and "planned" in r.stderr
+
+
+def test_bench_takes_several_shapes(monkeypatch):
+    """`bench SUITE --shape ... --shape ...`: one table over the given shapes (session 18: the row-wise suite, whose
+    per-shape torch.compile column compiles once per shape, runs in parts)."""
+    from cute_kernels.cli import build_parser
+
+    a = build_parser().parse_args(["bench", "rowwise", "--shape", "131072", "1024", "--shape", "512", "262144"])
+    assert a.shape == [[131072, 1024], [512, 262144]]
+    assert build_parser().parse_args(["bench", "rowwise"]).shape is None
+    import perf.suites as S
+
+    seen = {}
+    monkeypatch.setattr(S.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(S.H, "environment", lambda: {"gpu": "x", "date": "d", "commit": "c"})
+    monkeypatch.setattr(S.H, "copy_bandwidth", lambda *a: 4.0)
+    monkeypatch.setattr(S.H, "read_bandwidth", lambda *a: 4.0)
+    monkeypatch.setattr(S.H, "peer_versions", lambda *a: {})
+    monkeypatch.setitem(S.SUITES, "rowwise", lambda **kw: seen.update(kw) or ([], [], [], "", {}))
+    monkeypatch.setattr(S.H, "write_results", lambda *a, **k: None, raising=False)
+    try:
+        S.run("rowwise", shapes=a.shape)
+    except Exception:  # writing / plotting an empty table is not what is tested here
+        pass
+    assert seen["shapes"] == [(131072, 1024), (512, 262144)]
+    seen.clear()
+    try:
+        S.run("rowwise", shapes=[8192, 16384])  # one shape, as before
+    except Exception:
+        pass
+    assert seen["shapes"] == [(8192, 16384)]
