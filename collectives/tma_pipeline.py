@@ -76,7 +76,8 @@ def produce_k_tiles(
     the tile's A scales of the K-block, lands in the same stage on the same full barrier (the
     pipeline's tx count includes its bytes; not multicast). With `k_first` (split-K) the K-blocks
     are k_first .. k_first + k_tiles - 1 of the views, else 0 .. k_tiles - 1. `a_step` > 1: A's box is the
-    first rows of a stage, tAsA a ring of a_step times the stages (`GemmSchedule.a_rows`), stage i at a_step * i.
+    first rows of a stage, tAsA a ring of a_step times the stages (`GemmSchedule.a_rows`), stage i at a_step * i;
+    so is the A scales' box (tSsS).
     Returns the advanced producer state."""
     for i in cutlass.range(k_tiles, unroll=1):
         k = i
@@ -87,7 +88,7 @@ def produce_k_tiles(
         cute.copy(tma_a, tAgA[(None, k)], tAsA[(None, state.index * a_step)], tma_bar_ptr=bar, mcast_mask=mask_a)
         cute.copy(tma_b, tBgB[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=mask_b)
         if cutlass.const_expr(tma_s is not None):
-            cute.copy(tma_s, tSgS[(None, k)], tSsS[(None, state.index)], tma_bar_ptr=bar)
+            cute.copy(tma_s, tSgS[(None, k)], tSsS[(None, state.index * a_step)], tma_bar_ptr=bar)
         pipe.producer_commit(state)
         state.advance()
     return state

@@ -32,7 +32,7 @@ def schedule_of(p):
     return fp8_schedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=p["tile_n"], cluster_m=p["cluster_m"],
                         cluster_n=p["cluster_n"], stages=p["stages"], raster_group=p["raster_group"],
                         persistent=p["persistent"], epi_stages=p["epi_stages"], split_k=p["split_k"],
-                        k_interleave=p["k_interleave"])
+                        k_interleave=p["k_interleave"], a_rows=p.get("a_rows", 0))
 
 
 def params_for(schedule, **signature) -> dict:
@@ -41,7 +41,7 @@ def params_for(schedule, **signature) -> dict:
             "cluster_m": schedule.cluster_m, "cluster_n": schedule.cluster_n, "stages": schedule.stages,
             "raster_group": schedule.raster_group, "persistent": schedule.persistent,
             "epi_stages": schedule.epi_stages, "split_k": schedule.split_k, "k_interleave": schedule.k_interleave,
-            **signature}
+            "a_rows": schedule.a_rows, **signature}
 
 
 def grouped_params(grouping: str, schedule, **signature) -> dict:
@@ -56,6 +56,9 @@ class Fp8GemmSpec(KernelSpec):
         err = grouped_error(s, p["grouping"])
         if err:
             raise ValueError(err)
+        if s.a_rows and p["grouping"] != "none":
+            raise ValueError(f"a_rows {s.a_rows} (A's box cut to a decode batch's rows) is for the dense GEMM: a "
+                             f"grouped tile's rows belong to its expert's block (grouping {p['grouping']!r})")
         if p["promote_overlap"]:
             err = overlap_error(s)
             if err:
@@ -172,6 +175,8 @@ FP8_GEMM = Fp8GemmSpec(
                                                      "other's WGMMAs run (default off)"),
         "split_k": Param(1, tuple(range(1, 17)), help="K splits per tile (small M; > 1: each split promotes its own "
                                                       "K-blocks, the last split of a tile sums them: one launch)"),
+        "a_rows": Param(0, (0, 8, 16, 32), help="decode M <= a_rows: A's and its scales' TMA boxes of the tile's first "
+                        "a_rows rows, none of them past M (0: the whole tile)"),
         "k_interleave": Param(False, (False, True), help="ping-pong 64 x <= 64: both consumer warpgroups on every "
                               "tile, each every other K-block (plain promotion), partials summed through smem"),
         "promote_halves": Param(False, (False, True), help="each K-block's WGMMAs in two column halves: one half is "

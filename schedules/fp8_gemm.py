@@ -216,17 +216,19 @@ def fp8_stages(s: GemmSchedule, out_bytes: int = 2) -> int:
 
 def fp8_schedule(kind: str = "cooperative", tile_m: int = 128, tile_n: int = 128, cluster_m: int = 2,
                  cluster_n: int = 1, stages: int = 0, raster_group: int = 8, persistent: bool = True,
-                 epi_stages: int = 4, split_k: int = 1, k_interleave: bool = False) -> GemmSchedule:
+                 epi_stages: int = 4, split_k: int = 1, k_interleave: bool = False, a_rows: int = 0) -> GemmSchedule:
     """A GemmSchedule for the FP8 GEMM (tile_k 128, stages counted with the scale boxes); raises
     ValueError naming the problem if the promoted mainloop cannot run it. `epi_stages` (2-4): the
     output sub-tile buffers per storing warpgroup group; fewer leave room for more stages
-    (`DEEP_EPI_STAGES`: cooperative 128x128 gets 6 stages, 128x192 with 2 buffers 5)."""
+    (`DEEP_EPI_STAGES`: cooperative 128x128 gets 6 stages, 128x192 with 2 buffers 5). `a_rows` (decode M <= 32):
+    A's and its scales' TMA boxes cut to the tile's first rows (`GemmSchedule.a_rows`, as the bf16 GEMM)."""
     if epi_stages not in EPI_STAGES:
         raise ValueError(f"epi_stages must be one of {EPI_STAGES}, got {epi_stages}")
     # split-K (small M): one launch only (`split_fixup`: the last split of a tile sums the promoted partials)
     s = GemmSchedule(kind=kind, tile_m=tile_m, tile_n=tile_n, tile_k=SCALE_BLOCK, cluster_m=cluster_m,
                      cluster_n=cluster_n, stages=stages, raster_group=raster_group, persistent=persistent,
-                     epi_stages=epi_stages, split_k=split_k, split_fixup=split_k > 1, k_interleave=k_interleave)
+                     epi_stages=epi_stages, split_k=split_k, split_fixup=split_k > 1, k_interleave=k_interleave,
+                     a_rows=a_rows)
     err = promoted_error(s)
     if err:
         raise ValueError(err)

@@ -231,9 +231,14 @@ class Gemm:
 
         self.storage = Storage
         scale_args = ()
+        sS_box_layout = None
         if cutlass.const_expr(self.blockwise):
             sS_layout = block_scales.smem_layout(s.tile_m, stages)
-            tma_s, tma_gs = operand_tma(sa, sS_layout, s.tile_m, 1, 1)
+            # (`a_rows`: the A scales' box is the stage's first a_rows rows too, a view of the same ring as A's)
+            sS_box_layout = sS_layout
+            if cutlass.const_expr(a_step > 1):
+                sS_box_layout = block_scales.smem_layout(s.a_rows, stages * a_step)
+            tma_s, tma_gs = operand_tma(sa, sS_box_layout, s.tile_m // a_step, 1, 1)
 
             @cute.struct
             class ScaledStorage:
@@ -282,7 +287,8 @@ class Gemm:
             clusters = clusters * s.split_k
         clusters = cutlass.max(cutlass.min(clusters, max_clusters), 1)
         self.kernel(tiled_mma, tma_a, tma_ga, tma_b, tma_gb, tma_d, tma_gd, c, bias, alpha, beta,
-                    sA_layout, sB_layout, sC_layout, d_major, *scale_args, sA_box_layout=sA_box_layout).launch(
+                    sA_layout, sB_layout, sC_layout, d_major, *scale_args, sA_box_layout=sA_box_layout,
+                    sS_box_layout=sS_box_layout).launch(
             grid=[s.cluster_m, s.cluster_n, clusters], block=[s.threads, 1, 1],
             cluster=[s.cluster_m, s.cluster_n, 1], stream=stream, **self._reg_bound())
 
@@ -321,6 +327,7 @@ class Gemm:
         half_set: cute.TiledMma = None,
         flags: cute.Tensor = None,
         sA_box_layout: cute.ComposedLayout = None,
+        sS_box_layout: cute.Layout = None,
     ):
         s = self.s
         a_step = s.a_step  # (`a_rows`: A's short box, see `_launch`)
@@ -349,7 +356,7 @@ class Gemm:
         tx_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(sA_box_layout, (None, None, 0))) + cute.size_in_bytes(
             self.ab_dtype, cute.slice_(sB_layout, (None, None, 0)))
         if cutlass.const_expr(self.blockwise):
-            tx_bytes += cute.size_in_bytes(Float32, cute.slice_(sS_layout, (None, None, 0)))
+            tx_bytes += cute.size_in_bytes(Float32, cute.slice_(sS_box_layout, (None, None, 0)))
         pipe = make_pipeline(st.bars.data_ptr(), cute.size(sA_layout, mode=[2]), tx_bytes,
                              (s.cluster_m, s.cluster_n), 4 * s.consumers_per_tile)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(s.cluster_m, s.cluster_n), is_relaxed=True)
@@ -373,9 +380,12 @@ class Gemm:
         sS = tSsS = tSgS = None
         if cutlass.const_expr(self.blockwise):
             sS = st.sS.get_tensor(sS_layout)
-            gS = cute.local_tile(mSA, (s.tile_m, 1), (None, None, None))
+            sS_box = sS
+            if cutlass.const_expr(a_step > 1):  # as A's: box i of the tile's rows is tile i * a_step of a_rows rows
+                sS_box = st.sS.get_tensor(sS_box_layout)
+            gS = cute.local_tile(mSA, (s.tile_m // a_step, 1), (None, None, None))
             tSsS, tSgS = cpasync.tma_partition(tma_s, 0, cute.make_layout(1),
-                                               cute.group_modes(sS, 0, 2), cute.group_modes(gS, 0, 2))
+                                               cute.group_modes(sS_box, 0, 2), cute.group_modes(gS, 0, 2))
         k_tiles = cute.size(gA, mode=[3])
         tiles_m = cute.size(gD, mode=[2])
         tiles_n = cute.size(gD, mode=[3])
@@ -394,14 +404,14 @@ class Gemm:
                     tm, tn, tl, te, valid = walk.tile(i, cta_m, cta_n, s, self.grouping, groups, experts)
                     if cutlass.const_expr(self.split):  # this unit's K-blocks only
                         k0, kn = walk.k_range(i, k_tiles, s)
-                        split_box = (tma_s, tSgS[(None, tm, None, tl)], tSsS) if self.blockwise else ()
+                        split_box = (tma_s, tSgS[(None, tm * a_step, None, tl)], tSsS) if self.blockwise else ()
                         state = produce_k_tiles(pipe, state, kn,
                                                 tma_a, tAgA[(None, tm * a_step, None, tl)], tAsA, mask_a,
                                                 tma_b, tBgB[(None, tn, None, te)], tBsB, mask_b, *split_box,
                                                 k_first=k0, a_step=a_step)
                     else:
                         if valid:  # B's batch index is the tile's expert (te is tl without grouping)
-                            scale_box = (tma_s, tSgS[(None, tm, None, tl)], tSsS) if self.blockwise else ()
+                            scale_box = (tma_s, tSgS[(None, tm * a_step, None, tl)], tSsS) if self.blockwise else ()
                             state = produce_k_tiles(pipe, state, k_tiles,
                                                     tma_a, tAgA[(None, tm * a_step, None, tl)], tAsA, mask_a,
                                                     tma_b, tBgB[(None, tn, None, te)], tBsB, mask_b, *scale_box,

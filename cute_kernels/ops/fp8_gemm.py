@@ -180,6 +180,9 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
     d = out[:, :n] if npad != n else out
     # promote_overlap is built for the 64/128-column tiles only: its default search leaves the wide ones out
     sched = schedule or default_fp8_schedule(m, n, k, wide=False if promote_overlap else None)
+    if sched.a_rows and m > sched.a_rows:
+        raise ValueError(f"schedule {sched}: a_rows {sched.a_rows} loads only A's first {sched.a_rows} rows; got "
+                         f"{m} rows")
     if sched.split_k > 1:  # at most one split per 128-deep K-block
         from cute_kernels.ops.gemm import _clamp_split
 
