@@ -34,7 +34,7 @@ def test_short_box_bitwise(name, m, n, k):
     sk, kw = SCHEDULES[name]
     full = fp8_schedule("pingpong", 64, cluster_m=1, **sk)
     short = dataclasses.replace(full, a_rows=a_box_for(m, full.cluster_n))
-    base = dict(promote_overlap=False, sb_ahead=False, **kw)
+    base = {"promote_overlap": False, "sb_ahead": False, **kw}  # (kw may turn the overlap on)
     _same_bits(m, n, k, dict(base, schedule=short), dict(base, schedule=full))
 
 
