@@ -112,8 +112,8 @@ def compiled(fn: Callable) -> Callable:
     """The suites' torch.compile column: `fn` compiled for each shape it meets (`dynamic=False`), what a user with
     fixed shapes gets. The default marks a dimension dynamic at its first recompile (automatic dynamic shapes) and a
     suite calls one function over many shapes: session 18 measured torch.compile's RMSNorm fwd at 8192x16384 at 56 %
-    of copy in the sweep and at 98 % run alone (0.933x ours). The recompile limit is raised so that every shape (and grad mode) of a sweep gets its own graph instead of
-    falling back to eager."""
+    of copy in the sweep and at 98 % run alone (0.933x ours). The recompile limit is raised so that every shape (and
+    grad mode) of a sweep gets its own graph instead of falling back to eager."""
     import torch._dynamo
 
     cfg = torch._dynamo.config

@@ -19,7 +19,7 @@ import torch
 
 def main(argv=None) -> int:
     from perf import harness as H
-    from perf.suite_rowwise import _call, _fns
+    from perf.suite_rowwise import _calls
 
     argv = sys.argv[1:] if argv is None else argv
     case, m, n = argv[0], int(argv[1]), int(argv[2])
@@ -29,14 +29,7 @@ def main(argv=None) -> int:
     x = H.randn(m, n, dtype=dtype, seed=21)
     t = torch.randint(0, n, (m,), device="cuda") if fam == "cross_entropy" else None
     dy = H.randn(m, n, dtype=dtype, seed=22) if direction == "bwd" else None
-    calls = {}
-    for col, f in _fns(case, n, dtype).items():
-        try:
-            calls[col] = _call(case, f, x, t, dy)
-            calls[col]()
-        except Exception as e:  # a peer without the op
-            print(f"{col}: skipped ({str(e)[:80]})")
-            calls.pop(col, None)
+    calls = _calls(case, n, dtype, x, t, dy)
     print("| round | column | GPU median us | host us per call |\n|---|---|---|---|")
     for r in range(rounds):
         times = H.do_bench_interleaved(calls)

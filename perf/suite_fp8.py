@@ -191,13 +191,15 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
              + "\n".join(notes))
     small = [r for r in rows if int(r.shape.split("x")[0]) <= SMALL_M]
     if small and ceilings:
+        def weights(r):  # the row's e4m3 weight bytes, N x K
+            return math.prod(map(int, r.shape.split("x")[1:]))
+
         def weights_frac(r, ms):
-            _, n_, k_ = map(int, r.shape.split("x"))
-            return n_ * k_ / (ms * 1e-3) / 1e12 / ceilings["copy"]
+            return weights(r) / (ms * 1e-3) / 1e12 / ceilings["copy"]
 
         low = min(small, key=lambda r: weights_frac(r, r.ours_ms))
         extra += ("\n\n## Small M beside a copy of the same bytes (the weights)\n\n"
-                  + H.same_bytes_copy(small, lambda r: math.prod(map(int, r.shape.split("x")[1:])), ceilings["copy"]))
+                  + H.same_bytes_copy(small, weights, ceilings["copy"]))
         checks.append({"target": f"M <= {SMALL_M}: >= {WEIGHTS_BAR:.0%} of copy bandwidth on the weights, every shape",
                        "measured": f"min {weights_frac(low, low.ours_ms):.1%} ({low.shape}); "
                                    + ", ".join(f"{r.shape} {weights_frac(r, r.ours_ms):.0%}" for r in small),

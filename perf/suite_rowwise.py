@@ -95,6 +95,20 @@ def _call(case, f, x, t, dy):
     return lambda: torch.autograd.grad(y, wrt, g, retain_graph=True)
 
 
+def _calls(case, n, dtype, x, t, dy) -> dict:
+    """{column: its timed call} for one case and shape, each run once (compiled, and a column that cannot run this
+    shape, e.g. a row too long for it, left out with a note)."""
+    calls = {}
+    for col, f in _fns(case, n, dtype).items():
+        try:
+            calls[col] = _call(case, f, x, t, dy)
+            calls[col]()
+        except Exception as e:
+            calls.pop(col, None)
+            H.progress(f"    {col}: skipped ({type(e).__name__}: {str(e)[:120]})")
+    return calls
+
+
 def _params(y) -> list:
     """The leaf tensors requiring grad that `y`'s graph reaches (a norm's weight and bias)."""
     out, seen, stack = [], set(), [y.grad_fn]
@@ -130,16 +144,8 @@ def rowwise(shapes=None, dtypes=(torch.bfloat16,), cases=tuple(CASES), quick=Fal
                 x = H.randn(m, n, dtype=dt, seed=21)
                 t = torch.randint(0, n, (m,), device="cuda") if fam == "cross_entropy" else None
                 dy = H.randn(m, n, dtype=dt, seed=22) if direction == "bwd" else None
-                cols = _fns(case, n, dt)
                 nbytes = CASES[case] * x.numel() * x.element_size()
-                calls = {}
-                for col, f in cols.items():
-                    try:
-                        calls[col] = _call(case, f, x, t, dy)
-                        calls[col]()
-                    except Exception as e:  # a column that cannot run this shape (e.g. a row too long)
-                        calls.pop(col, None)
-                        H.progress(f"    {col}: skipped ({type(e).__name__}: {str(e)[:120]})")
+                calls = _calls(case, n, dt, x, t, dy)
                 # all columns in the same interleaved rounds: no column gets a separate run's clocks
                 times = {c: r["median_ms"] for c, r in H.do_bench_interleaved(calls).items()} if calls else {}
                 if "ours" not in times:

@@ -90,15 +90,24 @@ def register_op(qualname: str, schema: str, cuda_impl, fake_impl, backward=None,
     torch.library.impl(qualname, "CPU")(fake_impl)
     torch.library.register_fake(qualname)(fake_impl)
     _IMPLS[qualname] = cuda_impl
+    # the positions of the schema's Tensor / Tensor? arguments (`call` checks what the caller passed there)
+    ns, name = qualname.split("::")
+    _OPS[qualname] = op = getattr(getattr(torch.ops, ns), name)
+    _TENSOR_ARGS[qualname] = tuple(
+        (i, isinstance(a.type, torch.OptionalType)) for i, a in enumerate(op.default._schema.arguments)
+        if isinstance(a.type, torch.TensorType)
+        or isinstance(a.type, torch.OptionalType) and isinstance(a.type.getElementType(), torch.TensorType))
     if backward is not None:
         torch.library.register_autograd(qualname, backward, setup_context=setup_context)
         _FUNCTIONS[qualname] = _eager_function(qualname, cuda_impl, backward, setup_context)
 
 
-# The CUDA implementation and, for ops with autograd, the eager autograd.Function of each registered op (`call`).
+# The CUDA implementation, the registered op, its tensor arguments' positions and, for ops with autograd, the eager
+# autograd.Function of each registered op (`call`).
 _IMPLS: dict = {}
-_FUNCTIONS: dict = {}
 _OPS: dict = {}
+_TENSOR_ARGS: dict = {}
+_FUNCTIONS: dict = {}
 
 
 def _eager_function(qualname: str, cuda_impl, backward, setup_context):
@@ -128,18 +137,16 @@ def call(qualname: str, *args):
     - plain CUDA tensors that need gradients, not traced: its eager autograd.Function (`_eager_function`);
     - else (torch.compile tracing, FakeTensors and other subclasses, double backward of a backward op): the
       registered op, so autograd, FakeTensor and torch.compile see it as usual."""
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    # what was passed for the schema's tensors (an absent optional one left out; anything else that is not a plain
+    # tensor sends the call to the registered op, whose dispatcher names the argument)
+    tensors = [args[i] for i, optional in _TENSOR_ARGS[qualname] if i < len(args) and not (optional and args[i] is None)]
     if direct_call_ok(*tensors):
         return _IMPLS[qualname](*args)
     fn = _FUNCTIONS.get(qualname)
     if fn is not None and not torch.compiler.is_compiling() and all(type(t) is torch.Tensor and t.is_cuda
                                                                     for t in tensors):
         return fn.apply(*args)
-    op = _OPS.get(qualname)
-    if op is None:
-        ns, name = qualname.split("::")
-        op = _OPS[qualname] = getattr(getattr(torch.ops, ns), name)
-    return op(*args)
+    return _OPS[qualname](*args)
 
 
 def direct_call_ok(*ts) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.ops._checks import INDEX32_LIMIT, UNCAPPED, check_tensor, direct_call_ok, register_op
+from cute_kernels.ops._checks import INDEX32_LIMIT, UNCAPPED, call, check_tensor, register_op
 from cute_kernels.ops.reduction import _rows_of
 from schedules.hardware import num_sms
 from schedules.row_tiling import plan_rows
@@ -87,5 +87,5 @@ def argmax(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tenso
     """Index of the maximum along the last dim (int64), like `torch.argmax(x, dim=-1)`."""
     if isinstance(x, torch.Tensor) and dim not in (-1, x.dim() - 1):
         raise ValueError(f"dim must be the last dim (-1), got {dim}; move that dim last first")
-    out = _argmax_cuda(x) if direct_call_ok(x) else torch.ops.cute_kernels.argmax(x)
+    out = call("cute_kernels::argmax", x)
     return out.unsqueeze(-1) if keepdim else out

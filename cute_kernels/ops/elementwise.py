@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.ops._checks import INDEX32_LIMIT, check_like, check_tensor, direct_call_ok, flat, register_op
+from cute_kernels.ops._checks import INDEX32_LIMIT, call, check_like, check_tensor, flat, register_op
 from schedules.bulk_chunks import SIZE_CLASSES as _BULK_CLASSES
 from schedules.bulk_chunks import BulkChunks
 from schedules.bulk_chunks import pick as pick_bulk
@@ -150,9 +150,7 @@ def copy(x: torch.Tensor) -> torch.Tensor:
     out = _eager("copy", x, x, 1.0, 0.0)
     if out is not None:
         return out
-    if direct_call_ok(x):
-        return _copy_cuda(x)
-    return torch.ops.cute_kernels.copy(x)
+    return call("cute_kernels::copy", x)
 
 
 def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -160,9 +158,7 @@ def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     out = _eager("add", x, y, 1.0, 1.0)
     if out is not None:
         return out
-    if direct_call_ok(x, y):
-        return _add_cuda(x, y)
-    return torch.ops.cute_kernels.add(x, y)
+    return call("cute_kernels::add", x, y)
 
 
 def axpby(a: float, x: torch.Tensor, b: float, y: torch.Tensor) -> torch.Tensor:
@@ -170,6 +166,4 @@ def axpby(a: float, x: torch.Tensor, b: float, y: torch.Tensor) -> torch.Tensor:
     out = _eager("axpby", x, y, float(a), float(b))
     if out is not None:
         return out
-    if direct_call_ok(x, y):
-        return _axpby_cuda(float(a), x, float(b), y)
-    return torch.ops.cute_kernels.axpby(float(a), x, float(b), y)
+    return call("cute_kernels::axpby", float(a), x, float(b), y)

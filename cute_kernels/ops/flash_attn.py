@@ -35,7 +35,7 @@ import math
 import torch
 
 from cute_kernels import dtypes
-from cute_kernels.ops._checks import direct_call_ok, register_op
+from cute_kernels.ops._checks import call, register_op
 from schedules.attention import HEAD_DIMS, AttentionSchedule, default_schedule
 
 AB_TORCH = (torch.bfloat16, torch.float16)
@@ -186,10 +186,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
     if not (isinstance(window, (tuple, list)) and len(window) == 2):
         raise ValueError(f"window must be a pair (left, right) of ints, -1 for unbounded, got {window!r}")
     left, right = int(window[0]), int(window[1])
-    if direct_call_ok(q, k, v):
-        out, lse = _flash_attn_cuda(q, k, v, causal, left, right, softmax_scale, softcap)
-    else:
-        out, lse = torch.ops.cute_kernels.flash_attn(q, k, v, causal, left, right, softmax_scale, softcap)
+    out, lse = call("cute_kernels::flash_attn", q, k, v, causal, left, right, softmax_scale, softcap)
     return (out, lse) if return_lse else out
 
 
@@ -302,8 +299,5 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     left, right = int(window[0]), int(window[1])
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, left, right, softmax_scale,
             softcap)
-    if direct_call_ok(q, k, v, *(t for t in (cu_seqlens_q, cu_seqlens_k) if isinstance(t, torch.Tensor))):
-        out, lse = _flash_attn_varlen_cuda(*args)
-    else:
-        out, lse = torch.ops.cute_kernels.flash_attn_varlen(*args)
+    out, lse = call("cute_kernels::flash_attn_varlen", *args)
     return (out, lse) if return_lse else out

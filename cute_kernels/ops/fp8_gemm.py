@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import dtypes
-from cute_kernels.ops._checks import INDEX32_LIMIT, direct_call_ok, register_op
+from cute_kernels.ops._checks import INDEX32_LIMIT, call, direct_call_ok, register_op
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -223,9 +223,7 @@ def fp8_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tenso
              out_dtype: torch.dtype | None = torch.bfloat16) -> torch.Tensor:
     """(a * sa) @ (b * sb)^T: a (M, K) and b (N, K) float8_e4m3fn, sa (M, ceil(K/128)) and
     sb (ceil(N/128), ceil(K/128)) float32 block scales; returns (M, N) `out_dtype`."""
-    if direct_call_ok(a, sa, b, sb):
-        return _fp8_gemm_cuda(a, sa, b, sb, out_dtype)
-    return torch.ops.cute_kernels.fp8_gemm(a, sa, b, sb, out_dtype)
+    return call("cute_kernels::fp8_gemm", a, sa, b, sb, out_dtype)
 
 
 # --- quantization: torch references and the kernels' ops ----------------------------------------------

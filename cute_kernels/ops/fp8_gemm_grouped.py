@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import dtypes
-from cute_kernels.ops._checks import direct_call_ok, register_op
+from cute_kernels.ops._checks import call, register_op
 from cute_kernels.ops.fp8_gemm import (
     OUT_TORCH,
     _as3,
@@ -183,9 +183,7 @@ def fp8_gemm_grouped_contiguous(a: torch.Tensor, sa: torch.Tensor, b: torch.Tens
     """Row r of the result is (a[r] * sa[r]) @ (b[m_indices[r]] * sb[m_indices[r]])^T: a (M, K) and
     b (E, N, K) float8_e4m3fn, sa (M, ceil(K/128)), sb (E, ceil(N/128), ceil(K/128)) float32,
     m_indices (M,) int32 (experts' rows 128-aligned, -1 padding); returns (M, N) `out_dtype`."""
-    if direct_call_ok(a, sa, b, sb, m_indices):
-        return _contiguous_cuda(a, sa, b, sb, m_indices, out_dtype)
-    return torch.ops.cute_kernels.fp8_gemm_grouped_contiguous(a, sa, b, sb, m_indices, out_dtype)
+    return call("cute_kernels::fp8_gemm_grouped_contiguous", a, sa, b, sb, m_indices, out_dtype)
 
 
 # --- masked -------------------------------------------------------------------------------------
@@ -230,9 +228,7 @@ def fp8_gemm_grouped_masked(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, 
     """result[e, :masked_m[e]] = (a[e] * sa[e]) @ (b[e] * sb[e])^T over the first masked_m[e] rows:
     a (E, max_m, K), b (E, N, K) float8_e4m3fn, sa (E, max_m, ceil(K/128)), sb (E, ceil(N/128),
     ceil(K/128)) float32, masked_m (E,) int32 read on the device; returns (E, max_m, N)."""
-    if direct_call_ok(a, sa, b, sb, masked_m):
-        return _masked_cuda(a, sa, b, sb, masked_m, expected_m, out_dtype)
-    return torch.ops.cute_kernels.fp8_gemm_grouped_masked(a, sa, b, sb, masked_m, expected_m, out_dtype)
+    return call("cute_kernels::fp8_gemm_grouped_masked", a, sa, b, sb, masked_m, expected_m, out_dtype)
 
 
 # --- torch references (fp32, on the dequantized inputs; they synchronize: tests only) -----------

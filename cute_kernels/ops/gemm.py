@@ -21,7 +21,7 @@ import functools
 import torch
 
 from cute_kernels import dtypes
-from cute_kernels.ops._checks import check_tensor, direct_call_ok, register_op
+from cute_kernels.ops._checks import call, check_tensor, register_op
 from schedules.gemm import GemmSchedule, default_schedule, effective_splits, launch_clusters
 from schedules.hardware import num_sms
 
@@ -302,9 +302,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, act
          out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """act(a @ b + bias) like torch.matmul for 2-D/3-D bf16/fp16 inputs (fp32 accumulation); the output
     in a's dtype or `out_dtype` (bf16, fp16, fp32)."""
-    if direct_call_ok(a, b, *(() if bias is None else (bias,))):
-        return _gemm_cuda(a, b, bias, activation, out_dtype)
-    return torch.ops.cute_kernels.gemm(a, b, bias, activation, out_dtype)
+    return call("cute_kernels::gemm", a, b, bias, activation, out_dtype)
 
 
 def gemm_ladder(a: torch.Tensor, b: torch.Tensor, rung: str = "register", out_dtype: torch.dtype | None = None):

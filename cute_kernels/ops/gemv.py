@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.ops._checks import INDEX32_LIMIT, check_tensor, direct_call_ok, register_op
+from cute_kernels.ops._checks import INDEX32_LIMIT, call, check_tensor, register_op
 from schedules.gemv import plan_gemv, plan_gemv_mma, use_tensor_cores
 from schedules.hardware import num_sms
 
@@ -101,6 +101,4 @@ register_op("cute_kernels::gemv", "(Tensor w, Tensor x) -> Tensor", _gemv_cuda, 
 
 def gemv(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """w @ x for w (N, K) and x (K,) or (K, B), B <= 8; fp32 accumulation."""
-    if direct_call_ok(w, x):
-        return _gemv_cuda(w, x)
-    return torch.ops.cute_kernels.gemv(w, x)
+    return call("cute_kernels::gemv", w, x)

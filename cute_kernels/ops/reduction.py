@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.ops._checks import INDEX32_LIMIT, check_out_dtype, check_tensor, direct_call_ok, register_op
+from cute_kernels.ops._checks import INDEX32_LIMIT, call, check_out_dtype, check_tensor, register_op
 from cute_kernels.ops._checks import rows_of as _rows_of
 from schedules.hardware import num_sms
 from schedules.row_tiling import plan_rows
@@ -113,9 +113,8 @@ register_op("cute_kernels::sum_all", "(Tensor x, ScalarType? out_dtype=None) -> 
 
 def sum(x: torch.Tensor, dim: int | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:  # noqa: A001
     """Sum of all elements (`dim=None`) or over the last dim (`dim=-1`), fp32-accumulated, deterministic."""
-    direct = direct_call_ok(x)
     if dim is None:
-        return _sum_all_cuda(x, out_dtype) if direct else torch.ops.cute_kernels.sum_all(x, out_dtype)
+        return call("cute_kernels::sum_all", x, out_dtype)
     if isinstance(x, torch.Tensor) and dim not in (-1, x.dim() - 1):
         raise ValueError(f"dim must be None or the last dim (-1), got {dim}; move that dim last first")
-    return _row_sum_cuda(x, out_dtype) if direct else torch.ops.cute_kernels.row_sum(x, out_dtype)
+    return call("cute_kernels::row_sum", x, out_dtype)

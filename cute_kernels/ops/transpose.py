@@ -18,7 +18,7 @@ import torch
 
 from cute_kernels import catalog, dtypes
 from cute_kernels.kernels.transpose import VARIANTS
-from cute_kernels.ops._checks import INDEX32_LIMIT, check_tensor, direct_call_ok, register_op
+from cute_kernels.ops._checks import INDEX32_LIMIT, call, check_tensor, register_op
 from schedules.hardware import num_sms
 from schedules.tile_order import persistent_ctas_per_sm, transpose_sub
 
@@ -79,7 +79,7 @@ def _setup(ctx, inputs, output):
 
 
 def _backward(ctx, g):
-    return torch.ops.cute_kernels.transpose(g.contiguous(), ctx.variant), None
+    return call("cute_kernels::transpose", g.contiguous(), ctx.variant), None
 
 
 register_op("cute_kernels::transpose", "(Tensor x, str variant=\"tma\") -> Tensor", _transpose_cuda, _transpose_fake,
@@ -88,6 +88,4 @@ register_op("cute_kernels::transpose", "(Tensor x, str variant=\"tma\") -> Tenso
 
 def transpose(x: torch.Tensor, variant: str = "tma") -> torch.Tensor:
     """`x.transpose(-2, -1).contiguous()` for 2-D or 3-D x, by the given kernel variant."""
-    if direct_call_ok(x):
-        return _transpose_cuda(x, variant)
-    return torch.ops.cute_kernels.transpose(x, variant)
+    return call("cute_kernels::transpose", x, variant)
