@@ -408,17 +408,22 @@ _REFILL_RMS_FWD_256K = dict(target_elems=32, max_elems=32, min_threads=512, max_
 # both bitwise the default. No gain at 32k (0.97-0.99x; the 64-element hold there stays).
 # With 64-bit indexing the held plan spills 8 B at its 168 registers (softmax; log-softmax fp16): the re-reading plan
 # before it runs there.
+# Session 19's sweep of the butterfly cluster fold (`perf.tune_rows --cluster-fold only --max-cluster 16`, 64k-256k;
+# perf/results/2026-11-30-h200-f3c408a/tune_rows.md): the defaults' twins folding by the butterfly, at 256k softmax
+# 162.9 -> 155.8 us (1.046x), log-softmax 159.4 -> 154.6 (1.031x), RMSNorm 153.4 -> 149.7 (1.024x). Within 1.1 % at
+# 64k-128k (softmax 1.008-1.011x, RMSNorm 1.000-1.002x, LayerNorm 0.992-1.005x): the serial fold stays there.
+# (With 64-bit indexing the 256k softmax spills 24 B at its 80 registers, under either fold.)
 _STAGED_FWD_16K_HOLD = dict(_STAGED_FWD_16K, hold=True, staged_regs=168, i64=dict(_STAGED_FWD_16K, regs=_FWD))
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
     "fwd": ((4096, _ONE_ROW_128), (8192, _FWD), (16384, dict(_STAGED_FWD_16K_HOLD, regs=_FWD)),
             (131072, dict(_STAGED_FWD_HOLD, regs=_FWD)),
-            (262144, dict(_C16_HOLD_FWD_256K, staged_regs=80, regs=_FWD)), (None, _FWD)),
+            (262144, dict(_C16_HOLD_FWD_256K, staged_regs=80, cluster_fold="tree", regs=_FWD)), (None, _FWD)),
     "rms_fwd": ((512, _ONE_ROW_128), (1024, dict(_RMS_FWD_1K, regs=_ONE_ROW_128)),
                 (2048, dict(_RMS_FWD_2K, regs=_ONE_ROW_128)),
                 (8192, _ONE_ROW_128), (16384, dict(_STAGED_RMS_FWD_16K, hold=True, resident_grid=True, regs=_ONE_ROW_128)),
                 (65536, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)),
-                (131072, dict(_C16_RMS_FWD_128K, regs=_NORM_FWD)), (262144, dict(_REFILL_RMS_FWD_256K, regs=_NORM_FWD)),
+                (131072, dict(_C16_RMS_FWD_128K, regs=_NORM_FWD)), (262144, dict(_REFILL_RMS_FWD_256K, cluster_fold="tree", regs=_NORM_FWD)),
                 (None, dict(_LONG_FWD, regs=_NORM_FWD))),
     # LayerNorm 32k-128k: the landed row held (`hold`; session 6 call 6, perf/results/2026-11-29-h200-82f0325/
     # tune_rows.md: 64k 2.50 -> 2.75 TB/s, 128k 2.26 -> 2.45); RMSNorm's hold measured 1.000x: not taken
