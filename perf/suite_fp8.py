@@ -16,8 +16,8 @@ PEAK_FP8_TFLOPS = 1978.9  # H100/H200 SXM dense fp8, by spec: the "% ceiling" co
 ISSUE_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 SHAPES = [(m, n, k) for m in (64, 128, 4096) for n, k in ISSUE_NK]
 QUICK = [(4096, 2112, 7168), (4096, 7168, 2048), (128, 7168, 2048)]
-# `fp8_decode` (session 18): decode batches, where the short A box (`GemmSchedule.a_rows`) may help as it did the bf16
-# GEMM (1.26-1.34x at M = 8-32); not part of issue 5's shapes (the `fp8_gemm` suite keeps those)
+# `fp8_decode` (session 18): decode batches, where the short A box (`GemmSchedule.a_rows`) won 1.12-1.90x (session 19;
+# the default there since); not part of issue 5's shapes (the `fp8_gemm` suite keeps those)
 DECODE_SHAPES = [(m, n, k) for m in (1, 16, 32) for n, k in ((7168, 2048), (4096, 7168))]
 OVERLAP = "ours promote_overlap"  # `promote_overlap=True` (large M only; its search: the 128x128 tiles, sb_smem on)
 OVERLAP_MIN_M = 1024
@@ -62,9 +62,9 @@ DEEP = "ours deep ring (small M)"
 # of A (64 x K) for its 16-64 columns of B: at 64x2112x7168 (64x16 tiles) 4x the bytes of its B tile, from L2.
 # The bf16 GEMM's small-M default runs 1x2 there. Bitwise the 1x1 output. Unmeasured (session 15).
 C1X2 = "ours c1x2 (small M)"
-# A's and its scales' TMA boxes cut to the M rows (`GemmSchedule.a_rows`, built in session 18, unmeasured): the
-# small-M default with the short box, M <= 32 (`fp8_decode`)
-SHORT_BOX = "ours short A box (M <= 32)"
+# A's and its scales' TMA boxes cut to the M rows (`GemmSchedule.a_rows`): the default at M <= 32 since session 19
+# (`schedules.fp8_gemm._short_box`, 1.417x geomean over `fp8_decode`); this column times the whole 64-row box
+WHOLE_BOX = "ours whole A box (M <= 32)"
 SMALL_M = 128
 WEIGHTS_BAR = 0.70  # issue 5: small-M shapes reach >= 70 % of the copy bandwidth on the weights
 
@@ -101,7 +101,6 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
     import cute_kernels as ck
     from cute_kernels.ops.fp8_gemm import _fp8_gemm_cuda, dequantize_1x128, dequantize_128x128
     from schedules.fp8_gemm import deep_fp8, default_fp8_schedule, fp8_schedule
-    from schedules.gemm import a_box_for
 
     shapes = shapes or (QUICK if quick else SHAPES)
     rows, notes, diffs = [], [], []
@@ -141,10 +140,9 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
             if d.cluster_m == 1 and d.cluster_n == 1 and d.split_k == 1 and -(-n // d.tile_n) % 2 == 0:
                 c12 = fp8_schedule(d.kind, d.tile_m, d.tile_n, cluster_m=1, cluster_n=2, k_interleave=d.k_interleave)
                 cols.append((C1X2, lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=c12)))
-            box = a_box_for(m, d.cluster_n) if d.tile_m == 64 else 0
-            if box:
-                short = dataclasses.replace(d, a_rows=box)
-                cols.append((SHORT_BOX, lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=short)))
+            if d.a_rows:
+                whole = dataclasses.replace(d, a_rows=0)
+                cols.append((WHOLE_BOX, lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=whole)))
             deep = deep_fp8(d)
             if d.tile_m == 64 and d.split_k == 1 and deep != d:
                 cols.append((DEEP, lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=deep)))
@@ -204,7 +202,7 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
                        "measured": f"min {weights_frac(low, low.ours_ms):.1%} ({low.shape}); "
                                    + ", ".join(f"{r.shape} {weights_frac(r, r.ours_ms):.0%}" for r in small),
                        "ok": weights_frac(low, low.ours_ms) >= WEIGHTS_BAR})
-        for name in (PLAIN_SMALL, UNNARROWED, NO_K_INTERLEAVE, K_INTERLEAVE_AHEAD, DEEP, C1X2, SHORT_BOX):
+        for name in (PLAIN_SMALL, UNNARROWED, NO_K_INTERLEAVE, K_INTERLEAVE_AHEAD, DEEP, C1X2, WHOLE_BOX):
             geo, opt = H.option_speedup(small, name)
             if opt:
                 checks.append({"target": f"{name} faster than ours (geomean, M <= {SMALL_M}; decides the default)",
@@ -320,7 +318,7 @@ def fp8_gemm_grouped(shapes=None, quick=False, ceilings=None):
 
 
 def fp8_decode(shapes=None, quick=False, ceilings=None):
-    """The FP8 GEMM at decode batches (`DECODE_SHAPES`), with the short A box column."""
+    """The FP8 GEMM at decode batches (`DECODE_SHAPES`; the short A box default beside the whole box)."""
     return fp8_gemm(shapes=shapes or (DECODE_SHAPES[:2] if quick else DECODE_SHAPES), ceilings=ceilings)
 
 
