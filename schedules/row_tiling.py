@@ -413,6 +413,10 @@ _REFILL_RMS_FWD_256K = dict(target_elems=32, max_elems=32, min_threads=512, max_
 # 162.9 -> 155.8 us (1.046x), log-softmax 159.4 -> 154.6 (1.031x), RMSNorm 153.4 -> 149.7 (1.024x). Within 1.1 % at
 # 64k-128k (softmax 1.008-1.011x, RMSNorm 1.000-1.002x, LayerNorm 0.992-1.005x): the serial fold stays there.
 # (With 64-bit indexing the 256k softmax spills 24 B at its 80 registers, under either fold.)
+# Session 19's sweep of LayerNorm fwd 4k-8k (`--hold both --resident-grid both --fwd-prefetch both`; perf/results/
+# 2026-11-30-h200-367a97b/tune_rows.md; bf16, 256 MiB per tensor): at 8k the default's register plan (256 threads x 32
+# elements, 2 CTAs an SM) on the capped grid, 199.4 -> 170.6 us (1.169x), bitwise. No gain at 4k (0.988-0.996x).
+_LN_FWD_8K = dict(_LN_FWD, resident_grid=True)
 _STAGED_FWD_16K_HOLD = dict(_STAGED_FWD_16K, hold=True, staged_regs=168, i64=dict(_STAGED_FWD_16K, regs=_FWD))
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
@@ -427,7 +431,7 @@ HELD_TUNED = {
                 (None, dict(_LONG_FWD, regs=_NORM_FWD))),
     # LayerNorm 32k-128k: the landed row held (`hold`; session 6 call 6, perf/results/2026-11-29-h200-82f0325/
     # tune_rows.md: 64k 2.50 -> 2.75 TB/s, 128k 2.26 -> 2.45); RMSNorm's hold measured 1.000x: not taken
-    "ln_fwd": ((512, _ONE_ROW_128), (1024, dict(_LN_FWD_1K, regs=_ONE_ROW_128)), (4096, _ONE_ROW_128), (8192, _LN_FWD), (16384, dict(_STAGED_LN_FWD_MB, hold=True, resident_grid=True, regs=_LN_FWD)),
+    "ln_fwd": ((512, _ONE_ROW_128), (1024, dict(_LN_FWD_1K, regs=_ONE_ROW_128)), (4096, _ONE_ROW_128), (8192, _LN_FWD_8K), (16384, dict(_STAGED_LN_FWD_MB, hold=True, resident_grid=True, regs=_LN_FWD)),
                (32768, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", **_REFILL, regs=_LN_FWD)),
                (65536, dict(_STAGED_LN_FWD_MB, **_REFILL, regs=_LN_FWD)),
                (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", **_REFILL, regs=_NORM_FWD)),
