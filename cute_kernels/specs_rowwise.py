@@ -66,6 +66,12 @@ ACC_REGS_KERNELS = ("rmsnorm.bwd", "layernorm.bwd")
 _ACC_REGS = Param(False, (False, True), help="dweight/dbias accumulators in registers (else shared memory, "
                   "except staged plans of few elements); register-held plans are capped to ctas_per_sm per SM")
 _CTAS_PER_SM = Param(2, tuple(range(1, 17)), help="with acc_regs on a register-held plan: CTAs per SM ptxas must fit")
+# The norm forwards on a register plan's capped grid (`HeldRowPlan.resident_grid`, staging "regs": a CTA walks many
+# row tiles) load their 16-bit weight and bias once a CTA and hold them in registers across the tiles
+# (`kernels.norms.NormFwd`); on an uncapped grid each CTA has one tile and loads them in it.
+PARAMS_IN_REGS_KERNELS = ("rmsnorm.fwd", "layernorm.fwd")
+_PARAMS_IN_REGS = Param(False, (False, True), help="staging='regs' on the capped grid: 16-bit weight/bias loaded once "
+                        "a CTA and held in registers across its row tiles (else loaded per tile)")
 # The LayerNorm forward can take its statistics in one reduction (`HeldRowPlan.welford`).
 WELFORD_KERNELS = ("layernorm.fwd",)
 _WELFORD = Param(False, (False, True), help="mean and variance in one row reduction (per-thread count / mean / M2 "
@@ -95,7 +101,8 @@ def plan_of(p) -> HeldRowPlan:
                        staging=p.get("staging", "regs"), prefetch=p.get("prefetch", False),
                        cluster_sync=p.get("cluster_sync", "barrier"), hold=p.get("hold", False),
                        acc_regs=p.get("acc_regs", False), ctas_per_sm=p.get("ctas_per_sm", 2),
-                       welford=p.get("welford", False), cluster_fold=p.get("cluster_fold", "serial"))
+                       welford=p.get("welford", False), cluster_fold=p.get("cluster_fold", "serial"),
+                       resident_grid=p.get("params_in_regs", False))
 
 
 def plan_for_kernel(name: str, n: int, vec: int, staged: bool = True, index64: bool = False) -> HeldRowPlan:
@@ -107,9 +114,10 @@ def plan_for_kernel(name: str, n: int, vec: int, staged: bool = True, index64: b
     return plan if not plan.hold or name in HOLD_KERNELS else dataclasses.replace(plan, hold=False, prefetch=False)
 
 
-def config_of(plan: HeldRowPlan) -> dict:
+def config_of(plan: HeldRowPlan, name: str | None = None) -> dict:
     """The catalogue config of `plan` (`prefetch` / `hold` only when set: only PREFETCH_KERNELS /
-    HOLD_KERNELS have them)."""
+    HOLD_KERNELS have them) for kernel `name` (`params_in_regs`: PARAMS_IN_REGS_KERNELS on a register plan's
+    capped grid; without a name, never)."""
     t = plan.tiling
     out = dict(threads=t.threads, threads_per_row=t.threads_per_row, vpt=t.unroll, cluster_n=plan.cluster_n,
                staging=plan.staging)
@@ -126,6 +134,8 @@ def config_of(plan: HeldRowPlan) -> dict:
         out["welford"] = True
     if plan.cluster_fold != "serial":
         out["cluster_fold"] = plan.cluster_fold
+    if name in PARAMS_IN_REGS_KERNELS and plan.resident_grid and plan.staging == "regs":
+        out["params_in_regs"] = True
     return out
 
 
@@ -244,7 +254,7 @@ class RowwiseSpec(KernelSpec):
         for n, aligned in ((4096, True), (65536, True)):
             vec = dtypes.vec_of("bf16", aligned)
             plan = plan_for_kernel(self.name, n, vec)
-            out.append(self.resolve({**config_of(plan), "aligned": aligned}))
+            out.append(self.resolve({**config_of(plan, self.name), "aligned": aligned}))
         return out
 
     def sweep(self):
@@ -255,7 +265,7 @@ class RowwiseSpec(KernelSpec):
                 plan = plan_for_kernel(self.name, n, vec)
             except ValueError:
                 continue
-            out.append(self.resolve({**config_of(plan), "dtype": d, "aligned": a}))
+            out.append(self.resolve({**config_of(plan, self.name), "dtype": d, "aligned": a}))
         return out
 
 
@@ -273,6 +283,8 @@ def _spec(name: str, lesson: int, summary: str, ops: tuple[str, ...], extra: dic
         params["ctas_per_sm"] = _CTAS_PER_SM
     if name in WELFORD_KERNELS:
         params["welford"] = _WELFORD
+    if name in PARAMS_IN_REGS_KERNELS:
+        params["params_in_regs"] = _PARAMS_IN_REGS
     if name in STAGED_TENSORS:  # the held-row kernels (their clusters)
         params["cluster_fold"] = _CLUSTER_FOLD
     return RowwiseSpec(name=name, family="rowwise", lesson=lesson, summary=summary, ops=ops, status="ready",

@@ -326,7 +326,7 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                                                         and p.tiling.threads_per_row >= p.cluster_n],
                                      bwd=k.endswith(".bwd"))
             for p in dict.fromkeys(ps):
-                params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p))
+                params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p, k))
                 if k.startswith(("rmsnorm", "layernorm")):
                     params.update(weight=True, residual=False, w_dtype="bf16")
                 if k == "layernorm.bwd":

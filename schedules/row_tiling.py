@@ -417,15 +417,22 @@ _REFILL_RMS_FWD_256K = dict(target_elems=32, max_elems=32, min_threads=512, max_
 # 2026-11-30-h200-367a97b/tune_rows.md; bf16, 256 MiB per tensor): at 8k the default's register plan (256 threads x 32
 # elements, 2 CTAs an SM) on the capped grid, 199.4 -> 170.6 us (1.169x), bitwise. No gain at 4k (0.988-0.996x).
 _LN_FWD_8K = dict(_LN_FWD, resident_grid=True)
+# The same session's sweep of the other row-wise kernels at 8k (perf/results/2026-11-30-h200-c8d3b36/tune_rows.md; the
+# suite's 16384x8192 row there had them at 66-86 % of copy): softmax fwd one row of 256 threads x 32 elements, 146.4
+# -> 129.0 us (1.135x), log-softmax 147.4 -> 140.5 (1.049x); RMSNorm fwd one row of 128 threads x 64 elements (was
+# 32 in clusters of 2), 161.9 -> 139.3 (1.163x); RMSNorm bwd one staged row of 256 threads x 32 elements, the next
+# tile prefetched, 283.4 -> 208.8 (1.357x). Each other bits than the default (another reduction order).
+_FWD_8K = dict(target_elems=32, max_elems=32, min_threads=256, max_tpr=256)
+_RMS_BWD_8K = dict(_STAGED_BWD, target_elems=32, max_elems=32, prefetch=True)
 _STAGED_FWD_16K_HOLD = dict(_STAGED_FWD_16K, hold=True, staged_regs=168, i64=dict(_STAGED_FWD_16K, regs=_FWD))
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
-    "fwd": ((4096, _ONE_ROW_128), (8192, _FWD), (16384, dict(_STAGED_FWD_16K_HOLD, regs=_FWD)),
+    "fwd": ((4096, _ONE_ROW_128), (8192, _FWD_8K), (16384, dict(_STAGED_FWD_16K_HOLD, regs=_FWD)),
             (131072, dict(_STAGED_FWD_HOLD, regs=_FWD)),
             (262144, dict(_C16_HOLD_FWD_256K, staged_regs=80, cluster_fold="tree", regs=_FWD)), (None, _FWD)),
     "rms_fwd": ((512, _ONE_ROW_128), (1024, dict(_RMS_FWD_1K, regs=_ONE_ROW_128)),
                 (2048, dict(_RMS_FWD_2K, regs=_ONE_ROW_128)),
-                (8192, _ONE_ROW_128), (16384, dict(_STAGED_RMS_FWD_16K, hold=True, resident_grid=True, regs=_ONE_ROW_128)),
+                (4096, _ONE_ROW_128), (8192, _RMS_FWD), (16384, dict(_STAGED_RMS_FWD_16K, hold=True, resident_grid=True, regs=_ONE_ROW_128)),
                 (65536, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)),
                 (131072, dict(_C16_RMS_FWD_128K, regs=_NORM_FWD)), (262144, dict(_REFILL_RMS_FWD_256K, cluster_fold="tree", regs=_NORM_FWD)),
                 (None, dict(_LONG_FWD, regs=_NORM_FWD))),
@@ -440,7 +447,7 @@ HELD_TUNED = {
     # softmax / log-softmax backward staged from 16k (session 10's suite, 8f975dd: the staged plan at 64k 99 % and
     # 256k 91 % of copy, the register plans between them 73 % at 32k and 63 % at 128k)
     "bwd": ((16384, _BWD), (32768, dict(_STAGED_BWD_32K, regs=_BWD)), (None, dict(_STAGED_BWD, regs=_BWD))),
-    "rms_bwd": ((1024, dict(_BWD_1K, regs=_ONE_ROW_128)), (2048, _ONE_ROW_128), (4096, _BWD_4K_PF), (8192, dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128)),
+    "rms_bwd": ((1024, dict(_BWD_1K, regs=_ONE_ROW_128)), (2048, _ONE_ROW_128), (4096, _BWD_4K_PF), (8192, dict(_RMS_BWD_8K, regs=dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128))),
                 (16384, dict(_RMS_BWD_16K, regs=dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128))),
                 (32768, dict(_RMS_BWD_32K, regs=_BWD)), (65536, dict(_RMS_BWD_64K_ACCR, regs=dict(_BWD, resident_grid=True),
                                                                       # 64-bit: 64 B spilled at 64 registers

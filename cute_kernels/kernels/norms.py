@@ -127,7 +127,7 @@ class _RowKernel:
 
     @cute.jit
     def stage_vectors(self, smem, sl: RowSlice, group, vecs: cutlass.Constexpr,
-                      with_first_tile: cutlass.Constexpr = False):
+                      with_first_tile: cutlass.Constexpr = False, in_regs: cutlass.Constexpr = False):
         """The (N,) operands `vecs` (weight, bias; None where absent) as the loop reads them: with
         shared-memory staging copied once per CTA into shared memory by row group 0 (a CTA
         barrier before the tile loop) and read from there; else the tensors, loaded per tile.
@@ -135,8 +135,12 @@ class _RowKernel:
         itself): no wait and no barrier here, the copies complete with the first tile's (its
         `RowSlice.arrive` waits for every group), so a CTA that does one tile, as the uncapped
         forwards do, no longer pays a round trip to L2 for the weights before its row loads start.
-        The caller waits for them after the loop (a CTA with no tile)."""
+        The caller waits for them after the loop (a CTA with no tile).
+        `in_regs` (register staging): the 16-bit operands are loaded once here and held in registers across the
+        tile loop (packed, as loaded) instead of being loaded again per tile; an fp32 weight stays per tile."""
         if cutlass.const_expr(not self.staged):
+            if cutlass.const_expr(in_regs):
+                return [v if v is None or v.element_type.width != 16 else sl.load(v, True, 0.0) for v in vecs]
             return vecs
         out = []
         for v in vecs:
@@ -156,6 +160,8 @@ class _RowKernel:
 
     def vector_of(self, sl: RowSlice, held):
         """This thread's fp32 vectors of an operand `stage_vectors` returned."""
+        if isinstance(held, list):  # held in registers (`stage_vectors`' in_regs)
+            return sl.to_f32(held)
         return sl.to_f32(sl.read(held, True, 0.0) if self.staged else sl.load(held, True, 0.0))
 
     def grid(self, rows, max_ctas):
@@ -268,7 +274,11 @@ class NormFwd(_RowKernel):
         sl = RowSlice(self.vec, self.tpr, self.vpt, lane, rank, n, self.staged)
         bufs = self.stage_buffers(smem, (x.element_type, res.element_type) if self.has_residual
                                   else (x.element_type,), tidx // self.tpr)
-        hw, hb = self.stage_vectors(smem, sl, tidx // self.tpr, (w, b), with_first_tile=True)
+        # A register plan on the capped grid (`params_in_regs`: the plan's resident_grid) walks many row tiles a CTA:
+        # weight and bias held in registers across them instead of loaded per tile (for LayerNorm two more rows'
+        # worth of L2 loads a tile)
+        hw, hb = self.stage_vectors(smem, sl, tidx // self.tpr, (w, b), with_first_tile=True,
+                                    in_regs=self.plan.resident_grid and not self.staged)
         inv_n = cute.arch.rcp_approx(Float32(n))  # no IEEE-division subroutine call
         cluster_start(self.cluster_n)
         count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx, gdim, self.index64)

@@ -44,7 +44,7 @@ def kernel_params(name: str, dtype: torch.dtype, n: int, aligned: bool, index64:
     """The catalogue parameters of the kernel the ops run for (M, n) rows: what `launch_params`
     compiles, and what a test or bench can precompile (`cute_kernels.precompile.precompile`)."""
     plan = launch_plan(name, plan_for(name, dtype, n, aligned), dtype, n, aligned, index64, signature)
-    return dict(dtype=dtypes.name_of(dtype), aligned=aligned, index64=index64, **config_of(plan), **signature)
+    return dict(dtype=dtypes.name_of(dtype), aligned=aligned, index64=index64, **config_of(plan, name), **signature)
 
 
 def launch_plan(name: str, plan, dtype: torch.dtype, n: int, aligned: bool, index64: bool, signature: dict):
@@ -87,7 +87,7 @@ def fitted(name: str, plan, dtype: torch.dtype, n: int, aligned: bool, signature
 
     def error(p):  # (the spec's check names the shared memory a plan needs past SMEM_PER_CTA)
         try:
-            spec.resolve(dict(dtype=dtypes.name_of(dtype), aligned=aligned, **config_of(p), **signature))
+            spec.resolve(dict(dtype=dtypes.name_of(dtype), aligned=aligned, **config_of(p, name), **signature))
             return None
         except ValueError as e:
             return e
@@ -129,7 +129,7 @@ def launch_params(name: str, x2: torch.Tensor, *others, **signature):
     if hit is None:  # the kernel and the plan it was built for (`launch_plan` may swap it)
         plan = launch_plan(name, plan, x2.dtype, n, aligned, index64, signature)
         hit = _fns[key] = (catalog.get(name).compiled(
-            dtype=dtypes.name_of(x2.dtype), aligned=aligned, index64=index64, **config_of(plan), **signature), plan)
+            dtype=dtypes.name_of(x2.dtype), aligned=aligned, index64=index64, **config_of(plan, name), **signature), plan)
     _fns[fast] = hit
     return hit
 

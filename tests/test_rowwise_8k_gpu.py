@@ -1,0 +1,82 @@
+"""GPU: session 19's plans for rows of 4k-8k elements (`schedules.row_tiling`: `_FWD_8K`, `_RMS_FWD` at 8k,
+`_RMS_BWD_8K`, `_LN_FWD_8K`) and the norm forwards' weight and bias held in registers on a register plan's capped
+grid (`params_in_regs`), through the public ops against the fp64 references at issue 3's tolerance (the sweep
+helpers of tests/test_rowwise_gpu.py), with poisoned outputs. Enough rows that each CTA of the capped grid walks
+several row tiles (the held weights reused), 0 and 1 rows, N = 6144 (a short row in the same bucket), fp16.
+
+    python3 -m pytest -q -m gpu tests/test_rowwise_8k_gpu.py
+"""
+
+import pytest
+import torch
+
+from tests.helpers import poison_empty
+from tests.test_rowwise_gpu import (
+    _check_ln_forward,
+    _check_norm_backward,
+    _check_rms_forward,
+    _check_softmax_backward,
+    _check_softmax_forward,
+)
+
+pytestmark = pytest.mark.gpu
+
+BF16, FP16 = torch.bfloat16, torch.float16
+CASES = [(BF16, 2000, 8192), (BF16, 1, 8192), (BF16, 0, 8192), (BF16, 777, 6144), (FP16, 600, 8192),
+         (BF16, 1500, 4096)]
+IDS = [f"{str(d)[6:]}-{m}x{n}" for d, m, n in CASES]
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    poison_empty(monkeypatch)
+
+
+@pytest.mark.parametrize("dtype,m,n", CASES, ids=IDS)
+def test_softmax_forward(dtype, m, n):
+    _check_softmax_forward(False, dtype, m, n)
+    _check_softmax_forward(True, dtype, m, n)
+
+
+@pytest.mark.parametrize("dtype,m,n", CASES, ids=IDS)
+def test_softmax_backward(dtype, m, n):
+    _check_softmax_backward(False, dtype, m, n)
+
+
+@pytest.mark.parametrize("dtype,m,n", CASES, ids=IDS)
+def test_rms_forward(dtype, m, n):
+    _check_rms_forward(dtype, m, n, no_weight=False)
+    _check_rms_forward(dtype, m, n, no_weight=True)
+
+
+@pytest.mark.parametrize("dtype,m,n", CASES, ids=IDS)
+def test_layer_norm_forward(dtype, m, n):
+    """LayerNorm 4k-8k: the register plan on the capped grid, weight and bias held in registers."""
+    _check_ln_forward(dtype, m, n, no_affine=False)
+    _check_ln_forward(dtype, m, n, no_affine=True)
+
+
+@pytest.mark.parametrize("dtype,m,n", CASES, ids=IDS)
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_norm_backward(kind, dtype, m, n):
+    _check_norm_backward(kind, dtype, m, n)
+
+
+def test_layer_norm_params_in_regs_bitwise_per_tile_loads(monkeypatch):
+    """The held weights change where they are loaded, not the math: bitwise the same plan loading them per tile."""
+    import dataclasses
+
+    import cute_kernels as ck
+    from cute_kernels.ops import _rowwise as R
+    from tests.helpers import randn, run_with_plans
+
+    x, w, b = randn(3000, 8192, dtype=BF16), randn(8192, dtype=BF16), randn(8192, dtype=BF16)
+    held = ck.layer_norm(x, w, b)
+    orig = R.plan_for
+
+    def per_tile(name, dtype, n, aligned):  # the same tiling on the uncapped grid: one tile a CTA, loads in it
+        return dataclasses.replace(orig(name, dtype, n, aligned), resident_grid=False)
+
+    plain, plans = run_with_plans(monkeypatch, per_tile, lambda: ck.layer_norm(x, w, b))
+    assert not plans["layernorm.fwd"].resident_grid
+    assert torch.equal(held, plain)
