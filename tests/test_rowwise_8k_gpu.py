@@ -63,7 +63,9 @@ def test_norm_backward(kind, dtype, m, n):
 
 
 def test_layer_norm_params_in_regs_bitwise_per_tile_loads(monkeypatch):
-    """The held weights change where they are loaded, not the math: bitwise the same plan loading them per tile."""
+    """The held weights change where they are loaded; with them in registers the compiler contracts y * w + b into
+    one FMA (PTX: 32 more fma.rn.f32 and 32 fewer mul / add pairs at this plan), one rounding where the per-tile plan
+    has two, so the outputs agree to a bf16 ulp, not bitwise (session 19's H200 run)."""
     import dataclasses
 
     import cute_kernels as ck
@@ -79,4 +81,4 @@ def test_layer_norm_params_in_regs_bitwise_per_tile_loads(monkeypatch):
 
     plain, plans = run_with_plans(monkeypatch, per_tile, lambda: ck.layer_norm(x, w, b))
     assert not plans["layernorm.fwd"].resident_grid
-    assert torch.equal(held, plain)
+    torch.testing.assert_close(held, plain, rtol=2 ** -7, atol=1e-2)

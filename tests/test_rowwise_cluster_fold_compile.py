@@ -72,10 +72,12 @@ def test_plan_and_catalogue_carry_the_fold():
         HeldRowPlan(t, 4, 2, cluster_fold="pairwise")
     with pytest.raises(ValueError):  # the streaming cross-entropy backward has no cluster to fold
         catalog.get("cross_entropy.bwd").resolve(dict(cluster_fold="tree"))
-    # the defaults keep the rank-order fold until a sweep says otherwise
+    # the defaults keep the rank-order fold but where session 19's sweep measured the butterfly faster: the softmax
+    # and RMSNorm forwards at 256k (1.024-1.046x; within 1.1 % at 64k-128k)
     for fam in ("fwd", "bwd", "rms_fwd", "ln_fwd", "rms_bwd", "ln_bwd"):
         for n in (32768, 65536, 262144):
-            assert plan_for_rows(fam, n, 8).cluster_fold == "serial"
+            tree = fam in ("fwd", "rms_fwd") and n == 262144
+            assert plan_for_rows(fam, n, 8).cluster_fold == ("tree" if tree else "serial"), (fam, n)
 
 
 def test_tuner_fold_twins():

@@ -93,7 +93,8 @@ def test_refusals():
 def test_planner_capability():
     """plan_held_rows builds staged plans on request; scalar rows stay in registers. The production
     table stages 16-bit rows of the forwards from 8k-16k to 256k (fp32 and scalar rows take
-    the entry's register settings), the norm backwards' 16-bit rows at 64k (RMSNorm's from 32k), LayerNorm
+    the entry's register settings), the norm backwards' 16-bit rows at 64k (RMSNorm's at 4k-8k (session 19) and
+    from 32k), LayerNorm
     forward's at 1k (several rows a CTA), and past the
     register plans the softmax backward's (128k-256k) and the LayerNorm backward's (64k-128k)."""
     p = plan_held_rows(65536, 8, target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem")
@@ -107,7 +108,7 @@ def test_planner_capability():
     from schedules.row_tiling import HELD_TUNED, plan_for_rows
 
     staged = {(fam, most) for fam, entries in HELD_TUNED.items() for most, st in entries if "staging" in st}
-    assert staged == {("fwd", 131072), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536),
+    assert staged == {("fwd", 131072), ("rms_bwd", 8192), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536),
                       ("ln_fwd", 131072), ("ln_bwd", 65536),
                       # the 16k-32k band (session 10's sweep): RMSNorm and LayerNorm forwards from 8k
                       ("rms_fwd", 16384), ("ln_fwd", 16384), ("ln_fwd", 32768),
