@@ -415,7 +415,9 @@ _REFILL_RMS_FWD_256K = dict(target_elems=32, max_elems=32, min_threads=512, max_
 # (With 64-bit indexing the 256k softmax spills 24 B at its 80 registers, under either fold.)
 # Session 19's sweep of LayerNorm fwd 4k-8k (`--hold both --resident-grid both --fwd-prefetch both`; perf/results/
 # 2026-11-30-h200-367a97b/tune_rows.md; bf16, 256 MiB per tensor): at 8k the default's register plan (256 threads x 32
-# elements, 2 CTAs an SM) on the capped grid, 199.4 -> 170.6 us (1.169x), bitwise. No gain at 4k (0.988-0.996x).
+# elements, 2 CTAs an SM) on the capped grid, 199.4 -> 170.6 us (1.169x), bitwise; with its weight and bias then held
+# in registers across the CTA's row tiles (`params_in_regs`, 99a566c/tune_rows.md) 157.4 us (1.275x the uncapped
+# plan; y * w + b contracted into one FMA: within a bf16 ulp of the per-tile loads). No gain at 4k (0.957-0.996x).
 _LN_FWD_8K = dict(_LN_FWD, resident_grid=True)
 # The same session's sweep of the other row-wise kernels at 8k (perf/results/2026-11-30-h200-c8d3b36/tune_rows.md; the
 # suite's 16384x8192 row there had them at 66-86 % of copy): softmax fwd one row of 256 threads x 32 elements, 146.4
