@@ -276,9 +276,12 @@ class NormFwd(_RowKernel):
                                   else (x.element_type,), tidx // self.tpr)
         # A register plan on the capped grid (`params_in_regs`: the plan's resident_grid) walks many row tiles a CTA:
         # weight and bias held in registers across them instead of loaded per tile (for LayerNorm two more rows'
-        # worth of L2 loads a tile)
+        # worth of L2 loads a tile). The plain signature only: ptxas widens the held vectors once, outside the loop,
+        # and beside a residual's row or an FP8 epilogue that took LayerNorm 8k from 2 CTAs an SM to 1 (CPU compile,
+        # session 19: residual 128 -> 208 registers, capped at 128 8 B of spills; per-token FP8 125 -> 177)
         hw, hb = self.stage_vectors(smem, sl, tidx // self.tpr, (w, b), with_first_tile=True,
-                                    in_regs=self.plan.resident_grid and not self.staged)
+                                    in_regs=self.plan.resident_grid and not self.staged and not self.has_residual
+                                    and self.fp8_out == "none")
         inv_n = cute.arch.rcp_approx(Float32(n))  # no IEEE-division subroutine call
         cluster_start(self.cluster_n)
         count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx, gdim, self.index64)
