@@ -82,3 +82,27 @@ def test_layer_norm_params_in_regs_bitwise_per_tile_loads(monkeypatch):
     plain, plans = run_with_plans(monkeypatch, per_tile, lambda: ck.layer_norm(x, w, b))
     assert not plans["layernorm.fwd"].resident_grid
     torch.testing.assert_close(held, plain, rtol=2 ** -7, atol=1e-2)
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_fused_residual_8k(kind):
+    """Beside a residual the norm forwards load the weights per tile (the held kernel took 2 CTAs an SM to 1):
+    LayerNorm 8k's capped register plan and RMSNorm 8k's new tiling, bf16 weight and bias, many tiles a CTA."""
+    import torch.nn.functional as F
+
+    import cute_kernels as ck
+    from tests.helpers import randn
+    from tests.test_rowwise_gpu import _ln_ref, _rms_ref, check
+
+    m, n = 2000, 8192
+    x, r, w, b = randn(m, n, dtype=BF16), randn(m, n, dtype=BF16), randn(n, dtype=BF16), randn(n, dtype=BF16)
+    if kind == "rms":
+        y, s = ck.rms_norm(x, w, 1e-6, residual=r)
+    else:
+        y, s = ck.layer_norm(x, w, b, 1e-5, residual=r)
+    s_torch = x + r
+    assert torch.equal(s, s_torch)
+    ref = _rms_ref(s_torch, w, 1e-6) if kind == "rms" else _ln_ref(s_torch, w, b, 1e-5)
+    tout = (F.rms_norm(s_torch.float(), (n,), w.float(), 1e-6) if kind == "rms" else
+            F.layer_norm(s_torch.float(), (n,), w.float(), b.float(), 1e-5)).to(BF16)
+    check(y, ref, tout, f"{kind} + residual 8k")
