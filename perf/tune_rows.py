@@ -102,7 +102,10 @@ def ce_bwd_candidates(n: int, vec: int = 8) -> list[HeldRowPlan]:
     return list(dict.fromkeys(out))
 
 
-STAGED_FROM = 16384
+# One staged row a CTA (`staged_candidates`) from past 4k; several rows a CTA (`small_staged_candidates`) up to 4k.
+# (Until session 19 the first began at 16k, so the 4k-16k band had no staged candidate at all: the 8k row, found
+# the suite's weakest that session, was swept on register plans only.)
+STAGED_FROM = 4097
 PREFETCH_MAX_ELEMS = 16  # register prefetch: past this the second register set costs 170-190 registers
 
 
@@ -165,7 +168,7 @@ def staged_candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: bool = 
 
 
 def small_staged_candidates(n: int, vec: int = 8) -> list[HeldRowPlan]:
-    """Forward plans for rows shorter than STAGED_FROM staged in shared memory: several rows per CTA
+    """Forward plans for rows up to 4k (shorter than STAGED_FROM) staged in shared memory: several rows per CTA
     (32-128 threads a row in CTAs of 128 or 256), 16-32 elements per thread, no cluster. A staged
     row frees the registers a held one takes (LayerNorm forward at 1k: 128 registers held, 48
     staged), so more CTAs share an SM (shared memory bounds them instead)."""

@@ -243,3 +243,17 @@ def test_small_staged_forwards_compile(name, tmp_path):
     assert "cp.async.cg.shared.global" in ptx and regs <= 64, report.format()
     m = re.search(r"\.minnctapersm (\d+)", ptx)
     assert m and int(m.group(1)) >= (5 if "softmax" in name else 8)
+
+
+def test_tuner_stages_the_4k_16k_band():
+    """`perf.tune_rows.candidates` offers one staged row a CTA past 4k (session 19: the 8k row, the suite's weakest,
+    had been swept on register plans only); up to 4k, the short-row set."""
+    from perf.tune_rows import STAGED_FROM, candidates
+
+    assert STAGED_FROM == 4097
+    for n in (6144, 8192):
+        staged = [str(p) for p in candidates(n) if p.staging == "smem"]
+        assert staged == ["t128r128u4 c2 smem", "t128r128u8 c1 smem", "t256r256u4 c1 smem"], (n, staged)
+        assert {str(p) for p in candidates(n, bwd=True, prefetch="without") if p.staging == "smem"} == set(staged)
+    # up to 4k the several-rows-a-CTA set (`small_staged_candidates`: 4k rows one or two a CTA, at most 32 elements)
+    assert [str(p) for p in candidates(4096) if p.staging == "smem"] == ["t128r128u4 c1 smem", "t256r128u4 c1 smem"]
