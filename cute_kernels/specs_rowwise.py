@@ -65,7 +65,11 @@ _HOLD = Param(False, (False, True), help="staging='smem': read the landed row on
 ACC_REGS_KERNELS = ("rmsnorm.bwd", "layernorm.bwd")
 _ACC_REGS = Param(False, (False, True), help="dweight/dbias accumulators in registers (else shared memory, "
                   "except staged plans of few elements); register-held plans are capped to ctas_per_sm per SM")
-_CTAS_PER_SM = Param(2, tuple(range(1, 17)), help="with acc_regs on a register-held plan: CTAs per SM ptxas must fit")
+_CTAS_PER_SM = Param(2, tuple(range(1, 17)), help="with acc_regs (or reg_cap) on a register-held plan: CTAs per SM "
+                     "ptxas must fit")
+# The norm forwards' register plans may cap their registers at the plan's CTAs per SM (`HeldRowPlan.reg_cap`).
+REG_CAP_KERNELS = ("rmsnorm.fwd", "layernorm.fwd")
+_REG_CAP = Param(False, (False, True), help="staging='regs': ask ptxas for ctas_per_sm CTAs per SM (a register cap)")
 # The norm forwards on a register plan's capped grid (`HeldRowPlan.resident_grid`, staging "regs": a CTA walks many
 # row tiles) load their 16-bit weight and bias once a CTA and hold them in registers across the tiles
 # (`kernels.norms.NormFwd`); on an uncapped grid each CTA has one tile and loads them in it.
@@ -102,7 +106,7 @@ def plan_of(p) -> HeldRowPlan:
                        cluster_sync=p.get("cluster_sync", "barrier"), hold=p.get("hold", False),
                        acc_regs=p.get("acc_regs", False), ctas_per_sm=p.get("ctas_per_sm", 2),
                        welford=p.get("welford", False), cluster_fold=p.get("cluster_fold", "serial"),
-                       resident_grid=p.get("params_in_regs", False))
+                       resident_grid=p.get("params_in_regs", False), reg_cap=p.get("reg_cap", False))
 
 
 def plan_for_kernel(name: str, n: int, vec: int, staged: bool = True, index64: bool = False) -> HeldRowPlan:
@@ -134,7 +138,11 @@ def config_of(plan: HeldRowPlan, name: str | None = None) -> dict:
         out["welford"] = True
     if plan.cluster_fold != "serial":
         out["cluster_fold"] = plan.cluster_fold
-    if name in PARAMS_IN_REGS_KERNELS and plan.resident_grid and plan.staging == "regs":
+    if plan.reg_cap:  # the CTAs per SM become the kernel's register cap
+        out["reg_cap"] = True
+        out["ctas_per_sm"] = plan.ctas_per_sm
+    if name in PARAMS_IN_REGS_KERNELS and plan.resident_grid and plan.staging == "regs" and not plan.reg_cap:
+        # (not under a register cap: the held weights spilled there, LayerNorm 8k capped at 3 CTAs an SM 152 B)
         out["params_in_regs"] = True
     return out
 
@@ -285,6 +293,9 @@ def _spec(name: str, lesson: int, summary: str, ops: tuple[str, ...], extra: dic
         params["welford"] = _WELFORD
     if name in PARAMS_IN_REGS_KERNELS:
         params["params_in_regs"] = _PARAMS_IN_REGS
+    if name in REG_CAP_KERNELS:
+        params["reg_cap"] = _REG_CAP
+        params["ctas_per_sm"] = _CTAS_PER_SM
     if name in STAGED_TENSORS:  # the held-row kernels (their clusters)
         params["cluster_fold"] = _CLUSTER_FOLD
     return RowwiseSpec(name=name, family="rowwise", lesson=lesson, summary=summary, ops=ops, status="ready",

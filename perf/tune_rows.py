@@ -1,8 +1,9 @@
 """Sweep the held-row plans (threads, threads per row, vectors per thread, cluster, CTAs per SM) of
 the row-wise kernels on the GPU: which plan moves the bytes fastest per (kernel, N), against the
 plan `schedules.row_tiling.plan_held_rows` picks today. Feeds HELD_TUNED / plan_held_rows.
-For N >= 16384 the sweep also times shared-memory staged plans (`staging="smem"`, rows copied by
-cp.async and read back per pass; tagged "smem" in the plan column) next to the register plans.
+Past 4k (16k until session 19) the sweep also times shared-memory staged plans (`staging="smem"`, rows copied by
+cp.async and read back per pass; tagged "smem" in the plan column) next to the register plans; up to 4k several
+staged rows a CTA.
 The backward kernels also get plans that pipeline row tiles (`HeldRowPlan.prefetch`, tagged "pf"):
 register plans of at most 16 elements per thread and staged plans (double-buffered) at every N,
 each next to its prefetch-off twin; the "x off" column is the twin's time over the plan's.
@@ -16,10 +17,12 @@ elements per thread, "x off" the re-reading twin's time over theirs. `--kernels 
 plans and the capped-grid twins of every forward plan (forwards otherwise launch a CTA per row tile),
 the default's included (`HeldRowPlan.resident_grid`, tagged "rg"), "x off" their SMs-capped
 twin's time over theirs.
+`--reg-cap both|only` adds the norm forwards' register plans capped by ptxas at their planned CTAs per SM and at one
+more (`HeldRowPlan.reg_cap`, tagged "rcN"), "x off" the uncapped plan's time over theirs.
 
     python3 -m perf.tune_rows [--n 4096,65536] [--kernels rmsnorm.fwd,...] [--out DIR] [--jobs 16]
                               [--prefetch with|without|only] [--resident-grid off|both|only]
-                              [--hold off|both|only] [--max-cluster 8|16]
+                              [--hold off|both|only] [--reg-cap off|both|only] [--max-cluster 8|16]
 
 `--kernels cross_entropy.fwd` (not in the default list) times the streaming cross-entropy forward's
 `plan_rows` settings instead (`ce_candidates`, against `ops.softmax.CE_FWD_PLAN`, and QuACK's).
@@ -118,12 +121,30 @@ def prefetch_candidates(n: int, vec: int = 8) -> list[HeldRowPlan]:
     return [dataclasses.replace(p, prefetch=True) for p in regs] + staged_candidates(n, vec, True, prefetch=True)
 
 
+# Register-capped twins (`--reg-cap`) -> the uncapped plan each was made from (its CTAs per SM were the planner's)
+_REG_CAP_SOURCE: dict = {}
+
+
+def reg_cap_twins(p: HeldRowPlan) -> list[HeldRowPlan]:
+    """`p` (a register plan) capped at its planned CTAs per SM and at one more (`HeldRowPlan.reg_cap`), where the
+    threads fit an SM."""
+    out = []
+    for c in (p.ctas_per_sm, p.ctas_per_sm + 1):
+        if c * p.tiling.threads <= 2048 and c <= 16:
+            q = dataclasses.replace(p, reg_cap=True, ctas_per_sm=c)
+            _REG_CAP_SOURCE[q] = p
+            out.append(q)
+    return out
+
+
 def _twin(p: HeldRowPlan, vec: int = 8, bwd: bool = False) -> HeldRowPlan:
     """`p` with shared-memory accumulators when it forces register ones, on the SMs-capped grid when it
     has the resident one, with the cluster barrier when it syncs by mbarrier, else `p` without
     prefetch (a staged twin gets the CTAs per SM of its single buffer)."""
     if p.cluster_fold != "serial":  # (the sweep's last option: every other plan may have this twin)
         return dataclasses.replace(p, cluster_fold="serial")
+    if p.reg_cap:  # the plan it capped
+        return _REG_CAP_SOURCE.get(p, dataclasses.replace(p, reg_cap=False))
     if p.prefetch and p.hold:  # a forward refilling its held row's buffer: the same plan without the refill
         return dataclasses.replace(p, prefetch=False)
     if p.welford:
@@ -271,13 +292,14 @@ def _with_twins(ps: list, mode: str, twins: list, bwd: bool = False) -> list:
 
 def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "barrier",
           resident_grid: str = "off", hold: str = "off", acc_regs: str = "off", welford: str = "off",
-          fwd_prefetch: str = "off", cluster_fold: str = "off"):
+          fwd_prefetch: str = "off", cluster_fold: str = "off", reg_cap: str = "off"):
     from cute_kernels.ops import _rowwise as R
     from cute_kernels.precompile import item, precompile
     from cute_kernels.specs_rowwise import (
         ACC_REGS_KERNELS,
         HOLD_KERNELS,
         PREFETCH_HOLD_ONLY,
+        REG_CAP_KERNELS,
         WELFORD_KERNELS,
         config_of,
     )
@@ -307,6 +329,11 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                         ps = _with_twins(ps, mode, [dataclasses.replace(p, **change) for p in [default] + ps
                                                     if p.cluster_n > 1
                                                     or (change.get("resident_grid") and k.endswith(".fwd"))])
+                if reg_cap != "off" and k in REG_CAP_KERNELS:  # register plans capped (after the capped-grid
+                    # twins: those too)
+                    ps = _with_twins(ps, reg_cap, [q for p in [default] + ps
+                                                   if p.staging == "regs" and not (p.reg_cap or p.acc_regs)
+                                                   for q in reg_cap_twins(p)])
                 if hold != "off" and k in HOLD_KERNELS:  # after the mbarrier twins: those too
                     held = [p for p in [default] + ps if _holdable(p, k)]
                     if k.endswith(".bwd"):  # the backwards: each staged plan held, and held + refilled
@@ -554,6 +581,10 @@ def main(argv=None) -> int:
                     help="clustered plans: also their twins folding the cluster's partials by a butterfly (both: "
                          "HeldRowPlan.cluster_fold 'tree'), or only the twin pairs (only); 'x off' is then the "
                          "rank-order (serial) twin's time over the plan's")
+    ap.add_argument("--reg-cap", choices=("off", "both", "only"), default="off",
+                    help="norm forwards: also every register plan capped by ptxas at its planned CTAs per SM and at "
+                         "one more (both: HeldRowPlan.reg_cap, tagged rcN), or only the twin pairs (only); 'x off' is "
+                         "then the uncapped plan's time over the plan's")
     ap.add_argument("--max-cluster", type=int, choices=(8, 16), default=8,
                     help="the largest cluster of the candidate plans: 8 (portable) or 16 (non-portable)")
     a = ap.parse_args(argv)
@@ -567,7 +598,7 @@ def main(argv=None) -> int:
         lines = sweep_ce(ns, a.jobs)
     if kernels:
         held, _ = sweep(kernels, ns, a.jobs, a.prefetch, a.cluster_sync, a.resident_grid, a.hold, a.acc_regs,
-                        a.welford, a.fwd_prefetch, a.cluster_fold)
+                        a.welford, a.fwd_prefetch, a.cluster_fold, a.reg_cap)
         lines = held + ([""] + lines if lines else [])
     text = "# held-row plan sweep (bf16, 256 MiB per tensor)\n\n" + "\n".join(lines) + "\n"
     print(text)

@@ -162,6 +162,12 @@ class HeldRowPlan:
     # bits than "serial" (another fixed order), deterministic. Needs threads_per_row >= cluster_n. Session 18, built
     # for softmax fwd 256k (ncu: 70.4 M warp instructions against QuACK's 45.8 M, 0.85x); unmeasured.
     cluster_fold: str = "serial"
+    # A register plan (staging "regs") that asks ptxas for `ctas_per_sm` CTAs per SM (a register cap, as `acc_regs`
+    # does for the backwards); the capped grid (`resident_grid`) is then sized for CTAs that are really co-resident.
+    # Uncapped, ptxas sizes a register plan for its own ILP: LayerNorm fwd 8k (256 threads x 32 elements) took 126
+    # registers, 2 CTAs an SM, where a cap of 3 compiles to 80 without spills; RMSNorm fwd 8k (128 x 64) 168, 3 an SM,
+    # where 4 fit 128 (CPU compile, session 19; unmeasured). Same math: bitwise the uncapped plan.
+    reg_cap: bool = False
 
     def __post_init__(self):
         if self.staging not in STAGINGS:
@@ -171,6 +177,10 @@ class HeldRowPlan:
                              f"(got {self.staging!r})")
         if self.cluster_sync not in CLUSTER_SYNCS:
             raise ValueError(f"cluster_sync must be one of {CLUSTER_SYNCS}, got {self.cluster_sync!r}")
+        if self.reg_cap and (self.staging != "regs" or self.acc_regs):
+            raise ValueError("reg_cap caps a register plan's registers at its ctas_per_sm: staging='regs' without "
+                             f"acc_regs (which caps them already); got plan staging {self.staging!r}, "
+                             f"acc_regs {self.acc_regs}")
         if self.cluster_fold not in CLUSTER_FOLDS:
             raise ValueError(f"cluster_fold must be one of {CLUSTER_FOLDS}, got {self.cluster_fold!r}")
         if self.cluster_fold == "tree" and self.tiling.threads_per_row < self.cluster_n:
@@ -213,6 +223,7 @@ class HeldRowPlan:
         s = f"{s} accr" if self.acc_regs else s
         s = f"{s} wf" if self.welford else s
         s = f"{s} tf" if self.cluster_fold == "tree" and self.cluster_n > 1 else s
+        s = f"{s} rc{self.ctas_per_sm}" if self.reg_cap else s
         return f"{s} pf" if self.prefetch else s
 
     def capacity(self, vec: int) -> int:
@@ -504,7 +515,7 @@ def plan_for_rows(tuning: str, n: int, vec: int, staged: bool = True, index64: b
 
 
 def _plan(n: int, vec: int, st: dict) -> HeldRowPlan:
-    extra = ("acc_regs", "welford", "cluster_fold")  # properties of the plan, not of the planning
+    extra = ("acc_regs", "welford", "cluster_fold", "reg_cap")  # properties of the plan, not of the planning
     props = {k: st[k] for k in extra if st.get(k)}
     plan = plan_held_rows(n, vec, **{k: v for k, v in st.items() if k not in extra})
     if props.get("cluster_fold") == "tree" and plan.cluster_n == 1:

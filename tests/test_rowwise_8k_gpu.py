@@ -106,3 +106,32 @@ def test_fused_residual_8k(kind):
     tout = (F.rms_norm(s_torch.float(), (n,), w.float(), 1e-6) if kind == "rms" else
             F.layer_norm(s_torch.float(), (n,), w.float(), b.float(), 1e-5)).to(BF16)
     check(y, ref, tout, f"{kind} + residual 8k")
+
+
+@pytest.mark.parametrize("name,cap", [("layernorm.fwd", 3), ("rmsnorm.fwd", 4)])
+def test_register_cap_bitwise(name, cap, monkeypatch):
+    """`HeldRowPlan.reg_cap` (session 19, built on the desk): the 8k plans with ptxas capped at `cap` CTAs an SM
+    (LayerNorm on the capped grid, so its grid follows) give the uncapped kernels' bits; LayerNorm's uncapped
+    reference loads its weights per tile (the cap drops `params_in_regs`: the held weights spilled under it)."""
+    import dataclasses
+
+    import cute_kernels as ck
+    from cute_kernels.ops import _rowwise as R
+    from tests.helpers import randn, run_with_plans
+
+    x, w, b = randn(3000, 8192, dtype=BF16), randn(8192, dtype=BF16), randn(8192, dtype=BF16)
+    fn = (lambda: ck.layer_norm(x, w, b)) if name == "layernorm.fwd" else (lambda: ck.rms_norm(x, w, 1e-6))
+    orig = R.plan_for
+
+    def capped(kernel, dtype, n, aligned):
+        p = orig(kernel, dtype, n, aligned)
+        return dataclasses.replace(p, reg_cap=True, ctas_per_sm=cap) if kernel == name else p
+
+    def per_tile(kernel, dtype, n, aligned):  # the uncapped plan, without the held weights (the capped one's math)
+        p = orig(kernel, dtype, n, aligned)
+        return dataclasses.replace(p, resident_grid=False) if kernel == name else p
+
+    out, plans = run_with_plans(monkeypatch, capped, fn)
+    assert plans[name].reg_cap and plans[name].ctas_per_sm == cap
+    ref, _ = run_with_plans(monkeypatch, per_tile, fn)
+    assert torch.equal(out, ref)

@@ -175,7 +175,8 @@ class _RowKernel:
             regs = self.held_min_regs if self.hold else self.staged_min_regs
             launch.update(min_blocks_per_mp=self.plan.staged_residency(self.residency_smem_bytes(), regs),
                           preferred_smem_carveout=100)
-        elif self.plan.acc_regs:  # register accumulators of a register-held plan: keep its CTAs per SM
+        elif self.plan.acc_regs or self.plan.reg_cap:  # register accumulators of a register-held plan, or its
+            # register cap (`HeldRowPlan.reg_cap`): keep its CTAs per SM
             launch.update(min_blocks_per_mp=self.plan.ctas_per_sm, preferred_smem_carveout=100)
         return launch
 
