@@ -67,8 +67,9 @@ _ACC_REGS = Param(False, (False, True), help="dweight/dbias accumulators in regi
                   "except staged plans of few elements); register-held plans are capped to ctas_per_sm per SM")
 _CTAS_PER_SM = Param(2, tuple(range(1, 17)), help="with acc_regs (or reg_cap) on a register-held plan: CTAs per SM "
                      "ptxas must fit")
-# The norm forwards' register plans may cap their registers at the plan's CTAs per SM (`HeldRowPlan.reg_cap`).
-REG_CAP_KERNELS = ("rmsnorm.fwd", "layernorm.fwd")
+# The forwards' register plans may cap their registers at the plan's CTAs per SM (`HeldRowPlan.reg_cap`; the
+# kernels' shared `_RowKernel.grid` asks ptxas for them): log-softmax 8k 74 -> 64 registers at 4 CTAs an SM, no spills.
+REG_CAP_KERNELS = ("rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "log_softmax.fwd")
 _REG_CAP = Param(False, (False, True), help="staging='regs': ask ptxas for ctas_per_sm CTAs per SM (a register cap)")
 # The norm forwards on a register plan's capped grid (`HeldRowPlan.resident_grid`, staging "regs": a CTA walks many
 # row tiles) load their 16-bit weight and bias once a CTA and hold them in registers across the tiles
@@ -111,9 +112,11 @@ def plan_of(p) -> HeldRowPlan:
 
 def plan_for_kernel(name: str, n: int, vec: int, staged: bool = True, index64: bool = False) -> HeldRowPlan:
     """The `HELD_TUNED` plan of kernel `name` for rows of `n` elements in `vec`-element vectors:
-    `plan_for_rows` of its family (`staged`, `index64`: as there), without `hold` for a kernel that does not build
-    it (the cross-entropy forward shares the softmax forward's family)."""
+    `plan_for_rows` of its family (`staged`, `index64`: as there), without `hold` or `reg_cap` for a kernel that does
+    not build it (the cross-entropy forward shares the softmax forward's family)."""
     plan = plan_for_rows(tuning_of(name), n, vec, staged, index64)
+    if plan.reg_cap and name not in REG_CAP_KERNELS:
+        plan = dataclasses.replace(plan, reg_cap=False)
     # (a held forward's refill, `prefetch`, goes with its `hold`)
     return plan if not plan.hold or name in HOLD_KERNELS else dataclasses.replace(plan, hold=False, prefetch=False)
 

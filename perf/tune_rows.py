@@ -17,7 +17,7 @@ elements per thread, "x off" the re-reading twin's time over theirs. `--kernels 
 plans and the capped-grid twins of every forward plan (forwards otherwise launch a CTA per row tile),
 the default's included (`HeldRowPlan.resident_grid`, tagged "rg"), "x off" their SMs-capped
 twin's time over theirs.
-`--reg-cap both|only` adds the norm forwards' register plans capped by ptxas at their planned CTAs per SM and at one
+`--reg-cap both|only` adds the forwards' register plans capped by ptxas at their planned CTAs per SM and at one
 more (`HeldRowPlan.reg_cap`, tagged "rcN"), "x off" the uncapped plan's time over theirs.
 
     python3 -m perf.tune_rows [--n 4096,65536] [--kernels rmsnorm.fwd,...] [--out DIR] [--jobs 16]
@@ -582,7 +582,7 @@ def main(argv=None) -> int:
                          "HeldRowPlan.cluster_fold 'tree'), or only the twin pairs (only); 'x off' is then the "
                          "rank-order (serial) twin's time over the plan's")
     ap.add_argument("--reg-cap", choices=("off", "both", "only"), default="off",
-                    help="norm forwards: also every register plan capped by ptxas at its planned CTAs per SM and at "
+                    help="forwards: also every register plan capped by ptxas at its planned CTAs per SM and at "
                          "one more (both: HeldRowPlan.reg_cap, tagged rcN), or only the twin pairs (only); 'x off' is "
                          "then the uncapped plan's time over the plan's")
     ap.add_argument("--max-cluster", type=int, choices=(8, 16), default=8,
