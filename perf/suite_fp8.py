@@ -63,7 +63,7 @@ DEEP = "ours deep ring (small M)"
 # The bf16 GEMM's small-M default runs 1x2 there. Bitwise the 1x1 output. Unmeasured (session 15).
 C1X2 = "ours c1x2 (small M)"
 # A's and its scales' TMA boxes cut to the M rows (`GemmSchedule.a_rows`): the default at M <= 32 since session 19
-# (`schedules.fp8_gemm._short_box`, 1.417x geomean over `fp8_decode`); this column times the whole 64-row box
+# (`schedules.gemm.shortened`, 1.417x geomean over `fp8_decode`); this column times the whole 64-row box
 WHOLE_BOX = "ours whole A box (M <= 32)"
 SMALL_M = 128
 WEIGHTS_BAR = 0.70  # issue 5: small-M shapes reach >= 70 % of the copy bandwidth on the weights

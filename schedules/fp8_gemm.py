@@ -22,7 +22,6 @@ shared along N instead); "masked" runs every schedule (its walk never skips a ti
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 from schedules.gemm import BARRIER_BYTES, GROUPINGS, SMEM_BYTES, GemmSchedule, estimate
@@ -271,30 +270,15 @@ def default_fp8_schedule(m: int, n: int, k: int, kind: str | None = None, num_sm
             best = (t, s)
     s = _narrowed(best[1], m, n, num_sms, batch) if narrow else best[1]
     if narrow:  # dense GEMMs on small grids: both warpgroups on each tile (`schedules.gemm.K_INTERLEAVE_DEFAULT`)
-        from schedules.gemm import interleaved
+        from schedules.gemm import interleaved, shortened
 
         t = interleaved(s, m, n, num_sms, batch, family="fp8")
         if t is not s:
             s = fp8_schedule(t.kind, t.tile_m, t.tile_n, cluster_m=t.cluster_m, cluster_n=t.cluster_n,
                              k_interleave=True)
-        s = _short_box(s, m)
+        # decode batches (M <= 32): A's and its 1x128 scales' TMA boxes cut to the M rows (`a_rows`)
+        s = shortened(s, m, family="fp8")
     return s
-
-
-# Decode batches (M <= 32): A's and its 1x128 scales' TMA boxes cut to the M rows (`GemmSchedule.a_rows`), on the
-# schedule the search chose (narrowed, k-interleaved). H200, session 19 (perf/results/2026-11-30-h200-6714769/
-# fp8_decode.md), against the same schedule's whole 64-row box: 1x7168x2048 2.2 -> 3.0 TFLOP/s, 1x4096x7168 2.1 ->
-# 4.0, 16x7168x2048 41.6 -> 48.3, 16x4096x7168 36.6 -> 64.8, 32x7168x2048 86.6 -> 96.6, 32x4096x7168 91.0 -> 128.8
-# (geomean 1.417x; torch._scaled_mm blockwise 37.9 / 48.3 / 75.5 / 73.8 where it runs, refusing M = 1).
-def _short_box(s: GemmSchedule, m: int) -> GemmSchedule:
-    """`s` with `a_rows` the smallest box holding m rows (`schedules.gemm.a_box_for`) for an unsplit 64-row tile;
-    else `s`."""
-    from schedules.gemm import a_box_for
-
-    if s.tile_m != 64 or s.split_k > 1 or s.a_rows:
-        return s
-    box = a_box_for(m, s.cluster_n)
-    return dataclasses.replace(s, a_rows=box) if box else s
 
 
 def _narrowed(s: GemmSchedule, m: int, n: int, num_sms: int, batch: int) -> GemmSchedule:

@@ -528,10 +528,20 @@ def a_box_for(m: int, cluster_n: int) -> int:
 # 56.7 -> 71.5 TFLOP/s, at 64x32 with the deep ring 73.9 (cuBLAS 63.7); 16x4096x4096 27.4 -> 36.8, 64x32 37.9 (cuBLAS
 # 31.8); 8x7168x2048 13.6 -> 17.8 (cuBLAS 17.5; 64x32 would take two waves there: 15.2). With the box inside M
 # the narrowed tile wins again below NARROW_MIN_M rows (`narrowed` takes a short-box schedule at any M).
-def shortened(s: GemmSchedule, m: int) -> GemmSchedule:
+# FP8 (A's and its 1x128 scales' boxes), H200 session 19 (perf/results/2026-11-30-h200-6714769/fp8_decode.md), on the
+# schedule the search chose (narrowed, k-interleaved) against its whole box: 1x7168x2048 2.2 -> 3.0 TFLOP/s,
+# 1x4096x7168 2.1 -> 4.0, 16x7168x2048 41.6 -> 48.3, 16x4096x7168 36.6 -> 64.8, 32x7168x2048 86.6 -> 96.6,
+# 32x4096x7168 91.0 -> 128.8 (geomean 1.417x; torch._scaled_mm blockwise 37.9 / 48.3 / 75.5 / 73.8 where it runs,
+# refusing M = 1). The bf16 GEMM's short box was measured without `k_interleave` (not its default at these M).
+SHORT_BOX_WITH_K_INTERLEAVE = {"bf16": False, "fp8": True}
+
+
+def shortened(s: GemmSchedule, m: int, family: str = "bf16") -> GemmSchedule:
     """`s` with A's box cut to the smallest `a_rows` holding m rows (`a_box_for`), for an unsplit 64-row ping-pong
-    tile without `k_interleave` (the measured ones); else `s`. The op drops it again for an M-major A."""
-    if s.kind != "pingpong" or s.tile_m != 64 or s.split_k > 1 or s.k_interleave or s.a_rows:
+    tile (with `k_interleave` where SHORT_BOX_WITH_K_INTERLEAVE[family]: the measured ones); else `s`. The bf16 op
+    drops it again for an M-major A."""
+    if (s.kind != "pingpong" or s.tile_m != 64 or s.split_k > 1 or s.a_rows
+            or s.k_interleave and not SHORT_BOX_WITH_K_INTERLEAVE[family]):
         return s
     box = a_box_for(m, s.cluster_n)
     return dataclasses.replace(s, a_rows=box) if box else s
