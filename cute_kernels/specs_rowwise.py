@@ -94,7 +94,7 @@ STAGED_TENSORS = {"rmsnorm.fwd": 1, "layernorm.fwd": 1, "softmax.fwd": 1, "log_s
 
 def tuning_of(name: str) -> str:
     """Which `HELD_TUNED` family plans kernel `name`."""
-    special = {"rmsnorm.fwd": "rms_fwd", "layernorm.fwd": "ln_fwd", "rmsnorm.bwd": "rms_bwd",
+    special = {"rmsnorm.fwd": "rms_fwd", "layernorm.fwd": "ln_fwd", "log_softmax.fwd": "lsm_fwd", "rmsnorm.bwd": "rms_bwd",
                "layernorm.bwd": "ln_bwd", "cross_entropy.bwd": "ce_bwd"}
     if name in special:
         return special[name]

@@ -19,10 +19,14 @@ the default's included (`HeldRowPlan.resident_grid`, tagged "rg"), "x off" their
 twin's time over theirs.
 `--reg-cap both|only` adds the forwards' register plans capped by ptxas at their planned CTAs per SM and at one
 more (`HeldRowPlan.reg_cap`, tagged "rcN"), "x off" the uncapped plan's time over theirs.
+`--rg-ctas 4,6` adds each capped-grid forward plan without a cluster on grids of those CTAs per SM (the ctas/SM
+column): a staged plan's planned CTAs per SM count its staged row alone (LayerNorm fwd 8k's: 8, where its weight
+and bias staged beside it let 4 reside).
 
     python3 -m perf.tune_rows [--n 4096,65536] [--kernels rmsnorm.fwd,...] [--out DIR] [--jobs 16]
                               [--prefetch with|without|only] [--resident-grid off|both|only]
-                              [--hold off|both|only] [--reg-cap off|both|only] [--max-cluster 8|16]
+                              [--hold off|both|only] [--reg-cap off|both|only] [--rg-ctas 4,6]
+                              [--max-cluster 8|16]
 
 `--kernels cross_entropy.fwd` (not in the default list) times the streaming cross-entropy forward's
 `plan_rows` settings instead (`ce_candidates`, against `ops.softmax.CE_FWD_PLAN`, and QuACK's).
@@ -290,19 +294,74 @@ def _with_twins(ps: list, mode: str, twins: list, bwd: bool = False) -> list:
     return (ps + twins) if mode == "both" else (twins + [_twin(p, bwd=bwd) for p in twins])
 
 
-def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "barrier",
-          resident_grid: str = "off", hold: str = "off", acc_regs: str = "off", welford: str = "off",
-          fwd_prefetch: str = "off", cluster_fold: str = "off", reg_cap: str = "off"):
-    from cute_kernels.ops import _rowwise as R
-    from cute_kernels.precompile import item, precompile
+def plan_candidates(k: str, n: int, default: HeldRowPlan, prefetch: str = "with", cluster_sync: str = "barrier",
+                    resident_grid: str = "off", hold: str = "off", acc_regs: str = "off", welford: str = "off",
+                    fwd_prefetch: str = "off", cluster_fold: str = "off", reg_cap: str = "off",
+                    rg_ctas: tuple = ()) -> list[HeldRowPlan]:
+    """The plans `sweep` times for kernel `k` at rows of `n` (bf16) beside its `default`: the candidates and the twins
+    the options ask for (`main`'s help)."""
     from cute_kernels.specs_rowwise import (
         ACC_REGS_KERNELS,
         HOLD_KERNELS,
         PREFETCH_HOLD_ONLY,
         REG_CAP_KERNELS,
         WELFORD_KERNELS,
-        config_of,
     )
+
+    if k == CE_BWD:  # no prefetch, staging or cluster to vary
+        ps = ce_bwd_candidates(n)
+    else:
+        ps = candidates(n, bwd=k.endswith(".bwd"), prefetch=prefetch)
+        if k.endswith(".bwd") and prefetch != "without":  # the default plan, prefetching
+            ps.append(dataclasses.replace(default, prefetch=True))
+        # twins of the clustered plans (and of the default): mbarrier-synced, and (backward) on the
+        # one-wave grid (same kernel, another grid); "both" adds them, the other non-off mode keeps
+        # only the twin pairs
+        for mode, off, change in ((cluster_sync, "barrier", dict(cluster_sync="mbarrier")),
+                                  (resident_grid, "off", dict(resident_grid=True))):
+            if mode != off:  # forwards: every plan has a capped twin (backwards: clustered ones)
+                ps = _with_twins(ps, mode, [dataclasses.replace(p, **change) for p in [default] + ps
+                                            if p.cluster_n > 1
+                                            or (change.get("resident_grid") and k.endswith(".fwd"))])
+        if reg_cap != "off" and k in REG_CAP_KERNELS:  # register plans capped (after the capped-grid
+            # twins: those too)
+            ps = _with_twins(ps, reg_cap, [q for p in [default] + ps
+                                           if p.staging == "regs" and not (p.reg_cap or p.acc_regs)
+                                           for q in reg_cap_twins(p)])
+        if hold != "off" and k in HOLD_KERNELS:  # after the mbarrier twins: those too
+            held = [p for p in [default] + ps if _holdable(p, k)]
+            if k.endswith(".bwd"):  # the backwards: each staged plan held, and held + refilled
+                held = held + [dataclasses.replace(p, prefetch=True) for p in held if not p.prefetch]
+            ps = _with_twins(ps, hold, [_hold_twin(p, kernel=k) for p in held], bwd=k.endswith(".bwd"))
+        if fwd_prefetch != "off" and k in PREFETCH_HOLD_ONLY:  # held rows refilled, on the capped grid
+            ps = _with_twins(ps, fwd_prefetch, [dataclasses.replace(p, prefetch=True, resident_grid=True)
+                                                for p in [default] + ps if p.hold and not p.prefetch])
+        if rg_ctas and k.endswith(".fwd"):  # capped-grid forwards on grids of other CTAs per SM (a staged
+            # plan's planned CTAs per SM may count its row alone; its kernel fits what shared memory allows)
+            ps = ps + [dataclasses.replace(p, ctas_per_sm=c) for p in [default] + ps
+                       if p.resident_grid and p.cluster_n == 1 for c in rg_ctas if c != p.ctas_per_sm]
+        if acc_regs != "off" and k in ACC_REGS_KERNELS:  # register accumulators, any plan
+            ps = _with_twins(ps, acc_regs, [dataclasses.replace(p, acc_regs=True) for p in [default] + ps
+                                            if not p.acc_regs])
+        if welford != "off" and k in WELFORD_KERNELS:  # one (count, mean, M2) reduction, any plan
+            ps = _with_twins(ps, welford, [dataclasses.replace(p, welford=True) for p in [default] + ps
+                                           if not p.welford])
+        if cluster_fold != "off" and k != CE_BWD:  # the cluster's partials folded by a butterfly, last:
+            # every clustered plan above (held, refilled, ...) gets its twin
+            ps = _with_twins(ps, cluster_fold, [dataclasses.replace(p, cluster_fold="tree")
+                                                for p in [default] + ps
+                                                if p.cluster_n > 1 and p.cluster_fold == "serial"
+                                                and p.tiling.threads_per_row >= p.cluster_n],
+                             bwd=k.endswith(".bwd"))
+    return ps
+
+
+def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "barrier",
+          resident_grid: str = "off", hold: str = "off", acc_regs: str = "off", welford: str = "off",
+          fwd_prefetch: str = "off", cluster_fold: str = "off", reg_cap: str = "off", rg_ctas: tuple = ()):
+    from cute_kernels.ops import _rowwise as R
+    from cute_kernels.precompile import item, precompile
+    from cute_kernels.specs_rowwise import config_of
 
     plans = {}
     items = []
@@ -314,47 +373,8 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                 H.progress(f"  skip {k} {n}: {str(e)[:120]}")
                 continue
             keep = []
-            if k == CE_BWD:  # no prefetch, staging or cluster to vary
-                ps = ce_bwd_candidates(n)
-            else:
-                ps = candidates(n, bwd=k.endswith(".bwd"), prefetch=prefetch)
-                if k.endswith(".bwd") and prefetch != "without":  # the default plan, prefetching
-                    ps.append(dataclasses.replace(default, prefetch=True))
-                # twins of the clustered plans (and of the default): mbarrier-synced, and (backward) on the
-                # one-wave grid (same kernel, another grid); "both" adds them, the other non-off mode keeps
-                # only the twin pairs
-                for mode, off, change in ((cluster_sync, "barrier", dict(cluster_sync="mbarrier")),
-                                          (resident_grid, "off", dict(resident_grid=True))):
-                    if mode != off:  # forwards: every plan has a capped twin (backwards: clustered ones)
-                        ps = _with_twins(ps, mode, [dataclasses.replace(p, **change) for p in [default] + ps
-                                                    if p.cluster_n > 1
-                                                    or (change.get("resident_grid") and k.endswith(".fwd"))])
-                if reg_cap != "off" and k in REG_CAP_KERNELS:  # register plans capped (after the capped-grid
-                    # twins: those too)
-                    ps = _with_twins(ps, reg_cap, [q for p in [default] + ps
-                                                   if p.staging == "regs" and not (p.reg_cap or p.acc_regs)
-                                                   for q in reg_cap_twins(p)])
-                if hold != "off" and k in HOLD_KERNELS:  # after the mbarrier twins: those too
-                    held = [p for p in [default] + ps if _holdable(p, k)]
-                    if k.endswith(".bwd"):  # the backwards: each staged plan held, and held + refilled
-                        held = held + [dataclasses.replace(p, prefetch=True) for p in held if not p.prefetch]
-                    ps = _with_twins(ps, hold, [_hold_twin(p, kernel=k) for p in held], bwd=k.endswith(".bwd"))
-                if fwd_prefetch != "off" and k in PREFETCH_HOLD_ONLY:  # held rows refilled, on the capped grid
-                    ps = _with_twins(ps, fwd_prefetch, [dataclasses.replace(p, prefetch=True, resident_grid=True)
-                                                        for p in [default] + ps if p.hold and not p.prefetch])
-                if acc_regs != "off" and k in ACC_REGS_KERNELS:  # register accumulators, any plan
-                    ps = _with_twins(ps, acc_regs, [dataclasses.replace(p, acc_regs=True) for p in [default] + ps
-                                                    if not p.acc_regs])
-                if welford != "off" and k in WELFORD_KERNELS:  # one (count, mean, M2) reduction, any plan
-                    ps = _with_twins(ps, welford, [dataclasses.replace(p, welford=True) for p in [default] + ps
-                                                   if not p.welford])
-                if cluster_fold != "off" and k != CE_BWD:  # the cluster's partials folded by a butterfly, last:
-                    # every clustered plan above (held, refilled, ...) gets its twin
-                    ps = _with_twins(ps, cluster_fold, [dataclasses.replace(p, cluster_fold="tree")
-                                                        for p in [default] + ps
-                                                        if p.cluster_n > 1 and p.cluster_fold == "serial"
-                                                        and p.tiling.threads_per_row >= p.cluster_n],
-                                     bwd=k.endswith(".bwd"))
+            ps = plan_candidates(k, n, default, prefetch, cluster_sync, resident_grid, hold, acc_regs, welford,
+                                 fwd_prefetch, cluster_fold, reg_cap, rg_ctas)
             for p in dict.fromkeys(ps):
                 params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p, k))
                 if k.startswith(("rmsnorm", "layernorm")):
@@ -585,6 +605,10 @@ def main(argv=None) -> int:
                     help="forwards: also every register plan capped by ptxas at its planned CTAs per SM and at "
                          "one more (both: HeldRowPlan.reg_cap, tagged rcN), or only the twin pairs (only); 'x off' is "
                          "then the uncapped plan's time over the plan's")
+    ap.add_argument("--rg-ctas", default="",
+                    help="comma list of CTAs per SM: also each capped-grid forward plan without a cluster (the default "
+                         "and the twins above) on a grid of that many CTAs per SM (the ctas/SM column; a staged plan's "
+                         "kernel still asks ptxas for what shared memory allows)")
     ap.add_argument("--max-cluster", type=int, choices=(8, 16), default=8,
                     help="the largest cluster of the candidate plans: 8 (portable) or 16 (non-portable)")
     a = ap.parse_args(argv)
@@ -598,7 +622,8 @@ def main(argv=None) -> int:
         lines = sweep_ce(ns, a.jobs)
     if kernels:
         held, _ = sweep(kernels, ns, a.jobs, a.prefetch, a.cluster_sync, a.resident_grid, a.hold, a.acc_regs,
-                        a.welford, a.fwd_prefetch, a.cluster_fold, a.reg_cap)
+                        a.welford, a.fwd_prefetch, a.cluster_fold, a.reg_cap,
+                        tuple(int(c) for c in a.rg_ctas.split(",") if c))
         lines = held + ([""] + lines if lines else [])
     text = "# held-row plan sweep (bf16, 256 MiB per tensor)\n\n" + "\n".join(lines) + "\n"
     print(text)

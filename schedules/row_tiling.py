@@ -438,20 +438,33 @@ _LN_FWD_8K = dict(_LN_FWD, resident_grid=True)
 _FWD_8K = dict(target_elems=32, max_elems=32, min_threads=256, max_tpr=256)
 _RMS_BWD_8K = dict(_STAGED_BWD, target_elems=32, max_elems=32, prefetch=True)
 _STAGED_FWD_16K_HOLD = dict(_STAGED_FWD_16K, hold=True, staged_regs=168, i64=dict(_STAGED_FWD_16K, regs=_FWD))
+# Session 20's 8k sweep with the register cap and the staged candidates past 4k (`perf.tune_rows --kernels
+# layernorm.fwd,rmsnorm.fwd,log_softmax.fwd --n 8192 --reg-cap both --resident-grid both --hold both --fwd-prefetch
+# both`; perf/results/2026-11-30-h200-57988c2/tune_rows.md; bf16, 256 MiB per tensor), each the best plan over the
+# default: LayerNorm fwd one staged row of 128 threads x 64 elements, held and refilled on the capped grid (8 CTAs an
+# SM), 155.8 -> 145.1 us (1.074x; the plan style of LayerNorm 16k-64k); RMSNorm fwd 256 threads x 32 elements capped
+# at 3 CTAs an SM (80 registers; uncapped 2), 139.8 -> 136.7 (1.022x); log-softmax one staged row of 128 threads x 64
+# elements, not held (8 CTAs an SM), 140.6 -> 129.4 (1.086x): its own family ("lsm_fwd"), the softmax's 256 x 32
+# plan measured 98 % of copy there (the staged plan untimed for softmax).
+_LN_FWD_8K_STAGED = dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem", **_REFILL)
+_RMS_FWD_8K_RC3 = dict(_FWD_8K, regs_per_thread=80, reg_cap=True)
+_LSM_FWD_8K = dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem")
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
     "fwd": ((4096, _ONE_ROW_128), (8192, _FWD_8K), (16384, dict(_STAGED_FWD_16K_HOLD, regs=_FWD)),
             (131072, dict(_STAGED_FWD_HOLD, regs=_FWD)),
             (262144, dict(_C16_HOLD_FWD_256K, staged_regs=80, cluster_fold="tree", regs=_FWD)), (None, _FWD)),
+    # log-softmax forward: the softmax's entries but at 8k (session 20)
+    "lsm_fwd": (),  # (filled in below, from "fwd")
     "rms_fwd": ((512, _ONE_ROW_128), (1024, dict(_RMS_FWD_1K, regs=_ONE_ROW_128)),
                 (2048, dict(_RMS_FWD_2K, regs=_ONE_ROW_128)),
-                (4096, _ONE_ROW_128), (8192, _RMS_FWD), (16384, dict(_STAGED_RMS_FWD_16K, hold=True, resident_grid=True, regs=_ONE_ROW_128)),
+                (4096, _ONE_ROW_128), (8192, dict(_RMS_FWD_8K_RC3, regs=_RMS_FWD)), (16384, dict(_STAGED_RMS_FWD_16K, hold=True, resident_grid=True, regs=_ONE_ROW_128)),
                 (65536, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)),
                 (131072, dict(_C16_RMS_FWD_128K, regs=_NORM_FWD)), (262144, dict(_REFILL_RMS_FWD_256K, cluster_fold="tree", regs=_NORM_FWD)),
                 (None, dict(_LONG_FWD, regs=_NORM_FWD))),
     # LayerNorm 32k-128k: the landed row held (`hold`; session 6 call 6, perf/results/2026-11-29-h200-82f0325/
     # tune_rows.md: 64k 2.50 -> 2.75 TB/s, 128k 2.26 -> 2.45); RMSNorm's hold measured 1.000x: not taken
-    "ln_fwd": ((512, _ONE_ROW_128), (1024, dict(_LN_FWD_1K, regs=_ONE_ROW_128)), (4096, _ONE_ROW_128), (8192, _LN_FWD_8K), (16384, dict(_STAGED_LN_FWD_MB, hold=True, resident_grid=True, regs=_LN_FWD)),
+    "ln_fwd": ((512, _ONE_ROW_128), (1024, dict(_LN_FWD_1K, regs=_ONE_ROW_128)), (4096, _ONE_ROW_128), (8192, dict(_LN_FWD_8K_STAGED, regs=_LN_FWD_8K)), (16384, dict(_STAGED_LN_FWD_MB, hold=True, resident_grid=True, regs=_LN_FWD)),
                (32768, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", **_REFILL, regs=_LN_FWD)),
                (65536, dict(_STAGED_LN_FWD_MB, **_REFILL, regs=_LN_FWD)),
                (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", **_REFILL, regs=_NORM_FWD)),
@@ -487,6 +500,9 @@ HELD_TUNED = {
     # CTAs of 256 per SM (48 KiB in flight); 64k = 512 threads in clusters of 2, 1 CTA per SM.
     "ce_bwd": ((None, dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=256)),),
 }
+
+HELD_TUNED["lsm_fwd"] = tuple((most, dict(_LSM_FWD_8K, regs=_FWD_8K) if most == 8192 else st)
+                              for most, st in HELD_TUNED["fwd"])
 
 
 def held_settings(tuning: str, n: int) -> dict:

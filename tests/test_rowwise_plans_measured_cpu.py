@@ -16,7 +16,7 @@ from schedules.row_tiling import HELD_TUNED
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 FAMILIES = {"rms_fwd": "rmsnorm.fwd", "ln_fwd": "layernorm.fwd", "rms_bwd": "rmsnorm.bwd", "ln_bwd": "layernorm.bwd",
-            "fwd": "softmax.fwd", "bwd": "softmax.bwd"}
+            "fwd": "softmax.fwd", "lsm_fwd": "log_softmax.fwd", "bwd": "softmax.bwd"}
 
 
 def _sweep_rows() -> dict:

@@ -121,7 +121,11 @@ def test_planner_capability():
                       # session 11: LayerNorm fwd 1k (several staged rows a CTA), softmax fwd 16k, RMSNorm bwd 32k
                       ("ln_fwd", 1024), ("fwd", 16384), ("rms_bwd", 32768),
                       ("rms_bwd", 131072),  # session 15: RMSNorm bwd 128k staged, double-buffered (64k: registers)
-                      ("ln_bwd", 131072), ("ln_bwd", 262144), ("rms_bwd", 262144)}  # session 17: held x and dy, refilled
+                      ("ln_bwd", 131072), ("ln_bwd", 262144), ("rms_bwd", 262144),  # session 17: held x and dy, refilled
+                      # session 20: LayerNorm fwd 8k held and refilled, log-softmax fwd 8k (its own family, the
+                      # softmax's entries elsewhere)
+                      ("ln_fwd", 8192), ("lsm_fwd", 8192), ("lsm_fwd", 16384), ("lsm_fwd", 131072),
+                      ("lsm_fwd", 262144)}
     for fam in ("rms_fwd", "ln_fwd", "bwd"):
         assert plan_for_rows(fam, 262144, 8).staging == "smem"
         with pytest.raises(ValueError):  # fp32 rows keep the register settings: 128k at most
@@ -138,7 +142,8 @@ def test_planner_capability():
         assert p.staging == ("smem" if fam == "ln_bwd" else "regs") and p.resident_grid
         assert plan_for_rows(fam, 65536, 4).staging == "regs"
     assert plan_for_rows("ln_fwd", 1024, 8).staging == "smem" and plan_for_rows("ln_fwd", 1025, 8).staging == "regs"
-    for fam, first in (("fwd", 8193), ("rms_fwd", 8193), ("ln_fwd", 8193)):
+    # staged from 8k + 1 (session 20: LayerNorm and log-softmax from 4k + 1)
+    for fam, first in (("fwd", 8193), ("rms_fwd", 8193), ("ln_fwd", 4097), ("lsm_fwd", 4097)):
         assert plan_for_rows(fam, first - 1, 8).staging == "regs"
         for n in (first, 32768, 65536, 100000, 131072, 262144):
             assert plan_for_rows(fam, n, 8).staging == "smem"

@@ -222,10 +222,12 @@ class NormFwd(_RowKernel):
             # the quantizing epilogue next to the residual's row: 24-120 B of spills at 128 registers (RMSNorm 128k,
             # both modes, CPU compile of session 14); 168 fits them (3 CTAs of 128 threads, or 1 of 256)
             self.staged_min_regs = self.held_min_regs = 168
-        if plan.staging == "smem" and not (has_weight or has_bias) and elems >= 64:
-            # nothing staged but the row: shared memory then admits more CTAs than the row's registers allow (CPU
-            # compile, session 14: LayerNorm holding 64 elements spilled 104 B at 64 registers, RMSNorm re-reading
-            # 128 elements 176 B at 80); with a weight, shared memory already held them to what was measured
+        if plan.staging == "smem" and elems >= 64 and int(has_weight) + int(has_bias) < (2 if kind == "layer" else 1):
+            # fewer (N,) operands staged than the measured signature (LayerNorm's weight and bias, RMSNorm's weight):
+            # shared memory then admits more CTAs than the row's registers allow (CPU compile, session 14: LayerNorm
+            # holding 64 elements spilled 104 B at 64 registers, RMSNorm re-reading 128 elements 176 B at 80; session
+            # 20: LayerNorm with a bias or a weight only, 8-40 B at 80); with both, shared memory already held them to
+            # what was measured
             self.staged_min_regs = max(self.staged_min_regs, 128 if elems >= 128 else 96)
             self.held_min_regs = max(self.held_min_regs, 96)
         if kind == "rms" and has_residual and plan.hold:
