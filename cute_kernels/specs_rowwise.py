@@ -37,7 +37,7 @@ from schedules.row_tiling import (
 _CONFIG = {
     "threads": Param(256, (128, 256, 512, 1024), help="threads per CTA"),
     "threads_per_row": Param(128, (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), help="threads sharing one row (per CTA)"),
-    "vpt": Param(4, (1, 2, 4, 8, 16, 32, 64), help="128-bit vectors of the row each thread holds in registers"),
+    "vpt": Param(4, tuple(range(1, 65)), help="128-bit vectors of the row each thread holds in registers"),
     "cluster_n": Param(1, (1, 2, 4, 8, 16), help="CTAs of a cluster sharing one row (distributed shared memory; "
                        "16 is a non-portable cluster size: the norm backwards past 128k)"),
     "staging": Param("regs", STAGINGS, help="where the held row lives: registers, or shared memory filled by "

@@ -616,7 +616,8 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
     vectors, held in registers.
 
     Threads per row: the power of two that gives each thread about `target_elems` elements, up to
-    `max_tpr`. Vectors per thread: the power of two that then covers the row. A row longer than
+    `max_tpr`. Vectors per thread: as many as then cover the row (session 20: 3 at 6144 elements on 256 threads,
+    where the power of two left a quarter of the held registers masked off); for scalar rows the power of two. A row longer than
     `max_tpr * max_elems` elements is spread over a cluster of up to `max_cluster` CTAs whose
     partial reductions meet in distributed shared memory, each CTA then holding at most
     `cluster_elems` (default `max_elems`) per thread. Raises ValueError past that.
@@ -644,7 +645,11 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
     vpt_max = max(1, max_elems // vec)
     tpr = min(max_tpr, _pow2_at_least(-(-nv // vpt_target)))
     cluster = 1
-    vpt = _pow2_at_least(-(-nv // tpr))
+    # vectors per thread: what covers the row, not the next power of two (a row of 6144 at 256 threads: 3 vectors a
+    # thread, not 4 with one masked off: a quarter of the registers and the CTAs per SM they bound went idle). Scalar
+    # rows (the slow path) keep the power of two: the softmax backward at 769 spilled 8 B at 13 a thread.
+    cover = (lambda v: v) if vec > 1 else _pow2_at_least
+    vpt = cover(-(-nv // tpr))
     if vpt > vpt_max:
         vpt_max = max(1, (cluster_elems or max_elems) // vec)
         cluster = _pow2_at_least(-(-nv // (tpr * vpt_max)))
@@ -655,7 +660,7 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
             raise ValueError(
                 f"rows of {n} elements exceed what {max_cluster} CTAs hold in registers "
                 f"({max_cluster * tpr * vpt_max * vec} elements)")
-        vpt = _pow2_at_least(-(-nv // (tpr * cluster)))
+        vpt = cover(-(-nv // (tpr * cluster)))
     threads = max(tpr, min_threads)
     ctas_per_sm = max(1, min(8, 65536 // (threads * regs_per_thread)))
     sync = cluster_sync if cluster > 1 else "barrier"

@@ -140,7 +140,10 @@ NORM_SHAPES = [(4096, 4096, torch.bfloat16, False), (769, 7168, torch.bfloat16, 
                (130, 200, torch.float16, False),
                # session 14: the 16-CTA plans (RMSNorm from 128k, LayerNorm at 256k) and the register floor of the
                # quantizing epilogue beside a residual
-               (16, 131072, torch.bfloat16, True), (4, 262144, torch.bfloat16, True)]
+               (16, 131072, torch.bfloat16, True), (4, 262144, torch.bfloat16, True),
+               # session 20: vectors per thread that are not a power of two (RMSNorm 6144 at 256 x 3, LayerNorm 6
+               # staged; 5120 at 3 and 5)
+               (300, 6144, torch.bfloat16, False), (257, 6144, torch.float16, True), (300, 5120, torch.bfloat16, True)]
 
 
 @pytest.mark.parametrize("kind", ["rms", "layer"])

@@ -1,5 +1,6 @@
 """GPU: session 19's plans for rows of 4k-8k elements (`schedules.row_tiling`: `_FWD_8K`, `_RMS_FWD` at 8k,
-`_RMS_BWD_8K`, `_LN_FWD_8K`) and the norm forwards' weight and bias held in registers on a register plan's capped
+`_RMS_BWD_8K`, `_LN_FWD_8K`; session 20's `_LN_FWD_8K_STAGED`, `_RMS_FWD_8K_RC3`, `_LSM_FWD_8K`, and vectors per
+thread that are not a power of two) and the norm forwards' weight and bias held in registers on a register plan's capped
 grid (`params_in_regs`), through the public ops against the fp64 references at issue 3's tolerance (the sweep
 helpers of tests/test_rowwise_gpu.py), with poisoned outputs. Enough rows that each CTA of the capped grid walks
 several row tiles (the held weights reused), 0 and 1 rows, N = 6144 (a short row in the same bucket), fp16.
@@ -12,6 +13,7 @@ import torch
 
 from tests.helpers import poison_empty
 from tests.test_rowwise_gpu import (
+    _check_cross_entropy,
     _check_ln_forward,
     _check_norm_backward,
     _check_rms_forward,
@@ -23,7 +25,10 @@ pytestmark = pytest.mark.gpu
 
 BF16, FP16 = torch.bfloat16, torch.float16
 CASES = [(BF16, 2000, 8192), (BF16, 1, 8192), (BF16, 0, 8192), (BF16, 777, 6144), (FP16, 600, 8192),
-         (BF16, 1500, 4096)]
+         (BF16, 1500, 4096),
+         # session 20: vectors per thread that are not a power of two (`plan_held_rows`: 2112 -> 3 of 128 threads,
+         # 5120 -> 5 staged / 3, 6144 -> 6 / 3, 7168 -> 7, 12288 -> 3 in clusters of 4 / 12 staged)
+         (BF16, 257, 2112), (BF16, 300, 5120), (FP16, 300, 6144), (BF16, 300, 7168), (BF16, 300, 12288)]
 IDS = [f"{str(d)[6:]}-{m}x{n}" for d, m, n in CASES]
 
 
@@ -44,6 +49,12 @@ def test_softmax_backward(dtype, m, n):
 
 
 @pytest.mark.parametrize("dtype,m,n", CASES, ids=IDS)
+def test_cross_entropy(dtype, m, n):
+    """The streaming forward's partial pass loads its vectors together since session 20 (`strided_fold`)."""
+    _check_cross_entropy(dtype, m, n)
+
+
+@pytest.mark.parametrize("dtype,m,n", CASES, ids=IDS)
 def test_rms_forward(dtype, m, n):
     _check_rms_forward(dtype, m, n, no_weight=False)
     _check_rms_forward(dtype, m, n, no_weight=True)
@@ -51,7 +62,8 @@ def test_rms_forward(dtype, m, n):
 
 @pytest.mark.parametrize("dtype,m,n", CASES, ids=IDS)
 def test_layer_norm_forward(dtype, m, n):
-    """LayerNorm 4k-8k: the register plan on the capped grid, weight and bias held in registers."""
+    """LayerNorm 4k-8k: staged, held and refilled on the capped grid (session 20; the register plan with its weight and
+    bias held in registers for fp32 rows)."""
     _check_ln_forward(dtype, m, n, no_affine=False)
     _check_ln_forward(dtype, m, n, no_affine=True)
 
@@ -123,13 +135,16 @@ def test_register_cap_bitwise(name, cap, monkeypatch):
     fn = (lambda: ck.layer_norm(x, w, b)) if name == "layernorm.fwd" else (lambda: ck.rms_norm(x, w, 1e-6))
     orig = R.plan_for
 
+    def register_plan(kernel, dtype, n, aligned):  # (LayerNorm 8k's default is staged since session 20)
+        return R.plan_for_kernel(kernel, n, 8, staged=False) if kernel == name else orig(kernel, dtype, n, aligned)
+
     def capped(kernel, dtype, n, aligned):
-        p = orig(kernel, dtype, n, aligned)
+        p = register_plan(kernel, dtype, n, aligned)
         return dataclasses.replace(p, reg_cap=True, ctas_per_sm=cap) if kernel == name else p
 
     def per_tile(kernel, dtype, n, aligned):  # the uncapped plan, without the held weights (the capped one's math)
-        p = orig(kernel, dtype, n, aligned)
-        return dataclasses.replace(p, resident_grid=False) if kernel == name else p
+        p = register_plan(kernel, dtype, n, aligned)
+        return dataclasses.replace(p, resident_grid=False, reg_cap=False) if kernel == name else p
 
     out, plans = run_with_plans(monkeypatch, capped, fn)
     assert plans[name].reg_cap and plans[name].ctas_per_sm == cap

@@ -97,8 +97,12 @@ def test_long_rows_reduce_across_a_cluster(name, tmp_path):
 
 @pytest.mark.parametrize("name,dtype", [("softmax.fwd", "fp32"), ("rmsnorm.bwd", "fp32"), ("layernorm.fwd", "fp16")])
 def test_other_dtypes(name, dtype, tmp_path):
-    report, _ = _compile(name, _params(name, 8192, dtype=dtype), tmp_path)
-    assert report.ptx_census["ld.global.v4 (128-bit)"] > 0
+    p = _params(name, 8192, dtype=dtype)
+    report, ptx = _compile(name, p, tmp_path)
+    if p.get("staging") == "smem":  # LayerNorm fwd 8k since session 20: 16-byte cp.async
+        assert "cp.async.cg.shared.global" in ptx and ", 16;" in ptx
+    else:
+        assert report.ptx_census["ld.global.v4 (128-bit)"] > 0
 
 
 def test_norm_options_compile(tmp_path):
