@@ -402,7 +402,8 @@ CE_FWD = CrossEntropyFwdSpec(
                       "whole rows | split partials (m, l) | merge of the partials"),
         "threads": Param(128, (128, 256, 512, 1024), help="threads per CTA"),
         "threads_per_row": Param(64, (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), help="threads sharing one row"),
-        "unroll": Param(8, (1, 2, 4, 8), help="vectors per thread loaded together in a pass (one max, one rescale)"),
+        "unroll": Param(8, tuple(range(1, 9)), help="vectors per thread loaded together in a pass (one max, one "
+                        "rescale)"),
     },
 )
 STREAMING = [CE_FWD]

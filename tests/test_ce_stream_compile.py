@@ -87,3 +87,15 @@ def test_pass_loads_before_exps_and_gather_after(m, n, tmp_path):
     assert target < first_v4 and not any(uses.search(op) for op in ops[target + 1:first_v4 + 8])  # not waited for
     gather = next(i for i, op in enumerate(ops) if "LDG.E.U16" in op)
     assert gather > first_v4 + 7
+
+
+def test_whole_passes():
+    """Session 20: a row of 16-byte vectors is walked in whole passes (6144 at 128 threads: one pass of 6 vectors,
+    not 8 with 2 masked off, whose partial pass had folded a vector at a time: 60 % of copy bandwidth); the planned
+    unroll where it divides the row, on scalar rows, and where a caller sets it."""
+    for n, u in ((6144, 6), (5120, 5), (7168, 7), (12288, 6), (14336, 7), (8192, 8), (4096, 8), (65536, 8)):
+        plan = ce_plan(32768, n, 8, 132)
+        per = -(-(n // 8) // plan.tiling.threads_per_row)
+        assert plan.tiling.unroll == u and per % u == 0, (n, plan)
+    assert ce_plan(32768, 6144, 1, 132).tiling.unroll == 8
+    assert ce_plan(32768, 6144, 8, 132, unroll=8).tiling.unroll == 8

@@ -76,3 +76,29 @@ def test_held_tuned_setting(monkeypatch):
 def test_fallback_without_gpu():
     # no GPU: the GPC bound (a cluster never spans GPCs of 16+ SMs on H100/H200)
     assert max_active_clusters(4) == 32 and max_active_clusters(8) == 16 and max_active_clusters(2) == 66
+
+
+def test_forward_grids_are_whole_waves():
+    """A staged forward's capped grid (`ops._rowwise.grid_ctas_per_sm`): the plan's CTAs per SM count its staged rows
+    alone; where the kernel fits fewer beside its weights (or a residual's row) and they do not divide the plan's
+    count, the grid takes the largest multiple of the fit (session 20: LayerNorm fwd 6144 planned at 8 an SM, 6 fit).
+    The measured defaults keep their grids."""
+    import torch
+
+    from cute_kernels.ops._rowwise import grid_ctas_per_sm, grid_plan, kernel_params, plan_for
+
+    def grid(name, n, **sig):
+        base = dict(weight=True, w_dtype="bf16", residual=False, **({"bias": True} if name == "layernorm.fwd" else {}))
+        p = plan_for(name, torch.bfloat16, n, True)
+        kp = kernel_params(name, torch.bfloat16, n, True, **{**base, **sig})
+        return p, grid_ctas_per_sm(name, p, kp), grid_plan(name, p, kp)
+
+    p, c, gp = grid("layernorm.fwd", 6144)
+    assert (p.ctas_per_sm, c) == (8, 6) and gp == dataclasses.replace(p, ctas_per_sm=6)
+    for n in (8192, 16384, 32768, 65536, 131072, 262144):  # the measured plans: 2 or 4 of 4 or 8 resident
+        p, c, gp = grid("layernorm.fwd", n)
+        assert c == p.ctas_per_sm and gp is p, n
+    assert grid("layernorm.fwd", 16384, residual=True)[1] == 3  # 3 of 4 fit beside the residual's row
+    assert grid("rmsnorm.fwd", 16384)[1] == 8 and grid("rmsnorm.fwd", 16384, residual=True)[1] == 6
+    p, c, _ = grid("rmsnorm.fwd", 8192)  # a register plan: its own count
+    assert p.staging == "regs" and c == p.ctas_per_sm

@@ -164,6 +164,15 @@ class _RowKernel:
             return sl.to_f32(held)
         return sl.to_f32(sl.read(held, True, 0.0) if self.staged else sl.load(held, True, 0.0))
 
+    def resident_ctas(self) -> int:
+        """CTAs per SM this kernel is built to fit: under staging what shared memory and the register floor allow (its
+        `.minnctapersm`), else the plan's. A staged plan's own `ctas_per_sm` counts its staged rows alone (not the
+        weights beside them): the forwards' capped grid is sized by this instead (`ops._rowwise.launch_params`)."""
+        if self.staged:
+            regs = self.held_min_regs if self.hold else self.staged_min_regs
+            return self.plan.staged_residency(self.residency_smem_bytes(), regs)
+        return self.plan.ctas_per_sm
+
     def grid(self, rows, max_ctas):
         tiles = (rows + self.rows_per_cta - 1) // self.rows_per_cta
         ctas = cutlass.max(cutlass.min(tiles, max_ctas), 1)
@@ -172,9 +181,7 @@ class _RowKernel:
         if self.staged:
             # Registers no longer bound the CTAs per SM: ask ptxas to fit as many as shared memory
             # allows (a register cap); the carveout is given so the DSL does not query a device.
-            regs = self.held_min_regs if self.hold else self.staged_min_regs
-            launch.update(min_blocks_per_mp=self.plan.staged_residency(self.residency_smem_bytes(), regs),
-                          preferred_smem_carveout=100)
+            launch.update(min_blocks_per_mp=self.resident_ctas(), preferred_smem_carveout=100)
         elif self.plan.acc_regs or self.plan.reg_cap:  # register accumulators of a register-held plan, or its
             # register cap (`HeldRowPlan.reg_cap`): keep its CTAs per SM
             launch.update(min_blocks_per_mp=self.plan.ctas_per_sm, preferred_smem_carveout=100)

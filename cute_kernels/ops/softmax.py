@@ -12,6 +12,8 @@ split over CTAs, the partial states merged by a second launch).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from cute_kernels import catalog, dtypes
@@ -121,7 +123,15 @@ def ce_plan(m: int, n: int, vec: int, sms: int, **options) -> RowPlan:
     scalar variant) on `sms` SMs: `plan_rows` under CE_FWD_PLAN (CE_FWD_LONG_PLAN for rows of
     CE_FWD_LONG_ROW elements and more), `options` overriding it."""
     base = CE_FWD_LONG_PLAN if n >= CE_FWD_LONG_ROW else CE_FWD_PLAN
-    return plan_rows(m, n // vec, sms, **{**base, **options})
+    plan = plan_rows(m, n // vec, sms, **{**base, **options})
+    t = plan.tiling
+    per = -(-(n // vec) // t.threads_per_row)  # vectors a thread of the row walks
+    if vec > 1 and plan.splits == 1 and per % t.unroll and "unroll" not in options:
+        # whole passes: as many as the planned unroll needs, each as wide as they then take (6144: one pass of 6
+        # vectors, not a pass of 8 with 2 masked off; session 20: the partial pass had folded a vector at a time)
+        passes = -(-per // t.unroll)
+        plan = dataclasses.replace(plan, tiling=dataclasses.replace(t, unroll=-(-per // passes)))
+    return plan
 
 
 def _ce_rows(x2, t, loss, lse, ignore_index: int, **plan_options) -> None:
