@@ -446,6 +446,15 @@ _STAGED_FWD_16K_HOLD = dict(_STAGED_FWD_16K, hold=True, staged_regs=168, i64=dic
 # at 3 CTAs an SM (80 registers; uncapped 2), 139.8 -> 136.7 (1.022x); log-softmax one staged row of 128 threads x 64
 # elements, not held (8 CTAs an SM), 140.6 -> 129.4 (1.086x): its own family ("lsm_fwd"), the softmax's 256 x 32
 # plan measured 98 % of copy there (the staged plan untimed for softmax).
+# The same session's sweep at 6144 and 12288 (perf/results/2026-11-30-h200-65d31b6/tune_rows_{1,2}.md; the 8k and 16k
+# buckets' middles, after the planner's vectors per thread became what covers the row): softmax / log-softmax bwd one
+# staged row of 256 threads x 32 elements (y and dy in shared memory) at 6144, 203.5 -> 185.3 us (1.098x), of 512 x 32
+# at 12288, 211.9 -> 186.2 (1.138x), against the 512-thread register plan; LayerNorm fwd 12288 the 16k entry refilled
+# (`_REFILL`), 148.5 -> 143.9 (1.032x; at 16k the refill lost, 144.7 against 140.7). The sweep timed the 6144 plan at
+# 4 vectors a thread (capacity 8192): the entry plans 3 there.
+_STAGED_BWD_6K = dict(target_elems=32, max_elems=32, min_threads=256, max_tpr=256, staging="smem", staged_rows=2,
+                      staged_regs=128)
+_STAGED_BWD_12K = dict(_STAGED_BWD_6K, min_threads=512, max_tpr=512)
 _LN_FWD_8K_STAGED = dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem", **_REFILL)
 _RMS_FWD_8K_RC3 = dict(_FWD_8K, regs_per_thread=80, reg_cap=True)
 _LSM_FWD_8K = dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem")
@@ -464,7 +473,9 @@ HELD_TUNED = {
                 (None, dict(_LONG_FWD, regs=_NORM_FWD))),
     # LayerNorm 32k-128k: the landed row held (`hold`; session 6 call 6, perf/results/2026-11-29-h200-82f0325/
     # tune_rows.md: 64k 2.50 -> 2.75 TB/s, 128k 2.26 -> 2.45); RMSNorm's hold measured 1.000x: not taken
-    "ln_fwd": ((512, _ONE_ROW_128), (1024, dict(_LN_FWD_1K, regs=_ONE_ROW_128)), (4096, _ONE_ROW_128), (8192, dict(_LN_FWD_8K_STAGED, regs=_LN_FWD_8K)), (16384, dict(_STAGED_LN_FWD_MB, hold=True, resident_grid=True, regs=_LN_FWD)),
+    "ln_fwd": ((512, _ONE_ROW_128), (1024, dict(_LN_FWD_1K, regs=_ONE_ROW_128)), (4096, _ONE_ROW_128), (8192, dict(_LN_FWD_8K_STAGED, regs=_LN_FWD_8K)),
+               (12288, dict(_STAGED_LN_FWD_MB, **_REFILL, regs=_LN_FWD)),
+               (16384, dict(_STAGED_LN_FWD_MB, hold=True, resident_grid=True, regs=_LN_FWD)),
                (32768, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", **_REFILL, regs=_LN_FWD)),
                (65536, dict(_STAGED_LN_FWD_MB, **_REFILL, regs=_LN_FWD)),
                (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", **_REFILL, regs=_NORM_FWD)),
@@ -472,7 +483,8 @@ HELD_TUNED = {
                (None, dict(_LONG_FWD, cluster_sync="mbarrier", hold=True, regs=_NORM_FWD))),
     # softmax / log-softmax backward staged from 16k (session 10's suite, 8f975dd: the staged plan at 64k 99 % and
     # 256k 91 % of copy, the register plans between them 73 % at 32k and 63 % at 128k)
-    "bwd": ((16384, _BWD), (32768, dict(_STAGED_BWD_32K, regs=_BWD)), (None, dict(_STAGED_BWD, regs=_BWD))),
+    "bwd": ((4096, _BWD), (6144, dict(_STAGED_BWD_6K, regs=_BWD)), (8192, _BWD), (12288, dict(_STAGED_BWD_12K, regs=_BWD)),
+            (16384, _BWD), (32768, dict(_STAGED_BWD_32K, regs=_BWD)), (None, dict(_STAGED_BWD, regs=_BWD))),
     "rms_bwd": ((1024, dict(_BWD_1K, regs=_ONE_ROW_128)), (2048, _ONE_ROW_128), (4096, _BWD_4K_PF), (8192, dict(_RMS_BWD_8K, regs=dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128))),
                 (16384, dict(_RMS_BWD_16K, regs=dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128))),
                 (32768, dict(_RMS_BWD_32K, regs=_BWD)), (65536, dict(_RMS_BWD_64K_ACCR, regs=dict(_BWD, resident_grid=True),
