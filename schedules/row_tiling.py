@@ -446,7 +446,7 @@ _STAGED_FWD_16K_HOLD = dict(_STAGED_FWD_16K, hold=True, staged_regs=168, i64=dic
 # at 3 CTAs an SM (80 registers; uncapped 2), 139.8 -> 136.7 (1.022x); log-softmax one staged row of 128 threads x 64
 # elements, not held (8 CTAs an SM), 140.6 -> 129.4 (1.086x): its own family ("lsm_fwd"), the softmax's 256 x 32
 # plan measured 98 % of copy there (the staged plan untimed for softmax).
-# The same session's sweep at 6144 and 12288 (perf/results/2026-11-30-h200-65d31b6/tune_rows_{1,2}.md; the 8k and 16k
+# The same session's sweep at 6144 and 12288 (perf/results/2026-12-01-h200-65d31b6/tune_rows_{1,2}.md; the 8k and 16k
 # buckets' middles, after the planner's vectors per thread became what covers the row): softmax / log-softmax bwd one
 # staged row of 256 threads x 32 elements (y and dy in shared memory) at 6144, 203.5 -> 185.3 us (1.098x), of 512 x 32
 # at 12288, 211.9 -> 186.2 (1.138x), against the 512-thread register plan; LayerNorm fwd 12288 the 16k entry refilled
