@@ -71,6 +71,10 @@ _CTAS_PER_SM = Param(2, tuple(range(1, 17)), help="with acc_regs (or reg_cap) on
 # kernels' shared `_RowKernel.grid` asks ptxas for them): log-softmax 8k 74 -> 64 registers at 4 CTAs an SM, no spills.
 REG_CAP_KERNELS = ("rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "log_softmax.fwd")
 _REG_CAP = Param(False, (False, True), help="staging='regs': ask ptxas for ctas_per_sm CTAs per SM (a register cap)")
+# The same forwards built for one CTA per row tile (`HeldRowPlan.one_tile`: no tile loop to carry; the uncapped grid).
+ONE_TILE_KERNELS = REG_CAP_KERNELS
+_ONE_TILE = Param(False, (False, True), help="one CTA per row tile, the tile loop traced for one trip (not with "
+                  "resident_grid or prefetch)")
 # The norm forwards on a register plan's capped grid (`HeldRowPlan.resident_grid`, staging "regs": a CTA walks many
 # row tiles) load their 16-bit weight and bias once a CTA and hold them in registers across the tiles
 # (`kernels.norms.NormFwd`); on an uncapped grid each CTA has one tile and loads them in it.
@@ -107,7 +111,8 @@ def plan_of(p) -> HeldRowPlan:
                        cluster_sync=p.get("cluster_sync", "barrier"), hold=p.get("hold", False),
                        acc_regs=p.get("acc_regs", False), ctas_per_sm=p.get("ctas_per_sm", 2),
                        welford=p.get("welford", False), cluster_fold=p.get("cluster_fold", "serial"),
-                       resident_grid=p.get("params_in_regs", False), reg_cap=p.get("reg_cap", False))
+                       resident_grid=p.get("params_in_regs", False), reg_cap=p.get("reg_cap", False),
+                       one_tile=p.get("one_tile", False))
 
 
 def plan_for_kernel(name: str, n: int, vec: int, staged: bool = True, index64: bool = False) -> HeldRowPlan:
@@ -117,6 +122,8 @@ def plan_for_kernel(name: str, n: int, vec: int, staged: bool = True, index64: b
     plan = plan_for_rows(tuning_of(name), n, vec, staged, index64)
     if plan.reg_cap and name not in REG_CAP_KERNELS:
         plan = dataclasses.replace(plan, reg_cap=False)
+    if plan.one_tile and name not in ONE_TILE_KERNELS:
+        plan = dataclasses.replace(plan, one_tile=False)
     # (a held forward's refill, `prefetch`, goes with its `hold`)
     return plan if not plan.hold or name in HOLD_KERNELS else dataclasses.replace(plan, hold=False, prefetch=False)
 
@@ -144,6 +151,8 @@ def config_of(plan: HeldRowPlan, name: str | None = None) -> dict:
     if plan.reg_cap:  # the CTAs per SM become the kernel's register cap
         out["reg_cap"] = True
         out["ctas_per_sm"] = plan.ctas_per_sm
+    if plan.one_tile:
+        out["one_tile"] = True
     if name in PARAMS_IN_REGS_KERNELS and plan.resident_grid and plan.staging == "regs" and not plan.reg_cap:
         # (not under a register cap: the held weights spilled there, LayerNorm 8k capped at 3 CTAs an SM 152 B)
         out["params_in_regs"] = True
@@ -299,6 +308,8 @@ def _spec(name: str, lesson: int, summary: str, ops: tuple[str, ...], extra: dic
     if name in REG_CAP_KERNELS:
         params["reg_cap"] = _REG_CAP
         params["ctas_per_sm"] = _CTAS_PER_SM
+    if name in ONE_TILE_KERNELS:
+        params["one_tile"] = _ONE_TILE
     if name in STAGED_TENSORS:  # the held-row kernels (their clusters)
         params["cluster_fold"] = _CLUSTER_FOLD
     return RowwiseSpec(name=name, family="rowwise", lesson=lesson, summary=summary, ops=ops, status="ready",

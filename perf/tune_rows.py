@@ -19,13 +19,15 @@ the default's included (`HeldRowPlan.resident_grid`, tagged "rg"), "x off" their
 twin's time over theirs.
 `--reg-cap both|only` adds the forwards' register plans capped by ptxas at their planned CTAs per SM and at one
 more (`HeldRowPlan.reg_cap`, tagged "rcN"), "x off" the uncapped plan's time over theirs.
+`--one-tile both|only` adds the forwards' one-CTA register plans built for one CTA per row tile (`HeldRowPlan.one_tile`,
+tagged "1t"; no tile loop), also capped at up to 3 more CTAs per SM, "x off" the looping plan's time over theirs.
 `--rg-ctas 4,6` adds each capped-grid forward plan without a cluster on grids of those CTAs per SM (the ctas/SM
 column): a staged plan's planned CTAs per SM count its staged row alone (LayerNorm fwd 8k's: 8, where its weight
 and bias staged beside it let 4 reside).
 
     python3 -m perf.tune_rows [--n 4096,65536] [--kernels rmsnorm.fwd,...] [--out DIR] [--jobs 16]
                               [--prefetch with|without|only] [--resident-grid off|both|only]
-                              [--hold off|both|only] [--reg-cap off|both|only] [--rg-ctas 4,6]
+                              [--hold off|both|only] [--reg-cap off|both|only] [--one-tile off|both|only] [--rg-ctas 4,6]
                               [--max-cluster 8|16]
 
 `--kernels cross_entropy.fwd` (not in the default list) times the streaming cross-entropy forward's
@@ -141,12 +143,33 @@ def reg_cap_twins(p: HeldRowPlan) -> list[HeldRowPlan]:
     return out
 
 
+# One-tile twins (`--one-tile`) -> the looping plan each was made from (its capped twins past its own CTAs: the plan)
+_ONE_TILE_SOURCE: dict = {}
+
+
+def one_tile_twins(p: HeldRowPlan) -> list[HeldRowPlan]:
+    """`p` (a one-CTA register plan of a forward on the uncapped grid) built for one CTA per row tile
+    (`HeldRowPlan.one_tile`), and so built capped at up to 3 more CTAs per SM than it plans, where the threads fit an
+    SM: the registers the tile loop's state took go to occupancy (RMSNorm fwd 8k, 512 threads x 16 elements: 4 CTAs
+    an SM at 32 registers). Staged and clustered plans: none (their registers are not what bounds them)."""
+    if p.resident_grid or p.prefetch or p.one_tile or p.staging != "regs" or p.cluster_n > 1 or p.acc_regs:
+        return []
+    out = [dataclasses.replace(p, one_tile=True)]
+    for c in range(p.ctas_per_sm + 1, min(16, 2048 // p.tiling.threads, p.ctas_per_sm + 3) + 1):
+        out.append(dataclasses.replace(p, one_tile=True, reg_cap=True, ctas_per_sm=c))
+    for q in out:
+        _ONE_TILE_SOURCE.setdefault(q, p)
+    return out
+
+
 def _twin(p: HeldRowPlan, vec: int = 8, bwd: bool = False) -> HeldRowPlan:
     """`p` with shared-memory accumulators when it forces register ones, on the SMs-capped grid when it
     has the resident one, with the cluster barrier when it syncs by mbarrier, else `p` without
     prefetch (a staged twin gets the CTAs per SM of its single buffer)."""
     if p.cluster_fold != "serial":  # (the sweep's last option: every other plan may have this twin)
         return dataclasses.replace(p, cluster_fold="serial")
+    if p.one_tile:  # the looping plan it was made from
+        return _ONE_TILE_SOURCE.get(p, dataclasses.replace(p, one_tile=False))
     if p.reg_cap:  # the plan it capped
         return _REG_CAP_SOURCE.get(p, dataclasses.replace(p, reg_cap=False))
     if p.prefetch and p.hold:  # a forward refilling its held row's buffer: the same plan without the refill
@@ -297,12 +320,13 @@ def _with_twins(ps: list, mode: str, twins: list, bwd: bool = False) -> list:
 def plan_candidates(k: str, n: int, default: HeldRowPlan, prefetch: str = "with", cluster_sync: str = "barrier",
                     resident_grid: str = "off", hold: str = "off", acc_regs: str = "off", welford: str = "off",
                     fwd_prefetch: str = "off", cluster_fold: str = "off", reg_cap: str = "off",
-                    rg_ctas: tuple = ()) -> list[HeldRowPlan]:
+                    rg_ctas: tuple = (), one_tile: str = "off") -> list[HeldRowPlan]:
     """The plans `sweep` times for kernel `k` at rows of `n` (bf16) beside its `default`: the candidates and the twins
     the options ask for (`main`'s help)."""
     from cute_kernels.specs_rowwise import (
         ACC_REGS_KERNELS,
         HOLD_KERNELS,
+        ONE_TILE_KERNELS,
         PREFETCH_HOLD_ONLY,
         REG_CAP_KERNELS,
         WELFORD_KERNELS,
@@ -340,6 +364,9 @@ def plan_candidates(k: str, n: int, default: HeldRowPlan, prefetch: str = "with"
             # plan's planned CTAs per SM may count its row alone; its kernel fits what shared memory allows)
             ps = ps + [dataclasses.replace(p, ctas_per_sm=c) for p in [default] + ps
                        if p.resident_grid and p.cluster_n == 1 for c in rg_ctas if c != p.ctas_per_sm]
+        if one_tile != "off" and k in ONE_TILE_KERNELS:  # one CTA a row tile, no tile loop (after the capped twins:
+            # those too)
+            ps = _with_twins(ps, one_tile, list(dict.fromkeys(q for p in [default] + ps for q in one_tile_twins(p))))
         if acc_regs != "off" and k in ACC_REGS_KERNELS:  # register accumulators, any plan
             ps = _with_twins(ps, acc_regs, [dataclasses.replace(p, acc_regs=True) for p in [default] + ps
                                             if not p.acc_regs])
@@ -358,7 +385,8 @@ def plan_candidates(k: str, n: int, default: HeldRowPlan, prefetch: str = "with"
 
 def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "barrier",
           resident_grid: str = "off", hold: str = "off", acc_regs: str = "off", welford: str = "off",
-          fwd_prefetch: str = "off", cluster_fold: str = "off", reg_cap: str = "off", rg_ctas: tuple = ()):
+          fwd_prefetch: str = "off", cluster_fold: str = "off", reg_cap: str = "off", rg_ctas: tuple = (),
+          one_tile: str = "off"):
     from cute_kernels.ops import _rowwise as R
     from cute_kernels.precompile import item, precompile
     from cute_kernels.specs_rowwise import config_of
@@ -374,7 +402,7 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                 continue
             keep = []
             ps = plan_candidates(k, n, default, prefetch, cluster_sync, resident_grid, hold, acc_regs, welford,
-                                 fwd_prefetch, cluster_fold, reg_cap, rg_ctas)
+                                 fwd_prefetch, cluster_fold, reg_cap, rg_ctas, one_tile)
             for p in dict.fromkeys(ps):
                 params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p, k))
                 if k.startswith(("rmsnorm", "layernorm")):
@@ -434,7 +462,9 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
         best_pf = next((r for r in ranked if r[1].prefetch), None)
         if best_pf is not None and best_pf not in shown:
             shown.append(best_pf)  # the fastest prefetching plan, wherever it ranks
-        for want in (lambda q: q.cluster_fold == "tree",  # the fastest butterfly-folded plan
+        for want in (lambda q: q.one_tile,  # the fastest one-tile plan
+                     lambda q: q == dataclasses.replace(default, one_tile=True),  # the default's twin
+                     lambda q: q.cluster_fold == "tree",  # the fastest butterfly-folded plan
                      lambda q: q == dataclasses.replace(default, cluster_fold="tree"),  # the default's twin
                      lambda q: q.welford,  # the fastest one-reduction LayerNorm plan
                      lambda q: q == dataclasses.replace(default, welford=True),  # the default's twin
@@ -450,7 +480,7 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
         for t, p in shown:
             tag = " (default)" if p == default else ""
             twin = _twin(p, bwd=k.endswith(".bwd")) if (p.prefetch or p.cluster_sync != "barrier" or p.resident_grid or p.hold
-                                or p.acc_regs or p.welford or p.cluster_fold != "serial") else None
+                                or p.acc_regs or p.welford or p.cluster_fold != "serial" or p.one_tile) else None
             off = f"{times[twin] / t:.3f}" if twin in times else ""
             lines.append(f"| {k} | {n} | {p}{tag} | {p.ctas_per_sm} | {t * 1e3:.1f} | "
                          f"{nbytes / t / 1e9:.3f} | {t0 / t:.3f} | {off} | {errs.get(p, 0.0):.1e} |")
@@ -609,6 +639,10 @@ def main(argv=None) -> int:
                     help="comma list of CTAs per SM: also each capped-grid forward plan without a cluster (the default "
                          "and the twins above) on a grid of that many CTAs per SM (the ctas/SM column; a staged plan's "
                          "kernel still asks ptxas for what shared memory allows)")
+    ap.add_argument("--one-tile", choices=("off", "both", "only"), default="off",
+                    help="forwards on the uncapped grid: also each one-CTA register plan built for one CTA per row "
+                         "tile, and capped at up to 3 more CTAs per SM (both: HeldRowPlan.one_tile, tagged 1t), "
+                         "or only the twin pairs (only); 'x off' is then the looping plan's time over the plan's")
     ap.add_argument("--max-cluster", type=int, choices=(8, 16), default=8,
                     help="the largest cluster of the candidate plans: 8 (portable) or 16 (non-portable)")
     a = ap.parse_args(argv)
@@ -623,7 +657,7 @@ def main(argv=None) -> int:
     if kernels:
         held, _ = sweep(kernels, ns, a.jobs, a.prefetch, a.cluster_sync, a.resident_grid, a.hold, a.acc_regs,
                         a.welford, a.fwd_prefetch, a.cluster_fold, a.reg_cap,
-                        tuple(int(c) for c in a.rg_ctas.split(",") if c))
+                        tuple(int(c) for c in a.rg_ctas.split(",") if c), a.one_tile)
         lines = held + ([""] + lines if lines else [])
     text = "# held-row plan sweep (bf16, 256 MiB per tensor)\n\n" + "\n".join(lines) + "\n"
     print(text)

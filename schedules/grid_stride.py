@@ -88,6 +88,7 @@ def strided_fold(
     tail_branch: cutlass.Constexpr[bool] = True,
     full_passes=None,
     pass_step: Callable | None = None,
+    tail_together: bool = True,
 ):
     """Fold `step(acc, j, load(j))` over j = first + p * pass_stride + u * stride < n_items, for
     passes p = 0, 1, ... and u < unroll.
@@ -100,6 +101,8 @@ def strided_fold(
     `full_passes` (= n_items // pass_stride, the same for every thread) may come from the launch's
     host code: the integer division then leaves the path to the first load (~40 dependent
     instructions in a kernel whose whole run is a few microseconds at 1 MiB).
+    `tail_together` (with `tail_branch`): the partial pass's loads issued together, items past `n_items` loading the
+    last item (never folded); False: one load per step, as each bounds check passes.
     `pass_step(acc, vals)`, when given, folds a full pass's `unroll` loaded values at once
     (vals[u] is item base + u * stride), e.g. one max and one rescale per pass in an online
     softmax instead of one per item; the partial last pass still goes through `step`.
@@ -121,7 +124,14 @@ def strided_fold(
     # issue when it is empty (~70 instructions per row at N = 4096 for ArgMax; cross-entropy's
     # 64-bit variant spills without it). The row sum passes False: with the branch the compiler
     # spilled reduction.row_sum fp32 t512 r4 u8 to an 8-byte stack frame.
-    if cutlass.const_expr(tail_branch):
+    if cutlass.const_expr(tail_branch and not tail_together):  # (ArgMax: its fp32 512-thread tile spilled 8 B with
+        # the partial pass's values live together)
+        if base < n_items:
+            for u in cutlass.range_constexpr(unroll):
+                j = base + u * stride
+                if j < n_items:
+                    acc = step(acc, j, load(j))
+    elif cutlass.const_expr(tail_branch):
         if base < n_items:
             # the partial pass's loads issued together, as a full pass's: the items past n_items load the last item
             # instead (a cached vector, never folded), so no load waits behind a bounds check and the fold before it

@@ -168,6 +168,13 @@ class HeldRowPlan:
     # registers, 2 CTAs an SM, where a cap of 3 compiles to 80 without spills; RMSNorm fwd 8k (128 x 64) 168, 3 an SM,
     # where 4 fit 128 (CPU compile, session 19; unmeasured). Same math: bitwise the uncapped plan.
     reg_cap: bool = False
+    # A forward on the uncapped grid (one CTA per row tile, `resident_grid` off) built for exactly that: the tile loop
+    # traced for one trip, the grid sized by the tiles alone. Without the loop's carried state ptxas fits the same row
+    # in fewer registers (CPU compile, session 20: RMSNorm fwd 8k, 512 threads x 16 elements, capped at 4 CTAs an SM,
+    # 56 B spilled with the loop and none without; 256 x 32 at 3 CTAs 80 -> 60 registers): Triton's geometry for
+    # torch.compile's RMSNorm (512 threads, 32 registers, 92 % of warps active against our 35 %, ncu at 16384 x 8192).
+    # Same math: bitwise the looping kernel.
+    one_tile: bool = False
 
     def __post_init__(self):
         if self.staging not in STAGINGS:
@@ -181,6 +188,10 @@ class HeldRowPlan:
             raise ValueError("reg_cap caps a register plan's registers at its ctas_per_sm: staging='regs' without "
                              f"acc_regs (which caps them already); got plan staging {self.staging!r}, "
                              f"acc_regs {self.acc_regs}")
+        if self.one_tile and (self.resident_grid or self.prefetch):
+            raise ValueError("one_tile builds a forward for one CTA per row tile: not with resident_grid or prefetch "
+                             f"(a CTA walking several tiles); got resident_grid {self.resident_grid}, prefetch "
+                             f"{self.prefetch}")
         if self.cluster_fold not in CLUSTER_FOLDS:
             raise ValueError(f"cluster_fold must be one of {CLUSTER_FOLDS}, got {self.cluster_fold!r}")
         if self.cluster_fold == "tree" and self.tiling.threads_per_row < self.cluster_n:
@@ -224,6 +235,7 @@ class HeldRowPlan:
         s = f"{s} wf" if self.welford else s
         s = f"{s} tf" if self.cluster_fold == "tree" and self.cluster_n > 1 else s
         s = f"{s} rc{self.ctas_per_sm}" if self.reg_cap else s
+        s = f"{s} 1t" if self.one_tile else s
         return f"{s} pf" if self.prefetch else s
 
     def capacity(self, vec: int) -> int:
@@ -543,7 +555,7 @@ def plan_for_rows(tuning: str, n: int, vec: int, staged: bool = True, index64: b
 
 
 def _plan(n: int, vec: int, st: dict) -> HeldRowPlan:
-    extra = ("acc_regs", "welford", "cluster_fold", "reg_cap")  # properties of the plan, not of the planning
+    extra = ("acc_regs", "welford", "cluster_fold", "reg_cap", "one_tile")  # properties of the plan, not the planning
     props = {k: st[k] for k in extra if st.get(k)}
     plan = plan_held_rows(n, vec, **{k: v for k, v in st.items() if k not in extra})
     if props.get("cluster_fold") == "tree" and plan.cluster_n == 1:

@@ -135,7 +135,7 @@ def test_plans():
                      ("rms_bwd", 16384), ("rms_bwd", 32768),
                      ("rms_bwd", 131072),
                      # session 16: the held forwards refilling their buffer (prefetch with hold)
-                     ("ln_fwd", 8192), ("ln_fwd", 32768), ("ln_fwd", 65536), ("ln_fwd", 131072), ("ln_fwd", 262144),
+                     ("ln_fwd", 8192), ("ln_fwd", 12288), ("ln_fwd", 32768), ("ln_fwd", 65536), ("ln_fwd", 131072), ("ln_fwd", 262144),
                      ("rms_fwd", 262144),
                      # session 17: the LayerNorm backward holding x and dy, their one buffer refilled
                      ("ln_bwd", 131072), ("ln_bwd", 262144), ("rms_bwd", 262144)}, asked  # session 12: LayerNorm 64k; session 15: RMSNorm 128k

@@ -125,13 +125,18 @@ def test_planner_capability():
                       # session 20: LayerNorm fwd 8k held and refilled, log-softmax fwd 8k (its own family, the
                       # softmax's entries elsewhere)
                       ("ln_fwd", 8192), ("lsm_fwd", 8192), ("lsm_fwd", 16384), ("lsm_fwd", 131072),
-                      ("lsm_fwd", 262144)}
+                      ("lsm_fwd", 262144),
+                      # session 20 at the buckets' middles: softmax bwd 4097-6144 and 8193-12288, LayerNorm fwd 12288
+                      ("bwd", 6144), ("bwd", 12288), ("ln_fwd", 12288)}
     for fam in ("rms_fwd", "ln_fwd", "bwd"):
         assert plan_for_rows(fam, 262144, 8).staging == "smem"
         with pytest.raises(ValueError):  # fp32 rows keep the register settings: 128k at most
             plan_for_rows(fam, 262144, 4)
     assert plan_for_rows("bwd", 16384, 8).staging == "regs"  # the softmax backward: staged from 16k on
     assert all(plan_for_rows("bwd", n, 8).staging == "smem" for n in (16385, 32768, 131072))
+    # ... and (session 20) at 4097-6144 and 8193-12288, between the register plans at 8k and 16k
+    assert [plan_for_rows("bwd", n, 8).staging for n in (4096, 4097, 6144, 6145, 8192, 8193, 12288, 12289)] == \
+        ["regs", "smem", "smem", "regs", "regs", "smem", "smem", "regs"]
     # session 17: staged, x and dy held and refilled; the register plan of session 15 for other vectors
     assert plan_for_rows("ln_bwd", 131072, 8).hold and plan_for_rows("ln_bwd", 131072, 4).staging == "regs"
     assert plan_for_rows("rms_bwd", 65536, 8).staging == "regs"  # session 15: accumulators in registers

@@ -106,7 +106,7 @@ class ArgMax:
                         return max_key(acc, k)
 
                     key = strided_fold(v_count, lane, tpr, tpr * self.tiling.unroll, self.tiling.unroll,
-                                       load_key, step_key, key)
+                                       load_key, step_key, key, tail_together=False)
                 else:
                     head = 0
                     if cutlass.const_expr(self.row_head):
@@ -144,7 +144,7 @@ class ArgMax:
                         state = (Float32(-float("inf")), start, *[neg_inf_word(self.in_dtype)] * (
                             vec * self.in_dtype.width // 32))
                         state = strided_fold(v_count, lane, tpr, tpr * self.tiling.unroll, self.tiling.unroll,
-                                             load, step, state)
+                                             load, step, state, tail_together=False)
                         best = state[0]
                         idx = state[1] + locate(list(state[2:]), self.in_dtype, best)
                         if last:
@@ -167,7 +167,7 @@ class ArgMax:
 
                         state = (Float32(-float("inf")), first)
                         best, idx = strided_fold(v_count, lane, tpr, tpr * self.tiling.unroll, self.tiling.unroll,
-                                                 load, step1, state)
+                                                 load, step1, state, tail_together=False)
                     key = pack_key(best, idx, has)
                     if cutlass.const_expr(self.row_head):
                         key = max_key(key, pack_key(hbest, hidx, last & (lane < head)))

@@ -61,6 +61,7 @@ class _RowKernel:
         self.staged = plan.staging == "smem"
         self.prefetch = plan.prefetch
         self.hold = plan.hold
+        self.one_tile = plan.one_tile
 
     def stage_buffers(self, smem, dtypes: tuple, group) -> list:
         """With shared-memory staging, this row group's staging buffer for each row tensor (of
@@ -173,9 +174,18 @@ class _RowKernel:
             return self.plan.staged_residency(self.residency_smem_bytes(), regs)
         return self.plan.ctas_per_sm
 
+    def tile_count(self, rows, bidx, gdim):
+        """(row tiles this CTA walks, bidx, gdim) in the index width (`collectives.rowwise.my_tile_count`); one, a
+        trace-time constant, for a kernel built for one CTA per tile (`HeldRowPlan.one_tile`: `grid` launches that)."""
+        count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx, gdim, self.index64)
+        if cutlass.const_expr(self.one_tile):
+            count = 1
+        return count, bidx, gdim
+
     def grid(self, rows, max_ctas):
         tiles = (rows + self.rows_per_cta - 1) // self.rows_per_cta
-        ctas = cutlass.max(cutlass.min(tiles, max_ctas), 1)
+        # (one_tile: a CTA per tile whatever max_ctas says; a tile past the rows is predicated off)
+        ctas = cutlass.max(tiles if cutlass.const_expr(self.one_tile) else cutlass.min(tiles, max_ctas), 1)
         cn = self.cluster_n
         launch = dict(grid=[ctas, cn, 1], block=[self.threads, 1, 1], cluster=[1, cn, 1] if cn > 1 else None)
         if self.staged:
@@ -294,7 +304,7 @@ class NormFwd(_RowKernel):
                                     and self.fp8_out == "none")
         inv_n = cute.arch.rcp_approx(Float32(n))  # no IEEE-division subroutine call
         cluster_start(self.cluster_n)
-        count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx, gdim, self.index64)
+        count, bidx, gdim = self.tile_count(rows, bidx, gdim)
         if cutlass.const_expr(self.prefetch):  # the first tile's rows (beside the weights' copies: one group)
             row0 = bidx * self.rows_per_cta + tidx // self.tpr
             self.fetch_x(sl, x, res, bufs, row0, row0 < rows)

@@ -53,7 +53,7 @@ class _RowLoop(_RowKernel):
         sl = RowSlice(self.vec, self.tpr, self.vpt, lane, rank, n, self.staged)
         bufs = self.holders(sl, smem, (x.element_type,) * staged, tidx // self.tpr)
         cluster_start(self.cluster_n)
-        count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx, gdim, self.index64)
+        count, bidx, gdim = self.tile_count(rows, bidx, gdim)
         return red, sl, count, bidx, gdim, rows, n, tidx // self.tpr, lane, rank, bufs
 
 

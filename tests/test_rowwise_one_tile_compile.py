@@ -1,0 +1,82 @@
+"""CPU: the forwards built for one CTA per row tile (`HeldRowPlan.one_tile`, session 20; unmeasured). On the uncapped
+grid each CTA has one tile, but the kernels traced a tile loop whose carried state took registers: RMSNorm fwd 8k at
+512 threads x 16 elements capped at 4 CTAs an SM (torch.compile's Triton geometry: 32 registers, 92 % of warps
+active under ncu against our 35 %) spilled 56 B with the loop and fits without it. The plan, its refusals, the
+catalogue config and `perf.tune_rows`' twins."""
+
+import dataclasses
+
+import pytest
+
+from cute_kernels import catalog
+from cute_kernels.artifacts import compile_with_artifacts
+from cute_kernels.specs_rowwise import ONE_TILE_KERNELS, config_of, plan_for_kernel, plan_of
+from schedules.row_tiling import HeldRowPlan, RowTiling
+
+T512 = RowTiling(512, 512, 2)
+
+
+def _params(name, plan, **sig):
+    base = dict(dtype="bf16", aligned=True, index64=False)
+    if name.startswith(("rmsnorm", "layernorm")):
+        base.update(weight=True, w_dtype="bf16", residual=False)
+    if name == "layernorm.fwd":
+        base["bias"] = True
+    return catalog.get(name).resolve({**base, **config_of(plan, name), **sig})
+
+
+def test_plan_config_and_refusals():
+    p = HeldRowPlan(T512, 1, 4, reg_cap=True, one_tile=True)
+    assert str(p) == "t512r512u2 c1 rc4 1t"
+    c = config_of(p, "rmsnorm.fwd")
+    assert c["one_tile"] is True and plan_of(c) == p
+    assert "one_tile" not in config_of(dataclasses.replace(p, one_tile=False), "rmsnorm.fwd")
+    assert set(ONE_TILE_KERNELS) == {"rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "log_softmax.fwd"}
+    for bad in (dict(resident_grid=True), dict(staging="smem", hold=True, prefetch=True, resident_grid=True)):
+        with pytest.raises(ValueError, match="one_tile"):
+            HeldRowPlan(T512, 1, 4, one_tile=True, **bad)
+    for name in ("cross_entropy.fwd", "rmsnorm.bwd", "softmax.bwd"):
+        with pytest.raises(ValueError, match="one_tile"):
+            catalog.get(name).resolve(dict(one_tile=True))
+    # no default takes it yet
+    for name in ONE_TILE_KERNELS:
+        for n in (1024, 4096, 8192, 16384, 65536):
+            assert not plan_for_kernel(name, n, 8).one_tile
+
+
+@pytest.mark.parametrize("name", ["rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "log_softmax.fwd"])
+def test_512_threads_at_4_ctas_an_sm_fit_without_the_loop(name, tmp_path):
+    plan = HeldRowPlan(T512, 1, 4, reg_cap=True, one_tile=True)
+    report, _ = compile_with_artifacts(catalog.get(name), _params(name, plan), str(tmp_path / "one"))
+    k = report.kernels[0]
+    assert k.registers <= 32 and k.local_bytes == 0, report.format()
+    if name == "rmsnorm.fwd":  # with the loop the same cap spills
+        report, _ = compile_with_artifacts(catalog.get(name), _params(name, dataclasses.replace(plan, one_tile=False)),
+                                           str(tmp_path / "loop"))
+        assert report.kernels[0].local_bytes > 0, report.format()
+
+
+@pytest.mark.parametrize("sig", [dict(residual=True), dict(fp8_out="per_token"), dict(index64=True)],
+                         ids=["residual", "fp8", "i64"])
+def test_rmsnorm_signatures(sig, tmp_path):
+    report, _ = compile_with_artifacts(catalog.get("rmsnorm.fwd"),
+                                       _params("rmsnorm.fwd", HeldRowPlan(T512, 1, 4, reg_cap=True, one_tile=True),
+                                               **sig), str(tmp_path))
+    assert report.kernels[0].local_bytes == 0, report.format()
+
+
+def test_tuner_twins():
+    from perf.tune_rows import _twin, one_tile_twins, plan_candidates
+
+    p = HeldRowPlan(T512, 1, 1)
+    twins = one_tile_twins(p)
+    assert [str(q) for q in twins] == ["t512r512u2 c1 1t", "t512r512u2 c1 rc2 1t", "t512r512u2 c1 rc3 1t",
+                                       "t512r512u2 c1 rc4 1t"]
+    assert all(_twin(q) == p for q in twins)
+    for q in (dataclasses.replace(p, resident_grid=True), HeldRowPlan(T512, 2, 1),
+              HeldRowPlan(T512, 1, 1, "smem")):
+        assert one_tile_twins(q) == []
+    d = plan_for_kernel("rmsnorm.fwd", 8192, 8)
+    ps = plan_candidates("rmsnorm.fwd", 8192, d, one_tile="both")
+    assert HeldRowPlan(T512, 1, 4, reg_cap=True, one_tile=True) in ps and len(ps) == len(set(ps))
+    assert not any(p.one_tile for p in plan_candidates("rmsnorm.fwd", 8192, d))
