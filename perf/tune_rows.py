@@ -77,6 +77,7 @@ def candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: str = "with") 
                 cluster *= 2
             if cluster > MAX_SWEEP_CLUSTER or tpr * elems * cluster >= 2 * n or (elems == 8 and not bwd and cluster > 1):
                 continue
+            vpt = min(vpt, -(-n // (vec * tpr * cluster)))  # the vectors that cover the row (as `plan_held_rows`)
             for threads in sorted({max(tpr, 128), max(tpr, 256)}):
                 regs = 128 if bwd else 96
                 cps = max(1, min(8, 65536 // (threads * regs)))
@@ -211,7 +212,8 @@ def staged_candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: bool = 
                 cluster *= 2
             if cluster > MAX_SWEEP_CLUSTER or tpr * elems * cluster >= 2 * n:
                 continue
-            out.append(_staged(RowTiling(tpr, tpr, elems // vec), cluster, vec, bwd, prefetch))
+            vpt = min(elems // vec, -(-n // (vec * tpr * cluster)))  # the vectors that cover the row
+            out.append(_staged(RowTiling(tpr, tpr, vpt), cluster, vec, bwd, prefetch))
     return out
 
 

@@ -261,9 +261,11 @@ def test_tuner_stages_the_4k_16k_band():
     from perf.tune_rows import STAGED_FROM, candidates
 
     assert STAGED_FROM == 4097
-    for n in (6144, 8192):
+    # (session 20: each with the vectors that cover the row, as `plan_held_rows`: 6144 on 256 threads, 3)
+    for n, u in ((6144, (3, 6, 3)), (8192, (4, 8, 4))):
         staged = [str(p) for p in candidates(n) if p.staging == "smem"]
-        assert staged == ["t128r128u4 c2 smem", "t128r128u8 c1 smem", "t256r256u4 c1 smem"], (n, staged)
+        assert staged == [f"t128r128u{u[0]} c2 smem", f"t128r128u{u[1]} c1 smem", f"t256r256u{u[2]} c1 smem"], \
+            (n, staged)
         assert {str(p) for p in candidates(n, bwd=True, prefetch="without") if p.staging == "smem"} == set(staged)
     # up to 4k the several-rows-a-CTA set (`small_staged_candidates`: 4k rows one or two a CTA, at most 32 elements)
     assert [str(p) for p in candidates(4096) if p.staging == "smem"] == ["t128r128u4 c1 smem", "t256r128u4 c1 smem"]
