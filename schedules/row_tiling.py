@@ -463,7 +463,8 @@ _STAGED_FWD_16K_HOLD = dict(_STAGED_FWD_16K, hold=True, staged_regs=168, i64=dic
 # staged row of 256 threads x 32 elements (y and dy in shared memory) at 6144, 203.5 -> 185.3 us (1.098x), of 512 x 32
 # at 12288, 211.9 -> 186.2 (1.138x), against the 512-thread register plan; LayerNorm fwd 12288 the 16k entry refilled
 # (`_REFILL`), 148.5 -> 143.9 (1.032x; at 16k the refill lost, 144.7 against 140.7). The sweep timed the 6144 plan at
-# 4 vectors a thread (capacity 8192): the entry plans 3 there.
+# 4 vectors a thread (capacity 8192); the entry plans 3 there, timed after it (perf/results/2026-12-01-h200-04da929/
+# tune_rows.md): 184.3 us against 185.4 for 4, and 184.7 at 12288 (4.36-4.37 TB/s).
 _STAGED_BWD_6K = dict(target_elems=32, max_elems=32, min_threads=256, max_tpr=256, staging="smem", staged_rows=2,
                       staged_regs=128)
 _STAGED_BWD_12K = dict(_STAGED_BWD_6K, min_threads=512, max_tpr=512)
