@@ -476,8 +476,6 @@ HELD_TUNED = {
     "fwd": ((4096, _ONE_ROW_128), (8192, _FWD_8K), (16384, dict(_STAGED_FWD_16K_HOLD, regs=_FWD)),
             (131072, dict(_STAGED_FWD_HOLD, regs=_FWD)),
             (262144, dict(_C16_HOLD_FWD_256K, staged_regs=80, cluster_fold="tree", regs=_FWD)), (None, _FWD)),
-    # log-softmax forward: the softmax's entries but at 8k (session 20)
-    "lsm_fwd": (),  # (filled in below, from "fwd")
     "rms_fwd": ((512, _ONE_ROW_128), (1024, dict(_RMS_FWD_1K, regs=_ONE_ROW_128)),
                 (2048, dict(_RMS_FWD_2K, regs=_ONE_ROW_128)),
                 (4096, _ONE_ROW_128), (8192, dict(_RMS_FWD_8K_RC3, regs=_RMS_FWD)), (16384, dict(_STAGED_RMS_FWD_16K, hold=True, resident_grid=True, regs=_ONE_ROW_128)),
@@ -526,6 +524,7 @@ HELD_TUNED = {
     "ce_bwd": ((None, dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=256)),),
 }
 
+# log-softmax forward: the softmax's entries but at 8k (session 20)
 HELD_TUNED["lsm_fwd"] = tuple((most, dict(_LSM_FWD_8K, regs=_FWD_8K) if most == 8192 else st)
                               for most, st in HELD_TUNED["fwd"])
 

@@ -123,3 +123,17 @@ def assert_within_registers(report, sass: str, limit: int) -> None:
     assert report.sass_census["LDL/STL (spills)"] == 0
     used = highest_register(sass)
     assert used < limit, f"R{used} past the consumers' {limit} registers"
+
+
+def plan_params(name: str, plan, **sig) -> dict:
+    """The resolved catalogue parameters of row-wise kernel `name` under `plan` (`specs_rowwise.config_of`): bf16,
+    aligned, 32-bit indexing, the norms with a bf16 weight (LayerNorm also a bias) and no residual; `sig` overrides."""
+    from cute_kernels import catalog
+    from cute_kernels.specs_rowwise import config_of
+
+    base = dict(dtype="bf16", aligned=True, index64=False)
+    if name.startswith(("rmsnorm", "layernorm")):
+        base.update(weight=True, w_dtype="bf16", residual=False)
+    if name == "layernorm.fwd":
+        base["bias"] = True
+    return catalog.get(name).resolve({**base, **config_of(plan, name), **sig})

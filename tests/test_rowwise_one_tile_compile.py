@@ -12,17 +12,9 @@ from cute_kernels import catalog
 from cute_kernels.artifacts import compile_with_artifacts
 from cute_kernels.specs_rowwise import ONE_TILE_KERNELS, config_of, plan_for_kernel, plan_of
 from schedules.row_tiling import HeldRowPlan, RowTiling
+from tests.helpers import plan_params
 
 T512 = RowTiling(512, 512, 2)
-
-
-def _params(name, plan, **sig):
-    base = dict(dtype="bf16", aligned=True, index64=False)
-    if name.startswith(("rmsnorm", "layernorm")):
-        base.update(weight=True, w_dtype="bf16", residual=False)
-    if name == "layernorm.fwd":
-        base["bias"] = True
-    return catalog.get(name).resolve({**base, **config_of(plan, name), **sig})
 
 
 def test_plan_config_and_refusals():
@@ -47,11 +39,12 @@ def test_plan_config_and_refusals():
 @pytest.mark.parametrize("name", ["rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "log_softmax.fwd"])
 def test_512_threads_at_4_ctas_an_sm_fit_without_the_loop(name, tmp_path):
     plan = HeldRowPlan(T512, 1, 4, reg_cap=True, one_tile=True)
-    report, _ = compile_with_artifacts(catalog.get(name), _params(name, plan), str(tmp_path / "one"))
+    report, _ = compile_with_artifacts(catalog.get(name), plan_params(name, plan), str(tmp_path / "one"))
     k = report.kernels[0]
     assert k.registers <= 32 and k.local_bytes == 0, report.format()
     if name == "rmsnorm.fwd":  # with the loop the same cap spills
-        report, _ = compile_with_artifacts(catalog.get(name), _params(name, dataclasses.replace(plan, one_tile=False)),
+        report, _ = compile_with_artifacts(catalog.get(name),
+                                           plan_params(name, dataclasses.replace(plan, one_tile=False)),
                                            str(tmp_path / "loop"))
         assert report.kernels[0].local_bytes > 0, report.format()
 
@@ -60,8 +53,8 @@ def test_512_threads_at_4_ctas_an_sm_fit_without_the_loop(name, tmp_path):
                          ids=["residual", "fp8", "i64"])
 def test_rmsnorm_signatures(sig, tmp_path):
     report, _ = compile_with_artifacts(catalog.get("rmsnorm.fwd"),
-                                       _params("rmsnorm.fwd", HeldRowPlan(T512, 1, 4, reg_cap=True, one_tile=True),
-                                               **sig), str(tmp_path))
+                                       plan_params("rmsnorm.fwd", HeldRowPlan(T512, 1, 4, reg_cap=True, one_tile=True),
+                                                   **sig), str(tmp_path))
     assert report.kernels[0].local_bytes == 0, report.format()
 
 

@@ -14,15 +14,7 @@ from cute_kernels import catalog
 from cute_kernels.artifacts import compile_with_artifacts
 from cute_kernels.specs_rowwise import REG_CAP_KERNELS, config_of, plan_for_kernel, plan_of
 from schedules.row_tiling import HeldRowPlan, RowTiling, plan_held_rows
-
-
-def _params(name, plan, **sig):
-    base = dict(dtype="bf16", aligned=True, index64=False)
-    if name.startswith(("rmsnorm", "layernorm")):
-        base.update(weight=True, w_dtype="bf16", residual=False)
-    if name == "layernorm.fwd":
-        base["bias"] = True
-    return catalog.get(name).resolve({**base, **config_of(plan, name), **sig})
+from tests.helpers import plan_params
 
 
 def test_plan_config_and_refusals():
@@ -53,7 +45,7 @@ _LSM_8K = dict(target_elems=32, max_elems=32, min_threads=256, max_tpr=256)
                                                ("log_softmax.fwd", _LSM_8K, 4, 64)])
 def test_capped_plans_compile_clean(name, st, cap, most, tmp_path):
     plan = dataclasses.replace(plan_held_rows(8192, 8, **st), reg_cap=True, ctas_per_sm=cap)
-    report, files = compile_with_artifacts(catalog.get(name), _params(name, plan), str(tmp_path))
+    report, files = compile_with_artifacts(catalog.get(name), plan_params(name, plan), str(tmp_path))
     k = report.kernels[0]
     assert k.registers <= most and k.local_bytes == 0, report.format()
     m = re.search(r"\.minnctapersm (\d+)", files["ptx"].read_text())
@@ -96,10 +88,9 @@ def test_the_8k_entries():
     assert str(p) == "t256r256u4 c1 rc3" and p.ctas_per_sm == 3
     sig = dict(weight=True, w_dtype="bf16", residual=False)
     assert kernel_params("rmsnorm.fwd", torch.bfloat16, 8192, True, **sig)["reg_cap"] is True
-    for fp8 in ("block128",):
-        for res in (False, True):
-            kp = kernel_params("rmsnorm.fwd", torch.bfloat16, 8192, True, **dict(sig, residual=res), fp8_out=fp8)
-            assert "reg_cap" not in kp and kp["threads"] == 256, kp
+    for res in (False, True):
+        kp = kernel_params("rmsnorm.fwd", torch.bfloat16, 8192, True, **dict(sig, residual=res), fp8_out="block128")
+        assert "reg_cap" not in kp and kp["threads"] == 256, kp
     kp = kernel_params("rmsnorm.fwd", torch.bfloat16, 8192, True, **sig, fp8_out="per_token")
     assert kp["reg_cap"] is True
     assert plan_for_kernel("rmsnorm.fwd", 8192, 4) == plan_held_rows(8192, 4, **_RMS_8K)  # fp32 rows: as before
