@@ -464,18 +464,23 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
         best_pf = next((r for r in ranked if r[1].prefetch), None)
         if best_pf is not None and best_pf not in shown:
             shown.append(best_pf)  # the fastest prefetching plan, wherever it ranks
+        def twin_of(**kw):  # the default with one option changed; None where that plan is invalid
+            try:
+                return dataclasses.replace(default, **kw)
+            except ValueError:
+                return None
         for want in (lambda q: q.one_tile,  # the fastest one-tile plan
-                     lambda q: q == dataclasses.replace(default, one_tile=True),  # the default's twin
+                     lambda q: q == twin_of(one_tile=True),  # the default's twin
                      lambda q: q.cluster_fold == "tree",  # the fastest butterfly-folded plan
-                     lambda q: q == dataclasses.replace(default, cluster_fold="tree"),  # the default's twin
+                     lambda q: q == twin_of(cluster_fold="tree"),  # the default's twin
                      lambda q: q.welford,  # the fastest one-reduction LayerNorm plan
-                     lambda q: q == dataclasses.replace(default, welford=True),  # the default's twin
+                     lambda q: q == twin_of(welford=True),  # the default's twin
                      lambda q: q.acc_regs,  # the fastest plan with register accumulators
                      lambda q: q.hold,  # the fastest plan holding a staged row
                      lambda q: q.resident_grid,  # the fastest one-wave plan
-                     lambda q: q == dataclasses.replace(default, resident_grid=True),  # the default's twin
+                     lambda q: q == twin_of(resident_grid=True),  # the default's twin
                      lambda q: q.cluster_sync == "mbarrier",  # the fastest mbarrier-synced plan
-                     lambda q: q == dataclasses.replace(default, cluster_sync="mbarrier")):  # the default's twin
+                     lambda q: q == twin_of(cluster_sync="mbarrier")):  # the default's twin
             r = next((r for r in ranked if want(r[1])), None)
             if r is not None and r not in shown:
                 shown.append(r)
