@@ -471,6 +471,24 @@ _STAGED_BWD_12K = dict(_STAGED_BWD_6K, min_threads=512, max_tpr=512)
 _LN_FWD_8K_STAGED = dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem", **_REFILL)
 _RMS_FWD_8K_RC3 = dict(_FWD_8K, regs_per_thread=80, reg_cap=True)
 _LSM_FWD_8K = dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem")
+# Session 21's sweep of the forwards built for one CTA per row tile (`perf.tune_rows --kernels rmsnorm.fwd,layernorm.fwd
+# --n 6144,8192,12288,16384 --one-tile both --reg-cap both`; perf/results/2026-12-01-h200-429db00/{session_1.log,
+# tune_rows_2.md,tune_rows_2b.md}; bf16, 256 MiB per tensor): no tile loop to carry, the uncapped grid, torch.compile's
+# geometry (ncu, session 20: 92 % of warps active against our 35 %). Each over the default: RMSNorm fwd 6144 256
+# threads x 24 elements 144.9 -> 128.7 us (1.126x), 8192 256 x 32 136.5 -> 129.5 (1.054x; 512 x 16 capped at 4 CTAs
+# an SM 129.1), 12288 256 x 48 capped at 3 CTAs an SM 140.0 -> 131.5 (1.064x), 16384 512 x 32 capped at 2 140.4 ->
+# 132.4 (1.090x; uncapped 133.0, taken); LayerNorm fwd 6144 256 x 24 capped at 4 CTAs an SM 146.6 -> 137.5 (1.066x),
+# 8192 512 x 16 capped at 4 144.6 -> 133.9 (1.080x; 256 x 32 the same, but it spilled 8 B under the cap). LayerNorm
+# 12288 / 16384: the defaults stay (0.972x / 0.979x). Other bits than the defaults at 8k-16k (another reduction
+# order), within a bf16 ulp. The caps were measured on the plain signature: beside a residual, an FP8 output or 64-bit
+# indexing they spilled 8-152 B (CPU compile): there the plans run uncapped (`ops._rowwise.without_reg_cap`).
+_RMS_FWD_8K_1T = dict(_FWD_8K, one_tile=True)
+_RMS_FWD_12K_1T = dict(target_elems=48, max_elems=48, min_threads=256, max_tpr=256, regs_per_thread=80, reg_cap=True,
+                       one_tile=True)
+_RMS_FWD_16K_1T = dict(target_elems=32, max_elems=32, min_threads=512, max_tpr=512, one_tile=True)
+_LN_FWD_6K_1T = dict(_FWD_8K, regs_per_thread=64, reg_cap=True, one_tile=True)
+_LN_FWD_8K_1T = dict(target_elems=16, max_elems=16, min_threads=512, max_tpr=512, regs_per_thread=32, reg_cap=True,
+                     one_tile=True)
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
     "fwd": ((4096, _ONE_ROW_128), (8192, _FWD_8K), (16384, dict(_STAGED_FWD_16K_HOLD, regs=_FWD)),
@@ -478,13 +496,15 @@ HELD_TUNED = {
             (262144, dict(_C16_HOLD_FWD_256K, staged_regs=80, cluster_fold="tree", regs=_FWD)), (None, _FWD)),
     "rms_fwd": ((512, _ONE_ROW_128), (1024, dict(_RMS_FWD_1K, regs=_ONE_ROW_128)),
                 (2048, dict(_RMS_FWD_2K, regs=_ONE_ROW_128)),
-                (4096, _ONE_ROW_128), (8192, dict(_RMS_FWD_8K_RC3, regs=_RMS_FWD)), (16384, dict(_STAGED_RMS_FWD_16K, hold=True, resident_grid=True, regs=_ONE_ROW_128)),
+                (4096, _ONE_ROW_128), (8192, dict(_RMS_FWD_8K_1T, regs=_RMS_FWD)), (12288, dict(_RMS_FWD_12K_1T, regs=_ONE_ROW_128)),
+                (16384, dict(_RMS_FWD_16K_1T, regs=_ONE_ROW_128)),
                 (65536, dict(_STAGED_RMS_FWD_MB, regs=_RMS_FWD)),
                 (131072, dict(_C16_RMS_FWD_128K, regs=_NORM_FWD)), (262144, dict(_REFILL_RMS_FWD_256K, cluster_fold="tree", regs=_NORM_FWD)),
                 (None, dict(_LONG_FWD, regs=_NORM_FWD))),
     # LayerNorm 32k-128k: the landed row held (`hold`; session 6 call 6, perf/results/2026-11-29-h200-82f0325/
     # tune_rows.md: 64k 2.50 -> 2.75 TB/s, 128k 2.26 -> 2.45); RMSNorm's hold measured 1.000x: not taken
-    "ln_fwd": ((512, _ONE_ROW_128), (1024, dict(_LN_FWD_1K, regs=_ONE_ROW_128)), (4096, _ONE_ROW_128), (8192, dict(_LN_FWD_8K_STAGED, regs=_LN_FWD_8K)),
+    "ln_fwd": ((512, _ONE_ROW_128), (1024, dict(_LN_FWD_1K, regs=_ONE_ROW_128)), (4096, _ONE_ROW_128), (6144, dict(_LN_FWD_6K_1T, regs=_LN_FWD_8K)),
+               (8192, dict(_LN_FWD_8K_1T, regs=_LN_FWD_8K)),
                (12288, dict(_STAGED_LN_FWD_MB, **_REFILL, regs=_LN_FWD)),
                (16384, dict(_STAGED_LN_FWD_MB, hold=True, resident_grid=True, regs=_LN_FWD)),
                (32768, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", **_REFILL, regs=_LN_FWD)),

@@ -1,6 +1,6 @@
 """GPU: session 19's plans for rows of 4k-8k elements (`schedules.row_tiling`: `_FWD_8K`, `_RMS_FWD` at 8k,
 `_RMS_BWD_8K`, `_LN_FWD_8K`; session 20's `_LN_FWD_8K_STAGED`, `_RMS_FWD_8K_RC3`, `_LSM_FWD_8K`, and vectors per
-thread that are not a power of two) and the norm forwards' weight and bias held in registers on a register plan's capped
+thread that are not a power of two; session 21's one-tile norm forwards at 4097-16384) and the norm forwards' weight and bias held in registers on a register plan's capped
 grid (`params_in_regs`), through the public ops against the fp64 references at issue 3's tolerance (the sweep
 helpers of tests/test_rowwise_gpu.py), with poisoned outputs. Enough rows that each CTA of the capped grid walks
 several row tiles (the held weights reused), 0 and 1 rows, N = 6144 (a short row in the same bucket), fp16.
@@ -28,7 +28,9 @@ CASES = [(BF16, 2000, 8192), (BF16, 1, 8192), (BF16, 0, 8192), (BF16, 777, 6144)
          (BF16, 1500, 4096),
          # session 20: vectors per thread that are not a power of two (`plan_held_rows`: 2112 -> 3 of 128 threads,
          # 5120 -> 5 staged / 3, 6144 -> 6 / 3, 7168 -> 7, 12288 -> 3 in clusters of 4 / 12 staged)
-         (BF16, 257, 2112), (BF16, 300, 5120), (FP16, 300, 6144), (BF16, 300, 7168), (BF16, 300, 12288)]
+         (BF16, 257, 2112), (BF16, 300, 5120), (FP16, 300, 6144), (BF16, 300, 7168), (BF16, 300, 12288),
+         # session 21: the norm forwards built for one CTA a row tile (4097-16384), the last tile part-full
+         (BF16, 301, 7000), (BF16, 300, 10240), (BF16, 1201, 16384)]
 IDS = [f"{str(d)[6:]}-{m}x{n}" for d, m, n in CASES]
 
 
@@ -85,28 +87,33 @@ def test_layer_norm_params_in_regs_bitwise_per_tile_loads(monkeypatch):
     from tests.helpers import randn, run_with_plans
 
     x, w, b = randn(3000, 8192, dtype=BF16), randn(8192, dtype=BF16), randn(8192, dtype=BF16)
-    held = ck.layer_norm(x, w, b)
     orig = R.plan_for
 
-    def per_tile(name, dtype, n, aligned):  # the same tiling on the uncapped grid: one tile a CTA, loads in it
-        return dataclasses.replace(orig(name, dtype, n, aligned), resident_grid=False)
+    def register_plan(name, dtype, n, aligned):  # (the 8k default is a one-tile plan since session 21)
+        return R.plan_for_kernel(name, n, 8, staged=False) if name == "layernorm.fwd" else orig(name, dtype, n, aligned)
 
+    def per_tile(name, dtype, n, aligned):  # the same tiling on the uncapped grid: one tile a CTA, loads in it
+        return dataclasses.replace(register_plan(name, dtype, n, aligned), resident_grid=False)
+
+    held, plans = run_with_plans(monkeypatch, register_plan, lambda: ck.layer_norm(x, w, b))
+    assert plans["layernorm.fwd"].resident_grid
     plain, plans = run_with_plans(monkeypatch, per_tile, lambda: ck.layer_norm(x, w, b))
     assert not plans["layernorm.fwd"].resident_grid
     torch.testing.assert_close(held, plain, rtol=2 ** -7, atol=1e-2)
 
 
+@pytest.mark.parametrize("n", [6144, 8192, 12288, 16384])
 @pytest.mark.parametrize("kind", ["rms", "layer"])
-def test_fused_residual_8k(kind):
-    """Beside a residual the norm forwards load the weights per tile (the held kernel took 2 CTAs an SM to 1):
-    LayerNorm 8k's capped register plan and RMSNorm 8k's new tiling, bf16 weight and bias, many tiles a CTA."""
+def test_fused_residual_8k(kind, n):
+    """Beside a residual: bf16 weight and bias, many rows. Session 21: the one-tile plans without their register caps
+    there (`ops._rowwise.without_reg_cap`; under them RMSNorm 12288 spilled 104 B)."""
     import torch.nn.functional as F
 
     import cute_kernels as ck
     from tests.helpers import randn
     from tests.test_rowwise_gpu import _ln_ref, _rms_ref, check
 
-    m, n = 2000, 8192
+    m = 2000
     x, r, w, b = randn(m, n, dtype=BF16), randn(m, n, dtype=BF16), randn(n, dtype=BF16), randn(n, dtype=BF16)
     if kind == "rms":
         y, s = ck.rms_norm(x, w, 1e-6, residual=r)
@@ -117,7 +124,7 @@ def test_fused_residual_8k(kind):
     ref = _rms_ref(s_torch, w, 1e-6) if kind == "rms" else _ln_ref(s_torch, w, b, 1e-5)
     tout = (F.rms_norm(s_torch.float(), (n,), w.float(), 1e-6) if kind == "rms" else
             F.layer_norm(s_torch.float(), (n,), w.float(), b.float(), 1e-5)).to(BF16)
-    check(y, ref, tout, f"{kind} + residual 8k")
+    check(y, ref, tout, f"{kind} + residual {n}")
 
 
 @pytest.mark.parametrize("name,cap", [("layernorm.fwd", 3), ("rmsnorm.fwd", 4)])

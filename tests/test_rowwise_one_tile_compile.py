@@ -1,5 +1,5 @@
-"""CPU: the forwards built for one CTA per row tile (`HeldRowPlan.one_tile`, session 20; unmeasured). On the uncapped
-grid each CTA has one tile, but the kernels traced a tile loop whose carried state took registers: RMSNorm fwd 8k at
+"""CPU: the forwards built for one CTA per row tile (`HeldRowPlan.one_tile`, session 20; defaults from session 21). On
+the uncapped grid each CTA has one tile, but the kernels traced a tile loop whose carried state took registers: RMSNorm fwd 8k at
 512 threads x 16 elements capped at 4 CTAs an SM (torch.compile's Triton geometry: 32 registers, 92 % of warps
 active under ncu against our 35 %) spilled 56 B with the loop and fits without it. The plan, its refusals, the
 catalogue config and `perf.tune_rows`' twins."""
@@ -30,10 +30,59 @@ def test_plan_config_and_refusals():
     for name in ("cross_entropy.fwd", "rmsnorm.bwd", "softmax.bwd"):
         with pytest.raises(ValueError, match="one_tile"):
             catalog.get(name).resolve(dict(one_tile=True))
-    # no default takes it yet
+    # the defaults that take it (session 21): the norm forwards at 4097-8192 (LayerNorm) and 4097-16384 (RMSNorm)
     for name in ONE_TILE_KERNELS:
-        for n in (1024, 4096, 8192, 16384, 65536):
+        for n in (1024, 4096, 65536):
             assert not plan_for_kernel(name, n, 8).one_tile
+
+
+ENTRIES = [("rmsnorm.fwd", 6144, "t256r256u3 c1 1t"), ("rmsnorm.fwd", 8192, "t256r256u4 c1 1t"),
+           ("rmsnorm.fwd", 12288, "t256r256u6 c1 rc3 1t"), ("rmsnorm.fwd", 16384, "t512r512u4 c1 1t"),
+           ("layernorm.fwd", 6144, "t256r256u3 c1 rc4 1t"), ("layernorm.fwd", 8192, "t512r512u2 c1 rc4 1t"),
+           ("layernorm.fwd", 12288, "t256r256u3 c2 smem mb rg hold pf"), ("softmax.fwd", 8192, "t256r256u4 c1")]
+
+
+def test_the_one_tile_entries():
+    """Session 21's entries (measured on the plain signature, bf16 weights); elsewhere their caps are dropped."""
+    import torch
+
+    from cute_kernels.ops._rowwise import kernel_params
+
+    for name, n, plan in ENTRIES:
+        assert str(plan_for_kernel(name, n, 8)) == plan, (name, n, plan_for_kernel(name, n, 8))
+    sig = dict(weight=True, w_dtype="bf16", residual=False, bias=True)
+    kp = kernel_params("layernorm.fwd", torch.bfloat16, 8192, True, **sig)
+    assert kp["reg_cap"] is True and kp["one_tile"] is True and kp["ctas_per_sm"] == 4
+    for other, i64 in ((dict(residual=True), False), (dict(fp8_out="per_token"), False), (dict(w_dtype="fp32"), False),
+                       ({}, True)):
+        kp = kernel_params("layernorm.fwd", torch.bfloat16, 8192, True, index64=i64, **{**sig, **other})
+        assert "reg_cap" not in kp and kp["one_tile"] is True, (other, i64, kp)
+    assert not plan_for_kernel("rmsnorm.fwd", 8192, 4).one_tile  # fp32 rows: the register plans before
+
+
+SIGS = [dict(), dict(residual=True), dict(fp8_out="per_token"), dict(fp8_out="block128"), dict(w_dtype="fp32"),
+        dict(weight=False), dict(residual=True, fp8_out="per_token", index64=True)]
+
+
+@pytest.mark.parametrize("name,n", [("rmsnorm.fwd", 12288), ("rmsnorm.fwd", 16384), ("layernorm.fwd", 6144),
+                                    ("layernorm.fwd", 8192)], ids=lambda v: str(v))
+def test_entries_compile_clean_beside_every_operand(name, n, tmp_path):
+    """Capped on the plain signature, uncapped beside the rest (`ops._rowwise.without_reg_cap`): no spills. (Under the
+    caps: RMSNorm 12288 80-152 B beside the residual / per-token output / 64-bit indexing, LayerNorm 8192 8 B with an
+    fp32 weight; CPU compile, session 21.)"""
+    import torch
+
+    from cute_kernels.ops._rowwise import kernel_params
+
+    for i, sig in enumerate(SIGS):
+        sig = dict(sig)
+        i64 = sig.pop("index64", False)
+        base = dict(weight=True, w_dtype="bf16", residual=False)
+        if name == "layernorm.fwd":
+            base["bias"] = sig.get("weight", True)
+        kp = kernel_params(name, torch.bfloat16, n, True, index64=i64, **{**base, **sig})
+        report, _ = compile_with_artifacts(catalog.get(name), catalog.get(name).resolve(kp), str(tmp_path / str(i)))
+        assert report.kernels[0].local_bytes == 0, (sig, report.format())
 
 
 @pytest.mark.parametrize("name", ["rmsnorm.fwd", "layernorm.fwd", "softmax.fwd", "log_softmax.fwd"])

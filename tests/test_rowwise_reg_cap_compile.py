@@ -1,5 +1,5 @@
 """CPU: a register plan's register cap (`HeldRowPlan.reg_cap`, session 19; measured in session 20: RMSNorm fwd 8k
-256 x 32 at 3 CTAs an SM, 1.022x, the default since): the forwards ask ptxas for the plan's CTAs per SM. LayerNorm
+256 x 32 at 3 CTAs an SM, 1.022x, the default until session 21's one-tile plans): the forwards ask ptxas for the plan's CTAs per SM. LayerNorm
 fwd 8k (256 threads x 32 elements, the capped grid) compiles to 126 registers uncapped (2 CTAs an SM) and fits 3 CTAs
 without spills; RMSNorm fwd 8k (128 x 64) 168 uncapped, 4 CTAs at 128; log-softmax fwd 8k 74 uncapped (3 CTAs), 4
 at 64.
@@ -77,24 +77,23 @@ def test_tuner_twins():
 
 
 def test_the_8k_entries():
-    """Session 20's 8k entries: RMSNorm fwd 256 x 32 capped at 3 CTAs an SM, but beside the 1x128-block FP8 output
-    (its block amaxes spilled 16-24 B under the cap: `ops._rowwise.without_reg_cap`); LayerNorm fwd staged, held and
-    refilled; log-softmax staged (its own family), the softmax's register plan kept."""
+    """The 8k entries: RMSNorm and LayerNorm fwd built for one CTA a row tile (session 21; LayerNorm capped at 4 CTAs an
+    SM, RMSNorm uncapped), both uncapped beside the 1x128-block FP8 output (session 20: its block amaxes spilled 16-24
+    B under RMSNorm's cap then, `ops._rowwise.without_reg_cap`); log-softmax staged (its own family), the softmax's
+    register plan kept."""
     import torch
 
     from cute_kernels.ops._rowwise import kernel_params
 
     p = plan_for_kernel("rmsnorm.fwd", 8192, 8)
-    assert str(p) == "t256r256u4 c1 rc3" and p.ctas_per_sm == 3
-    sig = dict(weight=True, w_dtype="bf16", residual=False)
-    assert kernel_params("rmsnorm.fwd", torch.bfloat16, 8192, True, **sig)["reg_cap"] is True
+    assert str(p) == "t256r256u4 c1 1t" and not p.reg_cap
+    sig = dict(weight=True, w_dtype="bf16", residual=False, bias=True)
+    assert kernel_params("layernorm.fwd", torch.bfloat16, 8192, True, **sig)["reg_cap"] is True
     for res in (False, True):
-        kp = kernel_params("rmsnorm.fwd", torch.bfloat16, 8192, True, **dict(sig, residual=res), fp8_out="block128")
-        assert "reg_cap" not in kp and kp["threads"] == 256, kp
-    kp = kernel_params("rmsnorm.fwd", torch.bfloat16, 8192, True, **sig, fp8_out="per_token")
-    assert kp["reg_cap"] is True
+        kp = kernel_params("layernorm.fwd", torch.bfloat16, 8192, True, **dict(sig, residual=res), fp8_out="block128")
+        assert "reg_cap" not in kp and kp["threads"] == 512, kp
     assert plan_for_kernel("rmsnorm.fwd", 8192, 4) == plan_held_rows(8192, 4, **_RMS_8K)  # fp32 rows: as before
-    assert str(plan_for_kernel("layernorm.fwd", 8192, 8)) == "t128r128u8 c1 smem rg hold pf"
+    assert str(plan_for_kernel("layernorm.fwd", 8192, 8)) == "t512r512u2 c1 rc4 1t"
     assert str(plan_for_kernel("log_softmax.fwd", 8192, 8)) == "t128r128u8 c1 smem"
     assert str(plan_for_kernel("softmax.fwd", 8192, 8)) == "t256r256u4 c1"
     assert plan_for_kernel("log_softmax.fwd", 8192, 4) == plan_held_rows(8192, 4, **_LSM_8K)
@@ -103,14 +102,15 @@ def test_the_8k_entries():
 
 
 def test_fp8_block_output_uncapped_compiles_clean(tmp_path):
-    """The RMSNorm fwd 8k signature the cap leaves out compiles without spills (128 registers uncapped)."""
+    """The LayerNorm fwd 8k signature the cap leaves out compiles without spills."""
     import torch
 
     from cute_kernels.ops._rowwise import kernel_params
 
-    kp = kernel_params("rmsnorm.fwd", torch.bfloat16, 8192, True, weight=True, w_dtype="bf16", residual=False,
-                       fp8_out="block128")
-    report, _ = compile_with_artifacts(catalog.get("rmsnorm.fwd"), catalog.get("rmsnorm.fwd").resolve(kp),
+    kp = kernel_params("layernorm.fwd", torch.bfloat16, 8192, True, weight=True, w_dtype="bf16", residual=False,
+                       bias=True, fp8_out="block128")
+    assert "reg_cap" not in kp
+    report, _ = compile_with_artifacts(catalog.get("layernorm.fwd"), catalog.get("layernorm.fwd").resolve(kp),
                                        str(tmp_path))
     assert report.kernels[0].local_bytes == 0, report.format()
 
@@ -119,8 +119,9 @@ def test_tuner_rg_ctas():
     """`perf.tune_rows --rg-ctas`: capped-grid forwards without a cluster on grids of other CTAs per SM (LayerNorm fwd
     8k's staged plan is planned at 8 an SM, where its staged weight and bias let 4 reside)."""
     from perf.tune_rows import plan_candidates
+    from schedules.row_tiling import _LN_FWD_8K_STAGED
 
-    d = plan_for_kernel("layernorm.fwd", 8192, 8)
+    d = plan_held_rows(8192, 8, **_LN_FWD_8K_STAGED)  # the 8k default of session 20
     assert d.ctas_per_sm == 8
     ps = plan_candidates("layernorm.fwd", 8192, d, hold="both", fwd_prefetch="both", resident_grid="both",
                          rg_ctas=(4,))

@@ -50,15 +50,19 @@ def kernel_params(name: str, dtype: torch.dtype, n: int, aligned: bool, index64:
 def launch_plan(name: str, plan, dtype: torch.dtype, n: int, aligned: bool, index64: bool, signature: dict):
     """`plan` (`plan_for`'s) as the kernel is built for this signature: its 64-bit alternative (`wide_plan`) for
     tensors past 2^31 elements, then one whose shared memory the signature's operands fit (`fitted`)."""
-    return fitted(name, without_reg_cap(wide_plan(name, plan, dtype, n, aligned) if index64 else plan, signature), dtype, n,
+    return fitted(name, without_reg_cap(wide_plan(name, plan, dtype, n, aligned) if index64 else plan, signature, index64), dtype, n,
                   aligned, signature)
 
 
-def without_reg_cap(plan, signature: dict):
-    """`plan` without its register cap (`HeldRowPlan.reg_cap`) beside the 1x128-block FP8 output, whose block amaxes
-    and scales the cap leaves no room for (RMSNorm fwd 8k capped at 3 CTAs an SM: 16-24 B spilled, CPU compile of
-    session 20); its grid stays the plan's (grid-stride, at most one wave more)."""
-    return dataclasses.replace(plan, reg_cap=False) if plan.reg_cap and signature.get("fp8_out") == "block128" else plan
+def without_reg_cap(plan, signature: dict, index64: bool = False):
+    """`plan` without its register cap (`HeldRowPlan.reg_cap`) beside a residual, an FP8 output, an fp32 weight or
+    64-bit indexing: the caps were measured on the plain signature, and these leave them no room (CPU compile: RMSNorm
+    fwd 8k capped at 3 CTAs an SM, 16-24 B spilled beside the 1x128-block output, session 20; RMSNorm fwd 12288 at 3
+    and LayerNorm fwd 8k at 4, 8-152 B beside the residual, the per-token output, an fp32 weight or 64-bit indexing,
+    session 21). Its grid stays the plan's (grid-stride, at most one wave more; a one-tile plan: a CTA a tile)."""
+    other = (signature.get("residual") or signature.get("fp8_out") not in (None, "none") or index64
+             or signature.get("w_dtype") == "fp32")
+    return dataclasses.replace(plan, reg_cap=False) if plan.reg_cap and other else plan
 
 
 def _vec(dtype: torch.dtype, aligned: bool) -> int:
