@@ -489,12 +489,20 @@ _RMS_FWD_16K_1T = dict(target_elems=32, max_elems=32, min_threads=512, max_tpr=5
 _LN_FWD_6K_1T = dict(_FWD_8K, regs_per_thread=64, reg_cap=True, one_tile=True)
 _LN_FWD_8K_1T = dict(target_elems=16, max_elems=16, min_threads=512, max_tpr=512, regs_per_thread=32, reg_cap=True,
                      one_tile=True)
+# The same session's one-tile sweep at 1024 and 6144 (perf/results/2026-12-01-h200-6f05008/tune_rows.md): softmax fwd
+# 6144 256 x 24 capped at 5 CTAs an SM 138.5 -> 126.9 us (1.092x; uncapped 127.8), log-softmax 6144 the same plan
+# 134.6 -> 126.8 (1.061x, against its staged 8k entry); RMSNorm fwd 1024 the default's tiling (256 threads, 8 rows of
+# 32 x 4 vectors) 130.2 -> 128.2 (1.016x); LayerNorm fwd 1024 128 threads (4 rows of 32 x 4 vectors) capped at 6 CTAs
+# an SM 138.2 -> 133.9 (1.032x, against the staged held plan; at 7 133.2, but 8 B spilled there). Softmax 1024: the
+# default stays (best 1.011x).
+_FWD_6K_1T = dict(_FWD_8K, regs_per_thread=48, reg_cap=True, one_tile=True)
+_LN_FWD_1K_1T = dict(_ONE_ROW_128, max_tpr=32, regs_per_thread=80, reg_cap=True, one_tile=True)
 HELD_TUNED = {
     # softmax and log-softmax (log-softmax hold, session 6 call 6: 64k 3.61 -> 3.87 TB/s, 128k 3.40 -> 3.63)
-    "fwd": ((4096, _ONE_ROW_128), (8192, _FWD_8K), (16384, dict(_STAGED_FWD_16K_HOLD, regs=_FWD)),
+    "fwd": ((4096, _ONE_ROW_128), (6144, dict(_FWD_6K_1T, regs=_FWD_8K)), (8192, _FWD_8K), (16384, dict(_STAGED_FWD_16K_HOLD, regs=_FWD)),
             (131072, dict(_STAGED_FWD_HOLD, regs=_FWD)),
             (262144, dict(_C16_HOLD_FWD_256K, staged_regs=80, cluster_fold="tree", regs=_FWD)), (None, _FWD)),
-    "rms_fwd": ((512, _ONE_ROW_128), (1024, dict(_RMS_FWD_1K, regs=_ONE_ROW_128)),
+    "rms_fwd": ((512, _ONE_ROW_128), (1024, dict(_RMS_FWD_1K, one_tile=True, regs=_ONE_ROW_128)),
                 (2048, dict(_RMS_FWD_2K, regs=_ONE_ROW_128)),
                 (4096, _ONE_ROW_128), (8192, dict(_RMS_FWD_8K_1T, regs=_RMS_FWD)), (12288, dict(_RMS_FWD_12K_1T, regs=_ONE_ROW_128)),
                 (16384, dict(_RMS_FWD_16K_1T, regs=_ONE_ROW_128)),
@@ -503,7 +511,7 @@ HELD_TUNED = {
                 (None, dict(_LONG_FWD, regs=_NORM_FWD))),
     # LayerNorm 32k-128k: the landed row held (`hold`; session 6 call 6, perf/results/2026-11-29-h200-82f0325/
     # tune_rows.md: 64k 2.50 -> 2.75 TB/s, 128k 2.26 -> 2.45); RMSNorm's hold measured 1.000x: not taken
-    "ln_fwd": ((512, _ONE_ROW_128), (1024, dict(_LN_FWD_1K, regs=_ONE_ROW_128)), (4096, _ONE_ROW_128), (6144, dict(_LN_FWD_6K_1T, regs=_LN_FWD_8K)),
+    "ln_fwd": ((512, _ONE_ROW_128), (1024, dict(_LN_FWD_1K_1T, regs=_ONE_ROW_128)), (4096, _ONE_ROW_128), (6144, dict(_LN_FWD_6K_1T, regs=_LN_FWD_8K)),
                (8192, dict(_LN_FWD_8K_1T, regs=_LN_FWD_8K)),
                (12288, dict(_STAGED_LN_FWD_MB, **_REFILL, regs=_LN_FWD)),
                (16384, dict(_STAGED_LN_FWD_MB, hold=True, resident_grid=True, regs=_LN_FWD)),

@@ -237,10 +237,11 @@ LONG16 = [(8, 131080), (6, 200000), (4, 262144)]
 
 @pytest.mark.parametrize("m,n", [(1027, 1024), (3, 1000), (4098, 1016)], ids=["1027x1024", "3x1000", "4098x1016"])
 def test_layer_norm_staged_rows_per_cta(m, n):
-    """LayerNorm forward's staged plan of several rows a CTA (1k: four rows of 32 threads, held; the weight and bias
-    staged once a CTA by row group 0): row counts that leave the last CTA's groups partly empty, with and without
-    the affine parameters."""
+    """LayerNorm forward's 1k plan of several rows a CTA (four rows of 32 threads; staged and held until session 21,
+    since then one CTA a row tile, capped at 6 CTAs an SM; RMSNorm's 1k plan of eight rows likewise one-tile): row
+    counts that leave the last CTA's groups partly empty, with and without the affine parameters."""
     _check_ln_forward(BF16, m, n, no_affine=True)
+    _check_rms_forward(BF16, m, n, no_weight=True)
 
 
 @pytest.mark.parametrize("m,n", LONG16, ids=[f"{m}x{n}" for m, n in LONG16])

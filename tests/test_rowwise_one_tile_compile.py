@@ -30,16 +30,20 @@ def test_plan_config_and_refusals():
     for name in ("cross_entropy.fwd", "rmsnorm.bwd", "softmax.bwd"):
         with pytest.raises(ValueError, match="one_tile"):
             catalog.get(name).resolve(dict(one_tile=True))
-    # the defaults that take it (session 21): the norm forwards at 4097-8192 (LayerNorm) and 4097-16384 (RMSNorm)
+    # the defaults that take it (session 21): the norm forwards at 513-1024, 4097-8192 (LayerNorm) and 4097-16384
+    # (RMSNorm), softmax / log-softmax at 4097-6144
     for name in ONE_TILE_KERNELS:
-        for n in (1024, 4096, 65536):
+        for n in (4096, 65536):
             assert not plan_for_kernel(name, n, 8).one_tile
 
 
 ENTRIES = [("rmsnorm.fwd", 6144, "t256r256u3 c1 1t"), ("rmsnorm.fwd", 8192, "t256r256u4 c1 1t"),
            ("rmsnorm.fwd", 12288, "t256r256u6 c1 rc3 1t"), ("rmsnorm.fwd", 16384, "t512r512u4 c1 1t"),
            ("layernorm.fwd", 6144, "t256r256u3 c1 rc4 1t"), ("layernorm.fwd", 8192, "t512r512u2 c1 rc4 1t"),
-           ("layernorm.fwd", 12288, "t256r256u3 c2 smem mb rg hold pf"), ("softmax.fwd", 8192, "t256r256u4 c1")]
+           ("layernorm.fwd", 12288, "t256r256u3 c2 smem mb rg hold pf"), ("softmax.fwd", 8192, "t256r256u4 c1"),
+           ("softmax.fwd", 6144, "t256r256u3 c1 rc5 1t"), ("log_softmax.fwd", 6144, "t256r256u3 c1 rc5 1t"),
+           ("cross_entropy.fwd", 6144, "t256r256u3 c1"), ("rmsnorm.fwd", 1024, "t256r32u4 c1 1t"),
+           ("layernorm.fwd", 1024, "t128r32u4 c1 rc6 1t"), ("softmax.fwd", 1024, "t128r32u4 c1")]
 
 
 def test_the_one_tile_entries():
@@ -57,7 +61,9 @@ def test_the_one_tile_entries():
                        ({}, True)):
         kp = kernel_params("layernorm.fwd", torch.bfloat16, 8192, True, index64=i64, **{**sig, **other})
         assert "reg_cap" not in kp and kp["one_tile"] is True, (other, i64, kp)
-    assert not plan_for_kernel("rmsnorm.fwd", 8192, 4).one_tile  # fp32 rows: the register plans before
+    for name in ("rmsnorm.fwd", "softmax.fwd"):  # fp32 and scalar rows: the register plans before
+        for vec in (4, 1):
+            assert not plan_for_kernel(name, 6144, vec).one_tile, (name, vec)
 
 
 SIGS = [dict(), dict(residual=True), dict(fp8_out="per_token"), dict(fp8_out="block128"), dict(w_dtype="fp32"),
@@ -65,7 +71,8 @@ SIGS = [dict(), dict(residual=True), dict(fp8_out="per_token"), dict(fp8_out="bl
 
 
 @pytest.mark.parametrize("name,n", [("rmsnorm.fwd", 12288), ("rmsnorm.fwd", 16384), ("layernorm.fwd", 6144),
-                                    ("layernorm.fwd", 8192)], ids=lambda v: str(v))
+                                    ("layernorm.fwd", 8192), ("layernorm.fwd", 1024), ("softmax.fwd", 6144),
+                                    ("log_softmax.fwd", 6144)], ids=lambda v: str(v))
 def test_entries_compile_clean_beside_every_operand(name, n, tmp_path):
     """Capped on the plain signature, uncapped beside the rest (`ops._rowwise.without_reg_cap`): no spills. (Under the
     caps: RMSNorm 12288 80-152 B beside the residual / per-token output / 64-bit indexing, LayerNorm 8192 8 B with an
@@ -74,10 +81,10 @@ def test_entries_compile_clean_beside_every_operand(name, n, tmp_path):
 
     from cute_kernels.ops._rowwise import kernel_params
 
-    for i, sig in enumerate(SIGS):
+    for i, sig in enumerate(SIGS if "norm" in name else [{}, dict(index64=True)]):
         sig = dict(sig)
         i64 = sig.pop("index64", False)
-        base = dict(weight=True, w_dtype="bf16", residual=False)
+        base = dict(weight=True, w_dtype="bf16", residual=False) if "norm" in name else {}
         if name == "layernorm.fwd":
             base["bias"] = sig.get("weight", True)
         kp = kernel_params(name, torch.bfloat16, n, True, index64=i64, **{**base, **sig})
