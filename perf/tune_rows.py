@@ -69,7 +69,8 @@ def candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: str = "with") 
     if bwd and prefetch == "only":
         return list(dict.fromkeys(p for q in prefetch_candidates(n, vec) for p in (q, _twin(q, vec))))
     out = []
-    for tpr in (32, 64, 128, 256, 512):
+    # (forwards of 8k and up also on 1024 threads a row: torch.compile's Triton RMSNorm at 16k, 16 elements a thread)
+    for tpr in (32, 64, 128, 256, 512) + ((1024,) if not bwd and n >= 8192 else ()):
         for elems in ((8, 16, 32) if bwd else (8, 16, 32, 64) if n <= 4096 else (16, 32, 64)):
             vpt = elems // vec
             cluster = 1
