@@ -468,6 +468,12 @@ _STAGED_FWD_16K_HOLD = dict(_STAGED_FWD_16K, hold=True, staged_regs=168, i64=dic
 _STAGED_BWD_6K = dict(target_elems=32, max_elems=32, min_threads=256, max_tpr=256, staging="smem", staged_rows=2,
                       staged_regs=128)
 _STAGED_BWD_12K = dict(_STAGED_BWD_6K, min_threads=512, max_tpr=512)
+# Session 21 (perf/results/2026-12-01-h200-1c4a113/tune_rows.md), softmax bwd at 16384 against the register plan
+# (198.4 us): the 12288 plan (512 threads x 32 elements, staged) 185.9 (1.067x) but 8 B spilled (CPU compile, 32-bit
+# indexing); 128 threads x 64 elements staged in clusters of 2, 188.3 (1.054x), clean, taken. With 64-bit indexing
+# that one spills 24 B and the 512-thread plan none: it runs there.
+_STAGED_BWD_16K = dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem", staged_rows=2,
+                       staged_regs=128)
 _LN_FWD_8K_STAGED = dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem", **_REFILL)
 _RMS_FWD_8K_RC3 = dict(_FWD_8K, regs_per_thread=80, reg_cap=True)
 _LSM_FWD_8K = dict(target_elems=64, max_elems=64, min_threads=128, max_tpr=128, staging="smem")
@@ -523,7 +529,7 @@ HELD_TUNED = {
     # softmax / log-softmax backward staged from 16k (session 10's suite, 8f975dd: the staged plan at 64k 99 % and
     # 256k 91 % of copy, the register plans between them 73 % at 32k and 63 % at 128k)
     "bwd": ((4096, _BWD), (6144, dict(_STAGED_BWD_6K, regs=_BWD)), (8192, _BWD), (12288, dict(_STAGED_BWD_12K, regs=_BWD)),
-            (16384, _BWD), (32768, dict(_STAGED_BWD_32K, regs=_BWD)), (None, dict(_STAGED_BWD, regs=_BWD))),
+            (16384, dict(_STAGED_BWD_16K, regs=_BWD, i64=dict(_STAGED_BWD_12K, regs=_BWD))), (32768, dict(_STAGED_BWD_32K, regs=_BWD)), (None, dict(_STAGED_BWD, regs=_BWD))),
     "rms_bwd": ((1024, dict(_BWD_1K, regs=_ONE_ROW_128)), (2048, _ONE_ROW_128), (4096, _BWD_4K_PF), (8192, dict(_RMS_BWD_8K, regs=dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128))),
                 (16384, dict(_RMS_BWD_16K, regs=dict(target_elems=16, max_elems=16, min_threads=128, max_tpr=128))),
                 (32768, dict(_RMS_BWD_32K, regs=_BWD)), (65536, dict(_RMS_BWD_64K_ACCR, regs=dict(_BWD, resident_grid=True),

@@ -29,7 +29,8 @@ CASES = [("rmsnorm.fwd", 6144, dict(residual=True, fp8_out="block128")),
          ("layernorm.fwd", 6144, dict(residual=True)),
          ("layernorm.fwd", 6144, dict(weight=False, bias=False)),
          ("softmax.bwd", 6144, dict(index64=True)),
-         ("log_softmax.bwd", 12288, dict(index64=True))]
+         ("log_softmax.bwd", 12288, dict(index64=True)), ("softmax.bwd", 16384, dict(index64=True)),
+         ("softmax.bwd", 16384, {})]
 
 
 @pytest.mark.parametrize("name,n,sig", CASES, ids=[f"{c[0]}-{c[1]}-{'-'.join(c[2])}" for c in CASES])
@@ -38,7 +39,7 @@ def test_compiles_clean(name, n, sig, tmp_path):
     if name == "layernorm.fwd":
         base["bias"] = True
     kp = kernel_params(name, torch.bfloat16, n, True, **{**base, **sig})
-    assert kp["vpt"] in (3, 6), kp
+    assert kp["vpt"] in (3, 6) or n == 16384, kp
     report, _ = compile_with_artifacts(catalog.get(name), catalog.get(name).resolve(kp), str(tmp_path))
     assert report.kernels[0].local_bytes == 0, report.format()
 
