@@ -76,11 +76,14 @@ def test_quantizer_census(case, tmp_path):
 
 # --- the norms' fused FP8 output (issue 3) -------------------------------------------------------
 def _norm_params(name, n, dtype="bf16", aligned=True, **extra):
-    from cute_kernels.specs_rowwise import config_of, plan_for_kernel
+    """The parameters the ops build for this signature (`ops._rowwise.kernel_params`: the production plan, without its
+    register cap beside an FP8 output or a residual)."""
+    import torch
 
-    vec = 16 // {"bf16": 2, "fp16": 2, "fp32": 4}[dtype] if aligned else 1
-    plan = plan_for_kernel(name, n, vec)
-    return catalog.get(name).resolve({**config_of(plan), "dtype": dtype, "aligned": aligned, **extra})
+    from cute_kernels.ops._rowwise import kernel_params
+
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    return catalog.get(name).resolve(kernel_params(name, dt, n, aligned, **extra))
 
 
 NORMS = {  # (kernel, row length, overrides): one CTA, short rows (blocks across k), scalar rows, clusters

@@ -24,8 +24,8 @@ def test_config_sets_it_for_capped_register_plans_only():
     assert "params_in_regs" not in config_of(plan)  # no kernel named: never
     assert "params_in_regs" not in config_of(dataclasses.replace(plan, resident_grid=False), LN)
     assert "params_in_regs" not in config_of(plan, "softmax.fwd")
-    staged = plan_for_kernel("rmsnorm.fwd", 16384, 8)  # staged on the capped grid: weights staged in smem already
-    assert staged.staging == "smem" and staged.resident_grid and "params_in_regs" not in config_of(staged, "rmsnorm.fwd")
+    staged = plan_for_kernel(LN, 65536, 8)  # staged on the capped grid: weights staged in smem already
+    assert staged.staging == "smem" and staged.resident_grid and "params_in_regs" not in config_of(staged, LN)
     assert set(PARAMS_IN_REGS_KERNELS) == {"rmsnorm.fwd", "layernorm.fwd"}
     with pytest.raises(ValueError, match="params_in_regs"):
         catalog.get("softmax.fwd").resolve(dict(params_in_regs=True))

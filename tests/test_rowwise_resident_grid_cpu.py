@@ -86,19 +86,25 @@ def test_forward_grids_are_whole_waves():
     import torch
 
     from cute_kernels.ops._rowwise import grid_ctas_per_sm, grid_plan, kernel_params, plan_for
+    from schedules import row_tiling as RT
+    from tests.helpers import plan_params
 
-    def grid(name, n, **sig):
+    def grid(name, n, plan=None, **sig):
         base = dict(weight=True, w_dtype="bf16", residual=False, **({"bias": True} if name == "layernorm.fwd" else {}))
-        p = plan_for(name, torch.bfloat16, n, True)
-        kp = kernel_params(name, torch.bfloat16, n, True, **{**base, **sig})
+        p = plan or plan_for(name, torch.bfloat16, n, True)
+        kp = (plan_params(name, p, **{**base, **sig}) if plan else
+              kernel_params(name, torch.bfloat16, n, True, **{**base, **sig}))
         return p, grid_ctas_per_sm(name, p, kp), grid_plan(name, p, kp)
 
-    p, c, gp = grid("layernorm.fwd", 6144)
+    # session 20's staged plans (the defaults of 4097-8192 and 8193-16384 until session 21's one-tile plans)
+    ln_6k = RT.plan_held_rows(6144, 8, **RT._LN_FWD_8K_STAGED)
+    rms_16k = RT.plan_held_rows(16384, 8, **dict(RT._STAGED_RMS_FWD_16K, hold=True, resident_grid=True))
+    p, c, gp = grid("layernorm.fwd", 6144, ln_6k)
     assert (p.ctas_per_sm, c) == (8, 6) and gp == dataclasses.replace(p, ctas_per_sm=6)
     for n in (8192, 16384, 32768, 65536, 131072, 262144):  # the measured plans: 2 or 4 of 4 or 8 resident
         p, c, gp = grid("layernorm.fwd", n)
         assert c == p.ctas_per_sm and gp is p, n
     assert grid("layernorm.fwd", 16384, residual=True)[1] == 3  # 3 of 4 fit beside the residual's row
-    assert grid("rmsnorm.fwd", 16384)[1] == 8 and grid("rmsnorm.fwd", 16384, residual=True)[1] == 6
+    assert grid("rmsnorm.fwd", 16384, rms_16k)[1] == 8 and grid("rmsnorm.fwd", 16384, rms_16k, residual=True)[1] == 6
     p, c, _ = grid("rmsnorm.fwd", 8192)  # a register plan: its own count
     assert p.staging == "regs" and c == p.ctas_per_sm

@@ -111,32 +111,33 @@ def test_planner_capability():
     assert staged == {("fwd", 131072), ("rms_bwd", 8192), ("rms_fwd", 65536), ("rms_fwd", 131072), ("ln_fwd", 65536),
                       ("ln_fwd", 131072), ("ln_bwd", 65536),
                       # the 16k-32k band (session 10's sweep): RMSNorm and LayerNorm forwards from 8k
-                      ("rms_fwd", 16384), ("ln_fwd", 16384), ("ln_fwd", 32768),
+                      # (RMSNorm 16k: a one-tile register plan since session 21)
+                      ("ln_fwd", 16384), ("ln_fwd", 32768),
                       # past the tuned plans (`_LONG_FWD`): the norm forwards past 256k; softmax forward 128k-256k
                       # re-reading a staged row (`_STAGED_FWD`)
                       ("rms_fwd", None), ("ln_fwd", None), ("bwd", None), ("fwd", 262144),
                       ("rms_fwd", 262144), ("ln_fwd", 262144),  # session 14: clusters of 16 at 128k-256k
                       ("bwd", 32768),  # the softmax backward at 16k-32k: one staged row of 16 vectors a thread
                       ("rms_bwd", None), ("ln_bwd", None),  # the norm backwards past 128k: clusters of 16
-                      # session 11: LayerNorm fwd 1k (several staged rows a CTA), softmax fwd 16k, RMSNorm bwd 32k
-                      ("ln_fwd", 1024), ("fwd", 16384), ("rms_bwd", 32768),
+                      # session 11: softmax fwd 16k, RMSNorm bwd 32k (and LayerNorm fwd 1k, one-tile since session 21)
+                      ("fwd", 16384), ("rms_bwd", 32768),
                       ("rms_bwd", 131072),  # session 15: RMSNorm bwd 128k staged, double-buffered (64k: registers)
                       ("ln_bwd", 131072), ("ln_bwd", 262144), ("rms_bwd", 262144),  # session 17: held x and dy, refilled
-                      # session 20: LayerNorm fwd 8k held and refilled, log-softmax fwd 8k (its own family, the
-                      # softmax's entries elsewhere)
-                      ("ln_fwd", 8192), ("lsm_fwd", 8192), ("lsm_fwd", 16384), ("lsm_fwd", 131072),
+                      # session 20: log-softmax fwd 8k (its own family, the softmax's entries elsewhere; LayerNorm
+                      # fwd 8k's staged plan one-tile since session 21)
+                      ("lsm_fwd", 8192), ("lsm_fwd", 16384), ("lsm_fwd", 131072),
                       ("lsm_fwd", 262144),
                       # session 20 at the buckets' middles: softmax bwd 4097-6144 and 8193-12288, LayerNorm fwd 12288
-                      ("bwd", 6144), ("bwd", 12288), ("ln_fwd", 12288)}
+                      ("bwd", 6144), ("bwd", 12288), ("ln_fwd", 12288),
+                      ("bwd", 16384)}  # session 21: softmax bwd 12289-16384 staged in clusters of 2
     for fam in ("rms_fwd", "ln_fwd", "bwd"):
         assert plan_for_rows(fam, 262144, 8).staging == "smem"
         with pytest.raises(ValueError):  # fp32 rows keep the register settings: 128k at most
             plan_for_rows(fam, 262144, 4)
-    assert plan_for_rows("bwd", 16384, 8).staging == "regs"  # the softmax backward: staged from 16k on
-    assert all(plan_for_rows("bwd", n, 8).staging == "smem" for n in (16385, 32768, 131072))
-    # ... and (session 20) at 4097-6144 and 8193-12288, between the register plans at 8k and 16k
+    assert all(plan_for_rows("bwd", n, 8).staging == "smem" for n in (16384, 16385, 32768, 131072))
+    # ... and (session 20) at 4097-6144 and 8193-12288 (session 21: to 16384), beside the register plans at 8k
     assert [plan_for_rows("bwd", n, 8).staging for n in (4096, 4097, 6144, 6145, 8192, 8193, 12288, 12289)] == \
-        ["regs", "smem", "smem", "regs", "regs", "smem", "smem", "regs"]
+        ["regs", "smem", "smem", "regs", "regs", "smem", "smem", "smem"]
     # session 17: staged, x and dy held and refilled; the register plan of session 15 for other vectors
     assert plan_for_rows("ln_bwd", 131072, 8).hold and plan_for_rows("ln_bwd", 131072, 4).staging == "regs"
     assert plan_for_rows("rms_bwd", 65536, 8).staging == "regs"  # session 15: accumulators in registers
@@ -146,9 +147,10 @@ def test_planner_capability():
         p = plan_for_rows(fam, 65536, 8)
         assert p.staging == ("smem" if fam == "ln_bwd" else "regs") and p.resident_grid
         assert plan_for_rows(fam, 65536, 4).staging == "regs"
-    assert plan_for_rows("ln_fwd", 1024, 8).staging == "smem" and plan_for_rows("ln_fwd", 1025, 8).staging == "regs"
-    # staged from 8k + 1 (session 20: LayerNorm and log-softmax from 4k + 1)
-    for fam, first in (("fwd", 8193), ("rms_fwd", 8193), ("ln_fwd", 4097), ("lsm_fwd", 4097)):
+    assert plan_for_rows("ln_fwd", 1024, 8).one_tile and plan_for_rows("ln_fwd", 1025, 8).staging == "regs"
+    # staged from 8k + 1 (session 20: LayerNorm and log-softmax from 4k + 1; session 21, the one-tile plans: RMSNorm
+    # from 16k + 1, LayerNorm from 8k + 1, log-softmax from 6144 + 1)
+    for fam, first in (("fwd", 8193), ("rms_fwd", 16385), ("ln_fwd", 8193), ("lsm_fwd", 6145)):
         assert plan_for_rows(fam, first - 1, 8).staging == "regs"
         for n in (first, 32768, 65536, 100000, 131072, 262144):
             assert plan_for_rows(fam, n, 8).staging == "smem"
