@@ -63,15 +63,16 @@ def test_representative_compiles(reports, spec, p):
         assert report.sass_census["LDL/STL (spills)"] <= (2 if hold else 0)
 
 
-def _check_gemm(report):
+def _check_gemm(report, spilled: int = 0):
     """Warp-specialized TMA + WGMMA: the PTX has the async tensor-core and bulk-tensor instructions
-    and the register hand-over between warpgroups; nothing goes to local memory."""
+    and the register hand-over between warpgroups; nothing goes to local memory (but a known spill: `known_spill`)."""
     ptx = report.ptx_census
     assert ptx["wgmma.mma_async"] > 0 and ptx["cp.async.bulk.tensor"] > 0 and ptx["setmaxnreg"] >= 2
     assert ptx["ld/st.local"] == 0
     if report.sass_census is not None:
         assert report.sass_census["HGMMA/QGMMA"] > 0 and report.sass_census["UTMALDG (TMA load)"] > 0
-        assert report.sass_census["UTMASTG (TMA store)"] > 0 and report.sass_census["LDL/STL (spills)"] == 0
+        assert report.sass_census["UTMASTG (TMA store)"] > 0
+        assert (report.sass_census["LDL/STL (spills)"] > 0) <= (spilled > 0)
 
 
 def _check_attention(report, p):
@@ -106,14 +107,35 @@ def test_misaligned_variants_use_scalar_accesses(name, tmp_path):
     assert report.ptx_census["ld.global (all)"] > 0
 
 
+def known_spill(spec, p) -> int:
+    """Local memory (bytes) a sweep configuration is known to spill, each with its reason (the triage of session 21;
+    0: none allowed). Every one is a production plan; the GPU tests check their results."""
+    slow_row = spec.family == "rowwise" and (not p.get("aligned", True) or p.get("dtype") == "fp32")
+    if spec.name == "layernorm.fwd" and slow_row and p["cluster_n"] == 8 and p["staging"] == "regs" and p["vpt"] == 32:
+        # scalar rows of 64k-128k (N not a multiple of 8): 512 threads x 32 values of x, weight and bias in clusters
+        # of 8. 16 elements in clusters of 16 compile clean (CPU) but are not GPU-tested yet (perf/NOTES.md)
+        return 496
+    if slow_row and spec.name in ("rmsnorm.bwd", "layernorm.bwd", "layernorm.fwd"):
+        # the norms' slower paths (scalar rows: N not a multiple of 8; fp32 rows) at 512 threads x 32 values a
+        # thread, x and dy held: 8-24 B
+        return 24
+    if spec.name == "layernorm.bwd" and p["threads_per_row"] == 64 and p["vpt"] == 2:
+        return 8  # the 1k default's register plan (64 threads x 16 elements a row, 4 rows a CTA; measured, session 12)
+    if spec.name == "gemm" and p["activation"] == "gelu":
+        return 16  # erf (libdevice) over the 128 fp32 accumulators a consumer thread holds at 128 x 256
+    if p.get("hold", False):
+        return 8  # (as the representative test) a held staged softmax row's tile-loop trip count
+    return 0
+
+
 @pytest.mark.sweep
 @pytest.mark.parametrize("spec,p", SWEEP, ids=[_id(s, p) for s, p in SWEEP])
 def test_sweep_compiles(spec, p, tmp_path):
     report, files = compile_with_artifacts(spec, p, str(tmp_path))
-    # (as the representative test: a held staged softmax row's tile-loop trip count, 8 B)
-    assert (report.kernels[0].local_bytes <= 8) if p.get("hold", False) else not report.spills, report.format()
+    allowed = known_spill(spec, p)
+    assert (report.kernels[0].local_bytes <= allowed) if allowed else not report.spills, report.format()
     if spec.family == "gemm":
-        _check_gemm(report)
+        _check_gemm(report, allowed)
     elif spec.family == "attention":  # (tests/test_attention_compile.py checks each schedule's ingredients)
         _check_attention(report, p)
     elif spec.family == "gemm_simt" or p.get("mode") == "merge":  # (merge: the per-split fp32 (m, l) states)

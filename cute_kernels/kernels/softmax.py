@@ -72,6 +72,10 @@ class SoftmaxFwd(_RowLoop):
         self.staged_rows = (dtype,)
         self.staged_min_regs = 88  # (m, l) pass + exps' addresses: 64 elements spill at 64 (and, since exp_diff, at 80)
         self.held_min_regs = self.held_regs(plan.tiling.unroll * vec)
+        if log and dtype == cutlass.Float16 and plan.hold and plan.tiling.unroll * vec == 64:
+            # fp16 log-softmax holding 64 elements: 16 B spilled at 80 (64k / 128k, 256 threads in clusters of 4 / 8;
+            # bf16 and the softmax fit; CPU compile, session 21): 96 fit (2 CTAs an SM for this dtype, not 3)
+            self.held_min_regs = 96
 
     @staticmethod
     def held_regs(elems: int) -> int:
@@ -143,6 +147,10 @@ class SoftmaxBwd(_RowLoop):
         super().__init__(vec, index64, plan)
         self.log, self.dtype = log, dtype
         self.staged_rows = (dtype, dtype)
+        if dtype == cutlass.Float16 and plan.staging == "smem" and plan.tiling.unroll * vec >= 64:
+            # fp16's conversions beside 64 staged elements a thread: 24 B spilled at the 80 registers 6 CTAs of 128
+            # threads get (the 12289-16384 plan; bf16 fits; CPU compile, session 21): 96 fit
+            self.staged_min_regs = 96
 
     @cute.jit
     def __call__(self, y: cute.Tensor, dy: cute.Tensor, dx: cute.Tensor, max_ctas: Int32, stream):
