@@ -1,8 +1,9 @@
 """GPU: session 19's plans for rows of 4k-8k elements (`schedules.row_tiling`: `_FWD_8K`, `_RMS_FWD` at 8k,
-`_RMS_BWD_8K`, `_LN_FWD_8K`; session 20's `_LN_FWD_8K_STAGED`, `_RMS_FWD_8K_RC3`, `_LSM_FWD_8K`, and vectors per
-thread that are not a power of two; session 21's one-tile norm forwards at 4097-16384) and the norm forwards' weight and bias held in registers on a register plan's capped
-grid (`params_in_regs`), through the public ops against the fp64 references at issue 3's tolerance (the sweep
-helpers of tests/test_rowwise_gpu.py), with poisoned outputs. Enough rows that each CTA of the capped grid walks
+`_RMS_BWD_8K`, `_LN_FWD_8K`; session 20's `_LN_FWD_8K_STAGED` and RMSNorm capped at 3 CTAs an SM, `_LSM_FWD_8K`,
+and vectors per thread that are not a power of two; session 21's one-tile norm forwards at 4097-16384) and the norm
+forwards' weight and bias held in registers on a register plan's capped grid (`params_in_regs`), through the public
+ops against the fp64 references at issue 3's tolerance (the sweep helpers of tests/test_rowwise_gpu.py), with
+poisoned outputs. Enough rows that each CTA of the capped grid walks
 several row tiles (the held weights reused), 0 and 1 rows, N = 6144 (a short row in the same bucket), fp16.
 
     python3 -m pytest -q -m gpu tests/test_rowwise_8k_gpu.py
