@@ -36,7 +36,7 @@ and bias staged beside it let 4 reside).
 plans (`ce_bwd_candidates`: no prefetch, staging or cluster variants; its grid is one CTA per row
 tile, so the ctas/SM column does not apply) against HELD_TUNED["ce_bwd"], and QuACK's backward.
 
-Inputs are bf16 with 256 MiB per (M, N) tensor, randn; CUDA-event medians with L2 flushed
+Inputs are bf16 (the held-row sweep: fp16 with `--dtype fp16`) with 256 MiB per (M, N) tensor, randn; CUDA-event medians with L2 flushed
 (`perf.harness.do_bench`); timed through the public ops, the plan swapped in by patching
 `cute_kernels.ops._rowwise.plan_for` (compiled ahead in parallel worker processes).
 """
@@ -59,6 +59,7 @@ CE_BWD = "cross_entropy.bwd"
 # The largest cluster the candidates use: 8 (portable), or 16 with `--max-cluster 16` (Hopper's non-portable
 # size, which the DSL allows on every kernel; the norm backwards past 128k run on it already)
 MAX_SWEEP_CLUSTER = 8
+DTYPE = torch.bfloat16  # the held-row sweep's rows (`--dtype`)
 
 
 def candidates(n: int, vec: int = 8, bwd: bool = False, prefetch: str = "with") -> list[HeldRowPlan]:
@@ -239,7 +240,7 @@ def _call(kernel: str, n: int, m: int, peer: bool = False):
     import cute_kernels as ck
 
     fam, direction = kernel.split(".")
-    x = H.randn(m, n, dtype=torch.bfloat16, seed=1)
+    x = H.randn(m, n, dtype=DTYPE, seed=1)
     if kernel == CE_BWD:  # the loss per row (reduction "none"), its gradient all ones
         tgt = torch.randint(0, n, (m,), device="cuda")
         if peer:
@@ -249,13 +250,13 @@ def _call(kernel: str, n: int, m: int, peer: bool = False):
         xg = x.detach().requires_grad_()
         y = f(xg, tgt, reduction="none")
         return lambda: torch.autograd.grad(y, xg, torch.ones_like(y), retain_graph=True)
-    w = H.randn(n, dtype=torch.bfloat16, seed=2)
-    b = H.randn(n, dtype=torch.bfloat16, seed=3)
+    w = H.randn(n, dtype=DTYPE, seed=2)
+    b = H.randn(n, dtype=DTYPE, seed=3)
     f = {"rmsnorm": lambda x: ck.rms_norm(x, w, 1e-6), "layernorm": lambda x: ck.layer_norm(x, w, b, 1e-5),
          "softmax": ck.softmax, "log_softmax": ck.log_softmax}[fam]
     if direction == "fwd":
         return lambda: f(x)
-    dy = H.randn(m, n, dtype=torch.bfloat16, seed=4)
+    dy = H.randn(m, n, dtype=DTYPE, seed=4)
     xg = x.detach().requires_grad_()
     y = f(xg)
     y = y[0] if isinstance(y, tuple) else y
@@ -312,6 +313,21 @@ def _max_err(out, ref) -> float:
 
 
 ERR_OK = 2e-2  # bf16 outputs of two reduction orders differ by a few units in the last place
+
+
+def plan_params(k: str, p: HeldRowPlan) -> dict:
+    """The catalogue parameters `sweep` compiles kernel `k` with under plan `p`: the sweep's dtype (`DTYPE`), aligned
+    rows, 32-bit indexing, the norms with a weight of that dtype (LayerNorm's backward also a bias)."""
+    from cute_kernels import dtypes
+    from cute_kernels.specs_rowwise import config_of
+
+    name = dtypes.name_of(DTYPE)
+    params = dict(dtype=name, aligned=True, index64=False, **config_of(p, k))
+    if k.startswith(("rmsnorm", "layernorm")):
+        params.update(weight=True, residual=False, w_dtype=name)
+    if k == "layernorm.bwd":
+        params["bias"] = True
+    return params
 
 
 def _with_twins(ps: list, mode: str, twins: list, bwd: bool = False) -> list:
@@ -392,14 +408,13 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
           one_tile: str = "off"):
     from cute_kernels.ops import _rowwise as R
     from cute_kernels.precompile import item, precompile
-    from cute_kernels.specs_rowwise import config_of
 
     plans = {}
     items = []
     for k in kernels:
         for n in ns:
             try:
-                default = R.plan_for(k, torch.bfloat16, n, True)
+                default = R.plan_for(k, DTYPE, n, True)
             except ValueError as e:  # the op refuses this width (rows past the kernel's limit): nothing to compare with
                 H.progress(f"  skip {k} {n}: {str(e)[:120]}")
                 continue
@@ -407,11 +422,7 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
             ps = plan_candidates(k, n, default, prefetch, cluster_sync, resident_grid, hold, acc_regs, welford,
                                  fwd_prefetch, cluster_fold, reg_cap, rg_ctas, one_tile)
             for p in dict.fromkeys(ps):
-                params = dict(dtype="bf16", aligned=True, index64=False, **config_of(p, k))
-                if k.startswith(("rmsnorm", "layernorm")):
-                    params.update(weight=True, residual=False, w_dtype="bf16")
-                if k == "layernorm.bwd":
-                    params["bias"] = True
+                params = plan_params(k, p)
                 try:  # a staged plan past the shared memory of a CTA is refused by the spec
                     items.append(item(k, params))
                 except ValueError as e:
@@ -651,11 +662,15 @@ def main(argv=None) -> int:
                     help="forwards on the uncapped grid: also each one-CTA register plan built for one CTA per row "
                          "tile, and capped at up to 3 more CTAs per SM (both: HeldRowPlan.one_tile, tagged 1t), "
                          "or only the twin pairs (only); 'x off' is then the looping plan's time over the plan's")
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
+                    help="the rows' (and the norms' weights') dtype of the held-row sweep (the cross-entropy sweep: "
+                         "bf16)")
     ap.add_argument("--max-cluster", type=int, choices=(8, 16), default=8,
                     help="the largest cluster of the candidate plans: 8 (portable) or 16 (non-portable)")
     a = ap.parse_args(argv)
-    global MAX_SWEEP_CLUSTER
+    global MAX_SWEEP_CLUSTER, DTYPE
     MAX_SWEEP_CLUSTER = a.max_cluster
+    DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
     kernels = a.kernels.split(",")
     ns = [int(v) for v in a.n.split(",")]
     lines = []
@@ -667,7 +682,7 @@ def main(argv=None) -> int:
                         a.welford, a.fwd_prefetch, a.cluster_fold, a.reg_cap,
                         tuple(int(c) for c in a.rg_ctas.split(",") if c), a.one_tile)
         lines = held + ([""] + lines if lines else [])
-    text = "# held-row plan sweep (bf16, 256 MiB per tensor)\n\n" + "\n".join(lines) + "\n"
+    text = f"# held-row plan sweep ({a.dtype}, 256 MiB per tensor)\n\n" + "\n".join(lines) + "\n"
     print(text)
     if a.out:
         os.makedirs(a.out, exist_ok=True)

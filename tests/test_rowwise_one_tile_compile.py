@@ -129,3 +129,20 @@ def test_tuner_twins():
     ps = plan_candidates("rmsnorm.fwd", 8192, d, one_tile="both")
     assert HeldRowPlan(T512, 1, 4, reg_cap=True, one_tile=True) in ps and len(ps) == len(set(ps))
     assert not any(p.one_tile for p in plan_candidates("rmsnorm.fwd", 8192, d))
+
+
+def test_tuner_dtype(monkeypatch):
+    """`perf.tune_rows --dtype fp16` (session 21): the sweep's catalogue parameters follow the rows' dtype, the norms'
+    weight with them (to time fp16's register floors: the softmax bwd 16k plan, log-softmax's 64-element hold)."""
+    import torch
+
+    import perf.tune_rows as T
+
+    p = plan_for_kernel("rmsnorm.fwd", 8192, 8)
+    assert T.plan_params("rmsnorm.fwd", p)["dtype"] == "bf16"
+    monkeypatch.setattr(T, "DTYPE", torch.float16)
+    params = T.plan_params("rmsnorm.fwd", p)
+    assert params["dtype"] == params["w_dtype"] == "fp16" and params["one_tile"] is True
+    params = T.plan_params("layernorm.bwd", plan_for_kernel("layernorm.bwd", 8192, 8))
+    assert params["dtype"] == "fp16" and params["bias"] is True
+    catalog.get("layernorm.bwd").resolve(params)
