@@ -35,7 +35,8 @@ def schedule_of(p) -> AttentionSchedule:
     tile_n = p["tile_n"] or default_schedule(p["head_dim"]).tile_n
     return AttentionSchedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=tile_n, stages=p["stages"],
                              pingpong=p["pingpong"], overlap=p["overlap"], lazy_rescale=p["lazy_rescale"],
-                             double_p=p["double_p"], split_mask=p["split_mask"], sum_from_corr=p["sum_from_corr"])
+                             double_p=p["double_p"], split_mask=p["split_mask"], sum_from_corr=p["sum_from_corr"],
+                             heads_first=p["heads_first"])
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,6 +108,8 @@ class FlashAttnSpec(KernelSpec):
         out.append(self.resolve({"varlen": True}))
         out.append(self.resolve({"varlen": True, "head_dim": 64, "mask": "causal", "overlap": True}))
         out.append(self.resolve({"varlen": True, "schedule": "fa2", "mask": "band"}))
+        out.append(self.resolve({"heads_first": True, "mask": "causal"}))
+        out.append(self.resolve({"heads_first": True, "varlen": True, "head_dim": 64, "mask": "causal"}))
         return out
 
 
@@ -145,6 +148,8 @@ FLASH_ATTN = FlashAttnSpec(
                             "the default where it fits; off without overlap, with double_p, or at D = 256)"),
         "sum_from_corr": Param(False, (True, False), help="the row sum starts from l * corr and adds the block's "
                                "probabilities (FA4's order) instead of l * corr + sum at the end (l rounds differently)"),
+        "heads_first": Param(False, (True, False), help="the grid (H_q, B, q_tiles): each q index over every head and "
+                             "batch before the next (causal: longest first over the whole grid); the same bits"),
     },
 )
 
@@ -153,4 +158,4 @@ def params_for(schedule: AttentionSchedule, **signature) -> dict:
     return {"schedule": schedule.kind, "tile_m": schedule.tile_m, "tile_n": schedule.tile_n,
             "stages": schedule.stages, "pingpong": schedule.pingpong, "overlap": schedule.overlap,
             "lazy_rescale": schedule.lazy_rescale, "double_p": schedule.double_p, "split_mask": schedule.split_mask,
-            "sum_from_corr": schedule.sum_from_corr, **signature}
+            "sum_from_corr": schedule.sum_from_corr, "heads_first": schedule.heads_first, **signature}

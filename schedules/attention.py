@@ -41,7 +41,12 @@ kinds run in the same kernel (`cute_kernels/kernels/flash_attn.py`), chosen at t
   2: double buffering as in FA2). Same collectives, same tile walk, no ping-pong, no overlap.
 * the tile walk: one CTA per (q tile, head, batch), grid (q_tiles, H_q, B). With a causal mask the
   q tiles are visited last-first (`reverse_m`): the CTAs of the longest rows (the most K/V blocks)
-  start first, a cheap longest-processing-time order. A persistent LPT scheduler comes later.
+  start first, a cheap longest-processing-time order, within each (head, batch): the grid launches
+  x fastest, so head 0's shortest tiles start before head 1's longest. `heads_first` (session 21,
+  unmeasured) launches the grid as (H_q, B, q_tiles) instead: every head's and batch's tile of one
+  q index before the next index, so with the reversal the whole grid runs longest first (the order
+  FA3's persistent LPT scheduler produces, without the persistence). Scheduling only: the same
+  tiles, the same bits. A persistent scheduler comes later.
 
 Registers (fa3): 24 + 2 x 240 = 504 <= 512 per thread-slot of the 64K file for 384 threads (FA3's
 budget); three consumer warpgroups would be 32 + 3 x 160.
@@ -75,6 +80,7 @@ class AttentionSchedule:
     sum_from_corr: bool = False  # the row sum starts from l * corr (FA4's order), not l * corr + sum at the end
     producer_regs: int = 0  # 0: 24 (one or two consumer warpgroups), 32 (three)
     consumer_regs: int = 0  # 0: 240 (one or two), 160 (three): FA3's / FA4's budgets
+    heads_first: bool = False  # the grid (H_q, B, q_tiles): each q index over every head and batch before the next
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -191,7 +197,8 @@ class AttentionSchedule:
         pp = "pp" if self.pingpong else "nopp"
         return (f"{self.kind}_{self.tile_m}x{self.tile_n}_s{self.stages}_wg{self.consumer_wgs}_{pp}"
                 + ("_ov" if self.overlap else "") + ("_lz" if self.lazy_rescale else "") + ("_dp" if self.double_p else "")
-                + ("_sm" if self.split_mask else "") + ("_sc" if self.sum_from_corr else ""))
+                + ("_sm" if self.split_mask else "") + ("_sc" if self.sum_from_corr else "")
+                + ("_hf" if self.heads_first else ""))
 
 
 # Tile sizes per head dim (FA3's choices where the registers allow: O and S both live in registers,
@@ -254,13 +261,16 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     x ping-pong on/off x overlap on/off, the overlap with two P buffers (`double_p`), plus two stages
     instead of as-many-as-fit; fa3 with one
     consumer warpgroup (tile_m 64); fa2 with tile_m 128 and 64, the default block and the next
-    smaller one, two stages and one (fully synchronous). At most `limit` (~20 at every head dim)."""
+    smaller one, two stages and one (fully synchronous); causal: the default on the heads-first grid, second. At most
+    `limit` (~20 at every head dim)."""
     default = default_schedule(head_dim, causal)
     d = _base_schedule(head_dim)
     fitting = [tn for tn in TILE_NS if AttentionSchedule(tile_n=tn).fits(head_dim)]
     i = fitting.index(d.tile_n)
     near = [d.tile_n] + fitting[max(0, i - 1):i] + fitting[i + 1:i + 2]
     specs = [dataclasses.asdict(default)]
+    if causal:  # the default on the heads-first grid (the whole grid longest first), next so a short --limit keeps it
+        specs.append(dict(dataclasses.asdict(default), heads_first=True))
     if head_dim <= 64:
         # three consumer warpgroups (FA4's d <= 64 tile is 192 x 128), next after the default so that a
         # short --limit keeps them: the synchronous walk, the overlap, the overlap at 64-key blocks
@@ -299,10 +309,18 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
 
 # --- the tile walk ----------------------------------------------------------------------------
 def grid(seqlen_q: int, heads: int, batch: int, s: AttentionSchedule) -> tuple[int, int, int]:
-    return (max(1, -(-seqlen_q // s.tile_m)), heads, batch)
+    """The launch grid: (q_tiles, H_q, B), or (H_q, B, q_tiles) with `heads_first`."""
+    q_tiles = max(1, -(-seqlen_q // s.tile_m))
+    return (heads, batch, q_tiles) if s.heads_first else (q_tiles, heads, batch)
 
 
-def tile_coords(bx, by, bz, q_tiles, reverse_m: bool):
-    """(q tile, head, batch) of the CTA at block index (bx, by, bz). Works on Python and DSL ints."""
-    m = q_tiles - 1 - bx if reverse_m else bx
-    return m, by, bz
+def block_coords(bx, by, bz, heads_first: bool):
+    """(q-tile index, head, batch) of the CTA at block index (bx, by, bz) of `grid`. Works on Python and DSL ints."""
+    return (bz, bx, by) if heads_first else (bx, by, bz)
+
+
+def tile_coords(mi, h, b, q_tiles, reverse_m: bool):
+    """(q tile, head, batch) of the CTA with q-tile index `mi` (`block_coords`): the index reversed with `reverse_m`
+    (the causal longest-first order). Works on Python and DSL ints."""
+    m = q_tiles - 1 - mi if reverse_m else mi
+    return m, h, b

@@ -45,6 +45,9 @@ VARIANTS = [
     # the overlap at 192 x 128 (160 registers: P converted opaquely, `acc_as_a_operand`), split and not
     {"head_dim": 64, "tile_m": 192, "overlap": True},
     {"head_dim": 64, "tile_m": 192, "overlap": True, "split_mask": False, "mask": "causal"},
+    # the grid launched heads first (H_q, B, q_tiles): block index z is the q tile (session 21)
+    {"head_dim": 128, "mask": "causal", "heads_first": True},
+    {"head_dim": 64, "mask": "causal", "varlen": True, "heads_first": True, "schedule": "fa2"},
 ]
 
 

@@ -9,7 +9,15 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cute_kernels as ck
 from collectives.attention_mask import MaskKind, block_needs_mask, n_block_range, visible
-from schedules.attention import HEAD_DIMS, AttentionSchedule, candidates, default_schedule, grid, tile_coords
+from schedules.attention import (
+    HEAD_DIMS,
+    AttentionSchedule,
+    block_coords,
+    candidates,
+    default_schedule,
+    grid,
+    tile_coords,
+)
 
 
 # --- schedule ------------------------------------------------------------------------------------
@@ -131,6 +139,31 @@ def test_grid_and_lpt_order():
     assert grid(1, 1, 1, s) == (1, 1, 1)
     assert [tile_coords(x, 0, 0, 8, True)[0] for x in range(8)] == list(range(7, -1, -1))
     assert [tile_coords(x, 3, 1, 8, False) for x in range(2)] == [(0, 3, 1), (1, 3, 1)]
+
+
+def test_heads_first_grid_runs_longest_first():
+    """`heads_first` (session 21): the grid (H_q, B, q_tiles). In launch order (block x fastest, then y, z) the causal
+    tiles' K/V block counts never grow over the whole grid; the default grid orders them within each (head, batch)
+    only (head 0's shortest tile launches before head 1's longest). Both grids cover every tile once."""
+    import dataclasses
+
+    from collectives.attention_mask import MaskKind, n_block_range
+
+    sq = sk = 1000
+    heads, batch = 3, 2
+    for hf in (False, True):
+        s = dataclasses.replace(default_schedule(128), heads_first=hf)
+        gx, gy, gz = grid(sq, heads, batch, s)
+        q_tiles = -(-sq // s.tile_m)
+        assert (gx, gy, gz) == ((heads, batch, q_tiles) if hf else (q_tiles, heads, batch))
+        order = [tile_coords(*block_coords(x, y, z, hf), q_tiles, True)
+                 for z in range(gz) for y in range(gy) for x in range(gx)]
+        assert sorted(order) == sorted((m, h, b) for m in range(q_tiles) for h in range(heads) for b in range(batch))
+        work = []
+        for m, _, _ in order:
+            lo, hi = n_block_range(m, s.tile_m, s.tile_n, sq, sk, -1, 0, MaskKind(left=False, right=True))
+            work.append(hi - lo)
+        assert (work == sorted(work, reverse=True)) == hf, (hf, work[:12])
 
 
 # --- masks: block ranges vs brute force ------------------------------------------------------------

@@ -230,6 +230,22 @@ def test_double_p_bitwise(case):
         assert torch.equal(out[1], base[1]), f"LSE differs (pingpong={pp})"
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_heads_first_bitwise(causal):
+    """`heads_first` (session 21, written on the desk): the grid launched as (H_q, B, q_tiles) computes the same tiles,
+    so O and LSE equal the default grid's bit for bit (GQA, a part-full last q tile, S_q != S_k)."""
+    import dataclasses
+
+    from cute_kernels.ops.flash_attn import _flash_attn_cuda
+    from schedules.attention import default_schedule
+
+    q, k, v = randn(2, 1000, 8, 128), randn(2, 1200, 2, 128), randn(2, 1200, 2, 128)
+    s = default_schedule(128, causal, 1200)
+    base = _flash_attn_cuda(q, k, v, causal, schedule=s)
+    out = _flash_attn_cuda(q, k, v, causal, schedule=dataclasses.replace(s, heads_first=True))
+    assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1])
+
+
 def test_mqa_fp16_scale_softcap():
     q, k, v = randn(2, 300, 8, 128), randn(2, 500, 1, 128), randn(2, 500, 1, 128)
     _check(q, k, v, causal=True)

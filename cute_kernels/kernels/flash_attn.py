@@ -73,7 +73,7 @@ from collectives.online_softmax import (
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma
 from collectives.vector_io import extent
 from collectives.wgmma_mainloop import acc_a_view, acc_as_a_operand, mma_blocks, stage_of
-from schedules.attention import AttentionSchedule, tile_coords
+from schedules.attention import AttentionSchedule, block_coords, tile_coords
 
 # Named barrier ids (0 is __syncthreads).
 _EPI_BAR = 1  # the O store of consumer warpgroup w: 1 + w
@@ -178,7 +178,8 @@ class FlashAttnFwd:
         self.kernel(tiled_mma_qk, tiled_mma_pv, tma_q, tma_gq, tma_k, tma_gk, tma_v, tma_gv, tma_o, tma_go, lse,
                     cu_seqlens_q, cu_seqlens_k, scale_log2, scale_lse, scale_over_cap, cap, window_left, window_right,
                     sQ_layout, sK_layout, sV_layout, sO_layout).launch(
-            grid=[cutlass.max(q_tiles, 1), cute.size(q, mode=[2]), batch],
+            grid=[cute.size(q, mode=[2]), batch, cutlass.max(q_tiles, 1)] if cutlass.const_expr(s.heads_first)
+            else [cutlass.max(q_tiles, 1), cute.size(q, mode=[2]), batch],
             block=[s.threads, 1, 1], stream=stream)
 
     @cute.kernel
@@ -239,19 +240,20 @@ class FlashAttnFwd:
         # Every thread computes the same values from the same reads (cu_seqlens included), so the
         # producer and the consumers agree on the tile's existence, its blocks and their order.
         bx, by, bz = cute.arch.block_idx()
+        mi, bh, bb = block_coords(bx, by, bz, s.heads_first)  # (q-tile index, head, batch) of this CTA
         if cutlass.const_expr(self.varlen):
-            q_start = mCuQ[bz]
-            k_start = mCuK[bz]
-            seqlen_q = mCuQ[bz + 1] - q_start
-            seqlen_k = mCuK[bz + 1] - k_start
+            q_start = mCuQ[bb]
+            k_start = mCuK[bb]
+            seqlen_q = mCuQ[bb + 1] - q_start
+            seqlen_k = mCuK[bb + 1] - k_start
             bt = 0  # the tensors' batch mode (one packed batch)
         else:
             seqlen_q = extent(mQ, 0)
             seqlen_k = extent(mK, 0)
             q_start = 0
-            bt = bz
+            bt = bb
         q_tiles = (seqlen_q + s.tile_m - 1) // s.tile_m
-        m_block, h, b = tile_coords(bx, by, bz, q_tiles, kind.right)
+        m_block, h, b = tile_coords(mi, bh, bb, q_tiles, kind.right)
         hk = h // (cute.size(mQ, mode=[2]) // cute.size(mK, mode=[2]))
         n_min, n_max = n_block_range(m_block, s.tile_m, s.tile_n, seqlen_q, seqlen_k, window_left, window_right,
                                      kind)
@@ -288,7 +290,7 @@ class FlashAttnFwd:
                               scale_over_cap=scale_over_cap, cap=cap)
         # varlen: the grid covers the longest sequence; a CTA past its sequence's last q tile does
         # nothing (a CTA-uniform condition: producer and consumers skip alike). Batched: always true.
-        if bx < q_tiles:
+        if mi < q_tiles:
             if cutlass.const_expr(s.warp_specialized):
                 if wg == 0:
                     # ---- fa3 producer: one warp loads Q once, then K and V of each block, last block first ----
