@@ -81,6 +81,7 @@ class AttentionSchedule:
     producer_regs: int = 0  # 0: 24 (one or two consumer warpgroups), 32 (three)
     consumer_regs: int = 0  # 0: 240 (one or two), 160 (three): FA3's / FA4's budgets
     heads_first: bool = False  # the grid (H_q, B, q_tiles): each q index over every head and batch before the next
+    # (grid z holds the q tiles then: at most 65535, S_q <= 4M rows at tile_m 64)
 
     def __post_init__(self):
         if self.kind not in KINDS:
