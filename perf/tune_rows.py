@@ -481,18 +481,21 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
                 return dataclasses.replace(default, **kw)
             except ValueError:
                 return None
+        # (each default's twin built once, not per ranked plan)
+        tw = {k: twin_of(**{k: v}) for k, v in (("one_tile", True), ("cluster_fold", "tree"), ("welford", True),
+                                                ("resident_grid", True), ("cluster_sync", "mbarrier"))}
         for want in (lambda q: q.one_tile,  # the fastest one-tile plan
-                     lambda q: q == twin_of(one_tile=True),  # the default's twin
+                     lambda q: q == tw["one_tile"],  # the default's twin
                      lambda q: q.cluster_fold == "tree",  # the fastest butterfly-folded plan
-                     lambda q: q == twin_of(cluster_fold="tree"),  # the default's twin
+                     lambda q: q == tw["cluster_fold"],  # the default's twin
                      lambda q: q.welford,  # the fastest one-reduction LayerNorm plan
-                     lambda q: q == twin_of(welford=True),  # the default's twin
+                     lambda q: q == tw["welford"],  # the default's twin
                      lambda q: q.acc_regs,  # the fastest plan with register accumulators
                      lambda q: q.hold,  # the fastest plan holding a staged row
                      lambda q: q.resident_grid,  # the fastest one-wave plan
-                     lambda q: q == twin_of(resident_grid=True),  # the default's twin
+                     lambda q: q == tw["resident_grid"],  # the default's twin
                      lambda q: q.cluster_sync == "mbarrier",  # the fastest mbarrier-synced plan
-                     lambda q: q == twin_of(cluster_sync="mbarrier")):  # the default's twin
+                     lambda q: q == tw["cluster_sync"]):  # the default's twin
             r = next((r for r in ranked if want(r[1])), None)
             if r is not None and r not in shown:
                 shown.append(r)
@@ -621,47 +624,51 @@ def main(argv=None) -> int:
     ap.add_argument("--prefetch", choices=("with", "without", "only"), default="with",
                     help="backward kernels: also time prefetching plans (with), none (without), or only them and "
                          "their prefetch-off twins (only)")
+
+    def twin_option(flag, help):  # an option adding the plans' twins: off, both (plans and twins), only (the pairs)
+        ap.add_argument(flag, choices=("off", "both", "only"), default="off", help=help)
+
     ap.add_argument("--cluster-sync", choices=("barrier", "both", "mbarrier"), default="barrier",
                     help="clustered plans: the cluster barrier only (barrier), also their mbarrier-synced twins "
                          "(both), or only the twin pairs (mbarrier); 'x off' is then the barrier twin's time over "
                          "the plan's")
-    ap.add_argument("--hold", choices=("off", "both", "only"), default="off",
-                    help="also the hold twins of staged plans of <= 64 elements per thread (both), or only the twin "
-                         "pairs (only); 'x off' is then the re-reading twin's time over the plan's. The norm "
-                         "backwards: each staged plan held, and held + refilled (one buffer; 'x off' against held)")
-    ap.add_argument("--acc-regs", choices=("off", "both", "only"), default="off",
-                    help="norm backwards: also every plan with its dweight/dbias accumulators in registers "
-                         "(both: HeldRowPlan.acc_regs), or only the twin pairs (only); 'x off' is then the "
-                         "shared-memory twin's time over the plan's")
-    ap.add_argument("--welford", choices=("off", "both", "only"), default="off",
-                    help="LayerNorm forward: also every plan with its mean and variance in one reduction (both: "
-                         "HeldRowPlan.welford), or only the twin pairs (only); 'x off' is then the two-reduction "
-                         "twin's time over the plan's")
-    ap.add_argument("--resident-grid", choices=("off", "both", "only"), default="off",
-                    help="clustered backward plans: also their one-wave twins, forwards: every plan's capped-grid twin "
-                         "(both: HeldRowPlan.resident_grid), or only the twin pairs (only); 'x off' is then the "
-                         "twin's time (SMs-capped / uncapped) over the plan's")
-    ap.add_argument("--fwd-prefetch", choices=("off", "both", "only"), default="off",
-                    help="staged forwards (norms, softmax, log-softmax): also every held plan refilling its buffer with "
-                         "the next tile on the capped "
-                         "grid (both: HeldRowPlan.prefetch + hold + resident_grid), or only the twin pairs (only); 'x "
-                         "off' is then the held plan's time without the refill over the plan's")
-    ap.add_argument("--cluster-fold", choices=("off", "both", "only"), default="off",
-                    help="clustered plans: also their twins folding the cluster's partials by a butterfly (both: "
-                         "HeldRowPlan.cluster_fold 'tree'), or only the twin pairs (only); 'x off' is then the "
-                         "rank-order (serial) twin's time over the plan's")
-    ap.add_argument("--reg-cap", choices=("off", "both", "only"), default="off",
-                    help="forwards: also every register plan capped by ptxas at its planned CTAs per SM and at "
-                         "one more (both: HeldRowPlan.reg_cap, tagged rcN), or only the twin pairs (only); 'x off' is "
-                         "then the uncapped plan's time over the plan's")
+    twin_option("--hold",
+                help="also the hold twins of staged plans of <= 64 elements per thread (both), or only the twin "
+                     "pairs (only); 'x off' is then the re-reading twin's time over the plan's. The norm "
+                     "backwards: each staged plan held, and held + refilled (one buffer; 'x off' against held)")
+    twin_option("--acc-regs",
+                help="norm backwards: also every plan with its dweight/dbias accumulators in registers "
+                     "(both: HeldRowPlan.acc_regs), or only the twin pairs (only); 'x off' is then the "
+                     "shared-memory twin's time over the plan's")
+    twin_option("--welford",
+                help="LayerNorm forward: also every plan with its mean and variance in one reduction (both: "
+                     "HeldRowPlan.welford), or only the twin pairs (only); 'x off' is then the two-reduction "
+                     "twin's time over the plan's")
+    twin_option("--resident-grid",
+                help="clustered backward plans: also their one-wave twins, forwards: every plan's capped-grid twin "
+                     "(both: HeldRowPlan.resident_grid), or only the twin pairs (only); 'x off' is then the "
+                     "twin's time (SMs-capped / uncapped) over the plan's")
+    twin_option("--fwd-prefetch",
+                help="staged forwards (norms, softmax, log-softmax): also every held plan refilling its buffer with "
+                     "the next tile on the capped "
+                     "grid (both: HeldRowPlan.prefetch + hold + resident_grid), or only the twin pairs (only); 'x "
+                     "off' is then the held plan's time without the refill over the plan's")
+    twin_option("--cluster-fold",
+                help="clustered plans: also their twins folding the cluster's partials by a butterfly (both: "
+                     "HeldRowPlan.cluster_fold 'tree'), or only the twin pairs (only); 'x off' is then the "
+                     "rank-order (serial) twin's time over the plan's")
+    twin_option("--reg-cap",
+                help="forwards: also every register plan capped by ptxas at its planned CTAs per SM and at "
+                     "one more (both: HeldRowPlan.reg_cap, tagged rcN), or only the twin pairs (only); 'x off' is "
+                     "then the uncapped plan's time over the plan's")
     ap.add_argument("--rg-ctas", default="",
                     help="comma list of CTAs per SM: also each capped-grid forward plan without a cluster (the default "
                          "and the twins above) on a grid of that many CTAs per SM (the ctas/SM column; a staged plan's "
                          "kernel still asks ptxas for what shared memory allows)")
-    ap.add_argument("--one-tile", choices=("off", "both", "only"), default="off",
-                    help="forwards on the uncapped grid: also each one-CTA register plan built for one CTA per row "
-                         "tile, and capped at up to 3 more CTAs per SM (both: HeldRowPlan.one_tile, tagged 1t), "
-                         "or only the twin pairs (only); 'x off' is then the looping plan's time over the plan's")
+    twin_option("--one-tile",
+                help="forwards on the uncapped grid: also each one-CTA register plan built for one CTA per row "
+                     "tile, and capped at up to 3 more CTAs per SM (both: HeldRowPlan.one_tile, tagged 1t), "
+                     "or only the twin pairs (only); 'x off' is then the looping plan's time over the plan's")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
                     help="the rows' (and the norms' weights') dtype of the held-row sweep (the cross-entropy sweep: "
                          "bf16)")

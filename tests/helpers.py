@@ -125,15 +125,22 @@ def assert_within_registers(report, sass: str, limit: int) -> None:
     assert used < limit, f"R{used} past the consumers' {limit} registers"
 
 
+def op_signature(name: str, **sig) -> dict:
+    """The plain signature of row-wise kernel `name` as the ops pass it: the norms with a bf16 weight (LayerNorm fwd
+    also a bias, present with the weight) and no residual; `sig` overrides."""
+    base = {}
+    if name.startswith(("rmsnorm", "layernorm")):
+        base.update(weight=True, w_dtype="bf16", residual=False)
+    if name == "layernorm.fwd":
+        base["bias"] = sig.get("weight", True)
+    return {**base, **sig}
+
+
 def plan_params(name: str, plan, **sig) -> dict:
     """The resolved catalogue parameters of row-wise kernel `name` under `plan` (`specs_rowwise.config_of`): bf16,
-    aligned, 32-bit indexing, the norms with a bf16 weight (LayerNorm also a bias) and no residual; `sig` overrides."""
+    aligned, 32-bit indexing, `op_signature`'s operands; `sig` overrides."""
     from cute_kernels import catalog
     from cute_kernels.specs_rowwise import config_of
 
     base = dict(dtype="bf16", aligned=True, index64=False)
-    if name.startswith(("rmsnorm", "layernorm")):
-        base.update(weight=True, w_dtype="bf16", residual=False)
-    if name == "layernorm.fwd":
-        base["bias"] = True
-    return catalog.get(name).resolve({**base, **config_of(plan, name), **sig})
+    return catalog.get(name).resolve({**base, **config_of(plan, name), **op_signature(name, **sig)})

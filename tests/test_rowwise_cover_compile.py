@@ -11,6 +11,7 @@ from cute_kernels import catalog
 from cute_kernels.artifacts import compile_with_artifacts
 from cute_kernels.ops._rowwise import kernel_params
 from cute_kernels.specs_rowwise import plan_for_kernel
+from tests.helpers import op_signature
 
 
 def test_vectors_cover_the_row():
@@ -35,10 +36,7 @@ CASES = [("rmsnorm.fwd", 6144, dict(residual=True, fp8_out="block128")),
 
 @pytest.mark.parametrize("name,n,sig", CASES, ids=[f"{c[0]}-{c[1]}-{'-'.join(c[2])}" for c in CASES])
 def test_compiles_clean(name, n, sig, tmp_path):
-    base = dict(weight=True, w_dtype="bf16", residual=False) if "norm" in name else {}
-    if name == "layernorm.fwd":
-        base["bias"] = True
-    kp = kernel_params(name, torch.bfloat16, n, True, **{**base, **sig})
+    kp = kernel_params(name, torch.bfloat16, n, True, **op_signature(name, **sig))
     assert kp["vpt"] in (3, 6) or n == 16384, kp
     report, _ = compile_with_artifacts(catalog.get(name), catalog.get(name).resolve(kp), str(tmp_path))
     assert report.kernels[0].local_bytes == 0, report.format()

@@ -12,7 +12,7 @@ from cute_kernels import catalog
 from cute_kernels.artifacts import compile_with_artifacts
 from cute_kernels.specs_rowwise import ONE_TILE_KERNELS, config_of, plan_for_kernel, plan_of
 from schedules.row_tiling import HeldRowPlan, RowTiling
-from tests.helpers import plan_params
+from tests.helpers import op_signature, plan_params
 
 T512 = RowTiling(512, 512, 2)
 
@@ -84,10 +84,7 @@ def test_entries_compile_clean_beside_every_operand(name, n, tmp_path):
     for i, sig in enumerate(SIGS if "norm" in name else [{}, dict(index64=True)]):
         sig = dict(sig)
         i64 = sig.pop("index64", False)
-        base = dict(weight=True, w_dtype="bf16", residual=False) if "norm" in name else {}
-        if name == "layernorm.fwd":
-            base["bias"] = sig.get("weight", True)
-        kp = kernel_params(name, torch.bfloat16, n, True, index64=i64, **{**base, **sig})
+        kp = kernel_params(name, torch.bfloat16, n, True, index64=i64, **op_signature(name, **sig))
         report, _ = compile_with_artifacts(catalog.get(name), catalog.get(name).resolve(kp), str(tmp_path / str(i)))
         assert report.kernels[0].local_bytes == 0, (sig, report.format())
 

@@ -87,13 +87,12 @@ def test_forward_grids_are_whole_waves():
 
     from cute_kernels.ops._rowwise import grid_ctas_per_sm, grid_plan, kernel_params, plan_for
     from schedules import row_tiling as RT
-    from tests.helpers import plan_params
+    from tests.helpers import op_signature, plan_params
 
     def grid(name, n, plan=None, **sig):
-        base = dict(weight=True, w_dtype="bf16", residual=False, **({"bias": True} if name == "layernorm.fwd" else {}))
         p = plan or plan_for(name, torch.bfloat16, n, True)
-        kp = (plan_params(name, p, **{**base, **sig}) if plan else
-              kernel_params(name, torch.bfloat16, n, True, **{**base, **sig}))
+        kp = (plan_params(name, p, **sig) if plan else
+              kernel_params(name, torch.bfloat16, n, True, **op_signature(name, **sig)))
         return p, grid_ctas_per_sm(name, p, kp), grid_plan(name, p, kp)
 
     # session 20's staged plans (the defaults of 4097-8192 and 8193-16384 until session 21's one-tile plans)
