@@ -5,7 +5,8 @@
 # $OUT/<suite>.{json,md,png}; a compact summary is printed.
 #
 #   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [pcs] [small] [sanitize] [large] [par] [tunerows] [kt] [clocks]
-#   ncu: NCU=probes (see below), NCU_EXTRA=extra comma-separated metrics
+#   ncu: NCU=probes (see below), NCU_EXTRA=extra comma-separated metrics, PROBE_WARM=N untimed runs
+#        before the profiled ones (perf/probe.py; ncu then profiles from cudaProfilerStart)
 #   pcs: per-SASS-instruction stall sampling of PCS="probe args@kernel@skip;..." (perf/ncu_pcs.py; PT=timeout)
 #   clocks: sustained runs with SM clock and power sampled (perf/clocks.py; CLK="target;..." or its defaults, CLKT=timeout)
 #   kt: each call's kernels and GPU span of KT="probe args;..." (perf/kernel_times.py; KTT=timeout)
@@ -59,7 +60,7 @@ if has ncu; then
   for e in "${PROBES[@]}"; do
     IFS='@' read -r p K S <<< "$e"
     section "ncu $p"
-    timeout 90 ncu --clock-control none -k "$K" --launch-skip "${S:-0}" --launch-count 1 --metrics $M python3 -m perf.probe $p > "$OUT/.n" 2>&1
+    timeout 90 ncu --clock-control none ${PROBE_WARM:+--profile-from-start off} -k "$K" --launch-skip "${S:-0}" --launch-count 1 --metrics $M python3 -m perf.probe $p > "$OUT/.n" 2>&1
     cat "$OUT/.n" >> "$LOG"
     echo "ncu $p: $(grep -E "^\s+(gpu__time|dram__|lts__|sm__|smsp__|launch__grid)" "$OUT/.n" | awk '{printf "%s=%s ", $1, $NF}' | sed 's/\.avg\.pct_of_peak_sustained_\(elapsed\|active\)//g; s/_per_warp_active\.pct//g')"
   done
