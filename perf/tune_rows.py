@@ -567,7 +567,7 @@ def sweep_ce(ns, jobs: int) -> list[str]:
     for n in ns:
         m = max(1, 128 * MiB // n)
         for c in cands_at(n)[1]:
-            for mode, plan in _ce_passes(orig(m, n, 8, sms, **c), m, sms):
+            for mode, plan in _ce_passes(orig(m, n, 8, sms, whole_passes=True, **c), m, sms):
                 t = plan.tiling
                 items.append(item(CE_FWD, dict(dtype="bf16", aligned=mode != "merge", index64=False, mode=mode,
                                                threads=t.threads, threads_per_row=t.threads_per_row, unroll=t.unroll)))
@@ -582,11 +582,11 @@ def sweep_ce(ns, jobs: int) -> list[str]:
         res, seen = [], set()
         default, cands = cands_at(n)
         for c in cands:
-            plan = orig(m, n, 8, sms, **c)
+            plan = orig(m, n, 8, sms, whole_passes=True, **c)
             if plan in seen:  # another setting's plan at this N (threads per row capped by the CTA)
                 continue
             seen.add(plan)
-            t = _timed_with(S, "ce_plan", lambda mm, nn, vec, s, _c=c, **o: orig(mm, nn, vec, s, **{**_c, **o}),
+            t = _timed_with(S, "ce_plan", lambda mm, nn, vec, s, _c=c, **o: orig(mm, nn, vec, s, whole_passes=True, **{**_c, **o}),
                             lambda: (lambda: ck.cross_entropy(x, tgt, reduction="none")), f"{CE_FWD} {n} {c}")
             if t is None:
                 continue
@@ -604,7 +604,7 @@ def sweep_ce(ns, jobs: int) -> list[str]:
             if c == "quack":
                 desc, splits = "QuACK cross_entropy", ""
             else:
-                plan = orig(m, n, 8, sms, **c)
+                plan = orig(m, n, 8, sms, whole_passes=True, **c)
                 desc = f"{plan.tiling} vpt{c['vectors_per_thread']} ctas/SM {c['ctas_per_sm']}"
                 desc += " (default)" if c == default else ""
                 splits = str(plan.splits)

@@ -99,3 +99,5 @@ def test_whole_passes():
         assert plan.tiling.unroll == u and per % u == 0, (n, plan)
     assert ce_plan(32768, 6144, 1, 132).tiling.unroll == 8
     assert ce_plan(32768, 6144, 8, 132, unroll=8).tiling.unroll == 8
+    # a sweep of settings (perf.tune_rows) asks for the rule even though it names the unroll
+    assert ce_plan(32768, 6144, 8, 132, unroll=8, whole_passes=True).tiling.unroll == 6

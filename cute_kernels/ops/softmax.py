@@ -113,20 +113,27 @@ def _ce_kernel(dtype, aligned, index64, mode, tiling):
 # cross_entropy.fwd` times other settings against these.
 # H200 (perf/results/2026-11-29-h200-a25b01a/tune_rows_ce.md): 4k 2.85 -> 4.01 TB/s (1.10x QuACK).
 # Rows of 32k elements and more take 256-thread CTAs, 4 per SM: 64k 3.56 -> 3.99 TB/s (1.09x QuACK).
-CE_FWD_PLAN = dict(threads=128, unroll=8, vectors_per_thread=8, ctas_per_sm=8)
-CE_FWD_LONG_PLAN = dict(CE_FWD_PLAN, threads=256, ctas_per_sm=4)
+# 16 vectors a thread (two passes of 8 loaded together): half the threads a row of the 8-vector plan below
+# 16k, so a CTA holds twice the rows (session 22: 1.039x / 1.185x / 1.072x at 1k / 6144 / 8k; from 12288 the
+# CTA's 128 threads cap the row's threads and both settings give the same plan)
+CE_FWD_PLAN = dict(threads=128, unroll=8, vectors_per_thread=16, ctas_per_sm=8)
+CE_FWD_LONG_PLAN = dict(CE_FWD_PLAN, threads=256, vectors_per_thread=8, ctas_per_sm=4)
 CE_FWD_LONG_ROW = 32768
 
 
-def ce_plan(m: int, n: int, vec: int, sms: int, **options) -> RowPlan:
+def ce_plan(m: int, n: int, vec: int, sms: int, whole_passes: bool | None = None, **options) -> RowPlan:
     """The plan of the cross-entropy forward for (m, n) logits read in `vec`-element vectors (1: the
     scalar variant) on `sms` SMs: `plan_rows` under CE_FWD_PLAN (CE_FWD_LONG_PLAN for rows of
-    CE_FWD_LONG_ROW elements and more), `options` overriding it."""
+    CE_FWD_LONG_ROW elements and more), `options` overriding it. `whole_passes` (default: unless `options`
+    names the unroll) narrows the unroll so each thread's share of the row is whole passes; a sweep of
+    settings passes True to time each setting as the op would run it as its default."""
+    if whole_passes is None:
+        whole_passes = "unroll" not in options
     base = CE_FWD_LONG_PLAN if n >= CE_FWD_LONG_ROW else CE_FWD_PLAN
     plan = plan_rows(m, n // vec, sms, **{**base, **options})
     t = plan.tiling
     per = -(-(n // vec) // t.threads_per_row)  # vectors a thread of the row walks
-    if vec > 1 and plan.splits == 1 and per % t.unroll and "unroll" not in options:
+    if vec > 1 and plan.splits == 1 and per % t.unroll and whole_passes:
         # whole passes: as many as the planned unroll needs, each as wide as they then take (6144: one pass of 6
         # vectors, not a pass of 8 with 2 masked off; session 20: the partial pass had folded a vector at a time)
         passes = -(-per // t.unroll)
