@@ -523,7 +523,10 @@ HELD_TUNED = {
                (16384, dict(_STAGED_LN_FWD_MB, hold=True, resident_grid=True, regs=_LN_FWD)),
                (32768, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", **_REFILL, regs=_LN_FWD)),
                (65536, dict(_STAGED_LN_FWD_MB, **_REFILL, regs=_LN_FWD)),
-               (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", **_REFILL, regs=_NORM_FWD)),
+               # scalar and fp32 rows: 16 values a thread in clusters of 16 (32 in clusters of 8 spilled 496 B on
+               # scalar rows, which hold x, weight and bias; GPU-checked in session 22)
+               (131072, dict(_STAGED_NORM_FWD, cluster_sync="mbarrier", **_REFILL,
+                             regs=dict(_NORM_FWD, max_elems=16, max_cluster=16))),
                (262144, dict(_C16_HOLD_FWD_256K, **_REFILL, regs=_NORM_FWD)),
                (None, dict(_LONG_FWD, cluster_sync="mbarrier", hold=True, regs=_NORM_FWD))),
     # softmax / log-softmax backward staged from 16k (session 10's suite, 8f975dd: the staged plan at 64k 99 % and

@@ -112,10 +112,6 @@ def known_spill(spec, p) -> int:
     """Local memory (bytes) a sweep configuration is known to spill, each with its reason (the triage of session 21;
     0: none allowed). Every one is a production plan; the GPU tests check their results."""
     slow_row = spec.family == "rowwise" and (not p.get("aligned", True) or p.get("dtype") == "fp32")
-    if spec.name == "layernorm.fwd" and slow_row and p["cluster_n"] == 8 and p["staging"] == "regs" and p["vpt"] == 32:
-        # scalar rows of 64k-128k (N not a multiple of 8): 512 threads x 32 values of x, weight and bias in clusters
-        # of 8. 16 elements in clusters of 16 compile clean (CPU) but are not GPU-tested yet (perf/NOTES.md)
-        return 496
     if slow_row and spec.name in ("rmsnorm.bwd", "layernorm.bwd", "layernorm.fwd"):
         # the norms' slower paths (scalar rows: N not a multiple of 8; fp32 rows) at 512 threads x 32 values a
         # thread, x and dy held: 8-24 B
