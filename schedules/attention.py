@@ -46,7 +46,15 @@ kinds run in the same kernel (`cute_kernels/kernels/flash_attn.py`), chosen at t
   unmeasured) launches the grid as (H_q, B, q_tiles) instead: every head's and batch's tile of one
   q index before the next index, so with the reversal the whole grid runs longest first (the order
   FA3's persistent LPT scheduler produces, without the persistence). Scheduling only: the same
-  tiles, the same bits. A persistent scheduler comes later.
+  tiles, the same bits (measured in session 22: 0.971x / 0.967x the default at d128 / d64 causal; with every
+  head's first tile in flight at once, K/V of all heads compete for L2).
+* `persistent` (fa3, batched; session 22: the same bits, 0.93-1.04x the default, 0.61x at D = 64 causal where
+  the static stride hands each CTA the same q index every pass; docs/kernels/attention.md): a grid of one CTA per SM, each walking
+  the tiles t = x, x + X, x + 2X, ... of the launch order above (`PersistentWalk`). The producer warp
+  carries its K/V ring position from tile to tile: it loads the next tile's first `stages` K/V blocks
+  while the consumers still finish the current one and store its O, then the next Q once the
+  consumers release the Q buffer (O is staged through it), then the rest. The consumers carry their
+  ring position too. Same tiles, same arithmetic: the same bits as the one-CTA-a-tile grid.
 
 Registers (fa3): 24 + 2 x 240 = 504 <= 512 per thread-slot of the 64K file for 384 threads (FA3's
 budget); three consumer warpgroups would be 32 + 3 x 160.
@@ -81,6 +89,7 @@ class AttentionSchedule:
     producer_regs: int = 0  # 0: 24 (one or two consumer warpgroups), 32 (three)
     consumer_regs: int = 0  # 0: 240 (one or two), 160 (three): FA3's / FA4's budgets
     heads_first: bool = False  # the grid (H_q, B, q_tiles): each q index over every head and batch before the next
+    persistent: bool = False  # fa3: one CTA per SM walks the tiles in launch order (`PersistentWalk`)
     # (grid z holds the q tiles then: at most 65535, S_q <= 4M rows at tile_m 64)
 
     def __post_init__(self):
@@ -103,6 +112,8 @@ class AttentionSchedule:
             object.__setattr__(self, "producer_regs", 32 if wgs == 3 else 24)
         if not self.consumer_regs:
             object.__setattr__(self, "consumer_regs", 160 if wgs == 3 else 240)
+        if self.persistent and self.kind != "fa3":
+            raise ValueError("persistent is built for kind='fa3' (its producer warp carries the K/V ring across tiles)")
         if self.overlap and self.kind != "fa3":
             raise ValueError("overlap (the next S = Q K^T issued before the softmax) is an fa3 option; fa2 is the "
                              "synchronous schedule")
@@ -146,8 +157,11 @@ class AttentionSchedule:
         overlap spilled 256-336 B unpinned) and two P buffers (D = 256 at 80-key blocks, B2 S8k H8:
         726.5-733.5 TFLOP/s in session 10's suites against 706 in session 9's). The one-buffer
         overlap at 240 registers keeps the sunk conversion, which issues the next S GEMM first: D = 128
-        measured 643.7 pinned against 660.2 (B2 S8k H16, two suite runs)."""
-        return self.consumer_wgs == 3 or self.double_p
+        measured 643.7 pinned against 660.2 (B2 S8k H16, two suite runs). Pinned on a persistent grid: inside
+        the tile walk, the sunk conversion made ptxas serialize every WGMMA of the one-buffer overlap (C7512,
+        "insufficient register resources"; 48 ARRIVE for 48 HGMMA at D = 128); pinned, 6 for 48, top register
+        193 (`tests/test_attention_wgmma_waits.py`)."""
+        return self.consumer_wgs == 3 or self.double_p or self.persistent
 
     # --- registers (fp32 values per consumer thread) ------------------------------------------
     def accumulators(self, head_dim: int) -> int:
@@ -199,7 +213,7 @@ class AttentionSchedule:
         return (f"{self.kind}_{self.tile_m}x{self.tile_n}_s{self.stages}_wg{self.consumer_wgs}_{pp}"
                 + ("_ov" if self.overlap else "") + ("_lz" if self.lazy_rescale else "") + ("_dp" if self.double_p else "")
                 + ("_sm" if self.split_mask else "") + ("_sc" if self.sum_from_corr else "")
-                + ("_hf" if self.heads_first else ""))
+                + ("_hf" if self.heads_first else "") + ("_ps" if self.persistent else ""))
 
 
 # Tile sizes per head dim (FA3's choices where the registers allow: O and S both live in registers,
@@ -262,14 +276,14 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     x ping-pong on/off x overlap on/off, the overlap with two P buffers (`double_p`), plus two stages
     instead of as-many-as-fit; fa3 with one
     consumer warpgroup (tile_m 64); fa2 with tile_m 128 and 64, the default block and the next
-    smaller one, two stages and one (fully synchronous); causal: the default on the heads-first grid, second. At most
-    `limit` (~20 at every head dim)."""
+    smaller one, two stages and one (fully synchronous); the default on a persistent grid, second; causal: the
+    default on the heads-first grid, third. At most `limit` (~20 at every head dim)."""
     default = default_schedule(head_dim, causal)
     d = _base_schedule(head_dim)
     fitting = [tn for tn in TILE_NS if AttentionSchedule(tile_n=tn).fits(head_dim)]
     i = fitting.index(d.tile_n)
     near = [d.tile_n] + fitting[max(0, i - 1):i] + fitting[i + 1:i + 2]
-    specs = [dataclasses.asdict(default)]
+    specs = [dataclasses.asdict(default), dict(dataclasses.asdict(default), persistent=True)]  # its persistent twin
     if causal:  # the default on the heads-first grid (the whole grid longest first), next so a short --limit keeps it
         specs.append(dict(dataclasses.asdict(default), heads_first=True))
     if head_dim <= 64:
@@ -318,6 +332,41 @@ def grid(seqlen_q: int, heads: int, batch: int, s: AttentionSchedule) -> tuple[i
 def block_coords(bx, by, bz, heads_first: bool):
     """(q-tile index, head, batch) of the CTA at block index (bx, by, bz) of `grid`. Works on Python and DSL ints."""
     return (bz, bx, by) if heads_first else (bx, by, bz)
+
+
+@dataclass
+class PersistentWalk:
+    """The tiles one CTA of a persistent grid visits: linear indices t = first, first + stride, ... below
+    q_tiles x heads x batch, each decoded as `grid`'s block index of the one-CTA-a-tile launch (x fastest),
+    so the walk keeps that launch's order. Works on Python and DSL ints (a dataclass of them: the DSL carries
+    it through run-time loops like `schedules.gemm.TileWalk`)."""
+
+    dx: object  # the launch grid's x and y extents (`grid`)
+    dy: object
+    total: object  # tiles: q_tiles x heads x batch
+    first: object  # this CTA's first tile (its block index) and the grid's CTA count
+    stride: object
+
+    @staticmethod
+    def create(q_tiles, heads, batch, first, stride, heads_first: bool) -> PersistentWalk:
+        dx, dy = (heads, batch) if heads_first else (q_tiles, heads)
+        return PersistentWalk(dx, dy, q_tiles * heads * batch, first, stride)
+
+    def count(self):
+        """Tiles this CTA visits (the grid has at most one CTA a tile: first < total)."""
+        return (self.total - self.first + self.stride - 1) // self.stride
+
+    def coords(self, i, heads_first: bool):
+        """(q-tile index, head, batch) of this CTA's `i`-th tile (`block_coords` of its block index; `heads_first`
+        as in `create`, a Python bool: a field would become a run-time value in the DSL's loops)."""
+        t = self.first + i * self.stride
+        return block_coords(t % self.dx, (t // self.dx) % self.dy, t // (self.dx * self.dy), heads_first)
+
+
+def persistent_ctas(seqlen_q: int, heads: int, batch: int, s: AttentionSchedule, num_sms: int) -> int:
+    """CTAs of a persistent grid: one per SM (227 KiB of smem a CTA), no more than there are tiles."""
+    q_tiles = max(1, -(-seqlen_q // s.tile_m))
+    return max(1, min(num_sms, q_tiles * heads * batch))
 
 
 def tile_coords(mi, h, b, q_tiles, reverse_m: bool):

@@ -48,6 +48,12 @@ VARIANTS = [
     # the grid launched heads first (H_q, B, q_tiles): block index z is the q tile (session 21)
     {"head_dim": 128, "mask": "causal", "heads_first": True},
     {"head_dim": 64, "mask": "causal", "varlen": True, "heads_first": True, "schedule": "fa2"},
+    # persistent (session 22): one CTA per SM walks the tiles, both roles carrying their ring positions
+    {"head_dim": 128, "persistent": True},
+    {"head_dim": 128, "mask": "causal", "persistent": True, "heads_first": True},
+    {"head_dim": 64, "mask": "causal", "tile_m": 192, "persistent": True},
+    {"head_dim": 256, "mask": "causal", "double_p": True, "persistent": True},
+    {"head_dim": 128, "overlap": False, "persistent": True},
 ]
 
 

@@ -166,6 +166,29 @@ def test_heads_first_grid_runs_longest_first():
         assert (work == sorted(work, reverse=True)) == hf, (hf, work[:12])
 
 
+def test_persistent_walk_keeps_the_launch_order():
+    """`persistent` (session 22): CTA x of X visits tiles x, x + X, ... of the one-CTA-a-tile launch order. Over all
+    CTAs every tile comes once; merged by step (every CTA's first tile, then every CTA's second, ...) the walk is
+    the launch order itself, with and without `heads_first`; no CTA gets more than one tile beyond another."""
+    import dataclasses
+
+    from schedules.attention import PersistentWalk, persistent_ctas
+
+    for sq, heads, batch, sms in ((1000, 3, 2, 132), (8192, 16, 2, 132), (17, 1, 1, 132), (4096, 5, 3, 7)):
+        for hf in (False, True):
+            s = dataclasses.replace(default_schedule(128), heads_first=hf, persistent=True)
+            q_tiles = -(-sq // s.tile_m)
+            ctas = persistent_ctas(sq, heads, batch, s, sms)
+            assert ctas == min(sms, q_tiles * heads * batch)
+            gx, gy, gz = grid(sq, heads, batch, dataclasses.replace(s, persistent=False))
+            launch = [block_coords(x, y, z, hf) for z in range(gz) for y in range(gy) for x in range(gx)]
+            walks = [PersistentWalk.create(q_tiles, heads, batch, c, ctas, hf) for c in range(ctas)]
+            counts = [w.count() for w in walks]
+            assert max(counts) - min(counts) <= 1 and sum(counts) == len(launch)
+            merged = [walks[c].coords(i, hf) for i in range(max(counts)) for c in range(ctas) if i < counts[c]]
+            assert merged == launch
+
+
 # --- masks: block ranges vs brute force ------------------------------------------------------------
 def _kind(left, right):
     return MaskKind(left=left >= 0, right=right >= 0)

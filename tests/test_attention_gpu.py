@@ -246,6 +246,32 @@ def test_heads_first_bitwise(causal):
     assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1])
 
 
+PERSISTENT = [(128, True, {}), (128, False, {}), (128, True, {"heads_first": True}), (128, False, {"overlap": False}),
+              (64, True, {}), (256, True, {}), (256, False, {})]
+
+
+@pytest.mark.parametrize("d,causal,extra", PERSISTENT, ids=[f"d{d}-{'causal' if c else 'full'}-{e}" for d, c, e in PERSISTENT])
+def test_persistent_bitwise(d, causal, extra):
+    """`persistent` (session 22; D = 128 passed on the H200 that session): one CTA per SM walking about four tiles each (GQA, a part-full
+    last q tile, S_q != S_k, the producer loading the next tile's first K/V blocks under this tile's end) computes
+    the same O and LSE as the one-CTA-a-tile grid, bit for bit, at the default schedule of each head dim."""
+    import dataclasses
+
+    from cute_kernels.ops.flash_attn import _flash_attn_cuda
+    from schedules.attention import default_schedule
+
+    q, k, v = randn(2, 2000, 16, d), randn(2, 2100, 4, d), randn(2, 2100, 4, d)
+    s = dataclasses.replace(default_schedule(d, causal, 2100), **extra)
+    base = _flash_attn_cuda(q, k, v, causal, schedule=s)
+    out = _flash_attn_cuda(q, k, v, causal, schedule=dataclasses.replace(s, persistent=True))
+    assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1])
+    # and a grid of fewer tiles than SMs (every CTA one tile)
+    q1, k1, v1 = randn(1, 300, 2, d), randn(1, 300, 2, d), randn(1, 300, 2, d)
+    base = _flash_attn_cuda(q1, k1, v1, causal, schedule=s)
+    out = _flash_attn_cuda(q1, k1, v1, causal, schedule=dataclasses.replace(s, persistent=True))
+    assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1])
+
+
 def test_mqa_fp16_scale_softcap():
     q, k, v = randn(2, 300, 8, 128), randn(2, 500, 1, 128), randn(2, 500, 1, 128)
     _check(q, k, v, causal=True)

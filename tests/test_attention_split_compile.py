@@ -67,6 +67,9 @@ VARIANTS = {
     "split_m192_n64_causal": {"head_dim": 64, "tile_m": 192, "tile_n": 64, "mask": "causal", "split_mask": True},
     "sum_no_overlap_lazy": {"head_dim": 128, "lazy_rescale": True, "sum_from_corr": True},
     "sum_double_p": {"head_dim": 128, "double_p": True, "sum_from_corr": True},
+    # the default's split walk inside the persistent tile loop (session 22)
+    "split_persistent": {"head_dim": 128, "split_mask": True, "persistent": True},
+    "split_causal_persistent": {"head_dim": 128, "mask": "causal", "split_mask": True, "persistent": True},
 }
 
 

@@ -73,7 +73,8 @@ from collectives.online_softmax import (
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma
 from collectives.vector_io import extent
 from collectives.wgmma_mainloop import acc_a_view, acc_as_a_operand, mma_blocks, stage_of
-from schedules.attention import AttentionSchedule, block_coords, tile_coords
+from schedules.attention import AttentionSchedule, PersistentWalk, block_coords, tile_coords
+from schedules.hardware import num_sms
 
 # Named barrier ids (0 is __syncthreads).
 _EPI_BAR = 1  # the O store of consumer warpgroup w: 1 + w
@@ -175,12 +176,19 @@ class FlashAttnFwd:
         else:
             q_tiles = (extent(q, 0) + s.tile_m - 1) // s.tile_m
             batch = cute.size(q, mode=[3])
+        if cutlass.const_expr(s.persistent):
+            if cutlass.const_expr(self.varlen):
+                raise ValueError("persistent is built for batched attention, not varlen")
+            # one CTA per SM (the count of the device this is compiled on; any count computes the same tiles),
+            # no more than there are tiles
+            grid = [cutlass.min(cutlass.max(q_tiles, 1) * cute.size(q, mode=[2]) * batch, num_sms()), 1, 1]
+        elif cutlass.const_expr(s.heads_first):
+            grid = [cute.size(q, mode=[2]), batch, cutlass.max(q_tiles, 1)]
+        else:
+            grid = [cutlass.max(q_tiles, 1), cute.size(q, mode=[2]), batch]
         self.kernel(tiled_mma_qk, tiled_mma_pv, tma_q, tma_gq, tma_k, tma_gk, tma_v, tma_gv, tma_o, tma_go, lse,
                     cu_seqlens_q, cu_seqlens_k, scale_log2, scale_lse, scale_over_cap, cap, window_left, window_right,
-                    sQ_layout, sK_layout, sV_layout, sO_layout).launch(
-            grid=[cute.size(q, mode=[2]), batch, cutlass.max(q_tiles, 1)] if cutlass.const_expr(s.heads_first)
-            else [cutlass.max(q_tiles, 1), cute.size(q, mode=[2]), batch],
-            block=[s.threads, 1, 1], stream=stream)
+                    sQ_layout, sK_layout, sV_layout, sO_layout).launch(grid=grid, block=[s.threads, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(
@@ -209,7 +217,7 @@ class FlashAttnFwd:
         sV_layout: cute.ComposedLayout,
         sO_layout: cute.ComposedLayout,
     ):
-        s, d, dt, kind = self.s, self.d, self.dtype, self.mask
+        s, dt = self.s, self.dtype
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
@@ -236,16 +244,87 @@ class FlashAttnFwd:
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
-        # ---- the tile: (q tile, query head, batch); its K/V head; its K/V block range ----
-        # Every thread computes the same values from the same reads (cu_seqlens included), so the
-        # producer and the consumers agree on the tile's existence, its blocks and their order.
-        bx, by, bz = cute.arch.block_idx()
-        mi, bh, bb = block_coords(bx, by, bz, s.heads_first)  # (q-tile index, head, batch) of this CTA
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+        pipes = SimpleNamespace(q=pipe_q, k=pipe_k, v=pipe_v)
+        g = SimpleNamespace(mQ=mQ, mK=mK, mV=mV, mO=mO, mCuQ=mCuQ, mCuK=mCuK, tma_q=tma_q, tma_k=tma_k, tma_v=tma_v,
+                            sQ=sQ, sK=sK, sV=sV, left=window_left, right=window_right)
+        # the epilogue's operands; each tile adds its O tiles (gO)
+        outs = dict(mLSE=mLSE, tma_o=tma_o, sQ_ptr=st.sQ.data_ptr(), q_stage=q_stage, sO_layout=sO_layout,
+                    scale_log2=scale_log2, scale_lse=scale_lse, scale_over_cap=scale_over_cap, cap=cap)
+
+        if cutlass.const_expr(s.persistent):
+            # ---- one CTA per SM walks the tiles (`PersistentWalk`); both roles carry their ring positions ----
+            if wg == 0:
+                cute.arch.setmaxregister_decrease(s.producer_regs)
+                if warp == 0:
+                    walk = self.walk(mQ)
+                    base = Int32(0)  # K/V blocks loaded so far
+                    for j in cutlass.range(walk.count(), unroll=1):
+                        p_valid, p_loads, p_tile, p_gO = self.tile_setup(g, *walk.coords(j, s.heads_first))
+                        # the first blocks (as many as the ring holds) may go in while the consumers finish the
+                        # previous tile and store its O through the Q buffer; Q after them, then the rest
+                        first = cutlass.min(p_tile.n_count, stages)
+                        for i in cutlass.range(first, unroll=1):
+                            self.load_kv(pipes, p_loads, self.ring_state(base + i, stages, True), p_tile.n_max - 1 - i)
+                        self.load_q(pipes, p_loads, p_tile.m_block, j)
+                        for i in cutlass.range(first, p_tile.n_count, unroll=1):
+                            self.load_kv(pipes, p_loads, self.ring_state(base + i, stages, True), p_tile.n_max - 1 - i)
+                        base = base + p_tile.n_count
+                    kv = self.ring_state(base, stages, True)
+                    pipe_k.producer_tail(kv.clone())
+                    pipe_v.producer_tail(kv)
+            else:
+                cute.arch.setmaxregister_increase(s.consumer_regs)
+                walk = self.walk(mQ)
+                base = Int32(0)  # K/V blocks consumed so far
+                for j in cutlass.range(walk.count(), unroll=1):
+                    c_valid, c_loads, c_tile, c_gO = self.tile_setup(g, *walk.coords(j, s.heads_first))
+                    c_tile.kv_base, c_tile.q_index = base, j
+                    self.consumer(wg - 1, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, c_loads, c_tile,
+                                  SimpleNamespace(gO=c_gO, **outs))
+                    base = base + c_tile.n_count
+        else:
+            bx, by, bz = cute.arch.block_idx()
+            valid, loads, tile, gO = self.tile_setup(g, *block_coords(bx, by, bz, s.heads_first))
+            out = SimpleNamespace(gO=gO, **outs)
+            # varlen: the grid covers the longest sequence; a CTA past its sequence's last q tile does
+            # nothing (a CTA-uniform condition: producer and consumers skip alike). Batched: always true.
+            if valid:
+                if cutlass.const_expr(s.warp_specialized):
+                    if wg == 0:
+                        # ---- fa3 producer: one warp loads Q once, then K and V of each block, last block first ----
+                        cute.arch.setmaxregister_decrease(s.producer_regs)
+                        if warp == 0:
+                            self.load_q(pipes, loads, tile.m_block)
+                            kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+                            for i in cutlass.range(tile.n_count, unroll=1):
+                                self.load_kv(pipes, loads, kv, tile.n_max - 1 - i)
+                                kv.advance()
+                            # producer_tail advances the state it is given (a full turn of the ring: the
+                            # phase flips), so each ring gets its own copy of the state after the last load
+                            pipe_k.producer_tail(kv.clone())
+                            pipe_v.producer_tail(kv)
+                    else:
+                        cute.arch.setmaxregister_increase(s.consumer_regs)
+                        self.consumer(wg - 1, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, loads, tile,
+                                      out)
+                else:
+                    # ---- fa2: every warpgroup computes its 64 rows; warp 0 also issues the loads in line ----
+                    self.consumer(wg, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, loads, tile, out)
+
+    @cute.jit
+    def tile_setup(self, g: SimpleNamespace, mi: Int32, bh: Int32, bb: Int32):
+        """The tile at q-tile index `mi` (`block_coords`), query head `bh`, batch `bb`: (whether it exists, its
+        loads' partitions, its coordinates and K/V block range, its O tiles). Every thread computes the same
+        values from the same reads (cu_seqlens included), so the producer and the consumers agree on the tile's
+        existence, its blocks and their order."""
+        s, d, kind = self.s, self.d, self.mask
+        mQ, mK, mV, mO = g.mQ, g.mK, g.mV, g.mO
         if cutlass.const_expr(self.varlen):
-            q_start = mCuQ[bb]
-            k_start = mCuK[bb]
-            seqlen_q = mCuQ[bb + 1] - q_start
-            seqlen_k = mCuK[bb + 1] - k_start
+            q_start = g.mCuQ[bb]
+            k_start = g.mCuK[bb]
+            seqlen_q = g.mCuQ[bb + 1] - q_start
+            seqlen_k = g.mCuK[bb + 1] - k_start
             bt = 0  # the tensors' batch mode (one packed batch)
         else:
             seqlen_q = extent(mQ, 0)
@@ -255,8 +334,7 @@ class FlashAttnFwd:
         q_tiles = (seqlen_q + s.tile_m - 1) // s.tile_m
         m_block, h, b = tile_coords(mi, bh, bb, q_tiles, kind.right)
         hk = h // (cute.size(mQ, mode=[2]) // cute.size(mK, mode=[2]))
-        n_min, n_max = n_block_range(m_block, s.tile_m, s.tile_n, seqlen_q, seqlen_k, window_left, window_right,
-                                     kind)
+        n_min, n_max = n_block_range(m_block, s.tile_m, s.tile_n, seqlen_q, seqlen_k, g.left, g.right, kind)
         n_count = cutlass.max(n_max - n_min, 0)
 
         # Global tiles: Q/O (64, D, q sub-tiles of 64 rows), K (tile_n, D, blocks), V^T (D, tile_n, blocks);
@@ -272,51 +350,42 @@ class FlashAttnFwd:
         gK = cute.local_tile(mK_b, (s.tile_n, d), (None, 0))
         gV = cute.local_tile(mV_b, (d, s.tile_n), (0, None))
         gO = cute.local_tile(mO_b, (64, d), (None, 0))
-        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+        tQsQ, tQgQ = cpasync.tma_partition(g.tma_q, 0, cute.make_layout(1), cute.group_modes(g.sQ, 0, 2),
                                            cute.group_modes(gQ, 0, 2))
-        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+        tKsK, tKgK = cpasync.tma_partition(g.tma_k, 0, cute.make_layout(1), cute.group_modes(g.sK, 0, 2),
                                            cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+        tVsV, tVgV = cpasync.tma_partition(g.tma_v, 0, cute.make_layout(1), cute.group_modes(g.sV, 0, 2),
                                            cute.group_modes(gV, 0, 2))
-
-        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
-
-        pipes = SimpleNamespace(q=pipe_q, k=pipe_k, v=pipe_v)
-        loads = SimpleNamespace(q=tma_q, gq=tQgQ, sq=tQsQ, k=tma_k, gk=tKgK, sk=tKsK, v=tma_v, gv=tVgV, sv=tVsV)
+        loads = SimpleNamespace(q=g.tma_q, gq=tQgQ, sq=tQsQ, k=g.tma_k, gk=tKgK, sk=tKsK, v=g.tma_v, gv=tVgV, sv=tVsV)
+        # kv_base / q_index: the ring positions of the tile's first K/V block and of its Q (0: a one-tile CTA)
         tile = SimpleNamespace(m_block=m_block, h=h, b=bt, n_min=n_min, n_max=n_max, n_count=n_count, seqlen_q=seqlen_q,
-                               seqlen_k=seqlen_k, left=window_left, right=window_right, q_start=q_start)
-        out = SimpleNamespace(mLSE=mLSE, tma_o=tma_o, gO=gO, sQ_ptr=st.sQ.data_ptr(), q_stage=q_stage,
-                              sO_layout=sO_layout, scale_log2=scale_log2, scale_lse=scale_lse,
-                              scale_over_cap=scale_over_cap, cap=cap)
-        # varlen: the grid covers the longest sequence; a CTA past its sequence's last q tile does
-        # nothing (a CTA-uniform condition: producer and consumers skip alike). Batched: always true.
-        if mi < q_tiles:
-            if cutlass.const_expr(s.warp_specialized):
-                if wg == 0:
-                    # ---- fa3 producer: one warp loads Q once, then K and V of each block, last block first ----
-                    cute.arch.setmaxregister_decrease(s.producer_regs)
-                    if warp == 0:
-                        self.load_q(pipes, loads, m_block)
-                        kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
-                        for i in cutlass.range(n_count, unroll=1):
-                            self.load_kv(pipes, loads, kv, n_max - 1 - i)
-                            kv.advance()
-                        # producer_tail advances the state it is given (a full turn of the ring: the
-                        # phase flips), so each ring gets its own copy of the state after the last load
-                        pipe_k.producer_tail(kv.clone())
-                        pipe_v.producer_tail(kv)
-                else:
-                    cute.arch.setmaxregister_increase(s.consumer_regs)
-                    self.consumer(wg - 1, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, loads, tile, out)
-            else:
-                # ---- fa2: every warpgroup computes its 64 rows; warp 0 also issues the loads in line ----
-                self.consumer(wg, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, loads, tile, out)
+                               seqlen_k=seqlen_k, left=g.left, right=g.right, q_start=q_start, kv_base=0, q_index=0)
+        return mi < q_tiles, loads, tile, gO
+
+    def walk(self, mQ: cute.Tensor) -> PersistentWalk:
+        """This CTA's tiles in a persistent grid (built where it is used: a Python object cannot cross a run-time
+        `if`)."""
+        bx, _, _ = cute.arch.block_idx()
+        gx, _, _ = cute.arch.grid_dim()
+        return PersistentWalk.create((extent(mQ, 0) + self.s.tile_m - 1) // self.s.tile_m,
+                                     Int32(cute.size(mQ, mode=[2])), Int32(cute.size(mQ, mode=[3])), Int32(bx),
+                                     Int32(gx), self.s.heads_first)
+
+    def ring_state(self, count, stages: int, producer: bool):
+        """The pipeline state after `count` uses of a ring of `stages` (0, a Python int: a fresh state)."""
+        user = pipeline.PipelineUserType.Producer if producer else pipeline.PipelineUserType.Consumer
+        if isinstance(count, int) and count == 0:
+            return pipeline.make_pipeline_state(user, stages)
+        phase = (count // stages) % 2
+        return pipeline.PipelineState(stages, count, count % stages, 1 - phase if producer else phase)
 
     # --- the loads (fa3: the producer warp; fa2: warp 0 between its own GEMMs) --------------------
     @cute.jit
-    def load_q(self, pipes: SimpleNamespace, loads: SimpleNamespace, m_block: Int32):
+    def load_q(self, pipes: SimpleNamespace, loads: SimpleNamespace, m_block: Int32, index=0):
+        """Q of q tile `m_block` into the Q buffer, the CTA's `index`-th Q (persistent: the buffer is acquired once
+        the consumers have released the previous one)."""
         s = self.s
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        q_state = self.ring_state(index, 1, True)
         pipes.q.producer_acquire(q_state)
         q_bar = pipes.q.producer_get_barrier(q_state)
         for w in cutlass.range_constexpr(s.consumer_wgs):
@@ -416,7 +485,7 @@ class FlashAttnFwd:
                 self.load_q(pipes, loads, tile.m_block)
                 for j in cutlass.range_constexpr(s.prefetch):
                     self.load_kv_inline(pipes, loads, tile, Int32(j))
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        q_state = self.ring_state(tile.q_index, 1, False)
         pipes.q.consumer_wait(q_state)
         if cutlass.const_expr(s.pingpong):
             if cwg == 0:
@@ -424,7 +493,7 @@ class FlashAttnFwd:
             my_turn.arrive_and_wait()
         if cutlass.const_expr(not s.overlap):
             lazy = LAZY_RESCALE_LOG2 if s.lazy_rescale else 0.0  # the online softmax's lazy_threshold
-            kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+            kv = self.ring_state(tile.kv_base, stages, False)
             for i in cutlass.range(n_count, unroll=1):
                 n = n_max - 1 - i
                 if cutlass.const_expr(not s.warp_specialized and s.prefetch == 0):
@@ -465,7 +534,7 @@ class FlashAttnFwd:
             p = cute.make_rmem_tensor(acc_a_view(acc_s).shape, dt)
             corr = cute.make_rmem_tensor((rows,), Float32)
             if n_count > 0:
-                kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+                kv = self.ring_state(tile.kv_base, stages, False)
                 pipes.k.consumer_wait(kv)
                 self.qk_gemm(tiled_mma_qk, acc_s, tSrQ, tSrK, kv.index)
                 if cutlass.const_expr(s.pingpong):
@@ -537,6 +606,8 @@ class FlashAttnFwd:
                               out.gO[(None, None, tile.m_block * s.consumer_wgs + cwg)])
         else:
             self.store_o_tma(tiled_mma_pv, acc_o, tid, warp, cwg, tile, out)
+        if cutlass.const_expr(s.persistent):
+            pipes.q.consumer_release(q_state)  # O's stores have read the Q buffer (`store_o_tma`): the next Q may come
 
     @cute.jit
     def overlap_block(self, n: Int32, kv: pipeline.PipelineState, kv_v: pipeline.PipelineState,
@@ -567,9 +638,12 @@ class FlashAttnFwd:
         acc_as_a_operand(mm.acc_s, self.dtype, mm.p, pinned=s.pinned_p)
 
     # --- the overlap with two P buffers (`AttentionSchedule.double_p`) ----------------------------
-    def consumer_state(self, i):
-        """The consumer state of the i-th block of the walk (both rings advance once per block)."""
+    def consumer_state(self, i, base=0):
+        """The consumer state of the i-th block of the walk (both rings advance once per block), `base` blocks
+        consumed before the walk (the tile's `kv_base`)."""
         stages = self.s.num_stages(self.d, self.dtype.width // 8)
+        if not (isinstance(base, int) and base == 0):
+            i = i + base
         return pipeline.PipelineState(stages, i, i % stages, (i // stages) % 2)
 
     @cute.jit
@@ -592,7 +666,7 @@ class FlashAttnFwd:
         pb = cute.make_rmem_tensor(acc_a_view(mm.acc_s).shape, dt)
         corr = cute.make_rmem_tensor((cute.size(mm.o_rows, mode=[0]),), Float32)
         if n_count > 0:
-            kv = self.consumer_state(Int32(0))
+            kv = self.consumer_state(Int32(0), tile.kv_base)
             pipes.k.consumer_wait(kv)
             self.qk_gemm(mm.qk, mm.acc_s, mm.tSrQ, mm.tSrK, kv.index)
             if cutlass.const_expr(s.pingpong):
@@ -614,9 +688,9 @@ class FlashAttnFwd:
                 self.overlap_step(i0 + 1, pb, pa, corr, mm, pipes, tile, out)
             # the last block's P V (its P in pa), after P_{n-2} V_{n-2} and the last rescale
             warpgroup.wait_group(0)
-            if_generate(n_count >= 2, lambda: pipes.v.consumer_release(self.consumer_state(n_count - 2)))
+            if_generate(n_count >= 2, lambda: pipes.v.consumer_release(self.consumer_state(n_count - 2, tile.kv_base)))
             rescale_rows(mm.o_rows, corr)
-            kv_v = self.consumer_state(n_count - 1)
+            kv_v = self.consumer_state(n_count - 1, tile.kv_base)
             pipes.v.consumer_wait(kv_v)
             if cutlass.const_expr(s.pingpong):
                 mm.my_turn.arrive_and_wait()
@@ -632,8 +706,8 @@ class FlashAttnFwd:
         # qk_gemm sets the atom's ACCUMULATE field (a new IR value): on a copy, so that nothing created
         # inside the caller's `if` is used after it
         qk = cutlass.new_from_mlir_values(mm.qk, cutlass.extract_mlir_values(mm.qk))
-        kv = self.consumer_state(i)
-        kv_v = self.consumer_state(i - 1)
+        kv = self.consumer_state(i, tile.kv_base)
+        kv_v = self.consumer_state(i - 1, tile.kv_base)
         # K's wait first: its try-wait loop ends the basic block, so ptxas cannot hoist the wgmma wait
         # below into the previous step's softmax (it does within one block: see overlap's docs)
         pipes.k.consumer_wait(kv)
@@ -643,7 +717,7 @@ class FlashAttnFwd:
         warpgroup.wait_group(0)
         # (if_generate, not a traced `if`: the traced one rebinds the pipeline's values inside the
         # region and the IR no longer verifies)
-        if_generate(i >= 2, lambda: pipes.v.consumer_release(self.consumer_state(i - 2)))
+        if_generate(i >= 2, lambda: pipes.v.consumer_release(self.consumer_state(i - 2, tile.kv_base)))
         rescale_rows(mm.o_rows, corr)  # O *= corr_{i-1}
         if cutlass.const_expr(s.pingpong):
             mm.my_turn.arrive_and_wait()
@@ -693,3 +767,5 @@ class FlashAttnFwd:
                        out.gO[(None, None, tile.m_block * s.consumer_wgs + cwg)], _EPI_TILE, dt, LayoutEnum.ROW_MAJOR,
                        epi_bar, warp % 4 == 0, store_pipe)
         store_pipe.producer_tail()
+        if cutlass.const_expr(s.persistent):
+            epi_bar.arrive_and_wait()  # the storing thread's bulk stores have read sQ: the warpgroup may release Q
