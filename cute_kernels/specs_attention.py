@@ -36,7 +36,7 @@ def schedule_of(p) -> AttentionSchedule:
     return AttentionSchedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=tile_n, stages=p["stages"],
                              pingpong=p["pingpong"], overlap=p["overlap"], lazy_rescale=p["lazy_rescale"],
                              double_p=p["double_p"], split_mask=p["split_mask"], sum_from_corr=p["sum_from_corr"],
-                             heads_first=p["heads_first"], persistent=p["persistent"])
+                             heads_first=p["heads_first"], persistent=p["persistent"], l2_groups=p["l2_groups"])
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,6 +50,9 @@ class FlashAttnSpec(KernelSpec):
             p["double_p"] = False  # a variant of the overlap
         if not p["overlap"] or p["double_p"]:
             p["split_mask"] = False  # built for the one-buffer overlap
+        if p["l2_groups"] and (p["heads_first"] or p["varlen"]):
+            raise ValueError(f"{self.name}: l2_groups is a tile order of its own (not with heads_first), built for "
+                             "batched (not varlen) attention")
         if p["persistent"] and (p["schedule"] != "fa3" or p["varlen"]):
             raise ValueError(f"{self.name}: persistent is built for schedule fa3 on batched (not varlen) attention")
         if p["split_mask"] and not schedule_of(p).fits(p["head_dim"]):
@@ -116,6 +119,10 @@ class FlashAttnSpec(KernelSpec):
         out.append(self.resolve({"persistent": True, "mask": "causal", "head_dim": 64, "tile_m": 192}))
         out.append(self.resolve({"persistent": True, "head_dim": 256, "double_p": True, "mask": "causal"}))
         out.append(self.resolve({"persistent": True, "overlap": False}))
+        out.append(self.resolve({"l2_groups": True, "mask": "causal"}))
+        out.append(self.resolve({"l2_groups": True, "persistent": True, "mask": "causal", "head_dim": 64,
+                                 "tile_m": 192}))
+        out.append(self.resolve({"l2_groups": True, "schedule": "fa2", "mask": "causal"}))
         return out
 
 
@@ -156,6 +163,8 @@ FLASH_ATTN = FlashAttnSpec(
                                "probabilities (FA4's order) instead of l * corr + sum at the end (l rounds differently)"),
         "heads_first": Param(False, (True, False), help="the grid (H_q, B, q_tiles): each q index over every head and "
                              "batch before the next (causal: longest first over the whole grid); the same bits"),
+        "l2_groups": Param(False, (True, False), help="a 1-D grid in FA3's order: heads in groups whose K/V fit L2, a "
+                           "group's tiles q index slowest (causal: longest first); the same bits"),
         "persistent": Param(False, (True, False), help="fa3, batched: one CTA per SM walks the tiles in launch order, "
                             "carrying the K/V ring (the next tile's first blocks load under this tile's end); the "
                             "same bits"),
@@ -168,4 +177,4 @@ def params_for(schedule: AttentionSchedule, **signature) -> dict:
             "stages": schedule.stages, "pingpong": schedule.pingpong, "overlap": schedule.overlap,
             "lazy_rescale": schedule.lazy_rescale, "double_p": schedule.double_p, "split_mask": schedule.split_mask,
             "sum_from_corr": schedule.sum_from_corr, "heads_first": schedule.heads_first,
-            "persistent": schedule.persistent, **signature}
+            "persistent": schedule.persistent, "l2_groups": schedule.l2_groups, **signature}

@@ -42,19 +42,24 @@ kinds run in the same kernel (`cute_kernels/kernels/flash_attn.py`), chosen at t
 * the tile walk: one CTA per (q tile, head, batch), grid (q_tiles, H_q, B). With a causal mask the
   q tiles are visited last-first (`reverse_m`): the CTAs of the longest rows (the most K/V blocks)
   start first, a cheap longest-processing-time order, within each (head, batch): the grid launches
-  x fastest, so head 0's shortest tiles start before head 1's longest. `heads_first` (session 21,
-  unmeasured) launches the grid as (H_q, B, q_tiles) instead: every head's and batch's tile of one
-  q index before the next index, so with the reversal the whole grid runs longest first (the order
-  FA3's persistent LPT scheduler produces, without the persistence). Scheduling only: the same
-  tiles, the same bits (measured in session 22: 0.971x / 0.967x the default at d128 / d64 causal; with every
-  head's first tile in flight at once, K/V of all heads compete for L2).
-* `persistent` (fa3, batched; session 22: the same bits, 0.93-1.04x the default, 0.61x at D = 64 causal where
-  the static stride hands each CTA the same q index every pass; docs/kernels/attention.md): a grid of one CTA per SM, each walking
-  the tiles t = x, x + X, x + 2X, ... of the launch order above (`PersistentWalk`). The producer warp
-  carries its K/V ring position from tile to tile: it loads the next tile's first `stages` K/V blocks
-  while the consumers still finish the current one and store its O, then the next Q once the
-  consumers release the Q buffer (O is staged through it), then the rest. The consumers carry their
-  ring position too. Same tiles, same arithmetic: the same bits as the one-CTA-a-tile grid.
+  x fastest, so head 0's shortest tiles start before head 1's longest. `heads_first` (session 21)
+  launches the grid as (H_q, B, q_tiles) instead: every head's and batch's tile of one q index before
+  the next index, so with the reversal the whole grid runs longest first. Scheduling only: the same
+  tiles, the same bits. Measured in session 22 at 0.971x / 0.967x the default (d128 / d64 causal):
+  with every head's longest tile in flight at once, the K/V of all heads compete for L2.
+* `l2_groups` (session 22, built on the desk): FA3's LPT order without its dynamic hand-out. The grid is
+  1-D, each block index a place in `grouped_coords`' order: the (batch, head) pairs cut into groups
+  whose K and V fit L2_KV_BYTES (`l2_group_heads`), group by group, in a group q index slowest (causal:
+  longest first) and head fastest. The tiles in flight at once have about the same length, and only one
+  group's K/V is being read. The same tiles, the same bits.
+* `persistent` (fa3, batched; session 22): a grid of one CTA per SM, each walking the tiles t = x,
+  x + X, x + 2X, ... of the launch order above (`PersistentWalk`). The producer warp carries its K/V
+  ring position from tile to tile: it loads the next tile's first `stages` K/V blocks while the
+  consumers still finish the current one and store its O, then the next Q once the consumers release
+  the Q buffer (O is staged through it), then the rest. The consumers carry their ring position too.
+  The same bits as the one-CTA-a-tile grid; measured at 0.93-1.04x the default, and 0.61x at D = 64
+  causal, where the static stride hands each CTA the same q index on every pass
+  (docs/kernels/attention.md).
 
 Registers (fa3): 24 + 2 x 240 = 504 <= 512 per thread-slot of the 64K file for 384 threads (FA3's
 budget); three consumer warpgroups would be 32 + 3 x 160.
@@ -90,6 +95,7 @@ class AttentionSchedule:
     consumer_regs: int = 0  # 0: 240 (one or two), 160 (three): FA3's / FA4's budgets
     heads_first: bool = False  # the grid (H_q, B, q_tiles): each q index over every head and batch before the next
     persistent: bool = False  # fa3: one CTA per SM walks the tiles in launch order (`PersistentWalk`)
+    l2_groups: bool = False  # a 1-D grid in FA3's order: heads in groups whose K/V fit L2, q slowest in a group
     # (grid z holds the q tiles then: at most 65535, S_q <= 4M rows at tile_m 64)
 
     def __post_init__(self):
@@ -112,6 +118,8 @@ class AttentionSchedule:
             object.__setattr__(self, "producer_regs", 32 if wgs == 3 else 24)
         if not self.consumer_regs:
             object.__setattr__(self, "consumer_regs", 160 if wgs == 3 else 240)
+        if self.l2_groups and self.heads_first:
+            raise ValueError("l2_groups and heads_first are two tile orders: choose one")
         if self.persistent and self.kind != "fa3":
             raise ValueError("persistent is built for kind='fa3' (its producer warp carries the K/V ring across tiles)")
         if self.overlap and self.kind != "fa3":
@@ -213,7 +221,8 @@ class AttentionSchedule:
         return (f"{self.kind}_{self.tile_m}x{self.tile_n}_s{self.stages}_wg{self.consumer_wgs}_{pp}"
                 + ("_ov" if self.overlap else "") + ("_lz" if self.lazy_rescale else "") + ("_dp" if self.double_p else "")
                 + ("_sm" if self.split_mask else "") + ("_sc" if self.sum_from_corr else "")
-                + ("_hf" if self.heads_first else "") + ("_ps" if self.persistent else ""))
+                + ("_hf" if self.heads_first else "") + ("_l2" if self.l2_groups else "")
+                + ("_ps" if self.persistent else ""))
 
 
 # Tile sizes per head dim (FA3's choices where the registers allow: O and S both live in registers,
@@ -276,16 +285,17 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     x ping-pong on/off x overlap on/off, the overlap with two P buffers (`double_p`), plus two stages
     instead of as-many-as-fit; fa3 with one
     consumer warpgroup (tile_m 64); fa2 with tile_m 128 and 64, the default block and the next
-    smaller one, two stages and one (fully synchronous); the default on a persistent grid, second; causal: the
-    default on the heads-first grid, third. At most `limit` (~20 at every head dim)."""
+    smaller one, two stages and one (fully synchronous). Right after the default, its twins in other tile orders:
+    L2 groups and a persistent grid (causal: walking the L2 groups). At most `limit` (~20 at every head dim)."""
     default = default_schedule(head_dim, causal)
     d = _base_schedule(head_dim)
     fitting = [tn for tn in TILE_NS if AttentionSchedule(tile_n=tn).fits(head_dim)]
     i = fitting.index(d.tile_n)
     near = [d.tile_n] + fitting[max(0, i - 1):i] + fitting[i + 1:i + 2]
-    specs = [dataclasses.asdict(default), dict(dataclasses.asdict(default), persistent=True)]  # its persistent twin
-    if causal:  # the default on the heads-first grid (the whole grid longest first), next so a short --limit keeps it
-        specs.append(dict(dataclasses.asdict(default), heads_first=True))
+    # right after the default, its twins in other tile orders: L2 groups, and a persistent grid (causal: walking
+    # the L2 groups; its static stride is unbalanced in the plain order). heads_first measured slower (session 22)
+    specs = [dataclasses.asdict(default), dict(dataclasses.asdict(default), l2_groups=True),
+             dict(dataclasses.asdict(default), persistent=True, l2_groups=causal)]
     if head_dim <= 64:
         # three consumer warpgroups (FA4's d <= 64 tile is 192 x 128), next after the default so that a
         # short --limit keeps them: the synchronous walk, the overlap, the overlap at 64-key blocks
@@ -324,9 +334,55 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
 
 # --- the tile walk ----------------------------------------------------------------------------
 def grid(seqlen_q: int, heads: int, batch: int, s: AttentionSchedule) -> tuple[int, int, int]:
-    """The launch grid: (q_tiles, H_q, B), or (H_q, B, q_tiles) with `heads_first`."""
+    """The launch grid: (q_tiles, H_q, B), (H_q, B, q_tiles) with `heads_first`, (q_tiles x H_q x B, 1, 1) with
+    `l2_groups` (block x is the tile's place in `grouped_coords`' order)."""
     q_tiles = max(1, -(-seqlen_q // s.tile_m))
+    if s.l2_groups:
+        return (q_tiles * heads * batch, 1, 1)
     return (heads, batch, q_tiles) if s.heads_first else (q_tiles, heads, batch)
+
+
+# K and V bytes a group of heads may keep in L2 together (`l2_groups`): about half the H200's 50 MiB of L2,
+# FA3's budget for its LPT scheduler's head swizzle
+L2_KV_BYTES = 24 * 1024 * 1024
+
+
+def _min(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    import cutlass
+
+    return cutlass.min(a, b)
+
+
+def _max(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    import cutlass
+
+    return cutlass.max(a, b)
+
+
+def l2_group_heads(seqlen_k, head_dim: int, q_per_kv, elem: int = 2):
+    """Query heads per L2 group (`l2_groups`): as many K/V heads as fit L2_KV_BYTES with their K and V of
+    `seqlen_k` rows (at least one), times the query heads sharing each (GQA). Works on Python and DSL ints
+    (no product of the sequence length that could overflow 32 bits)."""
+    return _max((L2_KV_BYTES // (2 * head_dim * elem)) // _max(seqlen_k, 1), 1) * q_per_kv
+
+
+def grouped_coords(t, q_tiles, heads, batch, group):
+    """(q-tile index, head, batch) of tile `t` in the L2-grouped order (`l2_groups`, FA3's LPT scheduler without
+    its dynamic hand-out). The (batch, head) pairs, head fastest, are cut into groups of `group`; the tiles go
+    group by group, in a group q index slowest and head fastest. With `tile_coords`' causal reversal that is
+    longest first within a group: the tiles in flight at once have about the same length (the block scheduler
+    or a persistent walk balances them), and only one group's K/V is being read. Works on Python and DSL ints."""
+    per_group = group * q_tiles
+    g = t // per_group
+    r = t - g * per_group
+    size = _min(group, heads * batch - g * group)  # the last group may be smaller
+    mi = r // size
+    hb = g * group + (r - mi * size)
+    return mi, hb % heads, hb // heads
 
 
 def block_coords(bx, by, bz, heads_first: bool):
@@ -337,30 +393,33 @@ def block_coords(bx, by, bz, heads_first: bool):
 @dataclass
 class PersistentWalk:
     """The tiles one CTA of a persistent grid visits: linear indices t = first, first + stride, ... below
-    q_tiles x heads x batch, each decoded as `grid`'s block index of the one-CTA-a-tile launch (x fastest),
-    so the walk keeps that launch's order. Works on Python and DSL ints (a dataclass of them: the DSL carries
-    it through run-time loops like `schedules.gemm.TileWalk`)."""
+    q_tiles x heads x batch, each decoded as the one-CTA-a-tile launch would (`grid`: the block index x fastest,
+    or `grouped_coords`' place with `l2_groups`), so the walk keeps that launch's order. Works on Python and DSL
+    ints (a dataclass of them: the DSL carries it through run-time loops like `schedules.gemm.TileWalk`)."""
 
-    dx: object  # the launch grid's x and y extents (`grid`)
-    dy: object
-    total: object  # tiles: q_tiles x heads x batch
+    q_tiles: object
+    heads: object
+    batch: object
     first: object  # this CTA's first tile (its block index) and the grid's CTA count
     stride: object
 
     @staticmethod
-    def create(q_tiles, heads, batch, first, stride, heads_first: bool) -> PersistentWalk:
-        dx, dy = (heads, batch) if heads_first else (q_tiles, heads)
-        return PersistentWalk(dx, dy, q_tiles * heads * batch, first, stride)
+    def create(q_tiles, heads, batch, first, stride) -> PersistentWalk:
+        return PersistentWalk(q_tiles, heads, batch, first, stride)
 
     def count(self):
         """Tiles this CTA visits (the grid has at most one CTA a tile: first < total)."""
-        return (self.total - self.first + self.stride - 1) // self.stride
+        return (self.q_tiles * self.heads * self.batch - self.first + self.stride - 1) // self.stride
 
-    def coords(self, i, heads_first: bool):
-        """(q-tile index, head, batch) of this CTA's `i`-th tile (`block_coords` of its block index; `heads_first`
-        as in `create`, a Python bool: a field would become a run-time value in the DSL's loops)."""
+    def coords(self, i, heads_first: bool, group=None):
+        """(q-tile index, head, batch) of this CTA's `i`-th tile: `grouped_coords` with `group` (`l2_groups`), else
+        `block_coords` of its block index in `grid` (`heads_first`: a Python bool; a field would become a run-time
+        value in the DSL's loops)."""
         t = self.first + i * self.stride
-        return block_coords(t % self.dx, (t // self.dx) % self.dy, t // (self.dx * self.dy), heads_first)
+        if group is not None:
+            return grouped_coords(t, self.q_tiles, self.heads, self.batch, group)
+        dx, dy = (self.heads, self.batch) if heads_first else (self.q_tiles, self.heads)
+        return block_coords(t % dx, (t // dx) % dy, t // (dx * dy), heads_first)
 
 
 def persistent_ctas(seqlen_q: int, heads: int, batch: int, s: AttentionSchedule, num_sms: int) -> int:

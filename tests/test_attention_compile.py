@@ -54,6 +54,10 @@ VARIANTS = [
     {"head_dim": 64, "mask": "causal", "tile_m": 192, "persistent": True},
     {"head_dim": 256, "mask": "causal", "double_p": True, "persistent": True},
     {"head_dim": 128, "overlap": False, "persistent": True},
+    # FA3's order on a 1-D grid: heads in L2-sized groups, q slowest in a group (session 22); and walked persistently
+    {"head_dim": 128, "mask": "causal", "l2_groups": True},
+    {"head_dim": 64, "mask": "causal", "tile_m": 192, "l2_groups": True, "persistent": True},
+    {"head_dim": 128, "mask": "causal", "schedule": "fa2", "l2_groups": True},
 ]
 
 

@@ -1,6 +1,7 @@
 """CPU: FlashAttention's schedule math, the mask's block ranges against a brute-force check of the
 rule, and the torch op in fake mode (shapes, named errors, the autograd stub)."""
 
+import dataclasses
 import itertools
 
 import pytest
@@ -182,11 +183,42 @@ def test_persistent_walk_keeps_the_launch_order():
             assert ctas == min(sms, q_tiles * heads * batch)
             gx, gy, gz = grid(sq, heads, batch, dataclasses.replace(s, persistent=False))
             launch = [block_coords(x, y, z, hf) for z in range(gz) for y in range(gy) for x in range(gx)]
-            walks = [PersistentWalk.create(q_tiles, heads, batch, c, ctas, hf) for c in range(ctas)]
+            walks = [PersistentWalk.create(q_tiles, heads, batch, c, ctas) for c in range(ctas)]
             counts = [w.count() for w in walks]
             assert max(counts) - min(counts) <= 1 and sum(counts) == len(launch)
             merged = [walks[c].coords(i, hf) for i in range(max(counts)) for c in range(ctas) if i < counts[c]]
             assert merged == launch
+
+
+def test_l2_groups_order():
+    """`l2_groups` (session 22): block index t of the 1-D grid is tile `grouped_coords(t, ...)`. Every tile comes once;
+    the (batch, head) pairs come in groups whose K/V fit L2_KV_BYTES (a group holds whole GQA head sets); within a
+    group the causal tiles' work never grows (longest first), and the next group starts after the last one ends."""
+    from collectives.attention_mask import MaskKind, n_block_range
+    from schedules.attention import L2_KV_BYTES, grouped_coords, l2_group_heads
+
+    for sq, sk, heads, kv_heads, batch, d in ((1000, 1000, 6, 6, 2, 128), (8192, 8192, 16, 16, 2, 128),
+                                              (4096, 4100, 32, 8, 4, 64), (300, 70000, 4, 1, 3, 256), (17, 17, 1, 1, 1, 64)):
+        s = dataclasses.replace(default_schedule(d), l2_groups=True)
+        q_tiles = -(-sq // s.tile_m)
+        group = l2_group_heads(sk, d, heads // kv_heads)
+        assert group % (heads // kv_heads) == 0 and group >= 1
+        assert group == heads // kv_heads or (group // (heads // kv_heads)) * 2 * sk * d * 2 <= L2_KV_BYTES
+        gx, gy, gz = grid(sq, heads, batch, s)
+        assert (gy, gz) == (1, 1) and gx == q_tiles * heads * batch
+        order = [tile_coords(*grouped_coords(t, q_tiles, heads, batch, group), q_tiles, True) for t in range(gx)]
+        assert sorted(order) == sorted((m, h, b) for m in range(q_tiles) for h in range(heads) for b in range(batch))
+        pairs = [b * heads + h for _, h, b in order]
+        for start in range(0, heads * batch, group):
+            members = set(range(start, min(start + group, heads * batch)))
+            idx = [i for i, p in enumerate(pairs) if p in members]
+            assert idx == list(range(idx[0], idx[0] + len(idx)))  # a group's tiles are contiguous
+            work = []
+            for i in idx:
+                m = order[i][0]
+                lo, hi = n_block_range(m, s.tile_m, s.tile_n, sq, sk, -1, 0, MaskKind(left=False, right=True))
+                work.append(hi - lo)
+            assert work == sorted(work, reverse=True)
 
 
 # --- masks: block ranges vs brute force ------------------------------------------------------------

@@ -247,14 +247,18 @@ def test_heads_first_bitwise(causal):
 
 
 PERSISTENT = [(128, True, {}), (128, False, {}), (128, True, {"heads_first": True}), (128, False, {"overlap": False}),
-              (64, True, {}), (256, True, {}), (256, False, {})]
+              (64, True, {}), (256, True, {}), (256, False, {}), (128, True, {"l2_groups": True}),
+              (64, True, {"l2_groups": True})]
 
 
-@pytest.mark.parametrize("d,causal,extra", PERSISTENT, ids=[f"d{d}-{'causal' if c else 'full'}-{e}" for d, c, e in PERSISTENT])
+@pytest.mark.parametrize("d,causal,extra", PERSISTENT,
+                         ids=[f"d{d}-{'causal' if c else 'full'}-{e}" for d, c, e in PERSISTENT])
 def test_persistent_bitwise(d, causal, extra):
-    """`persistent` (session 22; D = 128 passed on the H200 that session): one CTA per SM walking about four tiles each (GQA, a part-full
-    last q tile, S_q != S_k, the producer loading the next tile's first K/V blocks under this tile's end) computes
-    the same O and LSE as the one-CTA-a-tile grid, bit for bit, at the default schedule of each head dim."""
+    """`persistent` (session 22; D = 128 passed on the H200 that session): one CTA per SM walking about four
+    tiles each (GQA, a part-full last q tile, S_q != S_k, the producer loading the next tile's first K/V blocks
+    under this tile's end) computes the same O and LSE as the one-CTA-a-tile grid, bit for bit, at the default
+    schedule of each head dim. `l2_groups` (the 1-D grid in L2-grouped order, and the persistent walk in that
+    order) likewise."""
     import dataclasses
 
     from cute_kernels.ops.flash_attn import _flash_attn_cuda
@@ -262,12 +266,15 @@ def test_persistent_bitwise(d, causal, extra):
 
     q, k, v = randn(2, 2000, 16, d), randn(2, 2100, 4, d), randn(2, 2100, 4, d)
     s = dataclasses.replace(default_schedule(d, causal, 2100), **extra)
-    base = _flash_attn_cuda(q, k, v, causal, schedule=s)
+    base = _flash_attn_cuda(q, k, v, causal, schedule=dataclasses.replace(s, l2_groups=False))
+    if s.l2_groups:  # the 1-D grid in the grouped order, one CTA a tile
+        out = _flash_attn_cuda(q, k, v, causal, schedule=s)
+        assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1])
     out = _flash_attn_cuda(q, k, v, causal, schedule=dataclasses.replace(s, persistent=True))
     assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1])
     # and a grid of fewer tiles than SMs (every CTA one tile)
     q1, k1, v1 = randn(1, 300, 2, d), randn(1, 300, 2, d), randn(1, 300, 2, d)
-    base = _flash_attn_cuda(q1, k1, v1, causal, schedule=s)
+    base = _flash_attn_cuda(q1, k1, v1, causal, schedule=dataclasses.replace(s, l2_groups=False))
     out = _flash_attn_cuda(q1, k1, v1, causal, schedule=dataclasses.replace(s, persistent=True))
     assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1])
 

@@ -73,7 +73,14 @@ from collectives.online_softmax import (
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma
 from collectives.vector_io import extent
 from collectives.wgmma_mainloop import acc_a_view, acc_as_a_operand, mma_blocks, stage_of
-from schedules.attention import AttentionSchedule, PersistentWalk, block_coords, tile_coords
+from schedules.attention import (
+    AttentionSchedule,
+    PersistentWalk,
+    block_coords,
+    grouped_coords,
+    l2_group_heads,
+    tile_coords,
+)
 from schedules.hardware import num_sms
 
 # Named barrier ids (0 is __syncthreads).
@@ -182,13 +189,18 @@ class FlashAttnFwd:
             # one CTA per SM (the count of the device this is compiled on; any count computes the same tiles),
             # no more than there are tiles
             grid = [cutlass.min(cutlass.max(q_tiles, 1) * cute.size(q, mode=[2]) * batch, num_sms()), 1, 1]
+        elif cutlass.const_expr(s.l2_groups):
+            if cutlass.const_expr(self.varlen):
+                raise ValueError("l2_groups is built for batched attention, not varlen")
+            grid = [cutlass.max(q_tiles, 1) * cute.size(q, mode=[2]) * batch, 1, 1]
         elif cutlass.const_expr(s.heads_first):
             grid = [cute.size(q, mode=[2]), batch, cutlass.max(q_tiles, 1)]
         else:
             grid = [cutlass.max(q_tiles, 1), cute.size(q, mode=[2]), batch]
         self.kernel(tiled_mma_qk, tiled_mma_pv, tma_q, tma_gq, tma_k, tma_gk, tma_v, tma_gv, tma_o, tma_go, lse,
                     cu_seqlens_q, cu_seqlens_k, scale_log2, scale_lse, scale_over_cap, cap, window_left, window_right,
-                    sQ_layout, sK_layout, sV_layout, sO_layout).launch(grid=grid, block=[s.threads, 1, 1], stream=stream)
+                    sQ_layout, sK_layout, sV_layout, sO_layout).launch(grid=grid, block=[s.threads, 1, 1],
+                                                                       stream=stream)
 
     @cute.kernel
     def kernel(
@@ -260,7 +272,8 @@ class FlashAttnFwd:
                     walk = self.walk(mQ)
                     base = Int32(0)  # K/V blocks loaded so far
                     for j in cutlass.range(walk.count(), unroll=1):
-                        p_valid, p_loads, p_tile, p_gO = self.tile_setup(g, *walk.coords(j, s.heads_first))
+                        p_valid, p_loads, p_tile, p_gO = self.tile_setup(
+                            g, *walk.coords(j, s.heads_first, self.group(mQ, mK)))
                         # the first blocks (as many as the ring holds) may go in while the consumers finish the
                         # previous tile and store its O through the Q buffer; Q after them, then the rest
                         first = cutlass.min(p_tile.n_count, stages)
@@ -278,14 +291,21 @@ class FlashAttnFwd:
                 walk = self.walk(mQ)
                 base = Int32(0)  # K/V blocks consumed so far
                 for j in cutlass.range(walk.count(), unroll=1):
-                    c_valid, c_loads, c_tile, c_gO = self.tile_setup(g, *walk.coords(j, s.heads_first))
+                    c_valid, c_loads, c_tile, c_gO = self.tile_setup(
+                        g, *walk.coords(j, s.heads_first, self.group(mQ, mK)))
                     c_tile.kv_base, c_tile.q_index = base, j
                     self.consumer(wg - 1, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, c_loads, c_tile,
                                   SimpleNamespace(gO=c_gO, **outs))
                     base = base + c_tile.n_count
         else:
             bx, by, bz = cute.arch.block_idx()
-            valid, loads, tile, gO = self.tile_setup(g, *block_coords(bx, by, bz, s.heads_first))
+            if cutlass.const_expr(s.l2_groups):
+                coords = grouped_coords(Int32(bx), (extent(mQ, 0) + s.tile_m - 1) // s.tile_m,
+                                        Int32(cute.size(mQ, mode=[2])), Int32(cute.size(mQ, mode=[3])),
+                                        self.group(mQ, mK))
+            else:
+                coords = block_coords(bx, by, bz, s.heads_first)
+            valid, loads, tile, gO = self.tile_setup(g, *coords)
             out = SimpleNamespace(gO=gO, **outs)
             # varlen: the grid covers the longest sequence; a CTA past its sequence's last q tile does
             # nothing (a CTA-uniform condition: producer and consumers skip alike). Batched: always true.
@@ -369,7 +389,15 @@ class FlashAttnFwd:
         gx, _, _ = cute.arch.grid_dim()
         return PersistentWalk.create((extent(mQ, 0) + self.s.tile_m - 1) // self.s.tile_m,
                                      Int32(cute.size(mQ, mode=[2])), Int32(cute.size(mQ, mode=[3])), Int32(bx),
-                                     Int32(gx), self.s.heads_first)
+                                     Int32(gx))
+
+    def group(self, mQ: cute.Tensor, mK: cute.Tensor):
+        """Query heads per L2 group (`l2_groups`; None without it): from the keys' length, the head dim and the
+        query heads per K/V head."""
+        if cutlass.const_expr(not self.s.l2_groups):
+            return None
+        return l2_group_heads(extent(mK, 0), self.d, Int32(cute.size(mQ, mode=[2]) // cute.size(mK, mode=[2])),
+                              self.dtype.width // 8)
 
     def ring_state(self, count, stages: int, producer: bool):
         """The pipeline state after `count` uses of a ring of `stages` (0, a Python int: a fresh state)."""
