@@ -21,6 +21,12 @@ register A operand),
 `attention_mask` (block ranges, elementwise mask, softcap), `online_softmax` (row states),
 `epilogue.store_tile` (O via stmatrix + TMA store, staged through the warpgroup's own Q rows).
 
+Tile orders (`schedules.attention`): one CTA a tile on the grid (q_tiles, H_q, B), heads first, or a 1-D grid
+in FA3's L2-grouped longest-first order (`l2_groups`, `grouped_coords`). `persistent` (fa3, batched): one CTA per
+SM walks the tiles of that order (`PersistentWalk`); the producer warp and the consumers carry their K/V ring
+positions as block counts (`ring_state`), the producer loads the next tile's first K/V blocks before its Q, and the
+consumers release the Q buffer once O's TMA stores have read it (O is staged through Q).
+
 Tensors, as the kernel sees them: Q and O (S_q, D, H_q, B), K (S_k, D, H_kv, B), V (D, S_k, H_kv, B)
 (V^T: the B operand of P V is MN-major), LSE (S_q, H_q, B) fp32. D is static (a signature
 parameter), every other size and stride symbolic; the unit-stride mode is D. GQA: query head h reads
