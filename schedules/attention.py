@@ -342,8 +342,8 @@ def grid(seqlen_q: int, heads: int, batch: int, s: AttentionSchedule) -> tuple[i
     return (heads, batch, q_tiles) if s.heads_first else (q_tiles, heads, batch)
 
 
-# K and V bytes a group of heads may keep in L2 together (`l2_groups`): about half the H200's 50 MiB of L2,
-# FA3's budget for its LPT scheduler's head swizzle
+# K and V bytes a group of heads may keep in L2 together (`l2_groups`): under half of the H200's L2 (FA3's LPT
+# scheduler swizzles heads in L2-sized groups for the same reason); a first value, to be measured
 L2_KV_BYTES = 24 * 1024 * 1024
 
 

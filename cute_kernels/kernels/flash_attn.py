@@ -306,7 +306,7 @@ class FlashAttnFwd:
         else:
             bx, by, bz = cute.arch.block_idx()
             if cutlass.const_expr(s.l2_groups):
-                coords = grouped_coords(Int32(bx), (extent(mQ, 0) + s.tile_m - 1) // s.tile_m,
+                coords = grouped_coords(Int32(bx), cutlass.max((extent(mQ, 0) + s.tile_m - 1) // s.tile_m, 1),
                                         Int32(cute.size(mQ, mode=[2])), Int32(cute.size(mQ, mode=[3])),
                                         self.group(mQ, mK))
             else:
@@ -393,7 +393,9 @@ class FlashAttnFwd:
         `if`)."""
         bx, _, _ = cute.arch.block_idx()
         gx, _, _ = cute.arch.grid_dim()
-        return PersistentWalk.create((extent(mQ, 0) + self.s.tile_m - 1) // self.s.tile_m,
+        # (at least one q tile, as the launch grid counts them: no division by zero when S_q = 0; `tile_setup`
+        # then finds no tile)
+        return PersistentWalk.create(cutlass.max((extent(mQ, 0) + self.s.tile_m - 1) // self.s.tile_m, 1),
                                      Int32(cute.size(mQ, mode=[2])), Int32(cute.size(mQ, mode=[3])), Int32(bx),
                                      Int32(gx))
 
