@@ -192,6 +192,56 @@ def attention_timelines():
     plt.close(fig)
 
 
+def _orders(q_tiles: int, heads: int, group: int):
+    """Launch order of the causal tiles (m_block, head) of one batch under the three tile orders, each tile's
+    work its K/V block count (square tiles: m_block + 1)."""
+    from schedules.attention import block_coords, grouped_coords, tile_coords
+
+    plain = [tile_coords(*block_coords(x, y, 0, False), q_tiles, True)[:2] for y in range(heads) for x in range(q_tiles)]
+    heads_first = [tile_coords(*block_coords(x, 0, z, True), q_tiles, True)[:2]
+                   for z in range(q_tiles) for x in range(heads)]
+    grouped = [tile_coords(*grouped_coords(t, q_tiles, heads, 1, group), q_tiles, True)[:2]
+               for t in range(q_tiles * heads)]
+    return {"one CTA a tile, grid (q, H, B): longest first within a head": plain,
+            "heads_first: longest first over the whole grid (every head's K/V in flight)": heads_first,
+            f"l2_groups ({group} heads a group): longest first within a group": grouped}
+
+
+def _makespan(order, workers: int, static: bool) -> float:
+    """Finish time of `order`'s tiles (work m_block + 1 each) on `workers` SMs: handed out in order to the first
+    free SM (the block scheduler), or tile t to SM t mod workers (a persistent grid's static stride)."""
+    free = [0.0] * workers
+    for t, (m, _) in enumerate(order):
+        w = t % workers if static else min(range(workers), key=free.__getitem__)
+        free[w] += m + 1
+    return max(free)
+
+
+def attention_tile_orders():
+    q_tiles, heads, group, workers = 8, 6, 2, 8
+    orders = _orders(q_tiles, heads, group)
+    fig, axes = plt.subplots(1, len(orders), figsize=(14, 3.6))
+    for ax, (title, order) in zip(axes, orders.items()):
+        pos = {tile: i for i, tile in enumerate(order)}
+        grid_ = [[pos[(m, h)] for m in range(q_tiles)] for h in range(heads)]
+        ax.imshow(grid_, cmap="viridis_r", aspect="auto")
+        for h in range(heads):
+            for m in range(q_tiles):
+                ax.text(m, h, f"{pos[(m, h)]}", ha="center", va="center", fontsize=7,
+                        color="white" if pos[(m, h)] < len(order) / 2 else "black")
+        ax.set_xticks(range(q_tiles), [f"q{m}\n{m + 1}b" for m in range(q_tiles)], fontsize=7)
+        ax.set_yticks(range(heads), [f"h{h}" for h in range(heads)], fontsize=7)
+        ax.set_title(f"{title}\nmakespan on {workers} SMs: in order {_makespan(order, workers, False):.0f}, "
+                     f"static stride {_makespan(order, workers, True):.0f} (ideal "
+                     f"{math.ceil(sum(m + 1 for m, _ in order) / workers)})", fontsize=7.5, loc="left")
+    fig.suptitle(f"Causal tiles ({q_tiles} q tiles x {heads} heads; q tile m needs m + 1 K/V blocks): the number "
+                 "is each tile's launch position (`schedules.attention`)", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.savefig(OUT / "attention_tile_orders.png", dpi=120)
+    plt.close(fig)
+
+
 if __name__ == "__main__":
     attention_timelines()
-    print("wrote attention_timelines.png")
+    attention_tile_orders()
+    print("wrote attention_timelines.png, attention_tile_orders.png")
