@@ -74,3 +74,24 @@ def test_bench_takes_several_shapes(monkeypatch):
     except Exception:
         pass
     assert seen["shapes"] == [(8192, 16384)]
+
+
+def test_schedule_search_times_candidates_in_one_interleaved_run(monkeypatch):
+    """`cute-kernels schedules`: every candidate and the torch reference go to one `do_bench_interleaved` call
+    (session 22: timed one after another, the clock moved the ranks), each under its own key even when two
+    candidates print alike, and each time comes back to its candidate."""
+    from perf import harness as H
+    from perf import schedule_search as S
+
+    seen = []
+
+    def fake(fns, **kw):
+        seen.append(list(fns))
+        return {k: {"median_ms": float(i + 1)} for i, k in enumerate(fns)}
+
+    monkeypatch.setattr(H, "do_bench_interleaved", fake)
+    monkeypatch.setattr(H, "progress", lambda *a, **k: None)
+    cands = ["a", "b", "a"]
+    t_ref, timed = S._timed("ref", lambda: None, cands, lambda c: None, 1e12)
+    assert len(seen) == 1 and seen[0][0] == "ref" and len(set(seen[0])) == 4
+    assert t_ref == 1.0 and timed == [("a", 2.0), ("b", 3.0), ("a", 4.0)]
