@@ -586,7 +586,8 @@ def sweep_ce(ns, jobs: int) -> list[str]:
             if plan in seen:  # another setting's plan at this N (threads per row capped by the CTA)
                 continue
             seen.add(plan)
-            t = _timed_with(S, "ce_plan", lambda mm, nn, vec, s, _c=c, **o: orig(mm, nn, vec, s, whole_passes=True, **{**_c, **o}),
+            t = _timed_with(S, "ce_plan",
+                            lambda mm, nn, vec, s, _c=c, **o: orig(mm, nn, vec, s, whole_passes=True, **{**_c, **o}),
                             lambda: (lambda: ck.cross_entropy(x, tgt, reduction="none")), f"{CE_FWD} {n} {c}")
             if t is None:
                 continue

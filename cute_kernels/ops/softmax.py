@@ -114,8 +114,9 @@ def _ce_kernel(dtype, aligned, index64, mode, tiling):
 # H200 (perf/results/2026-11-29-h200-a25b01a/tune_rows_ce.md): 4k 2.85 -> 4.01 TB/s (1.10x QuACK).
 # Rows of 32k elements and more take 256-thread CTAs, 4 per SM: 64k 3.56 -> 3.99 TB/s (1.09x QuACK).
 # 16 vectors a thread (two passes of 8 loaded together): half the threads a row of the 8-vector plan below
-# 16k, so a CTA holds twice the rows (session 22: 1.039x / 1.185x / 1.072x at 1k / 6144 / 8k; from 12288 the
-# CTA's 128 threads cap the row's threads and both settings give the same plan)
+# 16k, so a CTA holds twice the rows (session 22, perf/results/2026-12-01-h200-bd7688b/: 1.035x / 1.015x /
+# 1.039x / 1.108x / 1.076x at 1k / 2k / 4k / 6144 / 8k; from 12288 the CTA's 128 threads cap the row's threads
+# and both settings give the same plan)
 CE_FWD_PLAN = dict(threads=128, unroll=8, vectors_per_thread=16, ctas_per_sm=8)
 CE_FWD_LONG_PLAN = dict(CE_FWD_PLAN, threads=256, vectors_per_thread=8, ctas_per_sm=4)
 CE_FWD_LONG_ROW = 32768
