@@ -4,11 +4,13 @@
 # Logs go to $OUT/session.log (one file: the device returns at most 8), results to
 # $OUT/<suite>.{json,md,png}; a compact summary is printed.
 #
-#   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [pcs] [small] [sanitize] [large] [par] [tunerows] [kt] [clocks]
+#   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [pcs] [small] [sanitize] [large] [par] [tunerows] [kt] [clocks] [sched]
 #   ncu: NCU=probes (see below), NCU_EXTRA=extra comma-separated metrics, PROBE_WARM=N untimed runs
 #        before the profiled ones (perf/probe.py; ncu then profiles from cudaProfilerStart)
 #   pcs: per-SASS-instruction stall sampling of PCS="probe args@kernel@skip;..." (perf/ncu_pcs.py; PT=timeout)
 #   clocks: sustained runs with SM clock and power sampled (perf/clocks.py; CLK="target;..." or its defaults, CLKT=timeout)
+#   sched: cute-kernels schedules searches (SCHED="attention 2 8192 16 128 causal;gemm 8192 8192 8192", SL=limit,
+#          SCT=timeout each, SHOW=rows printed); tables to $OUT/schedules_*.md
 #   kt: each call's kernels and GPU span of KT="probe args;..." (perf/kernel_times.py; KTT=timeout)
 #   tunerows: perf.tune_rows (held-row plan sweep; TR=timeout, TRARGS=its arguments)
 #   par: run the test families concurrently (TT=seconds per family, default 240)
@@ -93,6 +95,15 @@ if has tunerows; then  # TRARGS: one sweep's arguments, or several separated by 
     timeout ${TR:-300} python3 -m perf.tune_rows --out "$d" $a > "$OUT/.s" 2>&1; cat "$OUT/.s" >> "$LOG"
     [ $i -gt 1 ] && [ -f "$d/tune_rows.md" ] && mv "$d/tune_rows.md" "$OUT/tune_rows_$i.md"; rm -rf "$OUT/.tr$i"
     echo "tune_rows $a:"; grep -E "^\| " "$OUT/.s" | tail -40; rm -f "$OUT/.s"; i=$((i+1))
+  done
+fi
+if has sched; then  # SCHED: ";"-separated "gemm M N K" / "attention B S H D [causal]" searches (SL: --limit, SCT: timeout)
+  IFS=';' read -ra SS <<< "${SCHED:-attention 2 8192 16 128 causal}"
+  for e in "${SS[@]}"; do
+    read -r kern dims <<< "$e"; c=""; [[ $dims == *causal* ]] && c="--causal"; dims=${dims//causal/}
+    section "schedules $e"
+    timeout ${SCT:-240} python3 -m cute_kernels schedules $kern --shape $dims $c --limit ${SL:-24} --out "$OUT" > "$OUT/.s" 2>&1
+    cat "$OUT/.s" >> "$LOG"; echo "schedules $e:"; grep -E "^\| [0-9]" "$OUT/.s" | head -${SHOW:-8}; rm -f "$OUT/.s"
   done
 fi
 if has small; then section small; timeout ${ST:-200} python3 -m perf.small --out "$OUT" ${SMALLARGS:-} > "$OUT/.s" 2>&1; cat "$OUT/.s" >> "$LOG"; grep "^|" "$OUT/.s"; rm -f "$OUT/.s"; fi
