@@ -41,11 +41,13 @@ class MaskKind:
             (self.left, self.right)]
 
 
-def _max(a, b):
+def imax(a, b):
+    """max of two Python or DSL ints (the tile arithmetic here and in `schedules.attention` runs on both)."""
     return max(a, b) if isinstance(a, int) and isinstance(b, int) else cutlass.max(a, b)
 
 
-def _min(a, b):
+def imin(a, b):
+    """min of two Python or DSL ints."""
     return min(a, b) if isinstance(a, int) and isinstance(b, int) else cutlass.min(a, b)
 
 
@@ -55,15 +57,15 @@ def n_block_range(m_block, tile_m: int, tile_n: int, seqlen_q, seqlen_k, left, r
     n_blocks = (seqlen_k + tile_n - 1) // tile_n
     off = seqlen_k - seqlen_q
     row0 = m_block * tile_m
-    row1 = _min(row0 + tile_m, seqlen_q) - 1
+    row1 = imin(row0 + tile_m, seqlen_q) - 1
     n_max = n_blocks
     n_min = 0
     if kind.right:
         hi = row1 + off + right + 1  # one past the last column row1 may see
-        n_max = _min(n_blocks, (_max(hi, 0) + tile_n - 1) // tile_n)
+        n_max = imin(n_blocks, (imax(hi, 0) + tile_n - 1) // tile_n)
     if kind.left:
         lo = row0 + off - left  # the first column row0 may see
-        n_min = _max(lo, 0) // tile_n
+        n_min = imax(lo, 0) // tile_n
     return n_min, n_max
 
 
@@ -73,7 +75,7 @@ def block_needs_mask(n_block, m_block, tile_m: int, tile_n: int, seqlen_q, seqle
     < seqlen_q): it crosses the key-length end or an edge of the band."""
     off = seqlen_k - seqlen_q
     row0 = m_block * tile_m
-    row1 = _min(row0 + tile_m, seqlen_q) - 1
+    row1 = imin(row0 + tile_m, seqlen_q) - 1
     col0 = n_block * tile_n
     col1 = col0 + tile_n - 1
     need = col1 >= seqlen_k
@@ -93,16 +95,16 @@ def mask_split(n_min, n_max, m_block, tile_m: int, tile_n: int, seqlen_q, seqlen
     Python and DSL ints alike; divisions only of non-negative values."""
     off = seqlen_k - seqlen_q
     row0 = m_block * tile_m
-    row1 = _min(row0 + tile_m, seqlen_q) - 1
+    row1 = imin(row0 + tile_m, seqlen_q) - 1
     hi_col = seqlen_k  # the first column that is masked on the right for row0 (and every later row)
     if kind.right:
-        hi_col = _min(hi_col, row0 + off + right + 1)
-    top = _max(n_max, n_min)
-    n_hi = _min(_max(_max(hi_col, 0) // tile_n, n_min), top)  # col1 >= hi_col <=> n >= floor(hi_col / tile_n)
+        hi_col = imin(hi_col, row0 + off + right + 1)
+    top = imax(n_max, n_min)
+    n_hi = imin(imax(imax(hi_col, 0) // tile_n, n_min), top)  # col1 >= hi_col <=> n >= floor(hi_col / tile_n)
     n_lo = n_min
     if kind.left:
         lo_col = row1 + off - left  # columns below it are masked for row1 (and every earlier row)
-        n_lo = _min(_max((_max(lo_col, 0) + tile_n - 1) // tile_n, n_min), n_hi)  # col0 < lo_col <=> n < ceil
+        n_lo = imin(imax((imax(lo_col, 0) + tile_n - 1) // tile_n, n_min), n_hi)  # col0 < lo_col <=> n < ceil
     return n_lo, n_hi
 
 

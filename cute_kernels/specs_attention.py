@@ -3,6 +3,7 @@ data is (signature: dtype, head dim, mask kind, softcap)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import cutlass
@@ -31,12 +32,16 @@ def mask_name(left: int, right: int) -> str:
         (left >= 0, right >= 0)]
 
 
+def _schedule_params() -> tuple[str, ...]:
+    """The `AttentionSchedule` fields the catalogue has a param of the same name for (`kind` is the param
+    "schedule"; the register budgets and the warpgroup count follow from these): one list for both directions."""
+    return tuple(f.name for f in dataclasses.fields(AttentionSchedule) if f.name in FLASH_ATTN.params)
+
+
 def schedule_of(p) -> AttentionSchedule:
-    tile_n = p["tile_n"] or default_schedule(p["head_dim"]).tile_n
-    return AttentionSchedule(kind=p["schedule"], tile_m=p["tile_m"], tile_n=tile_n, stages=p["stages"],
-                             pingpong=p["pingpong"], overlap=p["overlap"], lazy_rescale=p["lazy_rescale"],
-                             double_p=p["double_p"], split_mask=p["split_mask"], sum_from_corr=p["sum_from_corr"],
-                             heads_first=p["heads_first"], persistent=p["persistent"], l2_groups=p["l2_groups"])
+    fields = {k: p[k] for k in _schedule_params()}
+    fields["tile_n"] = p["tile_n"] or default_schedule(p["head_dim"]).tile_n
+    return AttentionSchedule(kind=p["schedule"], **fields)
 
 
 @dataclass(frozen=True, eq=False)
@@ -173,8 +178,4 @@ FLASH_ATTN = FlashAttnSpec(
 
 
 def params_for(schedule: AttentionSchedule, **signature) -> dict:
-    return {"schedule": schedule.kind, "tile_m": schedule.tile_m, "tile_n": schedule.tile_n,
-            "stages": schedule.stages, "pingpong": schedule.pingpong, "overlap": schedule.overlap,
-            "lazy_rescale": schedule.lazy_rescale, "double_p": schedule.double_p, "split_mask": schedule.split_mask,
-            "sum_from_corr": schedule.sum_from_corr, "heads_first": schedule.heads_first,
-            "persistent": schedule.persistent, "l2_groups": schedule.l2_groups, **signature}
+    return {"schedule": schedule.kind, **{k: getattr(schedule, k) for k in _schedule_params()}, **signature}

@@ -71,6 +71,8 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
+from collectives.attention_mask import imax, imin
+
 SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90 (227 KiB)
 BARRIER_BYTES = 1024  # mbarriers and alignment slack
 KINDS = ("fa3", "fa2")
@@ -347,27 +349,11 @@ def grid(seqlen_q: int, heads: int, batch: int, s: AttentionSchedule) -> tuple[i
 L2_KV_BYTES = 24 * 1024 * 1024
 
 
-def _min(a, b):
-    if isinstance(a, int) and isinstance(b, int):
-        return min(a, b)
-    import cutlass
-
-    return cutlass.min(a, b)
-
-
-def _max(a, b):
-    if isinstance(a, int) and isinstance(b, int):
-        return max(a, b)
-    import cutlass
-
-    return cutlass.max(a, b)
-
-
 def l2_group_heads(seqlen_k, head_dim: int, q_per_kv, elem: int = 2):
     """Query heads per L2 group (`l2_groups`): as many K/V heads as fit L2_KV_BYTES with their K and V of
     `seqlen_k` rows (at least one), times the query heads sharing each (GQA). Works on Python and DSL ints
     (no product of the sequence length that could overflow 32 bits)."""
-    return _max((L2_KV_BYTES // (2 * head_dim * elem)) // _max(seqlen_k, 1), 1) * q_per_kv
+    return imax((L2_KV_BYTES // (2 * head_dim * elem)) // imax(seqlen_k, 1), 1) * q_per_kv
 
 
 def grouped_coords(t, q_tiles, heads, batch, group):
@@ -379,7 +365,7 @@ def grouped_coords(t, q_tiles, heads, batch, group):
     per_group = group * q_tiles
     g = t // per_group
     r = t - g * per_group
-    size = _min(group, heads * batch - g * group)  # the last group may be smaller
+    size = imin(group, heads * batch - g * group)  # the last group may be smaller
     mi = r // size
     hb = g * group + (r - mi * size)
     return mi, hb % heads, hb // heads
@@ -403,10 +389,6 @@ class PersistentWalk:
     first: object  # this CTA's first tile (its block index) and the grid's CTA count
     stride: object
 
-    @staticmethod
-    def create(q_tiles, heads, batch, first, stride) -> PersistentWalk:
-        return PersistentWalk(q_tiles, heads, batch, first, stride)
-
     def count(self):
         """Tiles this CTA visits (the grid has at most one CTA a tile: first < total)."""
         return (self.q_tiles * self.heads * self.batch - self.first + self.stride - 1) // self.stride
@@ -422,10 +404,10 @@ class PersistentWalk:
         return block_coords(t % dx, (t // dx) % dy, t // (dx * dy), heads_first)
 
 
-def persistent_ctas(seqlen_q: int, heads: int, batch: int, s: AttentionSchedule, num_sms: int) -> int:
-    """CTAs of a persistent grid: one per SM (227 KiB of smem a CTA), no more than there are tiles."""
-    q_tiles = max(1, -(-seqlen_q // s.tile_m))
-    return max(1, min(num_sms, q_tiles * heads * batch))
+def persistent_ctas(q_tiles, heads, batch, num_sms: int):
+    """CTAs of a persistent grid (the kernel's launch): one per SM (227 KiB of smem a CTA), no more than there are
+    tiles, counting at least one q tile as the one-CTA-a-tile grid does. Works on Python and DSL ints."""
+    return imin(imax(q_tiles, 1) * heads * batch, num_sms)
 
 
 def tile_coords(mi, h, b, q_tiles, reverse_m: bool):

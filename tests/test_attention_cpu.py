@@ -179,11 +179,11 @@ def test_persistent_walk_keeps_the_launch_order():
         for hf in (False, True):
             s = dataclasses.replace(default_schedule(128), heads_first=hf, persistent=True)
             q_tiles = -(-sq // s.tile_m)
-            ctas = persistent_ctas(sq, heads, batch, s, sms)
+            ctas = persistent_ctas(q_tiles, heads, batch, sms)
             assert ctas == min(sms, q_tiles * heads * batch)
             gx, gy, gz = grid(sq, heads, batch, dataclasses.replace(s, persistent=False))
             launch = [block_coords(x, y, z, hf) for z in range(gz) for y in range(gy) for x in range(gx)]
-            walks = [PersistentWalk.create(q_tiles, heads, batch, c, ctas) for c in range(ctas)]
+            walks = [PersistentWalk(q_tiles, heads, batch, c, ctas) for c in range(ctas)]
             counts = [w.count() for w in walks]
             assert max(counts) - min(counts) <= 1 and sum(counts) == len(launch)
             merged = [walks[c].coords(i, hf) for i in range(max(counts)) for c in range(ctas) if i < counts[c]]

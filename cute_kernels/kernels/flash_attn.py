@@ -85,6 +85,7 @@ from schedules.attention import (
     block_coords,
     grouped_coords,
     l2_group_heads,
+    persistent_ctas,
     tile_coords,
 )
 from schedules.hardware import num_sms
@@ -194,7 +195,7 @@ class FlashAttnFwd:
                 raise ValueError("persistent is built for batched attention, not varlen")
             # one CTA per SM (the count of the device this is compiled on; any count computes the same tiles),
             # no more than there are tiles
-            grid = [cutlass.min(cutlass.max(q_tiles, 1) * cute.size(q, mode=[2]) * batch, num_sms()), 1, 1]
+            grid = [persistent_ctas(q_tiles, cute.size(q, mode=[2]), batch, num_sms()), 1, 1]
         elif cutlass.const_expr(s.l2_groups):
             if cutlass.const_expr(self.varlen):
                 raise ValueError("l2_groups is built for batched attention, not varlen")
@@ -275,11 +276,11 @@ class FlashAttnFwd:
             if wg == 0:
                 cute.arch.setmaxregister_decrease(s.producer_regs)
                 if warp == 0:
-                    walk = self.walk(mQ)
+                    walk, group = self.walk(mQ), self.group(mQ, mK)
                     base = Int32(0)  # K/V blocks loaded so far
                     for j in cutlass.range(walk.count(), unroll=1):
                         p_valid, p_loads, p_tile, p_gO = self.tile_setup(
-                            g, *walk.coords(j, s.heads_first, self.group(mQ, mK)))
+                            g, *walk.coords(j, s.heads_first, group))
                         # the first blocks (as many as the ring holds) may go in while the consumers finish the
                         # previous tile and store its O through the Q buffer; Q after them, then the rest
                         first = cutlass.min(p_tile.n_count, stages)
@@ -294,11 +295,11 @@ class FlashAttnFwd:
                     pipe_v.producer_tail(kv)
             else:
                 cute.arch.setmaxregister_increase(s.consumer_regs)
-                walk = self.walk(mQ)
+                walk, group = self.walk(mQ), self.group(mQ, mK)
                 base = Int32(0)  # K/V blocks consumed so far
                 for j in cutlass.range(walk.count(), unroll=1):
                     c_valid, c_loads, c_tile, c_gO = self.tile_setup(
-                        g, *walk.coords(j, s.heads_first, self.group(mQ, mK)))
+                        g, *walk.coords(j, s.heads_first, group))
                     c_tile.kv_base, c_tile.q_index = base, j
                     self.consumer(wg - 1, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, c_loads, c_tile,
                                   SimpleNamespace(gO=c_gO, **outs))
@@ -306,9 +307,8 @@ class FlashAttnFwd:
         else:
             bx, by, bz = cute.arch.block_idx()
             if cutlass.const_expr(s.l2_groups):
-                coords = grouped_coords(Int32(bx), cutlass.max((extent(mQ, 0) + s.tile_m - 1) // s.tile_m, 1),
-                                        Int32(cute.size(mQ, mode=[2])), Int32(cute.size(mQ, mode=[3])),
-                                        self.group(mQ, mK))
+                coords = grouped_coords(Int32(bx), self.grid_q_tiles(mQ), Int32(cute.size(mQ, mode=[2])),
+                                        Int32(cute.size(mQ, mode=[3])), self.group(mQ, mK))
             else:
                 coords = block_coords(bx, by, bz, s.heads_first)
             valid, loads, tile, gO = self.tile_setup(g, *coords)
@@ -393,11 +393,13 @@ class FlashAttnFwd:
         `if`)."""
         bx, _, _ = cute.arch.block_idx()
         gx, _, _ = cute.arch.grid_dim()
-        # (at least one q tile, as the launch grid counts them: no division by zero when S_q = 0; `tile_setup`
-        # then finds no tile)
-        return PersistentWalk.create(cutlass.max((extent(mQ, 0) + self.s.tile_m - 1) // self.s.tile_m, 1),
-                                     Int32(cute.size(mQ, mode=[2])), Int32(cute.size(mQ, mode=[3])), Int32(bx),
-                                     Int32(gx))
+        return PersistentWalk(self.grid_q_tiles(mQ), Int32(cute.size(mQ, mode=[2])), Int32(cute.size(mQ, mode=[3])),
+                              Int32(bx), Int32(gx))
+
+    def grid_q_tiles(self, mQ: cute.Tensor):
+        """Q tiles as the launch grid counts them: at least one (no division by zero at S_q = 0; `tile_setup` then
+        finds no tile)."""
+        return cutlass.max((extent(mQ, 0) + self.s.tile_m - 1) // self.s.tile_m, 1)
 
     def group(self, mQ: cute.Tensor, mK: cute.Tensor):
         """Query heads per L2 group (`l2_groups`; None without it): from the keys' length, the head dim and the
