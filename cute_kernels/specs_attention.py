@@ -60,6 +60,8 @@ class FlashAttnSpec(KernelSpec):
                              "batched (not varlen) attention")
         if p["persistent"] and (p["schedule"] != "fa3" or p["varlen"]):
             raise ValueError(f"{self.name}: persistent is built for schedule fa3 on batched (not varlen) attention")
+        if p["dynamic"] and not p["persistent"]:
+            raise ValueError(f"{self.name}: dynamic hands out the tiles of a persistent walk: it needs persistent")
         if p["split_mask"] and not schedule_of(p).fits(p["head_dim"]):
             p["split_mask"] = False  # D = 256: three loop bodies serialize the WGMMAs (the default's choice too)
         s = schedule_of(p)
@@ -86,6 +88,7 @@ class FlashAttnSpec(KernelSpec):
         q, k, o = seq_major(sq, hq), seq_major(sk, hk), seq_major(sq, hq)
         v = cute.runtime.make_fake_tensor(dt, (d, sk, hk, b), stride=(1, sym(8), sym(8), sym(8)), assumed_align=16)
         lse = cute.runtime.make_fake_tensor(cutlass.Float32, (sq, hq, b), stride=(1, sym(), sym()), assumed_align=4)
+        counter = cute.runtime.make_fake_tensor(cutlass.Int32, (sym(),), stride=(1,), assumed_align=4)  # (1,)
         kernel = FlashAttnFwd(dt, d, schedule_of(p), mask_kind(p["mask"]), p["softcap"], p["varlen"])
         scalars = (Float32(1.0), Float32(1.0), Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), fake_stream())
         if p["varlen"]:
@@ -93,7 +96,7 @@ class FlashAttnSpec(KernelSpec):
             cu_q = cute.runtime.make_fake_tensor(cutlass.Int32, (batch1,), stride=(1,), assumed_align=4)
             cu_k = cute.runtime.make_fake_tensor(cutlass.Int32, (batch1,), stride=(1,), assumed_align=4)
             return kernel.call_varlen, (q, k, v, o, lse, cu_q, cu_k, Int32(1), *scalars)
-        return kernel, (q, k, v, o, lse, *scalars)
+        return kernel, (q, k, v, o, lse, counter, *scalars)
 
     def representative(self):
         return [self.resolve(), self.resolve({"head_dim": 64, "mask": "causal"})]
@@ -128,6 +131,11 @@ class FlashAttnSpec(KernelSpec):
         out.append(self.resolve({"l2_groups": True, "persistent": True, "mask": "causal", "head_dim": 64,
                                  "tile_m": 192}))
         out.append(self.resolve({"l2_groups": True, "schedule": "fa2", "mask": "causal"}))
+        out.append(self.resolve({"persistent": True, "dynamic": True}))
+        out.append(self.resolve({"persistent": True, "dynamic": True, "l2_groups": True, "mask": "causal",
+                                 "head_dim": 256, "double_p": True}))
+        out.append(self.resolve({"persistent": True, "dynamic": True, "l2_groups": True, "mask": "causal",
+                                 "head_dim": 64, "tile_m": 192}))
         return out
 
 
@@ -173,6 +181,8 @@ FLASH_ATTN = FlashAttnSpec(
         "persistent": Param(False, (True, False), help="fa3, batched: one CTA per SM walks the tiles in launch order, "
                             "carrying the K/V ring (the next tile's first blocks load under this tile's end); the "
                             "same bits"),
+        "dynamic": Param(False, (True, False), help="with persistent: the tiles handed out at run time by an atomic "
+                         "counter, in the walk's order (FA3's dynamic scheduler); the same bits"),
     },
 )
 

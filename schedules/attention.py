@@ -60,6 +60,15 @@ kinds run in the same kernel (`cute_kernels/kernels/flash_attn.py`), chosen at t
   The same bits as the one-CTA-a-tile grid; measured at 0.93-1.04x the default, and 0.61x at D = 64
   causal, where the static stride hands each CTA the same q index on every pass
   (docs/kernels/attention.md).
+* `dynamic` (with `persistent`; session 23): the same walk with the tiles handed out at run time, FA3's
+  dynamic scheduler. CTA x starts on tile x; each later tile is X + the value an atomic add on a counter in
+  global memory returns, taken by the producer warp when it has issued its tile's last load. The producer
+  writes the tile's index into one of two shared-memory slots before Q's full barrier (whose arrive
+  releases it, whose wait acquires it), so the consumers learn each tile with its Q; an index past the
+  last tile, sent with a bare arrive, ends their loop. An SM that finishes early takes the next tile in
+  the order (`linear_coords`: the launch order, or the L2 groups' longest-first order), so no static
+  stride can pile the long tiles on a few SMs. The fetch that returns the last value resets the counter
+  to 0 for the next launch (`next_tile`). The same tiles, the same bits.
 
 Registers (fa3): 24 + 2 x 240 = 504 <= 512 per thread-slot of the 64K file for 384 threads (FA3's
 budget); three consumer warpgroups would be 32 + 3 x 160.
@@ -70,6 +79,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+
+import cutlass.cute as cute
+from cutlass import Int32
 
 from collectives.attention_mask import imax, imin
 
@@ -98,6 +110,7 @@ class AttentionSchedule:
     heads_first: bool = False  # the grid (H_q, B, q_tiles): each q index over every head and batch before the next
     persistent: bool = False  # fa3: one CTA per SM walks the tiles in launch order (`PersistentWalk`)
     l2_groups: bool = False  # a 1-D grid in FA3's order: heads in groups whose K/V fit L2, q slowest in a group
+    dynamic: bool = False  # persistent, the tiles handed out by an atomic counter in the walk's order
     # (grid z holds the q tiles then: at most 65535, S_q <= 4M rows at tile_m 64)
 
     def __post_init__(self):
@@ -124,6 +137,9 @@ class AttentionSchedule:
             raise ValueError("l2_groups and heads_first are two tile orders: choose one")
         if self.persistent and self.kind != "fa3":
             raise ValueError("persistent is built for kind='fa3' (its producer warp carries the K/V ring across tiles)")
+        if self.dynamic and not self.persistent:
+            raise ValueError("dynamic (tiles handed out by an atomic counter) is a persistent walk: it needs "
+                             "persistent=True")
         if self.overlap and self.kind != "fa3":
             raise ValueError("overlap (the next S = Q K^T issued before the softmax) is an fa3 option; fa2 is the "
                              "synchronous schedule")
@@ -224,7 +240,7 @@ class AttentionSchedule:
                 + ("_ov" if self.overlap else "") + ("_lz" if self.lazy_rescale else "") + ("_dp" if self.double_p else "")
                 + ("_sm" if self.split_mask else "") + ("_sc" if self.sum_from_corr else "")
                 + ("_hf" if self.heads_first else "") + ("_l2" if self.l2_groups else "")
-                + ("_ps" if self.persistent else ""))
+                + ("_ps" if self.persistent else "") + ("_dyn" if self.dynamic else ""))
 
 
 # Tile sizes per head dim (FA3's choices where the registers allow: O and S both live in registers,
@@ -233,9 +249,10 @@ _TILE_N = {64: 128, 96: 128, 128: 128, 192: 96, 256: 80}
 
 
 @functools.lru_cache(maxsize=64)
-def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None = None) -> AttentionSchedule:
+def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None = None,
+                     varlen: bool = False) -> AttentionSchedule:
     """The measured default for `head_dim` (causal: any mask with a right bound; `seqlen_k`: the keys per
-    sequence, or the varlen maximum, where known)."""
+    sequence, or the varlen maximum, where known; `varlen`: packed sequences, one CTA a tile)."""
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
     # overlap on (FA3's intra-warpgroup pipelining): H200, d 128, B16 S1k and B2 S8k, causal and not,
@@ -252,17 +269,26 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
     # the 128-row default at S 512 / 1k, equal at 2k-4k, 1.06-1.07x at 8k-16k (H200 attention suite,
     # perf/results/2026-11-30-h200-e6b9fe2/attention.md; measured with the synchronous 192-row walk)
     # D = 256: the overlap with two P buffers (`double_p`): B2 S8k H8, 685.5 vs 653.7 (1.049x; sched_d256.md)
+    # Session 23, D = 64 (batched): the persistent grid with the tiles handed out at run time (`dynamic`; causal in
+    # the L2 groups' order) against the same schedule one CTA a tile: 1.026x at B2 S8k H32 (581.1 vs 566.6), 1.034x
+    # causal at B4 S4k H32 (448.3 vs 433.6); and the 192-row tile from 2048 causal keys (B8 S2k H32: 356.2 against
+    # 335.6 for the 128-row overlap). At D = 128 / 256 it measured 0.96-0.99x (P's pinned conversion at D = 128,
+    # nothing to balance at D = 256), so they keep one CTA a tile (perf/results/2026-12-01-h200-*/sched_*.md)
     if head_dim in _DEFAULT_OVERRIDE:
         settings, causal_min_keys = _DEFAULT_OVERRIDE[head_dim]
         if not (causal and seqlen_k is not None and seqlen_k < causal_min_keys):
+            if head_dim in _DYNAMIC_HEAD_DIMS and not varlen:
+                settings = dict(settings, persistent=True, dynamic=True, l2_groups=causal)
             return AttentionSchedule(**settings)
     return _base_schedule(head_dim)
 
 
 # Head dims whose measured default is not the 128-row overlap (see `default_schedule`): the schedule's
 # settings, and the fewest keys per sequence at which a causal mask still takes them
-_DEFAULT_OVERRIDE = {64: (dict(tile_m=192, tile_n=128, overlap=True, split_mask=True), 4096),
+_DEFAULT_OVERRIDE = {64: (dict(tile_m=192, tile_n=128, overlap=True, split_mask=True), 2048),
                      256: (dict(tile_n=80, overlap=True, double_p=True), 0)}
+# ... and those whose batched default walks a `dynamic` persistent grid
+_DYNAMIC_HEAD_DIMS = (64,)
 
 
 def _base_schedule(head_dim: int) -> AttentionSchedule:
@@ -288,16 +314,24 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     instead of as-many-as-fit; fa3 with one
     consumer warpgroup (tile_m 64); fa2 with tile_m 128 and 64, the default block and the next
     smaller one, two stages and one (fully synchronous). Right after the default, its twins in other tile orders:
-    L2 groups and a persistent grid (causal: walking the L2 groups). At most `limit` (~20 at every head dim)."""
+    L2 groups, the dynamic persistent walk (causal: in the L2 groups' order) and, not causal, the static one. At
+    most `limit` (~20 at every head dim)."""
     default = default_schedule(head_dim, causal)
     d = _base_schedule(head_dim)
+    plain = dataclasses.asdict(dataclasses.replace(default, persistent=False, dynamic=False, l2_groups=False))
     fitting = [tn for tn in TILE_NS if AttentionSchedule(tile_n=tn).fits(head_dim)]
     i = fitting.index(d.tile_n)
     near = [d.tile_n] + fitting[max(0, i - 1):i] + fitting[i + 1:i + 2]
-    # right after the default, its twins in other tile orders: L2 groups, and a persistent grid (causal: walking
-    # the L2 groups; its static stride is unbalanced in the plain order). heads_first measured slower (session 22)
-    specs = [dataclasses.asdict(default), dict(dataclasses.asdict(default), l2_groups=True),
-             dict(dataclasses.asdict(default), persistent=True, l2_groups=causal)]
+    # right after the default, its twins in other tile orders: L2 groups, the persistent grid with the tiles handed
+    # out at run time (causal: in the L2 groups' longest-first order), and the static persistent walk (non-causal
+    # only: its fixed stride unbalanced every causal case of session 23, 0.86-0.90x the default). heads_first
+    # measured slower (session 22)
+    # (the default's tile and loop, one CTA a tile first where the default walks a grid of its own)
+    specs = [dataclasses.asdict(default), plain, dict(plain, l2_groups=True),
+             dict(plain, persistent=True, dynamic=True, l2_groups=causal)]
+    if not causal:
+        specs.append(dict(plain, persistent=True))
+    twins = len(specs)
     if head_dim <= 64:
         # three consumer warpgroups (FA4's d <= 64 tile is 192 x 128), next after the default so that a
         # short --limit keeps them: the synchronous walk, the overlap, the overlap at 64-key blocks
@@ -322,7 +356,7 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
         # with and without ping-pong (FA4 runs d > 128 without its scheduler barrier)
         for tn in reversed(fitting):  # the largest smaller block that splits
             if tn < d.tile_n and AttentionSchedule(tile_n=tn, overlap=True, split_mask=True).fits(head_dim):
-                specs[1:1] = [dict(tile_n=tn, overlap=True, split_mask=True, pingpong=pp) for pp in (True, False)]
+                specs[twins:twins] = [dict(tile_n=tn, overlap=True, split_mask=True, pingpong=pp) for pp in (True, False)]
                 break
     out = []
     for kw in specs:
@@ -351,9 +385,20 @@ L2_KV_BYTES = 24 * 1024 * 1024
 
 def l2_group_heads(seqlen_k, head_dim: int, q_per_kv, elem: int = 2):
     """Query heads per L2 group (`l2_groups`): as many K/V heads as fit L2_KV_BYTES with their K and V of
-    `seqlen_k` rows (at least one), times the query heads sharing each (GQA). Works on Python and DSL ints
-    (no product of the sequence length that could overflow 32 bits)."""
-    return imax((L2_KV_BYTES // (2 * head_dim * elem)) // imax(seqlen_k, 1), 1) * q_per_kv
+    `seqlen_k` rows (at least one), rounded down to a power of two, times the query heads sharing each (GQA).
+    The rounding is for the tail: B x H is usually a power of two, so the groups divide it evenly. A small last
+    group starts its longest tiles when the other SMs are nearly done (D = 256 causal, B2 S8k H8: groups of 3,
+    3, 3, 3, 3 and 1 measured 0.964x the plain order, and a list-scheduling model over 132 SMs gives 0.865 of
+    the ideal against 0.996 for groups of 2; tests/test_attention_cpu.py). Works on Python and DSL ints (no
+    product of the sequence length that could overflow 32 bits)."""
+    return floor_pow2(imax((L2_KV_BYTES // (2 * head_dim * elem)) // imax(seqlen_k, 1), 1)) * q_per_kv
+
+
+def floor_pow2(x):
+    """The largest power of two <= x (x >= 1), on a Python or DSL int."""
+    if isinstance(x, int):
+        return 1 << (x.bit_length() - 1)
+    return Int32(1) << (Int32(31) - Int32(cute.arch.clz(Int32(x))))
 
 
 def grouped_coords(t, q_tiles, heads, batch, group):
@@ -397,11 +442,31 @@ class PersistentWalk:
         """(q-tile index, head, batch) of this CTA's `i`-th tile: `grouped_coords` with `group` (`l2_groups`), else
         `block_coords` of its block index in `grid` (`heads_first`: a Python bool; a field would become a run-time
         value in the DSL's loops)."""
-        t = self.first + i * self.stride
-        if group is not None:
-            return grouped_coords(t, self.q_tiles, self.heads, self.batch, group)
-        dx, dy = (self.heads, self.batch) if heads_first else (self.q_tiles, self.heads)
-        return block_coords(t % dx, (t // dx) % dy, t // (dx * dy), heads_first)
+        return linear_coords(self.first + i * self.stride, self.q_tiles, self.heads, self.batch, heads_first, group)
+
+
+def linear_coords(t, q_tiles, heads, batch, heads_first: bool, group=None):
+    """(q-tile index, head, batch) of the t-th tile of the one-CTA-a-tile launch order (`grid`): `grouped_coords`
+    with `group` (`l2_groups`), else `block_coords` of the t-th block index, x fastest. The tile of linear index t
+    of a persistent walk, static (`PersistentWalk`) or dynamic (`next_tile`). Works on Python and DSL ints."""
+    if group is not None:
+        return grouped_coords(t, q_tiles, heads, batch, group)
+    dx, dy = (heads, batch) if heads_first else (q_tiles, heads)
+    return block_coords(t % dx, (t // dx) % dy, t // (dx * dy), heads_first)
+
+
+@cute.jit
+def take_tile(counter: cute.Tensor, total, ctas):
+    """The linear index of a `dynamic` walk's next tile, for one warp: lane 0 adds 1 to the counter (int32, in global
+    memory), and every lane gets ctas + the old value (CTA x's first tile is x; an index >= total: no tile left).
+    Every CTA fetches until it is refused, so a launch makes exactly `total` fetches and the one that returns
+    total - 1 is its last: that lane stores 0 for the next launch (stream order)."""
+    old = Int32(0)
+    if cute.arch.lane_idx() == 0:
+        old = cute.arch.atomic_add(counter.iterator.llvm_ptr, Int32(1), sem="relaxed", scope="gpu")
+        if old == total - 1:
+            counter[0] = Int32(0)
+    return ctas + cute.arch.shuffle_sync(old, 0)
 
 
 def persistent_ctas(q_tiles, heads, batch, num_sms: int):

@@ -58,6 +58,9 @@ VARIANTS = [
     {"head_dim": 128, "mask": "causal", "l2_groups": True},
     {"head_dim": 64, "mask": "causal", "tile_m": 192, "l2_groups": True, "persistent": True},
     {"head_dim": 128, "mask": "causal", "schedule": "fa2", "l2_groups": True},
+    # the persistent walk with its tiles handed out by an atomic counter (session 23; test_dynamic_handout_sass)
+    {"head_dim": 128, "persistent": True, "dynamic": True},
+    {"head_dim": 256, "mask": "causal", "double_p": True, "persistent": True, "dynamic": True, "l2_groups": True},
 ]
 
 
@@ -147,3 +150,14 @@ def test_register_layouts(tile_n, d):
         cols = sorted(col for rows in quad for _, col in rows[i])
         assert cols == list(range(tile_n)), "a quad of lanes must hold whole rows"
         assert len({rows[i][0][0] for rows in quad}) == 1
+
+
+def test_dynamic_handout_ptx(compiled):
+    """`dynamic` (session 23): one relaxed atomic add on the counter per fetch, broadcast from lane 0 by a shuffle, and
+    the consumers' extra wait on Q's full barrier (the tile index comes with Q); the other walks have no atomics."""
+    over, p, report, ptx, sass_text = compiled
+    atoms = re.findall(r"atom\.global(?:\.relaxed\.gpu)?\.add\.u32", ptx)
+    if p["dynamic"]:
+        assert len(atoms) == 1 and re.search(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, 0, 31", ptx)
+    else:
+        assert not atoms

@@ -246,9 +246,11 @@ def test_heads_first_bitwise(causal):
     assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1])
 
 
-PERSISTENT = [(128, True, {}), (128, False, {}), (128, True, {"heads_first": True}), (128, False, {"overlap": False}),
-              (64, True, {}), (256, True, {}), (256, False, {}), (128, True, {"l2_groups": True}),
-              (64, True, {"l2_groups": True})]
+PERSISTENT = [(128, True, {}), (128, False, {}), (128, True, {"heads_first": True}),
+              (128, False, {"overlap": False, "split_mask": False}), (64, True, {}), (256, True, {}), (256, False, {}), (128, True, {"l2_groups": True}),
+              (64, True, {"l2_groups": True}), (128, False, {"dynamic": True}),
+              (128, True, {"dynamic": True, "l2_groups": True}), (64, True, {"dynamic": True, "l2_groups": True}),
+              (256, True, {"dynamic": True, "l2_groups": True}), (64, False, {"dynamic": True})]
 
 
 @pytest.mark.parametrize("d,causal,extra", PERSISTENT,
@@ -258,24 +260,31 @@ def test_persistent_bitwise(d, causal, extra):
     tiles each (GQA, a part-full last q tile, S_q != S_k, the producer loading the next tile's first K/V blocks
     under this tile's end) computes the same O and LSE as the one-CTA-a-tile grid, bit for bit, at the default
     schedule of each head dim. `l2_groups` (the 1-D grid in L2-grouped order, and the persistent walk in that
-    order) likewise."""
+    order) likewise, and `dynamic` (session 23: the tiles handed out by an atomic counter) too, on every call: the
+    counter is back at 0 after each launch."""
     import dataclasses
 
-    from cute_kernels.ops.flash_attn import _flash_attn_cuda
+    from cute_kernels.ops.flash_attn import _flash_attn_cuda, _tile_counter
     from schedules.attention import default_schedule
 
     q, k, v = randn(2, 2000, 16, d), randn(2, 2100, 4, d), randn(2, 2100, 4, d)
-    s = dataclasses.replace(default_schedule(d, causal, 2100), **extra)
-    base = _flash_attn_cuda(q, k, v, causal, schedule=dataclasses.replace(s, l2_groups=False))
+    dynamic = extra.get("dynamic", False)
+    s = dataclasses.replace(default_schedule(d, causal, 2100), **{k: x for k, x in extra.items() if k != "dynamic"})
+    plain = dataclasses.replace(s, l2_groups=False)
+    walk = dataclasses.replace(s, persistent=True, dynamic=dynamic)
+    base = _flash_attn_cuda(q, k, v, causal, schedule=plain)
     if s.l2_groups:  # the 1-D grid in the grouped order, one CTA a tile
         out = _flash_attn_cuda(q, k, v, causal, schedule=s)
         assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1])
-    out = _flash_attn_cuda(q, k, v, causal, schedule=dataclasses.replace(s, persistent=True))
-    assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1])
+    for _ in range(3 if dynamic else 1):
+        out = _flash_attn_cuda(q, k, v, causal, schedule=walk)
+        assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1])
+        if dynamic:
+            assert _tile_counter(q.device).item() == 0
     # and a grid of fewer tiles than SMs (every CTA one tile)
     q1, k1, v1 = randn(1, 300, 2, d), randn(1, 300, 2, d), randn(1, 300, 2, d)
-    base = _flash_attn_cuda(q1, k1, v1, causal, schedule=dataclasses.replace(s, l2_groups=False))
-    out = _flash_attn_cuda(q1, k1, v1, causal, schedule=dataclasses.replace(s, persistent=True))
+    base = _flash_attn_cuda(q1, k1, v1, causal, schedule=plain)
+    out = _flash_attn_cuda(q1, k1, v1, causal, schedule=walk)
     assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1])
 
 

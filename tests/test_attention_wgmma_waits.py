@@ -34,6 +34,8 @@ VARIANTS = {
     # persistent (session 22): the tile walk wraps each role's loops; the WGMMAs must stay grouped inside it
     "persistent": {"head_dim": 128, "persistent": True},
     "persistent_dp256": {"head_dim": 256, "mask": "causal", "double_p": True, "persistent": True},
+    "dynamic_dp256": {"head_dim": 256, "mask": "causal", "double_p": True, "persistent": True, "dynamic": True,
+                      "l2_groups": True},
 }
 MUFU_PER_BLOCK = 2 * (128 // 4) + 2  # two rows x 32 columns per thread, + the two rescale factors
 

@@ -85,7 +85,9 @@ from schedules.attention import (
     block_coords,
     grouped_coords,
     l2_group_heads,
+    linear_coords,
     persistent_ctas,
+    take_tile,
     tile_coords,
 )
 from schedules.hardware import num_sms
@@ -111,6 +113,7 @@ class FlashAttnFwd:
         v: cute.Tensor,
         o: cute.Tensor,
         lse: cute.Tensor,
+        counter: cute.Tensor,
         scale_log2: Float32,
         scale_lse: Float32,
         scale_over_cap: Float32,
@@ -119,9 +122,10 @@ class FlashAttnFwd:
         window_right: Int32,
         stream,
     ):
-        """Batched: Q/O (S_q, D, H_q, B), K (S_k, D, H_kv, B), V^T (D, S_k, H_kv, B), LSE (S_q, H_q, B)."""
+        """Batched: Q/O (S_q, D, H_q, B), K (S_k, D, H_kv, B), V^T (D, S_k, H_kv, B), LSE (S_q, H_q, B); `counter`
+        (int32, (1,), 0 before the launch and after it) hands out the tiles of a `dynamic` walk (unread without)."""
         self.launch(q, k, v, o, lse, None, None, None, scale_log2, scale_lse, scale_over_cap, cap, window_left,
-                    window_right, stream)
+                    window_right, stream, counter)
 
     @cute.jit
     def call_varlen(
@@ -145,12 +149,12 @@ class FlashAttnFwd:
         """Packed sequences: Q/O (total_q, D, H_q, 1), K (total_k, D, H_kv, 1), V^T (D, total_k, H_kv, 1),
         LSE (total_q, H_q, 1); sequence b is rows [cu_seqlens[b], cu_seqlens[b + 1]) (int32, B + 1)."""
         self.launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, scale_log2, scale_lse,
-                    scale_over_cap, cap, window_left, window_right, stream)
+                    scale_over_cap, cap, window_left, window_right, stream, None)
 
     @cute.jit
     def launch(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, cu_seqlens_q,
                cu_seqlens_k, max_seqlen_q, scale_log2: Float32, scale_lse: Float32, scale_over_cap: Float32,
-               cap: Float32, window_left: Int32, window_right: Int32, stream):
+               cap: Float32, window_left: Int32, window_right: Int32, stream, counter):
         s, d, dt = self.s, self.d, self.dtype
         k_major = LayoutEnum.from_tensor(k).sm90_mma_major_mode()
         v_layout = LayoutEnum.from_tensor(v)
@@ -182,6 +186,7 @@ class FlashAttnFwd:
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+            tile_slots: cute.struct.MemRange[Int32, 2]  # `dynamic`: the index of the CTA's j-th tile in slot j % 2
 
         self.storage = Storage
         if cutlass.const_expr(self.varlen):
@@ -205,7 +210,7 @@ class FlashAttnFwd:
         else:
             grid = [cutlass.max(q_tiles, 1), cute.size(q, mode=[2]), batch]
         self.kernel(tiled_mma_qk, tiled_mma_pv, tma_q, tma_gq, tma_k, tma_gk, tma_v, tma_gv, tma_o, tma_go, lse,
-                    cu_seqlens_q, cu_seqlens_k, scale_log2, scale_lse, scale_over_cap, cap, window_left, window_right,
+                    counter, cu_seqlens_q, cu_seqlens_k, scale_log2, scale_lse, scale_over_cap, cap, window_left, window_right,
                     sQ_layout, sK_layout, sV_layout, sO_layout).launch(grid=grid, block=[s.threads, 1, 1],
                                                                        stream=stream)
 
@@ -223,6 +228,7 @@ class FlashAttnFwd:
         tma_o: cute.CopyAtom | None,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mCounter: cute.Tensor | None,
         mCuQ: cute.Tensor | None,
         mCuK: cute.Tensor | None,
         scale_log2: Float32,
@@ -271,7 +277,10 @@ class FlashAttnFwd:
         outs = dict(mLSE=mLSE, tma_o=tma_o, sQ_ptr=st.sQ.data_ptr(), q_stage=q_stage, sO_layout=sO_layout,
                     scale_log2=scale_log2, scale_lse=scale_lse, scale_over_cap=scale_over_cap, cap=cap)
 
-        if cutlass.const_expr(s.persistent):
+        if cutlass.const_expr(s.dynamic):
+            self.dynamic_walk(g, pipes, outs, st.tile_slots.get_tensor(cute.make_layout(2)), mCounter, wg, warp, tidx,
+                              tiled_mma_qk, tiled_mma_pv)
+        elif cutlass.const_expr(s.persistent):
             # ---- one CTA per SM walks the tiles (`PersistentWalk`); both roles carry their ring positions ----
             if wg == 0:
                 cute.arch.setmaxregister_decrease(s.producer_regs)
@@ -337,6 +346,73 @@ class FlashAttnFwd:
                 else:
                     # ---- fa2: every warpgroup computes its 64 rows; warp 0 also issues the loads in line ----
                     self.consumer(wg, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, loads, tile, out)
+
+    @cute.jit
+    def dynamic_walk(self, g: SimpleNamespace, pipes: SimpleNamespace, outs: dict, slots: cute.Tensor,
+                     mCounter: cute.Tensor, wg: Int32, warp: Int32, tidx: Int32, tiled_mma_qk: cute.TiledMma,
+                     tiled_mma_pv: cute.TiledMma):
+        """`dynamic`: the persistent walk with its tiles handed out at run time (`take_tile`). The producer warp
+        writes each tile's linear index into slot j % 2 before the arrive on Q's full barrier for the CTA's j-th Q
+        (the arrive releases it, the consumers' wait acquires it); slot j % 2 was last read at the start of tile
+        j - 2, before the Q release the producer waited for when it loaded Q j - 1. An index >= total, sent with a
+        bare arrive, ends the consumers' loop. Both roles carry their ring positions as in the static walk."""
+        s, d = self.s, self.d
+        stages = s.num_stages(d, self.dtype.width // 8)
+        mQ = g.mQ
+        q_tiles, heads, batch = self.grid_q_tiles(mQ), Int32(cute.size(mQ, mode=[2])), Int32(cute.size(mQ, mode=[3]))
+        total = q_tiles * heads * batch
+        group = self.group(mQ, g.mK)
+        bx, _, _ = cute.arch.block_idx()
+        ctas, _, _ = cute.arch.grid_dim()
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(s.producer_regs)
+            if warp == 0:
+                t = Int32(bx)
+                j = Int32(0)
+                base = Int32(0)  # K/V blocks loaded so far
+                while t < total:
+                    p_valid, p_loads, p_tile, p_gO = self.tile_setup(
+                        g, *linear_coords(t, q_tiles, heads, batch, s.heads_first, group))
+                    # the first blocks under the consumers' end of the previous tile, then Q, then the rest
+                    first = cutlass.min(p_tile.n_count, stages)
+                    for i in cutlass.range(first, unroll=1):
+                        self.load_kv(pipes, p_loads, self.ring_state(base + i, stages, True), p_tile.n_max - 1 - i)
+                    slots[j % 2] = t  # every lane: the same value, before the (one-lane) arrive of load_q
+                    self.load_q(pipes, p_loads, p_tile.m_block, j)
+                    for i in cutlass.range(first, p_tile.n_count, unroll=1):
+                        self.load_kv(pipes, p_loads, self.ring_state(base + i, stages, True), p_tile.n_max - 1 - i)
+                    base = base + p_tile.n_count
+                    j = j + 1
+                    t = take_tile(mCounter, total, Int32(ctas))
+                # no tile left: the index past the end, on a bare arrive once the last Q is released
+                slots[j % 2] = t
+                q_state = self.ring_state(j, 1, True)
+                pipes.q.sync_object_empty.wait(q_state.index, q_state.phase)
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive(pipes.q.producer_get_barrier(q_state))
+                # the K/V rings' tails (`producer_tail`, whose stage count became a run-time value when the
+                # pipelines were passed into this function): every stage released before the warp exits
+                kv = self.ring_state(base, stages, True)
+                for _ in cutlass.range_constexpr(stages):
+                    pipes.k.sync_object_empty.wait(kv.index, kv.phase)
+                    pipes.v.sync_object_empty.wait(kv.index, kv.phase)
+                    kv.advance()
+        else:
+            cute.arch.setmaxregister_increase(s.consumer_regs)
+            j = Int32(0)
+            base = Int32(0)  # K/V blocks consumed so far
+            pipes.q.consumer_wait(self.ring_state(j, 1, False))
+            t = slots[j % 2]
+            while t < total:
+                c_valid, c_loads, c_tile, c_gO = self.tile_setup(
+                    g, *linear_coords(t, q_tiles, heads, batch, s.heads_first, group))
+                c_tile.kv_base, c_tile.q_index = base, j
+                self.consumer(wg - 1, tidx, warp, tiled_mma_qk, tiled_mma_pv, g.sQ, g.sK, g.sV, pipes, c_loads, c_tile,
+                              SimpleNamespace(gO=c_gO, **outs))
+                base = base + c_tile.n_count
+                j = j + 1
+                pipes.q.consumer_wait(self.ring_state(j, 1, False))
+                t = slots[j % 2]
 
     @cute.jit
     def tile_setup(self, g: SimpleNamespace, mi: Int32, bh: Int32, bb: Int32):

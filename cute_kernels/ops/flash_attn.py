@@ -118,6 +118,21 @@ def _compiled(dtype, d, mask, softcap: bool, sched: AttentionSchedule, varlen: b
     return fn
 
 
+_counters: dict = {}
+
+
+def _tile_counter(device: torch.device) -> torch.Tensor:
+    """The int32 counter a `dynamic` schedule hands its tiles out with (`schedules.attention.take_tile`), one per
+    device and stream: zeroed once, and reset to 0 by each launch's last fetch, so no memset runs per call and a
+    CUDA graph may capture the launch. (Launches of one stream run in order; another stream gets its own.)"""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    t = _counters.get(key)
+    if t is None:
+        t = _counters[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return t
+
+
 def _scalars(d, softmax_scale, softcap):
     """(scale_log2, scale_lse, scale_over_cap, cap) of the kernel: with a softcap the scale is folded
     into the tanh's argument and the capped logits are used as they are."""
@@ -148,7 +163,7 @@ def _flash_attn_cuda(q, k, v, causal=False, window_left=-1, window_right=-1, sof
     sched = schedule or default_schedule(d, right >= 0, sk)
     fn = _compiled(q.dtype, d, mask_name(left, right), softcap > 0, sched)
     fn(_kernel_view(q), _kernel_view(k), _kernel_view(v, True), _kernel_view(out), lse.permute(2, 1, 0),
-       *_scalars(d, softmax_scale, softcap), left, right)
+       _tile_counter(q.device), *_scalars(d, softmax_scale, softcap), left, right)
     return out, lse
 
 
@@ -252,7 +267,8 @@ def _flash_attn_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     cap = 2 * (q.shape[0] + k.shape[0]) + 1  # past every row of any sequence (not trusting max_seqlen_k): the
     # same mask, no int32 overflow
     left, right = min(left, cap), min(right, cap)
-    sched = schedule or default_schedule(d, right >= 0, max_seqlen_k if isinstance(max_seqlen_k, int) else None)
+    sched = schedule or default_schedule(d, right >= 0, max_seqlen_k if isinstance(max_seqlen_k, int) else None,
+                                         varlen=True)
     fn = _compiled(q.dtype, d, mask_name(left, right), softcap > 0, sched, varlen=True)
     fn(_kernel_view(q[None]), _kernel_view(k[None]), _kernel_view(v[None], True), _kernel_view(out[None]),
        lse.t()[:, :, None], cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_q,
