@@ -241,7 +241,60 @@ def attention_tile_orders():
     plt.close(fig)
 
 
+def attention_causal_tail():
+    """Session 23: per-SM busy time of D = 256 causal, B2 S8k H8 (16 (b, h), 64 q tiles of 128 rows, 80-key blocks;
+    a tile's work is its blocks + 1.5 for its prologue and epilogue), the tiles handed in order to the first free
+    SM, under the plain order, L2 groups of 3 heads (24 MiB / 8 MiB, the rule before 9b459cb) and the power-of-two
+    groups of `l2_group_heads` (2 heads). The same model as tests/test_attention_cpu.py."""
+    import heapq
+
+    from collectives.attention_mask import MaskKind, n_block_range
+    from schedules.attention import grouped_coords, l2_group_heads
+
+    sk, tm, tn, heads, sms = 8192, 128, 80, 16, 132
+    q_tiles = sk // tm
+    work = {}
+    for m in range(q_tiles):
+        lo, hi = n_block_range(m, tm, tn, sk, sk, -1, 0, MaskKind(left=False, right=True))
+        for h in range(heads):
+            work[(m, h)] = hi - lo + 1.5
+    ideal = sum(work.values()) / sms
+
+    def busy(order):
+        free = [(0.0, w) for w in range(sms)]
+        load = [0.0] * sms
+        for t in order:
+            f, w = heapq.heappop(free)
+            load[w] = f + work[t]
+            heapq.heappush(free, (load[w], w))
+        return sorted(load)
+
+    def grouped(g):
+        return [(q_tiles - 1 - grouped_coords(t, q_tiles, heads, 1, g)[0], grouped_coords(t, q_tiles, heads, 1, g)[1])
+                for t in range(q_tiles * heads)]
+
+    orders = {"one CTA a tile (plain order; ncu: SMs active 89.6 % of elapsed)":
+              [(q_tiles - 1 - m, h) for h in range(heads) for m in range(q_tiles)],
+              "L2 groups of 3 heads (the 24 MiB rule before 9b459cb; measured 0.964x plain)": grouped(3),
+              f"L2 groups of {l2_group_heads(sk, 256, 1)} heads (power of two, 9b459cb; unmeasured)":
+              grouped(l2_group_heads(sk, 256, 1))}
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    for (name, order), color in zip(orders.items(), ("#d95f02", "#7570b3", "#1b9e77")):
+        load = busy(order)
+        ax.plot(range(sms), load, color=color, label=f"{name}: {ideal / max(load):.3f} of ideal")
+    ax.axhline(ideal, color="black", lw=0.8, ls="--", label="ideal (all work spread evenly)")
+    ax.set_xlabel("SMs, sorted by the time their last tile ends")
+    ax.set_ylabel("busy time (K/V blocks)")
+    ax.set_title("D = 256 causal, B2 S8k H8 on 132 SMs: where the plain order's tail comes from", fontsize=9,
+                 loc="left")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(OUT / "attention_causal_tail.png", dpi=120)
+    plt.close(fig)
+
+
 if __name__ == "__main__":
     attention_timelines()
     attention_tile_orders()
-    print("wrote attention_timelines.png, attention_tile_orders.png")
+    attention_causal_tail()
+    print("wrote attention_timelines.png, attention_tile_orders.png, attention_causal_tail.png")
