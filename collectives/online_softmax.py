@@ -187,7 +187,8 @@ def row_max(s_rows: cute.Tensor, r: int, init: Float32):
 @cute.jit
 def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: cute.Tensor, scale_log2: Float32,
                  row_threads: cutlass.Constexpr[int] = 4, lazy_threshold: cutlass.Constexpr[float] = 0.0,
-                 o_rows=None, sum_from_corr: cutlass.Constexpr[bool] = False):
+                 o_rows=None, sum_from_corr: cutlass.Constexpr[bool] = False,
+                 exact_one: cutlass.Constexpr[bool] = False):
     """Fold one block of logits into the row states, leaving O alone: m = max(m, rowmax(S)); S
     becomes the unnormalized probabilities exp(scale * (S - m)); corr[r] = exp(scale * (m_old - m))
     is the factor the row's earlier O and l are to be multiplied by (l here, O by `rescale_rows`,
@@ -207,7 +208,12 @@ def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: c
     The row sum: l = l * corr + (the block's sum, from 0) by default; with `sum_from_corr` the block's
     probabilities are added to l * corr one by one (FA4's order). The second needs corr before the
     first addition, so its exponential comes early instead of last; l rounds differently (the same
-    additions, another starting value), so the two agree to rounding, not bit for bit."""
+    additions, another starting value), so the two agree to rounding, not bit for bit.
+
+    `exact_one`: a row whose max did not move gets corr exactly 1 (the contracted m_old * s - m * s of the
+    exponent can leave a rounding residual, so exp2 of it may be 1 +- a few ulp), which lets
+    `rescale_rows(..., skip_ones=True)` skip O's rescale on the warps where no row's max moved. Equal to the
+    default up to those ulps of corr (a more exact factor, not a stale reference like `lazy_threshold`)."""
     rows = cute.size(s_rows, mode=[0])
     m_new = cute.make_rmem_tensor((rows,), Float32)
     for r in cutlass.range_constexpr(rows):
@@ -226,6 +232,8 @@ def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: c
         c = cute.math.exp2(m_old * scale_log2 - finite_ref(mx) * scale_log2, fastmath=True)
         if cutlass.const_expr(lazy_threshold > 0.0):
             c = Float32(cutlass.select_(keep, Float32(1.0), c))  # exactly 1 (the exp2 of ~0 may not be)
+        if cutlass.const_expr(exact_one):
+            c = Float32(cutlass.select_(mx == m_old, Float32(1.0), c))
         m[r] = mx
         corr[r] = c
     if cutlass.const_expr(o_rows is not None):
@@ -250,9 +258,16 @@ def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: c
 
 
 @cute.jit
-def rescale_rows(o_rows: cute.Tensor, corr: cute.Tensor, keep=None):
+def rescale_rows(o_rows: cute.Tensor, corr: cute.Tensor, keep=None, skip_ones: cutlass.Constexpr[bool] = False):
     """o_rows[r, :] *= corr[r]; skipped when `keep` (from `softmax_rows` with a lazy threshold) is
-    True, corr being exactly 1 then."""
+    True, corr being exactly 1 then. `skip_ones`: skipped when every corr of the warp is exactly 1 (a vote at the
+    rescale itself, so the decision needs nothing carried from the softmax: `softmax_rows(..., exact_one=True)`
+    makes a row whose max did not move exactly 1)."""
+    if cutlass.const_expr(skip_ones):
+        ones = cutlass.Boolean(True)
+        for r in cutlass.range_constexpr(cute.size(o_rows, mode=[0])):
+            ones = ones & (corr[r] == Float32(1.0))
+        keep = cute.arch.vote_all_sync(ones)
     if cutlass.const_expr(keep is None):
         for r in cutlass.range_constexpr(cute.size(o_rows, mode=[0])):
             for c in cutlass.range_constexpr(cute.size(o_rows, mode=[1])):

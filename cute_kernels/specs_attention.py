@@ -60,6 +60,8 @@ class FlashAttnSpec(KernelSpec):
                              "batched (not varlen) attention")
         if p["persistent"] and (p["schedule"] != "fa3" or p["varlen"]):
             raise ValueError(f"{self.name}: persistent is built for schedule fa3 on batched (not varlen) attention")
+        if p["skip_rescale"] and not p["overlap"]:
+            p["skip_rescale"] = False  # built for the overlap (the schedules without it have lazy_rescale)
         if p["dynamic"] and not p["persistent"]:
             raise ValueError(f"{self.name}: dynamic hands out the tiles of a persistent walk: it needs persistent")
         if p["split_mask"] and not schedule_of(p).fits(p["head_dim"]):
@@ -131,6 +133,8 @@ class FlashAttnSpec(KernelSpec):
         out.append(self.resolve({"l2_groups": True, "persistent": True, "mask": "causal", "head_dim": 64,
                                  "tile_m": 192}))
         out.append(self.resolve({"l2_groups": True, "schedule": "fa2", "mask": "causal"}))
+        out.append(self.resolve({"skip_rescale": True, "mask": "causal"}))
+        out.append(self.resolve({"skip_rescale": True, "head_dim": 256, "double_p": True}))
         out.append(self.resolve({"persistent": True, "dynamic": True}))
         out.append(self.resolve({"persistent": True, "dynamic": True, "l2_groups": True, "mask": "causal",
                                  "head_dim": 256, "double_p": True}))
@@ -183,6 +187,8 @@ FLASH_ATTN = FlashAttnSpec(
                             "same bits"),
         "dynamic": Param(False, (True, False), help="with persistent: the tiles handed out at run time by an atomic "
                          "counter, in the walk's order (FA3's dynamic scheduler); the same bits"),
+        "skip_rescale": Param(False, (True, False), help="overlap: O's rescale skipped on warps where no row's max "
+                              "moved (corr exactly 1 there); equal to the default up to a few ulps of corr"),
     },
 )
 

@@ -68,7 +68,12 @@ kinds run in the same kernel (`cute_kernels/kernels/flash_attn.py`), chosen at t
   last tile, sent with a bare arrive, ends their loop. An SM that finishes early takes the next tile in
   the order (`linear_coords`: the launch order, or the L2 groups' longest-first order), so no static
   stride can pile the long tiles on a few SMs. The fetch that returns the last value resets the counter
-  to 0 for the next launch (`next_tile`). The same tiles, the same bits.
+  to 0 for the next launch (`take_tile`). The same tiles, the same bits. Measured in session 23: 1.026x /
+  1.034x (causal) at D = 64, the batched default there; 0.96-0.99x at D = 128 / 256.
+* `skip_rescale` (the overlap; session 23, built on the desk, unmeasured): a row whose max did not move gets
+  corr exactly 1 (`softmax_rows(exact_one=True)`), and O's rescale is skipped on a warp whose corrs are all
+  1 (`rescale_rows(skip_ones=True)`, a vote at the rescale). At D = 256 that is 128 FMUL per thread and
+  block, the largest single item of the steady loop. Equal to the default up to a few ulps of corr.
 
 Registers (fa3): 24 + 2 x 240 = 504 <= 512 per thread-slot of the 64K file for 384 threads (FA3's
 budget); three consumer warpgroups would be 32 + 3 x 160.
@@ -111,6 +116,7 @@ class AttentionSchedule:
     persistent: bool = False  # fa3: one CTA per SM walks the tiles in launch order (`PersistentWalk`)
     l2_groups: bool = False  # a 1-D grid in FA3's order: heads in groups whose K/V fit L2, q slowest in a group
     dynamic: bool = False  # persistent, the tiles handed out by an atomic counter in the walk's order
+    skip_rescale: bool = False  # overlap: O's rescale skipped on warps where no row's max moved (corr exactly 1)
     # (grid z holds the q tiles then: at most 65535, S_q <= 4M rows at tile_m 64)
 
     def __post_init__(self):
@@ -137,6 +143,9 @@ class AttentionSchedule:
             raise ValueError("l2_groups and heads_first are two tile orders: choose one")
         if self.persistent and self.kind != "fa3":
             raise ValueError("persistent is built for kind='fa3' (its producer warp carries the K/V ring across tiles)")
+        if self.skip_rescale and not self.overlap:
+            raise ValueError("skip_rescale is built for the overlap (whose O rescale comes after the P V wait); the "
+                             "schedules without it have lazy_rescale")
         if self.dynamic and not self.persistent:
             raise ValueError("dynamic (tiles handed out by an atomic counter) is a persistent walk: it needs "
                              "persistent=True")
@@ -240,7 +249,8 @@ class AttentionSchedule:
                 + ("_ov" if self.overlap else "") + ("_lz" if self.lazy_rescale else "") + ("_dp" if self.double_p else "")
                 + ("_sm" if self.split_mask else "") + ("_sc" if self.sum_from_corr else "")
                 + ("_hf" if self.heads_first else "") + ("_l2" if self.l2_groups else "")
-                + ("_ps" if self.persistent else "") + ("_dyn" if self.dynamic else ""))
+                + ("_ps" if self.persistent else "") + ("_dyn" if self.dynamic else "")
+                + ("_sk" if self.skip_rescale else ""))
 
 
 # Tile sizes per head dim (FA3's choices where the registers allow: O and S both live in registers,
@@ -331,6 +341,10 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
              dict(plain, persistent=True, dynamic=True, l2_groups=causal)]
     if not causal:
         specs.append(dict(plain, persistent=True))
+    if default.overlap and head_dim >= 128:
+        # O's rescale skipped where no row's max moved (session 23, unmeasured): D / 2 FMUL a block and thread, so
+        # from D = 128 (at D = 64 the 32 of them are not worth a slot of the list)
+        specs.append(dict(dataclasses.asdict(default), skip_rescale=True))
     twins = len(specs)
     if head_dim <= 64:
         # three consumer warpgroups (FA4's d <= 64 tile is 192 x 128), next after the default so that a

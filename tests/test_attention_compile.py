@@ -58,7 +58,10 @@ VARIANTS = [
     {"head_dim": 128, "mask": "causal", "l2_groups": True},
     {"head_dim": 64, "mask": "causal", "tile_m": 192, "l2_groups": True, "persistent": True},
     {"head_dim": 128, "mask": "causal", "schedule": "fa2", "l2_groups": True},
-    # the persistent walk with its tiles handed out by an atomic counter (session 23; test_dynamic_handout_sass)
+    # O's rescale skipped where no row's max moved (session 23): a vote and a branch around the rescale
+    {"head_dim": 128, "mask": "causal", "skip_rescale": True},
+    {"head_dim": 256, "double_p": True, "skip_rescale": True},
+    # the persistent walk with its tiles handed out by an atomic counter (session 23; test_dynamic_handout_ptx)
     {"head_dim": 128, "persistent": True, "dynamic": True},
     {"head_dim": 256, "mask": "causal", "double_p": True, "persistent": True, "dynamic": True, "l2_groups": True},
 ]
@@ -161,3 +164,15 @@ def test_dynamic_handout_ptx(compiled):
         assert len(atoms) == 1 and re.search(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, 0, 31", ptx)
     else:
         assert not atoms
+
+
+def test_skip_rescale_votes(compiled):
+    """`skip_rescale` (session 23): every O rescale of the overlap sits behind a warp vote on corr == 1 (one per
+    rescale site: the one-buffer overlap's step, or the two-buffer overlap's two steps and its last block); the
+    default has no vote in its overlap."""
+    over, p, report, ptx, sass_text = compiled
+    votes = len(re.findall(r"vote\.sync\.all\.pred", ptx))
+    if p["skip_rescale"]:
+        assert votes >= (3 if p["double_p"] else 1), votes
+    elif p["overlap"] and not p["lazy_rescale"]:
+        assert votes == 0, votes

@@ -288,6 +288,26 @@ def test_persistent_bitwise(d, causal, extra):
     assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1])
 
 
+@pytest.mark.parametrize("d,causal", [(128, True), (128, False), (256, True), (64, False), (64, True)])
+def test_skip_rescale(d, causal):
+    """`skip_rescale` (session 23, written on the desk): O's rescale skipped on warps where no row's max moved,
+    corr exactly 1 there. FA3's rule against the fp32 reference, and within a few ulps of corr of the default
+    (GQA, a part-full last q tile, S_q != S_k)."""
+    import dataclasses
+
+    from cute_kernels.ops.flash_attn import _flash_attn_cuda
+    from schedules.attention import default_schedule
+
+    q, k, v = randn(2, 2000, 8, d), randn(2, 2100, 2, d), randn(2, 2100, 2, d)
+    s = default_schedule(d, causal, 2100)
+    skip = dataclasses.replace(s, skip_rescale=True)
+    _check(q, k, v, causal=causal, schedule=skip)
+    base = _flash_attn_cuda(q, k, v, causal, schedule=s)
+    out = _flash_attn_cuda(q, k, v, causal, schedule=skip)
+    assert (out[0].float() - base[0].float()).abs().max() <= 2 ** -6 * base[0].float().abs().max()
+    assert (out[1] - base[1]).abs().max() <= 1e-5
+
+
 def test_mqa_fp16_scale_softcap():
     q, k, v = randn(2, 300, 8, 128), randn(2, 500, 1, 128), randn(2, 500, 1, 128)
     _check(q, k, v, causal=True)

@@ -34,6 +34,8 @@ VARIANTS = {
     # persistent (session 22): the tile walk wraps each role's loops; the WGMMAs must stay grouped inside it
     "persistent": {"head_dim": 128, "persistent": True},
     "persistent_dp256": {"head_dim": 256, "mask": "causal", "double_p": True, "persistent": True},
+    "skip_dp256": {"head_dim": 256, "double_p": True, "skip_rescale": True},
+    "skip_split128": {"head_dim": 128, "mask": "causal", "skip_rescale": True},
     "dynamic_dp256": {"head_dim": 256, "mask": "causal", "double_p": True, "persistent": True, "dynamic": True,
                       "l2_groups": True},
 }
@@ -69,7 +71,7 @@ def test_where_the_softmax_waits(compiled):
     name, p, report, ins = compiled
     if p["head_dim"] != 128:
         pytest.skip("the exponential count is for D = 128, tile_n = 128")
-    if p["persistent"]:
+    if p["persistent"] or p["split_mask"]:
         pytest.skip("the split walk's waits are checked per loop in test_attention_split_compile")
     regions = _steady_regions(ins)
     if name == "no_overlap":

@@ -745,10 +745,11 @@ class FlashAttnFwd:
         warpgroup.wait_group(1)  # S_{j+1} done, P_j V_j may still run
         pipes.k.consumer_release(kv)
         self.scores(mm.acc_s, mm.tScS, n, mm.row0, tile, out, masked)
-        softmax_rows(mm.s_rows, mm.row_max, mm.row_sum, mm.corr, out.scale_log2, sum_from_corr=s.sum_from_corr)
+        softmax_rows(mm.s_rows, mm.row_max, mm.row_sum, mm.corr, out.scale_log2, sum_from_corr=s.sum_from_corr,
+                     exact_one=s.skip_rescale)
         warpgroup.wait_group(0)
         pipes.v.consumer_release(kv_v)
-        rescale_rows(mm.o_rows, mm.corr)
+        rescale_rows(mm.o_rows, mm.corr, skip_ones=s.skip_rescale)
         acc_as_a_operand(mm.acc_s, self.dtype, mm.p, pinned=s.pinned_p)
 
     # --- the overlap with two P buffers (`AttentionSchedule.double_p`) ----------------------------
@@ -788,7 +789,8 @@ class FlashAttnFwd:
             warpgroup.wait_group(0)
             pipes.k.consumer_release(kv)
             self.scores(mm.acc_s, mm.tScS, n_max - 1, mm.row0, tile, out)
-            softmax_rows(mm.s_rows, mm.row_max, mm.row_sum, corr, out.scale_log2, sum_from_corr=s.sum_from_corr)
+            softmax_rows(mm.s_rows, mm.row_max, mm.row_sum, corr, out.scale_log2, sum_from_corr=s.sum_from_corr,
+                         exact_one=s.skip_rescale)
             corr.fill(1.0)  # O is 0 until P_0 V_0: step 1 rescales it by exactly 1
             odd = (n_count - 1) % 2
             if odd == 1:
@@ -803,7 +805,7 @@ class FlashAttnFwd:
             # the last block's P V (its P in pa), after P_{n-2} V_{n-2} and the last rescale
             warpgroup.wait_group(0)
             if_generate(n_count >= 2, lambda: pipes.v.consumer_release(self.consumer_state(n_count - 2, tile.kv_base)))
-            rescale_rows(mm.o_rows, corr)
+            rescale_rows(mm.o_rows, corr, skip_ones=s.skip_rescale)
             kv_v = self.consumer_state(n_count - 1, tile.kv_base)
             pipes.v.consumer_wait(kv_v)
             if cutlass.const_expr(s.pingpong):
@@ -832,7 +834,7 @@ class FlashAttnFwd:
         # (if_generate, not a traced `if`: the traced one rebinds the pipeline's values inside the
         # region and the IR no longer verifies)
         if_generate(i >= 2, lambda: pipes.v.consumer_release(self.consumer_state(i - 2, tile.kv_base)))
-        rescale_rows(mm.o_rows, corr)  # O *= corr_{i-1}
+        rescale_rows(mm.o_rows, corr, skip_ones=s.skip_rescale)  # O *= corr_{i-1}
         if cutlass.const_expr(s.pingpong):
             mm.my_turn.arrive_and_wait()
         self.qk_gemm(qk, mm.acc_s, mm.tSrQ, mm.tSrK, kv.index)
@@ -843,7 +845,8 @@ class FlashAttnFwd:
         warpgroup.wait_group(1)  # S_i done; P_{i-1} V_{i-1} may still run
         pipes.k.consumer_release(kv)
         self.scores(mm.acc_s, mm.tScS, tile.n_max - 1 - i, mm.row0, tile, out)
-        softmax_rows(mm.s_rows, mm.row_max, mm.row_sum, corr, out.scale_log2, sum_from_corr=s.sum_from_corr)
+        softmax_rows(mm.s_rows, mm.row_max, mm.row_sum, corr, out.scale_log2, sum_from_corr=s.sum_from_corr,
+                     exact_one=s.skip_rescale)
         acc_as_a_operand(mm.acc_s, self.dtype, dst)
 
     @cute.jit
