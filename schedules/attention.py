@@ -282,8 +282,8 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
     # Session 23, D = 64 (batched): the persistent grid with the tiles handed out at run time (`dynamic`; causal in
     # the L2 groups' order) against the same schedule one CTA a tile: 1.026x at B2 S8k H32 (581.1 vs 566.6), 1.034x
     # causal at B4 S4k H32 (448.3 vs 433.6); and the 192-row tile from 2048 causal keys (B8 S2k H32: 356.2 against
-    # 335.6 for the 128-row overlap). At D = 128 / 256 it measured 0.96-0.99x (P's pinned conversion at D = 128,
-    # nothing to balance at D = 256), so they keep one CTA a tile (perf/results/2026-12-01-h200-*/sched_*.md)
+    # 335.6 for the 128-row overlap). At D = 128 / 256 it measured 0.96-0.99x (P's pinned conversion at D = 128;
+    # D = 256 not profiled), so they keep one CTA a tile (perf/results/2026-12-01-h200-1424229/ and -9b459cb/)
     if head_dim in _DEFAULT_OVERRIDE:
         settings, causal_min_keys = _DEFAULT_OVERRIDE[head_dim]
         if not (causal and seqlen_k is not None and seqlen_k < causal_min_keys):
@@ -324,8 +324,8 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     instead of as-many-as-fit; fa3 with one
     consumer warpgroup (tile_m 64); fa2 with tile_m 128 and 64, the default block and the next
     smaller one, two stages and one (fully synchronous). Right after the default, its twins in other tile orders:
-    L2 groups, the dynamic persistent walk (causal: in the L2 groups' order) and, not causal, the static one. At
-    most `limit` (~20 at every head dim)."""
+    L2 groups, the dynamic persistent walk (causal: in the L2 groups' order), not causal the static one, and from
+    D = 128 the default with `skip_rescale`. At most `limit` (~20 at every head dim)."""
     default = default_schedule(head_dim, causal)
     d = _base_schedule(head_dim)
     plain = dataclasses.asdict(dataclasses.replace(default, persistent=False, dynamic=False, l2_groups=False))

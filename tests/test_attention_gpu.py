@@ -247,8 +247,8 @@ def test_heads_first_bitwise(causal):
 
 
 PERSISTENT = [(128, True, {}), (128, False, {}), (128, True, {"heads_first": True}),
-              (128, False, {"overlap": False, "split_mask": False}), (64, True, {}), (256, True, {}), (256, False, {}), (128, True, {"l2_groups": True}),
-              (64, True, {"l2_groups": True}), (128, False, {"dynamic": True}),
+              (128, False, {"overlap": False, "split_mask": False}), (64, True, {}), (256, True, {}), (256, False, {}),
+              (128, True, {"l2_groups": True}), (64, True, {"l2_groups": True}), (128, False, {"dynamic": True}),
               (128, True, {"dynamic": True, "l2_groups": True}), (64, True, {"dynamic": True, "l2_groups": True}),
               (256, True, {"dynamic": True, "l2_groups": True}), (64, False, {"dynamic": True})]
 
@@ -269,7 +269,8 @@ def test_persistent_bitwise(d, causal, extra):
 
     q, k, v = randn(2, 2000, 16, d), randn(2, 2100, 4, d), randn(2, 2100, 4, d)
     dynamic = extra.get("dynamic", False)
-    s = dataclasses.replace(default_schedule(d, causal, 2100), **{k: x for k, x in extra.items() if k != "dynamic"})
+    s = dataclasses.replace(default_schedule(d, causal, 2100), persistent=False, dynamic=False, l2_groups=False)
+    s = dataclasses.replace(s, **{k: x for k, x in extra.items() if k != "dynamic"})  # (the D = 64 default is dynamic)
     plain = dataclasses.replace(s, l2_groups=False)
     walk = dataclasses.replace(s, persistent=True, dynamic=dynamic)
     base = _flash_attn_cuda(q, k, v, causal, schedule=plain)
