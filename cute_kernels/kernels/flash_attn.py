@@ -277,42 +277,10 @@ class FlashAttnFwd:
         outs = dict(mLSE=mLSE, tma_o=tma_o, sQ_ptr=st.sQ.data_ptr(), q_stage=q_stage, sO_layout=sO_layout,
                     scale_log2=scale_log2, scale_lse=scale_lse, scale_over_cap=scale_over_cap, cap=cap)
 
-        if cutlass.const_expr(s.dynamic):
-            self.dynamic_walk(g, pipes, outs, st.tile_slots.get_tensor(cute.make_layout(2)), mCounter, wg, warp, tidx,
-                              tiled_mma_qk, tiled_mma_pv)
-        elif cutlass.const_expr(s.persistent):
-            # ---- one CTA per SM walks the tiles (`PersistentWalk`); both roles carry their ring positions ----
-            if wg == 0:
-                cute.arch.setmaxregister_decrease(s.producer_regs)
-                if warp == 0:
-                    walk, group = self.walk(mQ), self.group(mQ, mK)
-                    base = Int32(0)  # K/V blocks loaded so far
-                    for j in cutlass.range(walk.count(), unroll=1):
-                        p_valid, p_loads, p_tile, p_gO = self.tile_setup(
-                            g, *walk.coords(j, s.heads_first, group))
-                        # the first blocks (as many as the ring holds) may go in while the consumers finish the
-                        # previous tile and store its O through the Q buffer; Q after them, then the rest
-                        first = cutlass.min(p_tile.n_count, stages)
-                        for i in cutlass.range(first, unroll=1):
-                            self.load_kv(pipes, p_loads, self.ring_state(base + i, stages, True), p_tile.n_max - 1 - i)
-                        self.load_q(pipes, p_loads, p_tile.m_block, j)
-                        for i in cutlass.range(first, p_tile.n_count, unroll=1):
-                            self.load_kv(pipes, p_loads, self.ring_state(base + i, stages, True), p_tile.n_max - 1 - i)
-                        base = base + p_tile.n_count
-                    kv = self.ring_state(base, stages, True)
-                    pipe_k.producer_tail(kv.clone())
-                    pipe_v.producer_tail(kv)
-            else:
-                cute.arch.setmaxregister_increase(s.consumer_regs)
-                walk, group = self.walk(mQ), self.group(mQ, mK)
-                base = Int32(0)  # K/V blocks consumed so far
-                for j in cutlass.range(walk.count(), unroll=1):
-                    c_valid, c_loads, c_tile, c_gO = self.tile_setup(
-                        g, *walk.coords(j, s.heads_first, group))
-                    c_tile.kv_base, c_tile.q_index = base, j
-                    self.consumer(wg - 1, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, c_loads, c_tile,
-                                  SimpleNamespace(gO=c_gO, **outs))
-                    base = base + c_tile.n_count
+        if cutlass.const_expr(s.persistent):
+            # ---- one CTA per SM walks the tiles (static stride or `dynamic`); both roles carry their ring positions
+            self.persistent_walk(g, pipes, outs, st.tile_slots.get_tensor(cute.make_layout(2)), mCounter, wg, warp,
+                                 tidx, tiled_mma_qk, tiled_mma_pv)
         else:
             bx, by, bz = cute.arch.block_idx()
             if cutlass.const_expr(s.l2_groups):
@@ -348,48 +316,53 @@ class FlashAttnFwd:
                     self.consumer(wg, tidx, warp, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, pipes, loads, tile, out)
 
     @cute.jit
-    def dynamic_walk(self, g: SimpleNamespace, pipes: SimpleNamespace, outs: dict, slots: cute.Tensor,
-                     mCounter: cute.Tensor, wg: Int32, warp: Int32, tidx: Int32, tiled_mma_qk: cute.TiledMma,
-                     tiled_mma_pv: cute.TiledMma):
-        """`dynamic`: the persistent walk with its tiles handed out at run time (`take_tile`). The producer warp
-        writes each tile's linear index into slot j % 2 before the arrive on Q's full barrier for the CTA's j-th Q
-        (the arrive releases it, the consumers' wait acquires it); slot j % 2 was last read at the start of tile
-        j - 2, before the Q release the producer waited for when it loaded Q j - 1. An index >= total, sent with a
-        bare arrive, ends the consumers' loop. Both roles carry their ring positions as in the static walk."""
+    def persistent_walk(self, g: SimpleNamespace, pipes: SimpleNamespace, outs: dict, slots: cute.Tensor,
+                        mCounter: cute.Tensor, wg: Int32, warp: Int32, tidx: Int32, tiled_mma_qk: cute.TiledMma,
+                        tiled_mma_pv: cute.TiledMma):
+        """`persistent`: one CTA per SM walks the tiles of linear index t (`linear_coords`), starting at its block
+        index x. The static walk steps t by the CTA count X (`PersistentWalk`); `dynamic` takes each next t from
+        the counter (`take_tile`). Both roles carry their ring positions: the producer loads a tile's first K/V
+        blocks while the consumers finish the previous tile and store its O through the Q buffer, then Q once
+        they release it, then the rest.
+
+        `dynamic`: the producer writes each tile's t into slot j % 2 before the arrive on Q's full barrier for the
+        CTA's j-th Q (the arrive releases it, the consumers' wait acquires it); slot j % 2 was last read at the
+        start of tile j - 2, before the Q release the producer waited for when it loaded Q j - 1. A t >= total,
+        sent with a bare arrive, ends the consumers' loop."""
         s, d = self.s, self.d
         stages = s.num_stages(d, self.dtype.width // 8)
-        mQ = g.mQ
-        q_tiles, heads, batch = self.grid_q_tiles(mQ), Int32(cute.size(mQ, mode=[2])), Int32(cute.size(mQ, mode=[3]))
-        total = q_tiles * heads * batch
-        group = self.group(mQ, g.mK)
-        bx, _, _ = cute.arch.block_idx()
-        ctas, _, _ = cute.arch.grid_dim()
+        walk, group = self.walk(g.mQ), self.group(g.mQ, g.mK)
+        total = walk.q_tiles * walk.heads * walk.batch
         if wg == 0:
             cute.arch.setmaxregister_decrease(s.producer_regs)
             if warp == 0:
-                t = Int32(bx)
+                t = walk.first
                 j = Int32(0)
                 base = Int32(0)  # K/V blocks loaded so far
                 while t < total:
                     p_valid, p_loads, p_tile, p_gO = self.tile_setup(
-                        g, *linear_coords(t, q_tiles, heads, batch, s.heads_first, group))
-                    # the first blocks under the consumers' end of the previous tile, then Q, then the rest
+                        g, *linear_coords(t, walk.q_tiles, walk.heads, walk.batch, s.heads_first, group))
                     first = cutlass.min(p_tile.n_count, stages)
                     for i in cutlass.range(first, unroll=1):
                         self.load_kv(pipes, p_loads, self.ring_state(base + i, stages, True), p_tile.n_max - 1 - i)
-                    slots[j % 2] = t  # every lane: the same value, before the (one-lane) arrive of load_q
+                    if cutlass.const_expr(s.dynamic):
+                        slots[j % 2] = t  # every lane: the same value, before the (one-lane) arrive of load_q
                     self.load_q(pipes, p_loads, p_tile.m_block, j)
                     for i in cutlass.range(first, p_tile.n_count, unroll=1):
                         self.load_kv(pipes, p_loads, self.ring_state(base + i, stages, True), p_tile.n_max - 1 - i)
                     base = base + p_tile.n_count
                     j = j + 1
-                    t = take_tile(mCounter, total, Int32(ctas))
-                # no tile left: the index past the end, on a bare arrive once the last Q is released
-                slots[j % 2] = t
-                q_state = self.ring_state(j, 1, True)
-                pipes.q.sync_object_empty.wait(q_state.index, q_state.phase)
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive(pipes.q.producer_get_barrier(q_state))
+                    if cutlass.const_expr(s.dynamic):
+                        t = take_tile(mCounter, total, walk.stride)
+                    else:
+                        t = t + walk.stride
+                if cutlass.const_expr(s.dynamic):
+                    # no tile left: the index past the end, on a bare arrive once the last Q is released
+                    slots[j % 2] = t
+                    q_state = self.ring_state(j, 1, True)
+                    pipes.q.sync_object_empty.wait(q_state.index, q_state.phase)
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive(pipes.q.producer_get_barrier(q_state))
                 # the K/V rings' tails (`producer_tail`, whose stage count became a run-time value when the
                 # pipelines were passed into this function): every stage released before the warp exits
                 kv = self.ring_state(base, stages, True)
@@ -401,18 +374,23 @@ class FlashAttnFwd:
             cute.arch.setmaxregister_increase(s.consumer_regs)
             j = Int32(0)
             base = Int32(0)  # K/V blocks consumed so far
-            pipes.q.consumer_wait(self.ring_state(j, 1, False))
-            t = slots[j % 2]
+            t = walk.first
+            if cutlass.const_expr(s.dynamic):
+                pipes.q.consumer_wait(self.ring_state(j, 1, False))
+                t = slots[j % 2]
             while t < total:
                 c_valid, c_loads, c_tile, c_gO = self.tile_setup(
-                    g, *linear_coords(t, q_tiles, heads, batch, s.heads_first, group))
+                    g, *linear_coords(t, walk.q_tiles, walk.heads, walk.batch, s.heads_first, group))
                 c_tile.kv_base, c_tile.q_index = base, j
                 self.consumer(wg - 1, tidx, warp, tiled_mma_qk, tiled_mma_pv, g.sQ, g.sK, g.sV, pipes, c_loads, c_tile,
                               SimpleNamespace(gO=c_gO, **outs))
                 base = base + c_tile.n_count
                 j = j + 1
-                pipes.q.consumer_wait(self.ring_state(j, 1, False))
-                t = slots[j % 2]
+                if cutlass.const_expr(s.dynamic):
+                    pipes.q.consumer_wait(self.ring_state(j, 1, False))
+                    t = slots[j % 2]
+                else:
+                    t = t + walk.stride
 
     @cute.jit
     def tile_setup(self, g: SimpleNamespace, mi: Int32, bh: Int32, bb: Int32):
