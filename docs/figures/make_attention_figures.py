@@ -207,14 +207,20 @@ def _orders(q_tiles: int, heads: int, group: int):
             f"l2_groups ({group} heads a group): longest first within a group": grouped}
 
 
-def _makespan(order, workers: int, static: bool) -> float:
-    """Finish time of `order`'s tiles (work m_block + 1 each) on `workers` SMs: handed out in order to the first
-    free SM (the block scheduler), or tile t to SM t mod workers (a persistent grid's static stride)."""
+def _loads(order, workers: int, static: bool, work=lambda tile: tile[0] + 1) -> list[float]:
+    """Each SM's busy time after `order`'s tiles (`work(tile)` each; the toy grid's: m_block + 1) on `workers` SMs:
+    handed out in order to the first free SM (the block scheduler, the dynamic walk), or tile t to SM t mod workers
+    (a persistent grid's static stride)."""
     free = [0.0] * workers
-    for t, (m, _) in enumerate(order):
+    for t, tile in enumerate(order):
         w = t % workers if static else min(range(workers), key=free.__getitem__)
-        free[w] += m + 1
-    return max(free)
+        free[w] += work(tile)
+    return free
+
+
+def _makespan(order, workers: int, static: bool) -> float:
+    """Finish time of `order`'s tiles (`_loads`)."""
+    return max(_loads(order, workers, static))
 
 
 def attention_tile_orders():
@@ -246,8 +252,6 @@ def attention_causal_tail():
     a tile's work is its blocks + 1.5 for its prologue and epilogue), the tiles handed in order to the first free
     SM, under the plain order, L2 groups of 3 heads (24 MiB / 8 MiB, the rule before 9b459cb) and the power-of-two
     groups of `l2_group_heads` (2 heads). The same model as tests/test_attention_cpu.py."""
-    import heapq
-
     from collectives.attention_mask import MaskKind, n_block_range
     from schedules.attention import grouped_coords, l2_group_heads
 
@@ -260,15 +264,6 @@ def attention_causal_tail():
             work[(m, h)] = hi - lo + 1.5
     ideal = sum(work.values()) / sms
 
-    def busy(order):
-        free = [(0.0, w) for w in range(sms)]
-        load = [0.0] * sms
-        for t in order:
-            f, w = heapq.heappop(free)
-            load[w] = f + work[t]
-            heapq.heappush(free, (load[w], w))
-        return sorted(load)
-
     def grouped(g):
         return [(q_tiles - 1 - grouped_coords(t, q_tiles, heads, 1, g)[0], grouped_coords(t, q_tiles, heads, 1, g)[1])
                 for t in range(q_tiles * heads)]
@@ -280,7 +275,7 @@ def attention_causal_tail():
               grouped(l2_group_heads(sk, 256, 1))}
     fig, ax = plt.subplots(figsize=(9, 3.8))
     for (name, order), color in zip(orders.items(), ("#d95f02", "#7570b3", "#1b9e77")):
-        load = busy(order)
+        load = sorted(_loads(order, sms, False, work.__getitem__))
         ax.plot(range(sms), load, color=color, label=f"{name}: {ideal / max(load):.3f} of ideal")
     ax.axhline(ideal, color="black", lw=0.8, ls="--", label="ideal (all work spread evenly)")
     ax.set_xlabel("SMs, sorted by the time their last tile ends")
