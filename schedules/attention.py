@@ -70,7 +70,7 @@ kinds run in the same kernel (`cute_kernels/kernels/flash_attn.py`), chosen at t
   stride can pile the long tiles on a few SMs. The fetch that returns the last value resets the counter
   to 0 for the next launch (`take_tile`). The same tiles, the same bits. Measured in session 23: 1.026x /
   1.034x (causal) at D = 64, the batched default there; 0.96-0.99x at D = 128 / 256.
-* `skip_rescale` (the overlap; session 23, built on the desk, unmeasured): a row whose max did not move gets
+* `skip_rescale` (the overlap; session 23; the D = 256 default since session 24, 1.017x causal and not): a row whose max did not move gets
   corr exactly 1 (`softmax_rows(exact_one=True)`), and O's rescale is skipped on a warp whose corrs are all
   1 (`rescale_rows(skip_ones=True)`, a vote at the rescale). At D = 256 that is 128 FMUL per thread and
   block, the largest single item of the steady loop. Equal to the default up to a few ulps of corr.
@@ -284,21 +284,39 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
     # causal at B4 S4k H32 (448.3 vs 433.6); and the 192-row tile from 2048 causal keys (B8 S2k H32: 356.2 against
     # 335.6 for the 128-row overlap). At D = 128 / 256 it measured 0.96-0.99x (P's pinned conversion at D = 128;
     # D = 256 not profiled), so they keep one CTA a tile (perf/results/2026-12-01-h200-1424229/ and -9b459cb/)
+    # Session 24, causal (batched): the tiles in the L2 groups' order (`l2_groups`, heads in power-of-two groups)
+    # against the same schedule in the plain order, H200, one interleaved search each: d256 B2 S8k / B4 S4k / B8 S2k
+    # H8 749.2 / 689.6 / 583.0 against 690.8 / 632.1 / 543.4 (1.085 / 1.091 / 1.073x), d128 H16 672.3 / 616.8 /
+    # 520.9 against 651.4 / 598.9 / 508.8 (1.032 / 1.030 / 1.024x), d96 B2 S8k H16 576.3 against 559.7 (1.030x),
+    # d192 B2 S8k H10 713.5 against 676.9 (1.054x) (perf/results/2026-12-01-h200-6fdcf41/). The list-scheduling
+    # model of the causal tail predicted it (docs/kernels/attention.md, "where the causal gap goes"). Not below
+    # 2048 keys (1024 at D = 256): the suite with the groups everywhere lost 2-5 % at S 512 / 1k (d64, d128) and
+    # at S 512 (d256), and gained 3 % at d256 S 1k (perf/results/2026-12-01-h200-6fdcf41/attention.md).
+    # D = 256 skips O's rescale where no row's max moved (`skip_rescale`): B2 S8k H8 763.4 against 750.1 causal
+    # (1.018x), 793.0 against 780.0 without a mask (1.017x); at D = 192 it lost (681.6 against 713.5).
+    # D = 192 causal walks the dynamic persistent grid: 757.5 against 713.5 one CTA a tile (1.062x) at B2 S8k H10
+    grouped = causal and not varlen and (seqlen_k is None or seqlen_k >= _L2_MIN_KEYS.get(head_dim, 2048))
+    settings = dataclasses.asdict(_base_schedule(head_dim))
     if head_dim in _DEFAULT_OVERRIDE:
-        settings, causal_min_keys = _DEFAULT_OVERRIDE[head_dim]
+        override, causal_min_keys = _DEFAULT_OVERRIDE[head_dim]
         if not (causal and seqlen_k is not None and seqlen_k < causal_min_keys):
-            if head_dim in _DYNAMIC_HEAD_DIMS and not varlen:
-                settings = dict(settings, persistent=True, dynamic=True, l2_groups=causal)
-            return AttentionSchedule(**settings)
-    return _base_schedule(head_dim)
+            settings = override
+    if not varlen and (head_dim in _DYNAMIC_HEAD_DIMS and settings.get("tile_m") == 192
+                       or head_dim in _DYNAMIC_CAUSAL_HEAD_DIMS and grouped):
+        settings = dict(settings, persistent=True, dynamic=True)
+    return AttentionSchedule(**dict(settings, l2_groups=grouped))
 
 
 # Head dims whose measured default is not the 128-row overlap (see `default_schedule`): the schedule's
 # settings, and the fewest keys per sequence at which a causal mask still takes them
 _DEFAULT_OVERRIDE = {64: (dict(tile_m=192, tile_n=128, overlap=True, split_mask=True), 2048),
-                     256: (dict(tile_n=80, overlap=True, double_p=True), 0)}
-# ... and those whose batched default walks a `dynamic` persistent grid
+                     256: (dict(tile_n=80, overlap=True, double_p=True, skip_rescale=True), 0)}
+# The fewest keys per sequence at which a causal mask walks the L2 groups' order (2048 where not named)
+_L2_MIN_KEYS = {256: 1024}
+# ... and those whose batched default walks a `dynamic` persistent grid (at D = 64 the 192-row tile's), or does
+# so under a causal mask in the L2 groups' order
 _DYNAMIC_HEAD_DIMS = (64,)
+_DYNAMIC_CAUSAL_HEAD_DIMS = (192,)
 
 
 def _base_schedule(head_dim: int) -> AttentionSchedule:
@@ -325,7 +343,7 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     consumer warpgroup (tile_m 64); fa2 with tile_m 128 and 64, the default block and the next
     smaller one, two stages and one (fully synchronous). Right after the default, its twins in other tile orders:
     L2 groups, the dynamic persistent walk (causal: in the L2 groups' order), not causal the static one, and from
-    D = 128 the default with `skip_rescale`. At most `limit` (~20 at every head dim)."""
+    D = 128 the default with `skip_rescale` flipped. At most `limit` (~20 at every head dim)."""
     default = default_schedule(head_dim, causal)
     d = _base_schedule(head_dim)
     plain = dataclasses.asdict(dataclasses.replace(default, persistent=False, dynamic=False, l2_groups=False))
@@ -342,9 +360,9 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     if not causal:
         specs.append(dict(plain, persistent=True))
     if default.overlap and head_dim >= 128:
-        # O's rescale skipped where no row's max moved (session 23, unmeasured): D / 2 FMUL a block and thread, so
-        # from D = 128 (at D = 64 the 32 of them are not worth a slot of the list)
-        specs.append(dict(dataclasses.asdict(default), skip_rescale=True))
+        # O's rescale skipped where no row's max moved (session 23; the D = 256 default since session 24) or not:
+        # D / 2 FMUL a block and thread, so from D = 128 (at D = 64 the 32 of them are not worth a slot of the list)
+        specs.append(dict(dataclasses.asdict(default), skip_rescale=not default.skip_rescale))
     twins = len(specs)
     if head_dim <= 64:
         # three consumer warpgroups (FA4's d <= 64 tile is 192 x 128), next after the default so that a

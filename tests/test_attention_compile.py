@@ -15,8 +15,9 @@ from tests.helpers import highest_register
 VARIANTS = [
     {"head_dim": 128},
     {"head_dim": 64, "mask": "causal"},
-    {"head_dim": 96, "mask": "window", "softcap": True, "dtype": "fp16"},
-    {"head_dim": 192, "mask": "band"},
+    # masks with a right bound walk the L2 groups' order (the ops' default since session 24)
+    {"head_dim": 96, "mask": "window", "softcap": True, "dtype": "fp16", "l2_groups": True},
+    {"head_dim": 192, "mask": "band", "l2_groups": True},
     {"head_dim": 256, "mask": "causal"},
     {"head_dim": 128, "pingpong": False},
     {"head_dim": 128, "overlap": True},
@@ -34,7 +35,7 @@ VARIANTS = [
     # varlen: cu_seqlens read on the device, TMA loads at the sequence's offset, O by predicated st.global
     {"head_dim": 128, "varlen": True},
     {"head_dim": 64, "mask": "causal", "varlen": True, "overlap": True},
-    {"head_dim": 256, "mask": "causal", "varlen": True},
+    {"head_dim": 256, "mask": "causal", "varlen": True, "double_p": True, "skip_rescale": True},  # the D = 256 default
     {"head_dim": 96, "mask": "band", "varlen": True, "softcap": True, "dtype": "fp16", "tile_m": 64},
     {"head_dim": 128, "mask": "window", "varlen": True, "schedule": "fa2"},
     # three consumer warpgroups (512 threads, setmaxnreg 32 / 160, turns round robin), the synchronous walk

@@ -556,4 +556,18 @@ def test_default_d64_by_keys():
     assert default_schedule(64, True, 8192).tile_m == 192 and default_schedule(64, True).tile_m == 192
     short = default_schedule(64, True, 1024)
     assert short.tile_m == 128 and short.overlap and short.split_mask
-    assert default_schedule(256).double_p and default_schedule(128, True, 512) == default_schedule(128)
+    assert default_schedule(256).double_p
+    assert default_schedule(256).skip_rescale and not default_schedule(192).skip_rescale  # session 24
+    # a causal mask changes only the tile order (L2 groups, session 24) from 2048 keys (1024 at D = 256), at D = 192
+    # on the dynamic persistent grid; varlen keeps the plain order
+    for d in (96, 128, 192, 256):
+        plain = default_schedule(d)
+        for sk in (None, 512, 1024, 8192):
+            grouped = sk is None or sk >= (1024 if d == 256 else 2048)
+            want = dataclasses.replace(plain, l2_groups=grouped, persistent=grouped and d == 192,
+                                       dynamic=grouped and d == 192)
+            assert default_schedule(d, True, sk) == want, (d, sk)
+            assert default_schedule(d, True, sk, varlen=True) == plain
+    assert not short.l2_groups and not short.persistent
+    long = default_schedule(64, True, 8192)
+    assert long.l2_groups and long.dynamic and not default_schedule(64, True, 8192, varlen=True).l2_groups

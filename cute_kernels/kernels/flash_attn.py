@@ -508,7 +508,7 @@ class FlashAttnFwd:
     def qk_gemm(self, tiled_mma: cute.TiledMma, acc_s: cute.Tensor, tSrQ: cute.Tensor, tSrK: cute.Tensor, stage: Int32):
         """S = Q K^T: D / 16 WGMMAs, both operands in smem."""
         warpgroup.fence()
-        if cutlass.const_expr(cute.size(tSrQ, mode=[2]) <= 8):  # D <= 128 (see `mma_blocks`)
+        if cutlass.const_expr(cute.size(tSrQ, mode=[2]) in (4, 6, 8, 16)):  # D <= 128 and 256 (see `mma_blocks`)
             mma_blocks(tiled_mma, acc_s, tSrQ, stage_of(tSrK, stage), zero_first=True)
         else:
             mma_blocks(tiled_mma, acc_s, tSrQ, tSrK, zero_first=True, b_stage=stage)
