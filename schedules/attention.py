@@ -288,10 +288,10 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
     # against the same schedule in the plain order, H200, one interleaved search each: d256 B2 S8k / B4 S4k / B8 S2k
     # H8 749.2 / 689.6 / 583.0 against 690.8 / 632.1 / 543.4 (1.085 / 1.091 / 1.073x), d128 H16 672.3 / 616.8 /
     # 520.9 against 651.4 / 598.9 / 508.8 (1.032 / 1.030 / 1.024x), d96 B2 S8k H16 576.3 against 559.7 (1.030x),
-    # d192 B2 S8k H10 713.5 against 676.9 (1.054x) (perf/results/2026-12-01-h200-6fdcf41/). The list-scheduling
+    # d192 B2 S8k H10 713.5 against 676.9 (1.054x) (perf/results/2026-12-01-h200-44e971a/). The list-scheduling
     # model of the causal tail predicted it (docs/kernels/attention.md, "where the causal gap goes"). Not below
     # 2048 keys (1024 at D = 256): the suite with the groups everywhere lost 2-5 % at S 512 / 1k (d64, d128) and
-    # at S 512 (d256), and gained 3 % at d256 S 1k (perf/results/2026-12-01-h200-6fdcf41/attention.md).
+    # at S 512 (d256), and gained 3 % at d256 S 1k (perf/results/2026-12-01-h200-44e971a/call2_attention.md).
     # D = 256 skips O's rescale where no row's max moved (`skip_rescale`): B2 S8k H8 763.4 against 750.1 causal
     # (1.018x), 793.0 against 780.0 without a mask (1.017x); at D = 192 it lost (681.6 against 713.5).
     # D = 192 causal walks the dynamic persistent grid: 757.5 against 713.5 one CTA a tile (1.062x) at B2 S8k H10
