@@ -250,7 +250,9 @@ PERSISTENT = [(128, True, {}), (128, False, {}), (128, True, {"heads_first": Tru
               (128, False, {"overlap": False, "split_mask": False}), (64, True, {}), (256, True, {}), (256, False, {}),
               (128, True, {"l2_groups": True}), (64, True, {"l2_groups": True}), (128, False, {"dynamic": True}),
               (128, True, {"dynamic": True, "l2_groups": True}), (64, True, {"dynamic": True, "l2_groups": True}),
-              (256, True, {"dynamic": True, "l2_groups": True}), (64, False, {"dynamic": True})]
+              (256, True, {"dynamic": True, "l2_groups": True}), (64, False, {"dynamic": True}),
+              # D = 192: the causal default since session 24, and the no-mask candidate (1.061x in session 24's call 6)
+              (192, True, {"dynamic": True, "l2_groups": True}), (192, False, {"dynamic": True})]
 
 
 @pytest.mark.parametrize("d,causal,extra", PERSISTENT,
