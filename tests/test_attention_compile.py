@@ -132,6 +132,26 @@ def test_schedule_ingredients(compiled):
         assert sass["LDL/STL (spills)"] == 0
 
 
+@pytest.mark.parametrize("d,wgs", [(64, 3), (96, 2), (128, 2), (128, 1), (192, 2), (256, 2)])
+def test_q_fragment_is_the_stage_indexed_partition(d, wgs):
+    """`FlashAttnFwd.q_fragment` (session 24): each consumer warpgroup's Q operand, partitioned with one MMA atom per
+    warpgroup over ((64, wgs), D), holds element for element the coordinates of the old partition (one warpgroup's
+    MMA over (64, D, wgs), the stage indexed by the warpgroup), in the same order; and the regrouped smem layout maps
+    ((r, w), c) to the offset the staged one gives (r, c, w). Same addresses, fewer instructions."""
+    import cutlass.cute as cute
+
+    from cute_kernels.jit import compile_fn  # noqa: F401  (sets up the DSL target)
+    from tests import _attention_probe as probe
+
+    cute.compile(probe.q_probe, d, wgs)
+    res, offsets = probe.OUT[("q", d, wgs)]
+    for w, (old, new, old_layout, new_layout) in enumerate(res):
+        assert len(old) == len(new) == 64 * d and old_layout.split(":")[0] == new_layout.split(":")[0]
+        assert all(o == (n[0][0], n[1], n[0][1]) for o, n in zip(old, new)), w
+        assert all(o[2] == w for o in old)
+    assert all(a == b for a, b in offsets) and len(offsets) == 36 * wgs
+
+
 @pytest.mark.parametrize("tile_n,d", [(128, 128), (80, 256), (96, 192), (128, 64)])
 def test_register_layouts(tile_n, d):
     """acc_rows_view: each view row is one matrix row, a quad of lanes holds whole rows together;
