@@ -6,7 +6,8 @@
     python3 -m perf.probe gemm bf16 8192 8192 8192   (torch.mm for cuBLAS, quack.gemm for QuACK)
     python3 -m perf.probe fp8_gemm e4m3 4096 7168 16384   (torch.fp8_gemm: cuBLAS blockwise)
     python3 -m perf.probe flash_attn bf16 2 8192 16 128 [causal]   (fa4.flash_attn, sdpa.flash_attn,
-                                                                     flash_attn.double_p)
+                                                                     flash_attn.double_p,
+                                                                     flash_attn.with:stages=2,pingpong=False)
     python3 -m perf.probe rms_norm bf16 2048 65536   (quack.rms_norm; also softmax, quack.softmax)
     python3 -m perf.probe transpose.tma fp32 16384 16384   (torch.transpose, compile.transpose; argmax,
                                                             torch.argmax, compile.argmax; gemv bf16 R C B)
@@ -140,6 +141,16 @@ def _attention(op, dtype, causal, b, s, h, d):
         from schedules.attention import AttentionSchedule, default_schedule
 
         sched = AttentionSchedule(tile_n=default_schedule(d).tile_n, overlap=True, double_p=True)
+        return lambda: _flash_attn_cuda(q, k, v, causal, schedule=sched)
+    if op.startswith("flash_attn.with:"):  # the default schedule with fields replaced: flash_attn.with:stages=2,...
+        import dataclasses
+
+        from cute_kernels.ops.flash_attn import _flash_attn_cuda
+        from schedules.attention import default_schedule
+
+        fields = dict(kv.split("=") for kv in op.split(":", 1)[1].split(","))
+        sched = dataclasses.replace(default_schedule(d, causal, k.shape[1]), **{
+            f: (x == "True") if x in ("True", "False") else int(x) for f, x in fields.items()})
         return lambda: _flash_attn_cuda(q, k, v, causal, schedule=sched)
     if op == "fa4.flash_attn":
         from flash_attn.cute.interface import flash_attn_func

@@ -294,7 +294,9 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
     # at S 512 (d256), and gained 3 % at d256 S 1k (perf/results/2026-12-01-h200-44e971a/call2_attention.md).
     # D = 256 skips O's rescale where no row's max moved (`skip_rescale`): B2 S8k H8 763.4 against 750.1 causal
     # (1.018x), 793.0 against 780.0 without a mask (1.017x); at D = 192 it lost (681.6 against 713.5).
-    # D = 192 causal walks the dynamic persistent grid: 757.5 against 713.5 one CTA a tile (1.062x) at B2 S8k H10
+    # D = 192 causal walks the dynamic persistent grid: 757.5 against 713.5 one CTA a tile (1.062x) at B2 S8k H10;
+    # without a mask too (session 25, once its bitwise GPU test passed): 782.6 against 737.4 (1.061x, session 24's
+    # call 6, perf/results/2026-12-01-h200-44e971a/call6_schedules_attention_2x8192x10x192.md)
     grouped = causal and not varlen and (seqlen_k is None or seqlen_k >= _L2_MIN_KEYS.get(head_dim, 2048))
     settings = dataclasses.asdict(_base_schedule(head_dim))
     if head_dim in _DEFAULT_OVERRIDE:
@@ -302,7 +304,7 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
         if not (causal and seqlen_k is not None and seqlen_k < causal_min_keys):
             settings = override
     if not varlen and (head_dim in _DYNAMIC_HEAD_DIMS and settings.get("tile_m") == 192
-                       or head_dim in _DYNAMIC_CAUSAL_HEAD_DIMS and grouped):
+                       or head_dim in _DYNAMIC_CAUSAL_HEAD_DIMS and (grouped or not causal)):
         settings = dict(settings, persistent=True, dynamic=True)
     return AttentionSchedule(**dict(settings, l2_groups=grouped))
 
@@ -314,7 +316,7 @@ _DEFAULT_OVERRIDE = {64: (dict(tile_m=192, tile_n=128, overlap=True, split_mask=
 # The fewest keys per sequence at which a causal mask walks the L2 groups' order (2048 where not named)
 _L2_MIN_KEYS = {256: 1024}
 # ... and those whose batched default walks a `dynamic` persistent grid (at D = 64 the 192-row tile's), or does
-# so under a causal mask in the L2 groups' order
+# so without a mask and under a causal mask in the L2 groups' order
 _DYNAMIC_HEAD_DIMS = (64,)
 _DYNAMIC_CAUSAL_HEAD_DIMS = (192,)
 
@@ -343,7 +345,7 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     consumer warpgroup (tile_m 64); fa2 with tile_m 128 and 64, the default block and the next
     smaller one, two stages and one (fully synchronous). Right after the default, its twins in other tile orders:
     L2 groups, the dynamic persistent walk (causal: in the L2 groups' order), not causal the static one, and from
-    D = 128 the default with `skip_rescale` flipped. At most `limit` (~20 at every head dim)."""
+    D = 128 the default with `skip_rescale` flipped, and from D = 96 the default with a two-stage K/V ring where more fit. At most `limit` (~20 at every head dim)."""
     default = default_schedule(head_dim, causal)
     d = _base_schedule(head_dim)
     plain = dataclasses.asdict(dataclasses.replace(default, persistent=False, dynamic=False, l2_groups=False))
@@ -363,6 +365,9 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
         # O's rescale skipped where no row's max moved (session 23; the D = 256 default since session 24) or not:
         # D / 2 FMUL a block and thread, so from D = 128 (at D = 64 the 32 of them are not worth a slot of the list)
         specs.append(dict(dataclasses.asdict(default), skip_rescale=not default.skip_rescale))
+    if default.warp_specialized and head_dim >= 96 and default.num_stages(head_dim) > 2:
+        # the default's K/V ring at FA4's two stages (session 25: the L2-bytes lead, docs/kernels/attention.md)
+        specs.append(dict(dataclasses.asdict(default), stages=2))
     twins = len(specs)
     if head_dim <= 64:
         # three consumer warpgroups (FA4's d <= 64 tile is 192 x 128), next after the default so that a

@@ -561,7 +561,7 @@ def test_default_d64_by_keys():
     # a causal mask changes only the tile order (L2 groups, session 24) from 2048 keys (1024 at D = 256), at D = 192
     # on the dynamic persistent grid; varlen keeps the plain order
     for d in (96, 128, 192, 256):
-        plain = default_schedule(d)
+        plain = default_schedule(d, varlen=True)  # one CTA a tile
         for sk in (None, 512, 1024, 8192):
             grouped = sk is None or sk >= (1024 if d == 256 else 2048)
             want = dataclasses.replace(plain, l2_groups=grouped, persistent=grouped and d == 192,
@@ -569,5 +569,10 @@ def test_default_d64_by_keys():
             assert default_schedule(d, True, sk) == want, (d, sk)
             assert default_schedule(d, True, sk, varlen=True) == plain
     assert not short.l2_groups and not short.persistent
+    # D = 192 without a mask walks the dynamic persistent grid too (session 25), in the plain order; varlen does not
+    full = default_schedule(192)
+    assert full.persistent and full.dynamic and not full.l2_groups
+    assert full == dataclasses.replace(default_schedule(192, varlen=True), persistent=True, dynamic=True)
+    assert all(not default_schedule(d).persistent for d in (96, 128, 256))
     long = default_schedule(64, True, 8192)
     assert long.l2_groups and long.dynamic and not default_schedule(64, True, 8192, varlen=True).l2_groups
