@@ -63,7 +63,7 @@ if has ncu; then
   for e in "${PROBES[@]}"; do
     IFS='@' read -r p K S <<< "$e"
     section "ncu $p"
-    SECS=""; for x in ${NCU_SECTIONS//,/ }; do SECS="$SECS --section $x"; done  # whole ncu sections, in the log
+    SECS=""; for x in ${NCU_SECTIONS:+${NCU_SECTIONS//,/ }}; do SECS="$SECS --section $x"; done  # whole ncu sections, in the log
     timeout ${NCT:-90} ncu --clock-control none ${PROBE_WARM:+--profile-from-start off} -k "$K" --launch-skip "${S:-0}" --launch-count 1 --metrics $M $SECS python3 -m perf.probe $p > "$OUT/.n" 2>&1
     cat "$OUT/.n" >> "$LOG"
     echo "ncu $p: $(grep -E "^\s+(gpu__time|dram__|lts__|sm__|smsp__|launch__grid)" "$OUT/.n" | awk '{printf "%s=%s ", $1, $NF}' | sed 's/\.avg\.pct_of_peak_sustained_\(elapsed\|active\)//g; s/_per_warp_active\.pct//g')"
