@@ -62,6 +62,8 @@ class FlashAttnSpec(KernelSpec):
             raise ValueError(f"{self.name}: persistent is built for schedule fa3 on batched (not varlen) attention")
         if p["skip_rescale"] and not p["overlap"]:
             p["skip_rescale"] = False  # built for the overlap (the schedules without it have lazy_rescale)
+        if p["late_v_release"] and (not p["overlap"] or p["double_p"]):
+            p["late_v_release"] = False  # built for the one-buffer overlap
         if p["dynamic"] and not p["persistent"]:
             raise ValueError(f"{self.name}: dynamic hands out the tiles of a persistent walk: it needs persistent")
         if p["split_mask"] and not schedule_of(p).fits(p["head_dim"]):
@@ -136,6 +138,9 @@ class FlashAttnSpec(KernelSpec):
         out.append(self.resolve({"skip_rescale": True, "mask": "causal"}))
         out.append(self.resolve({"skip_rescale": True, "head_dim": 256, "double_p": True}))
         out.append(self.resolve({"persistent": True, "dynamic": True}))
+        out.append(self.resolve({"late_v_release": True, "mask": "causal"}))
+        out.append(self.resolve({"late_v_release": True, "persistent": True, "dynamic": True, "head_dim": 64,
+                                 "tile_m": 192}))
         out.append(self.resolve({"persistent": True, "dynamic": True, "l2_groups": True, "mask": "causal",
                                  "head_dim": 256, "double_p": True}))
         out.append(self.resolve({"persistent": True, "dynamic": True, "l2_groups": True, "mask": "causal",
@@ -189,6 +194,9 @@ FLASH_ATTN = FlashAttnSpec(
                          "counter, in the walk's order (FA3's dynamic scheduler); the same bits"),
         "skip_rescale": Param(False, (True, False), help="overlap: O's rescale skipped on warps where no row's max "
                               "moved (corr exactly 1 there); equal to the default up to a few ulps of corr"),
+        "late_v_release": Param(False, (True, False), help="one-buffer overlap: V_j's stage released a step later "
+                                "(after S_{j+2}'s wait), so that no arrive holds the P V wait at the softmax's top; "
+                                "the same bits"),
     },
 )
 

@@ -117,6 +117,7 @@ class AttentionSchedule:
     l2_groups: bool = False  # a 1-D grid in FA3's order: heads in groups whose K/V fit L2, q slowest in a group
     dynamic: bool = False  # persistent, the tiles handed out by an atomic counter in the walk's order
     skip_rescale: bool = False  # overlap: O's rescale skipped on warps where no row's max moved (corr exactly 1)
+    late_v_release: bool = False  # one-buffer overlap: V_j's stage released one step later, after S_{j+2}'s wait
     # (grid z holds the q tiles then: at most 65535, S_q <= 4M rows at tile_m 64)
 
     def __post_init__(self):
@@ -146,6 +147,9 @@ class AttentionSchedule:
         if self.skip_rescale and not self.overlap:
             raise ValueError("skip_rescale is built for the overlap (whose O rescale comes after the P V wait); the "
                              "schedules without it have lazy_rescale")
+        if self.late_v_release and not (self.overlap and not self.double_p):
+            raise ValueError("late_v_release is built for the one-buffer overlap (overlap=True, double_p=False): it moves "
+                             "the V release off the P V wait that ptxas would otherwise hoist into the softmax")
         if self.dynamic and not self.persistent:
             raise ValueError("dynamic (tiles handed out by an atomic counter) is a persistent walk: it needs "
                              "persistent=True")
@@ -250,7 +254,7 @@ class AttentionSchedule:
                 + ("_sm" if self.split_mask else "") + ("_sc" if self.sum_from_corr else "")
                 + ("_hf" if self.heads_first else "") + ("_l2" if self.l2_groups else "")
                 + ("_ps" if self.persistent else "") + ("_dyn" if self.dynamic else "")
-                + ("_sk" if self.skip_rescale else ""))
+                + ("_sk" if self.skip_rescale else "") + ("_lv" if self.late_v_release else ""))
 
 
 # Tile sizes per head dim (FA3's choices where the registers allow: O and S both live in registers,
@@ -357,7 +361,12 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     # only: its fixed stride unbalanced every causal case of session 23, 0.86-0.90x the default). heads_first
     # measured slower (session 22)
     # (the default's tile and loop, one CTA a tile first where the default walks a grid of its own)
-    specs = [dataclasses.asdict(default), plain, dict(plain, l2_groups=True),
+    specs = [dataclasses.asdict(default)]
+    if default.overlap and not default.double_p and head_dim >= 96:
+        # the default with V's stage released a step later (session 25: the P V wait off the softmax's top; not at
+        # D = 64, whose list is full)
+        specs.append(dict(dataclasses.asdict(default), late_v_release=not default.late_v_release))
+    specs += [plain, dict(plain, l2_groups=True),
              dict(plain, persistent=True, dynamic=True, l2_groups=causal)]
     if not causal:
         specs.append(dict(plain, persistent=True))

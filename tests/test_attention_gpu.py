@@ -311,6 +311,43 @@ def test_skip_rescale(d, causal):
     assert (out[1] - base[1]).abs().max() <= 1e-5
 
 
+LATE_V = [(128, False, 2100, {}), (128, True, 2100, {}), (64, False, 2100, {}), (64, True, 2100, {}),
+          (96, False, 2100, {}), (192, False, 2100, {}), (192, True, 2100, {}), (128, True, 100, {}),
+          (128, False, 2100, {"persistent": True, "dynamic": True}), (128, True, 2100, {"window": (300, 0)}),
+          (128, False, 2100, {"softcap": 5.0})]
+
+
+@pytest.mark.parametrize("d,causal,sk,extra", LATE_V, ids=[f"d{d}-{'causal' if c else 'full'}-k{sk}-{e}"
+                                                           for d, c, sk, e in LATE_V])
+def test_late_v_release_bitwise(d, causal, sk, extra):
+    """`late_v_release` (session 25): V_j's stage released one step later, after S_{j+2}'s wait, instead of right
+    after P_j V_j's. Only the producer's view of the ring moves, so O and LSE equal the default's bit for bit (GQA,
+    a part-full last q tile, S_q != S_k; one K/V block at 100 keys; the dynamic persistent walk carrying the ring
+    across tiles; a window's left edge; softcap), run twice (a ring left out of step would hang or corrupt the
+    second launch)."""
+    import dataclasses
+
+    from cute_kernels.ops.flash_attn import _flash_attn_cuda
+    from schedules.attention import default_schedule
+
+    q, k, v = randn(2, 2000, 8, d), randn(2, sk, 2, d), randn(2, sk, 2, d)
+    kw = {}
+    s = default_schedule(d, causal, sk)
+    if "persistent" in extra:
+        s = dataclasses.replace(s, persistent=True, dynamic=extra["dynamic"])
+    if "window" in extra:
+        kw["window_left"], kw["window_right"] = extra["window"]
+    if "softcap" in extra:
+        kw["softcap"] = extra["softcap"]
+    late = dataclasses.replace(s, late_v_release=True)
+    base = _flash_attn_cuda(q, k, v, causal, schedule=s, **kw)
+    for _ in range(2):
+        out = _flash_attn_cuda(q, k, v, causal, schedule=late, **kw)
+        assert torch.equal(out[0], base[0]) and torch.equal(out[1], base[1])
+    if not kw:
+        _check(q, k, v, causal=causal, schedule=late)
+
+
 def test_mqa_fp16_scale_softcap():
     q, k, v = randn(2, 300, 8, 128), randn(2, 500, 1, 128), randn(2, 500, 1, 128)
     _check(q, k, v, causal=True)
