@@ -310,6 +310,13 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
     if not varlen and (head_dim in _DYNAMIC_HEAD_DIMS and settings.get("tile_m") == 192
                        or head_dim in _DYNAMIC_CAUSAL_HEAD_DIMS and (grouped or not causal)):
         settings = dict(settings, persistent=True, dynamic=True)
+    if head_dim in _LATE_V_HEAD_DIMS and (causal or head_dim == 96) and settings.get("overlap") \
+            and not settings.get("double_p"):
+        # session 25, one interleaved search each (perf/results/2026-12-01-h200-9b53e5a/): d96 B4 S4k H16 602.5
+        # against 585.9 (1.028x); d128 causal B2 S8k / B8 S2k 703.5 / 527.6 against 697.7 / 523.5 (1.008x); d128
+        # without a mask 728.5 against 731.0 (0.997x: not taken); at D = 192 (two stages) V's loads then wait
+        # (493 against 790)
+        settings = dict(settings, late_v_release=True)
     return AttentionSchedule(**dict(settings, l2_groups=grouped))
 
 
@@ -323,6 +330,9 @@ _L2_MIN_KEYS = {256: 1024}
 # so without a mask and under a causal mask in the L2 groups' order
 _DYNAMIC_HEAD_DIMS = (64,)
 _DYNAMIC_CAUSAL_HEAD_DIMS = (192,)
+# ... and those whose default releases V's stage a step late (`late_v_release`; D = 96 under every mask, D = 128
+# under a causal one): three or more K/V stages, so that the producer still runs a stage ahead
+_LATE_V_HEAD_DIMS = (96, 128)
 
 
 def _base_schedule(head_dim: int) -> AttentionSchedule:

@@ -564,15 +564,19 @@ def test_default_d64_by_keys():
         plain = default_schedule(d, varlen=True)  # one CTA a tile
         for sk in (None, 512, 1024, 8192):
             grouped = sk is None or sk >= (1024 if d == 256 else 2048)
+            late = d in (96, 128)  # V's stage released a step late under a causal mask (session 25)
             want = dataclasses.replace(plain, l2_groups=grouped, persistent=grouped and d == 192,
-                                       dynamic=grouped and d == 192)
+                                       dynamic=grouped and d == 192, late_v_release=late)
             assert default_schedule(d, True, sk) == want, (d, sk)
-            assert default_schedule(d, True, sk, varlen=True) == plain
+            assert default_schedule(d, True, sk, varlen=True) == dataclasses.replace(plain, late_v_release=late)
     assert not short.l2_groups and not short.persistent
     # D = 192 without a mask walks the dynamic persistent grid too (session 25), in the plain order; varlen does not
     full = default_schedule(192)
     assert full.persistent and full.dynamic and not full.l2_groups
     assert full == dataclasses.replace(default_schedule(192, varlen=True), persistent=True, dynamic=True)
     assert all(not default_schedule(d).persistent for d in (96, 128, 256))
+    # late_v_release: D = 96 under every mask, D = 128 causal; not where the ring has two stages (D = 192: 0.62x)
+    assert default_schedule(96).late_v_release and not default_schedule(128).late_v_release
+    assert not any(default_schedule(d, c).late_v_release for d in (64, 192, 256) for c in (False, True))
     long = default_schedule(64, True, 8192)
     assert long.l2_groups and long.dynamic and not default_schedule(64, True, 8192, varlen=True).l2_groups
