@@ -15,6 +15,8 @@
 #   kt: each call's kernels and GPU span of KT="probe args;..." (perf/kernel_times.py; KTT=timeout)
 #   tunerows: perf.tune_rows (held-row plan sweep; TR=timeout, TRARGS=its arguments)
 #   par: run the test families concurrently (TT=seconds per family, default 240)
+#   XN=N: each family's tests in N pytest-xdist workers (the GPU tests are compile-bound: session 25 ran the 225
+#         attention tests with -n 12 in 73 s, against > 300 s in one process)
 #   TK: a pytest -k expression applied to every named family (e.g. TK="deep_ring or alpha_beta": a family's
 #       new tests without the rest of it, which may not fit TT in parallel with others: gemm took > 210 s)
 #     FAMILIES: comma list of tests/test_<family>_gpu.py families (elementwise, ..., attention_varlen)
@@ -37,7 +39,8 @@ if [ "$TESTS" != none ]; then
   [ "$TESTS" = all ] && TESTS=$(ls tests/test_*_gpu.py | sed "s|tests/test_||; s|_gpu.py||" | paste -sd, -)  # every family
   TT=${TT:-240}
   runfam() {  # one family; log to $OUT/.p.$1
-    timeout -k 5 -s INT $TT python3 -m pytest tests/test_${1}_gpu.py -m "gpu and not large" ${TK:+-k "$TK"} --maxfail=25 $P > "$OUT/.p.$1" 2>&1
+    timeout -k 5 -s INT $TT python3 -m pytest tests/test_${1}_gpu.py -m "gpu and not large" ${TK:+-k "$TK"} --maxfail=25 \
+      ${XN:+-n $XN} $P > "$OUT/.p.$1" 2>&1
   }
   if has par; then  # families side by side (compiles are CPU-bound; 16 cores): correctness only, no timing
     for f in ${TESTS//,/ }; do runfam $f & done; wait

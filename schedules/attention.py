@@ -74,6 +74,12 @@ kinds run in the same kernel (`cute_kernels/kernels/flash_attn.py`), chosen at t
   corr exactly 1 (`softmax_rows(exact_one=True)`), and O's rescale is skipped on a warp whose corrs are all
   1 (`rescale_rows(skip_ones=True)`, a vote at the rescale). At D = 256 that is 128 FMUL per thread and
   block, the largest single item of the steady loop. Equal to the default up to a few ulps of corr.
+* `late_v_release` (the one-buffer overlap; session 25): V_j's stage is released in the next step, after S_{j+2}'s
+  wait, not right after P_j V_j's. ptxas schedules an mbarrier arrive early, and the P V wait before it moved
+  with it to the top of the softmax (PC sampling: 4.5 % of the samples, FA4's 0.1 %). Without the arrive the
+  wait lands after 38 of the 66 exponentials at d128. It costs one stage of V look-ahead: 1.028x at D = 96,
+  1.008x at D = 128 causal (the defaults there), 0.97-0.98x at D = 64, 0.62x with two stages (D = 192). The same
+  bits.
 
 Registers (fa3): 24 + 2 x 240 = 504 <= 512 per thread-slot of the 64K file for 384 threads (FA3's
 budget); three consumer warpgroups would be 32 + 3 x 160.
