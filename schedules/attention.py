@@ -306,7 +306,8 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
     # (1.018x), 793.0 against 780.0 without a mask (1.017x); at D = 192 it lost (681.6 against 713.5).
     # D = 192 causal walks the dynamic persistent grid: 757.5 against 713.5 one CTA a tile (1.062x) at B2 S8k H10;
     # without a mask too (session 25, once its bitwise GPU test passed): 782.6 against 737.4 (1.061x, session 24's
-    # call 6, perf/results/2026-12-01-h200-44e971a/call6_schedules_attention_2x8192x10x192.md)
+    # call 6, perf/results/2026-12-01-h200-44e971a/call6_schedules_attention_2x8192x10x192.md; session 25: 754.0
+    # against 704.0, -aaecbcb/call2_schedules_attention_2x8192x10x192.md)
     grouped = causal and not varlen and (seqlen_k is None or seqlen_k >= _L2_MIN_KEYS.get(head_dim, 2048))
     settings = dataclasses.asdict(_base_schedule(head_dim))
     if head_dim in _DEFAULT_OVERRIDE:
@@ -318,10 +319,10 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
         settings = dict(settings, persistent=True, dynamic=True)
     if head_dim in _LATE_V_HEAD_DIMS and (causal or head_dim == 96) and settings.get("overlap") \
             and not settings.get("double_p"):
-        # session 25, one interleaved search each (perf/results/2026-12-01-h200-9b53e5a/): d96 B4 S4k H16 602.5
+        # session 25, one interleaved search each (perf/results/2026-12-01-h200-aaecbcb/call6_*): d96 B4 S4k H16 602.5
         # against 585.9 (1.028x); d128 causal B2 S8k / B8 S2k 703.5 / 527.6 against 697.7 / 523.5 (1.008x); d128
         # without a mask 728.5 against 731.0 (0.997x: not taken); at D = 192 (two stages) V's loads then wait
-        # (493 against 790)
+        # (493 against 790); at D = 64 0.966-0.982x (call 8, `perf.ab_attention`)
         settings = dict(settings, late_v_release=True)
     return AttentionSchedule(**dict(settings, l2_groups=grouped))
 
@@ -365,7 +366,8 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     consumer warpgroup (tile_m 64); fa2 with tile_m 128 and 64, the default block and the next
     smaller one, two stages and one (fully synchronous). Right after the default, its twins in other tile orders:
     L2 groups, the dynamic persistent walk (causal: in the L2 groups' order), not causal the static one, and from
-    D = 128 the default with `skip_rescale` flipped, and from D = 96 the default with a two-stage K/V ring where more fit. At most `limit` (~20 at every head dim)."""
+    D = 128 the default with `skip_rescale` flipped; from D = 96 the default with `late_v_release` flipped (second in
+    the list) and with a two-stage K/V ring where more fit. At most `limit` (~20 at every head dim)."""
     default = default_schedule(head_dim, causal)
     d = _base_schedule(head_dim)
     plain = dataclasses.asdict(dataclasses.replace(default, persistent=False, dynamic=False, l2_groups=False))
