@@ -7,12 +7,12 @@ and the ratio to the default. For options outside `cute-kernels schedules attent
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import torch
 
 from perf import harness as H
+from perf.probe import schedule_with
 
 
 def main(argv: list[str]) -> None:
@@ -26,8 +26,7 @@ def main(argv: list[str]) -> None:
     base = default_schedule(d, causal, s)
     cols = {"default": base}
     for kv in args[4:]:
-        f, x = kv.split("=")
-        cols[kv] = dataclasses.replace(base, **{f: (x == "True") if x in ("True", "False") else int(x)})
+        cols[kv] = schedule_with(base, kv)
     fns = {name: (lambda sc=sc: _flash_attn_cuda(q, k, v, causal, schedule=sc)) for name, sc in cols.items()}
     for name, fn in fns.items():  # compile, and check each option computes the default's bits
         out = fn()

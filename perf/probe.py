@@ -132,6 +132,15 @@ def _fp8(op, m, n, k):
     return f
 
 
+def schedule_with(schedule, *pairs: str):
+    """`schedule` (a dataclass) with each `field=value` of `pairs` replaced (True / False, else an int)."""
+    import dataclasses
+
+    fields = dict(kv.split("=") for kv in pairs)
+    return dataclasses.replace(schedule, **{f: (x == "True") if x in ("True", "False") else int(x)
+                                            for f, x in fields.items()})
+
+
 def _attention(op, dtype, causal, b, s, h, d):
     q, k, v = (randn(b, s, h, d, dtype=dtype, seed=i) for i in (1, 2, 3))
     if op == "flash_attn":
@@ -143,14 +152,10 @@ def _attention(op, dtype, causal, b, s, h, d):
         sched = AttentionSchedule(tile_n=default_schedule(d).tile_n, overlap=True, double_p=True)
         return lambda: _flash_attn_cuda(q, k, v, causal, schedule=sched)
     if op.startswith("flash_attn.with:"):  # the default schedule with fields replaced: flash_attn.with:stages=2,...
-        import dataclasses
-
         from cute_kernels.ops.flash_attn import _flash_attn_cuda
         from schedules.attention import default_schedule
 
-        fields = dict(kv.split("=") for kv in op.split(":", 1)[1].split(","))
-        sched = dataclasses.replace(default_schedule(d, causal, k.shape[1]), **{
-            f: (x == "True") if x in ("True", "False") else int(x) for f, x in fields.items()})
+        sched = schedule_with(default_schedule(d, causal, k.shape[1]), *op.split(":", 1)[1].split(","))
         return lambda: _flash_attn_cuda(q, k, v, causal, schedule=sched)
     if op == "fa4.flash_attn":
         from flash_attn.cute.interface import flash_attn_func
