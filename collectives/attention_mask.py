@@ -30,6 +30,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from schedules.index_math import imax, imin
+
 
 @dataclass(frozen=True)
 class MaskKind:
@@ -39,16 +41,6 @@ class MaskKind:
     def __str__(self) -> str:
         return {(False, False): "none", (False, True): "right", (True, False): "left", (True, True): "band"}[
             (self.left, self.right)]
-
-
-def imax(a, b):
-    """max of two Python or DSL ints (the tile arithmetic here and in `schedules.attention` runs on both)."""
-    return max(a, b) if isinstance(a, int) and isinstance(b, int) else cutlass.max(a, b)
-
-
-def imin(a, b):
-    """min of two Python or DSL ints."""
-    return min(a, b) if isinstance(a, int) and isinstance(b, int) else cutlass.min(a, b)
 
 
 def n_block_range(m_block, tile_m: int, tile_n: int, seqlen_q, seqlen_k, left, right, kind: MaskKind):

@@ -40,6 +40,7 @@ from cutlass.cute.nvgpu import cpasync
 
 from collectives.reduce import cluster_reduce, cluster_smem_slots, group_reduce, group_smem_slots
 from collectives.vector_io import as_vectors
+from schedules.row_tiling import HeldRowPlan
 
 
 @dataclass(frozen=True)  # frozen: the DSL then knows a loop cannot mutate it (no loop-carried state)
@@ -381,3 +382,169 @@ def my_tile_count(rows, rows_per_cta: int, bidx, gdim, index64: bool):
 
         bidx, gdim, tiles = Int64(bidx), Int64(gdim), Int64(tiles)
     return (cutlass.max(tiles - bidx, 0) + gdim - 1) // gdim, bidx, gdim
+
+
+# --- the row-held kernels' shared frame ------------------------------------------------------------
+class HeldRowKernel:
+    """The base of the row-held kernels (norms, softmax, cross-entropy backward): their launch geometry (CTAs x
+    cluster ranks, grid-stride row tiles), staging buffers, the software pipeline across row tiles and the (N,)
+    operands staged once a CTA, for a `schedules.row_tiling.HeldRowPlan`."""
+
+    pipelined = False  # the tile loop implements `HeldRowPlan.prefetch` (the backward kernels)
+    # ... only on held rows (the forwards: their one staging buffer refilled once the row is read out of it)
+    prefetch_needs_hold = False
+    holds = False  # the tile loop implements `HeldRowPlan.hold` (the softmax forward)
+    held_min_regs = 80  # with `hold`: registers per thread the held row needs (sets the CTAs per SM)
+
+    def __init__(self, vec: int, index64: bool, plan: HeldRowPlan):
+        if plan.prefetch and not self.pipelined:
+            raise ValueError(f"{type(self).__name__}: prefetch is not built for this kernel (plan {plan})")
+        if plan.prefetch and self.prefetch_needs_hold and not plan.hold:
+            raise ValueError(f"{type(self).__name__}: prefetch is built for held rows only (hold=True: the buffer is "
+                             f"refilled once read); plan {plan}")
+        if plan.hold and not self.holds:
+            raise ValueError(f"{type(self).__name__}: hold is not built for this kernel (plan {plan})")
+        self.vec, self.index64, self.plan = vec, index64, plan
+        self.threads = plan.tiling.threads
+        self.tpr = plan.tiling.threads_per_row
+        self.vpt = plan.tiling.unroll
+        self.cluster_n = plan.cluster_n
+        self.rows_per_cta = plan.tiling.rows_per_cta
+        self.staged = plan.staging == "smem"
+        self.prefetch = plan.prefetch
+        self.hold = plan.hold
+        self.one_tile = plan.one_tile
+
+    def stage_buffers(self, smem, dtypes: tuple, group) -> list:
+        """With shared-memory staging, this row group's staging buffer for each row tensor (of
+        the given dtypes, fetched in that order; with `prefetch` a (vec, chunk, 2) pair of them);
+        without, Nones (`RowSlice.fetch` loads into registers)."""
+        if not self.staged:
+            return [None] * len(dtypes)
+        bufs = [stage_buffer(smem, dt, self.vec, self.tpr, self.vpt, self.rows_per_cta, self.plan.stages)
+                for dt in dtypes]
+        return [b[None, None, group, None] if self.plan.stages > 1 else b[None, None, group] for b in bufs]
+
+    # --- software pipelining across row tiles (`HeldRowPlan.prefetch`) -------------------------
+    # Prologue: `fetch_rows` of the first tile into stage 0, `RowSlice.commit`. Tile i: `held_rows`
+    # of stage i % 2 (registers: read out of the fragments now), `fetch_rows` of tile i + 1 into
+    # the other stage, `RowSlice.arrive(staged, 1)` (cp.async: tile i's group has landed, tile
+    # i + 1's stays in flight), then the tile's math exactly as without prefetch. A thread refills
+    # only the slots it read itself one tile earlier (their values long consumed), so no barrier.
+    def holders(self, sl: RowSlice, smem, dtypes: tuple, group) -> list:
+        """Where each row tensor of a tile is held across the tile loop: staging buffers (smem),
+        next-tile register fragments (regs with prefetch), or Nones (plain register loads)."""
+        if self.staged:
+            return self.stage_buffers(smem, dtypes, group)
+        if self.prefetch:
+            return [sl.ahead(dt) for dt in dtypes]
+        return [None] * len(dtypes)
+
+    @cute.jit
+    def fetch_rows(self, sl: RowSlice, holders: list, srcs: list, ok, fill: cutlass.Constexpr[float], stage):
+        """Start fetching this thread's vectors of the rows `srcs` (one per row tensor) into
+        `holders` (stage `stage` of a prefetching plan); returns the held rows (`RowSlice.read`)."""
+        out = []
+        for h, src in zip(holders, srcs):
+            if cutlass.const_expr(self.staged):  # (a held row refilled: one buffer, `HeldRowPlan.stages` 1)
+                out.append(sl.fetch(src, ok, fill, h[None, None, stage] if self.plan.stages > 1 else h))
+            elif cutlass.const_expr(self.prefetch):
+                sl.load_ahead(h, src, ok, fill)
+                out.append(h)
+            else:
+                out.append(sl.fetch(src, ok, fill))
+        return out
+
+    def held_rows(self, sl: RowSlice, holders: list, stage) -> list:
+        """Prefetching: the held rows of the tile in `stage` (registers: their values, read now)."""
+        if self.staged:
+            return [h[None, None, stage] if self.plan.stages > 1 else h for h in holders]
+        return [sl.take(h) for h in holders]
+
+    # Staged operands: the element types of the row tensors and of the (N,) operands; fp32
+    # accumulator row slices (set by the subclasses).
+    staged_rows: tuple = ()
+    staged_params: tuple = ()
+    accumulators = 0
+    staged_min_regs = 64  # the norms' backward: 128 (its fp32 dweight/dbias work spills below)
+
+    def row_smem_bytes(self, accumulators: int | None = None) -> int:
+        """Row-sized shared memory of a CTA (with `accumulators` fp32 row slices instead of the kernel's own)."""
+        return self.plan.row_smem_bytes(self.vec, tuple(t.width // 8 for t in self.staged_rows),
+                                        tuple(t.width // 8 for t in self.staged_params),
+                                        self.accumulators if accumulators is None else accumulators)
+
+    def residency_smem_bytes(self) -> int:
+        """The shared memory that sets the CTAs per SM ptxas is asked to fit under staging (its register cap)."""
+        return self.row_smem_bytes()
+
+    @cute.jit
+    def stage_vectors(self, smem, sl: RowSlice, group, vecs: cutlass.Constexpr,
+                      with_first_tile: cutlass.Constexpr = False, in_regs: cutlass.Constexpr = False):
+        """The (N,) operands `vecs` (weight, bias; None where absent) as the loop reads them: with
+        shared-memory staging copied once per CTA into shared memory by row group 0 (a CTA
+        barrier before the tile loop) and read from there; else the tensors, loaded per tile.
+        `with_first_tile` (one row group per CTA, so each thread reads only the slots it copied
+        itself): no wait and no barrier here, the copies complete with the first tile's (its
+        `RowSlice.arrive` waits for every group), so a CTA that does one tile, as the uncapped
+        forwards do, no longer pays a round trip to L2 for the weights before its row loads start.
+        The caller waits for them after the loop (a CTA with no tile).
+        `in_regs` (register staging): the 16-bit operands are loaded once here and held in registers across the
+        tile loop (packed, as loaded) instead of being loaded again per tile; an fp32 weight stays per tile."""
+        if cutlass.const_expr(not self.staged):
+            if cutlass.const_expr(in_regs):
+                return [v if v is None or v.element_type.width != 16 else sl.load(v, True, 0.0) for v in vecs]
+            return vecs
+        out = []
+        for v in vecs:
+            if cutlass.const_expr(v is None):
+                out.append(None)
+            else:
+                buf = stage_buffer(smem, v.element_type, self.vec, self.tpr, self.vpt, 1)[None, None, 0]
+                if group == 0:
+                    sl.fetch(v, True, 0.0, buf)
+                out.append(buf)
+        if cutlass.const_expr(with_first_tile and self.rows_per_cta == 1):
+            RowSlice.commit(True)
+        else:
+            sl.arrive(True)
+            cute.arch.barrier()
+        return out
+
+    def vector_of(self, sl: RowSlice, held):
+        """This thread's fp32 vectors of an operand `stage_vectors` returned."""
+        if isinstance(held, list):  # held in registers (`stage_vectors`' in_regs)
+            return sl.to_f32(held)
+        return sl.to_f32(sl.read(held, True, 0.0) if self.staged else sl.load(held, True, 0.0))
+
+    def resident_ctas(self) -> int:
+        """CTAs per SM this kernel is built to fit: under staging what shared memory and the register floor allow (its
+        `.minnctapersm`), else the plan's. A staged plan's own `ctas_per_sm` counts its staged rows alone (not the
+        weights beside them): the forwards' capped grid is sized by this instead (`ops._rowwise.launch_params`)."""
+        if self.staged:
+            regs = self.held_min_regs if self.hold else self.staged_min_regs
+            return self.plan.staged_residency(self.residency_smem_bytes(), regs)
+        return self.plan.ctas_per_sm
+
+    def tile_count(self, rows, bidx, gdim):
+        """(row tiles this CTA walks, bidx, gdim) in the index width (`collectives.rowwise.my_tile_count`); one, a
+        trace-time constant, for a kernel built for one CTA per tile (`HeldRowPlan.one_tile`: `grid` launches that)."""
+        count, bidx, gdim = my_tile_count(rows, self.rows_per_cta, bidx, gdim, self.index64)
+        if cutlass.const_expr(self.one_tile):
+            count = 1
+        return count, bidx, gdim
+
+    def grid(self, rows, max_ctas):
+        tiles = (rows + self.rows_per_cta - 1) // self.rows_per_cta
+        # (one_tile: a CTA per tile whatever max_ctas says; a tile past the rows is predicated off)
+        ctas = cutlass.max(tiles if cutlass.const_expr(self.one_tile) else cutlass.min(tiles, max_ctas), 1)
+        cn = self.cluster_n
+        launch = dict(grid=[ctas, cn, 1], block=[self.threads, 1, 1], cluster=[1, cn, 1] if cn > 1 else None)
+        if self.staged:
+            # Registers no longer bound the CTAs per SM: ask ptxas to fit as many as shared memory
+            # allows (a register cap); the carveout is given so the DSL does not query a device.
+            launch.update(min_blocks_per_mp=self.resident_ctas(), preferred_smem_carveout=100)
+        elif self.plan.acc_regs or self.plan.reg_cap:  # register accumulators of a register-held plan, or its
+            # register cap (`HeldRowPlan.reg_cap`): keep its CTAs per SM
+            launch.update(min_blocks_per_mp=self.plan.ctas_per_sm, preferred_smem_carveout=100)
+        return launch

@@ -450,7 +450,7 @@ def acc_a_view(acc: cute.Tensor) -> cute.Tensor:
     following WGMMA, ((2, 2, 2), MMA_M, (V/2, MMA_N)): same registers, A's index order.
 
     For 16-bit operands the two layouts put the same (row, column) in the same thread: a 64 x 16
-    K-block of A is two adjacent 8-column blocks of C (tests/test_attention_compile.py checks it
+    K-block of A is two adjacent 8-column blocks of C (tests/attention/test_forward_compile.py checks it
     element by element). V must be even (the C tile's N a multiple of 16)."""
     lay = cute.logical_divide(acc.layout, ((None, None, 2), None, None))  # ((2, 2, (2, V/2)), M, N)
     s, d = lay.shape, lay.stride

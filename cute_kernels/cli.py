@@ -73,20 +73,10 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _find_perf():
-    root = Path(__file__).resolve().parent.parent
-    if (root / "perf" / "harness.py").exists():
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
-        import perf.suites
-
-        return perf.suites
-    raise SystemExit("bench needs the repository's perf/ folder (run from a checkout of cute-kernels)")
-
-
 def cmd_bench(args) -> int:
-    suites = _find_perf()
-    return suites.run(args.what, out_dir=args.out, shapes=args.shape, quick=args.quick)
+    from cute_kernels import bench
+
+    return bench.run(args.what, out_dir=args.out, shapes=args.shape, quick=args.quick)
 
 
 def cmd_schedules(args) -> int:
@@ -109,8 +99,7 @@ def cmd_schedules(args) -> int:
             for c in candidates(d, args.causal, limit):
                 print(f"  {c}{'  (default)' if c == default_schedule(d, args.causal) else ''}")
             return 0
-        _find_perf()
-        from perf.schedule_search import search_attention
+        from cute_kernels.bench.schedule_search import search_attention
 
         return search_attention(b, s, h, d, args.causal, out_dir=args.out, limit=limit)
     if not torch.cuda.is_available():
@@ -121,8 +110,7 @@ def cmd_schedules(args) -> int:
         for s in candidates(m, n, k):
             print(f"  {s}{'  (default)' if s == default_schedule(m, n, k) else ''}")
         return 0
-    _find_perf()
-    from perf.schedule_search import search
+    from cute_kernels.bench.schedule_search import search
 
     return search(*args.shape, out_dir=args.out, limit=args.limit)
 
@@ -148,8 +136,9 @@ def cmd_main(args) -> int:
     if not torch.cuda.is_available():
         print("\nno GPU here: compiled and reported only (run on an H200 to benchmark)")
         return 0
-    suites = _find_perf()
-    return suites.run("all", out_dir=args.out, shapes=None, quick=args.quick)
+    from cute_kernels import bench
+
+    return bench.run("all", out_dir=args.out, shapes=None, quick=args.quick)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -201,4 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except (ValueError, KeyError) as e:  # a bad kernel name, parameter, value or combination: one line, exit 1
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"cute-kernels {args.cmd}: error: {msg}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `cute-kernels ... | head`
+        sys.stderr.close()
+        return 0

@@ -28,9 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import cutlass  # noqa: E402  (after target: the DSL latches its arch at import)
-import cutlass.cute as cute  # noqa: E402
-
+from cute_kernels.lazy import cute, cutlass
 from cute_kernels.target import check_arch, current_arch
 
 _PROJECT_PACKAGES = ("cute_kernels", "collectives", "schedules")
@@ -91,11 +89,6 @@ def compile_fn(fn: Callable, args: tuple, arch: str | None = None, dump_dir: str
     return cute.compile(fn, *args, options=compile_options(arch, dump_dir))
 
 
-def fake_stream():
-    """The stream argument: at call time TVM-FFI passes the caller's current torch stream."""
-    return cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-
-
 class _FileLock:
     def __init__(self, path: Path, exclusive: bool, timeout: float = 300.0):
         self.path, self.exclusive, self.timeout = path, exclusive, timeout
@@ -140,6 +133,9 @@ class CompileCache:
         self.disk = disk
         self.stats = CacheStats()
         self._memory: dict[CacheKey, Any] = {}
+        # (kernel name, schedule object or None, the call's other parameters) -> the compiled function:
+        # `KernelSpec.compiled`'s lookup before it resolves anything (an op's hot path)
+        self.memo: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
     def directory(self) -> Path:
@@ -210,6 +206,7 @@ class CompileCache:
     def clear_memory(self) -> None:
         with self._lock:
             self._memory.clear()
+            self.memo.clear()
 
 
 _default_cache: CompileCache | None = None

@@ -1,1 +1,1 @@
-"""Benchmarks: the harness (`perf.harness`), the suites (`perf.suites`), committed results (`perf/results/`)."""
+"""Benchmarks: the harness (`cute_kernels.bench.harness`), the suites (`cute_kernels.bench`), committed results (`perf/results/`)."""

@@ -1,4 +1,4 @@
-"""A/B of attention schedule options against the default, interleaved (`perf.harness.do_bench_interleaved`):
+"""A/B of attention schedule options against the default, interleaved (`cute_kernels.bench.harness.do_bench_interleaved`):
 
     python3 -m perf.ab_attention 2 8192 32 64 [causal] late_v_release=True [stages=2 ...]
 
@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from perf import harness as H
+from cute_kernels.bench import harness as H
 from perf.probe import schedule_with
 
 
@@ -19,7 +19,7 @@ def main(argv: list[str]) -> None:
     causal = "causal" in argv
     args = [a for a in argv if a != "causal"]
     b, s, h, d = (int(x) for x in args[:4])
-    from cute_kernels.ops.flash_attn import _flash_attn_cuda
+    from cute_kernels.attention.ops import _flash_attn_cuda
     from schedules.attention import default_schedule
 
     q, k, v = (H.randn(b, s, h, d, seed=i) for i in (1, 2, 3))

@@ -17,6 +17,7 @@ operands; symbol names, addresses and comments left out). The op grid records, p
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -27,6 +28,16 @@ import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
+
+
+def _load(path: str) -> dict:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+        return json.load(f)
+
+
+def _save(path: str, doc: dict) -> None:
+    with (gzip.open(path, "wt") if path.endswith(".gz") else open(path, "w")) as f:
+        json.dump(doc, f, indent=None if path.endswith(".gz") else 0, sort_keys=True)
 
 
 def config_id(name: str, params: dict) -> str:
@@ -111,7 +122,7 @@ def sweep_ids() -> list[str]:
 def cmd_compile(args) -> int:
     ids = sweep_ids() if not args.no_sweep else []
     if args.ops:
-        rec = json.load(open(args.ops))
+        rec = _load(args.ops)
         for calls in rec["calls"].values():
             ids += calls.get("configs", [])
     ids = sorted(dict.fromkeys(ids))
@@ -128,8 +139,7 @@ def cmd_compile(args) -> int:
     no_sass = sum("sass_hash" not in v and "error" not in v for v in res.values())
     doc = {"configs": res, "meta": {"n": len(res), "errors": errors, "no_sass": no_sass,
                                     "commit": os.environ.get("CK_COMMIT", ""), "seconds": round(time.time() - t0)}}
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=0, sort_keys=True)
+    _save(args.out, doc)
     print(f"census: {len(res)} configs ({errors} refused or failed, {no_sass} without SASS) in "
           f"{time.time() - t0:.0f} s -> {args.out}")
     return 0
@@ -266,7 +276,7 @@ def _grid():
             ck.gemm(a, b, activation="gelu").sum().backward()
         add(f"gemm gelu fwd+bwd {m}x{n}x{k}", gb)
     add("gemm odd K", lambda: ck.gemm(r(1000, 1001), r(1001, 300)))
-    from cute_kernels.ops.gemm import gemm_ladder
+    from cute_kernels.gemm.ops import gemm_ladder
 
     for rung in ("smem", "register"):
         add(f"gemm_ladder {rung}", lambda rung=rung: gemm_ladder(r(1024, 1024), r(1024, 1024), rung=rung))
@@ -285,7 +295,7 @@ def _grid():
             add(f"quantize_128x128 {dt} ue8m0={ue}", lambda dt=dt, ue=ue: ck.quantize_128x128(r(777, 2112, dt=dt), ue))
     add("fp8_gemm fp32 out", lambda: ck.fp8_gemm(*ck.quantize_1x128(r(256, 2048)), *ck.quantize_128x128(r(512, 2048)),
                                                 out_dtype=f32))
-    from cute_kernels.ops.fp8_gemm_grouped import contiguous_layout
+    from cute_kernels.fp8_gemm.ops import contiguous_layout
 
     for e, rows, n, k in ((8, 512, 4096, 7168), (4, 128, 7168, 2048), (32, 256, 2048, 7168)):
         def gc(e=e, rows=rows, n=n, k=k):
@@ -343,8 +353,8 @@ def cmd_record_ops(args) -> int:
 
     seen: list[str] = []
 
-    def compiled(self, **overrides):
-        p = self.resolve(overrides)
+    def compiled(self, schedule=None, **overrides):
+        p = self.params_of_call(schedule, **overrides)
         seen.append(config_id(self.name, p))
         return lambda *a, **k: None  # nothing runs: only the derivation is recorded
 
@@ -386,7 +396,7 @@ def cmd_record_ops(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    a, b = json.load(open(args.a)), json.load(open(args.b))
+    a, b = _load(args.a), _load(args.b)
     bad = 0
     for section in ("configs", "calls"):
         if section not in a and section not in b:

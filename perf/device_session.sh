@@ -19,10 +19,11 @@
 #         attention tests with -n 12 in 73 s, against > 300 s in one process)
 #   TK: a pytest -k expression applied to every named family (e.g. TK="deep_ring or alpha_beta": a family's
 #       new tests without the rest of it, which may not fit TT in parallel with others: gemm took > 210 s)
-#     FAMILIES: comma list of tests/test_<family>_gpu.py families (elementwise, ..., attention_varlen)
-#               or "all"; default: none (a call that names no tests runs none: the whole set takes
+#     FAMILIES: comma list of test folders tests/<family>/ (elementwise, ..., attention) or "all" (every folder
+#               with GPU tests); default: none (a call that names no tests runs none: the whole set takes
 #               longer than one call may run)
-#     SUITES:   comma list of bench suites (see perf/suites.py SUITES) or "all"; default: none
+#     SUITES:   comma list of bench suites (each family's bench.py SUITES; `cute-kernels bench nosuch` lists
+#               them) or "all"; default: none
 set -u
 OUT=${OUT:-/tmp/ck_out}; mkdir -p "$OUT"; LOG="$OUT/session.log"; : > "$LOG"
 TESTS=none; BENCH=none; ARGS=" "
@@ -36,10 +37,10 @@ section() { echo "===== $1" >> "$LOG"; }
 P="-q -p no:cacheprovider -W ignore --tb=line -rf -o faulthandler_timeout=90"
 
 if [ "$TESTS" != none ]; then
-  [ "$TESTS" = all ] && TESTS=$(ls tests/test_*_gpu.py | sed "s|tests/test_||; s|_gpu.py||" | paste -sd, -)  # every family
+  [ "$TESTS" = all ] && TESTS=$(ls tests/*/test_*_gpu.py | cut -d/ -f2 | sort -u | paste -sd, -)  # every family
   TT=${TT:-240}
   runfam() {  # one family; log to $OUT/.p.$1
-    timeout -k 5 -s INT $TT python3 -m pytest tests/test_${1}_gpu.py -m "gpu and not large" ${TK:+-k "$TK"} --maxfail=25 \
+    timeout -k 5 -s INT $TT python3 -m pytest tests/${1} -m "gpu and not large" ${TK:+-k "$TK"} --maxfail=25 \
       ${XN:+-n $XN} $P > "$OUT/.p.$1" 2>&1
   }
   if has par; then  # families side by side (compiles are CPU-bound; 16 cores): correctness only, no timing

@@ -1,4 +1,4 @@
-"""Host time per call beside GPU time, for the columns of a `perf.suite_rowwise` case: is a short case host-bound?
+"""Host time per call beside GPU time, for the columns of a `cute_kernels.rowwise.bench` case: is a short case host-bound?
 
     python3 -m perf.host_time rmsnorm.bwd 131072 1024 [rounds]
 
@@ -18,8 +18,8 @@ import torch
 
 
 def main(argv=None) -> int:
-    from perf import harness as H
-    from perf.suite_rowwise import _calls
+    from cute_kernels.bench import harness as H
+    from cute_kernels.rowwise.bench import _calls
 
     argv = sys.argv[1:] if argv is None else argv
     case, m, n = argv[0], int(argv[1]), int(argv[2])

@@ -11,7 +11,7 @@
     python3 -m perf.probe rms_norm bf16 2048 65536   (quack.rms_norm; also softmax, quack.softmax)
     python3 -m perf.probe transpose.tma fp32 16384 16384   (torch.transpose, compile.transpose; argmax,
                                                             torch.argmax, compile.argmax; gemv bf16 R C B)
-    python3 -m perf.probe rmsnorm.bwd bf16 32768 4096   (any perf.suite_rowwise case, as the suite times
+    python3 -m perf.probe rmsnorm.bwd bf16 32768 4096   (any cute_kernels.rowwise.bench case, as the suite times
                                                          it; quack:rmsnorm.bwd, torch:..., torch.compile:...)
 """
 
@@ -21,7 +21,7 @@ import sys
 import torch
 
 import cute_kernels as ck
-from perf.harness import randn
+from cute_kernels.bench.harness import randn
 
 MISC = ("argmax", "torch.argmax", "compile.argmax", "torch.transpose", "compile.transpose")  # + transpose.<variant>
 
@@ -36,7 +36,7 @@ def target(argv):
         return _fp8(op, *shape), "e4m3", shape
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
     col, _, case = op.rpartition(":")
-    from perf.suite_rowwise import CASES
+    from cute_kernels.rowwise.bench import CASES
 
     if case in CASES:
         return _rowwise(col or "ours", case, dtype, *shape), dt, shape
@@ -97,8 +97,8 @@ def main(argv):
 
 
 def _rowwise(col, case, dtype, m, n):
-    """One column of a `perf.suite_rowwise` case (the forward, or the backward of a retained graph)."""
-    from perf.suite_rowwise import _call, _fns
+    """One column of a `cute_kernels.rowwise.bench` case (the forward, or the backward of a retained graph)."""
+    from cute_kernels.rowwise.bench import _call, _fns
 
     fam, direction = case.split(".")
     x = randn(m, n, dtype=dtype, seed=21)
@@ -121,7 +121,7 @@ def _misc(op, dtype, shape):
 
 
 def _fp8(op, m, n, k):
-    from perf.suite_fp8 import _scaled_mm
+    from cute_kernels.fp8_gemm.bench import _scaled_mm
 
     x, w = randn(m, k, dtype=torch.bfloat16, seed=1), randn(n, k, dtype=torch.bfloat16, seed=2)
     a, sa = ck.quantize_1x128(x)
@@ -146,13 +146,13 @@ def _attention(op, dtype, causal, b, s, h, d):
     if op == "flash_attn":
         return lambda: ck.flash_attn(q, k, v, causal=causal)
     if op == "flash_attn.double_p":  # the schedule option under test (docs/kernels/attention.md)
-        from cute_kernels.ops.flash_attn import _flash_attn_cuda
+        from cute_kernels.attention.ops import _flash_attn_cuda
         from schedules.attention import AttentionSchedule, default_schedule
 
         sched = AttentionSchedule(tile_n=default_schedule(d).tile_n, overlap=True, double_p=True)
         return lambda: _flash_attn_cuda(q, k, v, causal, schedule=sched)
     if op.startswith("flash_attn.with:"):  # the default schedule with fields replaced: flash_attn.with:stages=2,...
-        from cute_kernels.ops.flash_attn import _flash_attn_cuda
+        from cute_kernels.attention.ops import _flash_attn_cuda
         from schedules.attention import default_schedule
 
         sched = schedule_with(default_schedule(d, causal, k.shape[1]), *op.split(":", 1)[1].split(","))

@@ -14,7 +14,7 @@ import itertools
 
 import torch
 
-from perf import harness as H
+from cute_kernels.bench import harness as H
 from schedules.bulk_chunks import CHUNKS, PIECES, BulkChunks
 from schedules.grid_stride import GridStride
 

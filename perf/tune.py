@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from perf import harness as H
+from cute_kernels.bench import harness as H
 from schedules.grid_stride import GridStride
 
 MiB = 1 << 20
@@ -47,7 +47,7 @@ def tune_elementwise(ops=("copy", "add", "axpby"), sizes_mib=(8, 512)):
 
 
 def tune_reduction(shapes=((1, 1 << 27), (1, 1 << 29), (32768, 4096), (65536, 8192), (1 << 20, 256), (16384, 2048))):
-    from cute_kernels.ops.reduction import _rows_of, _sum_rows
+    from cute_kernels.reduction.ops import _rows_of, _sum_rows
 
     rows = []
     for m, n in shapes:

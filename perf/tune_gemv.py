@@ -12,7 +12,7 @@ import itertools
 
 import torch
 
-from perf import harness as H
+from cute_kernels.bench import harness as H
 
 GRID = dict(warps=(4, 8, 16), row_blocks=(1, 2, 4), unroll=(2, 4))
 SHAPES = "4096x4096,8192x8192,16384x16384,1024x16384,14336x4096"

@@ -37,8 +37,8 @@ plans (`ce_bwd_candidates`: no prefetch, staging or cluster variants; its grid i
 tile, so the ctas/SM column does not apply) against HELD_TUNED["ce_bwd"], and QuACK's backward.
 
 Inputs are bf16 (the held-row sweep: fp16 with `--dtype fp16`) with 256 MiB per (M, N) tensor, randn; CUDA-event medians with L2 flushed
-(`perf.harness.do_bench`); timed through the public ops, the plan swapped in by patching
-`cute_kernels.ops._rowwise.plan_for` (compiled ahead in parallel worker processes).
+(`cute_kernels.bench.harness.do_bench`); timed through the public ops, the plan swapped in by patching
+`cute_kernels.rowwise.launch.plan_for` (compiled ahead in parallel worker processes).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import os
 
 import torch
 
-from perf import harness as H
+from cute_kernels.bench import harness as H
 from schedules.row_tiling import HeldRowPlan, RowTiling, hold_elems
 
 MiB = 1 << 20
@@ -235,7 +235,7 @@ def small_staged_candidates(n: int, vec: int = 8) -> list[HeldRowPlan]:
 
 
 def _call(kernel: str, n: int, m: int, peer: bool = False):
-    """The timed call: the forward, or the backward of a retained graph (as `perf.suite_rowwise`);
+    """The timed call: the forward, or the backward of a retained graph (as `cute_kernels.rowwise.bench`);
     `peer`: QuACK's (cross-entropy backward only)."""
     import cute_kernels as ck
 
@@ -267,8 +267,8 @@ def _hold_twin(p: HeldRowPlan, vec: int = 8, kernel: str = "softmax.fwd") -> Hel
     """`p` holding its staged row in registers, with the CTAs per SM the kernel asks for (its
     `held_min_regs`). The norm backwards hold x and dy; a prefetching backward plan's twin refills its one
     buffer per tensor once they are read out (`HeldRowPlan.stages` 1: where the double buffer did not fit)."""
-    from cute_kernels.kernels.norms import NormBwd, NormFwd
-    from cute_kernels.kernels.softmax import SoftmaxFwd
+    from cute_kernels.rowwise.norms import NormBwd, NormFwd
+    from cute_kernels.rowwise.softmax import SoftmaxFwd
 
     q = dataclasses.replace(p, hold=True)
     bwd = kernel.endswith(".bwd")
@@ -319,7 +319,7 @@ def plan_params(k: str, p: HeldRowPlan) -> dict:
     """The catalogue parameters `sweep` compiles kernel `k` with under plan `p`: the sweep's dtype (`DTYPE`), aligned
     rows, 32-bit indexing, the norms with a weight of that dtype (LayerNorm's backward also a bias)."""
     from cute_kernels import dtypes
-    from cute_kernels.specs_rowwise import config_of
+    from cute_kernels.rowwise import config_of
 
     name = dtypes.name_of(DTYPE)
     params = dict(dtype=name, aligned=True, index64=False, **config_of(p, k))
@@ -342,7 +342,7 @@ def plan_candidates(k: str, n: int, default: HeldRowPlan, prefetch: str = "with"
                     rg_ctas: tuple = (), one_tile: str = "off") -> list[HeldRowPlan]:
     """The plans `sweep` times for kernel `k` at rows of `n` (bf16) beside its `default`: the candidates and the twins
     the options ask for (`main`'s help)."""
-    from cute_kernels.specs_rowwise import (
+    from cute_kernels.rowwise import (
         ACC_REGS_KERNELS,
         HOLD_KERNELS,
         ONE_TILE_KERNELS,
@@ -406,8 +406,8 @@ def sweep(kernels, ns, jobs: int, prefetch: str = "with", cluster_sync: str = "b
           resident_grid: str = "off", hold: str = "off", acc_regs: str = "off", welford: str = "off",
           fwd_prefetch: str = "off", cluster_fold: str = "off", reg_cap: str = "off", rg_ctas: tuple = (),
           one_tile: str = "off"):
-    from cute_kernels.ops import _rowwise as R
     from cute_kernels.precompile import item, precompile
+    from cute_kernels.rowwise import launch as R
 
     plans = {}
     items = []
@@ -554,7 +554,7 @@ def sweep_ce(ns, jobs: int) -> list[str]:
     import cute_kernels as ck
     from cute_kernels.precompile import item, precompile
 
-    S = importlib.import_module("cute_kernels.ops.softmax")  # the package re-exports a `softmax` function
+    S = importlib.import_module("cute_kernels.rowwise.ops")  # the package re-exports a `softmax` function
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     orig = S.ce_plan

@@ -2,7 +2,7 @@
 
 An `AttentionSchedule` fixes the *when and where* of a FlashAttention forward on Hopper, none of
 the *how* (that is `collectives/`: the TMA pipeline, WGMMA, the masks, the online softmax). Both
-kinds run in the same kernel (`cute_kernels/kernels/flash_attn.py`), chosen at trace time:
+kinds run in the same kernel (`cute_kernels/attention/forward.py`), chosen at trace time:
 
 * `kind="fa3"` (warp-specialized, FlashAttention-3): warpgroup 0 is the producer (one warp issues
   the TMA loads: the Q tile once, then K and V blocks through two rings of `stages` swizzled smem
@@ -91,10 +91,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-import cutlass.cute as cute
-from cutlass import Int32
-
-from collectives.attention_mask import imax, imin
+from schedules.index_math import floor_pow2, imax, imin
 
 SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90 (227 KiB)
 BARRIER_BYTES = 1024  # mbarriers and alignment slack
@@ -205,7 +202,7 @@ class AttentionSchedule:
         measured 643.7 pinned against 660.2 (B2 S8k H16, two suite runs). Pinned on a persistent grid: inside
         the tile walk, the sunk conversion made ptxas serialize every WGMMA of the one-buffer overlap (C7512,
         "insufficient register resources"; 48 ARRIVE for 48 HGMMA at D = 128); pinned, 6 for 48, top register
-        193 (`tests/test_attention_wgmma_waits.py`)."""
+        193 (`tests/attention/test_wgmma_waits_sass.py`)."""
         return self.consumer_wgs == 3 or self.double_p or self.persistent
 
     # --- registers (fp32 values per consumer thread) ------------------------------------------
@@ -238,11 +235,11 @@ class AttentionSchedule:
     def fits(self, head_dim: int, elem: int = 2) -> bool:
         # 192 accumulator registers leave 48 of the 240 for addresses, row states and the softmax; the
         # second P buffer was checked in the SASS at every default tile (D = 256: 208, highest register
-        # 225, no spills; tests/test_attention_wgmma_waits.py)
+        # 225, no spills; tests/attention/test_wgmma_waits_sass.py)
         limit = 208 if self.double_p else 192
         if self.split_mask:
             # three copies of the loop body: at D = 256 (188 accumulator registers) ptxas serializes
-            # every WGMMA (one ARRIVE per HGMMA, tests/test_attention_split_compile.py); D <= 192 is clean
+            # every WGMMA (one ARRIVE per HGMMA, tests/attention/test_split_mask_compile.py); D <= 192 is clean
             limit = 176
         if self.consumer_regs < 240:
             # three consumers at 160 registers: D = 64, tile_n 128 (128 accumulators), the synchronous
@@ -453,16 +450,9 @@ def l2_group_heads(seqlen_k, head_dim: int, q_per_kv, elem: int = 2):
     The rounding is for the tail: B x H is usually a power of two, so the groups divide it evenly. A small last
     group starts its longest tiles when the other SMs are nearly done (D = 256 causal, B2 S8k H8: groups of 3,
     3, 3, 3, 3 and 1 measured 0.964x the plain order, and a list-scheduling model over 132 SMs gives 0.865 of
-    the ideal against 0.996 for groups of 2; tests/test_attention_cpu.py). Works on Python and DSL ints (no
+    the ideal against 0.996 for groups of 2; tests/attention/test_schedules_and_masks_cpu.py). Works on Python and DSL ints (no
     product of the sequence length that could overflow 32 bits)."""
     return floor_pow2(imax((L2_KV_BYTES // (2 * head_dim * elem)) // imax(seqlen_k, 1), 1)) * q_per_kv
-
-
-def floor_pow2(x):
-    """The largest power of two <= x (x >= 1), on a Python or DSL int."""
-    if isinstance(x, int):
-        return 1 << (x.bit_length() - 1)
-    return Int32(1) << (Int32(31) - Int32(cute.arch.clz(Int32(x))))
 
 
 def grouped_coords(t, q_tiles, heads, batch, group):
@@ -517,20 +507,6 @@ def linear_coords(t, q_tiles, heads, batch, heads_first: bool, group=None):
         return grouped_coords(t, q_tiles, heads, batch, group)
     dx, dy = (heads, batch) if heads_first else (q_tiles, heads)
     return block_coords(t % dx, (t // dx) % dy, t // (dx * dy), heads_first)
-
-
-@cute.jit
-def take_tile(counter: cute.Tensor, total, ctas):
-    """The linear index of a `dynamic` walk's next tile, for one warp: lane 0 adds 1 to the counter (int32, in global
-    memory), and every lane gets ctas + the old value (CTA x's first tile is x; an index >= total: no tile left).
-    Every CTA fetches until it is refused, so a launch makes exactly `total` fetches and the one that returns
-    total - 1 is its last: that lane stores 0 for the next launch (stream order)."""
-    old = Int32(0)
-    if cute.arch.lane_idx() == 0:
-        old = cute.arch.atomic_add(counter.iterator.llvm_ptr, Int32(1), sem="relaxed", scope="gpu")
-        if old == total - 1:
-            counter[0] = Int32(0)
-    return ctas + cute.arch.shuffle_sync(old, 0)
 
 
 def persistent_ctas(q_tiles, heads, batch, num_sms: int):

@@ -30,7 +30,7 @@ SCALE_BLOCK = 128  # K (and B's N) elements per scale
 MAX_PROMOTED_ACC = 128  # fp32 registers per thread for accumulator + temporary
 M_ALIGN = 128  # contiguous grouping: each expert's rows start at a multiple of this (DeepGEMM's)
 # Tiles `default_fp8_schedule` searches at every M, then the wide tiles it adds at M >= WIDE_MIN_M. The
-# wide search ("ours wide search" in perf/suite_fp8.py: 128x192 or 128x160 at five of the six M = 4096
+# wide search ("ours wide search" in cute_kernels/fp8_gemm/bench.py: 128x192 or 128x160 at five of the six M = 4096
 # shapes) beat the 128x128 search by 1.048x geomean on the H200 (perf/results/2026-11-29-h200-db54236:
 # 4096x7168x16384 1094 -> 1177 TFLOP/s, 4096x2112x7168 952 -> 1041, 4096x4096x7168 unchanged); below
 # M = 1024 it was never measured, so small-M decode shapes keep the 64/128-column tiles.
@@ -212,6 +212,12 @@ def fp8_stages(s: GemmSchedule, out_bytes: int = 2) -> int:
     """A/B/A-scale stages that fit in shared memory beside the epilogue buffers (at most 8)."""
     free = SMEM_BYTES - BARRIER_BYTES - s.epi_bytes(out_bytes)
     return max(2, min(8, free // (s.stage_bytes(1) + scale_stage_bytes(s))))
+
+
+def kind_defaults(kind: str) -> dict:
+    """FP8 schedule fields whose default follows `kind`: ping-pong's one consumer warpgroup a tile takes 64 rows (its
+    promoted accumulators and their temporaries beside them)."""
+    return {"tile_m": 64} if kind == "pingpong" else {}
 
 
 def fp8_schedule(kind: str = "cooperative", tile_m: int = 128, tile_n: int = 128, cluster_m: int = 2,

@@ -38,11 +38,8 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-import cutlass
-import cutlass.cute as cute
-from cutlass import Int32
-
 from schedules.hardware import _gpc_bound_clusters
+from schedules.index_math import imin
 
 SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90 (227 KiB)
 BARRIER_BYTES = 1024  # mbarriers and alignment slack
@@ -193,6 +190,29 @@ class GemmSchedule:
     def fits(self, ab_bytes: int = 2, out_bytes: int = 2) -> bool:
         return self.smem_bytes(ab_bytes, out_bytes) <= SMEM_BYTES and self.num_stages(ab_bytes, out_bytes) >= 2
 
+    # --- what can be built --------------------------------------------------------------------
+    @staticmethod
+    def kind_defaults(kind: str) -> dict:
+        """Field defaults that follow `kind`: ping-pong's one consumer warpgroup a tile holds 128 x 128 fp32
+        accumulators beside the pipeline (128 x 192 is the widest that fits; the dataclass default 256 does not)."""
+        return {"tile_n": 128} if kind == "pingpong" else {}
+
+    def build_error(self, ab_bytes: int, out_bytes: int, source: bool = False, a_k_major: bool = True) -> str | None:
+        """Why this schedule cannot be built for `ab_bytes`-byte operands, `out_bytes`-byte outputs, a fused
+        beta * C (`source`) and A's major (None when it can): every rule beyond the fields' own checks."""
+        if not self.fits(ab_bytes, out_bytes):  # the kernel's Storage is exactly smem_bytes
+            return (f"{self.num_stages(ab_bytes, out_bytes)} stages + {self.epi_buffers} epilogue buffers need "
+                    f"{self.smem_bytes(ab_bytes, out_bytes)} bytes of shared memory > {SMEM_BYTES}")
+        if self.split_k > 1 and source:
+            return "split_k > 1 does not fuse beta * C (source); use split_k=1"
+        err = self.exchange_error(out_bytes)
+        if err:
+            return err
+        if self.a_rows and (not a_k_major or self.tile_k * ab_bytes != 128):
+            return (f"a_rows {self.a_rows}: A's short box needs K-major A with a 128-byte K-block "
+                    f"(tile_k x {ab_bytes} bytes = {self.tile_k * ab_bytes})")
+        return None
+
     def __str__(self) -> str:
         p = "p" if self.persistent else "np"
         split = (f"_k{self.split_k}" + ("f" if self.split_fixup else "")) if self.split_k > 1 else ""
@@ -221,6 +241,51 @@ def effective_splits(s: GemmSchedule, k: int) -> int:
     return max(1, min(s.split_k, -(-k // s.tile_k)))
 
 
+@functools.lru_cache(maxsize=256)
+def clamp_splits(s: GemmSchedule, k: int) -> GemmSchedule:
+    """`s` with at most one split per K-block (K = 16 with split_k = 4 runs as one split; cached, so equal calls
+    get the same object)."""
+    splits = effective_splits(s, k)
+    if splits == s.split_k:
+        return s
+    return dataclasses.replace(s, split_k=splits, split_fixup=s.split_fixup and splits > 1)
+
+
+@functools.lru_cache(maxsize=256)
+def unsplit(s: GemmSchedule) -> GemmSchedule:
+    return dataclasses.replace(s, split_k=1, split_fixup=False)
+
+
+@functools.lru_cache(maxsize=256)
+def full_a_box(s: GemmSchedule) -> GemmSchedule:
+    """`s` loading A's whole tile (cached: a call's schedule object keys its compiled kernel)."""
+    return dataclasses.replace(s, a_rows=0)
+
+
+def adapted(s: GemmSchedule, k: int, source: bool) -> GemmSchedule:
+    """A schedule adapted to one call's K and epilogue: split-K clamped to the K-blocks, and run unsplit under a
+    fused beta * C (the split-K epilogues do not read C)."""
+    if s.split_k > 1:
+        s = clamp_splits(s, k)
+        if source and s.split_k > 1:
+            s = unsplit(s)
+    return s
+
+
+@functools.lru_cache(maxsize=4096)
+def call_schedule(m: int, n: int, k: int, ab_bytes: int, out_bytes: int, a_k_major: bool, source: bool) -> GemmSchedule:
+    """The schedule the GEMM op runs when the caller gives none: `default_schedule(m, n, k)`, a deep default ring
+    (`deepened`) back to as many stages as fit beside wider (fp32) output buffers, `adapted` to K and C, and the
+    default's short A box (`shortened`) only for K-major A."""
+    s = default_schedule(m, n, k)
+    if s.stages and not s.fits(ab_bytes, out_bytes):
+        s = dataclasses.replace(s, stages=0)
+    s = adapted(s, k, source)
+    if s.a_rows and not a_k_major:
+        s = full_a_box(s)
+    return s
+
+
 # --- tile order ---------------------------------------------------------------------------------
 def cluster_tile(t, clusters_m, clusters_n, group):
     """Cluster coordinates (cm, cn, l) of the `t`-th cluster tile in raster order: groups of
@@ -233,10 +298,7 @@ def cluster_tile(t, clusters_m, clusters_n, group):
     g = r // per_group
     first_m = g * group
     rows = clusters_m - first_m
-    if isinstance(rows, int):
-        rows = min(rows, group)
-    else:
-        rows = cutlass.min(rows, group)
+    rows = imin(rows, group)
     w = r - g * per_group
     return first_m + w % rows, w // rows, l
 
@@ -277,126 +339,6 @@ def launch_clusters(tiles_m: int, tiles_n: int, batch: int, s: GemmSchedule, num
 
         clusters = min(clusters, max_active_clusters(s.cluster_size, device))
     return clusters
-
-
-@dataclass
-class TileWalk:
-    """The device side of the scheduler: the cluster tiles one cluster visits. Cluster `z` of
-    `Z` visits tiles z, z + Z, z + 2Z, ... (a static persistent schedule; with a grid of all tiles
-    it visits exactly one).
-
-    Split-K (`splits` > 1): the walk hands out work units, (cluster tile, split) pairs, split
-    slowest (unit u is tile u % tiles of split u // tiles), so the units running at one time cover
-    whole raster groups of one split; `k_range` gives a unit's K-blocks."""
-
-    clusters_m: Int32
-    clusters_n: Int32
-    total: Int32
-    first: Int32
-    stride: Int32
-    group: int
-    tiles: Int32 = None  # cluster tiles per split (split-K only)
-
-    @staticmethod
-    def create(tiles_m, tiles_n, batch, s: GemmSchedule) -> TileWalk:
-        _, _, z = cute.arch.block_idx()
-        gz = cute.arch.grid_dim()[2]
-        cm = (tiles_m + s.cluster_m - 1) // s.cluster_m
-        cn = (tiles_n + s.cluster_n - 1) // s.cluster_n
-        if cutlass.const_expr(s.split_k > 1):
-            tiles = cm * cn * batch
-            return TileWalk(cm, cn, tiles * s.split_k, Int32(z), Int32(gz), s.raster_group, tiles)
-        return TileWalk(cm, cn, cm * cn * batch, Int32(z), Int32(gz), s.raster_group)
-
-    def count(self):
-        """Tiles (split-K: work units) this cluster visits."""
-        return (cutlass.max(self.total - self.first, 0) + self.stride - 1) // self.stride
-
-    def _unit(self, i, s: GemmSchedule):
-        """(cluster tile index, split) of this cluster's `i`-th unit."""
-        u = self.first + i * self.stride
-        if cutlass.const_expr(s.split_k > 1):
-            sp = u // self.tiles
-            return u - sp * self.tiles, sp
-        return u, 0
-
-    def coords(self, i, cta_m, cta_n, s: GemmSchedule):
-        """CTA tile coordinates (m, n, l) of this cluster's `i`-th tile, for the CTA at (cta_m, cta_n)
-        of its cluster."""
-        t, _ = self._unit(i, s)
-        cm, cn, l = cluster_tile(t, self.clusters_m, self.clusters_n, self.group)
-        return cm * s.cluster_m + cta_m, cn * s.cluster_n + cta_n, l
-
-    def split(self, i, s: GemmSchedule):
-        """The split of this cluster's `i`-th unit (0 without split-K)."""
-        return self._unit(i, s)[1]
-
-    def k_range(self, i, k_tiles, s: GemmSchedule):
-        """(first K-block, K-blocks) of this cluster's `i`-th unit: `split_range` of its split, or
-        (0, k_tiles) without split-K."""
-        if cutlass.const_expr(s.split_k > 1):
-            return split_range(self.split(i, s), s.split_k, k_tiles)
-        return 0, k_tiles
-
-    def tile(self, i, cta_m, cta_n, s: GemmSchedule, grouping: str = "none", groups=None, experts=None):
-        """(m, n, l, expert, valid) of this cluster's `i`-th tile: l indexes A, D and the A scales,
-        expert indexes B and the B scales, valid says whether the tile is computed at all. Without
-        grouping expert is l and valid the constant True (the dense kernel is unchanged).
-
-        groups: "contiguous": expert of each row of A (M,) int32, -1 for padding (read at the
-        tile's first row; `cluster_m` must be 1: two M tiles may need different B; an expert
-        outside [0, experts) counts as padding, so a bad index never reads past B);
-        "masked": valid rows per expert (E,) int32 (`create_grouped` counted the tiles with it)."""
-        if grouping == "masked":
-            cm, cn, e = masked_cluster_tile(self.first + i * self.stride, groups, self.clusters_m, s.tile_m,
-                                            s.cluster_m, self.clusters_n, self.group)
-            return cm * s.cluster_m + cta_m, cn * s.cluster_n + cta_n, e, e, True
-        m, n, batch = self.coords(i, cta_m, cta_n, s)
-        if grouping == "contiguous":
-            e = groups[m * s.tile_m]
-            return m, n, batch, e, (e >= 0) & (e < experts)
-        return m, n, batch, batch, True
-
-    @staticmethod
-    def create_grouped(tiles_m, tiles_n, batch, s: GemmSchedule, grouping: str, groups) -> TileWalk:
-        """`create`, for a grouped walk: "masked" walks only the cluster tiles of valid rows."""
-        walk = TileWalk.create(tiles_m, tiles_n, batch, s)
-        if grouping == "masked":
-            walk.total = masked_clusters(groups, walk.clusters_m, s.tile_m, s.cluster_m, walk.clusters_n)
-        return walk
-
-
-# --- grouped (MoE) walks ----------------------------------------------------------------------
-def masked_cluster_rows(valid_rows, clusters_m, tile_m, cluster_m):
-    """Cluster rows covering an expert's `valid_rows` (clamped to [0, the buffer's rows])."""
-    tiles = (cutlass.max(valid_rows, 0) + tile_m - 1) // tile_m
-    return cutlass.min((tiles + cluster_m - 1) // cluster_m, clusters_m)
-
-
-@cute.jit
-def masked_clusters(masked_m: cute.Tensor, clusters_m, tile_m: cutlass.Constexpr, cluster_m: cutlass.Constexpr,
-                    clusters_n):
-    """Cluster tiles of a masked grouped GEMM: sum over experts of their cluster rows x columns."""
-    total = Int32(0)
-    for e in cutlass.range(cute.size(masked_m), unroll=1):
-        total += masked_cluster_rows(masked_m[e], clusters_m, tile_m, cluster_m) * clusters_n
-    return total
-
-
-@cute.jit
-def masked_cluster_tile(t, masked_m: cute.Tensor, clusters_m, tile_m: cutlass.Constexpr,
-                        cluster_m: cutlass.Constexpr, clusters_n, group: cutlass.Constexpr):
-    """Cluster coordinates (cm, cn, expert) of the `t`-th valid cluster tile (t < the total of
-    `masked_clusters`): skip whole experts, then `cluster_tile`'s raster inside the expert."""
-    e = Int32(0)
-    base = Int32(0)
-    rows = masked_cluster_rows(masked_m[0], clusters_m, tile_m, cluster_m)
-    while t >= base + rows * clusters_n:
-        base += rows * clusters_n
-        e += 1
-        rows = masked_cluster_rows(masked_m[e], clusters_m, tile_m, cluster_m)
-    cm, cn, _ = cluster_tile(t - base, rows, clusters_n, group)
-    return cm, cn, e
 
 
 def masked_tile_order(masked_m: list[int], tiles_m: int, tiles_n: int, s: GemmSchedule) -> list[tuple[int, int, int]]:
@@ -512,7 +454,7 @@ def best_split(s: GemmSchedule, m: int, n: int, k: int, batch: int = 1, num_sms:
 
 # `k_interleave` as the default on small-M grids (both ping-pong warpgroups on each tile), per GEMM family. H200,
 # session 15 (perf/results/2026-11-30-h200-e7feb6f/): FP8 at M <= 128 1.100x the default (geomean of the 7 shapes
-# whose grid gives a CTA at most one tile, 1.04-1.16x each, tests/test_k_interleave_gpu.py passing); bf16 at
+# whose grid gives a CTA at most one tile, 1.04-1.16x each, tests/gemm/test_k_interleave_gpu.py passing); bf16 at
 # 64x4096x4096 0.930x (its partial exchange costs more than the second warpgroup brings at 64 K-blocks of 64).
 K_INTERLEAVE_DEFAULT = {"bf16": False, "fp8": True}
 

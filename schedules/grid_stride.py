@@ -10,10 +10,6 @@ in which every thread's items are in range run without predicates; only the last
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
-import cutlass
-import cutlass.cute as cute
 
 ORDERS = ("grid", "cta")
 
@@ -73,83 +69,6 @@ class GridStride:
         items = n // vec
         _, _, pass_stride = self.thread_walk(0, self.grid(items, num_sms), 0)
         return (items // pass_stride + 1) * pass_stride <= 2**31 - 1 and n + self.threads - 1 <= 2**31 - 1
-
-
-@cute.jit
-def strided_fold(
-    n_items,
-    first,
-    stride,
-    pass_stride,
-    unroll: cutlass.Constexpr[int],
-    load: Callable,
-    step: Callable,
-    acc,
-    tail_branch: cutlass.Constexpr[bool] = True,
-    full_passes=None,
-    pass_step: Callable | None = None,
-    tail_together: bool = True,
-):
-    """Fold `step(acc, j, load(j))` over j = first + p * pass_stride + u * stride < n_items, for
-    passes p = 0, 1, ... and u < unroll.
-
-    The caller guarantees that pass p of every participating thread lies in
-    [p * pass_stride, (p + 1) * pass_stride), so passes below `n_items // pass_stride` need no bounds
-    checks. Each pass issues its `unroll` loads before the first `step`, so their latencies
-    overlap. `load` and `step` are trace-time callables; `acc` is any DSL value (a dummy for pure
-    maps) and is returned. The visiting order is fixed, which keeps folds deterministic.
-    `full_passes` (= n_items // pass_stride, the same for every thread) may come from the launch's
-    host code: the integer division then leaves the path to the first load (~40 dependent
-    instructions in a kernel whose whole run is a few microseconds at 1 MiB).
-    `tail_together` (with `tail_branch`): the partial pass's loads issued together, items past `n_items` loading the
-    last item (never folded); False: one load per step, as each bounds check passes.
-    `pass_step(acc, vals)`, when given, folds a full pass's `unroll` loaded values at once
-    (vals[u] is item base + u * stride), e.g. one max and one rescale per pass in an online
-    softmax instead of one per item; the partial last pass still goes through `step`.
-    """
-    if cutlass.const_expr(full_passes is None):
-        full_passes = n_items // pass_stride
-    for p in cutlass.range(full_passes, unroll=1):
-        base = p * pass_stride + first
-        vals = []
-        for u in cutlass.range_constexpr(unroll):
-            vals.append(load(base + u * stride))
-        if cutlass.const_expr(pass_step is not None):
-            acc = pass_step(acc, vals)
-        else:
-            for u in cutlass.range_constexpr(unroll):
-                acc = step(acc, base + u * stride, vals[u])
-    base = full_passes * pass_stride + first
-    # `tail_branch`: one branch over the whole partial pass, so its predicated-off code does not
-    # issue when it is empty (~70 instructions per row at N = 4096 for ArgMax; cross-entropy's
-    # 64-bit variant spills without it). The row sum passes False: with the branch the compiler
-    # spilled reduction.row_sum fp32 t512 r4 u8 to an 8-byte stack frame.
-    if cutlass.const_expr(tail_branch and not tail_together):  # (ArgMax: its fp32 512-thread tile spilled 8 B with
-        # the partial pass's values live together)
-        if base < n_items:
-            for u in cutlass.range_constexpr(unroll):
-                j = base + u * stride
-                if j < n_items:
-                    acc = step(acc, j, load(j))
-    elif cutlass.const_expr(tail_branch):
-        if base < n_items:
-            # the partial pass's loads issued together, as a full pass's: the items past n_items load the last item
-            # instead (a cached vector, never folded), so no load waits behind a bounds check and the fold before it
-            # (cross-entropy fwd at N = 6144 folded its one partial pass a vector at a time: 60 % of copy bandwidth
-            # against 89 % at 8192). The same steps in the same order: the same result.
-            vals = [load(base)]
-            for u in cutlass.range_constexpr(1, unroll):
-                vals.append(load(cutlass.min(base + u * stride, n_items - 1)))
-            for u in cutlass.range_constexpr(unroll):
-                j = base + u * stride
-                if j < n_items:
-                    acc = step(acc, j, vals[u])
-    else:
-        for u in cutlass.range_constexpr(unroll):
-            j = base + u * stride
-            if j < n_items:
-                acc = step(acc, j, load(j))
-    return acc
 
 
 # Chosen with `python3 -m perf.tune` on an H200 (perf/results/tune.md): for each op, the config

@@ -12,10 +12,6 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-import cutlass
-import cutlass.cute as cute
-from cutlass import Int64
-
 
 def _pow2_at_least(x: int) -> int:
     p = 1
@@ -96,6 +92,44 @@ def plan_rows(rows: int, row_vectors: int, num_sms: int, *, threads: int = TUNED
 # Rows held in registers (norms, softmax, cross-entropy): the row is loaded once, reduced, and
 # the output computed from registers, so a row must fit in the registers of one CTA or a cluster.
 # ---------------------------------------------------------------------------------------------
+# `plan_rows` settings of the cross-entropy forward. A read-only kernel needs bytes in flight: each
+# thread loads its 8 vectors of a pass (128 B) at once and folds them with one max and one rescale
+# (`online_softmax.fold` of a list; ~64 registers, 8 CTAs of 128 threads per SM: 128 KiB in
+# flight per SM); a 4k bf16 row is 64 threads x 8 vectors, one pass, two rows per CTA (QuACK's
+# geometry). Was threads=512, unroll=4 (4k: 34 registers, ptxas sank 2 of the 4 loads behind the
+# exps, 3 CTAs of 512 per SM: <= 48 KiB in flight; 2.85 TB/s). `perf.tune_rows --kernels
+# cross_entropy.fwd` times other settings against these.
+# H200 (perf/results/2026-11-29-h200-a25b01a/tune_rows_ce.md): 4k 2.85 -> 4.01 TB/s (1.10x QuACK).
+# Rows of 32k elements and more take 256-thread CTAs, 4 per SM: 64k 3.56 -> 3.99 TB/s (1.09x QuACK).
+# 16 vectors a thread (two passes of 8 loaded together): half the threads a row of the 8-vector plan below
+# 16k, so a CTA holds twice the rows (session 22, perf/results/2026-12-01-h200-bd7688b/: 1.035x / 1.015x /
+# 1.039x / 1.108x / 1.076x at 1k / 2k / 4k / 6144 / 8k; from 12288 the CTA's 128 threads cap the row's threads
+# and both settings give the same plan)
+CE_FWD_PLAN = dict(threads=128, unroll=8, vectors_per_thread=16, ctas_per_sm=8)
+CE_FWD_LONG_PLAN = dict(CE_FWD_PLAN, threads=256, vectors_per_thread=8, ctas_per_sm=4)
+CE_FWD_LONG_ROW = 32768
+
+
+def ce_plan(m: int, n: int, vec: int, sms: int, whole_passes: bool | None = None, **options) -> RowPlan:
+    """The plan of the cross-entropy forward for (m, n) logits read in `vec`-element vectors (1: the
+    scalar variant) on `sms` SMs: `plan_rows` under CE_FWD_PLAN (CE_FWD_LONG_PLAN for rows of
+    CE_FWD_LONG_ROW elements and more), `options` overriding it. `whole_passes` (default: unless `options`
+    names the unroll) narrows the unroll so each thread's share of the row is whole passes; a sweep of
+    settings passes True to time each setting as the op would run it as its default."""
+    if whole_passes is None:
+        whole_passes = "unroll" not in options
+    base = CE_FWD_LONG_PLAN if n >= CE_FWD_LONG_ROW else CE_FWD_PLAN
+    plan = plan_rows(m, n // vec, sms, **{**base, **options})
+    t = plan.tiling
+    per = -(-(n // vec) // t.threads_per_row)  # vectors a thread of the row walks
+    if vec > 1 and plan.splits == 1 and per % t.unroll and whole_passes:
+        # whole passes: as many as the planned unroll needs, each as wide as they then take (6144: one pass of 6
+        # vectors, not a pass of 8 with 2 masked off; session 20: the partial pass had folded a vector at a time)
+        passes = -(-per // t.unroll)
+        plan = dataclasses.replace(plan, tiling=dataclasses.replace(t, unroll=-(-per // passes)))
+    return plan
+
+
 @dataclass(frozen=True)
 class HeldRowPlan:
     """`tiling.unroll` is the number of 128-bit vectors each thread holds (vpt); a row spans
@@ -123,7 +157,7 @@ class HeldRowPlan:
     # CTA's mbarrier, which its threads wait on (no fence, no cluster-wide barrier per tile). Same
     # values folded in the same order: the output is bitwise that of "barrier".
     cluster_sync: str = "barrier"
-    # The capped (persistent) grid of the backward kernels (`cute_kernels.ops._rowwise.grid_ctas`).
+    # The capped (persistent) grid of the backward kernels (`cute_kernels.rowwise.launch.grid_ctas`).
     # False: `ctas_per_sm` x SMs clusters, i.e. `cluster_n` times the CTAs that fit at `ctas_per_sm`
     # per SM: several waves, the last nearly empty (RMSNorm 64k, clusters of 4: 132 clusters where 32
     # fit, 5 waves), and one fp32 dweight partial row per cluster. True: `ctas_per_sm` x the clusters
@@ -401,7 +435,7 @@ _RMS_BWD_64K_ACCR = dict(target_elems=16, max_elems=16, min_threads=512, max_tpr
 # Session 16's forward sweep of the held rows refilled (`perf.tune_rows --hold both --fwd-prefetch only`; perf/results/
 # 2026-11-30-h200-a6831ea/tune_rows.md; bf16, 256 MiB per tensor): once a tile's row is in registers its staging
 # buffer takes the next tile's row (`HeldRowPlan.prefetch` with `hold`), each CTA walking its tiles on the capped
-# grid (`resident_grid`). Same math, bitwise the held plan (GPU tests/test_rowwise_fwd_prefetch_gpu.py). Each the
+# grid (`resident_grid`). Same math, bitwise the held plan (GPU tests/rowwise/test_fwd_prefetch_gpu.py). Each the
 # best plan over the default: LayerNorm 64k 180.7 -> 145.5 us (1.24x), 128k 199.1 -> 147.5 (1.35x), 256k 210.9 ->
 # 149.2 (1.41x), on the defaults' own tilings; RMSNorm 256k 512 threads x 32 elements in 16-CTA clusters, 2 CTAs an
 # SM, 163.8 -> 152.0 (1.08x). No gain: RMSNorm 64k / 128k (0.95-0.97x), softmax and log-softmax 64k-256k (0.90-0.97x).
@@ -736,57 +770,3 @@ def plan_held_rows(n: int, vec: int, *, target_elems: int = 32, max_elems: int =
         plan = HeldRowPlan(plan.tiling, cluster, min(16, plan.staged_residency(staged, staged_regs)), staging,
                            prefetch, sync, resident_grid, hold)
     return plan
-
-
-# --- the device side: one thread's walk over row tiles and its share of a split row -------------
-@dataclass
-class SplitRowWalk:
-    """What one thread of a row-tiling kernel (launched on `row_tile_grid`) visits: CTA `bidx` of
-    `gdim` takes row tiles bidx, bidx + gdim, ... (`count` of them); on each, the thread is `lane` of
-    its row's threads and folds vectors [v_begin, v_begin + v_count) of split `split` of the row; the
-    `tail` = n % vec elements past the last vector belong to the last split. With 64-bit indexing the
-    tile arithmetic is widened (the loop still steps by one: DSL 4.8.1 cannot trace a loop whose
-    dynamic step is 64-bit). The tiling enters as two ints, not as a RowTiling: the tracer rebuilds
-    the dataclasses a staged loop uses, and would re-validate a RowTiling built from staged values.
-    `row_block` > 1 (GEMV's register tile): each thread's row group owns `row_block` consecutive rows,
-    so a tile is `rows_per_cta * row_block` rows and `row(i)` is the first of the group's rows."""
-
-    rows_per_cta: int
-    threads_per_row: int
-    lane: object
-    nv: object
-    v_begin: object
-    v_count: object
-    tail: object
-    bidx: object
-    gdim: object
-    count: object
-    row_block: int = 1
-
-    @staticmethod
-    def create(tiling: RowTiling, rows, n, vec: int, splits, index64: bool, row_block: int = 1) -> SplitRowWalk:
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, split, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        nv = n // vec
-        chunk = cute.ceil_div(nv, splits)
-        v_begin = split * chunk
-        v_count = cutlass.max(cutlass.min(nv - v_begin, chunk), 0)
-        tiles = cute.ceil_div(rows, tiling.rows_per_cta * row_block)
-        if index64:
-            bidx, gdim, tiles = Int64(bidx), Int64(gdim), Int64(tiles)
-        count = (cutlass.max(tiles - bidx, 0) + gdim - 1) // gdim
-        return SplitRowWalk(tiling.rows_per_cta, tiling.threads_per_row, tidx % tiling.threads_per_row, nv,
-                            v_begin, v_count, n - nv * vec, bidx, gdim, count, row_block)
-
-    def row(self, i):
-        """The row this thread works on in its CTA's `i`-th tile (may be >= rows: predicate it)."""
-        tidx, _, _ = cute.arch.thread_idx()
-        group = (self.bidx + i * self.gdim) * self.rows_per_cta + tidx // self.threads_per_row
-        return group * self.row_block
-
-
-def row_tile_grid(rows, max_ctas, tiling: RowTiling, row_block: int = 1):
-    """CTAs along x for a row-tiling kernel: one per row tile (`rows_per_cta * row_block` rows), at
-    most `max_ctas`, at least one."""
-    return cutlass.max(cutlass.min(cute.ceil_div(rows, tiling.rows_per_cta * row_block), max_ctas), 1)

@@ -47,12 +47,12 @@ def loads_128_bits(report, ptx: str, params: dict) -> bool:
 
 
 def plans_with(match, **changes):
-    """A `cute_kernels.ops._rowwise.plan_for` replacement: the production plan with `changes` applied
+    """A `cute_kernels.rowwise.launch.plan_for` replacement: the production plan with `changes` applied
     (`dataclasses.replace`) for the kernels whose name `match(name)` accepts, the others unchanged.
     For `run_with_plans`."""
     import dataclasses
 
-    from cute_kernels.ops import _rowwise as R
+    from cute_kernels.rowwise import launch as R
 
     orig = R.plan_for
 
@@ -64,10 +64,10 @@ def plans_with(match, **changes):
 
 
 def run_with_plans(monkeypatch, plan_for, fn):
-    """Run `fn` with the row-wise ops' plan choice (`cute_kernels.ops._rowwise.plan_for`) replaced
+    """Run `fn` with the row-wise ops' plan choice (`cute_kernels.rowwise.launch.plan_for`) replaced
     by `plan_for`, their compiled-function cache emptied before and after (so nothing compiled
     under the patch outlives it). Returns (fn's result, {kernel name: the plan it ran})."""
-    from cute_kernels.ops import _rowwise as R
+    from cute_kernels.rowwise import launch as R
 
     with monkeypatch.context() as m:
         m.setattr(R, "plan_for", plan_for)
@@ -140,7 +140,54 @@ def plan_params(name: str, plan, **sig) -> dict:
     """The resolved catalogue parameters of row-wise kernel `name` under `plan` (`specs_rowwise.config_of`): bf16,
     aligned, 32-bit indexing, `op_signature`'s operands; `sig` overrides."""
     from cute_kernels import catalog
-    from cute_kernels.specs_rowwise import config_of
+    from cute_kernels.rowwise import config_of
 
     base = dict(dtype="bf16", aligned=True, index64=False)
     return catalog.get(name).resolve({**base, **config_of(plan, name), **op_signature(name, **sig)})
+
+
+def check_census(name: str, over: dict, report, files) -> None:
+    """The instructions a GEMV, transpose, SiLU/SwiGLU or ArgMax kernel (catalogue `name` under `over`) is meant to
+    use: 128-bit global accesses where vectorized, 128-bit shared accesses in the tiled transposes, one TMA load and
+    one TMA store per tile in the TMA transpose, shuffles in the row reductions, no local memory anywhere."""
+    import re
+
+    ptx_text = files["ptx"].read_text()
+    ptx, sass = report.ptx_census, report.sass_census
+    assert not report.spills, report.format()
+    assert report.kernels[0].registers <= 255
+    aligned = (over.get("aligned", True) or over.get("row_head", False)) and over.get("dtype") != "key"
+    family = name.split(".")[0]
+    if name == "transpose.tma":
+        q = over.get("sub", 1) ** 2
+        # one TMA load and one TMA store per tile; the persistent kernel issues its loads in two places
+        # (the first block, the next block from the loop)
+        assert ptx["cp.async.bulk.tensor"] == (3 if over.get("persistent") else 2) * q, ptx["cp.async.bulk.tensor"]
+        assert ptx["mbarrier"] > 0 and ptx["ld.global (all)"] == 0 and ptx["st.global (all)"] == 0
+        if sass is not None and not over.get("persistent"):
+            assert sass["UTMALDG (TMA load)"] == q and sass["UTMASTG (TMA store)"] == q
+        assert len(re.findall(r"ld\.shared\.v4", ptx_text)) > 0
+        return
+    if aligned:
+        assert ptx["ld.global.v4 (128-bit)"] > 0
+        if sass is not None:
+            assert sass["LDG.128"] > 0
+    else:
+        assert ptx["ld.global.v4 (128-bit)"] == 0
+    if family == "swiglu" and aligned:
+        assert ptx["st.global.v4 (128-bit)"] > 0
+    if family == "swiglu":
+        # 16-bit outputs: sigmoid by the hardware reciprocal, no IEEE division (its Newton steps and slow-path
+        # call per element); fp32 outputs keep the division
+        fast = over.get("dtype", "bf16") != "fp32"
+        assert ("rcp.approx.ftz.f32" in ptx_text) == fast
+        assert (re.search(r"\b(div|rcp)\.rn\.f32", ptx_text) is None) == fast
+    if family in ("argmax", "gemv") and over.get("threads_per_row", 2) > 1:
+        assert ptx["shfl.sync"] > 0
+    if name == "transpose.naive":
+        assert ptx["st.global.v4 (128-bit)"] == 0, "naive writes scalars down the output's columns"
+    if name in ("transpose.smem", "transpose.swizzle"):
+        assert len(re.findall(r"ld\.shared\.v4", ptx_text)) > 0, "the smem transpose reads 16-byte chunks"
+        if aligned:
+            assert ptx["st.global.v4 (128-bit)"] > 0
+            assert len(re.findall(r"st\.shared\.v4", ptx_text)) > 0

@@ -21,7 +21,7 @@ from matplotlib.patches import Rectangle  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from cute_kernels.ops.fp8_gemm_grouped import contiguous_layout  # noqa: E402
+from cute_kernels.fp8_gemm.ops import contiguous_layout  # noqa: E402
 from schedules.fp8_gemm import fp8_schedule  # noqa: E402
 from schedules.gemm import masked_tile_order, tile_order  # noqa: E402
 

@@ -33,11 +33,11 @@ import cutlass  # noqa: E402
 from make_figures import _walk, order_grid  # noqa: E402
 
 from collectives import smem_tiles  # noqa: E402
-from cute_kernels.kernels.transpose import Transpose  # noqa: E402
-from cute_kernels.specs_misc3 import SWIGLU_TUNED  # noqa: E402
 from cute_kernels.study import banks  # noqa: E402
 from cute_kernels.study.draw import GROUP_COLORS  # noqa: E402
 from cute_kernels.study.layout import Layout, from_dsl, in_dsl  # noqa: E402
+from cute_kernels.swiglu import SWIGLU_TUNED  # noqa: E402
+from cute_kernels.transpose.kernels import Transpose  # noqa: E402
 from schedules.gemv import plan_gemv  # noqa: E402
 from schedules.row_tiling import plan_for_rows, plan_rows  # noqa: E402
 from schedules.tile_order import TileOrder, tile_list  # noqa: E402
@@ -256,7 +256,7 @@ def gemv_mma_chunk(out: Path) -> Path:
     which k slot of which MMA each element feeds (`kernels.gemv_mma.chunk_slot`)."""
     import numpy as np
 
-    from cute_kernels.kernels.gemv_mma import chunk_slot
+    from cute_kernels.gemv.mma import chunk_slot
 
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(12.5, 5.6), gridspec_kw={"height_ratios": [3, 1.3]})
     img = np.ones((8, 32, 3))
@@ -495,7 +495,7 @@ def argmax_two_level(out: Path) -> Path:
     ax2.set_xlim(-0.2, x_end + 6)
     ax2.set_ylim(0.2, 2.7)
     ax2.axis("off")
-    fig.suptitle("ArgMax (cute_kernels/kernels/argmax.py, collectives/arg_reduce.py): the two-level vector scan and "
+    fig.suptitle("ArgMax (cute_kernels/argmax/kernels.py, collectives/arg_reduce.py): the two-level vector scan and "
                  "the split row's two launches", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     return _save(fig, out, "argmax_two_level.png")
@@ -552,7 +552,7 @@ def swiglu_fusion(out: Path, n_vectors: int = 1536 + 256) -> Path:
     ax.axis("off")
     ax.set_title("GatedActivation._f for one 16-byte vector (8 bf16): one read of each\ninput, fp32 math, one "
                  "rounding per output", fontsize=7.5, loc="left")
-    fig.suptitle("SwiGLU forward (cute_kernels/kernels/swiglu.py via elementwise.map_vectors): out = silu(gate) * up "
+    fig.suptitle("SwiGLU forward (cute_kernels/swiglu/kernels.py via elementwise.map_vectors): out = silu(gate) * up "
                  "in one pass", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     return _save(fig, out, "swiglu_fusion.png")

@@ -1,0 +1,207 @@
+"""Catalogue entry of FlashAttention forward on Hopper (issue 6): its schedule (config) and what the
+data is (signature: dtype, head dim, mask kind, softcap)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cute_kernels import dtypes
+from cute_kernels.catalog import KernelSpec, Param
+from cute_kernels.fake import fake_stream
+from cute_kernels.lazy import cute, cutlass
+from schedules.attention import HEAD_DIMS, KINDS, AttentionSchedule, default_schedule
+
+DTYPES = ("bf16", "fp16")
+MASKS = ("none", "causal", "window", "band")  # band: a window bounded on both sides (or causal + left)
+
+
+def mask_kind(mask: str):
+    from collectives.attention_mask import MaskKind
+
+    return {"none": MaskKind(), "causal": MaskKind(right=True), "window": MaskKind(left=True),
+            "band": MaskKind(left=True, right=True)}[mask]
+
+
+def mask_name(left: int, right: int) -> str:
+    """The catalogue mask for window bounds (-1: unbounded); causal is right = 0."""
+    return {(False, False): "none", (False, True): "causal", (True, False): "window", (True, True): "band"}[
+        (left >= 0, right >= 0)]
+
+
+def schedule_of(p) -> AttentionSchedule:
+    """The AttentionSchedule of resolved catalogue parameters (tile_n 0: the head dim's default)."""
+    return FLASH_ATTN.schedule_of(p)
+
+
+def params_for(schedule: AttentionSchedule, **signature) -> dict:
+    return {**FLASH_ATTN.config_of(schedule), **signature}
+
+
+@dataclass(frozen=True, eq=False)
+class FlashAttnSpec(KernelSpec):
+    def schedule_of(self, p):
+        fields = {f: p[k] for k, f in self.schedule_params().items()}
+        fields["tile_n"] = fields["tile_n"] or default_schedule(p["head_dim"]).tile_n
+        return AttentionSchedule(**fields)
+
+    def defaults(self, given):
+        """The options a schedule builds follow the ones given: ping-pong where two or three fa3 consumers take
+        turns, the overlap on fa3 without lazy_rescale, split_mask on the one-buffer overlap where it fits the head
+        dim (three loop bodies at D = 256 serialize the WGMMAs)."""
+        p = super().defaults(given)
+        kind = given.get("schedule", p["schedule"])
+        p["pingpong"] = kind == "fa3" and given.get("tile_m", p["tile_m"]) != 64
+        p["overlap"] = kind == "fa3" and not given.get("lazy_rescale", p["lazy_rescale"])
+        overlap = given.get("overlap", p["overlap"])
+        p["split_mask"] = False
+        if overlap and not given.get("double_p", p["double_p"]):
+            trial = {**p, **given, "split_mask": True}
+            try:
+                p["split_mask"] = self.schedule_of(trial).fits(trial["head_dim"])
+            except ValueError:  # the given combination is refused by `check`, with or without the split
+                pass
+        return p
+
+    def check(self, p):
+        if p["l2_groups"] and (p["heads_first"] or p["varlen"]):
+            raise ValueError(f"{self.name}: l2_groups is a tile order of its own (not with heads_first), built for "
+                             "batched (not varlen) attention")
+        if p["persistent"] and (p["schedule"] != "fa3" or p["varlen"]):
+            raise ValueError(f"{self.name}: persistent is built for schedule fa3 on batched (not varlen) attention")
+        if p["dynamic"] and not p["persistent"]:
+            raise ValueError(f"{self.name}: dynamic hands out the tiles of a persistent walk: it needs persistent")
+        s = self.schedule_of(p)  # the schedule's own rules (ping-pong, overlap and its variants)
+        if not s.fits(p["head_dim"]):
+            raise ValueError(f"{self.name}: {s} does not fit head_dim {p['head_dim']} "
+                             f"({s.smem_bytes(p['head_dim'])} B smem, {s.accumulators(p['head_dim'])} acc regs)")
+
+    def build(self, p):
+        from cute_kernels.attention.forward import FlashAttnFwd
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        d = p["head_dim"]
+
+        def sym(div=1):
+            return cute.sym_int32(divisibility=div)
+
+        sq, sk, hq, hk = sym(), sym(), sym(), sym()
+        b = 1 if p["varlen"] else sym()  # varlen: one packed batch, sequences delimited by cu_seqlens
+
+        def seq_major(rows, heads):  # (S, D, H, B), unit stride along D
+            return cute.runtime.make_fake_tensor(dt, (rows, d, heads, b), stride=(sym(8), 1, sym(8), sym(8)),
+                                                 assumed_align=16)
+
+        q, k, o = seq_major(sq, hq), seq_major(sk, hk), seq_major(sq, hq)
+        v = cute.runtime.make_fake_tensor(dt, (d, sk, hk, b), stride=(1, sym(8), sym(8), sym(8)), assumed_align=16)
+        lse = cute.runtime.make_fake_tensor(cutlass.Float32, (sq, hq, b), stride=(1, sym(), sym()), assumed_align=4)
+        counter = cute.runtime.make_fake_tensor(cutlass.Int32, (sym(),), stride=(1,), assumed_align=4)  # (1,)
+        kernel = FlashAttnFwd(dt, d, self.schedule_of(p), mask_kind(p["mask"]), p["softcap"], p["varlen"])
+        scalars = (cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Int32(-1), cutlass.Int32(-1), fake_stream())
+        if p["varlen"]:
+            batch1 = sym()
+            cu_q = cute.runtime.make_fake_tensor(cutlass.Int32, (batch1,), stride=(1,), assumed_align=4)
+            cu_k = cute.runtime.make_fake_tensor(cutlass.Int32, (batch1,), stride=(1,), assumed_align=4)
+            return kernel.call_varlen, (q, k, v, o, lse, cu_q, cu_k, cutlass.Int32(1), *scalars)
+        return kernel, (q, k, v, o, lse, counter, *scalars)
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"head_dim": 64, "mask": "causal"})]
+
+    def sweep(self):
+        out = []
+        for d in HEAD_DIMS:
+            for mask in MASKS:
+                out.append(self.resolve({"head_dim": d, "mask": mask}))
+        out.append(self.resolve({"dtype": "fp16", "softcap": True}))
+        out.append(self.resolve({"pingpong": False}))
+        out.append(self.resolve({"overlap": True}))
+        out.append(self.resolve({"overlap": True, "head_dim": 64, "mask": "causal"}))
+        out.append(self.resolve({"double_p": True}))
+        out.append(self.resolve({"double_p": True, "head_dim": 256, "mask": "causal"}))
+        out.append(self.resolve({"split_mask": True, "mask": "band"}))
+        out.append(self.resolve({"split_mask": True, "sum_from_corr": True, "head_dim": 64, "mask": "causal"}))
+        out.append(self.resolve({"lazy_rescale": True}))
+        out.append(self.resolve({"lazy_rescale": True, "head_dim": 64, "mask": "causal"}))
+        out.append(self.resolve({"schedule": "fa2"}))
+        out.append(self.resolve({"schedule": "fa2", "tile_m": 64, "head_dim": 64, "mask": "causal"}))
+        out.append(self.resolve({"varlen": True}))
+        out.append(self.resolve({"varlen": True, "head_dim": 64, "mask": "causal", "overlap": True}))
+        out.append(self.resolve({"varlen": True, "schedule": "fa2", "mask": "band"}))
+        out.append(self.resolve({"heads_first": True, "mask": "causal"}))
+        out.append(self.resolve({"heads_first": True, "varlen": True, "head_dim": 64, "mask": "causal"}))
+        out.append(self.resolve({"persistent": True}))
+        out.append(self.resolve({"persistent": True, "mask": "causal", "head_dim": 64, "tile_m": 192}))
+        out.append(self.resolve({"persistent": True, "head_dim": 256, "double_p": True, "mask": "causal"}))
+        out.append(self.resolve({"persistent": True, "overlap": False}))
+        out.append(self.resolve({"l2_groups": True, "mask": "causal"}))
+        out.append(self.resolve({"l2_groups": True, "persistent": True, "mask": "causal", "head_dim": 64,
+                                 "tile_m": 192}))
+        out.append(self.resolve({"l2_groups": True, "schedule": "fa2", "mask": "causal"}))
+        out.append(self.resolve({"skip_rescale": True, "mask": "causal"}))
+        out.append(self.resolve({"skip_rescale": True, "head_dim": 256, "double_p": True}))
+        out.append(self.resolve({"persistent": True, "dynamic": True}))
+        out.append(self.resolve({"late_v_release": True, "mask": "causal"}))
+        out.append(self.resolve({"late_v_release": True, "persistent": True, "dynamic": True, "head_dim": 64,
+                                 "tile_m": 192}))
+        out.append(self.resolve({"persistent": True, "dynamic": True, "l2_groups": True, "mask": "causal",
+                                 "head_dim": 256, "double_p": True}))
+        out.append(self.resolve({"persistent": True, "dynamic": True, "l2_groups": True, "mask": "causal",
+                                 "head_dim": 64, "tile_m": 192}))
+        return out
+
+
+FLASH_ATTN = FlashAttnSpec(
+    name="flash_attn",
+    family="attention",
+    lesson=0,
+    summary="FlashAttention forward, FA3 warp-specialized (or the FA2 arrangement): TMA Q/K/V rings, WGMMA QK^T "
+            "and PV (P in registers), ping-pong consumers, intra-warpgroup overlap; causal/window/softcap, GQA, LSE",
+    ops=("flash_attn", "flash_attn_varlen"),
+    status="ready",
+    schedule=AttentionSchedule,
+    params={
+        "dtype": Param("bf16", DTYPES, "signature", "Q/K/V/O element type"),
+        "head_dim": Param(128, HEAD_DIMS, "signature", "head dimension D"),
+        "mask": Param("none", MASKS, "signature", "bounded sides of the key window: none, causal (right), "
+                      "window (left), band (both)"),
+        "softcap": Param(False, (True, False), "signature", "logit softcap: cap * tanh(scale * s / cap)"),
+        "varlen": Param(False, (True, False), "signature", "packed sequences delimited by cu_seqlens (int32, B + 1): "
+                        "O stored from registers, predicated on each sequence's end"),
+        "schedule": Param("fa3", KINDS, help="fa3: warp-specialized producer + consumer warpgroups; fa2: every "
+                          "warpgroup computes, warp 0 loads in line (no producer, no setmaxnreg)"),
+        "tile_m": Param(128, (64, 128, 192), help="Q rows per CTA (64 per computing warpgroup; 192: fa3 with three "
+                        "consumers at 160 registers, taking turns round robin)"),
+        "tile_n": Param(0, (0, 64, 80, 96, 112, 128, 160, 176, 192), help="K/V rows per stage (0: per head dim)"),
+        "stages": Param(0, (0, 1, 2, 3, 4), help="K/V smem stages (0: fa3 as many as fit, fa2 2)"),
+        "pingpong": Param(True, (True, False), help="named barriers alternate the consumers' GEMMs (default: on "
+                          "for fa3 with two or three consumers, tile_m 128 or 192; off for fa2 and tile_m 64)"),
+        "overlap": Param(True, (True, False), help="fa3: issue the next S = Q K^T before this block's softmax "
+                           "(default: on for fa3 without lazy_rescale)"),
+        "lazy_rescale": Param(False, (True, False), help="keep a row's exponent reference while its max grows by "
+                              "<= 2^8 after the scale: the warp skips the O rescale (vote.all per block)"),
+        "double_p": Param(False, (True, False), help="overlap with P in two register buffers: the wait for P_j V_j "
+                          "moves from inside the next softmax to after the next S issue (needs overlap)"),
+        "split_mask": Param(True, (True, False), help="one-buffer overlap: the K/V walk as three loops (key end / "
+                            "right edge, interior, left edge), the interior one without mask code (bitwise the same; "
+                            "the default where it fits; off without overlap, with double_p, or at D = 256)"),
+        "sum_from_corr": Param(False, (True, False), help="the row sum starts from l * corr and adds the block's "
+                               "probabilities (FA4's order) instead of l * corr + sum at the end (l rounds differently)"),
+        "heads_first": Param(False, (True, False), help="the grid (H_q, B, q_tiles): each q index over every head and "
+                             "batch before the next (causal: longest first over the whole grid); the same bits"),
+        "l2_groups": Param(False, (True, False), help="a 1-D grid in FA3's order: heads in groups whose K/V fit L2, a "
+                           "group's tiles q index slowest (causal: longest first); the same bits"),
+        "persistent": Param(False, (True, False), help="fa3, batched: one CTA per SM walks the tiles in launch order, "
+                            "carrying the K/V ring (the next tile's first blocks load under this tile's end); the "
+                            "same bits"),
+        "dynamic": Param(False, (True, False), help="with persistent: the tiles handed out at run time by an atomic "
+                         "counter, in the walk's order (FA3's dynamic scheduler); the same bits"),
+        "skip_rescale": Param(False, (True, False), help="overlap: O's rescale skipped on warps where no row's max "
+                              "moved (corr exactly 1 there); equal to the default up to a few ulps of corr"),
+        "late_v_release": Param(False, (True, False), help="one-buffer overlap: V_j's stage released a step later "
+                                "(after S_{j+2}'s wait), so that no arrive holds the P V wait at the softmax's top; "
+                                "the same bits"),
+    },
+)
+
+
+SPECS = (FLASH_ATTN,)

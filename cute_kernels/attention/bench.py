@@ -1,0 +1,117 @@
+"""FlashAttention forward benchmark suite (issue 6): bf16 randn, (B, S, H, D) with batch x seqlen = 16k
+tokens, hidden 2048 (H = 2048 / D), S from 512 to 16k, causal and not; ours beside FlashAttention-4's
+CuTe interface (`flash_attn.cute.interface.flash_attn_func`, its Hopper path) and SDPA's cuDNN backend,
+all timed in the same interleaved rounds (`H.do_bench_interleaved`); `--quick` adds columns for other
+schedules of our kernel ("ours no overlap", "ours lazy_rescale", "ours double_p", "ours no split_mask",
+"ours sum_from_corr": `x ours <option>` < 1 means the option is faster than our default; each
+has a "faster than ours" check). TFLOP/s count 4 * B * H * S^2 * D FLOPs, halved for causal."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from cute_kernels.bench import harness as H
+
+PEAK_BF16_TFLOPS = 989.4  # H100/H200 SXM dense bf16, by spec: the "% ceiling" column
+TOKENS, HIDDEN = 16384, 2048
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+SHAPES = [(TOKENS // s, s, HIDDEN // d, d) for d in (64, 128, 256) for s in SEQLENS]
+QUICK = [(TOKENS // s, s, HIDDEN // 128, 128) for s in (1024, 8192)]
+
+
+def _peers():
+    """The references: FA4 (imported here, never at module level: it patches CuTe classes) and SDPA
+    restricted to its cuDNN backend."""
+    from flash_attn.cute.interface import flash_attn_func  # a missing peer fails the run (cute_kernels.bench.PEERS)
+
+    def fa4(q, k, v, causal):
+        out = flash_attn_func(q, k, v, causal=causal)
+        return out[0] if isinstance(out, tuple) else out
+
+    refs = {"FA4": fa4}
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def cudnn(q, k, v, causal):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal).transpose(1, 2)
+
+    refs["SDPA cuDNN"] = cudnn
+    return refs
+
+
+def _variants(d):
+    """Schedules of our kernel timed as extra columns on the quick shapes ("ours <option>"): the
+    default without FA3's intra-warpgroup overlap (the default since it measured 3-4 % faster), the
+    lazy O rescale (built without the overlap), the overlap with two P buffers (`double_p`: no
+    WGMMA wait inside the softmax; same results bit for bit), the overlap's walk in one loop (without
+    `split_mask`, the default's masked / unmasked loops: bit for bit) and the split walk with FA4's
+    row-sum order (`sum_from_corr`)."""
+    from schedules.attention import AttentionSchedule, default_schedule
+
+    tn = default_schedule(d).tile_n
+    return {"ours no overlap": AttentionSchedule(tile_n=tn),
+            "ours lazy_rescale": AttentionSchedule(tile_n=tn, lazy_rescale=True),
+            "ours double_p": AttentionSchedule(tile_n=tn, overlap=True, double_p=True),
+            # the default splits its walk (`split_mask`, since 8301b88) where it fits: the column without
+            "ours no split_mask": AttentionSchedule(tile_n=tn, overlap=True),
+            "ours sum_from_corr": AttentionSchedule(tile_n=tn, overlap=True, split_mask=True, sum_from_corr=True)}
+
+
+def attention(shapes=None, quick=False, ceilings=None, causal=(False, True)):
+    import cute_kernels as ck
+    from cute_kernels.attention.ops import _flash_attn_cuda
+
+    shapes = shapes or (QUICK if quick else SHAPES)
+    peers = _peers()
+    rows, notes = [], []
+    variant_names = []
+    for shape in shapes:
+        b, s, h, d = shape if len(shape) == 4 else (*shape, 128)[:4]
+        q, k, v = (H.randn(b, s, h, d, seed=i) for i in range(3))
+        variants = _variants(d) if quick else {}
+        variant_names += [n for n in variants if n not in variant_names]
+        for c in causal:
+            flops = 4 * b * h * s * s * d // (2 if c else 1)
+            nbytes = 4 * b * s * h * d * 2
+            H.progress(f"  flash_attn B={b} S={s} H={h} D={d} causal={c}")
+            fns = {"ours": lambda c=c: ck.flash_attn(q, k, v, causal=c)}
+            for name, sched in variants.items():
+                fns[name] = lambda c=c, sched=sched: _flash_attn_cuda(q, k, v, c, schedule=sched)
+            for name, fn in peers.items():
+                try:
+                    fn(q, k, v, c)
+                    fns[name] = lambda c=c, fn=fn: fn(q, k, v, c)
+                except Exception as e:  # noqa: BLE001  (a peer that rejects the shape: no number)
+                    notes.append(f"| {name} | {b}x{s}x{h}x{d} causal={c} | {type(e).__name__}: {str(e)[:80]} |")
+            # every column in the same interleaved rounds: clock drift lands on all of them alike
+            times = {n: r["median_ms"] for n, r in H.do_bench_interleaved(fns).items()}
+            t = times.pop("ours")
+            rows.append(H.Row("flash_attn" + (".causal" if c else ""), "bfloat16", f"{b}x{s}x{h}x{d}", nbytes, flops,
+                              t, times, "tflops", PEAK_BF16_TFLOPS))
+    ref_names = list(peers) + variant_names
+    checks = []
+    for name in peers:
+        have = [r for r in rows if name in r.refs_ms]
+        if have:
+            geo = math.exp(sum(math.log(r.ratio(name)) for r in have) / len(have))
+            worst = min(have, key=lambda r: r.ratio(name))
+            checks.append({"target": f"geomean >= 1.0x {name}", "measured": f"{geo:.3f}x (min {worst.ratio(name):.3f}x "
+                           f"at {worst.case} {worst.shape})", "ok": geo >= 1.0})
+    for name in variant_names:  # the option columns: does the option beat our default? (decides the default)
+        geo, have = H.option_speedup(rows, name)  # > 1: the option is faster
+        if have:
+            worst = min(have, key=lambda r: 1 / r.ratio(name))
+            checks.append({"target": f"{name} faster than ours (geomean of {len(have)}; decides the default)",
+                           "measured": f"{geo:.3f}x (worst {1 / worst.ratio(name):.3f}x at {worst.case} {worst.shape})",
+                           "ok": geo > 1.0})
+    extra = ""
+    if notes:
+        extra = "## Peer failures\n\n| peer | shape | error |\n|---|---|---|\n" + "\n".join(notes)
+    return rows, ref_names, checks, extra, {}
+
+
+SUITES = {"attention": attention}
+PEERS = {"attention": ("flash_attn",)}

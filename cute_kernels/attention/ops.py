@@ -1,0 +1,315 @@
+"""Torch op `cute_kernels::flash_attn`: O = softmax(scale * Q K^T [softcap] [mask]) V and the fp32
+log-sum-exp (natural log) per query row, on Hopper (issue 6).
+
+q is (B, S_q, H_q, D), k and v are (B, S_k, H_kv, D), bf16 or fp16, D in {64, 96, 128, 192, 256},
+H_q a multiple of H_kv (GQA/MQA: query head h reads K/V head h // (H_q / H_kv)). Any strides with a
+unit-stride last dim are read in place (e.g. slices of a packed QKV tensor, or (B, H, S, D) tensors
+transposed to (B, S, H, D)); strides TMA cannot address (not multiples of 16 bytes) are copied first.
+
+Masks, FlashAttention's convention: `causal` aligns the diagonal to the bottom right when
+S_q != S_k (query i sees keys j <= i + S_k - S_q); `window=(left, right)` keeps keys
+i + S_k - S_q - left <= j <= i + S_k - S_q + right, -1 meaning unbounded (causal is right = 0).
+A query that sees no key gets O = 0 and LSE = +inf (as FlashAttention: exp(s - LSE) = 0, not NaN). `softcap > 0` applies cap * tanh(s / cap) to
+the scaled logits.
+
+Returns O (B, S_q, H_q, D) in q's dtype, and with `return_lse=True` also LSE (B, H_q, S_q) fp32.
+The backward is not implemented yet: autograd is wired and raises NotImplementedError.
+
+`cute_kernels::flash_attn_varlen` (FlashAttention's varlen interface): q (total_q, H_q, D), k and v
+(total_k, H_kv, D) hold B sequences packed along the first axis; sequence b is rows
+[cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k/v
+(int32 tensors of length B + 1 on q's device); max_seqlen_q bounds every q length (it sizes the
+grid); max_seqlen_k is accepted for FlashAttention's signature and not needed. Masks are per sequence (causal bottom-right aligned in each). Returns O (total_q, H_q, D)
+and LSE (H_q, total_q) fp32, FlashAttention's varlen LSE layout. Only the sequences' rows,
+[cu_seqlens_q[0], cu_seqlens_q[B]), are written. As in FlashAttention the offsets are trusted, not
+checked (that would cost a device-to-host sync): they must be non-decreasing, within q's / k's rows,
+and no q length may exceed max_seqlen_q (the rows past it would be left unwritten). K/V rows a
+sequence's last block reaches past its end (the next sequence's, or rows past cu_seqlens_k[B]) are
+read and masked; V there must be finite (its probabilities are 0, and 0 * inf is NaN in P V).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from cute_kernels import dtypes
+from cute_kernels.torch_ops import call, register_op
+from schedules.attention import HEAD_DIMS, AttentionSchedule, default_schedule
+
+AB_TORCH = (torch.bfloat16, torch.float16)
+LOG2E = math.log2(math.e)
+
+
+def _check(q, k, v, window_left, window_right, softmax_scale, softcap, varlen: bool = False):
+    dims, what = (3, "(total_seqlen, heads, head_dim)") if varlen else (4, "(batch, seqlen, heads, head_dim)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be on a CUDA device, got device '{t.device}'")
+        if t.dtype not in AB_TORCH:
+            raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; supported: bfloat16, float16")
+        if t.dim() != dims:
+            raise ValueError(f"{name} must be {dims}-D {what}, got shape {tuple(t.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; cast one of them first")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    d = q.shape[-1]
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head dim (q.shape[{dims - 1}]) must be one of {HEAD_DIMS}, got {d}")
+    if k.shape[-1] != d or v.shape[-1] != d:
+        raise ValueError(f"head dims differ: q {d}, k {k.shape[-1]}, v {v.shape[-1]} (a different V head dim is "
+                         "not supported)")
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    if not varlen and k.shape[0] != q.shape[0]:
+        raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
+    hq, hk = q.shape[-2], k.shape[-2]
+    if hk == 0 or hq % hk:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk}) (GQA/MQA)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {tuple(t.stride())}")
+    for name, w in (("window[0] (left)", window_left), ("window[1] (right)", window_right)):
+        if w < -1:
+            raise ValueError(f"{name} must be >= 0, or -1 for unbounded, got {w}")
+    if softmax_scale is not None and not softmax_scale > 0:
+        raise ValueError(f"softmax_scale must be > 0, got {softmax_scale}")
+    if not softcap >= 0:
+        raise ValueError(f"softcap must be >= 0 (0: off), got {softcap}")
+
+
+def _bounds(causal, window_left, window_right):
+    right = 0 if causal else window_right
+    return window_left, right
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    e = t.element_size()
+    return t.data_ptr() % 16 == 0 and all((t.stride(i) * e) % 16 == 0 or t.shape[i] == 1 for i in range(3))
+
+
+def _kernel_view(t: torch.Tensor, v_layout: bool = False) -> torch.Tensor:
+    """(B, S, H, D) -> the kernel's (S, D, H, B) (or (D, S, H, B) for V), copied when TMA cannot
+    read it; strides of size-1 modes (never followed) replaced by small aligned ones."""
+    if not _tma_ok(t):
+        t = t.contiguous()
+    b, s, h, d = t.shape
+    strides = [t.stride(i) if t.shape[i] > 1 else 8 * (s + h + d) for i in range(3)]
+    if max(strides) >= 2**31:
+        raise ValueError(f"strides {tuple(t.stride())} need 64-bit indexing (not supported yet)")
+    t = t.as_strided(t.shape, (*strides, 1))
+    return t.permute(3, 1, 2, 0) if v_layout else t.permute(1, 3, 2, 0)
+
+
+def _compiled(dtype, d, mask, softcap: bool, sched: AttentionSchedule, varlen: bool = False):
+    """The kernel for `sched` and this signature, from the compile cache (`KernelSpec.compiled`)."""
+    from cute_kernels.attention import FLASH_ATTN
+
+    return FLASH_ATTN.compiled(sched, dtype=dtypes.name_of(dtype), head_dim=d, mask=mask, softcap=softcap,
+                               varlen=varlen)
+
+
+_counters: dict = {}
+
+
+def _tile_counter(device: torch.device) -> torch.Tensor:
+    """The int32 counter a `dynamic` schedule hands its tiles out with (`schedules.attention.take_tile`), one per
+    device and stream: zeroed once, and reset to 0 by each launch's last fetch, so no memset runs per call and a
+    CUDA graph may capture the launch. (Launches of one stream run in order; another stream gets its own.)"""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    t = _counters.get(key)
+    if t is None:
+        t = _counters[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return t
+
+
+def _scalars(d, softmax_scale, softcap):
+    """(scale_log2, scale_lse, scale_over_cap, cap) of the kernel: with a softcap the scale is folded
+    into the tanh's argument and the capped logits are used as they are."""
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    if softcap > 0:
+        return LOG2E, 1.0, scale / softcap, float(softcap)
+    return scale * LOG2E, scale, 1.0, 1.0
+
+
+def _flash_attn_cuda(q, k, v, causal=False, window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0,
+                     schedule: AttentionSchedule | None = None):
+    _check(q, k, v, window_left, window_right, softmax_scale, softcap)
+    b, sq, hq, d = q.shape
+    sk = k.shape[1]
+    out = torch.empty(b, sq, hq, d, dtype=q.dtype, device=q.device)
+    lse = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    if sk == 0:
+        out.zero_()
+        lse.fill_(float("inf"))
+        return out, lse
+    from cute_kernels.attention import mask_name
+
+    left, right = _bounds(causal, window_left, window_right)
+    cap = 2 * (sq + sk) + 1  # a bound past every row: the same mask, no int32 overflow
+    left, right = min(left, cap), min(right, cap)
+    sched = schedule or default_schedule(d, right >= 0, sk)
+    fn = _compiled(q.dtype, d, mask_name(left, right), softcap > 0, sched)
+    fn(_kernel_view(q), _kernel_view(k), _kernel_view(v, True), _kernel_view(out), lse.permute(2, 1, 0),
+       _tile_counter(q.device), *_scalars(d, softmax_scale, softcap), left, right)
+    return out, lse
+
+
+def _flash_attn_fake(q, k, v, causal=False, window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0):
+    _check(q, k, v, window_left, window_right, softmax_scale, softcap)
+    b, sq, hq, d = q.shape
+    return (torch.empty(b, sq, hq, d, dtype=q.dtype, device=q.device),
+            torch.empty(b, hq, sq, dtype=torch.float32, device=q.device))
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, causal, window_left, window_right, softmax_scale, softcap = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.window = causal, (window_left, window_right)
+    ctx.softmax_scale, ctx.softcap = softmax_scale, softcap
+
+
+def _backward(ctx, g_out, g_lse):
+    raise NotImplementedError(
+        "cute_kernels.flash_attn: the backward pass is not implemented yet (issue 6, planned after the forward); "
+        "call it under torch.no_grad() or detach q, k, v")
+
+
+register_op("cute_kernels::flash_attn", "(Tensor q, Tensor k, Tensor v, bool causal=False, int window_left=-1, "
+            "int window_right=-1, float? softmax_scale=None, float softcap=0.0) -> (Tensor, Tensor)",
+            _flash_attn_cuda, _flash_attn_fake, _backward, _setup)
+
+
+def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+               window: tuple[int, int] = (-1, -1), softmax_scale: float | None = None, softcap: float = 0.0,
+               return_lse: bool = False):
+    """softmax(softmax_scale * q k^T) v for (B, S, H, D) bf16/fp16 tensors (see the module doc);
+    returns out, or (out, lse) with `return_lse`."""
+    if not (isinstance(window, (tuple, list)) and len(window) == 2):
+        raise ValueError(f"window must be a pair (left, right) of ints, -1 for unbounded, got {window!r}")
+    left, right = int(window[0]), int(window[1])
+    out, lse = call("cute_kernels::flash_attn", q, k, v, causal, left, right, softmax_scale, softcap)
+    return (out, lse) if return_lse else out
+
+
+# --- varlen: sequences packed along one axis, delimited by cu_seqlens ------------------------------
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left, window_right,
+                  softmax_scale, softcap):
+    _check(q, k, v, window_left, window_right, softmax_scale, softcap, varlen=True)
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32 (the B + 1 sequence offsets), got dtype "
+                            f"{str(t.dtype).replace('torch.', '')}")
+        if t.dim() != 1 or t.shape[0] < 1:
+            raise ValueError(f"{name} must be 1-D of length B + 1 >= 1, got shape {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q ({cu_seqlens_q.shape[0]}) and cu_seqlens_k ({cu_seqlens_k.shape[0]}) must "
+                         "have the same length B + 1")
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if m < 0:
+            raise ValueError(f"{name} must be >= 0, got {m}")
+
+
+def _out_ok(out: torch.Tensor, q: torch.Tensor) -> None:
+    """A caller's output buffer: q's shape, dtype and device, writable in place by the kernel."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must match q: shape {tuple(q.shape)}, dtype {q.dtype}, device {q.device}; got "
+                         f"{tuple(out.shape)}, {out.dtype}, {out.device}")
+    if out.stride(-1) != 1 or not _tma_ok(out[None]):
+        raise ValueError(f"out must have a unit-stride last dim, 16-byte aligned strides and address, got strides "
+                         f"{tuple(out.stride())}")
+
+
+def _flash_attn_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                            window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0,
+                            schedule: AttentionSchedule | None = None, out: torch.Tensor | None = None):
+    """The varlen forward; `out` (optional, q's shape) is written in place: only the rows of the
+    sequences, [cu_seqlens_q[0], cu_seqlens_q[B]), are touched."""
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left, window_right,
+                  softmax_scale, softcap)
+    total_q, hq, d = q.shape
+    if out is None:
+        out = torch.empty(total_q, hq, d, dtype=q.dtype, device=q.device)
+    else:
+        _out_ok(out, q)
+    lse = torch.empty(hq, total_q, dtype=torch.float32, device=q.device)
+    max_q = int(max_seqlen_q)
+    if out.numel() == 0 or cu_seqlens_q.shape[0] == 1 or max_q == 0:
+        return out, lse
+    if k.shape[0] == 0:  # every sequence is keyless: O = 0, LSE = +inf on the sequences' rows (no host sync)
+        rows = torch.arange(total_q, device=q.device)
+        inside = (rows >= cu_seqlens_q[0]) & (rows < cu_seqlens_q[-1])
+        out.masked_fill_(inside[:, None, None], 0)
+        lse.masked_fill_(inside[None, :], float("inf"))
+        return out, lse
+    from cute_kernels.attention import mask_name
+
+    left, right = _bounds(causal, window_left, window_right)
+    cap = 2 * (q.shape[0] + k.shape[0]) + 1  # past every row of any sequence (not trusting max_seqlen_k): the
+    # same mask, no int32 overflow
+    left, right = min(left, cap), min(right, cap)
+    sched = schedule or default_schedule(d, right >= 0, max_seqlen_k if isinstance(max_seqlen_k, int) else None,
+                                         varlen=True)
+    fn = _compiled(q.dtype, d, mask_name(left, right), softcap > 0, sched, varlen=True)
+    fn(_kernel_view(q[None]), _kernel_view(k[None]), _kernel_view(v[None], True), _kernel_view(out[None]),
+       lse.t()[:, :, None], cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_q,
+       *_scalars(d, softmax_scale, softcap), left, right)
+    return out, lse
+
+
+def _flash_attn_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                            window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left, window_right,
+                  softmax_scale, softcap)
+    total_q, hq, d = q.shape
+    return (torch.empty(total_q, hq, d, dtype=q.dtype, device=q.device),
+            torch.empty(hq, total_q, dtype=torch.float32, device=q.device))
+
+
+def _setup_varlen(ctx, inputs, output):
+    q, k, v, cu_q, cu_k = inputs[:5]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, cu_q, cu_k, out, lse)
+    ctx.rest = inputs[5:]
+
+
+def _backward_varlen(ctx, g_out, g_lse):
+    raise NotImplementedError(
+        "cute_kernels.flash_attn_varlen: the backward pass is not implemented yet (issue 6, planned after the "
+        "forward); call it under torch.no_grad() or detach q, k, v")
+
+
+register_op("cute_kernels::flash_attn_varlen", "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+            "int max_seqlen_q, int max_seqlen_k, bool causal=False, int window_left=-1, int window_right=-1, "
+            "float? softmax_scale=None, float softcap=0.0) -> (Tensor, Tensor)",
+            _flash_attn_varlen_cuda, _flash_attn_varlen_fake, _backward_varlen, _setup_varlen)
+
+
+def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                      window: tuple[int, int] = (-1, -1), softmax_scale: float | None = None, softcap: float = 0.0,
+                      return_lse: bool = False):
+    """Attention over packed sequences (see the module doc): q (total_q, H_q, D), k/v (total_k, H_kv, D),
+    cu_seqlens int32 (B + 1,); returns out (total_q, H_q, D), or (out, lse (H_q, total_q)) with `return_lse`."""
+    if not (isinstance(window, (tuple, list)) and len(window) == 2):
+        raise ValueError(f"window must be a pair (left, right) of ints, -1 for unbounded, got {window!r}")
+    left, right = int(window[0]), int(window[1])
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, left, right, softmax_scale,
+            softcap)
+    out, lse = call("cute_kernels::flash_attn_varlen", *args)
+    return (out, lse) if return_lse else out

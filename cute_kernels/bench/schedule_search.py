@@ -1,0 +1,124 @@
+"""`cute-kernels schedules gemm --shape M N K` and `cute-kernels schedules attention --shape B S H D
+[--causal]`: time the candidate schedules of one shape on the GPU and rank them (lesson 10's
+"compare schedules"; issue 6's FA2 vs FA3 comparison).
+
+The candidates come from `schedules.gemm.candidates` / `schedules.attention.candidates` (at most ~32
+and ~24, pruned by tile/smem/register rules), are compiled ahead in parallel worker processes (disk
+cache), then timed with the harness in interleaved rounds, the torch reference among them (CUDA-event
+medians, L2 flushed, randn bf16). Prints a ranked
+table with TFLOP/s and the ratio to the torch reference (cuBLAS; SDPA) and writes
+schedules_<shape>.{md,json,png} when --out is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from cute_kernels.bench import harness as H
+
+
+def _rank(title: str, shape_tag: str, shape: list, ref_name: str, t_ref: float, flops: int, timed: list, default,
+          out_dir: str | None) -> None:
+    """Print the ranked table of (schedule, ms) pairs; with `out_dir` also write .md/.json/.png."""
+    rows = sorted(timed, key=lambda r: r[1])
+    lines = [f"# {title}", "", str(H.environment()), "", f"{ref_name}: {flops / t_ref / 1e9:.1f} TFLOP/s", "",
+             f"| rank | schedule | ms | TFLOP/s | x {ref_name} | default |", "|---|---|---|---|---|---|"]
+    for r, (s, t) in enumerate(rows, 1):
+        lines.append(f"| {r} | {s} | {t:.4f} | {flops / t / 1e9:.1f} | {t_ref / t:.3f} | {'*' if s == default else ''} |")
+    text = "\n".join(lines)
+    print(text)
+    if not out_dir:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, f"schedules_{shape_tag}")
+    with open(stem + ".md", "w") as f:
+        f.write(text + "\n")
+    with open(stem + ".json", "w") as f:
+        json.dump({"shape": shape, "ref": ref_name, "ref_ms": t_ref,
+                   "rows": [{"schedule": str(s), "ms": t} for s, t in rows]}, f, indent=1)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 0.28 * len(rows) + 1.5))
+        ax.barh([str(s) for s, _ in rows][::-1], [flops / t / 1e9 for _, t in rows][::-1])
+        ax.axvline(flops / t_ref / 1e9, color="k", ls=":", label=ref_name)
+        ax.set_xlabel("TFLOP/s")
+        ax.tick_params(axis="y", labelsize=7)
+        ax.legend()
+        ax.set_title(title, fontsize=10)
+        fig.tight_layout()
+        fig.savefig(stem + ".png", dpi=100)
+        plt.close(fig)
+    except ImportError as e:
+        H.progress(f"plot skipped: {e}")
+
+
+def _timed(ref_name: str, ref, cands, call, flops) -> tuple[float, list]:
+    """(the reference's time, [(candidate, time)]): every candidate and the reference timed in the same
+    interleaved rounds (`H.do_bench_interleaved`), so clock and power drift over the search lands on all alike.
+    Timed one after another, a schedule's rank moved with the clock: the d128 causal attention default read 678
+    and 627 TFLOP/s in two calls of session 22."""
+    keys = [f"{i}:{c}" for i, c in enumerate(cands)]  # unique even if two candidates print alike
+    fns = {ref_name: ref, **{key: (lambda c=c: call(c)) for key, c in zip(keys, cands)}}
+    res = H.do_bench_interleaved(fns, rep_ms=80)
+    timed = [(c, res[key]["median_ms"]) for key, c in zip(keys, cands)]
+    for i, (c, t) in enumerate(timed):
+        H.progress(f"  [{i + 1}/{len(cands)}] {c}: {flops / t / 1e9:.0f} TFLOP/s")
+    return res[ref_name]["median_ms"], timed
+
+
+def _compile_ahead(items, jobs: int | None) -> None:
+    from cute_kernels.precompile import precompile
+
+    H.progress(f"compiling {len(items)} candidate schedules ...")
+    count, secs = precompile(items, jobs or min(16, os.cpu_count() or 1))
+    H.progress(f"compiled {count} in {secs:.1f} s")
+
+
+def search(m: int, n: int, k: int, out_dir: str | None = None, limit: int = 32, jobs: int | None = None) -> int:
+    from cute_kernels.gemm import params_for
+    from cute_kernels.gemm.ops import _gemm_cuda
+    from cute_kernels.precompile import item
+    from schedules.gemm import candidates, default_schedule
+
+    cands = candidates(m, n, k, limit)
+    _compile_ahead([item("gemm", params_for(s)) for s in cands], jobs)
+    a, b = H.randn(m, k, seed=1), H.randn(k, n, seed=2)
+    flops = 2 * m * n * k
+    t_ref, timed = _timed("cuBLAS", lambda: torch.matmul(a, b), cands, lambda s: _gemm_cuda(a, b, schedule=s), flops)
+    _rank(f"GEMM schedules for {m}x{n}x{k} (bf16)", f"{m}x{n}x{k}", [m, n, k], "cuBLAS", t_ref, flops, timed,
+          default_schedule(m, n, k), out_dir)
+    return 0
+
+
+def search_attention(b: int, s: int, h: int, d: int, causal: bool = False, out_dir: str | None = None,
+                     limit: int = 24, jobs: int | None = None) -> int:
+    """FlashAttention forward, (B, S, H, D) bf16 self-attention: fa3 (ping-pong, overlap on/off, K/V
+    block, stages, one or two consumer warpgroups) against fa2, ranked, beside torch's SDPA."""
+    from cute_kernels.attention import params_for
+    from cute_kernels.attention.ops import _flash_attn_cuda
+    from cute_kernels.precompile import item
+    from schedules.attention import candidates, default_schedule
+
+    cands = candidates(d, causal, limit)
+    mask = "causal" if causal else "none"
+    _compile_ahead([item("flash_attn", params_for(c, head_dim=d, mask=mask))
+                    for c in cands], jobs)
+    q, k, v = (H.randn(b, s, h, d, seed=i) for i in range(3))
+    flops = 4 * b * h * s * s * d // (2 if causal else 1)
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                                v.transpose(1, 2), is_causal=causal)
+
+    t_ref, timed = _timed("SDPA", sdpa, cands, lambda c: _flash_attn_cuda(q, k, v, causal, schedule=c), flops)
+    tag = f"attention_{b}x{s}x{h}x{d}" + ("_causal" if causal else "")
+    _rank(f"FlashAttention schedules for B={b} S={s} H={h} D={d}{' causal' if causal else ''} (bf16)", tag,
+          [b, s, h, d, causal], "SDPA", t_ref, flops, timed, default_schedule(d, causal), out_dir)
+    return 0

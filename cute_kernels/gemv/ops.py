@@ -1,0 +1,104 @@
+"""Torch op `cute_kernels::gemv`: y = W x for decode-shaped x (lesson 3).
+
+`gemv(w, x)`: w (N, K); x (K,) -> y (N,), or x (K, B) with 1 <= B <= 8 -> y (N, B), like `w @ x`.
+fp32 accumulation in a fixed order (deterministic), one rounding to the dtype of w and x (same
+dtype required). The kernel reads each column of x contiguously: pass x as the transposed view of a
+(B, K) tensor (`x = xt.t()`, e.g. the (B, K) activations of a decode step) and nothing is copied; a
+(K, B) row-major x is first transposed into a small (B, K) buffer. A w whose last dim is not
+unit-stride is copied (a (N, K) view with a row stride, e.g. a slice of a fused weight, is read in
+place). Not differentiable (inference op). Kernels: for B >= 2 columns (B >= 5 on W of fewer than 16 rows
+per SM: `schedules.gemv.use_tensor_cores`), bf16 / fp16, K a multiple of 8 and 16-byte aligned rows, the
+tensor-core kernel (`kernels.gemv_mma`:
+mma.sync with x^T as A, 8 rows of W as B); otherwise the FMA kernel with a register tile (`kernels.gemv`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import catalog, dtypes
+from cute_kernels.torch_ops import INDEX32_LIMIT, call, check_tensor, register_op
+from schedules.gemv import plan_gemv, plan_gemv_mma, use_tensor_cores
+from schedules.hardware import num_sms
+
+MAX_COLS = 8
+_fns: dict[tuple, object] = {}
+
+
+def _gemv_fake(w, x):
+    check_tensor("w", w)
+    check_tensor("x", x)
+    if w.dim() != 2:
+        raise ValueError(f"w must be 2-D (N, K), got shape {tuple(w.shape)}")
+    if x.dim() not in (1, 2):
+        raise ValueError(f"x must be 1-D (K,) or 2-D (K, B), got shape {tuple(x.shape)}")
+    if x.dtype != w.dtype:
+        raise TypeError(f"x has dtype {x.dtype} but w has {w.dtype}; cast one of them first")
+    if x.device != w.device:
+        raise ValueError(f"x is on {x.device} but w is on {w.device}")
+    if x.shape[0] != w.shape[1]:
+        raise ValueError(f"x has {x.shape[0]} rows but w has {w.shape[1]} columns (shapes {tuple(w.shape)} and "
+                         f"{tuple(x.shape)})")
+    if x.dim() == 2 and not 1 <= x.shape[1] <= MAX_COLS:
+        raise ValueError(f"x must have 1 to {MAX_COLS} columns (decode-shaped), got {x.shape[1]}; use a GEMM")
+    shape = (w.shape[0],) if x.dim() == 1 else (w.shape[0], x.shape[1])
+    return torch.empty(shape, dtype=w.dtype, device=w.device)
+
+
+def _mma_ok(w, k, aligned) -> bool:
+    """The tensor-core kernel's needs: 16-bit elements, K a multiple of 8, 16-byte aligned rows."""
+    return aligned and w.element_size() == 2 and k % 8 == 0
+
+
+def _gemv_cuda(w, x, tensor_cores=None):
+    """`tensor_cores`: None = the op's choice (`schedules.gemv.use_tensor_cores`, where `_mma_ok`),
+    True / False to force it (benchmarks; True still falls back to the FMA kernel where not `_mma_ok`)."""
+    y = _gemv_fake(w, x)
+    if y.numel() == 0:
+        return y
+    if w.shape[1] == 0:
+        return y.zero_()
+    if w.stride(-1) != 1:
+        w = w.contiguous()
+    n, k = w.shape
+    xt = x.view(1, k) if x.dim() == 1 else x.t()
+    if xt.stride(-1) != 1:
+        xt = xt.contiguous()
+    b = xt.shape[0]
+    if n == 1:
+        w = w.as_strided((1, k), (-(-k // 16) * 16, 1))
+    if b == 1:
+        xt = xt.as_strided((1, k), (-(-k // 16) * 16, 1))
+    vec = 16 // w.element_size()
+    aligned = (w.data_ptr() % 16 == 0 and xt.data_ptr() % 16 == 0 and w.stride(0) % vec == 0
+               and xt.stride(0) % vec == 0)
+    index64 = n * w.stride(0) > INDEX32_LIMIT
+    sms = num_sms(w.device.index or 0)
+    if (tensor_cores if tensor_cores is not None else use_tensor_cores(n, b, sms)) and _mma_ok(w, k, aligned):
+        plan = plan_gemv_mma(n, k, sms)
+        key = ("mma", w.dtype, b, index64, plan)
+        fn = _fns.get(key)
+        if fn is None:
+            fn = _fns[key] = catalog.get("gemv.mma").compiled(
+                dtype=dtypes.name_of(w.dtype), cols=b, index64=index64, warps=plan.warps,
+                row_blocks=plan.row_blocks, unroll=plan.unroll)
+        fn(w, xt, y.view(n, b))
+        return y
+    v = vec if aligned else 1
+    plan = plan_gemv(n, k // v, b, sms)
+    key = (w.dtype, b, aligned, index64, plan.tiling, plan.row_block)
+    fn = _fns.get(key)
+    if fn is None:
+        fn = _fns[key] = catalog.get("gemv.rows").compiled(
+            dtype=dtypes.name_of(w.dtype), cols=b, aligned=aligned, index64=index64, threads=plan.tiling.threads,
+            threads_per_row=plan.tiling.threads_per_row, unroll=plan.tiling.unroll, row_block=plan.row_block)
+    fn(w, xt, y.view(n, b), plan.max_ctas(sms))
+    return y
+
+
+register_op("cute_kernels::gemv", "(Tensor w, Tensor x) -> Tensor", _gemv_cuda, _gemv_fake)
+
+
+def gemv(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """w @ x for w (N, K) and x (K,) or (K, B), B <= 8; fp32 accumulation."""
+    return call("cute_kernels::gemv", w, x)

@@ -1,1 +1,0 @@
-"""What is computed: each kernel composes collectives under a schedule."""

@@ -1,0 +1,139 @@
+"""Torch ops `cute_kernels::silu`, `::swiglu` and their backward ops (lesson 11).
+
+`swiglu(gate, up) = silu(gate) * up`, fused: one pass reads gate and up and writes the output (3
+tensors instead of the 5 of `F.silu(gate) * up`); the backward reads gate, up and dout and writes
+dgate and dup in one pass. Math is fp32 with one rounding per output (torch eager rounds silu(gate)
+to the input dtype before the multiply, so bf16 results can differ from it by an ulp).
+Outputs are contiguous, of the input's shape and dtype. Non-contiguous inputs are copied to a
+contiguous buffer first (one extra read and write); operands not 16-byte aligned take the scalar
+variant. A common layout is one (..., 2H) projection split in halves: pass `x[..., :H]` and
+`x[..., H:]`; those views are not contiguous and are copied (split the weight instead to avoid it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import catalog, dtypes
+from cute_kernels.swiglu import SWIGLU_TUNED
+from cute_kernels.torch_ops import (
+    INDEX32_LIMIT,
+    aligned16,
+    call,
+    check_like,
+    check_tensor,
+    flat,
+    register_op,
+)
+from schedules.hardware import num_sms
+
+_fns: dict[tuple, object] = {}
+
+
+def _launch(op: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+    """Run `swiglu.<op>` on flat contiguous tensors of one length n >= 1."""
+    n = outs[0].numel()
+    sched = SWIGLU_TUNED
+    aligned = aligned16(*ins, *outs)
+    # 64-bit also below 2^31 elements where the 32-bit walk would wrap (`GridStride.index32_ok`)
+    wide = n > INDEX32_LIMIT or (n >= 2**24 and not sched.index32_ok(
+        n, 16 // outs[0].element_size() if aligned else 1, num_sms(outs[0].get_device())))
+    key = (op, outs[0].dtype, aligned, wide)
+    fn = _fns.get(key)
+    if fn is None:
+        fn = _fns[key] = catalog.get(f"swiglu.{op}").compiled(
+            dtype=dtypes.name_of(outs[0].dtype), aligned=key[2], index64=key[3], threads=sched.threads,
+            unroll=sched.unroll, ctas_per_sm=sched.ctas_per_sm, order=sched.order)
+    a = ins + [ins[0]] * (3 - len(ins))
+    o = outs + [outs[0]] * (2 - len(outs))
+    fn(*a, *o, sched.max_ctas(num_sms(outs[0].get_device())))
+
+
+def _new(x):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+# --- silu ----------------------------------------------------------------------------------------
+def _silu_fake(x):
+    check_tensor("x", x)
+    return _new(x)
+
+
+def _silu_cuda(x):
+    y = _silu_fake(x)
+    if y.numel():
+        _launch("silu_fwd", [flat(x)], [y.view(-1)])
+    return y
+
+
+def _silu_bwd_fake(x, dy):
+    check_tensor("x", x)
+    check_like("dy", dy, "x", x)
+    return _new(x)
+
+
+def _silu_bwd_cuda(x, dy):
+    dx = _silu_bwd_fake(x, dy)
+    if dx.numel():
+        _launch("silu_bwd", [flat(x), flat(dy)], [dx.view(-1)])
+    return dx
+
+
+# --- swiglu --------------------------------------------------------------------------------------
+def _swiglu_fake(gate, up):
+    check_tensor("gate", gate)
+    check_like("up", up, "gate", gate)
+    return _new(gate)
+
+
+def _swiglu_cuda(gate, up):
+    out = _swiglu_fake(gate, up)
+    if out.numel():
+        _launch("swiglu_fwd", [flat(gate), flat(up)], [out.view(-1)])
+    return out
+
+
+def _swiglu_bwd_fake(gate, up, dout):
+    check_tensor("gate", gate)
+    check_like("up", up, "gate", gate)
+    check_like("dout", dout, "gate", gate)
+    return _new(gate), _new(gate)
+
+
+def _swiglu_bwd_cuda(gate, up, dout):
+    dgate, dup = _swiglu_bwd_fake(gate, up, dout)
+    if dgate.numel():
+        _launch("swiglu_bwd", [flat(gate), flat(up), flat(dout)], [dgate.view(-1), dup.view(-1)])
+    return dgate, dup
+
+
+def _save_inputs(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _silu_backward(ctx, dy):
+    (x,) = ctx.saved_tensors
+    return call("cute_kernels::silu_backward", x, dy.contiguous())
+
+
+def _swiglu_backward(ctx, dout):
+    gate, up = ctx.saved_tensors
+    return tuple(call("cute_kernels::swiglu_backward", gate, up, dout.contiguous()))
+
+
+register_op("cute_kernels::silu_backward", "(Tensor x, Tensor dy) -> Tensor", _silu_bwd_cuda, _silu_bwd_fake)
+register_op("cute_kernels::swiglu_backward", "(Tensor gate, Tensor up, Tensor dout) -> (Tensor, Tensor)",
+            _swiglu_bwd_cuda, _swiglu_bwd_fake)
+register_op("cute_kernels::silu", "(Tensor x) -> Tensor", _silu_cuda, _silu_fake, _silu_backward, _save_inputs)
+register_op("cute_kernels::swiglu", "(Tensor gate, Tensor up) -> Tensor", _swiglu_cuda, _swiglu_fake,
+            _swiglu_backward, _save_inputs)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(x) (bf16/fp16/fp32, CUDA), differentiable."""
+    return call("cute_kernels::silu", x)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, fused, differentiable (gate and up: same shape and dtype)."""
+    return call("cute_kernels::swiglu", gate, up)

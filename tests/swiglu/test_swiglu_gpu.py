@@ -1,0 +1,91 @@
+"""GPU: SiLU / SwiGLU forward and backward against fp64 and torch at dtype-aware bounds, edge sizes, non-contiguous
+inputs, torch.compile."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.helpers import EPS, randn
+
+pytestmark = pytest.mark.gpu
+
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+# --- SiLU / SwiGLU -------------------------------------------------------------------------------
+def _close(out, ref, dtype, torch_out, scale=None, ulps=None):
+    """out against the fp64 `ref`, element by element: within twice torch's own worst error relative to
+    `scale` (torch_out vs ref) plus `ulps` ulps of `scale` (default |ref|; for a sum of terms that can
+    cancel, pass the magnitude of the terms). One ulp <= 2 * EPS * |x|; below the smallest normal the
+    spacing is tiny * 2 * EPS, so `ulps` of that cover subnormal results and exact zeros."""
+    assert out.shape == ref.shape and out.dtype == dtype
+    if ulps is None:  # bf16/fp16: one rounding of an fp32 result; fp32: fast exp + a few roundings
+        ulps = 4 if dtype == torch.float32 else 1
+    if ref.numel() == 0:
+        return
+    scale = ref.abs() if scale is None else scale
+    tiny = torch.finfo(dtype).tiny
+    err = (out.double() - ref).abs()
+    torch_rel = ((torch_out.double() - ref).abs() / (scale + tiny)).max().item()
+    bound = (2 * torch_rel + ulps * 2 * EPS[dtype]) * (scale + tiny)
+    bad = err > bound
+    assert not bad.any(), (f"{int(bad.sum())} of {err.numel()} beyond 2x torch's relative error {torch_rel:.3g} + "
+                           f"{ulps} ulps: worst err {err.max().item():.3g}, ours/scale "
+                           f"{(err / (scale + tiny)).max().item():.3g}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(0,), (1,), (769,), (5125, 3), (1 << 22) + 3])
+def test_silu_swiglu_forward(dtype, shape):
+    import cute_kernels as ck
+
+    shape = shape if isinstance(shape, tuple) else (shape,)
+    g, u = randn(*shape, dtype=dtype), randn(*shape, dtype=dtype)
+    gd, ud = g.double(), u.double()
+    sd = torch.sigmoid(gd)
+    y = ck.silu(g)
+    assert y.shape == g.shape and y.dtype == dtype and not torch.isnan(y).any()
+    _close(y, gd * sd, dtype, F.silu(g))
+    out = ck.swiglu(g, u)
+    assert not torch.isnan(out).any()
+    _close(out, gd * sd * ud, dtype, F.silu(g) * u)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_backward_vs_fp64_and_torch(dtype):
+    import cute_kernels as ck
+
+    g = randn(513, 1031, dtype=dtype).requires_grad_()
+    u = randn(513, 1031, dtype=dtype).requires_grad_()
+    dout = randn(513, 1031, dtype=dtype)
+    ck.swiglu(g, u).backward(dout)
+    gt, ut = g.detach().clone().requires_grad_(), u.detach().clone().requires_grad_()
+    (F.silu(gt) * ut).backward(dout)
+    gd, ud, dd = g.double(), u.double(), dout.double()
+    s = torch.sigmoid(gd)
+    # silu'(g) = s * (1 + g * (1 - s)) cancels near g = -1.28: bound by the terms' magnitude there
+    _close(g.grad, dd * ud * s * (1 + gd * (1 - s)), dtype, gt.grad, scale=(dd * ud * s * (1 + (gd * (1 - s)).abs())).abs())
+    _close(u.grad, dd * gd * s, dtype, ut.grad)
+    x = randn(777, dtype=dtype).requires_grad_()
+    dy = dout.view(-1)[:777]
+    ck.silu(x).backward(dy)
+    xt = x.detach().clone().requires_grad_()
+    F.silu(xt).backward(dy)
+    xd = x.double()
+    sx = torch.sigmoid(xd)
+    _close(x.grad, dy.double() * sx * (1 + xd * (1 - sx)), dtype, xt.grad,
+           scale=(dy.double() * sx * (1 + (xd * (1 - sx)).abs())).abs())
+
+
+def test_swiglu_non_contiguous_and_compile():
+    import cute_kernels as ck
+
+    h = randn(300, 2 * 1000, dtype=torch.bfloat16)
+    g, u = h[:, :1000], h[:, 1000:]  # halves of a fused projection: copied first
+    _close(ck.swiglu(g, u), F.silu(g.double()) * u.double(), torch.bfloat16, F.silu(g) * u)
+    odd = randn(10001, dtype=torch.float16)[1:]  # misaligned: scalar variant
+    _close(ck.silu(odd), F.silu(odd.double()), torch.float16, F.silu(odd))
+    f = torch.compile(lambda a, b: ck.swiglu(a, b) + 1, fullgraph=True)
+    a, b = randn(64, 4096), randn(64, 4096)
+    assert torch.equal(f(a, b), ck.swiglu(a, b) + 1)
