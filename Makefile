@@ -15,13 +15,15 @@ main: install
 # Lint (ruff, pyproject's rules), then the tests: CPU tests always run; GPU tests run when a GPU is
 # present and skip cleanly otherwise. Without a GPU the tests run in two processes (pytest-xdist): they are
 # compile-bound, and on CI's 2 cores that halves the time (834-941 s -> 440 s in session 16); with a GPU, one
-# process (the GPU tests share one device).
+# process (the GPU tests share one device). Each family's CPU tests keep to a compile budget of about a minute
+# (tests/budget.py); `make sweep` runs the rest.
 XDIST ?= $(shell nvidia-smi -L >/dev/null 2>&1 || echo "-n 2")
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q $(XDIST) tests
 
-# The full compile sweep of every kernel config (slow).
+# What the default run leaves out: the full compile sweep of every kernel config, and each family's compile
+# cases past its budget of about a minute in the default run (tests/budget.py). Slow.
 sweep: install
 	$(PY) -m pytest -q -m sweep tests
 

@@ -17,7 +17,12 @@ def _has_gpu() -> bool:
 HAS_GPU = _has_gpu()
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the markers
 def pytest_collection_modifyitems(config, items):
+    from tests.budget import load_costs, over_budget
+
+    for item in over_budget(items, load_costs()):  # each family's compile budget (tests/budget.py)
+        item.add_marker(pytest.mark.sweep)
     skip_gpu = pytest.mark.skip(reason="no CUDA GPU available")
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
