@@ -258,11 +258,14 @@ def deep_fp8(s: GemmSchedule) -> GemmSchedule:
 
 @functools.lru_cache(maxsize=4096)
 def default_fp8_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: int = 132,
-                         batch: int = 1, wide: bool | None = None, narrow: bool = True) -> GemmSchedule:
+                         batch: int = 1, wide: bool | None = None, narrow: bool = True,
+                         interleave: bool = True) -> GemmSchedule:
     """The FP8 tile with the least modelled time (`schedules.gemm.estimate`'s wave model with the
     FP8 tiles' own efficiencies), clustered 2x1 when there are at least two tile rows. The wide
     tiles (`WIDE_FP8_TILES`) join the search when `wide` is True; None: at M >= WIDE_MIN_M. `narrow`: a
-    64x64 ping-pong tile on a grid of less than a wave is narrowed (`_narrowed`; dense GEMMs only)."""
+    64x64 ping-pong tile on a grid of less than a wave is narrowed (`_narrowed`; dense GEMMs only), and put on
+    both consumer warpgroups (`k_interleave`) unless `interleave` is False: the promotion options
+    (promote_overlap, promote_halves, wg_turns, sb_smem) are not built for it."""
     if wide is None:
         wide = m >= WIDE_MIN_M
     best = None
@@ -275,14 +278,16 @@ def default_fp8_schedule(m: int, n: int, k: int, kind: str | None = None, num_sm
         if best is None or t < best[0] * 0.999:
             best = (t, s)
     s = _narrowed(best[1], m, n, num_sms, batch) if narrow else best[1]
-    if narrow:  # dense GEMMs on small grids: both warpgroups on each tile (`schedules.gemm.K_INTERLEAVE_DEFAULT`)
-        from schedules.gemm import interleaved, shortened
+    if narrow and interleave:  # dense GEMMs on small grids: both warpgroups on each tile (`K_INTERLEAVE_DEFAULT`)
+        from schedules.gemm import interleaved
 
         t = interleaved(s, m, n, num_sms, batch, family="fp8")
         if t is not s:
             s = fp8_schedule(t.kind, t.tile_m, t.tile_n, cluster_m=t.cluster_m, cluster_n=t.cluster_n,
                              k_interleave=True)
-        # decode batches (M <= 32): A's and its 1x128 scales' TMA boxes cut to the M rows (`a_rows`)
+    if narrow:  # decode batches (M <= 32): A's and its 1x128 scales' TMA boxes cut to the M rows (`a_rows`)
+        from schedules.gemm import shortened
+
         s = shortened(s, m, family="fp8")
     return s
 

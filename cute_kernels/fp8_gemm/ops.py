@@ -188,7 +188,9 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
     out = torch.empty(m, npad, dtype=out_dtype, device=a.device)
     d = out[:, :n] if npad != n else out
     # promote_overlap is built for the 64/128-column tiles only: its default search leaves the wide ones out
-    sched = schedule or default_fp8_schedule(m, n, k, wide=False if promote_overlap else None)
+    # (the promotion options asked for explicitly: a default they are built for, not the interleaved small-grid one)
+    plain = not (promote_overlap or promote_halves or wg_turns or sb_smem)
+    sched = schedule or default_fp8_schedule(m, n, k, wide=False if promote_overlap else None, interleave=plain)
     if sched.a_rows and m > sched.a_rows:
         raise ValueError(f"schedule {sched}: a_rows {sched.a_rows} loads only A's first {sched.a_rows} rows; got "
                          f"{m} rows")
