@@ -146,6 +146,23 @@ def plan_params(name: str, plan, **sig) -> dict:
     return catalog.get(name).resolve({**base, **config_of(plan, name), **op_signature(name, **sig)})
 
 
+def case_id(case) -> str:
+    """The pytest id of a (catalogue name, parameter overrides) compile case."""
+    name, over = case
+    return name + "".join(f",{k}={v}" for k, v in over.items())
+
+
+def compile_and_check_census(case, out_dir) -> None:
+    """Compile the (catalogue name, parameter overrides) case into `out_dir` and `check_census` it."""
+    from cute_kernels import catalog
+    from cute_kernels.artifacts import compile_with_artifacts
+
+    name, over = case
+    spec = catalog.get(name)
+    report, files = compile_with_artifacts(spec, spec.resolve(over), str(out_dir))
+    check_census(name, over, report, files)
+
+
 def check_census(name: str, over: dict, report, files) -> None:
     """The instructions a GEMV, transpose, SiLU/SwiGLU or ArgMax kernel (catalogue `name` under `over`) is meant to
     use: 128-bit global accesses where vectorized, 128-bit shared accesses in the tiled transposes, one TMA load and

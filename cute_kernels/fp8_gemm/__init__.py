@@ -143,7 +143,7 @@ class Fp8GemmSpec(KernelSpec):
 
 FP8_GEMM = Fp8GemmSpec(
     name="fp8_gemm",
-    family="gemm",
+    family="fp8_gemm",
     lesson=13,
     summary="FP8 e4m3 GEMM with 1x128 / 128x128 fp32 block scales, two-level (promoted) accumulation, "
             "on the Hopper GEMM's TMA pipeline and warp roles",

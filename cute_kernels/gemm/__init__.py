@@ -178,7 +178,7 @@ RUNGS = {
 
 GEMM_SIMT = GemmSimtSpec(
     name="gemm.simt",
-    family="gemm_simt",
+    family="gemm",
     lesson=10,
     summary="GEMM ladder on CUDA cores: shared-memory tiled (1 output/thread) and register tiled (8x8/thread)",
     ops=("gemm_ladder",),

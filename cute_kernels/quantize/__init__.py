@@ -64,7 +64,7 @@ class QuantSpec(KernelSpec):
 
 def _spec(block: str, summary: str, op: str, threads: int) -> QuantSpec:
     return QuantSpec(
-        name=f"quantize.{block}", family="quant", lesson=13, summary=summary, ops=(op,), status="ready",
+        name=f"quantize.{block}", family="quantize", lesson=13, summary=summary, ops=(op,), status="ready",
         params={
             **SIG_COMMON,
             "ue8m0": Param(False, (False, True), "signature", "power-of-two (UE8M0) scales"),

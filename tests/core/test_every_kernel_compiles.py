@@ -43,13 +43,13 @@ def test_representative_compiles(reports, spec, p):
         assert report.ptx_census["cp.async.bulk.tensor"] >= 2
         return
 
-    if spec.family == "gemm":
+    if spec.family in ("gemm", "fp8_gemm") and spec.name != "gemm.simt":
         _check_gemm(report)
         return
     if spec.family == "attention":  # tests/attention/test_forward_compile.py has more
         _check_attention(report, p)
         return
-    if spec.family == "gemm_simt":  # scalar, predicated loads by design; smem tiles behind barriers
+    if spec.name == "gemm.simt":  # scalar, predicated loads by design; smem tiles behind barriers
         assert report.ptx_census["bar.sync"] > 0 and report.ptx_census["ld/st.local"] == 0
         return
     assert loads_128_bits(report, files["ptx"].read_text(), p), "aligned variants must load 128 bits at a time"
@@ -131,11 +131,11 @@ def test_sweep_compiles(spec, p, tmp_path):
     report, files = compile_with_artifacts(spec, p, str(tmp_path))
     allowed = known_spill(spec, p)
     assert (report.kernels[0].local_bytes <= allowed) if allowed else not report.spills, report.format()
-    if spec.family == "gemm":
+    if spec.family in ("gemm", "fp8_gemm") and spec.name != "gemm.simt":
         _check_gemm(report, allowed)
     elif spec.family == "attention":  # (tests/attention/test_forward_compile.py checks each schedule's ingredients)
         _check_attention(report, p)
-    elif spec.family == "gemm_simt" or p.get("mode") == "merge":  # (merge: the per-split fp32 (m, l) states)
+    elif spec.name == "gemm.simt" or p.get("mode") == "merge":  # (merge: the per-split fp32 (m, l) states)
         pass
     elif p.get("aligned", True) and spec.name != "transpose.tma":
         assert loads_128_bits(report, files["ptx"].read_text(), p), "aligned variants must load 128 bits at a time"

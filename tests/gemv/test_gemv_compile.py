@@ -3,9 +3,7 @@ under the op's register tiles, no local memory; the spread reduction's warp stag
 
 import pytest
 
-from cute_kernels import catalog
-from cute_kernels.artifacts import compile_with_artifacts
-from tests.helpers import check_census
+from tests.helpers import case_id, compile_and_check_census
 
 CASES = [
     ("gemv.rows", {}), ("gemv.rows", {"cols": 8, "threads_per_row": 256, "unroll": 2}),
@@ -17,17 +15,9 @@ CASES = [
 ]
 
 
-def _id(case):
-    name, over = case
-    return name + "".join(f",{k}={v}" for k, v in over.items())
-
-
-@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_census(case, tmp_path):
-    name, over = case
-    spec = catalog.get(name)
-    report, files = compile_with_artifacts(spec, spec.resolve(over), str(tmp_path))
-    check_census(name, over, report, files)
+    compile_and_check_census(case, tmp_path)
 
 
 @pytest.mark.parametrize("width", [1, 2, 3, 5, 6, 8, 20, 24, 28, 32])

@@ -3,9 +3,7 @@ reciprocal for 16-bit outputs, and no local memory."""
 
 import pytest
 
-from cute_kernels import catalog
-from cute_kernels.artifacts import compile_with_artifacts
-from tests.helpers import check_census
+from tests.helpers import case_id, compile_and_check_census
 
 CASES = [
     ("swiglu.silu_fwd", {}), ("swiglu.silu_bwd", {}), ("swiglu.swiglu_fwd", {}), ("swiglu.swiglu_bwd", {}),
@@ -13,14 +11,6 @@ CASES = [
 ]
 
 
-def _id(case):
-    name, over = case
-    return name + "".join(f",{k}={v}" for k, v in over.items())
-
-
-@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_census(case, tmp_path):
-    name, over = case
-    spec = catalog.get(name)
-    report, files = compile_with_artifacts(spec, spec.resolve(over), str(tmp_path))
-    check_census(name, over, report, files)
+    compile_and_check_census(case, tmp_path)

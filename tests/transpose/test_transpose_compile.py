@@ -4,9 +4,7 @@ the smem tiles' column walk is conflict-free."""
 
 import pytest
 
-from cute_kernels import catalog
-from cute_kernels.artifacts import compile_with_artifacts
-from tests.helpers import check_census
+from tests.helpers import case_id, compile_and_check_census
 
 CASES = [
     ("transpose.naive", {}), ("transpose.smem", {}), ("transpose.smem", {"pad": 0}), ("transpose.swizzle", {}),
@@ -24,17 +22,9 @@ CASES = [
 ]
 
 
-def _id(case):
-    name, over = case
-    return name + "".join(f",{k}={v}" for k, v in over.items())
-
-
-@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_census(case, tmp_path):
-    name, over = case
-    spec = catalog.get(name)
-    report, files = compile_with_artifacts(spec, spec.resolve(over), str(tmp_path))
-    check_census(name, over, report, files)
+    compile_and_check_census(case, tmp_path)
 
 
 def test_transpose_tile_layouts_are_conflict_free():
