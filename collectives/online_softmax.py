@@ -50,7 +50,7 @@ def merge(a, b):
     # depending on the code around it, so the held softmax forward and the same plan with its
     # refill (`prefetch`) differed in the last bit of l (GPU test_softmax_prefetch_equals_held_bitwise)
     # (l1 * e1 first, then the fma with e2: the order LLVM had contracted it to, whose PTX ptxas fits in 70 registers
-    # at the 4k softmax forward; the other order took 74, one CTA fewer an SM: 5 % slower, session 16's suite)
+    # at the 4k softmax forward; the other order took 74, one CTA fewer an SM: 5 % slower in the suite)
     s1 = l1 * exp_diff(m1, ref)
     s = cute.math.fma(l2, exp_diff(m2, ref), s1)
     return (m, s)

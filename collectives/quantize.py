@@ -1,5 +1,5 @@
-"""FP8 e4m3 block quantization of values held in registers (issue 5's quantizers, issue 3's fused
-FP8 norm output): the one place that defines the rounding.
+"""FP8 e4m3 block quantization of values held in registers (the FP8 GEMM's quantizers, the norms' fused
+FP8 output): the one place that defines the rounding.
 
 For a block of values (1 x 128 columns of a row, a whole row, or a 128 x 128 tile):
 
@@ -9,7 +9,7 @@ For a block of values (1 x 128 columns of a row, a whole row, or a 128 x 128 til
     q     = e4m3(v * (1 / scale))            (correctly rounded reciprocal; cvt.rn.satfinite: nearest-even,
                                               saturating to +-448)
 
-and the dequantized value is q * scale. `cute_kernels.fp8_gemm.ops.quantize_*_reference` is the
+and the dequantized value is q * scale. `cute_kernels.quantize.ops.quantize_*_reference` is the
 same arithmetic in torch (bitwise equal on CPU and GPU). Special values: a NaN element stays NaN
 (the e4m3 NaN) and does not change its block's scale; a block holding +-inf gets scale inf, so
 its finite elements quantize to 0 and its infinities to NaN (inf * 0).

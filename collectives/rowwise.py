@@ -118,7 +118,7 @@ class RowSlice:
         rv = self.vectors(row)
         # 128-bit copies, an fp32 weight next to bf16 rows two per vector: one cute.copy each, on a 16-byte piece.
         # (cute.copy with the 128-bit atom on a whole 32-byte vector issued one copy, leaving its upper half
-        # unwritten: the staged fp32 weights, GPU test test_norm_backward_fp32_weight_fitted, session 16.)
+        # unwritten: the staged fp32 weights, GPU test test_norm_backward_fp32_weight_fitted.)
         bits = min(128, self.vec * row.element_type.width)
         per = bits // row.element_type.width
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), row.element_type,
@@ -223,7 +223,7 @@ class RowSlice:
         """sum(a * b) over all held elements (fp32): vector lanes first, then across vectors, with
         explicit fmas. Written as products and sums, ptxas contracted some pairs into FFMA and not
         others depending on the surrounding code, so two kernels of the same math (prefetch on and
-        off) disagreed in the last bit (GPU test test_rowwise_prefetch_gpu::test_fp32_rows)."""
+        off) disagreed in the last bit (GPU test tests/rowwise/test_bwd_prefetch_gpu.py::test_fp32_rows)."""
         acc = None
         for k in range(len(a)):
             x = a[k]  # once: `a` may be a staged row that reads shared memory on each access
@@ -356,9 +356,9 @@ def cluster_start(cluster_n: cutlass.Constexpr[int]):
     each CTA arrives here, at its start, and waits in `cluster_join`. The norm forwards join right
     after issuing their first tile's loads, so the cluster barrier's round trip runs under those
     loads (arriving and waiting here cost the RMSNorm forward at 64k, 8-CTA clusters with one tile
-    each, 6 % of its warps' samples on UCGABAR_WAIT: session 8 PC sampling; QuACK also arrives at its
+    each, 6 % of its warps' samples on UCGABAR_WAIT in PC sampling; QuACK also arrives at its
     start and waits later); the backwards join once after their first prefetch, the softmax forward
-    at its start (see `kernels.softmax.SoftmaxFwd.kernel`)."""
+    at its start (see `cute_kernels.rowwise.softmax.SoftmaxFwd.kernel`)."""
     if cutlass.const_expr(cluster_n > 1):
         cute.arch.cluster_arrive_relaxed()
 
@@ -520,7 +520,8 @@ class HeldRowKernel:
     def resident_ctas(self) -> int:
         """CTAs per SM this kernel is built to fit: under staging what shared memory and the register floor allow (its
         `.minnctapersm`), else the plan's. A staged plan's own `ctas_per_sm` counts its staged rows alone (not the
-        weights beside them): the forwards' capped grid is sized by this instead (`ops._rowwise.launch_params`)."""
+        weights beside them): the forwards' capped grid is sized by this instead
+        (`cute_kernels.rowwise.launch.launch_params`)."""
         if self.staged:
             regs = self.held_min_regs if self.hold else self.staged_min_regs
             return self.plan.staged_residency(self.residency_smem_bytes(), regs)

@@ -3,7 +3,7 @@
 Shared memory has 32 banks of 4 bytes; a warp's access is served in one pass only if its lanes hit
 distinct banks (or the same word). A row-major tile whose rows are 128 bytes puts every row's chunk
 `j` in the same 4 banks, so reading one 16-byte chunk from each of 8 consecutive rows (a column
-walk, what a transpose does) is an 8-way conflict. Two cures, both used by `kernels.transpose` and
+walk, what a transpose does) is an 8-way conflict. Two cures, both used by `cute_kernels.transpose.kernels` and
 meant for the GEMM and the bank-conflict study tool:
 
 - `padded_tile`: rows `cols + pad` elements apart; a 16-byte pad shifts each row by 4 banks.

@@ -43,9 +43,9 @@ def mma_blocks(tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: 
     dynamic stage index once, not per K block, lets ptxas step each descriptor with one 64-bit uniform
     add (UIADD3.64) instead of rebuilding both 32-bit halves before every WGMMA (the attention
     forward's SASS, D = 128: 135 -> 75 UMOV, 2424 -> 2360 instructions; FA4's loop body has 9 UMOV per
-    K/V block to our 42). With `b_stage`, tB is still staged and is sliced per block (the old form:
-    the attention's QK^T at D = 192 keeps it, where the precomputed descriptors of its 12 blocks made
-    ptxas serialize the WGMMAs of the band-mask variant; D = 256 steps since session 24, same speed).
+    K/V block to our 42). With `b_stage`, tB is still staged and is sliced per block (the attention's
+    QK^T at D = 192, where the precomputed descriptors of its 12 blocks made ptxas serialize the WGMMAs
+    of the band-mask variant; D = 256 steps its descriptors, at the same speed).
     `zero_first`: the first block overwrites acc (ACCUMULATE off), the rest add."""
     for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
         if cutlass.const_expr(zero_first):

@@ -114,7 +114,7 @@ def _eager_function(qualname: str, cuda_impl, backward, setup_context):
     """`qualname`'s autograd as a `torch.autograd.Function` over its CUDA implementation: the registered
     `setup_context` and `backward`, without the dispatcher and the custom-op autograd wrapper around them. Desk CPU,
     a two-output dummy op with the same registration: 237 us per forward + backward through the dispatcher, 151 us
-    with its backward's op called directly, 105 us as a Function (session 18; on the H200's host a norm backward's
+    with its backward's op called directly, 105 us as a Function (on the H200's host a norm backward's
     autograd call had measured 165-334 us, `perf.host_time`)."""
 
     def forward(ctx, *args):

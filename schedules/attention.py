@@ -1,4 +1,4 @@
-"""Attention schedules (issue 6): who computes which Q tile of which head, with which warps, when.
+"""Attention schedules: who computes which Q tile of which head, with which warps, when.
 
 An `AttentionSchedule` fixes the *when and where* of a FlashAttention forward on Hopper, none of
 the *how* (that is `collectives/`: the TMA pipeline, WGMMA, the masks, the online softmax). Both
@@ -42,17 +42,17 @@ kinds run in the same kernel (`cute_kernels/attention/forward.py`), chosen at tr
 * the tile walk: one CTA per (q tile, head, batch), grid (q_tiles, H_q, B). With a causal mask the
   q tiles are visited last-first (`reverse_m`): the CTAs of the longest rows (the most K/V blocks)
   start first, a cheap longest-processing-time order, within each (head, batch): the grid launches
-  x fastest, so head 0's shortest tiles start before head 1's longest. `heads_first` (session 21)
+  x fastest, so head 0's shortest tiles start before head 1's longest. `heads_first`
   launches the grid as (H_q, B, q_tiles) instead: every head's and batch's tile of one q index before
   the next index, so with the reversal the whole grid runs longest first. Scheduling only: the same
-  tiles, the same bits. Measured in session 22 at 0.971x / 0.967x the default (d128 / d64 causal):
+  tiles, the same bits. Measured at 0.971x / 0.967x the default (d128 / d64 causal):
   with every head's longest tile in flight at once, the K/V of all heads compete for L2.
-* `l2_groups` (session 22, built on the desk): FA3's LPT order without its dynamic hand-out. The grid is
+* `l2_groups`: FA3's LPT order without its dynamic hand-out. The grid is
   1-D, each block index a place in `grouped_coords`' order: the (batch, head) pairs cut into groups
   whose K and V fit L2_KV_BYTES (`l2_group_heads`), group by group, in a group q index slowest (causal:
   longest first) and head fastest. The tiles in flight at once have about the same length, and only one
   group's K/V is being read. The same tiles, the same bits.
-* `persistent` (fa3, batched; session 22): a grid of one CTA per SM, each walking the tiles t = x,
+* `persistent` (fa3, batched): a grid of one CTA per SM, each walking the tiles t = x,
   x + X, x + 2X, ... of the launch order above (`PersistentWalk`). The producer warp carries its K/V
   ring position from tile to tile: it loads the next tile's first `stages` K/V blocks while the
   consumers still finish the current one and store its O, then the next Q once the consumers release
@@ -60,7 +60,7 @@ kinds run in the same kernel (`cute_kernels/attention/forward.py`), chosen at tr
   The same bits as the one-CTA-a-tile grid; measured at 0.93-1.04x the default, and 0.61x at D = 64
   causal, where the static stride hands each CTA the same q index on every pass
   (docs/kernels/attention.md).
-* `dynamic` (with `persistent`; session 23): the same walk with the tiles handed out at run time, FA3's
+* `dynamic` (with `persistent`): the same walk with the tiles handed out at run time, FA3's
   dynamic scheduler. CTA x starts on tile x; each later tile is X + the value an atomic add on a counter in
   global memory returns, taken by the producer warp when it has issued its tile's last load. The producer
   writes the tile's index into one of two shared-memory slots before Q's full barrier (whose arrive
@@ -68,13 +68,13 @@ kinds run in the same kernel (`cute_kernels/attention/forward.py`), chosen at tr
   last tile, sent with a bare arrive, ends their loop. An SM that finishes early takes the next tile in
   the order (`linear_coords`: the launch order, or the L2 groups' longest-first order), so no static
   stride can pile the long tiles on a few SMs. The fetch that returns the last value resets the counter
-  to 0 for the next launch (`take_tile`). The same tiles, the same bits. Measured in session 23: 1.026x /
+  to 0 for the next launch (`schedules.walks.take_tile`). The same tiles, the same bits. Measured: 1.026x /
   1.034x (causal) at D = 64, the batched default there; 0.96-0.99x at D = 128 / 256.
-* `skip_rescale` (the overlap; session 23; the D = 256 default since session 24, 1.017x causal and not): a row whose max did not move gets
+* `skip_rescale` (the overlap; the D = 256 default, 1.017x causal and not): a row whose max did not move gets
   corr exactly 1 (`softmax_rows(exact_one=True)`), and O's rescale is skipped on a warp whose corrs are all
   1 (`rescale_rows(skip_ones=True)`, a vote at the rescale). At D = 256 that is 128 FMUL per thread and
   block, the largest single item of the steady loop. Equal to the default up to a few ulps of corr.
-* `late_v_release` (the one-buffer overlap; session 25): V_j's stage is released in the next step, after S_{j+2}'s
+* `late_v_release` (the one-buffer overlap): V_j's stage is released in the next step, after S_{j+2}'s
   wait, not right after P_j V_j's. ptxas schedules an mbarrier arrive early, and the P V wait before it moved
   with it to the top of the softmax (PC sampling: 4.5 % of the samples, FA4's 0.1 %). Without the arrive the
   wait lands after 38 of the 66 exponentials at d128. It costs one stage of V look-ahead: 1.028x at D = 96,
@@ -197,7 +197,7 @@ class AttentionSchedule:
         LLVM sinks it (into the next step, after that step's S GEMM is issued: 32 more live
         registers). Pinned where registers are short: three consumers at 160 registers (the 192-row
         overlap spilled 256-336 B unpinned) and two P buffers (D = 256 at 80-key blocks, B2 S8k H8:
-        726.5-733.5 TFLOP/s in session 10's suites against 706 in session 9's). The one-buffer
+        726.5-733.5 TFLOP/s pinned against 706 unpinned). The one-buffer
         overlap at 240 registers keeps the sunk conversion, which issues the next S GEMM first: D = 128
         measured 643.7 pinned against 660.2 (B2 S8k H16, two suite runs). Pinned on a persistent grid: inside
         the tile walk, the sunk conversion made ptxas serialize every WGMMA of the one-buffer overlap (C7512,
@@ -273,38 +273,35 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
     # overlap on (FA3's intra-warpgroup pipelining): H200, d 128, B16 S1k and B2 S8k, causal and not,
-    # 3.3-4.4 % faster than without in the same interleaved run (perf/results/2026-11-29-h200-163e103/
-    # attention.md); it compiles without spills at every head dim (168 launch registers, setmaxnreg 240).
+    # 3.3-4.4 % faster than without in the same interleaved run; it compiles without spills at every head dim
+    # (168 launch registers, setmaxnreg 240).
     # split_mask where it fits (D <= 192): H200, d 128, the same four shapes, 1.018-1.045x (geomean
-    # 1.033x) in one interleaved run (perf/results/2026-11-29-h200-8301b88/attention.md); bitwise the same.
-    # D = 64: three consumer warpgroups on 192-row tiles (FA4's d <= 64 tile). Session 9, the synchronous
-    # walk: H200, B2 S8k H32, 502.8 vs 455.9 TFLOP/s for the 128-row overlap + split (1.10x; perf/results/
-    # 2026-11-30-h200-2c2fe4e/sched_d64.md). Session 10, the 192-row overlap + split once P's pinned
-    # conversion stopped it spilling (`AttentionSchedule.pinned_p`): 536.2 vs 517.5 for the synchronous walk
-    # (1.036x), causal 485.4 vs 479.2 (1.013x) (perf/results/2026-11-30-h200-70bd8a7/sched_d64*.md).
+    # 1.033x) in one interleaved run; bitwise the same.
+    # D = 64: three consumer warpgroups on 192-row tiles (FA4's d <= 64 tile). The synchronous walk: H200, B2 S8k
+    # H32, 502.8 vs 455.9 TFLOP/s for the 128-row overlap + split (1.10x). The 192-row overlap + split, once P's
+    # pinned conversion stopped it spilling (`AttentionSchedule.pinned_p`): 536.2 vs 517.5 for the synchronous walk
+    # (1.036x), causal 485.4 vs 479.2 (1.013x).
     # ... except causal D = 64 below 4096 keys, where the 192-row diagonal tiles waste more: 0.92x / 0.89x
-    # the 128-row default at S 512 / 1k, equal at 2k-4k, 1.06-1.07x at 8k-16k (H200 attention suite,
-    # perf/results/2026-11-30-h200-e6b9fe2/attention.md; measured with the synchronous 192-row walk)
-    # D = 256: the overlap with two P buffers (`double_p`): B2 S8k H8, 685.5 vs 653.7 (1.049x; sched_d256.md)
-    # Session 23, D = 64 (batched): the persistent grid with the tiles handed out at run time (`dynamic`; causal in
-    # the L2 groups' order) against the same schedule one CTA a tile: 1.026x at B2 S8k H32 (581.1 vs 566.6), 1.034x
+    # the 128-row default at S 512 / 1k, equal at 2k-4k, 1.06-1.07x at 8k-16k (H200 attention suite;
+    # measured with the synchronous 192-row walk)
+    # D = 256: the overlap with two P buffers (`double_p`): B2 S8k H8, 685.5 vs 653.7 (1.049x)
+    # D = 64 (batched): the persistent grid with the tiles handed out at run time (`dynamic`; causal in the L2
+    # groups' order) against the same schedule one CTA a tile: 1.026x at B2 S8k H32 (581.1 vs 566.6), 1.034x
     # causal at B4 S4k H32 (448.3 vs 433.6); and the 192-row tile from 2048 causal keys (B8 S2k H32: 356.2 against
     # 335.6 for the 128-row overlap). At D = 128 / 256 it measured 0.96-0.99x (P's pinned conversion at D = 128;
-    # D = 256 not profiled), so they keep one CTA a tile (perf/results/2026-12-01-h200-1424229/ and -9b459cb/)
-    # Session 24, causal (batched): the tiles in the L2 groups' order (`l2_groups`, heads in power-of-two groups)
-    # against the same schedule in the plain order, H200, one interleaved search each: d256 B2 S8k / B4 S4k / B8 S2k
+    # D = 256 not profiled), so they keep one CTA a tile.
+    # Causal (batched): the tiles in the L2 groups' order (`l2_groups`, heads in power-of-two groups) against the
+    # same schedule in the plain order, H200, one interleaved search each: d256 B2 S8k / B4 S4k / B8 S2k
     # H8 749.2 / 689.6 / 583.0 against 690.8 / 632.1 / 543.4 (1.085 / 1.091 / 1.073x), d128 H16 672.3 / 616.8 /
     # 520.9 against 651.4 / 598.9 / 508.8 (1.032 / 1.030 / 1.024x), d96 B2 S8k H16 576.3 against 559.7 (1.030x),
-    # d192 B2 S8k H10 713.5 against 676.9 (1.054x) (perf/results/2026-12-01-h200-44e971a/). The list-scheduling
-    # model of the causal tail predicted it (docs/kernels/attention.md, "where the causal gap goes"). Not below
-    # 2048 keys (1024 at D = 256): the suite with the groups everywhere lost 2-5 % at S 512 / 1k (d64, d128) and
-    # at S 512 (d256), and gained 3 % at d256 S 1k (perf/results/2026-12-01-h200-44e971a/call2_attention.md).
+    # d192 B2 S8k H10 713.5 against 676.9 (1.054x). The list-scheduling model of the causal tail predicted it
+    # (docs/kernels/attention.md, "How it got here" -> "The causal tail and the L2 groups"). Not below 2048 keys
+    # (1024 at D = 256): the suite with the groups everywhere lost 2-5 % at S 512 / 1k (d64, d128) and at S 512
+    # (d256), and gained 3 % at d256 S 1k.
     # D = 256 skips O's rescale where no row's max moved (`skip_rescale`): B2 S8k H8 763.4 against 750.1 causal
     # (1.018x), 793.0 against 780.0 without a mask (1.017x); at D = 192 it lost (681.6 against 713.5).
     # D = 192 causal walks the dynamic persistent grid: 757.5 against 713.5 one CTA a tile (1.062x) at B2 S8k H10;
-    # without a mask too (session 25, once its bitwise GPU test passed): 782.6 against 737.4 (1.061x, session 24's
-    # call 6, perf/results/2026-12-01-h200-44e971a/call6_schedules_attention_2x8192x10x192.md; session 25: 754.0
-    # against 704.0, -aaecbcb/call2_schedules_attention_2x8192x10x192.md)
+    # without a mask too (bitwise GPU-tested): 782.6 against 737.4 (1.061x), 754.0 against 704.0 in a second run.
     grouped = causal and not varlen and (seqlen_k is None or seqlen_k >= _L2_MIN_KEYS.get(head_dim, 2048))
     settings = dataclasses.asdict(_base_schedule(head_dim))
     if head_dim in _DEFAULT_OVERRIDE:
@@ -316,10 +313,10 @@ def default_schedule(head_dim: int, causal: bool = False, seqlen_k: int | None =
         settings = dict(settings, persistent=True, dynamic=True)
     if head_dim in _LATE_V_HEAD_DIMS and (causal or head_dim == 96) and settings.get("overlap") \
             and not settings.get("double_p"):
-        # session 25, one interleaved search each (perf/results/2026-12-01-h200-aaecbcb/call6_*): d96 B4 S4k H16 602.5
-        # against 585.9 (1.028x); d128 causal B2 S8k / B8 S2k 703.5 / 527.6 against 697.7 / 523.5 (1.008x); d128
-        # without a mask 728.5 against 731.0 (0.997x: not taken); at D = 192 (two stages) V's loads then wait
-        # (493 against 790); at D = 64 0.966-0.982x (call 8, `perf.ab_attention`)
+        # `late_v_release`, one interleaved search each: d96 B4 S4k H16 602.5 against 585.9 (1.028x); d128 causal B2 S8k
+        # / B8 S2k 703.5 / 527.6 against 697.7 / 523.5 (1.008x); d128 without a mask 728.5 against 731.0 (0.997x: not
+        # taken); at D = 192 (two stages) V's loads then wait (493 against 790); at D = 64 0.966-0.982x
+        # (`perf.ab_attention`)
         settings = dict(settings, late_v_release=True)
     return AttentionSchedule(**dict(settings, l2_groups=grouped))
 
@@ -373,12 +370,12 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     near = [d.tile_n] + fitting[max(0, i - 1):i] + fitting[i + 1:i + 2]
     # right after the default, its twins in other tile orders: L2 groups, the persistent grid with the tiles handed
     # out at run time (causal: in the L2 groups' longest-first order), and the static persistent walk (non-causal
-    # only: its fixed stride unbalanced every causal case of session 23, 0.86-0.90x the default). heads_first
-    # measured slower (session 22)
+    # only: its fixed stride unbalanced every causal case measured, 0.86-0.90x the default). heads_first
+    # measured slower (0.971x / 0.967x)
     # (the default's tile and loop, one CTA a tile first where the default walks a grid of its own)
     specs = [dataclasses.asdict(default)]
     if default.overlap and not default.double_p and head_dim >= 96:
-        # the default with V's stage released a step later (session 25: the P V wait off the softmax's top; not at
+        # the default with V's stage released a step later (the P V wait off the softmax's top; not at
         # D = 64, whose list is full)
         specs.append(dict(dataclasses.asdict(default), late_v_release=not default.late_v_release))
     specs += [plain, dict(plain, l2_groups=True),
@@ -386,11 +383,11 @@ def candidates(head_dim: int, causal: bool = False, limit: int = 24) -> list[Att
     if not causal:
         specs.append(dict(plain, persistent=True))
     if default.overlap and head_dim >= 128:
-        # O's rescale skipped where no row's max moved (session 23; the D = 256 default since session 24) or not:
+        # O's rescale skipped where no row's max moved (the D = 256 default) or not:
         # D / 2 FMUL a block and thread, so from D = 128 (at D = 64 the 32 of them are not worth a slot of the list)
         specs.append(dict(dataclasses.asdict(default), skip_rescale=not default.skip_rescale))
     if default.warp_specialized and head_dim >= 96 and default.num_stages(head_dim) > 2:
-        # the default's K/V ring at FA4's two stages (session 25: the L2-bytes lead, docs/kernels/attention.md)
+        # the default's K/V ring at FA4's two stages (the L2 bytes: docs/kernels/attention.md, "Gaps still open")
         specs.append(dict(dataclasses.asdict(default), stages=2))
     twins = len(specs)
     if head_dim <= 64:
@@ -480,7 +477,7 @@ class PersistentWalk:
     """The tiles one CTA of a persistent grid visits: linear indices t = first, first + stride, ... below
     q_tiles x heads x batch, each decoded as the one-CTA-a-tile launch would (`grid`: the block index x fastest,
     or `grouped_coords`' place with `l2_groups`), so the walk keeps that launch's order. Works on Python and DSL
-    ints (a dataclass of them: the DSL carries it through run-time loops like `schedules.gemm.TileWalk`)."""
+    ints (a dataclass of them: the DSL carries it through run-time loops like `schedules.walks.TileWalk`)."""
 
     q_tiles: object
     heads: object

@@ -7,7 +7,7 @@ There is no loop: a grid of ceil(aligned bytes / chunk_bytes) CTAs, spread by th
 scheduler. Each CTA holds `chunk_bytes` of shared memory, which bounds the CTAs resident per SM.
 
 The point is latency, not bandwidth: at 1 MiB a grid-stride copy is one DRAM round trip per thread
-and its dependent address arithmetic (`docs/kernels/elementwise.md`, "The gap left"); here each CTA
+and its dependent address arithmetic (`docs/kernels/elementwise.md`, "Gaps still open"); here each CTA
 makes one request of `chunk_bytes / pieces` bytes per piece.
 """
 

@@ -14,7 +14,7 @@
 * each stage also holds the tile's A scales (tile_m fp32, one TMA box), so the stage count is
   recomputed here with those bytes included.
 
-Grouped (MoE) walks (`schedules.gemm.TileWalk.tile`): "contiguous" needs the cooperative kind
+Grouped (MoE) walks (`schedules.walks.TileWalk.tile`): "contiguous" needs the cooperative kind
 (padding tiles are skipped, which the ping-pong turn order cannot absorb) and cluster_m = 1 (two
 M tiles of a cluster may belong to different experts, so they cannot share B by multicast; A is
 shared along N instead); "masked" runs every schedule (its walk never skips a tile).
@@ -29,11 +29,11 @@ from schedules.gemm import BARRIER_BYTES, GROUPINGS, SMEM_BYTES, GemmSchedule, e
 SCALE_BLOCK = 128  # K (and B's N) elements per scale
 MAX_PROMOTED_ACC = 128  # fp32 registers per thread for accumulator + temporary
 M_ALIGN = 128  # contiguous grouping: each expert's rows start at a multiple of this (DeepGEMM's)
-# Tiles `default_fp8_schedule` searches at every M, then the wide tiles it adds at M >= WIDE_MIN_M. The
-# wide search ("ours wide search" in cute_kernels/fp8_gemm/bench.py: 128x192 or 128x160 at five of the six M = 4096
-# shapes) beat the 128x128 search by 1.048x geomean on the H200 (perf/results/2026-11-29-h200-db54236:
-# 4096x7168x16384 1094 -> 1177 TFLOP/s, 4096x2112x7168 952 -> 1041, 4096x4096x7168 unchanged); below
-# M = 1024 it was never measured, so small-M decode shapes keep the 64/128-column tiles.
+# Tiles `default_fp8_schedule` searches at every M, then the wide tiles it adds at M >= WIDE_MIN_M. The wide search
+# ("ours wide search" in cute_kernels/fp8_gemm/bench.py: 128x192 or 128x160 at five of the six M = 4096 shapes) beat the
+# 128x128 search by 1.048x geomean on the H200 (4096x7168x16384 1094 -> 1177 TFLOP/s, 4096x2112x7168 952 -> 1041,
+# 4096x4096x7168 unchanged); below M = 1024 it was never measured, so small-M decode shapes keep the 64/128-column
+# tiles.
 DEFAULT_FP8_TILES = (("cooperative", 128, 128), ("pingpong", 64, 128), ("cooperative", 128, 64),
                      ("pingpong", 64, 64))
 WIDE_TILE_N = (192, 160)
@@ -102,10 +102,9 @@ def sb_smem_bytes(s: GemmSchedule) -> int:
     return blocks * (SB_SMEM_MAX_K // SCALE_BLOCK) * 4
 
 
-# `sb_smem` by default from this M on (where it was measured): H200, the six issue shapes at
-# M = 4096, 1.154x geomean over the same schedule without it, every shape faster (0.81-0.92x time;
-# 4096x7168x16384 898 -> 1101 TFLOP/s), perf/results/2026-11-29-h200-163e103/fp8_gemm.md. ncu
-# before it (same shape): tensor pipe 65.6 % active against cuBLAS's 84 %, barrier stalls 30 %.
+# `sb_smem` by default from this M on (where it was measured): H200, the six issue shapes at M = 4096, 1.154x geomean
+# over the same schedule without it, every shape faster (0.81-0.92x time; 4096x7168x16384 898 -> 1101 TFLOP/s). ncu
+# without it (same shape): tensor pipe 65.6 % active against cuBLAS's 84 %, barrier stalls 30 %.
 SB_SMEM_MIN_M = 1024
 
 
@@ -114,11 +113,11 @@ def use_sb_smem(s: GemmSchedule, m: int) -> bool:
     return m >= SB_SMEM_MIN_M and sb_smem_error(s) is None
 
 
-# Small M (decode): a CTA has a single tile, so the ping-pong's second warpgroup idles and each K-block's
-# chain (B-scale load, WGMMAs, wait, promotion) is the time. `promote_overlap` (K-block k-1 promoted under
-# k's WGMMAs) with `sb_ahead` (B scales loaded a K-block early) measured 1.091x geomean over the 12 M = 64 / 128
-# issue shapes on the H200 (perf/results/2026-11-30-h200-8732d8e: 64x2112x7168 92.6 -> 110.1 TFLOP/s,
-# 128x7168x16384 570 -> 695); only K = 512 (4 K-blocks) lost (0.95x), so K >= SMALL_M_OVERLAP_MIN_K.
+# Small M (decode): a CTA has a single tile, so the ping-pong's second warpgroup idles and each K-block's chain (B-scale
+# load, WGMMAs, wait, promotion) is the time. `promote_overlap` (K-block k-1 promoted under k's WGMMAs) with `sb_ahead`
+# (B scales loaded a K-block early) measured 1.091x geomean over the 12 M = 64 / 128 issue shapes on the H200
+# (64x2112x7168 92.6 -> 110.1 TFLOP/s, 128x7168x16384 570 -> 695); only K = 512 (4 K-blocks) lost (0.95x), so K >=
+# SMALL_M_OVERLAP_MIN_K.
 SMALL_M_OVERLAP_MAX_M = 128
 SMALL_M_OVERLAP_MIN_K = 1024
 
@@ -196,7 +195,7 @@ def scale_stage_bytes(s: GemmSchedule) -> int:
 
 
 def smem_bytes(s: GemmSchedule, sb_smem: bool = False, out_bytes: int = 2, padded: bool = True) -> int:
-    """Shared memory of the FP8 kernel's storage (`kernels/gemm.py` `ScaledStorage` /
+    """Shared memory of the FP8 kernel's storage (`cute_kernels/gemm/kernels.py` `ScaledStorage` /
     `StagedScaleStorage`, in order): mbarriers padded to 1 KiB (sA is 1024-aligned), per stage A + B
     + the tile's A scales, the epilogue buffers, and with `sb_smem` the B-scale row; every piece is a
     multiple of its successor's alignment at these tiles, and the struct is padded to its 1 KiB
@@ -313,9 +312,8 @@ def default_grouped_schedule(grouping: str, m: int, n: int, k: int, groups: int 
     """Schedule of a grouped FP8 GEMM. "contiguous" (m: all rows): the dense op's cooperative tile for
     (m, n, k) (the wide 128x192 / 128x160 from WIDE_MIN_M rows), with A shared by 1x2 clusters when there
     are two tile columns (the M tiles of a cluster may belong to different experts: no B multicast).
-    Session 15 (perf/results/2026-11-30-h200-e7feb6f/fp8_gemm_grouped.md; and 29dcd7e): 128x192 at 4 x
-    8192 tokens, N = 4096, K = 7168 1090 against 1058 TFLOP/s for 128x128 (1039 / 994 a session earlier),
-    bitwise the same output. "masked" (m: the expected valid rows per expert, `groups` experts):
+    H200: 128x192 at 4 x 8192 tokens, N = 4096, K = 7168 1090 against 1058 TFLOP/s for 128x128 (1039 / 994 in an
+    earlier run), bitwise the same output. "masked" (m: the expected valid rows per expert, `groups` experts):
     `default_fp8_schedule`'s wave model over groups x that problem."""
     if grouping == "contiguous":
         t = default_fp8_schedule(max(m, 1), n, k, "cooperative", num_sms, narrow=False)

@@ -23,7 +23,7 @@ is computed (that is `collectives/`):
 * `wg_epilogue` (cooperative, tile_m 128): each consumer warpgroup stores its own 64 rows with its
   own barrier and buffers, so the two drift apart and one's epilogue overlaps the other's last
   K-blocks on the tensor cores (ping-pong's overlap, inside one tile).
-* grouped walks (MoE, only M grouped; `TileWalk.tile`, chosen when the kernel is traced): B holds
+* grouped walks (MoE, only M grouped; `schedules.walks.TileWalk.tile`, chosen when the kernel is traced): B holds
   one weight per expert along its batch mode L. "contiguous": the experts' rows are concatenated
   in A (each expert's block starts at a multiple of the tile), a device vector gives each row's
   expert (-1: padding); a tile's B batch is the expert of its first row and tiles of padding are
@@ -96,7 +96,7 @@ class GemmSchedule:
         if self.tile_m % (64 * self.consumers_per_tile):
             raise ValueError(f"{self.kind}: tile_m must be a multiple of {64 * self.consumers_per_tile}")
         # 192 accumulators fit the consumers' 232 registers: ping-pong 128x192 (QuACK's default sm90 tile)
-        # peaks at R215 with no spills (CPU compile, session 8); 256 would not
+        # peaks at R215 with no spills (CPU compile); 256 would not
         if rows * self.tile_n // 128 > 192:
             raise ValueError(
                 f"{self.kind} {self.tile_m}x{self.tile_n}: {rows * self.tile_n // 128} fp32 accumulators per "
@@ -356,29 +356,28 @@ def masked_tile_order(masked_m: list[int], tiles_m: int, tiles_n: int, s: GemmSc
 # --- the choice -------------------------------------------------------------------------------
 # Relative tensor-core efficiency of a CTA tile (bigger tiles reuse each smem byte more and hide
 # the epilogue better); measured ordering on the H200, coarse on purpose. Ping-pong 64x128 0.7 -> 0.8:
-# at 128x7168x2048 (112 tiles either way) it ran 289.6 TFLOP/s against cooperative 128x64's 275.7
-# (perf/results/2026-11-29-h200-9ae9811/gemm.md); it now wins single-wave small-M grids.
+# at 128x7168x2048 (112 tiles either way) it ran 289.6 TFLOP/s against cooperative 128x64's 275.7;
+# it now wins single-wave small-M grids.
 #
-# Ping-pong 128x192 (QuACK's tile: 192 fp32 accumulators a thread) 0.98: timed beside the defaults in five H200
-# suites (sessions 12-14), it beat them at 8192^3 every time (709 / 734 / 714 / 738 / 737 TFLOP/s against
-# 692 / 713 / 695 / 714 / 717 for cooperative 128x256: +2.6-3.4 %) and at 16384x8192x1024 (725-751 against
-# ping-pong 128x128's 705-739), tied at 4096x24576x1536 and 4096x14336x4096, won 1.1 % over cooperative 128x192 at
-# 4096x2112x7168, and lost 7-32 % where its extra tile columns add a wave (4096^3, 2048^3, 4096x4096x14336,
-# 4096x7168x16384: 5.3 / 1.3 / 5.3 / 9.2 waves against 3.9 / 1.0 / 3.9 / 6.8). Fitted per shape from those runs
-# (perf/results/2026-11-30-h200-e6bb0ba/gemm.md) the efficiency that matches each ratio lies at 0.95-1.0; 0.98
-# makes the model pick it where it won (8192^3, 16384x8192x1024, 4096x2112x7168, 4096x24576x1536) and nowhere it lost.
+# Ping-pong 128x192 (QuACK's tile: 192 fp32 accumulators a thread) 0.98: timed beside the defaults in five H200 suites,
+# it beat them at 8192^3 every time (709 / 734 / 714 / 738 / 737 TFLOP/s against 692 / 713 / 695 / 714 / 717 for
+# cooperative 128x256: +2.6-3.4 %) and at 16384x8192x1024 (725-751 against ping-pong 128x128's 705-739), tied at
+# 4096x24576x1536 and 4096x14336x4096, won 1.1 % over cooperative 128x192 at 4096x2112x7168, and lost 7-32 % where its
+# extra tile columns add a wave (4096^3, 2048^3, 4096x4096x14336, 4096x7168x16384: 5.3 / 1.3 / 5.3 / 9.2 waves against
+# 3.9 / 1.0 / 3.9 / 6.8). Fitted per shape from those runs, the efficiency that matches each ratio lies at 0.95-1.0;
+# 0.98 makes the model pick it where it won (8192^3, 16384x8192x1024, 4096x2112x7168, 4096x24576x1536) and nowhere it
+# lost.
 _TILE_EFF = {("cooperative", 128, 256): 1.0, ("pingpong", 128, 192): 0.98, ("cooperative", 256, 128): 0.98,
              ("cooperative", 128, 192): 0.96,
              ("pingpong", 128, 128): 0.93, ("cooperative", 128, 128): 0.9, ("cooperative", 128, 64): 0.75,
              ("pingpong", 64, 128): 0.8, ("pingpong", 64, 256): 0.8, ("pingpong", 64, 64): 0.55}
 
 
-# The cooperative schedule's epilogue, in K elements of mainloop time per tile: both consumer
-# warpgroups drain and store while the tensor cores idle (ping-pong hides it under the other
-# warpgroup's mainloop). ~2 K-blocks of 64 (docs/kernels/gemm.md: 1.5-3 k clk against 1 k per K-block
-# at 128x256). Fitted to the H200's full suite of session 8 (perf/results/2026-11-30-h200-74725d7/
-# gemm.md), where ping-pong beat cooperative 128x256 by 6.6 % at 16384x8192x1024 (742 vs 696 TFLOP/s)
-# and 6.3 % at 4096x24576x1536 (761 vs 716), the short-K shapes; the other shapes keep their choice.
+# The cooperative schedule's epilogue, in K elements of mainloop time per tile: both consumer warpgroups drain and store
+# while the tensor cores idle (ping-pong hides it under the other warpgroup's mainloop). ~2 K-blocks of 64
+# (docs/kernels/gemm.md: 1.5-3 k clk against 1 k per K-block at 128x256). Fitted to a full H200 suite, where ping-pong
+# beat cooperative 128x256 by 6.6 % at 16384x8192x1024 (742 vs 696 TFLOP/s) and 6.3 % at 4096x24576x1536 (761 vs 716),
+# the short-K shapes; the other shapes keep their choice.
 _COOP_EPILOGUE_K = 128
 
 
@@ -408,10 +407,10 @@ def estimate(s: GemmSchedule, m: int, n: int, k: int, batch: int = 1, num_sms: i
 _SM_MACS = 989.4e12 / 2 / 132  # bf16 MACs per second per SM (spec)
 _HBM_BW = 4.0e12  # bytes per second the chip streams (H200 copy ~4.2 TB/s)
 _CTA_BW = 64e9  # bytes per second one CTA's TMA pipeline sustains (measured above)
-# The summing pass: its launch, the host work of a second kernel and the tail. Fitted to the H200: at
-# 64x4096x4096 the 64x64 ping-pong split in 2 ran 18.7 / 19.5 us (sessions 9 / 11 suites) where this
-# model without the term gives 9.3 (8.2 streaming + 1.05 workspace), and unsplit 17.2-17.3 (model 16.4):
-# at 2 us the model split that shape (0.79 / 0.75x cuBLAS; unsplit 0.85x).
+# The summing pass: its launch, the host work of a second kernel and the tail. Fitted to the H200: at 64x4096x4096 the
+# 64x64 ping-pong split in 2 ran 18.7 / 19.5 us (two suites) where this model without the term gives 9.3 (8.2 streaming
+# + 1.05 workspace), and unsplit 17.2-17.3 (model 16.4): at 2 us the model split that shape (0.79 / 0.75x cuBLAS;
+# unsplit 0.85x).
 _SPLIT_LAUNCH_S = 10e-6
 
 
@@ -452,10 +451,10 @@ def best_split(s: GemmSchedule, m: int, n: int, k: int, batch: int = 1, num_sms:
     return best
 
 
-# `k_interleave` as the default on small-M grids (both ping-pong warpgroups on each tile), per GEMM family. H200,
-# session 15 (perf/results/2026-11-30-h200-e7feb6f/): FP8 at M <= 128 1.100x the default (geomean of the 7 shapes
-# whose grid gives a CTA at most one tile, 1.04-1.16x each, tests/gemm/test_k_interleave_gpu.py passing); bf16 at
-# 64x4096x4096 0.930x (its partial exchange costs more than the second warpgroup brings at 64 K-blocks of 64).
+# `k_interleave` as the default on small-M grids (both ping-pong warpgroups on each tile), per GEMM family. H200: FP8 at
+# M <= 128 1.100x the default (geomean of the 7 shapes whose grid gives a CTA at most one tile, 1.04-1.16x each,
+# tests/gemm/test_k_interleave_gpu.py passing); bf16 at 64x4096x4096 0.930x (its partial exchange costs more than the
+# second warpgroup brings at 64 K-blocks of 64).
 K_INTERLEAVE_DEFAULT = {"bf16": False, "fp8": True}
 
 
@@ -465,16 +464,16 @@ def a_box_for(m: int, cluster_n: int) -> int:
     return next((r for r in (8, 16, 32) if r >= m and r % (8 * cluster_n) == 0), 0)
 
 
-# Decode-sized M: A's TMA box cut to the M rows (`GemmSchedule.a_rows`). H200, session 18 (perf/results/
-# 2026-11-30-h200-08346d1/gemm_small.md), bf16, against the full 64-row box of the same schedule: 32x4096x4096
-# 56.7 -> 71.5 TFLOP/s, at 64x32 with the deep ring 73.9 (cuBLAS 63.7); 16x4096x4096 27.4 -> 36.8, 64x32 37.9 (cuBLAS
-# 31.8); 8x7168x2048 13.6 -> 17.8 (cuBLAS 17.5; 64x32 would take two waves there: 15.2). With the box inside M
-# the narrowed tile wins again below NARROW_MIN_M rows (`narrowed` takes a short-box schedule at any M).
-# FP8 (A's and its 1x128 scales' boxes), H200 session 19 (perf/results/2026-11-30-h200-6714769/fp8_decode.md), on the
-# schedule the search chose (narrowed, k-interleaved) against its whole box: 1x7168x2048 2.2 -> 3.0 TFLOP/s,
-# 1x4096x7168 2.1 -> 4.0, 16x7168x2048 41.6 -> 48.3, 16x4096x7168 36.6 -> 64.8, 32x7168x2048 86.6 -> 96.6,
-# 32x4096x7168 91.0 -> 128.8 (geomean 1.417x; torch._scaled_mm blockwise 37.9 / 48.3 / 75.5 / 73.8 where it runs,
-# refusing M = 1). The bf16 GEMM's short box was measured without `k_interleave` (not its default at these M).
+# Decode-sized M: A's TMA box cut to the M rows (`GemmSchedule.a_rows`). H200, bf16, against the full 64-row box of the
+# same schedule: 32x4096x4096 56.7 -> 71.5 TFLOP/s, at 64x32 with the deep ring 73.9 (cuBLAS 63.7); 16x4096x4096 27.4 ->
+# 36.8, 64x32 37.9 (cuBLAS 31.8); 8x7168x2048 13.6 -> 17.8 (cuBLAS 17.5; 64x32 would take two waves there: 15.2). With
+# the box inside M the narrowed tile wins again below NARROW_MIN_M rows (`narrowed` takes a short-box schedule at any
+# M).
+# FP8 (A's and its 1x128 scales' boxes), H200, on the schedule the search chose (narrowed, k-interleaved) against its
+# whole box: 1x7168x2048 2.2 -> 3.0 TFLOP/s, 1x4096x7168 2.1 -> 4.0, 16x7168x2048 41.6 -> 48.3, 16x4096x7168 36.6 ->
+# 64.8, 32x7168x2048 86.6 -> 96.6, 32x4096x7168 91.0 -> 128.8 (geomean 1.417x; torch._scaled_mm blockwise 37.9 / 48.3 /
+# 75.5 / 73.8 where it runs, refusing M = 1). The bf16 GEMM's short box was measured without `k_interleave` (not its
+# default at these M).
 SHORT_BOX_WITH_K_INTERLEAVE = {"bf16": False, "fp8": True}
 
 
@@ -506,16 +505,15 @@ def interleaved(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int 
 
 # Small grids: a 64x64 ping-pong tile whose grid leaves most SMs idle is narrowed (64 -> 32 (-> 16) columns) while the
 # narrower grid still fits in one wave: more CTAs stream the weights, each reloading its (small) A block.
-# - FP8, H200 (perf/results/2026-11-30-h200-d05f96b): 64x2112x7168, 33 tiles at 64x64 110 TFLOP/s, 64x32 124, 64x16 130;
-#   64x4096x7168 212 -> 232 at 64x32; 128x2112x7168 213 -> 237 at 64x32. Where 64x64 / 64x128 already fill the SMs
-#   the narrow tiles lost (0.53-0.77x geomean).
-# - bf16, H200 session 16 (perf/results/2026-11-30-h200-5f9f713/gemm.md): 64x4096x4096, 64 tiles at 64x64 with the
-#   12-stage ring 128.1 TFLOP/s; 64x32 (128 tiles) with the automatic 8 stages 131.3, with its deepest ring (16)
-#   138.7 (1.083x; cuBLAS 142.6). 64x16 was not measured for bf16.
-#   At M = 32 the 64x64 tile with its 12-stage ring ran 1.093x the narrowed one (perf/results/2026-11-30-h200-
-#   a6831ea/gemm_small.md): with fewer than half the tile's rows real, each narrowed CTA's A box is mostly out of
-#   bounds and twice as many CTAs load it. So bf16 narrows only from NARROW_MIN_M rows (the FP8 suites never
-#   measured M < 64), or where A's box is already cut to the M rows (`shortened`: 64x32 1.03x the 64x64 short box).
+# - FP8, H200: 64x2112x7168, 33 tiles at 64x64 110 TFLOP/s, 64x32 124, 64x16 130; 64x4096x7168 212 -> 232 at 64x32;
+#   128x2112x7168 213 -> 237 at 64x32. Where 64x64 / 64x128 already fill the SMs the narrow tiles lost (0.53-0.77x
+#   geomean).
+# - bf16, H200: 64x4096x4096, 64 tiles at 64x64 with the 12-stage ring 128.1 TFLOP/s; 64x32 (128 tiles) with the
+#   automatic 8 stages 131.3, with its deepest ring (16) 138.7 (1.083x; cuBLAS 142.6). 64x16 was not measured for bf16.
+#   At M = 32 the 64x64 tile with its 12-stage ring ran 1.093x the narrowed one: with fewer than half the tile's rows
+#   real, each narrowed CTA's A box is mostly out of bounds and twice as many CTAs load it. So bf16 narrows only from
+#   NARROW_MIN_M rows (the FP8 suites never measured M < 64), or where A's box is already cut to the M rows
+#   (`shortened`: 64x32 1.03x the 64x64 short box).
 NARROW_TILE_N = {"bf16": (32,), "fp8": (32, 16)}
 NARROW_MIN_M = {"bf16": 33, "fp8": 1}
 
@@ -538,11 +536,11 @@ def narrowed(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int = 1
     return s
 
 
-# A/B rings deeper than `GemmSchedule.num_stages`' 8 where a 64-row tile's grid gives a CTA one tile: the
-# catalogue takes up to 16. H200, session 15 (perf/results/2026-11-30-h200-e7feb6f/gemm.md): bf16 64x4096x4096,
-# 64x64 ping-pong, 12 stages 130.1 TFLOP/s against 8 stages 122.7 (1.06x; session 14's PC sampling there: 61 % of
-# the samples waiting on the full barrier, too few bytes in flight on 64 of 132 SMs). `out_bytes` 2: the op
-# falls back to the automatic depth where a wider output's buffers leave no room (`ops.gemm._gemm_cuda`).
+# A/B rings deeper than `GemmSchedule.num_stages`' 8 where a 64-row tile's grid gives a CTA one tile: the catalogue
+# takes up to 16. H200: bf16 64x4096x4096, 64x64 ping-pong, 12 stages 130.1 TFLOP/s against 8 stages 122.7 (1.06x; PC
+# sampling there: 61 % of the samples waiting on the full barrier, too few bytes in flight on 64 of 132 SMs).
+# `out_bytes` 2: the op falls back to the automatic depth where a wider output's buffers leave no room
+# (`cute_kernels.gemm.ops._gemm_cuda`).
 DEEP_RING_STAGES = 16
 
 
@@ -589,7 +587,7 @@ def default_schedule(m: int, n: int, k: int, kind: str | None = None, num_sms: i
 
 def pipeline_variants(d: GemmSchedule, m: int, n: int) -> dict[str, GemmSchedule]:
     """The pipeline options of schedule `d` worth timing beside it on (m, n) (docs/kernels/gemm.md,
-    "2026-11-29 (session 4)"), by bench column name; each computes every output element with the
+    "How it got here": the pipeline options table), by bench column name; each computes every output element with the
     same WGMMAs in the same K order as `d` (bitwise equal results):
 
     * "c2x2": 2x2 clusters (A and B both multicast: 24 KiB of L2 reads per CTA and K-block at
@@ -635,7 +633,7 @@ def candidates(m: int, n: int, k: int, limit: int = 32) -> list[GemmSchedule]:
                     continue
                 if -(-m // tm) % cm or -(-n // tn) % cn:
                     continue  # cluster does not divide the tile grid: idle CTAs (a 2x1 cluster on one tile
-                    # row ran a whole second CTA on zero-filled A: the split-K columns of session 12)
+                    # row ran a whole second CTA on zero-filled A, in the split-K columns)
                 out.append(s)
     d = default_schedule(m, n, k)
     # Split-K variants (2, 3, 4 splits) of the schedules whose grid leaves SMs idle, best modelled

@@ -58,13 +58,12 @@ def plan_gemv(rows: int, row_vectors: int, cols: int, num_sms: int) -> GemvPlan:
     return GemvPlan(tiling, r, t["ctas_per_sm"])
 
 
-# --- the tensor-core kernel (`kernels.gemv_mma`, session 13) -------------------------------------------
-# Columns of x from which the op runs the tensor-core kernel (bf16 / fp16, K a multiple of 8, 16-byte
-# aligned rows): the FMA kernel is issue-bound there (B = 8: 40-62 % of copy, 0.60-0.75x cuBLAS). H200
-# (perf/results/2026-11-30-h200-e8244a1, both kernels timed at B = 1, 2, 4, 8 on six W shapes): with a CTA
-# per SM or more at two 8-row blocks a CTA (rows >= 16 x SMs) the tensor cores win from B = 2 (B = 2: 1.01-1.09x,
-# 16384^2 0.99x; B = 4: 1.10-1.23x; B = 8: 1.40-1.56x); on 1024 rows (128 CTAs of one block) the FMA kernel
-# keeps B = 2 and 4 (1.30x, 1.12x) and the tensor cores win at 8 (1.18x).
+# --- the tensor-core kernel (`cute_kernels.gemv.mma`) -------------------------------------------------
+# Columns of x from which the op runs the tensor-core kernel (bf16 / fp16, K a multiple of 8, 16-byte aligned rows):
+# the FMA kernel is issue-bound there (B = 8: 40-62 % of copy, 0.60-0.75x cuBLAS). H200 (both kernels timed at
+# B = 1, 2, 4, 8 on six W shapes): with a CTA per SM or more at two 8-row blocks a CTA (rows >= 16 x SMs) the tensor
+# cores win from B = 2 (B = 2: 1.01-1.09x, 16384^2 0.99x; B = 4: 1.10-1.23x; B = 8: 1.40-1.56x); on 1024 rows (128
+# CTAs of one block) the FMA kernel keeps B = 2 and 4 (1.30x, 1.12x) and the tensor cores win at 8 (1.18x).
 MMA_MIN_COLS = 2
 MMA_MIN_COLS_FEW_ROWS = 5
 MMA_WARPS_PER_SM = 32  # resident warps aimed at: each keeps `unroll` chunks (2 KB of W at R = 2) in flight

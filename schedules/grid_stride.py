@@ -71,7 +71,7 @@ class GridStride:
         return (items // pass_stride + 1) * pass_stride <= 2**31 - 1 and n + self.threads - 1 <= 2**31 - 1
 
 
-# Chosen with `python3 -m perf.tune` on an H200 (perf/results/tune.md): for each op, the config
+# Chosen with `python3 -m perf.tune` on an H200: for each op, the config
 # whose slowest size (8 MiB and 512 MiB, bf16) is closest to that size's best. All three favour the
 # uncapped, CTA-contiguous grid: one pass, balanced by the hardware block scheduler.
 TUNED: dict[str, GridStride] = {
@@ -84,12 +84,10 @@ TUNED: dict[str, GridStride] = {
 _SMALL: dict[tuple, GridStride] = {}
 
 MiB = 1 << 20
-# Mid-size classes (bytes per tensor, upper bound exclusive) measured with `python3 -m perf.small`
-# on the H200, every schedule timed interleaved with torch (perf/results/2026-11-29-h200-4cc902e/
-# small.md): add at 64 MiB ran 0.94x torch with the tuned 4 vectors per thread and 0.997x with
-# one; at 4-16 MiB a grid capped at 16 CTAs per SM walking grid-stride (1.00-1.02x) beat one pass
-# of many small CTAs (0.96-0.98x). Sizes outside the classes keep `TUNED` (>= 256 MiB) or the
-# small-size rule below.
+# Mid-size classes (bytes per tensor, upper bound exclusive) measured with `python3 -m perf.small` on the H200, every
+# schedule timed interleaved with torch: add at 64 MiB ran 0.94x torch with the tuned 4 vectors per thread and 0.997x
+# with one; at 4-16 MiB a grid capped at 16 CTAs per SM walking grid-stride (1.00-1.02x) beat one pass of many small
+# CTAs (0.96-0.98x). Sizes outside the classes keep `TUNED` (>= 256 MiB) or the small-size rule below.
 SIZE_CLASSES: dict[str, tuple[tuple[int, int, GridStride], ...]] = {
     "copy": ((2 * MiB, 16 * MiB, GridStride(threads=128, unroll=1, ctas_per_sm=16, order="cta")),),
     "add": ((0, 2 * MiB, GridStride(threads=128, unroll=1, ctas_per_sm=16, order="cta")),

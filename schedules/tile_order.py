@@ -73,7 +73,7 @@ def picture(tiles_m: int, tiles_n: int, order: TileOrder, width: int = 3) -> str
 
 
 # A CTA per 2 x 2 block of tiles (`sub=2`: 256-byte row runs on both sides, a quarter of the CTAs) for the
-# TMA transpose of large matrices. Measured on the H200 (perf/results/2026-11-30-h200-d05f96b, % of copy):
+# TMA transpose of large matrices. Measured on the H200 (% of copy):
 # fp32 16384^2 86.2 -> 90.3, 8192^2 89.8 -> 93.1, 4096x16384 89.9 -> 94.1; bf16 16384^2 86.6 -> 91.2,
 # 4096x16384 93.1 -> 96.5, 8192^2 91.0 -> 93.1; below ~100 MiB a matrix it lost (bf16 4096^2 80.9 -> 76.5,
 # fp32 4096^2 93.7 -> 91.6) or tied (batches of small matrices). The non-TMA variants ran slower with it.

@@ -14,7 +14,7 @@ from cute_kernels.bench import harness as H
 MiB = 1 << 20
 
 
-# odd 16-bit rows: the default reads a scalar head, then 128-bit vectors (ops.argmax ROW_HEAD_DEFAULT, session 14);
+# odd 16-bit rows: the default reads a scalar head, then 128-bit vectors (`cute_kernels.argmax.ops.ROW_HEAD_DEFAULT`);
 # the column keeps the 2-byte scalar path it replaced beside it
 ARGMAX_SCALAR = "ours scalar rows"
 

@@ -1,4 +1,4 @@
-"""Catalogue entry of FlashAttention forward on Hopper (issue 6): its schedule (config) and what the
+"""Catalogue entry of FlashAttention forward on Hopper: its schedule (config) and what the
 data is (signature: dtype, head dim, mask kind, softcap)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FlashAttention forward benchmark suite (issue 6): bf16 randn, (B, S, H, D) with batch x seqlen = 16k
+"""FlashAttention forward benchmark suite: bf16 randn, (B, S, H, D) with batch x seqlen = 16k
 tokens, hidden 2048 (H = 2048 / D), S from 512 to 16k, causal and not; ours beside FlashAttention-4's
 CuTe interface (`flash_attn.cute.interface.flash_attn_func`, its Hopper path) and SDPA's cuDNN backend,
 all timed in the same interleaved rounds (`H.do_bench_interleaved`); `--quick` adds columns for other
@@ -55,7 +55,7 @@ def _variants(d):
     return {"ours no overlap": AttentionSchedule(tile_n=tn),
             "ours lazy_rescale": AttentionSchedule(tile_n=tn, lazy_rescale=True),
             "ours double_p": AttentionSchedule(tile_n=tn, overlap=True, double_p=True),
-            # the default splits its walk (`split_mask`, since 8301b88) where it fits: the column without
+            # the default splits its walk (`split_mask`) where it fits: the column without
             "ours no split_mask": AttentionSchedule(tile_n=tn, overlap=True),
             "ours sum_from_corr": AttentionSchedule(tile_n=tn, overlap=True, split_mask=True, sum_from_corr=True)}
 

@@ -1,4 +1,4 @@
-"""FlashAttention forward on Hopper, FA3-style warp-specialized or FA2-style (issue 6):
+"""FlashAttention forward on Hopper, FA3-style warp-specialized or FA2-style:
 O = softmax(scale * Q K^T [softcap] [mask]) V and the fp32 log-sum-exp per query row.
 
 Roofline: 4 * S_q * S_k * D * H * B FLOPs (two GEMMs; half of that with a causal mask), over
@@ -547,7 +547,7 @@ class FlashAttnFwd:
         warpgroup, sliced at the warpgroup's first thread (a warp-uniform index). Indexing the stage of a one-warpgroup
         partition by `cwg` instead computes the same addresses, but ptxas then rebuilt Q's descriptor in every K/V step
         and stepped its 8 K-slices with 32-bit add-with-carry pairs (d128 steady step: 467 instructions, this form
-        448, FA4's 455; session 24, `python -m perf.loop_mix`)."""
+        448, FA4's 455; `python -m perf.loop_mix`)."""
         s, dt = self.s, self.dtype
         per_wg = sm90_utils.make_trivial_tiled_mma(dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
                                                    Float32, (s.consumer_wgs, 1, 1), tiler_mn=(64, s.tile_n))
@@ -745,7 +745,7 @@ class FlashAttnFwd:
         if cutlass.const_expr(s.late_v_release):
             # V_{j-1}'s stage (P_{j-1} V_{j-1} was waited for one step ago), not V_j's after this step's wait below:
             # an arrive there is a memory operation that ptxas schedules early, and the P V wait before it with it, to
-            # the top of the softmax (session 25, PC sampling: 4.5 % of the samples on that wait, FA4's 0.1 %)
+            # the top of the softmax (PC sampling: 4.5 % of the samples on that wait, FA4's 0.1 %)
             prev = kv_v.clone()
             prev.reverse()
             # (not in the walk's first step: block 0 had no P V before it)

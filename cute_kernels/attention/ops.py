@@ -1,5 +1,5 @@
 """Torch op `cute_kernels::flash_attn`: O = softmax(scale * Q K^T [softcap] [mask]) V and the fp32
-log-sum-exp (natural log) per query row, on Hopper (issue 6).
+log-sum-exp (natural log) per query row, on Hopper.
 
 q is (B, S_q, H_q, D), k and v are (B, S_k, H_kv, D), bf16 or fp16, D in {64, 96, 128, 192, 256},
 H_q a multiple of H_kv (GQA/MQA: query head h reads K/V head h // (H_q / H_kv)). Any strides with a
@@ -118,7 +118,7 @@ _counters: dict = {}
 
 
 def _tile_counter(device: torch.device) -> torch.Tensor:
-    """The int32 counter a `dynamic` schedule hands its tiles out with (`schedules.attention.take_tile`), one per
+    """The int32 counter a `dynamic` schedule hands its tiles out with (`schedules.walks.take_tile`), one per
     device and stream: zeroed once, and reset to 0 by each launch's last fetch, so no memset runs per call and a
     CUDA graph may capture the launch. (Launches of one stream run in order; another stream gets its own.)"""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0

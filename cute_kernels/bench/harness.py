@@ -77,7 +77,7 @@ def do_bench_interleaved(fns: dict[str, Callable[[], object]], *, warmup_ms: flo
     reps = int(min(max_reps, max(min_reps, rep_ms * len(names) / est_ms)))
     # The GPU spins before each timed call so that the host has queued the call when `s` fires: at least 100 us,
     # else twice the slowest column's host time per call. The norm backwards at 1k (a ~200 us kernel behind an
-    # autograd call of 165-330 us host time, QuACK's alike: perf.host_time, session 17) read 1.6-2x slow when
+    # autograd call of 165-330 us host time, QuACK's alike: `perf.host_time`) read 1.6-2x slow when
     # the host fell behind the 100 us spin: the event pair then timed the host.
     host_us = 0.0
     for f in fns.values():
@@ -111,8 +111,8 @@ def do_bench_interleaved(fns: dict[str, Callable[[], object]], *, warmup_ms: flo
 def compiled(fn: Callable) -> Callable:
     """The suites' torch.compile column: `fn` compiled for each shape it meets (`dynamic=False`), what a user with
     fixed shapes gets. The default marks a dimension dynamic at its first recompile (automatic dynamic shapes) and a
-    suite calls one function over many shapes: session 18 measured torch.compile's RMSNorm fwd at 8192x16384 at 56 %
-    of copy in the sweep and at 98 % run alone (0.933x ours). The recompile limit is raised so that every shape (and
+    suite calls one function over many shapes: torch.compile's RMSNorm fwd at 8192x16384 measured 56 % of copy in
+    the sweep and 98 % run alone (0.933x ours). The recompile limit is raised so that every shape (and
     grad mode) of a sweep gets its own graph instead of falling back to eager."""
     import torch._dynamo
 
@@ -139,8 +139,8 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
 
 def same_bytes_copy(rows, moved, copy_tbs: float) -> str:
     """A markdown table putting each row's rate beside a device copy that moves the same bytes, measured now: for
-    inputs of tens of MiB a copy itself falls well short of the 1 GiB copy rate the ceilings use (session 18's
-    reading of the elementwise suite: 32 MiB moved 68.5 %, 128 MiB 95.2 %), so this is the floor such a size
+    inputs of tens of MiB a copy itself falls well short of the 1 GiB copy rate the ceilings use (the
+    elementwise suite: 32 MiB moved 68.5 %, 128 MiB 95.2 %), so this is the floor such a size
     allows. `moved(row)`: the bytes the row's kernel must move (a GEMV's or a small-M GEMM's weights)."""
     lines = ["| shape | MiB | ours TB/s | same-bytes copy TB/s | copy % of the 1 GiB copy | ours / same-bytes copy |",
              "|---|---|---|---|---|---|"]

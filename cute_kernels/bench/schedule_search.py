@@ -1,6 +1,6 @@
 """`cute-kernels schedules gemm --shape M N K` and `cute-kernels schedules attention --shape B S H D
 [--causal]`: time the candidate schedules of one shape on the GPU and rank them (lesson 10's
-"compare schedules"; issue 6's FA2 vs FA3 comparison).
+"compare schedules"; the attention's FA2 vs FA3 comparison).
 
 The candidates come from `schedules.gemm.candidates` / `schedules.attention.candidates` (at most ~32
 and ~24, pruned by tile/smem/register rules), are compiled ahead in parallel worker processes (disk
@@ -63,7 +63,7 @@ def _timed(ref_name: str, ref, cands, call, flops) -> tuple[float, list]:
     """(the reference's time, [(candidate, time)]): every candidate and the reference timed in the same
     interleaved rounds (`H.do_bench_interleaved`), so clock and power drift over the search lands on all alike.
     Timed one after another, a schedule's rank moved with the clock: the d128 causal attention default read 678
-    and 627 TFLOP/s in two calls of session 22."""
+    and 627 TFLOP/s in two calls."""
     keys = [f"{i}:{c}" for i, c in enumerate(cands)]  # unique even if two candidates print alike
     fns = {ref_name: ref, **{key: (lambda c=c: call(c)) for key, c in zip(keys, cands)}}
     res = H.do_bench_interleaved(fns, rep_ms=80)

@@ -1,6 +1,6 @@
 """Catalogue entry of the FP8 block-scaled GEMM (lesson 13): the Hopper GEMM kernel in its
 `blockwise` mode. Config: the schedule (restricted by `schedules.fp8_gemm`) and the MoE grouping
-("none", "contiguous", "masked": `schedules.gemm.TileWalk.tile`); signature: the output dtype.
+("none", "contiguous", "masked": `schedules.walks.TileWalk.tile`); signature: the output dtype.
 A and B are e4m3 K-major, the scales fp32 (see `collectives.block_scales`)."""
 
 from __future__ import annotations

@@ -16,57 +16,54 @@ PEAK_FP8_TFLOPS = 1978.9  # H100/H200 SXM dense fp8, by spec: the "% ceiling" co
 ISSUE_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 SHAPES = [(m, n, k) for m in (64, 128, 4096) for n, k in ISSUE_NK]
 QUICK = [(4096, 2112, 7168), (4096, 7168, 2048), (128, 7168, 2048)]
-# `fp8_decode` (session 18): decode batches, where the short A box (`GemmSchedule.a_rows`) won 1.12-1.90x (session 19;
-# the default there since); not part of issue 5's shapes (the `fp8_gemm` suite keeps those)
+# `fp8_decode`: decode batches, where the short A box (`GemmSchedule.a_rows`, the default there) won 1.12-1.90x;
+# not among `ISSUE_NK`'s shapes (the `fp8_gemm` suite keeps those)
 DECODE_SHAPES = [(m, n, k) for m in (1, 16, 32) for n, k in ((7168, 2048), (4096, 7168))]
 OVERLAP = "ours promote_overlap"  # `promote_overlap=True` (large M only; its search: the 128x128 tiles, sb_smem on)
 OVERLAP_MIN_M = 1024
 SB_SMEM = "ours no sb_smem"  # the default schedule with `sb_smem=False` (on by default at M >= 1024)
-# The default schedule with `promote_halves` (session 11): each K-block's WGMMAs in two column halves, one
+# The default schedule with `promote_halves`: each K-block's WGMMAs in two column halves, one
 # promoted on the CUDA cores while the other runs (ncu: 34.6 % of samples waited on the promotion's DEPBAR)
 HALVES = "ours promote_halves"
-# Measured and left as options (perf/results/2026-11-29-h200-db54236, geomean over the six M = 4096
-# shapes vs the then-default 128x128 search): 3 epilogue buffers for a 6th stage 0.990x, 2x2 clusters
-# 1.008x, both 0.999x, explicit 128x192 1.019x, 128x192 with 5 stages 1.020x, the wide search 1.048x
-# (now the default from M = 1024). Columns kept: the 128x128-only search (what the wide tiles replaced)
+# Measured and left as options (geomean over the six M = 4096 shapes vs the 128x128-only search): 3 epilogue buffers for
+# a 6th stage 0.990x, 2x2 clusters 1.008x, both 0.999x, explicit 128x192 1.019x, 128x192 with 5 stages 1.020x, the wide
+# search 1.048x (now the default from M = 1024). Columns kept: the 128x128-only search (what the wide tiles replaced)
 # and 128x192 with 2 epilogue buffers / 5 stages (the best at 4096x2112x7168: 1098 vs 1041 TFLOP/s).
 NARROW = "ours 128x128 search"
 WIDE_DEEP = "ours 128x192 5 stages"
-# The default with the two consumer warpgroups issuing each K-block's WGMMAs in turn (`wg_turns`,
-# session 8; measured 0.982x the default at M = 4096 in session 9: an option only): one warpgroup's
-# promotion under the other's WGMMAs (cooperative defaults only)
+# The default with the two consumer warpgroups issuing each K-block's WGMMAs in turn (`wg_turns`; measured 0.982x the
+# default at M = 4096: an option only): one warpgroup's promotion under the other's WGMMAs (cooperative defaults only)
 TURNS = "ours wg_turns"
 OPTIONS = (HALVES, OVERLAP, SB_SMEM, NARROW, WIDE_DEEP, TURNS)  # large-M, each vs "ours"
-# Small M, measured and settled (perf/results/2026-11-30-h200-8732d8e, geomean over the 12 M <= 128 shapes):
-# `sb_ahead` alone 1.008x, `promote_overlap` + `sb_ahead` 1.091x (now the default there:
-# `schedules.fp8_gemm.small_m_promotion`), split-K in one launch 0.540x, with overlap + sb_ahead 0.607x.
+# Small M, measured and settled (geomean over the 12 M <= 128 shapes): `sb_ahead` alone 1.008x, `promote_overlap` +
+# `sb_ahead` 1.091x (now the default there: `schedules.fp8_gemm.small_m_promotion`), split-K in one launch 0.540x, with
+# overlap + sb_ahead 0.607x.
 PLAIN_SMALL = "ours plain promotion (small M)"  # what the small-M default replaced (no overlap, scales in turn)
-# Narrow 64-row ping-pong tiles (64x32, 64x16; session 13, perf/results/2026-11-30-h200-d05f96b): geomean
-# 0.767x / 0.526x the default over the 12 small-M shapes, but 1.09-1.18x on the three grids that 64x64 left
-# below a wave (64x2112x7168, 64x4096x7168, 128x2112x7168): `schedules.fp8_gemm._narrowed` now picks them
-# there. The column: the 64x64 tile the narrowing replaced, on those shapes.
+# Narrow 64-row ping-pong tiles (64x32, 64x16): geomean 0.767x / 0.526x the default over the 12 small-M shapes, but
+# 1.09-1.18x on the three grids that 64x64 left below a wave (64x2112x7168, 64x4096x7168, 128x2112x7168):
+# `schedules.fp8_gemm._narrowed` now picks them there. The column: the 64x64 tile the narrowing replaced, on those
+# shapes.
 UNNARROWED = "ours 64x64 (small M, not narrowed)"
-# Both ping-pong warpgroups on every 64-row tile, each every other K-block (`GemmSchedule.k_interleave`, session
-# 14): two K-block chains a CTA where the other warpgroup idled (PC sampling, 64x2112x7168: the one chain serial,
-# WGMMA waits 20.6 % of samples). Session 15 (perf/results/2026-11-30-h200-e7feb6f): 1.100x the default of the time
-# over the 7 shapes whose grid gives a CTA one tile, with `sb_ahead` 1.099x: the default there now
-# (`schedules.gemm.K_INTERLEAVE_DEFAULT`). The columns: the schedule it replaced (with that schedule's default
-# promotion: overlap + sb_ahead), and the interleaved one with the B scales a K-block ahead.
+# Both ping-pong warpgroups on every 64-row tile, each every other K-block (`GemmSchedule.k_interleave`): two K-block
+# chains a CTA where the other warpgroup idled (PC sampling, 64x2112x7168: the one chain serial, WGMMA waits 20.6 % of
+# samples). 1.100x the schedule it replaced over the 7 shapes whose grid gives a CTA one tile, with `sb_ahead` 1.099x:
+# the default there now (`schedules.gemm.K_INTERLEAVE_DEFAULT`). The columns: the schedule it replaced (with that
+# schedule's default promotion: overlap + sb_ahead), and the interleaved one with the B scales a K-block ahead.
 NO_K_INTERLEAVE = "ours no k-interleave (small M)"
 K_INTERLEAVE_AHEAD = "ours k-interleave sb_ahead (small M)"
-# The default's tile with the deepest ring that fits (`schedules.fp8_gemm.deep_fp8`: 11-16 stages instead of 8; the
-# bf16 GEMM's 12-stage ring on the same kind of grid won 1.06x). Bitwise the default's output. Session 15
-# (perf/results/2026-11-30-h200-37d0300): 0.985x over the 6 interleaved shapes, not taken.
+# The default's tile with the deepest ring that fits (`schedules.fp8_gemm.deep_fp8`: 11-16 stages instead of 8; the bf16
+# GEMM's 12-stage ring on the same kind of grid won 1.06x). Bitwise the default's output. 0.985x over the 6 interleaved
+# shapes, not taken.
 DEEP = "ours deep ring (small M)"
 # M = 64 grids (one tile row, cluster_m 1): 1x2 clusters multicast A to two N-tiles. Each narrowed CTA reads all
 # of A (64 x K) for its 16-64 columns of B: at 64x2112x7168 (64x16 tiles) 4x the bytes of its B tile, from L2.
-# The bf16 GEMM's small-M default runs 1x2 there. Bitwise the 1x1 output. Unmeasured (session 15).
+# The bf16 GEMM's small-M default runs 1x2 there. Bitwise the 1x1 output. Unmeasured.
 C1X2 = "ours c1x2 (small M)"
-# A's and its scales' TMA boxes cut to the M rows (`GemmSchedule.a_rows`): the default at M <= 32 since session 19
+# A's and its scales' TMA boxes cut to the M rows (`GemmSchedule.a_rows`): the default at M <= 32
 # (`schedules.gemm.shortened`, 1.417x geomean over `fp8_decode`); this column times the whole 64-row box
 WHOLE_BOX = "ours whole A box (M <= 32)"
 SMALL_M = 128
-WEIGHTS_BAR = 0.70  # issue 5: small-M shapes reach >= 70 % of the copy bandwidth on the weights
+WEIGHTS_BAR = 0.70  # the target: small-M shapes reach >= 70 % of the copy bandwidth on the weights
 
 
 def _diff(x, y) -> float:
@@ -287,7 +284,7 @@ def fp8_gemm_grouped(shapes=None, quick=False, ceilings=None):
                 notes.append(f"| {name} | sb from global NOT bitwise equal to the default (sb in smem) | |")
             refs["ours sb global"] = H.do_bench(plain)["median_ms"]
             if layout == "contiguous" and (sched.tile_m, sched.tile_n) != (128, 128):
-                # the 128x128 tile the dense op's search replaced (session 15: the wide tiles 1.03-1.05x)
+                # the 128x128 tile the dense op's search replaced (the wide tiles measured 1.03-1.05x)
                 sq = fp8_schedule("cooperative", 128, 128, cluster_m=1, cluster_n=sched.cluster_n)
                 w = lambda: _contiguous_cuda(a, sa, b, sb, idx, None, sq)  # noqa: E731
                 same = torch.equal(w()[mask], fn()[mask])
@@ -298,7 +295,7 @@ def fp8_gemm_grouped(shapes=None, quick=False, ceilings=None):
             if layout == "contiguous":
                 # the dense op on the grouped walk's cluster shape (1x2: A multicast; the dense default's 2x1
                 # multicasts B, which a contiguous cluster's two M tiles may not share): whether the clusters or
-                # the walk make the gap to "ours dense fp8" (uneven 8 experts: 0.905x at e7feb6f)
+                # the walk make the gap to "ours dense fp8" (uneven 8 experts: 0.905x)
                 d12 = default_fp8_schedule(total, n, k)
                 d12 = fp8_schedule(d12.kind, d12.tile_m, d12.tile_n, cluster_m=1, cluster_n=2)
                 refs["ours dense fp8 1x2"] = H.do_bench(

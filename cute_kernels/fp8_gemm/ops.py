@@ -17,7 +17,7 @@ Shapes and layouts (validated, errors name the argument):
 
 Grouped (MoE) GEMMs, one weight per expert, only M grouped. The
 kernel is the FP8 block-scaled GEMM (`ck.fp8_gemm`) with a grouped tile walk
-(`schedules.gemm.TileWalk.tile`); the scales are the same 1x128 (activations) and 128x128
+(`schedules.walks.TileWalk.tile`); the scales are the same 1x128 (activations) and 128x128
 (weights) blocks.
 
     y = ck.fp8_gemm_grouped_contiguous(a, sa, b, sb, m_indices)           # (M, N)
@@ -155,7 +155,7 @@ def _compiled(out_dtype, sched, device, promote_overlap=False, sb_smem=False, wg
 
 
 # B scales from global one K-block ahead (`sb_ahead`): off until the H200 has run its bitwise tests and the
-# suite's "ours sb ahead" column (session 12 desk: at M = 64 / 128 every K-block's promotion waited for the
+# suite's "ours sb ahead" column (at M = 64 / 128 every K-block's promotion waited for the
 # L2 latency of its own B-scale load; 320-370 ns a K-block at 64x7168x16384 and 64x2112x7168 alike).
 SB_AHEAD_DEFAULT = False
 
@@ -313,7 +313,7 @@ def _compiled_grouped(grouping, out_dtype, sched, device, sb_smem=False):
 
 
 # --- contiguous ---------------------------------------------------------------------------------
-# Grouped GEMMs stage B-scale rows in smem by the dense op's rule (H200, session 12: the bitwise tests
+# Grouped GEMMs stage B-scale rows in smem by the dense op's rule (H200: the bitwise tests
 # `test_*_sb_smem_bitwise` pass; contiguous 4x8192 994 -> 1059 TFLOP/s, masked 1x1024 1096 -> 1191,
 # 4x256 1049 -> 1129, uneven 8 experts 963 -> 1050). False: B scales read from global as before.
 GROUPED_SB_SMEM_DEFAULT = True

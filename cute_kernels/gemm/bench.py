@@ -23,11 +23,11 @@ SHAPES = [
 ]
 QUICK = [(8192, 8192, 8192), (4096, 4096, 4096), (4096, 2112, 7168), (128, 7168, 2048)]
 # `gemm_small`: decode-sized M, where the small-grid defaults (`schedules.gemm.narrowed` / `deepened`) decide
-# (16 and 8 rows since session 17: decode batches, where `GemmSchedule.a_rows` keeps A's box inside M)
+# (16 and 8 rows: decode batches, where `GemmSchedule.a_rows` keeps A's box inside M)
 SMALL_M = [(64, 4096, 4096), (64, 2048, 4096), (64, 4096, 1024), (128, 2112, 4096), (32, 4096, 4096),
            (64, 8192, 8192), (64, 7168, 2048), (128, 7168, 2048), (16, 4096, 4096), (8, 7168, 2048)]
-# Pipeline options of the default schedule (`schedules.gemm.pipeline_variants`; docs/kernels/gemm.md,
-# "2026-11-29 (session 4)"), timed beside it where they apply, each checked bitwise against "ours".
+# Pipeline options of the default schedule (`schedules.gemm.pipeline_variants`; docs/kernels/gemm.md, "How it got
+# here", the pipeline options table), timed beside it where they apply, each checked bitwise against "ours".
 OPTIONS = ["ours c2x2", "ours wg_epilogue", "ours c2x2 wg_epilogue", "ours 5 stages", "ours pingpong 128x192"]
 
 
@@ -73,7 +73,7 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
         if m < 64:
             # A padded to a whole 64-row tile (randn rows, not zeros: zero data runs at higher clocks; the padding copy
             # made once, outside the timing): is M = 32
-            # slower than M = 64 over the same bytes (session 16: 20.7 vs 15.3 us; cuBLAS 16.5 vs 14.8) because
+            # slower than M = 64 over the same bytes (20.7 vs 15.3 us; cuBLAS 16.5 vs 14.8) because
             # each A box is half out of bounds?
             a_pad = H.randn(64, k, seed=5)
             a_pad[:m] = a
@@ -82,8 +82,8 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
                 options.append(col)
             fns[col] = functools.partial(_gemm_cuda, a_pad, b)
             same += f"; padded A bitwise {'=' if torch.equal(_gemm_cuda(a_pad, b)[:m], ck.gemm(a, b)) else '!='} ours"
-            # A's TMA box cut to the M rows (`GemmSchedule.a_rows`, session 17; the default at M <= 32 since session
-            # 18, `schedules.gemm.shortened`): against the whole box, and the default's tile at the other width
+            # A's TMA box cut to the M rows (`GemmSchedule.a_rows`; the default at M <= 32,
+            # `schedules.gemm.shortened`): against the whole box, and the default's tile at the other width
             if d.a_rows:
                 option("ours whole A box (M <= 32)", dataclasses.replace(d, a_rows=0))
                 other = deepened(dataclasses.replace(d, tile_n=96 - d.tile_n, stages=0), m, n)
@@ -91,7 +91,7 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
                 eq = torch.equal(fns["ours whole A box (M <= 32)"](), ck.gemm(a, b))
                 same += f"; whole A box bitwise {'=' if eq else '!='} ours"
         if m <= 256 and d.tile_m == 64 and d.tile_n == 32 and d.split_k == 1 and not d.a_rows:
-            # the narrowed default (`schedules.gemm.narrowed`, session 16) against the 64x64 tile it replaced (with
+            # the narrowed default (`schedules.gemm.narrowed`) against the 64x64 tile it replaced (with
             # that tile's deep ring) and against its own automatic depth
             option("ours 64x64 deep ring (small M)", deepened(dataclasses.replace(d, tile_n=64, stages=0), m, n))
             if d.stages:
@@ -99,10 +99,10 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
             option("ours 64x32 k-interleave (small M)", dataclasses.replace(d, k_interleave=True))
         if m <= 256 and d.tile_m == 64 and d.tile_n == 64 and not d.a_rows:
             # a 64x32 tile on a grid 64x64 leaves below a wave (64x4096x4096: 64 tiles -> 128; the FP8 GEMM's
-            # narrowing measured 1.09-1.18x on such grids, session 13)
+            # narrowing measured 1.09-1.18x on such grids)
             unsplit = dataclasses.replace(d, split_k=1, split_fixup=False)
             option("ours 64x32 (small M)", dataclasses.replace(unsplit, tile_n=32, stages=0))
-            # the default's deep A/B ring (`schedules.gemm.deepened`, session 15: 12 stages of 64x64 1.06x the 8 of
+            # the default's deep A/B ring (`schedules.gemm.deepened`: 12 stages of 64x64 1.06x the 8 of
             # `num_stages`) against the automatic depth, and on the 64x32 tile (16 stages of 12 KiB fit)
             if unsplit.stages:
                 option("ours 8 stages (small M)", dataclasses.replace(unsplit, stages=0))
@@ -110,10 +110,10 @@ def gemm(shapes=None, quick=False, ceilings=None, schedules=("cooperative", "pin
             narrow = deepened(dataclasses.replace(unsplit, tile_n=32, stages=0), m, n)
             if narrow.stages:
                 option("ours 64x32 deep ring (small M)", narrow)
-            # both ping-pong warpgroups on each tile, every other K-block (`k_interleave`, session 14): the other
+            # both ping-pong warpgroups on each tile, every other K-block (`k_interleave`): the other
             # warpgroup idles at one tile a CTA (PC sampling here: 61 % of samples waiting on the full barrier)
             option("ours k-interleave (small M)", dataclasses.replace(unsplit, k_interleave=True))
-        if m >= 1024:  # ping-pong with QuACK's 128x192 tile (192 accumulators a thread; in the model since session 14)
+        if m >= 1024:  # ping-pong with QuACK's 128x192 tile (192 accumulators a thread; in the model too)
             pp192 = GemmSchedule(kind="pingpong", tile_m=128, tile_n=192, cluster_m=2)
             fns["ours pingpong 128x192"] = functools.partial(_gemm_cuda, a, b, schedule=pp192)
         if m >= 1024:  # the options where the square shapes' 740 and the weak shapes are decided

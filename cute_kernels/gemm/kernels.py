@@ -21,7 +21,7 @@ per stage), the producer adds the tile's sa box to each stage, and the consumers
 `mma_k_tiles_promoted` (two-level accumulation) instead of `mma_k_tiles`.
 
 Grouped FP8 (MoE, `grouping="contiguous"` or `"masked"`, launched by `Gemm.fp8_grouped`): B and sb
-hold one expert per batch index, and the tile walk (`schedules.gemm.TileWalk.tile`) gives each
+hold one expert per batch index, and the tile walk (`schedules.walks.TileWalk.tile`) gives each
 tile the expert whose B it multiplies: "contiguous" reads it per M tile from a device vector (tiles
 of padding rows are skipped), "masked" walks only the tiles below each expert's valid row count.
 Everything else (pipeline, promotion, epilogue) is the blockwise kernel.

@@ -14,8 +14,8 @@ from cute_kernels.bench import harness as H
 MiB = 1 << 20
 
 
-GEMV_MMA = "ours tensor cores"  # kernels.gemv_mma where the op's default is the FMA kernel
-GEMV_FMA = "ours FMA kernel"  # kernels.gemv where the default is the tensor-core one
+GEMV_MMA = "ours tensor cores"  # cute_kernels.gemv.mma where the op's default is the FMA kernel
+GEMV_FMA = "ours FMA kernel"  # cute_kernels.gemv.kernels where the default is the tensor-core one
 
 
 def gemv(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):

@@ -1,6 +1,6 @@
 """GEMV on tensor cores for x of 2-8 columns (curriculum lesson 3, the step after the register tile).
 
-Roofline as `kernels.gemv`: W (N, K) is read once, 2*N*K*B FLOPs; floor = bytes of W / copy bandwidth.
+Roofline as `cute_kernels.gemv.kernels`: W (N, K) is read once, 2*N*K*B FLOPs; floor = bytes of W / copy bandwidth.
 The FMA kernel at B = 8 spends 64 FFMAs and 24 conversions per 16-byte vector of W and is bound by
 instruction issue (40-62 % of copy on the H200); here a warp-level `mma.sync.m16n8k16` (bf16/fp16 in,
 fp32 accumulate) does the arithmetic of 8 rows x 8 columns x 16 k per instruction.

@@ -8,8 +8,8 @@ dtype required). The kernel reads each column of x contiguously: pass x as the t
 unit-stride is copied (a (N, K) view with a row stride, e.g. a slice of a fused weight, is read in
 place). Not differentiable (inference op). Kernels: for B >= 2 columns (B >= 5 on W of fewer than 16 rows
 per SM: `schedules.gemv.use_tensor_cores`), bf16 / fp16, K a multiple of 8 and 16-byte aligned rows, the
-tensor-core kernel (`kernels.gemv_mma`:
-mma.sync with x^T as A, 8 rows of W as B); otherwise the FMA kernel with a register tile (`kernels.gemv`).
+tensor-core kernel (`cute_kernels.gemv.mma`:
+mma.sync with x^T as A, 8 rows of W as B); otherwise the FMA kernel with a register tile (`cute_kernels.gemv.kernels`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Catalogue entries of the FP8 e4m3 quantizers that feed the FP8 GEMM (issue 5):
+"""Catalogue entries of the FP8 e4m3 quantizers that feed the FP8 GEMM:
 `quantize.1x128` (activations: one scale per row per 128 columns) and `quantize.128x128`
 (weights: one scale per 128 x 128 block). Kernel: `cute_kernels.quantize.kernels.BlockQuantize`.
 

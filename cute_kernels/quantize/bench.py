@@ -1,4 +1,4 @@
-"""FP8 quantizer benchmark suite (issue 5; issue 3's fused norm output): `ck.quantize_1x128`
+"""FP8 quantizer benchmark suite (and the norms' fused FP8 output): `ck.quantize_1x128`
 (activations) and `ck.quantize_128x128` (weights) in GB/s against the copy ceiling (bytes: x read
 once, e4m3 and fp32 scales written), beside the torch reference (the same rounding, eager) and
 torch.compile of it; and RMSNorm with `fp8_out="block128"` against the unfused pipeline

@@ -1,4 +1,4 @@
-"""FP8 e4m3 block quantizers feeding the FP8 GEMM (issue 5): activations 1 x 128, weights 128 x 128.
+"""FP8 e4m3 block quantizers feeding the FP8 GEMM: activations 1 x 128, weights 128 x 128.
 
 Roofline: read x once (2 bytes per element in bf16), write q (1 byte) and one fp32 scale per 128
 (activations) or 16384 (weights) elements: 3 bytes per element, purely memory-bound (a few flops

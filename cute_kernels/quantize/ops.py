@@ -1,4 +1,4 @@
-"""Torch ops of the FP8 quantizers that feed the FP8 GEMM (lesson 13, issue 5), and their torch references.
+"""Torch ops of the FP8 quantizers that feed the FP8 GEMM (lesson 13), and their torch references.
 
 Quantization (`quantize_1x128`, `quantize_128x128`): per block, amax = max |x| (at least 1e-4),
 scale = amax / 448 (448 = e4m3's largest finite value), rounded up to a power of two when

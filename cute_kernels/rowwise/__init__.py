@@ -74,7 +74,7 @@ _ONE_TILE = Param(False, (False, True), help="one CTA per row tile, the tile loo
                   "resident_grid or prefetch)")
 # The norm forwards on a register plan's capped grid (`HeldRowPlan.resident_grid`, staging "regs": a CTA walks many
 # row tiles) load their 16-bit weight and bias once a CTA and hold them in registers across the tiles
-# (`kernels.norms.NormFwd`); on an uncapped grid each CTA has one tile and loads them in it.
+# (`cute_kernels.rowwise.norms.NormFwd`); on an uncapped grid each CTA has one tile and loads them in it.
 PARAMS_IN_REGS_KERNELS = ("rmsnorm.fwd", "layernorm.fwd")
 _PARAMS_IN_REGS = Param(False, (False, True), help="staging='regs' on the capped grid: 16-bit weight/bias loaded once "
                         "a CTA and held in registers across its row tiles (else loaded per tile)")
@@ -318,7 +318,7 @@ _NORM_SIG = {
     "residual": Param(False, (True, False), "signature", "fused residual add (fwd) / residual gradient (bwd)"),
 }
 _LN_SIG = {**_NORM_SIG, "bias": Param(True, (True, False), "signature", "has a bias")}
-# Forward only (issue 3): y written as FP8 e4m3 with fp32 scales per row or per 1x128 block.
+# Forward only: y written as FP8 e4m3 with fp32 scales per row or per 1x128 block.
 _FP8_SIG = {"fp8_out": Param("none", ("none", "per_token", "block128"), "signature",
                              "y as e4m3 + fp32 scales per token or per 1x128 block (the FP8 GEMM's sa)")}
 

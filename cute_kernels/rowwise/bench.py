@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from cute_kernels.bench import harness as H
 
 MiB = 1 << 20
-# 8k joined in session 19: the first run with it found every kernel's weakest row there (66-86 % of copy)
+# 8k included: the first run with it found every kernel's weakest row there (66-86 % of copy)
 N_ALL = (1024, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 N_QUICK = (4096, 65536)
 # (case, tensors moved per element)
@@ -36,8 +36,8 @@ def _fns(case, n, dtype):
     w = H.randn(n, dtype=dtype, seed=11)
     b = H.randn(n, dtype=dtype, seed=12)
     if direction == "bwd" and fam in ("rmsnorm", "layernorm"):
-        # training: the weight and bias are parameters, so every column computes their gradients too (before
-        # session 18 only x required grad: torch and torch.compile then skipped dweight / dbias, ours did not)
+        # training: the weight and bias are parameters, so every column computes their gradients too (with only x
+        # requiring grad, torch and torch.compile skip dweight / dbias, ours does not)
         w.requires_grad_()
         b.requires_grad_()
     eager = {

@@ -57,9 +57,9 @@ def launch_plan(name: str, plan, dtype: torch.dtype, n: int, aligned: bool, inde
 def without_reg_cap(plan, signature: dict, index64: bool = False):
     """`plan` without its register cap (`HeldRowPlan.reg_cap`) beside a residual, an FP8 output, an fp32 weight or
     64-bit indexing: the caps were measured on the plain signature, and these leave them no room (CPU compile: RMSNorm
-    fwd 8k capped at 3 CTAs an SM, 16-24 B spilled beside the 1x128-block output, session 20; RMSNorm fwd 12288 at 3
-    and LayerNorm fwd 8k at 4, 8-152 B beside the residual, the per-token output, an fp32 weight or 64-bit indexing,
-    session 21). Its grid stays the plan's (grid-stride, at most one wave more; a one-tile plan: a CTA a tile)."""
+    fwd 8k capped at 3 CTAs an SM, 16-24 B spilled beside the 1x128-block output; RMSNorm fwd 12288 at 3 and LayerNorm
+    fwd 8k at 4, 8-152 B beside the residual, the per-token output, an fp32 weight or 64-bit indexing). Its grid
+    stays the plan's (grid-stride, at most one wave more; a one-tile plan: a CTA a tile)."""
     other = (signature.get("residual") or signature.get("fp8_out") not in (None, "none") or index64
              or signature.get("w_dtype") == "fp32")
     return dataclasses.replace(plan, reg_cap=False) if plan.reg_cap and other else plan
@@ -128,7 +128,7 @@ def launch_params(name: str, x2: torch.Tensor, *others, **signature):
     aligned = vector_ok(x2, *others)
     index64 = max(m * max(x2.stride(0), n), n) > INDEX32_LIMIT
     # The call's own key first: the plan choice (`plan_for`, ~5-10 us of Python a call; the norm backwards' whole
-    # autograd call takes 165-330 us of host time, session 17) is made once per length and signature. Keyed by the
+    # autograd call takes 165-330 us of host time) is made once per length and signature. Keyed by the
     # `plan_for` in use, held alive by the key (tests and `perf.tune_rows` patch it), and by the call's argument
     # order (a call site always passes its keywords in one order).
     fast = (name, plan_for, x2.dtype, n, aligned, index64, tuple(signature.items()))
@@ -150,7 +150,7 @@ def launch_params(name: str, x2: torch.Tensor, *others, **signature):
 def grid_ctas_per_sm(name: str, plan, params: dict) -> int:
     """CTAs per SM a forward's capped grid (`HeldRowPlan.resident_grid`) is sized by: whole waves. A staged plan's own
     count covers its staged rows alone, not the weights beside them; where what its kernel fits for this signature
-    (`NormFwd.resident_ctas`) does not divide it, the largest multiple of that fit within it. (Session 20: LayerNorm
+    (`NormFwd.resident_ctas`) does not divide it, the largest multiple of that fit within it. (LayerNorm
     fwd at 6144, staged 128 x 48 held beside its weight and bias, is planned at 8 CTAs an SM and fits 6: a grid of 8
     an SM ran a quarter of its CTAs in a second wave, 0.2290 ms against 0.2146 for the power-of-two plan before it, 4
     of 8 resident, two even waves. The measured defaults, 2 or 4 of 4 or 8, keep their grids.)"""

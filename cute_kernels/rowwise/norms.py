@@ -42,7 +42,7 @@ class NormFwd(HeldRowKernel):
     (rounded to its dtype first, so the backward sees exactly the stored sum). Writes rstd (and
     mean for LayerNorm) per row in fp32 for the backward.
 
-    `fp8_out` (issue 3): "none" writes y in x's dtype; "per_token" / "block128" write y as e4m3
+    `fp8_out`: "none" writes y in x's dtype; "per_token" / "block128" write y as e4m3
     into `out` with fp32 `scales` (M, 1) / (M, ceil(N / 128)) (any strides): y is rounded to x's
     dtype first (the y of the plain kernel), then quantized by `collectives.quantize`, so the
     result is bitwise the unfused norm followed by the quantizer. The row's amax is one more
@@ -74,24 +74,23 @@ class NormFwd(HeldRowKernel):
         elems = plan.tiling.unroll * vec
         if fp8_out != "none" and has_residual and elems >= 64:
             # the quantizing epilogue next to the residual's row: 24-120 B of spills at 128 registers (RMSNorm 128k,
-            # both modes, CPU compile of session 14); 168 fits them (3 CTAs of 128 threads, or 1 of 256)
+            # both modes, CPU compile); 168 fits them (3 CTAs of 128 threads, or 1 of 256)
             self.staged_min_regs = self.held_min_regs = 168
         if plan.staging == "smem" and elems >= 64 and int(has_weight) + int(has_bias) < (2 if kind == "layer" else 1):
             # fewer (N,) operands staged than the measured signature (LayerNorm's weight and bias, RMSNorm's weight):
-            # shared memory then admits more CTAs than the row's registers allow (CPU compile, session 14: LayerNorm
-            # holding 64 elements spilled 104 B at 64 registers, RMSNorm re-reading 128 elements 176 B at 80; session
-            # 20: LayerNorm with a bias or a weight only, 8-40 B at 80); with both, shared memory already held them to
-            # what was measured
+            # shared memory then admits more CTAs than the row's registers allow (CPU compile: LayerNorm holding 64
+            # elements spilled 104 B at 64 registers, RMSNorm re-reading 128 elements 176 B at 80, LayerNorm with a bias
+            # or a weight only 8-40 B at 80); with both, shared memory already held them to what was measured
             self.staged_min_regs = max(self.staged_min_regs, 128 if elems >= 128 else 96)
             self.held_min_regs = max(self.held_min_regs, 96)
         if kind == "rms" and has_residual and plan.hold:
-            # RMSNorm's held row beside the residual's at the 64-register floor (CPU compile, session 16): 256k (512
+            # RMSNorm's held row beside the residual's at the 64-register floor (CPU compile): 256k (512
             # threads x 32 elements, refilled, 2 CTAs an SM) spilled 24 B, 16k (128 threads x 32, 8 an SM) 16 B.
             # 80 fit (fewer CTAs an SM for the fused-residual signature only; the capped grid then takes two waves)
             self.held_min_regs = max(self.held_min_regs, 80)
         if fp8_out == "per_token" and kind == "layer" and not has_residual and elems >= 64:
             # LayerNorm's per-token FP8 epilogue at 64 elements a thread spilled 160 B at 128 registers (32k, 256
-            # threads; CPU compile, session 16, a plan of session 12)
+            # threads; CPU compile)
             self.staged_min_regs = self.held_min_regs = 168
         if plan.welford and kind == "layer":
             # the (count, mean, M2) merge keeps three values a row live through the butterfly: it spilled
@@ -135,7 +134,7 @@ class NormFwd(HeldRowKernel):
         # weight and bias held in registers across them instead of loaded per tile (for LayerNorm two more rows'
         # worth of L2 loads a tile). The plain signature only: ptxas widens the held vectors once, outside the loop,
         # and beside a residual's row or an FP8 epilogue that took LayerNorm 8k from 2 CTAs an SM to 1 (CPU compile,
-        # session 19: residual 128 -> 208 registers, capped at 128 8 B of spills; per-token FP8 125 -> 177)
+        # residual 128 -> 208 registers, capped at 128 8 B of spills; per-token FP8 125 -> 177)
         hw, hb = self.stage_vectors(smem, sl, tidx // self.tpr, (w, b), with_first_tile=True,
                                     in_regs=self.plan.resident_grid and not self.staged and not self.has_residual
                                     and self.fp8_out == "none")
@@ -272,21 +271,20 @@ class NormBwd(HeldRowKernel):
     """
 
     pipelined = True
-    # `HeldRowPlan.hold` (session 16): x and dy read out of their staging buffers once into registers (16-bit), the
+    # `HeldRowPlan.hold`: x and dy read out of their staging buffers once into registers (16-bit), the
     # output pass widening them again instead of re-reading shared memory; with `prefetch` the buffers are then
     # refilled with the next tile (one buffer each, as the held forwards), where the double-buffered prefetch does
-    # not fit beside the shared accumulators (LayerNorm 256k: 224 KiB a CTA; PC sampling there, session 16: 16.7 % of
+    # not fit beside the shared accumulators (LayerNorm 256k: 224 KiB a CTA; PC sampling there: 16.7 % of
     # the samples on the first read of a landed row, nothing in flight while a tile is reduced and stored)
     holds = True
     held_min_regs = 128
-    # ncu, LayerNorm backward 32768x4096 (t256 r128 u4, accumulators in shared memory): 29.7 % of the
-    # warps' cycles stalled on the short scoreboard, the samples on the adds right after each
-    # accumulator's LDS.128 and on registers reused after its STS.128 (few warps resident to hide it).
-    # Only with the row staged in shared memory (its registers free), both accumulators together at
-    # most 32 elements a thread: RMSNorm 64k t256 u4 c8 118 -> 113 registers, 314.5 -> 290.6 us (H200,
-    # session 7 call 4). With the row held in registers they cost more registers than their count
-    # (RMSNorm t128 u4: 106 -> 158, LayerNorm t128 u2: 80 -> 126) and were slower where they fit
-    # (RMSNorm 4k t512 u1 prefetch: 44 -> 56 registers, 223.1 -> 231.2 us).
+    # ncu, LayerNorm backward 32768x4096 (t256 r128 u4, accumulators in shared memory): 29.7 % of the warps' cycles
+    # stalled on the short scoreboard, the samples on the adds right after each accumulator's LDS.128 and on registers
+    # reused after its STS.128 (few warps resident to hide it). Only with the row staged in shared memory (its registers
+    # free), both accumulators together at most 32 elements a thread: RMSNorm 64k t256 u4 c8 118 -> 113 registers, 314.5
+    # -> 290.6 us (H200). With the row held in registers they cost more registers than their count (RMSNorm t128 u4: 106
+    # -> 158, LayerNorm t128 u2: 80 -> 126) and were slower where they fit (RMSNorm 4k t512 u1 prefetch: 44 -> 56
+    # registers, 223.1 -> 231.2 us).
     ACC_REG_ELEMS = NORM_BWD_ACC_REG_ELEMS
 
     def __init__(self, kind: str, dtype, w_dtype, vec: int, index64: bool, plan: HeldRowPlan,

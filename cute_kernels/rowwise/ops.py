@@ -7,7 +7,7 @@ the last dim; math in fp32, one rounding to x's dtype. With `residual`, x + resi
 dtype) is normalized and also returned: `(y, x + residual)`, the fused pre-norm residual stream.
 The forward saves rstd (and mean) per row in fp32; the backward recomputes x-hat from them and
 writes dx in one pass, dweight/dbias as fp32 per-CTA partials summed here in a fixed order, the cast
-fused (`ops.reduction.sum_columns_into`: one small (CTAs, N) launch).
+fused (`cute_kernels.reduction.ops.sum_columns_into`: one small (CTAs, N) launch).
 
 `fp8_out="per_token" | "block128"` (forward only, no autograd; ops `rms_norm_fp8`,
 `layer_norm_fp8`): y comes back as float8_e4m3fn with fp32 scales over the M = numel / N rows,
@@ -65,7 +65,7 @@ FP8_MODES = ("per_token", "block128")
 
 def _fp8_scales(m: int, n: int, mode: str, device):
     """fp32 scales of an FP8 y: (M, 1) per token, or (M, ceil(N/128)) MN-major, K-block stride a
-    multiple of 4 (`ops.fp8_gemm.tma_aligned_scales`'s layout)."""
+    multiple of 4 (`cute_kernels.fp8_gemm.ops.tma_aligned_scales`'s layout)."""
     if mode == "per_token":
         return torch.empty(m, 1, dtype=torch.float32, device=device)
     mp = -(-m // 4) * 4

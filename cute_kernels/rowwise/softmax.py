@@ -73,14 +73,14 @@ class SoftmaxFwd(_RowLoop):
         self.held_min_regs = self.held_regs(plan.tiling.unroll * vec)
         if log and dtype == cutlass.Float16 and plan.hold and plan.tiling.unroll * vec == 64:
             # fp16 log-softmax holding 64 elements: 16 B spilled at 80 (64k / 128k, 256 threads in clusters of 4 / 8;
-            # bf16 and the softmax fit; CPU compile, session 21): 96 fit (2 CTAs an SM for this dtype, not 3)
+            # bf16 and the softmax fit; CPU compile): 96 fit (2 CTAs an SM for this dtype, not 3)
             self.held_min_regs = 96
 
     @staticmethod
     def held_regs(elems: int) -> int:
         """Registers a thread holding `elems` elements of a staged row asks for (`HeldRowPlan.hold`; sets the CTAs
-        per SM): 80 to 64 elements; 168 past that (128 elements: the fp32 exps alone take 128; CPU compile, session
-        18: 167 registers, no spills, 3 CTAs of 128 threads an SM; capped at 80 it spilled 608 B)."""
+        per SM): 80 to 64 elements; 168 past that (128 elements: the fp32 exps alone take 128; CPU compile:
+        167 registers, no spills, 3 CTAs of 128 threads an SM; capped at 80 it spilled 608 B)."""
         return 80 if elems <= 64 else 168
 
     @cute.jit
@@ -90,12 +90,12 @@ class SoftmaxFwd(_RowLoop):
     @cute.kernel
     def kernel(self, x: cute.Tensor, y: cute.Tensor):
         red, sl, count, bidx, gdim, rows, n, group, lane, rank, bufs = self.setup(x, (2,), 1)
-        # The cluster wait after the first tile's loads are issued, as in the norms (session 16; before, at the
-        # kernel's start, so each CTA of a 16-CTA cluster waited for the whole cluster before its first load: at
-        # 256k, ~20 waves of CTAs of ~8 us each, 0.86x QuACK, which waits only at its reduction). Session 8 had
-        # moved it to the start after strided 32x65536 rows gave staged and register plans different bits there;
-        # a likely cause, ptxas contracting the state merge's l1 * e1 + l2 * e2 differently in the two kernels,
-        # is gone since the merge writes its fma (`collectives.online_softmax.merge`).
+        # The cluster wait after the first tile's loads are issued, as in the norms (at the kernel's start each CTA of a
+        # 16-CTA cluster waited for the whole cluster before its first load: at 256k, ~20 waves of CTAs of ~8 us each,
+        # 0.86x QuACK, which waits only at its reduction). It once sat at the start because strided 32x65536 rows gave
+        # staged and register plans different bits with the wait here; a likely cause, ptxas contracting the state
+        # merge's l1 * e1 + l2 * e2 differently in the two kernels, is gone since the merge writes its fma
+        # (`collectives.online_softmax.merge`).
         if cutlass.const_expr(self.prefetch):  # the first tile's row
             row0 = bidx * self.rows_per_cta + group
             sl.fetch(x[row0, None], row0 < rows, _NEG_INF, bufs[0])
@@ -148,7 +148,7 @@ class SoftmaxBwd(_RowLoop):
         self.staged_rows = (dtype, dtype)
         if dtype == cutlass.Float16 and plan.staging == "smem" and plan.tiling.unroll * vec >= 64:
             # fp16's conversions beside 64 staged elements a thread: 24 B spilled at the 80 registers 6 CTAs of 128
-            # threads get (the 12289-16384 plan; bf16 fits; CPU compile, session 21): 96 fit
+            # threads get (the 12289-16384 plan; bf16 fits; CPU compile): 96 fit
             self.staged_min_regs = 96
 
     @cute.jit
@@ -195,9 +195,9 @@ class CrossEntropyFwd:
     """loss[m] = lse(x[m]) - x[m, target[m]] (0 where target == ignore_index) and lse[m], fp32.
     A target outside [0, N) other than ignore_index gives NaN.
 
-    Not a held row: the forward only reduces, so it streams like the row sum (`kernels.reduction`):
-    the row tiling of `schedules.row_tiling.plan_rows` (`ops.softmax.ce_plan`), each thread
-    folding its vectors into an online-softmax state through `strided_fold`: a pass's `unroll`
+    Not a held row: the forward only reduces, so it streams like the row sum (`cute_kernels.reduction.kernels`):
+    the row tiling of `schedules.row_tiling.plan_rows` (`schedules.row_tiling.ce_plan`), each thread
+    folding its vectors into an online-softmax state through `schedules.walks.strided_fold`: a pass's `unroll`
     vectors are loaded together and folded at once (`online_softmax.fold` of the list: one max in
     the logits' type, then the exps, one rescale per pass), so no exp is scheduled before the
     pass's last load (a per-vector fold let ptxas sink half the loads behind the exps); the row's

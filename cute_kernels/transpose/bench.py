@@ -20,11 +20,11 @@ TRANSPOSE_VARIANTS = ("naive", "smem", "swizzle", "tma")
 TRANSPOSE_ORDERS = {
     "row": {"order": "row"}, "diagonal": {"order": "diagonal"},
     "g8": {"order": "grouped", "group": 8}, "g64": {"order": "grouped", "group": 64},
-    # a CTA per 2 x 2 block of tiles (session 13: fp32 16384^2 ran 86 % of copy, 0.87x torch.compile, on
+    # a CTA per 2 x 2 block of tiles (fp32 16384^2 ran 86 % of copy, 0.87x torch.compile, on
     # one 32 x 32 tile a CTA with 128-byte row runs; the block makes them 256 bytes on both sides)
     "sub2": {"sub": 2}, "sub1": {"sub": 1},  # sub1: one tile a CTA (the default below ~100 MiB a matrix)
-    # persistent CTAs, the next block's TMA load under this one's transpose and stores (session 13 desk;
-    # the swizzle column of this entry is skipped: TMA only)
+    # persistent CTAs, the next block's TMA load under this one's transpose and stores (the swizzle column of this
+    # entry is skipped: TMA only)
     "persistent": {"persistent": True},
 }
 TRANSPOSE_ORDER_VARIANTS = ("swizzle", "tma")
