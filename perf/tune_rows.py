@@ -548,19 +548,21 @@ def _ce_passes(plan, m: int, sms: int):
 
 def sweep_ce(ns, jobs: int) -> list[str]:
     """Time `ce_candidates` (and QuACK's forward, when importable) on bf16 (M, N) logits of 256 MiB
-    through `cute_kernels.cross_entropy`, the plan swapped in by patching `ops.softmax.ce_plan`."""
+    through `cute_kernels.cross_entropy`, the plan swapped in by patching the ops' `ce_plan`
+    (`schedules.row_tiling.ce_plan`, imported into `cute_kernels.rowwise.ops`)."""
     import importlib
 
     import cute_kernels as ck
     from cute_kernels.precompile import item, precompile
+    from schedules import row_tiling as RT
 
-    S = importlib.import_module("cute_kernels.rowwise.ops")  # the package re-exports a `softmax` function
+    S = importlib.import_module("cute_kernels.rowwise.ops")
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     orig = S.ce_plan
 
     def cands_at(n):  # the op's default settings at this width first
-        d = dict(S.CE_FWD_LONG_PLAN if n >= S.CE_FWD_LONG_ROW else S.CE_FWD_PLAN)
+        d = dict(RT.CE_FWD_LONG_PLAN if n >= RT.CE_FWD_LONG_ROW else RT.CE_FWD_PLAN)
         return d, [d] + [c for c in ce_candidates() if c != d]
 
     items = []

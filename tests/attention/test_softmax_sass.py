@@ -1,5 +1,5 @@
-"""CPU: the softmax of a K/V block as the SASS shows it (docs/kernels/attention.md, "Why we are at
-0.92x FA4: desk analysis"). Per block and consumer thread at D = 128, tile_n = 128 (two rows of 32
+"""CPU: the softmax of a K/V block as the SASS shows it (docs/kernels/attention.md, "How it got
+here": "The loop"). Per block and consumer thread at D = 128, tile_n = 128 (two rows of 32
 columns): 64 + 2 ex2 (the probabilities and the two rescale factors), 64 packed-pair conversions of P
 in 32 F2FP; the row max as independent partial chains (FMNMX/SHFL dependency depth <= 12, was 34 when
 folded one by one); `lazy_rescale`: one VOTE.ALL and a branch around the 64 FMULs of the O rescale,

@@ -1,6 +1,6 @@
 """CPU: the masked / unmasked loop split (`AttentionSchedule.split_mask`) and FA4's row-sum order
-(`sum_from_corr`), read from the SASS (docs/kernels/attention.md, "2026-11-30: split_mask and
-sum_from_corr").
+(`sum_from_corr`), read from the SASS (docs/kernels/attention.md, "How it got here":
+"The loop").
 
 * `mask_split` gives exactly `block_needs_mask`'s blocks as runs (checked block by block on Python
   ints over tiles, lengths, windows): the unmasked loop may skip the mask only if this holds.

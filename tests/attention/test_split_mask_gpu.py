@@ -1,5 +1,5 @@
-"""GPU: `split_mask` and `sum_from_corr` (docs/kernels/attention.md, "2026-11-30: split_mask and
-sum_from_corr").
+"""GPU: `split_mask` and `sum_from_corr` (docs/kernels/attention.md, "How it got here":
+"The loop").
 
 * split_mask walks the same blocks in the same order with the same operations as the one-buffer
   overlap default, only in three loops (key end / right edge, interior, left edge) instead of one

@@ -1,5 +1,5 @@
 """CPU: where the consumers wait for their WGMMAs, read from the SASS (docs/kernels/attention.md,
-"2026-11-29: where the overlap waits").
+"How it got here": "The loop").
 
 * No schedule makes ptxas serialize the WGMMAs (C7514/C7512: one WARPGROUP.ARRIVE and one
   WARPGROUP.DEPBAR per HGMMA, the tensor cores idle between them). The first draft of `double_p` did,

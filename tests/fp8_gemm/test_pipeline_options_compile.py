@@ -1,4 +1,4 @@
-"""CPU: the FP8 GEMM's pipeline variants (docs/kernels/fp8_gemm.md, "2026-11-29 (session 4)") compile for sm_90a
+"""CPU: the FP8 GEMM's pipeline variants (docs/kernels/fp8_gemm.md, "The options") compile for sm_90a
 and are what they claim in SASS, with the K loop of the default.
 
 * `epi_stages=3` (`DEEP_EPI_STAGES`): 3 epilogue buffers instead of 4 leave room for a 6th A/B

@@ -1,4 +1,4 @@
-"""GPU: the FP8 GEMM's pipeline variants (docs/kernels/fp8_gemm.md, "2026-11-29 (session 4)"): 6 stages with
+"""GPU: the FP8 GEMM's pipeline variants (docs/kernels/fp8_gemm.md, "The options"): 6 stages with
 3 epilogue buffers, 2x2 clusters (A and B multicast, the grid capped by the co-resident clusters),
 both, 128x192 with 5 stages and the wide tiles with sb_smem. Same math per output element as the
 schedule they vary (same K-blocks, same promotion order): bitwise equal to it, and DeepGEMM's metric

@@ -1,4 +1,4 @@
-"""CPU: the bf16 GEMM's pipeline options (docs/kernels/gemm.md, "2026-11-29 (session 4)") compile for
+"""CPU: the bf16 GEMM's pipeline options (docs/kernels/gemm.md, "How it got here": the pipeline options) compile for
 sm_90a and are what they claim in SASS, with the default's K loop.
 
 * `wg_epilogue`: cooperative, each consumer warpgroup stores its own 64 rows of the tile: 128-thread

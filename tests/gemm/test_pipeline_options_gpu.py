@@ -1,4 +1,4 @@
-"""GPU: the bf16 GEMM's pipeline options (docs/kernels/gemm.md, "2026-11-29 (session 4)"): `wg_epilogue`
+"""GPU: the bf16 GEMM's pipeline options (docs/kernels/gemm.md, "How it got here": the pipeline options): `wg_epilogue`
 (each cooperative consumer warpgroup stores its own rows), 2x2 clusters (A and B multicast, the grid
 capped by the co-resident 4-CTA clusters), `epi_stages=2` (a 5th stage at 128x192) and their
 combinations. Each computes every output element with the same WGMMAs in the same K order as the
