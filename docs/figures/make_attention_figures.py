@@ -5,8 +5,8 @@ rules, as the kernel orders them, with unit costs.
 
 A tiny event replay, not a measurement: one tensor-core queue per SM shared by the warpgroups (a
 WGMMA starts when the queue is free, in issue order), each warpgroup's own CUDA cores for the softmax,
-a TMA copy per K/V block. The programs below are the kernel's loops in `cute_kernels/kernels/
-flash_attn.py` (`consumer`, `load_kv`, `load_kv_inline`) written as steps; the ping-pong turns are
+a TMA copy per K/V block. The programs below are the kernel's loops in
+`cute_kernels/attention/forward.py` (`consumer`, `load_kv`, `load_kv_inline`) written as steps; the ping-pong turns are
 the named barriers, the stage ring the mbarriers. Change a cost and the picture follows.
 """
 

@@ -253,7 +253,7 @@ def gemv_register_tile(out: Path, n_rows: int = 4096, k: int = 4096, cols=(1, 4,
 
 def gemv_mma_chunk(out: Path) -> Path:
     """One 32-wide K chunk of the tensor-core GEMV: which lane loads which 16 bytes of W (and of x), and
-    which k slot of which MMA each element feeds (`kernels.gemv_mma.chunk_slot`)."""
+    which k slot of which MMA each element feeds (`cute_kernels.gemv.mma.chunk_slot`)."""
     import numpy as np
 
     from cute_kernels.gemv.mma import chunk_slot
