@@ -19,7 +19,7 @@ from schedules.row_tiling import RowTiling
 @dataclass(frozen=True, eq=False)
 class ArgMaxSpec(KernelSpec):
     def check(self, p):
-        RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
+        self.schedule_of(p)
         if p["row_head"] and (p["aligned"] or p["dtype"] == "key"):
             raise ValueError("row_head is for values whose rows are not 16-byte aligned (aligned=False)")
 
@@ -33,7 +33,7 @@ class ArgMaxSpec(KernelSpec):
         from cute_kernels.argmax.kernels import ArgMax
 
         keys_in, dt, vec = self._in(p)
-        tiling = RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
+        tiling = self.schedule_of(p)
         kernel = ArgMax(dt, vec, p["index64"], tiling, keys_in, p["keys_out"], p["row_head"])
         m, n = index_sym(p["index64"]), index_sym(p["index64"])
         align = 16 if (p["aligned"] and not keys_in) else dt.width // 8
@@ -65,7 +65,7 @@ class ArgMaxSpec(KernelSpec):
 ARGMAX = ArgMaxSpec(
     name="argmax.rows", family="argmax", lesson=12,
     summary="argmax over the last dim: (value, index) as ordered Int64 keys, ties -> lowest index, NaN first",
-    ops=("argmax",), status="ready",
+    ops=("argmax",), status="ready", schedule=RowTiling,
     params={
         "dtype": Param("bf16", (*dtypes.FLOAT_NAMES, "key"), "signature", "element type ('key': second pass)"),
         "aligned": SIG_COMMON["aligned"],

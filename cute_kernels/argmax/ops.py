@@ -11,23 +11,18 @@ from __future__ import annotations
 
 import torch
 
-from cute_kernels import catalog, dtypes
+from cute_kernels import dtypes
+from cute_kernels.argmax import ARGMAX
 from cute_kernels.reduction.ops import _rows_of
 from cute_kernels.torch_ops import INDEX32_LIMIT, UNCAPPED, call, check_tensor, register_op
 from schedules.hardware import num_sms
 from schedules.row_tiling import plan_rows
 
-_fns: dict[tuple, object] = {}
-
 
 def _kernel(dtype: str, aligned, index64, keys_out, tiling, row_head=False):
-    key = (dtype, aligned, index64, keys_out, tiling, row_head)
-    fn = _fns.get(key)
-    if fn is None:
-        fn = _fns[key] = catalog.get("argmax.rows").compiled(
-            dtype=dtype, aligned=aligned, index64=index64, keys_out=keys_out, threads=tiling.threads,
-            threads_per_row=tiling.threads_per_row, unroll=tiling.unroll, row_head=row_head)
-    return fn
+    """The ArgMax kernel for `tiling` (its schedule) and this signature, from the compile cache."""
+    return ARGMAX.compiled(tiling, dtype=dtype, aligned=aligned, index64=index64, keys_out=keys_out,
+                           row_head=row_head)
 
 
 # The per-row aligned head for 16-bit rows that are not 16-byte aligned. H200: bf16 16384 x 50257 3.08 -> 4.26 TB/s

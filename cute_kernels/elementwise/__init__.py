@@ -31,7 +31,7 @@ class ElementwiseSpec(KernelSpec):
         if p.get("mode") == "bulk":  # copy only: threads/unroll/ctas_per_sm/order do not apply
             kernel = BulkCopy(dt, p["index64"], BulkChunks(p["chunk_bytes"], p["pieces"]))
         else:
-            sched = GridStride(p["threads"], p["unroll"], p["ctas_per_sm"], p["order"])
+            sched = self.schedule_of(p)
             kernel = Elementwise(self.name.split(".")[1], dt, vec, p["index64"], sched)
         n = index_sym(p["index64"])
         align = 16 if p["aligned"] else dt.width // 8
@@ -69,6 +69,7 @@ def _elementwise(op: str, summary: str, ops: tuple[str, ...]) -> ElementwiseSpec
         summary=summary,
         ops=ops,
         status="ready",
+        schedule=GridStride,
         params={
             **SIG_COMMON,
             "threads": Param(tuned.threads, (128, 256, 512), help="threads per CTA"),

@@ -25,8 +25,8 @@ _fns: dict[tuple, object] = {}
 def _launch(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, a: float, b: float,
             schedule: GridStride | BulkChunks | None = None) -> None:
     """Run kernel `elementwise.<op>` on flat contiguous tensors (n >= 1) under the tuned schedule
-    for its size (or `schedule`). The common case costs one dict lookup: the compiled function and
-    its grid cap are cached together per (op, dtype, alignment, index width, schedule, device).
+    for its size (or `schedule`). The common case costs one dict lookup: a launch memo holds the compiled
+    function (from the compile cache) and its grid cap per (op, dtype, alignment, index width, schedule, device).
     A `BulkChunks` schedule (copy only) runs the TMA bulk-copy kernel; operands that are not 16-byte
     aligned take the grid-stride kernel instead. Without `schedule`, copy takes the bulk kernel in
     the sizes `schedules.bulk_chunks.SIZE_CLASSES` lists (none yet)."""

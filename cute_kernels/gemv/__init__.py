@@ -14,6 +14,7 @@ from cute_kernels.catalog import SIG_COMMON, KernelSpec, Param
 from cute_kernels.fake import fake_stream, fake_tensor, index_sym
 from cute_kernels.lazy import cutlass
 from schedules.gemv import TUNED as GEMV_SCHEDULES
+from schedules.gemv import GemvMmaPlan
 from schedules.row_tiling import RowTiling
 
 GEMV_TUNED = {k: GEMV_SCHEDULES[1][k] for k in ("threads", "unroll")}  # defaults: the B = 1 schedule
@@ -22,7 +23,7 @@ GEMV_TUNED = {k: GEMV_SCHEDULES[1][k] for k in ("threads", "unroll")}  # default
 @dataclass(frozen=True, eq=False)
 class GemvSpec(KernelSpec):
     def check(self, p):
-        RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
+        self.schedule_of(p)
         if p["row_block"] * p["cols"] > 32:
             raise ValueError(f"row_block * cols must be <= 32, got {p['row_block']} * {p['cols']}")
 
@@ -31,7 +32,7 @@ class GemvSpec(KernelSpec):
 
         dt = dtypes.cutlass_of(p["dtype"])
         vec = dtypes.vec_of(p["dtype"], p["aligned"])
-        tiling = RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
+        tiling = self.schedule_of(p)
         kernel = Gemv(dt, p["cols"], vec, p["index64"], tiling, p["row_block"])
         sym = lambda d=1: index_sym(p["index64"], d)  # noqa: E731
         n, k = sym(), sym()
@@ -61,7 +62,7 @@ class GemvSpec(KernelSpec):
 GEMV = GemvSpec(
     name="gemv.rows", family="gemv", lesson=3,
     summary="y = W x for x of 1-8 columns; row-parallel, fp32 accumulation, bandwidth-bound on W",
-    ops=("gemv",), status="ready",
+    ops=("gemv",), status="ready", schedule=RowTiling,
     params={
         **SIG_COMMON,
         "cols": Param(1, tuple(range(1, 9)), "signature", "columns of x (decode batch)"),
@@ -100,7 +101,7 @@ class GemvMmaSpec(KernelSpec):
 GEMV_MMA = GemvMmaSpec(
     name="gemv.mma", family="gemv", lesson=3,
     summary="y = W x for x of 1-8 columns on tensor cores (mma.sync m16n8k16, x^T as A, 8 rows of W as B)",
-    ops=("gemv",), status="ready",
+    ops=("gemv",), status="ready", schedule=GemvMmaPlan,
     params={
         "dtype": Param("bf16", ("bf16", "fp16"), "signature", "element type of W, x and y"),
         "index64": SIG_COMMON["index64"],

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from cute_kernels import catalog, dtypes
+from cute_kernels import dtypes
+from cute_kernels.gemv import GEMV, GEMV_MMA
 from cute_kernels.torch_ops import INDEX32_LIMIT, call, check_tensor, register_op
 from schedules.gemv import plan_gemv, plan_gemv_mma, use_tensor_cores
 from schedules.hardware import num_sms
 
 MAX_COLS = 8
-_fns: dict[tuple, object] = {}
 
 
 def _gemv_fake(w, x):
@@ -76,22 +76,13 @@ def _gemv_cuda(w, x, tensor_cores=None):
     sms = num_sms(w.device.index or 0)
     if (tensor_cores if tensor_cores is not None else use_tensor_cores(n, b, sms)) and _mma_ok(w, k, aligned):
         plan = plan_gemv_mma(n, k, sms)
-        key = ("mma", w.dtype, b, index64, plan)
-        fn = _fns.get(key)
-        if fn is None:
-            fn = _fns[key] = catalog.get("gemv.mma").compiled(
-                dtype=dtypes.name_of(w.dtype), cols=b, index64=index64, warps=plan.warps,
-                row_blocks=plan.row_blocks, unroll=plan.unroll)
+        fn = GEMV_MMA.compiled(plan, dtype=dtypes.name_of(w.dtype), cols=b, index64=index64)
         fn(w, xt, y.view(n, b))
         return y
     v = vec if aligned else 1
     plan = plan_gemv(n, k // v, b, sms)
-    key = (w.dtype, b, aligned, index64, plan.tiling, plan.row_block)
-    fn = _fns.get(key)
-    if fn is None:
-        fn = _fns[key] = catalog.get("gemv.rows").compiled(
-            dtype=dtypes.name_of(w.dtype), cols=b, aligned=aligned, index64=index64, threads=plan.tiling.threads,
-            threads_per_row=plan.tiling.threads_per_row, unroll=plan.tiling.unroll, row_block=plan.row_block)
+    fn = GEMV.compiled(plan.tiling, dtype=dtypes.name_of(w.dtype), cols=b, aligned=aligned, index64=index64,
+                       row_block=plan.row_block)
     fn(w, xt, y.view(n, b), plan.max_ctas(sms))
     return y
 

@@ -22,7 +22,6 @@ from cute_kernels.torch_ops import INDEX32_LIMIT, direct_call_ok, register_op
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 BLOCK = 128
-_fns: dict[tuple, object] = {}
 
 
 def _blocks(x: int) -> int:
@@ -119,11 +118,9 @@ def _quant_launch(name, x, q, scales, ue8m0):
         x = x.as_strided((1, k), (-(-k // ALIGN_ELEMS) * ALIGN_ELEMS, 1))
     aligned = k % ALIGN_ELEMS == 0 and x.stride(0) % ALIGN_ELEMS == 0 and x.data_ptr() % 16 == 0
     index64 = max(r * x.stride(0), r * k) > INDEX32_LIMIT
-    key = (name, x.dtype, aligned, index64, ue8m0)
-    fn = _fns.get(key)
-    if fn is None:  # scalar variant: one pass (two took 73 registers, past the 64 the CTA count assumes)
-        fn = _fns[key] = catalog.get(name).compiled(dtype=dtypes.name_of(x.dtype), aligned=aligned,
-                                                    index64=index64, ue8m0=ue8m0, passes=2 if aligned else 1)
+    # scalar variant: one pass (two took 73 registers, past the 64 the CTA count assumes)
+    fn = catalog.get(name).compiled(dtype=dtypes.name_of(x.dtype), aligned=aligned, index64=index64, ue8m0=ue8m0,
+                                    passes=2 if aligned else 1)
     fn(x, q, scales, _QUANT_CTAS_PER_SM[name] * num_sms(x.get_device()))
 
 

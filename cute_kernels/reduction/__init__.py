@@ -20,7 +20,7 @@ from schedules.row_tiling import RowTiling
 @dataclass(frozen=True, eq=False)
 class RowSumSpec(KernelSpec):
     def check(self, p):
-        RowTiling(p["threads"], p["threads_per_row"], p["unroll"])  # raises on a bad combination
+        self.schedule_of(p)  # raises on a bad combination
 
     def build(self, p):
         from cute_kernels.reduction.kernels import RowSum
@@ -28,7 +28,7 @@ class RowSumSpec(KernelSpec):
         dt = dtypes.cutlass_of(p["dtype"])
         out_dt = dtypes.cutlass_of(p["out_dtype"])
         vec = dtypes.vec_of(p["dtype"], p["aligned"])
-        tiling = RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
+        tiling = self.schedule_of(p)
         kernel = RowSum(dt, out_dt, vec, p["index64"], tiling)
         m, n = index_sym(p["index64"]), index_sym(p["index64"])
         x = cute.runtime.make_fake_tensor(
@@ -65,6 +65,7 @@ ROW_SUM = RowSumSpec(
     summary="sum over the last dim (and, with a split pass, over all elements); fp32 accumulation, deterministic",
     ops=("sum",),
     status="ready",
+    schedule=RowTiling,
     params={
         **SIG_COMMON,
         "out_dtype": Param("bf16", dtypes.FLOAT_NAMES, "signature", "output element type"),

@@ -18,19 +18,11 @@ from cute_kernels.torch_ops import rows_of as _rows_of
 from schedules.hardware import num_sms
 from schedules.row_tiling import plan_rows
 
-_fns: dict[tuple, object] = {}
-
 
 def _kernel(dtype, out_dtype, aligned, index64, tiling):
-    key = (dtype, out_dtype, aligned, index64, tiling)
-    fn = _fns.get(key)
-    if fn is None:
-        fn = ROW_SUM.compiled(
-            dtype=dtypes.name_of(dtype), out_dtype=dtypes.name_of(out_dtype), aligned=aligned, index64=index64,
-            threads=tiling.threads, threads_per_row=tiling.threads_per_row, unroll=tiling.unroll,
-        )
-        _fns[key] = fn
-    return fn
+    """The row sum for `tiling` (its schedule) and this signature, from the compile cache."""
+    return ROW_SUM.compiled(tiling, dtype=dtypes.name_of(dtype), out_dtype=dtypes.name_of(out_dtype), aligned=aligned,
+                            index64=index64)
 
 
 def _sum_rows(x2: torch.Tensor, out: torch.Tensor, **plan_options) -> None:
@@ -63,11 +55,8 @@ def sum_columns_into(partials: torch.Tensor, out: torch.Tensor) -> None:
     aligned = (n % vec == 0 and partials.stride(0) % vec == 0 and partials.data_ptr() % 16 == 0
                and out.data_ptr() % (vec * out.element_size()) == 0)
     threads = min(1024, max(128, 32 * (1 << max(0, c - 1).bit_length())))
-    key = ("col", partials.dtype, out.dtype, aligned, threads)
-    fn = _fns.get(key)
-    if fn is None:
-        fn = _fns[key] = COL_SUM.compiled(dtype=dtypes.name_of(partials.dtype),
-                                                  out_dtype=dtypes.name_of(out.dtype), aligned=aligned, threads=threads)
+    fn = COL_SUM.compiled(dtype=dtypes.name_of(partials.dtype), out_dtype=dtypes.name_of(out.dtype), aligned=aligned,
+                          threads=threads)
     fn(partials, out)
 
 

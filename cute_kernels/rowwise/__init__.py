@@ -158,7 +158,16 @@ def config_of(plan: HeldRowPlan, name: str | None = None) -> dict:
 
 @dataclass(frozen=True, eq=False)
 class RowwiseSpec(KernelSpec):
-    """`name` is `<family>.<fwd|bwd>`, family in rmsnorm, layernorm, softmax, log_softmax, cross_entropy."""
+    """`name` is `<family>.<fwd|bwd>`, family in rmsnorm, layernorm, softmax, log_softmax, cross_entropy. The config is
+    a `HeldRowPlan`: its tiling's fields are the parameters threads / threads_per_row / vpt, its options the ones
+    of the same name (`resident_grid` is `params_in_regs`, which holds the weights across the capped grid's tiles);
+    each kernel has only the options it builds (`config_of`, `plan_of`)."""
+
+    def config_of(self, schedule):
+        return config_of(schedule, self.name)
+
+    def schedule_of(self, p):
+        return plan_of(p)
 
     def check(self, p):
         plan = plan_of(p)  # raises on a bad combination
@@ -309,7 +318,7 @@ def _spec(name: str, lesson: int, summary: str, ops: tuple[str, ...], extra: dic
     if name in STAGED_TENSORS:  # the held-row kernels (their clusters)
         params["cluster_fold"] = _CLUSTER_FOLD
     return RowwiseSpec(name=name, family="rowwise", lesson=lesson, summary=summary, ops=ops, status="ready",
-                       params=params)
+                       params=params, schedule=HeldRowPlan)
 
 
 _NORM_SIG = {
@@ -348,7 +357,7 @@ class CrossEntropyFwdSpec(KernelSpec):
     width, and the pass (`mode`: whole rows, split partials, or the merge of the partials)."""
 
     def check(self, p):
-        RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
+        self.schedule_of(p)
 
     def build(self, p):
 
@@ -357,7 +366,7 @@ class CrossEntropyFwdSpec(KernelSpec):
         dt = dtypes.cutlass_of(p["dtype"])
         i64 = p["index64"]
         vec = 2 if p["mode"] == "merge" else dtypes.vec_of(p["dtype"], p["aligned"])
-        tiling = RowTiling(p["threads"], p["threads_per_row"], p["unroll"])
+        tiling = self.schedule_of(p)
         m = index_sym(i64)
         x_vec = dtypes.vec_of(p["dtype"], p["aligned"])
         x = cute.runtime.make_fake_tensor(dt, (m, index_sym(i64)), stride=(index_sym(i64, x_vec), 1),
@@ -401,7 +410,7 @@ class CrossEntropyFwdSpec(KernelSpec):
 CE_FWD = CrossEntropyFwdSpec(
     name="cross_entropy.fwd", family="rowwise", lesson=7,
     summary="cross-entropy loss and log-sum-exp per row, streamed (online-softmax fold); probabilities never stored",
-    ops=("cross_entropy",), status="ready",
+    ops=("cross_entropy",), status="ready", schedule=RowTiling,
     params={
         **SIG_COMMON,
         "mode": Param("rows", ("rows", "partial", "merge"), "signature",

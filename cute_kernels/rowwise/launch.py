@@ -140,9 +140,9 @@ def launch_params(name: str, x2: torch.Tensor, *others, **signature):
     hit = _fns.get(key)
     if hit is None:  # the kernel and the plan it was built for (`launch_plan` may swap it)
         plan = launch_plan(name, plan, x2.dtype, n, aligned, index64, signature)
-        params = dict(dtype=dtypes.name_of(x2.dtype), aligned=aligned, index64=index64, **config_of(plan, name),
-                      **signature)
-        hit = _fns[key] = (catalog.get(name).compiled(**params), grid_plan(name, plan, params))
+        sig = dict(dtype=dtypes.name_of(x2.dtype), aligned=aligned, index64=index64, **signature)
+        params = {**config_of(plan, name), **sig}
+        hit = _fns[key] = (catalog.get(name).compiled(plan, **sig), grid_plan(name, plan, params))
     _fns[fast] = hit
     return hit
 

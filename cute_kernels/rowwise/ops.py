@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import torch
 
-from cute_kernels import catalog, dtypes
+from cute_kernels import dtypes
 from cute_kernels.reduction.ops import sum_columns_into
+from cute_kernels.rowwise import CE_FWD
 from cute_kernels.rowwise.launch import INDEX32_LIMIT, UNCAPPED, grid_ctas, launch_params
 from cute_kernels.torch_ops import call, check_like, check_tensor, register_op, rows_of
 from schedules.hardware import num_sms
@@ -363,17 +364,9 @@ def _ce_fake(logits, target, ignore_index):
             torch.empty(m, dtype=torch.float32, device=logits.device))
 
 
-_ce_fns: dict[tuple, object] = {}
-
-
 def _ce_kernel(dtype, aligned, index64, mode, tiling):
-    key = (dtype, aligned, index64, mode, tiling)
-    fn = _ce_fns.get(key)
-    if fn is None:
-        fn = _ce_fns[key] = catalog.get("cross_entropy.fwd").compiled(
-            dtype=dtypes.name_of(dtype), aligned=aligned, index64=index64, mode=mode, threads=tiling.threads,
-            threads_per_row=tiling.threads_per_row, unroll=tiling.unroll)
-    return fn
+    """The streamed cross-entropy forward for `tiling` (its schedule) and this pass, from the compile cache."""
+    return CE_FWD.compiled(tiling, dtype=dtypes.name_of(dtype), aligned=aligned, index64=index64, mode=mode)
 
 
 def _ce_rows(x2, t, loss, lse, ignore_index: int, **plan_options) -> None:

@@ -25,7 +25,7 @@ class GatedSpec(KernelSpec):
 
         dt = dtypes.cutlass_of(p["dtype"])
         vec = dtypes.vec_of(p["dtype"], p["aligned"])
-        sched = GridStride(p["threads"], p["unroll"], p["ctas_per_sm"], p["order"])
+        sched = self.schedule_of(p)
         kernel = GatedActivation(self.name.split(".")[1], dt, vec, p["index64"], sched)
         n = index_sym(p["index64"])
         align = 16 if p["aligned"] else dt.width // 8
@@ -41,6 +41,7 @@ def _gated(op: str, summary: str) -> GatedSpec:
     t = SWIGLU_TUNED
     return GatedSpec(
         name=f"swiglu.{op}", family="swiglu", lesson=11, summary=summary, ops=("silu", "swiglu"), status="ready",
+        schedule=GridStride,
         params={
             **SIG_COMMON,
             "threads": Param(t.threads, (128, 256, 512), help="threads per CTA"),

@@ -27,8 +27,6 @@ from cute_kernels.torch_ops import (
 )
 from schedules.hardware import num_sms
 
-_fns: dict[tuple, object] = {}
-
 
 def _launch(op: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
     """Run `swiglu.<op>` on flat contiguous tensors of one length n >= 1."""
@@ -38,12 +36,7 @@ def _launch(op: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
     # 64-bit also below 2^31 elements where the 32-bit walk would wrap (`GridStride.index32_ok`)
     wide = n > INDEX32_LIMIT or (n >= 2**24 and not sched.index32_ok(
         n, 16 // outs[0].element_size() if aligned else 1, num_sms(outs[0].get_device())))
-    key = (op, outs[0].dtype, aligned, wide)
-    fn = _fns.get(key)
-    if fn is None:
-        fn = _fns[key] = catalog.get(f"swiglu.{op}").compiled(
-            dtype=dtypes.name_of(outs[0].dtype), aligned=key[2], index64=key[3], threads=sched.threads,
-            unroll=sched.unroll, ctas_per_sm=sched.ctas_per_sm, order=sched.order)
+    fn = catalog.get(f"swiglu.{op}").compiled(sched, dtype=dtypes.name_of(outs[0].dtype), aligned=aligned, index64=wide)
     a = ins + [ins[0]] * (3 - len(ins))
     o = outs + [outs[0]] * (2 - len(outs))
     fn(*a, *o, sched.max_ctas(num_sms(outs[0].get_device())))

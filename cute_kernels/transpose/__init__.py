@@ -12,6 +12,7 @@ from cute_kernels import dtypes
 from cute_kernels.catalog import SIG_COMMON, KernelSpec, Param
 from cute_kernels.fake import fake_stream, fake_tensor, index_sym
 from cute_kernels.lazy import cutlass
+from schedules.tile_order import TileOrder
 
 VARIANTS = ("naive", "smem", "swizzle", "tma")
 
@@ -24,12 +25,11 @@ class TransposeSpec(KernelSpec):
 
     def build(self, p):
         from cute_kernels.transpose.kernels import Transpose
-        from schedules.tile_order import TileOrder
 
         dt = dtypes.cutlass_of(p["dtype"])
         vec = dtypes.vec_of(p["dtype"], p["aligned"])
         kernel = Transpose(self.name.split(".")[1], dt, vec, p["index64"], p["threads"], p.get("pad", -1),
-                           TileOrder(p["order"], p["group"]), p.get("sub", 1), p.get("persistent", False))
+                           self.schedule_of(p), p.get("sub", 1), p.get("persistent", False))
         sym = lambda d=1: index_sym(p["index64"], d)  # noqa: E731
         m, n, b = sym(), sym(), sym()
         align = 16 if p["aligned"] else dt.width // 8
@@ -50,6 +50,7 @@ def _transpose(variant: str, summary: str, lesson: int, extra=None) -> Transpose
     return TransposeSpec(
         name=f"transpose.{variant}", family="transpose", lesson=lesson, summary=summary, ops=("transpose",),
         status="ready",
+        schedule=TileOrder,
         params={**SIG_COMMON, "threads": Param(128, (128, 256), help="threads per CTA (one T x T tile)"),
                 "order": Param("grouped", ("grouped", "row", "diagonal"),
                                help="tile order (schedules.tile_order): row = the plain 2-D grid"),

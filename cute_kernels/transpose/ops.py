@@ -22,8 +22,6 @@ from cute_kernels.transpose import VARIANTS
 from schedules.hardware import num_sms
 from schedules.tile_order import persistent_ctas_per_sm, transpose_sub
 
-_fns: dict[tuple, object] = {}
-
 
 def _check(x, variant):
     check_tensor("x", x)
@@ -61,11 +59,8 @@ def _transpose_cuda(x, variant="tma", config=None):
         config.pop("persistent", None)
     if variant != "naive" and "sub" not in config:  # large matrices: a CTA per 2 x 2 block of tiles
         config["sub"] = transpose_sub(variant, m, n, x.element_size())
-    key = (variant, x.dtype, aligned, index64, tuple(sorted(config.items())))
-    fn = _fns.get(key)
-    if fn is None:
-        fn = _fns[key] = catalog.get(f"transpose.{variant}").compiled(
-            dtype=dtypes.name_of(x.dtype), aligned=aligned, index64=index64, **config)
+    fn = catalog.get(f"transpose.{variant}").compiled(dtype=dtypes.name_of(x.dtype), aligned=aligned, index64=index64,
+                                                      **config)
     xs = x3.permute(1, 2, 0)
     if b == 1:  # a single batch entry: its stride is never used; give it one the kernel accepts
         xs = xs.as_strided((m, n, 1), (x3.stride(1), 1, m * x3.stride(1)))
