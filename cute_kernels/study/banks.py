@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from cute_kernels.study.layout import Layout, evaluate, in_dsl
+from cute_kernels.study.layout import Layout, check_swizzle, evaluate, in_dsl
 
 BANKS = 32
 BANK_BYTES = 4
@@ -105,6 +105,7 @@ def make_tile(rows: int, cols: int, esize: int, *, pad: int = 0, swizzle=None, n
         raise ValueError(f"layout {layout} has {layout.size} elements, tile is {rows}x{cols}")
     if swizzle is not None:
         b, m, s = swizzle
+        check_swizzle(b, m, s)
         if (1 << m) < esize:
             raise ValueError(f"swizzle S<{b},{m},{s}> moves units of {1 << m} bytes, smaller than one element")
     if name is None:

@@ -80,7 +80,7 @@ def cmd_algebra(args) -> int:
     steps = algebra(args.op, a, b)
     width = max(len(s.label) for s in steps)
     for s in steps:
-        print(f"{s.label:<{width}}  =  {s.layout}")
+        print(f"{s.label:<{width}}  =  {s}")
         if s.note:
             print(f"{'':<{width}}     {s.note}")
     if args.svg or args.png:
@@ -88,7 +88,8 @@ def cmd_algebra(args) -> int:
         for s in steps:
             if s.layout.size > 4096:
                 continue
-            panels.append(draw.layout_panel(s.layout, f"{s.label} = {s.layout}", note=s.note))
+            note = s.note + ("; one color and one outline a tile" if s.tiles is not None else "")
+            panels.append(draw.layout_panel(s.layout, f"{s.label} = {s}", note=note, tiles=s.tiles))
         _save(panels, args, f"{args.op}")
     return 0
 
@@ -96,10 +97,12 @@ def cmd_algebra(args) -> int:
 @_guard
 def cmd_swizzle(args) -> int:
     from cute_kernels.study import banks, draw
+    from cute_kernels.study.layout import check_swizzle
 
     rows, cols = _dims(args.tile, 2, "--tile")
     esize = banks.dtype_bytes(args.dtype)
     sw = (args.B, args.M, args.S)
+    check_swizzle(*sw)
     print(f"S<{args.B},{args.M},{args.S}> (DSL: {banks.swizzle_dsl_string(sw)}) on byte addresses of a "
           f"{rows}x{cols} {args.dtype} tile ({cols * esize} bytes per row)")
     tile = banks.make_tile(rows, cols, esize, swizzle=sw)

@@ -34,6 +34,21 @@ class Panel:
     cells: list[list[Cell | None]]
     notes: list[str] = field(default_factory=list)
     kind: str = "layout"
+    tiles: tuple[tuple[int, ...], ...] | None = None  # a tile id per cell: an outline around each tile
+
+    def tile_edges(self) -> list[tuple[int, int, int, int]]:
+        """(r0, c0, r1, c1) segments in cell units where neighbouring cells lie in different tiles, and the frame."""
+        if self.tiles is None:
+            return []
+        t, rows, cols = self.tiles, self.rows, self.cols
+        out = [(0, 0, 0, cols), (rows, 0, rows, cols), (0, 0, rows, 0), (0, cols, rows, cols)]
+        for r in range(rows):
+            for c in range(cols):
+                if c + 1 < cols and t[r][c] != t[r][c + 1]:
+                    out.append((r, c + 1, r + 1, c + 1))
+                if r + 1 < rows and t[r][c] != t[r + 1][c]:
+                    out.append((r + 1, c, r + 1, c + 1))
+        return out
 
     @property
     def rows(self) -> int:
@@ -80,15 +95,22 @@ GROUP_COLORS = [_hex(*colorsys.hsv_to_rgb(g / 8.0, 0.4, 1.0)) for g in range(8)]
 # ----------------------------------------------------------------------------------------------
 # panels
 
-def layout_panel(layout: Layout, title: str | None = None, g: Grid | None = None, note: str = "") -> Panel:
-    """Coordinates to offsets: cell (r, c) shows the offset of coordinate (r, c)."""
+def layout_panel(layout: Layout, title: str | None = None, g: Grid | None = None, note: str = "",
+                 tiles: tuple[tuple[int, ...], ...] | None = None) -> Panel:
+    """Coordinates to offsets: cell (r, c) shows the offset of coordinate (r, c). With `tiles` (a tile id per
+    cell: the divides) each tile has one color and an outline, and the cells carry `data-tile`."""
     g = g or grid(layout)
-    period = min(max(v for row in g.values for v in row) + 1, 64)
-    colors = palette(period)
-    cells = [[Cell(str(v), colors[v % period], {"row": r, "col": c, "offset": v}) for c, v in enumerate(row)]
-             for r, row in enumerate(g.values)]
+    if tiles is not None:
+        colors = palette(max(v for row in tiles for v in row) + 1)
+        cells = [[Cell(str(v), colors[tiles[r][c]], {"row": r, "col": c, "offset": v, "tile": tiles[r][c]})
+                  for c, v in enumerate(row)] for r, row in enumerate(g.values)]
+    else:
+        period = min(max(v for row in g.values for v in row) + 1, 64)
+        colors = palette(period)
+        cells = [[Cell(str(v), colors[v % period], {"row": r, "col": c, "offset": v}) for c, v in enumerate(row)]
+                 for r, row in enumerate(g.values)]
     notes = [note] if note else []
-    return Panel(title or str(layout), cells, notes, "layout")
+    return Panel(title or str(layout), cells, notes, "layout", tiles)
 
 
 def tv_panel(tv: TVGrid, title: str | None = None, note: str = "", color_by: str = "thread") -> Panel:
@@ -220,10 +242,15 @@ def svg(panels: list[Panel], title: str | None = None) -> str:
                     outlines.append(f'<rect class="outline" x="{x + 1}" y="{yy + 1}" width="{cw - 2}" height="{ch - 2}" '
                                     f'fill="none" stroke="#000" stroke-width="2"/>')
         parts.extend(outlines)
+        for r0, c0, r1, c1 in p.tile_edges():
+            parts.append(f'<line class="tile-edge" x1="{x0 + c0 * cw}" y1="{y0 + r0 * ch}" x2="{x0 + c1 * cw}" '
+                         f'y2="{y0 + r1 * ch}" stroke="#000" stroke-width="2.5"/>')
         parts.append("</g>")
         width = max(width, x0 + p.cols * cw + pad, pad + 7 * max([len(p.title)] + [len(n) for n in p.notes]))
         y = y0 + p.rows * ch + pad * 2
     height = y
+    if title:  # 14 px bold monospace: ~8.5 px a character
+        width = max(width, pad + round(8.5 * len(title)) + pad)
     head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}">')
     style = ("<style>.cell{stroke:#999;stroke-width:0.5}text{font-family:monospace}"
@@ -253,11 +280,16 @@ def png(panels: list[Panel], path: str | Path, title: str | None = None, dpi: in
 
     unit = 0.32
     heights = [p.rows + 1.9 + 0.6 * len(p.notes) for p in panels]
-    width = max(p.cols for p in panels) + 1.5
+    # in cell units (0.32 in): a monospace character is 0.6 of its point size wide; the text starts 1.3 cells left
+    # of the grid, so the figure is as wide as the longest title or note as well as the widest grid
+    chars = [len(title or "") * 10 * 0.6 / 72 / unit]
+    chars += [len(p.title) * 8 * 0.6 / 72 / unit for p in panels]
+    chars += [len(n) * 6.5 * 0.6 / 72 / unit for p in panels for n in p.notes]
+    span = max(max(p.cols for p in panels) + 1.5, max(chars) + 0.5, 3.0 / unit)  # cells from x = -1.5
     fig_h = sum(heights) * unit + (0.4 if title else 0.1)
-    fig = plt.figure(figsize=(max(3.0, width * unit), max(1.5, fig_h)), dpi=dpi)
+    fig = plt.figure(figsize=(span * unit, max(1.5, fig_h)), dpi=dpi)
     ax = fig.add_axes([0, 0, 1, 1])
-    ax.set_xlim(-1.5, width)
+    ax.set_xlim(-1.5, span - 1.5)  # one cell is `unit` inches across, whatever the grid
     total = sum(heights) + (1.2 if title else 0)
     ax.set_ylim(total, 0)
     ax.axis("off")
@@ -272,7 +304,7 @@ def png(panels: list[Panel], path: str | Path, title: str | None = None, dpi: in
             ax.text(-1.3, y + 0.3, note, fontsize=6.5, family="monospace", color="#444", va="center")
             y += 0.6
         y += 0.3
-        fs = 5.5 if p.rows * p.cols <= 1024 else 0
+        fs = 5.5 if p.rows * p.cols <= 4096 else 0  # (the figure grows with the grid: labels stay this size)
         lstep = 1 if fs else max(1, max(p.rows, p.cols) // 16)
         for c in range(0, p.cols, lstep):
             ax.text(c + 0.5, y - 0.25, str(c), fontsize=4.5, ha="center", va="center", color="#666")
@@ -289,14 +321,17 @@ def png(panels: list[Panel], path: str | Path, title: str | None = None, dpi: in
                 if fs:
                     ax.text(c + 0.5, y + r + 0.5, cell.text, fontsize=fs * (0.75 if "\n" in cell.text else 1),
                             ha="center", va="center", family="monospace", linespacing=0.9)
+        for r0, c0, r1, c1 in p.tile_edges():
+            ax.plot([c0, c1], [y + r0, y + r1], color="black", linewidth=1.6, solid_capstyle="butt")
         y += p.rows + 0.6
     fig.savefig(str(path), dpi=dpi)
     plt.close(fig)
     try:  # a palette PNG: flat cells and text need few colors, and the file shrinks several-fold
         from PIL import Image
 
-        with Image.open(path) as im:
-            small = im.convert("RGB").quantize(colors=96)
+        fills = len({cell.fill for p in panels for row in p.cells for cell in row if cell is not None})
+        with Image.open(path) as im:  # every fill kept apart (128 threads: 128 colors) beside text's greys
+            small = im.convert("RGB").quantize(colors=min(256, max(96, fills + 64)))
         small.save(path, optimize=True)
     except ImportError:  # pragma: no cover - pillow comes with matplotlib
         pass

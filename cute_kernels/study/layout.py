@@ -61,6 +61,14 @@ def _congruent(a: IntTuple, b: IntTuple) -> bool:
     return True
 
 
+def check_swizzle(b: int, m: int, s: int) -> None:
+    """CuTe's Swizzle<B,M,S> XORs the B bits at [M+|S|, M+|S|+B) into the B bits at [M, M+B): it needs B >= 0,
+    M >= 0 and |S| >= B (the two bit ranges apart). The DSL silently makes any other triple S<0,4,3>; refuse it."""
+    if b < 0 or m < 0 or abs(s) < b:
+        raise ValueError(f"swizzle S<{b},{m},{s}> is not a swizzle: it needs B >= 0, M >= 0 and |S| >= B (B bits at "
+                         f"[M+|S|, M+|S|+B) XORed into [M, M+B)); e.g. S<3,4,3>, the 128-byte swizzle of 16-byte units")
+
+
 @dataclass(frozen=True)
 class Layout:
     """A static CuTe layout: nested `shape` and `stride` tuples of ints, optionally swizzled.
@@ -76,6 +84,8 @@ class Layout:
     def __post_init__(self):
         if not _congruent(self.shape, self.stride):
             raise ValueError(f"shape {_fmt(self.shape)} and stride {_fmt(self.stride)} are not congruent")
+        if self.swizzle is not None:
+            check_swizzle(*self.swizzle)
 
     def __str__(self) -> str:
         plain = f"{_fmt(self.shape)}:{_fmt(self.stride)}"
@@ -370,11 +380,33 @@ def tv_grid(tv: Layout, tile_mn: tuple[int, int], offsets: list[int] | None = No
 
 @dataclass(frozen=True)
 class Step:
-    """One line of a derivation: a label, the layout it produced, and what it means."""
+    """One line of a derivation: a label, the layout it produced, and what it means. `tiles` (the divides): the
+    tile of each cell of the layout's grid (`grid`), drawn as one color and one outline a tile; `text`: how the
+    step prints when it is not a layout (a by-mode tiler)."""
 
     label: str
     layout: Layout
     note: str = ""
+    tiles: tuple[tuple[int, ...], ...] | None = None
+    text: str | None = None
+
+    def __str__(self) -> str:
+        return self.text or str(self.layout)
+
+
+def _result_tiles(layout: Layout, by_mode: bool) -> tuple[tuple[int, ...], ...]:
+    """The tile of each cell of a divide's result grid. A by-mode logical_divide gives ((t0, n0), (t1, n1)): row r
+    is in-tile coordinate r % size(t0) of tile row r // size(t0), column c likewise; every other divide gives
+    (tile, rest...): each column of the grid is one tile."""
+    rows, cols = grid_dims(layout)
+    if by_mode and isinstance(layout.shape, tuple):
+        modes = layout.shape if layout.rank > 1 else (layout.shape[0],)
+        t = [_product(m[0]) if isinstance(m, tuple) else 1 for m in modes]
+        if layout.rank == 1:
+            return (tuple(c // t[0] for c in range(cols)),)
+        n0 = rows // t[0]
+        return tuple(tuple(r // t[0] + n0 * (c // t[1]) for c in range(cols)) for r in range(rows))
+    return tuple(tuple(c for c in range(cols)) for _ in range(rows))
 
 
 OPS = ("composition", "complement", "coalesce", "right_inverse", "logical_divide", "zipped_divide",
@@ -434,7 +466,18 @@ def algebra(op: str, a: Layout, b: Tiler | int | None = None) -> list[Step]:
         elif op == "right_inverse":
             steps.append(Step(f"right_inverse({a})", from_dsl(cute.right_inverse(A)), _NOTES[op]))
         elif op.endswith("_divide"):
-            steps.append(Step("B (tiler)", b if isinstance(b, Layout) else _tuple_as_layout(b)))
+            if not isinstance(b, Layout) and all(isinstance(x, int) for x in b) and len(b) == a.rank:
+                # a shape tiler: B's tiles are blocks of A's coordinates, tile (i, j) = coordinates // b
+                rows, cols = grid_dims(a)
+                if a.rank == 1:
+                    tiles = (tuple(c // b[0] for c in range(cols)),)
+                else:
+                    per = -(-rows // b[0])
+                    tiles = tuple(tuple(r // b[0] + per * (c // b[1]) for c in range(cols)) for r in range(rows))
+                steps.append(Step("B (tiler)", a, f"a {' x '.join(map(str, b))} tile of A's coordinates, by mode",
+                                  tiles, _tiler_str(b)))
+            else:
+                steps.append(Step("B (tiler)", b if isinstance(b, Layout) else _tuple_as_layout(b)))
             B = to_dsl(b)
             if isinstance(b, Layout):
                 comp = cute.complement(B, cute.size(A))
@@ -447,11 +490,14 @@ def algebra(op: str, a: Layout, b: Tiler | int | None = None) -> list[Step]:
                     ai = cute.get(A, mode=[i])
                     steps.append(Step(f"mode {i}: logical_divide({a.mode(i)}, {bi})",
                                       from_dsl(cute.logical_divide(ai, _as_dsl_layout(bi))), "by-mode: each mode divided alone"))
-            ld = cute.logical_divide(A, B)
-            steps.append(Step(f"logical_divide(A, {_tiler_str(b)})", from_dsl(ld), _NOTES["logical_divide"]))
+            ld = from_dsl(cute.logical_divide(A, B))
+            by_mode = not isinstance(b, Layout)
+            steps.append(Step(f"logical_divide(A, {_tiler_str(b)})", ld, _NOTES["logical_divide"],
+                              _result_tiles(ld, by_mode)))
             if op != "logical_divide":
                 fn = cute.zipped_divide if op == "zipped_divide" else cute.tiled_divide
-                steps.append(Step(f"{op}(A, {_tiler_str(b)})", from_dsl(fn(A, B)), _NOTES[op]))
+                res = from_dsl(fn(A, B))
+                steps.append(Step(f"{op}(A, {_tiler_str(b)})", res, _NOTES[op], _result_tiles(res, False)))
         else:  # products: B is a layout (a bare shape tuple is made column-major)
             if isinstance(b, Layout):
                 lb = b

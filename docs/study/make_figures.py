@@ -24,7 +24,9 @@ OUT = Path(__file__).resolve().parent / "figures"
 def steps_figure(name, op, a, b=None):
     bb = None if b is None else (int(b) if op == "complement" else parse_tiler(b))
     steps = algebra(op, parse(a), bb)
-    panels = [draw.layout_panel(s.layout, f"{s.label} = {s.layout}", note=s.note) for s in steps]
+    panels = [draw.layout_panel(s.layout, f"{s.label} = {s}", tiles=s.tiles,
+                                note=s.note + ("; one color and one outline a tile" if s.tiles is not None else ""))
+              for s in steps]
     return draw.save(panels, OUT / f"{name}.svg", op)
 
 

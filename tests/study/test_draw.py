@@ -145,3 +145,33 @@ def test_operand_layouts_match_the_dsl_helpers(monkeypatch):
     fallback = atoms.tma_boxes("a", "mn", (128, 128, 64), "bf16")
     assert (boxes.box_elems, boxes.boxes, boxes.box) == (fallback.box_elems, fallback.boxes, fallback.box)
     assert (boxes.box_elems, boxes.boxes) == (4096, 2)
+
+
+def test_divide_pictures_show_the_tiles():
+    """logical_divide by a shape tiler: B is drawn as the blocks of A it cuts (not as a layout), the result with one
+    tile id per cell, one color per tile and an outline around each; zipped_divide: a tile per column."""
+    from cute_kernels.study.layout import algebra, parse_tiler
+
+    steps = algebra("zipped_divide", parse("(4,8):(1,4)"), parse_tiler("(2,4)"))
+    tiler, ld, zd = steps[1], steps[-2], steps[-1]
+    assert str(tiler) == "<2, 4>" and tiler.tiles == ((0, 0, 0, 0, 2, 2, 2, 2), (0, 0, 0, 0, 2, 2, 2, 2),
+                                                      (1, 1, 1, 1, 3, 3, 3, 3), (1, 1, 1, 1, 3, 3, 3, 3))
+    assert ld.tiles == tiler.tiles and zd.tiles == tuple((0, 1, 2, 3) for _ in range(8))
+    panel = draw.layout_panel(ld.layout, str(ld), tiles=ld.tiles)
+    root = ET.fromstring(draw.svg([panel]))
+    tiles_of = {}
+    for c in cells(draw.svg([panel])):
+        tiles_of.setdefault(c.get("data-tile"), set()).add(c.get("fill"))
+    assert len(tiles_of) == 4 and all(len(f) == 1 for f in tiles_of.values())
+    assert len({f for fs in tiles_of.values() for f in fs}) == 4  # a color a tile
+    edges = [e for e in root.iter(NS + "line") if e.get("class") == "tile-edge"]
+    assert len(edges) == 4 + 4 + 8  # the frame, 4 cell edges between columns 3 and 4, 8 between rows 1 and 2
+
+
+def test_png_is_as_wide_as_its_title(tmp_path):
+    """A narrow grid under a long title: the PNG widens to the title (it used to clip it)."""
+    title = "T" * 120
+    path = tmp_path / "t.png"
+    draw.png([draw.layout_panel(parse("2:1"), title)], path)
+    width, _ = struct.unpack(">II", path.read_bytes()[16:24])
+    assert width >= 120 * 8 * 0.6 / 72 * 100  # 8 pt monospace characters at 100 dpi
