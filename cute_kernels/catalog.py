@@ -161,6 +161,10 @@ class KernelSpec:
     def dynamic_smem_bytes(self, p: dict[str, Any]) -> int | None:
         return None
 
+    def local_memory_note(self, p: dict[str, Any]) -> str | None:
+        """Why a variant keeps local memory by design (None: it should have none)."""
+        return None
+
     def compiled(self, schedule=None, **overrides):
         """The compiled callable for `schedule` (a schedule object, for specs whose config it is) and the other
         parameters, through the process-wide compile cache (its memory tier answers a repeated call before any

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from cute_kernels import target  # noqa: F401
+from cute_kernels import target
 
 
 def _parse_kv(items: list[str]) -> dict[str, str]:
@@ -53,21 +53,24 @@ def cmd_compile(args) -> int:
     if args.all:
         from cute_kernels.precompile import precompile_all
 
-        n, secs = precompile_all(jobs=args.jobs, sweep=args.sweep)
-        print(f"compiled {n} variants into the cache in {secs:.1f} s")
+        n, compiled, secs = precompile_all(jobs=args.jobs, sweep=args.sweep)
+        print(f"{n} variants: {compiled} compiled, {n - compiled} found in the compile cache ({secs:.1f} s)")
         return 0
     if not args.kernel:
         raise SystemExit("compile: name a KERNEL (see `cute-kernels list`) or pass --all")
+    if args.arch:
+        target.check_arch(args.arch)  # before anything is built
     spec = catalog.get(args.kernel)
     if spec.status != "ready":
         raise SystemExit(f"{spec.name} is {spec.status}: not built yet")
     params = spec.resolve(_parse_kv(args.config))
     t0 = time.perf_counter()
-    report, files = compile_with_artifacts(spec, params, args.dump, args.arch)
+    report, files = compile_with_artifacts(spec, params, args.dump, args.arch, cache=True)
     print(report.format())
-    print(f"  compile time {time.perf_counter() - t0:.2f} s")
+    took = time.perf_counter() - t0
+    print(f"  {'found in the compile cache' if report.from_cache else 'compiled'} in {took:.2f} s")
     for kind, path in files.items():
-        print(f"  wrote {kind}: {path}")
+        print(f"  {kind}: {path}")
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_dict(), indent=2))
     return 0
@@ -115,24 +118,62 @@ def cmd_schedules(args) -> int:
     return search(*args.shape, out_dir=args.out, limit=args.limit)
 
 
+def _variant(spec, params: dict) -> str:
+    """A variant's short name: its parameters that differ from the catalogue's defaults ("default": none)."""
+    base = spec.resolve()
+    diff = [f"{k}={v}" for k, v in params.items() if base.get(k) != v]
+    return " ".join(diff) or "default"
+
+
 def cmd_main(args) -> int:
-    """Compile and report every ready kernel; with a GPU, also run the benchmarks."""
-    import torch
+    """Compile and report every ready kernel's representative variants; with a GPU, also run the benchmarks."""
+    import hashlib
 
     from cute_kernels import catalog
     from cute_kernels.artifacts import compile_with_artifacts
 
-    rows = []
+    out = Path(args.out) if args.out else None
+    rows, notes, compiled = [], [], 0
+    t0 = time.perf_counter()
     for spec in catalog.ready():
         for params in spec.representative():
-            report, _ = compile_with_artifacts(spec, params, os.path.join(args.out, "artifacts") if args.out else None)
+            key = spec.key(params)
+            folder = None
+            if out is not None:  # one folder per variant: <kernel>/<a digest of its config and signature>
+                digest = hashlib.sha256(f"{key.config}|{key.signature}".encode()).hexdigest()[:10]
+                folder = out / "artifacts" / spec.name / digest
+            report, _ = compile_with_artifacts(spec, params, str(folder) if folder else None, cache=True)
+            compiled += not report.from_cache
+            if folder is not None:
+                (folder / "report.txt").write_text(f"{key}\n\n{report.format()}\n")
             k = report.kernels[0]
-            rows.append((spec.name, spec.key(params).signature, k.registers, report.spills,
-                         report.ptx_census["ld.global.v4 (128-bit)"], report.ptx_census["st.global.v4 (128-bit)"]))
-            print(f"compiled {spec.name:<20} {spec.key(params).config:<40} regs {k.registers:>3}", flush=True)
-    print(f"\n{'kernel':<20} {'signature':<44} {'regs':>4} {'spills':>6} {'ld.v4':>5} {'st.v4':>5}")
+            ptx, sass = report.ptx_census, report.sass_census or {}
+            local = max(kr.local_bytes for kr in report.kernels)
+            variant = _variant(spec, params)
+            rows.append((spec.name, variant if len(variant) <= 44 else variant[:41] + "...", k.registers,
+                         k.static_smem_bytes + (report.dynamic_smem_bytes or 0), local, ptx["wgmma.mma_async"],
+                         ptx["cp.async.bulk.tensor"], ptx["ld.global.v4 (128-bit)"], ptx["st.global.v4 (128-bit)"],
+                         sass.get("LDL/STL (spills)", "-")))
+            if local or report.spills:
+                why = spec.local_memory_note(params)
+                notes.append(f"{spec.name} [{variant}]: {local} B of local memory" + (f" ({why})" if why else ""))
+            print(f"{'cached  ' if report.from_cache else 'compiled'} {spec.name:<20} {variant[:70]}", flush=True)
+    head = ("kernel", "variant (non-default parameters)", "regs", "smem B", "local B", "wgmma", "tma", "ld.v4",
+            "st.v4", "LDL/STL")
+    widths = (20, 44, 4, 7, 7, 5, 4, 5, 5, 7)
+    print()
+    print("  ".join(f"{h:<{w}}" if i < 2 else f"{h:>{w}}" for i, (h, w) in enumerate(zip(head, widths))))
     for r in rows:
-        print(f"{r[0]:<20} {r[1]:<44} {r[2]:>4} {str(r[3]):>6} {r[4]:>5} {r[5]:>5}")
+        print("  ".join(f"{str(v):<{w}}" if i < 2 else f"{str(v):>{w}}" for i, (v, w) in enumerate(zip(r, widths))))
+    print(f"\n{len(rows)} variants of {len(catalog.ready())} kernels: {compiled} compiled, {len(rows) - compiled} "
+          f"found in the compile cache ({time.perf_counter() - t0:.1f} s). smem: static + the dynamic bytes a spec declares; local: the "
+          "frame of local memory (spills or local arrays); wgmma / tma / ld.v4 / st.v4: PTX instruction counts.")
+    for n in notes:
+        print(f"  note: {n}")
+    if out is not None:
+        print(f"artifacts (PTX, cubin, SASS and the report of each variant): {out / 'artifacts'}/<kernel>/<variant>/")
+    import torch
+
     if not torch.cuda.is_available():
         print("\nno GPU here: compiled and reported only (run on an H200 to benchmark)")
         return 0

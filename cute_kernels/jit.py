@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from cute_kernels.lazy import cute, cutlass
+from cute_kernels.lazy import cute
 from cute_kernels.target import check_arch, current_arch
 
 _PROJECT_PACKAGES = ("cute_kernels", "collectives", "schedules")
@@ -59,12 +59,21 @@ def source_fingerprint() -> str:
     return fingerprint_of(_project_root())
 
 
-def fingerprint_of(root: Path) -> str:
-    import tvm_ffi
+def _version(dist: str, module: str) -> str:
+    """A dependency's version from its installed metadata (importing the DSL to ask costs ~0.7 s), else the module's."""
+    import importlib.metadata
 
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:  # unpacked without metadata (the lab's GPU bundle)
+        return importlib.import_module(module).__version__
+
+
+def fingerprint_of(root: Path) -> str:
     h = hashlib.sha256()
     h.update(f"py{sys.version_info[0]}.{sys.version_info[1]}".encode())
-    h.update(f"cutlass-dsl={cutlass.__version__};tvm-ffi={tvm_ffi.__version__}".encode())
+    h.update(f"cutlass-dsl={_version('nvidia-cutlass-dsl', 'cutlass')};"
+             f"tvm-ffi={_version('apache-tvm-ffi', 'tvm_ffi')}".encode())
     for pkg in _PROJECT_PACKAGES:
         for src in sorted((root / pkg).rglob("*.py")):
             h.update(src.relative_to(root).as_posix().encode())
@@ -184,15 +193,38 @@ class CompileCache:
                 if loaded is not None:
                     return loaded
             compiled = self._compile(key, build)
-            tmp = obj.with_name(f"{obj.name}.{os.getpid()}.tmp")
-            try:
-                compiled.export_to_c(object_file_path=str(tmp), function_name=_EXPORT_NAME)
-                os.replace(tmp, obj)
-                (d / f"{key.digest()}.key").write_text(str(key) + "\n")
-            except Exception as e:  # the kernel still runs; it just recompiles next process
-                warnings.warn(f"cute_kernels: could not write {obj}: {e}", RuntimeWarning)
-                tmp.unlink(missing_ok=True)
+            self._write(key, compiled)
             return compiled
+
+    def _write(self, key: CacheKey, compiled) -> None:
+        """Export `compiled` as the disk entry of `key` (a private temp file renamed into place; the caller holds
+        the key's exclusive lock)."""
+        d = self.directory()
+        obj = d / f"{key.digest()}.o"
+        tmp = obj.with_name(f"{obj.name}.{os.getpid()}.tmp")
+        try:
+            compiled.export_to_c(object_file_path=str(tmp), function_name=_EXPORT_NAME)
+            os.replace(tmp, obj)
+            (d / f"{key.digest()}.key").write_text(str(key) + "\n")
+        except Exception as e:  # the kernel still runs; it just recompiles next process
+            warnings.warn(f"cute_kernels: could not write {obj}: {e}", RuntimeWarning)
+            tmp.unlink(missing_ok=True)
+
+    def put(self, key: CacheKey, compiled) -> None:
+        """Keep a kernel compiled elsewhere (`artifacts.compile_with_artifacts`) under `key`: in memory, and on
+        disk unless an entry is there already."""
+        with self._lock:
+            self._memory.setdefault(key, compiled)
+        if not self.disk:
+            return
+        d = self.directory()
+        with _FileLock(d / f"{key.digest()}.lock", exclusive=True):
+            if not (d / f"{key.digest()}.o").exists():
+                self._write(key, compiled)
+
+    def artifacts_dir(self, key: CacheKey) -> Path | None:
+        """Where `key`'s PTX, cubin and SASS are kept beside its compiled object (None: no disk cache)."""
+        return self.directory() / f"{key.digest()}.artifacts" if self.disk else None
 
     def _try_load(self, obj: Path):
         try:

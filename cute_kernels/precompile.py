@@ -31,7 +31,8 @@ def _variants(sweep: bool):
     return list(dict.fromkeys(out))
 
 
-def _compile_one(item) -> float:
+def _compile_one(item) -> bool:
+    """Fetch `item`'s kernel through the compile cache; True when it had to be compiled."""
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # compile only; never create a CUDA context here
     from cute_kernels import catalog
     from cute_kernels.jit import default_cache
@@ -39,21 +40,22 @@ def _compile_one(item) -> float:
     name, items = item
     spec = catalog.get(name)
     p = spec.resolve(dict(items))
-    t0 = time.perf_counter()
-    default_cache().get(spec.key(p), lambda: spec.build(p))
-    return time.perf_counter() - t0
+    cache = default_cache()
+    before = cache.stats.compiles
+    cache.get(spec.key(p), lambda: spec.build(p))
+    return cache.stats.compiles > before
 
 
-def precompile(items, jobs: int) -> tuple[int, float]:
+def precompile(items, jobs: int) -> tuple[int, int, float]:
+    """(items, how many were compiled (the rest were in the cache), seconds)."""
     t0 = time.perf_counter()
     if jobs <= 1:
-        for it in items:
-            _compile_one(it)
+        done = [_compile_one(it) for it in items]
     else:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
-            list(ex.map(_compile_one, items, chunksize=1))
-    return len(items), time.perf_counter() - t0
+            done = list(ex.map(_compile_one, items, chunksize=1))
+    return len(items), sum(done), time.perf_counter() - t0
 
 
-def precompile_all(jobs: int = 1, sweep: bool = False) -> tuple[int, float]:
+def precompile_all(jobs: int = 1, sweep: bool = False) -> tuple[int, int, float]:
     return precompile(_variants(sweep), jobs)

@@ -69,6 +69,7 @@ class Report:
     sass_census: dict[str, int] | None
     dynamic_smem_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
+    from_cache: bool = False  # `compile_with_artifacts(cache=True)` found the artifacts in the compile cache
 
     @property
     def spills(self) -> bool:

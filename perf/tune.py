@@ -73,7 +73,7 @@ def precompile_variants(jobs: int):
             for aligned in (True, False):
                 items.append(item("reduction.row_sum", {"dtype": d, "out_dtype": o, "threads": t, "unroll": u,
                                                         "threads_per_row": tpr, "aligned": aligned}))
-    n, secs = precompile(list(dict.fromkeys(items)), jobs)
+    n, _, secs = precompile(list(dict.fromkeys(items)), jobs)
     H.progress(f"precompiled {n} tuning variants in {secs:.1f} s")
 
 

@@ -77,7 +77,7 @@ def _compile_ahead(items, jobs: int | None) -> None:
     from cute_kernels.precompile import precompile
 
     H.progress(f"compiling {len(items)} candidate schedules ...")
-    count, secs = precompile(items, jobs or min(16, os.cpu_count() or 1))
+    count, _, secs = precompile(items, jobs or min(16, os.cpu_count() or 1))
     H.progress(f"compiled {count} in {secs:.1f} s")
 
 

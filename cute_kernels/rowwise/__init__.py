@@ -189,6 +189,11 @@ class RowwiseSpec(KernelSpec):
                                  f"(staged rows, plus fp32 dweight/dbias accumulators in the norms' backward); "
                                  f"at most {SMEM_PER_CTA}")
 
+    def local_memory_note(self, p):
+        if p.get("hold") and self.name.endswith(".fwd"):
+            return "the held row's tile-loop trip count: one 8-byte store before the loop, one load per tile"
+        return None
+
     def dynamic_smem_bytes(self, p):
         """The row-sized shared memory of a CTA: staging buffers (staging="smem") and, in the norms'
         backward, the fp32 dweight/dbias accumulators; None when there is none (the reductions'

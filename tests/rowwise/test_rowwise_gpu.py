@@ -125,7 +125,7 @@ def compiled_ahead():
 
     items = _kernels_used()
     try:
-        count, secs = precompile(items, jobs=min(16, os.cpu_count() or 1))
+        count, _, secs = precompile(items, jobs=min(16, os.cpu_count() or 1))
         print(f"\nrow-wise GPU tests: {count} kernels compiled ahead in {secs:.1f} s")
     except Exception as e:  # the test that needs the kernel then fails by name, compiling it itself
         warnings.warn(f"row-wise GPU tests: compiling ahead failed ({type(e).__name__}: {e})", RuntimeWarning)
