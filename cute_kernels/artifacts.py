@@ -80,13 +80,11 @@ def compile_with_artifacts(spec: catalog.KernelSpec, params: dict[str, Any], dum
         else:
             tmp = out_dir
         try:
-            os.rename(tmp, art)  # atomic; a concurrent compile of the same key may have won
-            if not dump_dir:
-                files = {kind: art / f.name for kind, f in files.items()}
-        except OSError:
+            os.rename(tmp, art)  # atomic
+        except OSError:  # a concurrent compile of the same key put its (equal) artifacts there first
             shutil.rmtree(tmp, ignore_errors=True)
-            if not dump_dir:
-                files = {kind: art / f.name for kind, f in files.items()}
+        if not dump_dir:
+            files = {kind: art / f.name for kind, f in files.items()}
     if own_tmp:
         report.notes.append(f"artifacts in {out_dir}")
     return report, files

@@ -142,15 +142,13 @@ def _as3(x: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(-1).as_strided((*x.shape, 1), (*x.stride(), 16 * (x.shape[0] + x.shape[1]) * 4))
 
 
-def _compiled(out_dtype, sched, device, promote_overlap=False, sb_smem=False, wg_turns=False, promote_halves=False,
-              sb_ahead=False):
-    """(the kernel for `sched` and these options from the compile cache, the device's SMs)."""
+def _compiled(out_dtype, sched, device, **options):
+    """(the kernel for `sched` from the compile cache, the device's SMs). `options`: the catalogue's grouping and
+    promotion options; those off (False, or no grouping) are left to their defaults."""
     from cute_kernels.fp8_gemm import FP8_GEMM
     from schedules.hardware import num_sms
 
-    flags = dict(promote_overlap=promote_overlap, sb_smem=sb_smem, wg_turns=wg_turns, promote_halves=promote_halves,
-                 sb_ahead=sb_ahead)
-    fn = FP8_GEMM.compiled(sched, out_dtype=dtypes.name_of(out_dtype), **{k: True for k, v in flags.items() if v})
+    fn = FP8_GEMM.compiled(sched, out_dtype=dtypes.name_of(out_dtype), **{k: v for k, v in options.items() if v})
     return fn, num_sms(device)
 
 
@@ -208,8 +206,9 @@ def _fp8_gemm_cuda(a, sa, b, sb, out_dtype=None, schedule=None, promote_overlap=
     if sb_ahead is None:
         sb_ahead = SB_AHEAD_DEFAULT
     sb_ahead = sb_ahead and not (sb_smem or promote_halves)  # scales from global only
-    fn, sms = _compiled(out_dtype, sched, a.get_device(), promote_overlap, sb_smem,
-                        wg_turns and sched.kind == "cooperative", promote_halves, sb_ahead)
+    fn, sms = _compiled(out_dtype, sched, a.get_device(), promote_overlap=promote_overlap, sb_smem=sb_smem,
+                        wg_turns=wg_turns and sched.kind == "cooperative", promote_halves=promote_halves,
+                        sb_ahead=sb_ahead)
     max_clusters = launch_clusters(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms, a.get_device())
     if sched.split_k > 1:  # one launch: each split promotes its K-blocks, the last split of a tile sums
         from cute_kernels.gemm.ops import split_buffers
@@ -302,16 +301,6 @@ def _per_expert(x: torch.Tensor) -> torch.Tensor:
     return x.permute(1, 2, 0)
 
 
-def _compiled_grouped(grouping, out_dtype, sched, device, sb_smem=False):
-    """(the grouped kernel for `sched` from the compile cache, the device's SMs)."""
-    from cute_kernels.fp8_gemm import FP8_GEMM
-    from schedules.hardware import num_sms
-
-    extra = {"sb_smem": True} if sb_smem else {}
-    fn = FP8_GEMM.compiled(sched, grouping=grouping, out_dtype=dtypes.name_of(out_dtype), **extra)
-    return fn, num_sms(device)
-
-
 # --- contiguous ---------------------------------------------------------------------------------
 # Grouped GEMMs stage B-scale rows in smem by the dense op's rule (H200: the bitwise tests
 # `test_*_sb_smem_bitwise` pass; contiguous 4x8192 994 -> 1059 TFLOP/s, masked 1x1024 1096 -> 1191,
@@ -347,7 +336,7 @@ def _contiguous_cuda(a, sa, b, sb, m_indices, out_dtype=None, schedule=None, sb_
     out = torch.empty(m, npad, dtype=out_dtype, device=a.device)
     d = out[:, :n] if npad != n else out
     sched = schedule or default_grouped_schedule("contiguous", m, n, k)
-    fn, sms = _compiled_grouped("contiguous", out_dtype, sched, a.get_device(), _sb_smem(sched, m, k, sb_smem))
+    fn, sms = _compiled(out_dtype, sched, a.get_device(), grouping="contiguous", sb_smem=_sb_smem(sched, m, k, sb_smem))
     max_clusters = launch_clusters(-(-m // sched.tile_m), -(-n // sched.tile_n), 1, sched, sms, a.get_device())
     fn(_as3(a), _per_expert(b), _as3(d), _as3(sa), _per_expert(sb), m_indices.contiguous(), max_clusters)
     return d
@@ -389,7 +378,8 @@ def _masked_cuda(a, sa, b, sb, masked_m, expected_m=None, out_dtype=None, schedu
     d = out[..., :n] if npad != n else out
     expected = max_m if expected_m is None else min(max(expected_m, 1), max_m)
     sched = schedule or default_grouped_schedule("masked", expected, n, k, e)
-    fn, sms = _compiled_grouped("masked", out_dtype, sched, a.get_device(), _sb_smem(sched, e * expected, k, sb_smem))
+    fn, sms = _compiled(out_dtype, sched, a.get_device(), grouping="masked",
+                        sb_smem=_sb_smem(sched, e * expected, k, sb_smem))
     max_clusters = launch_clusters(-(-max_m // sched.tile_m), -(-n // sched.tile_n), e, sched, sms, a.get_device())
     fn(_per_expert(a), _per_expert(b), _per_expert(d), _per_expert(sa), _per_expert(sb), masked_m.contiguous(),
        max_clusters)
