@@ -123,11 +123,13 @@ def apply_mask(
     left,
     right,
     kind: cutlass.Constexpr,
+    transposed: cutlass.Constexpr = False,
 ):
-    """acc[i] = -inf where (row0 + r, col0 + c) is masked, (r, c) = tScS[i]."""
+    """acc[i] = -inf where (row0 + r, col0 + c) is masked, (r, c) = tScS[i]; `transposed`: the accumulator is
+    S^T (the backward's keys x queries), (c, r) = tScS[i]."""
     for i in cutlass.range_constexpr(cute.size(acc)):
-        r = row0 + tScS[i][0]
-        c = col0 + tScS[i][1]
+        r = row0 + tScS[i][1 if transposed else 0]
+        c = col0 + tScS[i][0 if transposed else 1]
         masked = c >= seqlen_k
         if cutlass.const_expr(kind.right):
             masked = masked | (c > r + off + right)

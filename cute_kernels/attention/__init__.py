@@ -4,12 +4,14 @@ data is (signature: dtype, head dim, mask kind, softcap)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from cute_kernels import dtypes
 from cute_kernels.catalog import KernelSpec, Param
 from cute_kernels.fake import fake_stream
 from cute_kernels.lazy import cute, cutlass
 from schedules.attention import HEAD_DIMS, KINDS, AttentionSchedule, default_schedule
+from schedules.attention_bwd import DQ_SPLITS, HEAD_DIMS_BWD, AttentionBwdSchedule
 
 DTYPES = ("bf16", "fp16")
 MASKS = ("none", "causal", "window", "band")  # band: a window bounded on both sides (or causal + left)
@@ -204,4 +206,179 @@ FLASH_ATTN = FlashAttnSpec(
 )
 
 
-SPECS = (FLASH_ATTN,)
+
+# --- the backward: preprocess, main, postprocess ----------------------------------------------------
+def _bwd_fakes(p, with_sem=True):
+    dt = dtypes.cutlass_of(p["dtype"])
+    d = p["head_dim"]
+
+    def sym(div=1):
+        return cute.sym_int32(divisibility=div)
+
+    b = 1 if p["varlen"] else sym()
+
+    def seq_major(rows, heads):  # (S, D, H, B), unit stride along D
+        return cute.runtime.make_fake_tensor(dt, (rows, d, heads, b), stride=(sym(8), 1, sym(8), sym(8)),
+                                             assumed_align=16)
+
+    def f32_rows(rows, heads, align=4):  # (S, H, B) fp32, unit stride along S
+        return cute.runtime.make_fake_tensor(cutlass.Float32, (rows, heads, b), stride=(1, sym(), sym()),
+                                             assumed_align=align)
+
+    return SimpleNamespace(dt=dt, d=d, b=b, sym=sym, seq_major=seq_major, f32_rows=f32_rows)
+
+
+def _bwd_defaults(spec, given):
+    """tile_m follows the head dim (FA3's tiles: 128 at D = 64, else 64)."""
+    p = KernelSpec.defaults(spec, given)
+    if "tile_m" in p and "tile_m" not in given:
+        p["tile_m"] = 128 if given.get("head_dim", p["head_dim"]) == 64 else 64
+    return p
+
+
+@dataclass(frozen=True, eq=False)
+class FlashAttnBwdSpec(KernelSpec):
+    def defaults(self, given):
+        return _bwd_defaults(self, given)
+
+    def check(self, p):
+        self.schedule_of(p).check(p["head_dim"])
+
+    def build(self, p):
+        from cute_kernels.attention.backward import FlashAttnBwd
+
+        f = _bwd_fakes(p)
+        s = self.schedule_of(p)
+        sq, sk, hq, hk, spad, tiles = f.sym(), f.sym(), f.sym(), f.sym(), f.sym(), f.sym()
+        q, do = f.seq_major(sq, hq), f.seq_major(sq, hq)
+        k, v, dk, dv = (f.seq_major(sk, hk) for _ in range(4))
+        lse2, dpsum = f.f32_rows(spad, hq, 16), f.f32_rows(spad, hq, 16)
+        dq_acc = cute.runtime.make_fake_tensor(cutlass.Float32, (s.tile_m * f.d, tiles, hq, f.b),
+                                               stride=(1, s.tile_m * f.d, f.sym(4), f.sym(4)), assumed_align=16)
+        sem = cute.runtime.make_fake_tensor(cutlass.Int32, (tiles, hq, f.b), stride=(1, f.sym(), f.sym()),
+                                            assumed_align=4)
+        kernel = FlashAttnBwd(f.dt, f.d, s, mask_kind(p["mask"]), p["softcap"], p["varlen"], p["deterministic"])
+        scalars = (cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Float32(1.0),
+                   cutlass.Int32(-1), cutlass.Int32(-1), fake_stream())
+        if p["varlen"]:
+            batch1 = f.sym()
+            cu_q = cute.runtime.make_fake_tensor(cutlass.Int32, (batch1,), stride=(1,), assumed_align=4)
+            cu_k = cute.runtime.make_fake_tensor(cutlass.Int32, (batch1,), stride=(1,), assumed_align=4)
+            return kernel.call_varlen, (q, k, v, do, lse2, dpsum, dq_acc, dk, dv, sem, cu_q, cu_k, cutlass.Int32(1),
+                                        *scalars)
+        return kernel, (q, k, v, do, lse2, dpsum, dq_acc, dk, dv, sem, *scalars)
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"head_dim": 64, "mask": "causal"})]
+
+    def sweep(self):
+        out = []
+        for d in HEAD_DIMS_BWD:
+            for mask in MASKS:
+                out.append(self.resolve({"head_dim": d, "mask": mask}))
+        out.append(self.resolve({"dtype": "fp16", "softcap": True}))
+        out.append(self.resolve({"varlen": True, "mask": "causal"}))
+        out.append(self.resolve({"deterministic": True, "mask": "causal"}))
+        out.append(self.resolve({"deterministic": True, "varlen": True, "head_dim": 64, "mask": "band"}))
+        out.append(self.resolve({"stages": 1}))
+        out.append(self.resolve({"dq_split": "one"}))
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class FlashAttnBwdSideSpec(KernelSpec):
+    """The preprocess (D, LSE2, the dQ accumulator zeroed) or the postprocess (dQ from its accumulator)."""
+
+    def defaults(self, given):
+        return _bwd_defaults(self, given)
+
+    def check(self, p):
+        if "dq_split" in p:
+            self.schedule_of(p).check(p["head_dim"])
+
+    def build(self, p):
+        from cute_kernels.attention.backward import FlashAttnBwdPost, FlashAttnBwdPre
+
+        f = _bwd_fakes(p)
+        sq, hq, spad, tiles = f.sym(), f.sym(), f.sym(), f.sym()
+        tile_m = p["tile_m"]
+        dq_acc = cute.runtime.make_fake_tensor(cutlass.Float32, (tile_m * f.d, tiles, hq, f.b),
+                                               stride=(1, tile_m * f.d, f.sym(4), f.sym(4)), assumed_align=16)
+        cu_q = cute.runtime.make_fake_tensor(cutlass.Int32, (f.sym(),), stride=(1,), assumed_align=4)
+        if self.name.endswith("pre"):
+            o, do = f.seq_major(sq, hq), f.seq_major(sq, hq)
+            lse = cute.runtime.make_fake_tensor(cutlass.Float32, (sq, hq, f.b), stride=(f.sym(), f.sym(), f.sym()),
+                                                assumed_align=4)
+            dlse = cute.runtime.make_fake_tensor(cutlass.Float32, (sq, hq, f.b), stride=(f.sym(), f.sym(), f.sym()),
+                                                 assumed_align=4)
+            lse2, dpsum = f.f32_rows(spad, hq, 16), f.f32_rows(spad, hq, 16)
+            kernel = FlashAttnBwdPre(f.dt, f.d, tile_m, p["varlen"])
+            return kernel, (o, do, lse, dlse, lse2, dpsum, dq_acc, cu_q, cutlass.Int32(1), fake_stream())
+        dq = f.seq_major(sq, hq)
+        kernel = FlashAttnBwdPost(f.dt, f.d, self.schedule_of(p), p["varlen"])
+        return kernel, (dq_acc, dq, cu_q, cutlass.Int32(1), cutlass.Float32(1.0), fake_stream())
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"head_dim": 64, "tile_m": 128})]
+
+    def sweep(self):
+        return [self.resolve({"head_dim": d, "varlen": vl, "tile_m": 128 if d == 64 else 64})
+                for d in HEAD_DIMS_BWD for vl in (False, True)]
+
+
+_BWD_SIG = {
+    "dtype": Param("bf16", DTYPES, "signature", "Q/K/V/dO element type"),
+    "head_dim": Param(128, HEAD_DIMS_BWD, "signature", "head dimension D"),
+    "varlen": Param(False, (True, False), "signature", "packed sequences delimited by cu_seqlens"),
+}
+_BWD_TILES = {
+    "tile_m": Param(64, (64, 128), help="query rows per block of the walk (D = 64: 128)"),
+    "tile_n": Param(128, (64, 128), help="keys per CTA, 64 per consumer warpgroup"),
+    "stages": Param(2, (1, 2), help="Q / dO ring stages (and dS buffers)"),
+    "dq_split": Param("", DQ_SPLITS, help="dQ = dS K cut among the consumers: m (rows), n (columns), one "
+                      "(warpgroup 0); '': the head dim's"),
+}
+
+FLASH_ATTN_BWD = FlashAttnBwdSpec(
+    name="flash_attn_bwd",
+    family="attention",
+    lesson=0,
+    summary="FlashAttention backward, FA3's arrangement: a CTA per K/V block (K, V in smem), Q / dO / LSE / D "
+            "streamed by TMA; S^T, dP^T by WGMMA, dV += P^T dO and dK += dS^T Q from registers, dQ = dS K "
+            "bulk-reduce-added into fp32; GQA summed in registers; deterministic dQ order",
+    ops=("flash_attn", "flash_attn_varlen"),
+    status="ready",
+    schedule=AttentionBwdSchedule,
+    params={
+        **_BWD_SIG,
+        "mask": Param("none", MASKS, "signature", "bounded sides of the key window, as the forward"),
+        "softcap": Param(False, (True, False), "signature", "logit softcap (its tanh's derivative in dS)"),
+        "deterministic": Param(False, (True, False), "signature", "dQ contributions added in K/V-block order "
+                               "(a semaphore per dQ tile)"),
+        **_BWD_TILES,
+    },
+)
+
+FLASH_ATTN_BWD_PRE = FlashAttnBwdSideSpec(
+    name="flash_attn_bwd_pre",
+    family="attention",
+    lesson=0,
+    summary="FlashAttention backward preprocess: D = rowsum(dO * O) - dLSE, LSE in base 2 (padded rows: +inf, 0), "
+            "the dQ accumulator zeroed",
+    ops=("flash_attn", "flash_attn_varlen"),
+    status="ready",
+    params={**_BWD_SIG, "tile_m": _BWD_TILES["tile_m"]},
+)
+
+FLASH_ATTN_BWD_POST = FlashAttnBwdSideSpec(
+    name="flash_attn_bwd_post",
+    family="attention",
+    lesson=0,
+    summary="FlashAttention backward postprocess: dQ = scale * its fp32 accumulator (MMA order), in the input dtype",
+    ops=("flash_attn", "flash_attn_varlen"),
+    status="ready",
+    schedule=AttentionBwdSchedule,
+    params={**_BWD_SIG, **_BWD_TILES},
+)
+
+SPECS = (FLASH_ATTN, FLASH_ATTN_BWD, FLASH_ATTN_BWD_PRE, FLASH_ATTN_BWD_POST)

@@ -113,5 +113,83 @@ def attention(shapes=None, quick=False, ceilings=None, causal=(False, True)):
     return rows, ref_names, checks, extra, {}
 
 
-SUITES = {"attention": attention}
-PEERS = {"attention": ("flash_attn",)}
+BWD_SHAPES = [(TOKENS // s, s, HIDDEN // d, d) for d in (64, 128) for s in (512, 2048, 8192, 16384)]
+BWD_QUICK = [(2, 8192, 16, 128), (8, 2048, 16, 128), (8, 2048, 32, 64)]
+
+
+def _bwd_peers():
+    """FA4's sm90 backward (autograd through `flash_attn_func`, plain and deterministic) and SDPA's cuDNN backward."""
+    from flash_attn.cute.interface import flash_attn_func
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def fa4(q, k, v, causal, deterministic=False):
+        out = flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
+        return out[0] if isinstance(out, tuple) else out
+
+    def cudnn(q, k, v, causal):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal).transpose(1, 2)
+
+    return {"FA4": fa4, "SDPA cuDNN": cudnn, "FA4 deterministic": lambda q, k, v, c: fa4(q, k, v, c, True)}
+
+
+def attention_bwd(shapes=None, quick=False, ceilings=None, causal=(False, True)):
+    """The backward: `torch.autograd.grad(out, (q, k, v), dO)` on a retained graph, ours (plain and deterministic)
+    beside FA4 (plain and deterministic) and cuDNN, one interleaved round set per shape. FLOPs: 2.5x the forward's
+    (5 GEMMs against 2), over the visible pairs (half for causal square shapes)."""
+    import cute_kernels as ck
+
+    shapes = shapes or (BWD_QUICK if quick else BWD_SHAPES)
+    peers = _bwd_peers()
+    rows, notes = [], []
+    for b, s, h, d in shapes:
+        q, k, v = (H.randn(b, s, h, d, seed=i).requires_grad_() for i in range(3))
+        do = H.randn(b, s, h, d, seed=7)
+        for c in causal:
+            flops = 10 * b * h * s * s * d // (2 if c else 1)
+            nbytes = 8 * b * s * h * d * 2  # q k v do read, dq dk dv written, o read once
+            H.progress(f"  flash_attn bwd B={b} S={s} H={h} D={d} causal={c}")
+            graphs = {"ours": ck.flash_attn(q, k, v, causal=c),
+                      "ours deterministic": ck.flash_attn(q, k, v, causal=c, deterministic=True)}
+            for name, fn in peers.items():
+                try:
+                    out = fn(q, k, v, c)
+                    torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+                    graphs[name] = out
+                except Exception as e:  # noqa: BLE001  (a peer that rejects the shape: no number)
+                    notes.append(f"| {name} | {b}x{s}x{h}x{d} causal={c} | {type(e).__name__}: {str(e)[:80]} |")
+            fns = {n: (lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)) for n, o in graphs.items()}
+            times = {n: r["median_ms"] for n, r in H.do_bench_interleaved(fns).items()}
+            t = times.pop("ours")
+            rows.append(H.Row("flash_attn_bwd" + (".causal" if c else ""), "bfloat16", f"{b}x{s}x{h}x{d}", nbytes,
+                              flops, t, times, "tflops", PEAK_BF16_TFLOPS))
+            del graphs, fns
+    ref_names = ["FA4", "SDPA cuDNN", "FA4 deterministic", "ours deterministic"]
+    checks = []
+    for name, goal in (("FA4", 1.0), ("SDPA cuDNN", 1.15)):
+        have = [r for r in rows if name in r.refs_ms]
+        if have:
+            worst = min(have, key=lambda r: r.ratio(name))
+            geo = math.exp(sum(math.log(r.ratio(name)) for r in have) / len(have))
+            checks.append({"target": f">= {goal}x {name} at every cell", "measured": f"geomean {geo:.3f}x, min "
+                           f"{worst.ratio(name):.3f}x at {worst.case} {worst.shape}", "ok": worst.ratio(name) >= goal})
+    det = [r for r in rows if "ours deterministic" in r.refs_ms]
+    if det:
+        worst = min(det, key=lambda r: r.ratio("ours deterministic"))
+        checks.append({"target": "deterministic within 15 % of ours", "measured": f"worst {1 / worst.ratio('ours deterministic'):.3f}x "
+                       f"slower at {worst.case} {worst.shape}", "ok": worst.ratio("ours deterministic") >= 1 / 1.15})
+        both = [r for r in det if "FA4 deterministic" in r.refs_ms]
+        if both:
+            geo = math.exp(sum(math.log(r.refs_ms["FA4 deterministic"] / r.refs_ms["ours deterministic"]) for r in both)
+                           / len(both))
+            checks.append({"target": "ours deterministic >= 1.0x FA4 deterministic", "measured": f"geomean {geo:.3f}x",
+                           "ok": geo >= 1.0})
+    extra = ""
+    if notes:
+        extra = "## Peer failures\n\n| peer | shape | error |\n|---|---|---|\n" + "\n".join(notes)
+    return rows, ref_names, checks, extra, {}
+
+
+SUITES = {"attention": attention, "attention_bwd": attention_bwd}
+PEERS = {"attention": ("flash_attn",), "attention_bwd": ("flash_attn",)}

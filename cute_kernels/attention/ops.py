@@ -13,7 +13,8 @@ A query that sees no key gets O = 0 and LSE = +inf (as FlashAttention: exp(s - L
 the scaled logits.
 
 Returns O (B, S_q, H_q, D) in q's dtype, and with `return_lse=True` also LSE (B, H_q, S_q) fp32.
-The backward is not implemented yet: autograd is wired and raises NotImplementedError.
+Differentiable in q, k, v (`cute_kernels::flash_attn_bwd`, `backward.py`), also through a gradient flowing
+into the returned LSE; `deterministic=True` makes the backward's dQ bit-identical from run to run.
 
 `cute_kernels::flash_attn_varlen` (FlashAttention's varlen interface): q (total_q, H_q, D), k and v
 (total_k, H_kv, D) hold B sequences packed along the first axis; sequence b is rows
@@ -37,6 +38,7 @@ import torch
 from cute_kernels import dtypes
 from cute_kernels.torch_ops import call, register_op
 from schedules.attention import HEAD_DIMS, AttentionSchedule, default_schedule
+from schedules.attention_bwd import default_bwd_schedule, varlen_total_tiles
 
 AB_TORCH = (torch.bfloat16, torch.float16)
 LOG2E = math.log2(math.e)
@@ -139,7 +141,7 @@ def _scalars(d, softmax_scale, softcap):
 
 
 def _flash_attn_cuda(q, k, v, causal=False, window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0,
-                     schedule: AttentionSchedule | None = None):
+                     deterministic=False, schedule: AttentionSchedule | None = None):
     _check(q, k, v, window_left, window_right, softmax_scale, softcap)
     b, sq, hq, d = q.shape
     sk = k.shape[1]
@@ -163,7 +165,8 @@ def _flash_attn_cuda(q, k, v, causal=False, window_left=-1, window_right=-1, sof
     return out, lse
 
 
-def _flash_attn_fake(q, k, v, causal=False, window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0):
+def _flash_attn_fake(q, k, v, causal=False, window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0,
+                     deterministic=False):
     _check(q, k, v, window_left, window_right, softmax_scale, softcap)
     b, sq, hq, d = q.shape
     return (torch.empty(b, sq, hq, d, dtype=q.dtype, device=q.device),
@@ -171,33 +174,37 @@ def _flash_attn_fake(q, k, v, causal=False, window_left=-1, window_right=-1, sof
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, causal, window_left, window_right, softmax_scale, softcap = inputs
+    q, k, v, causal, window_left, window_right, softmax_scale, softcap, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.window = causal, (window_left, window_right)
-    ctx.softmax_scale, ctx.softcap = softmax_scale, softcap
+    ctx.args = (causal, window_left, window_right, softmax_scale, softcap, deterministic)
 
 
 def _backward(ctx, g_out, g_lse):
-    raise NotImplementedError(
-        "cute_kernels.flash_attn: the backward pass is not implemented yet (issue 6, planned after the forward); "
-        "call it under torch.no_grad() or detach q, k, v")
+    q, k, v, out, lse = ctx.saved_tensors
+    if g_out is None:
+        g_out = torch.zeros_like(out)
+    dq, dk, dv = call("cute_kernels::flash_attn_bwd", g_out, q, k, v, out, lse, g_lse, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 register_op("cute_kernels::flash_attn", "(Tensor q, Tensor k, Tensor v, bool causal=False, int window_left=-1, "
-            "int window_right=-1, float? softmax_scale=None, float softcap=0.0) -> (Tensor, Tensor)",
+            "int window_right=-1, float? softmax_scale=None, float softcap=0.0, bool deterministic=False) -> "
+            "(Tensor, Tensor)",
             _flash_attn_cuda, _flash_attn_fake, _backward, _setup)
 
 
 def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                window: tuple[int, int] = (-1, -1), softmax_scale: float | None = None, softcap: float = 0.0,
-               return_lse: bool = False):
+               return_lse: bool = False, deterministic: bool = False):
     """softmax(softmax_scale * q k^T) v for (B, S, H, D) bf16/fp16 tensors (see the module doc);
-    returns out, or (out, lse) with `return_lse`."""
+    returns out, or (out, lse) with `return_lse`. `deterministic`: the backward adds dQ's contributions in a
+    fixed order (bit-identical gradients from run to run)."""
     if not (isinstance(window, (tuple, list)) and len(window) == 2):
         raise ValueError(f"window must be a pair (left, right) of ints, -1 for unbounded, got {window!r}")
     left, right = int(window[0]), int(window[1])
-    out, lse = call("cute_kernels::flash_attn", q, k, v, causal, left, right, softmax_scale, softcap)
+    out, lse = call("cute_kernels::flash_attn", q, k, v, causal, left, right, softmax_scale, softcap,
+                    bool(deterministic))
     return (out, lse) if return_lse else out
 
 
@@ -236,7 +243,7 @@ def _out_ok(out: torch.Tensor, q: torch.Tensor) -> None:
 
 
 def _flash_attn_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-                            window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0,
+                            window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0, deterministic=False,
                             schedule: AttentionSchedule | None = None, out: torch.Tensor | None = None):
     """The varlen forward; `out` (optional, q's shape) is written in place: only the rows of the
     sequences, [cu_seqlens_q[0], cu_seqlens_q[B]), are touched."""
@@ -273,7 +280,7 @@ def _flash_attn_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
 
 
 def _flash_attn_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-                            window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0):
+                            window_left=-1, window_right=-1, softmax_scale=None, softcap=0.0, deterministic=False):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left, window_right,
                   softmax_scale, softcap)
     total_q, hq, d = q.shape
@@ -289,27 +296,203 @@ def _setup_varlen(ctx, inputs, output):
 
 
 def _backward_varlen(ctx, g_out, g_lse):
-    raise NotImplementedError(
-        "cute_kernels.flash_attn_varlen: the backward pass is not implemented yet (issue 6, planned after the "
-        "forward); call it under torch.no_grad() or detach q, k, v")
+    q, k, v, cu_q, cu_k, out, lse = ctx.saved_tensors
+    if g_out is None:
+        g_out = torch.zeros_like(out)
+    dq, dk, dv = call("cute_kernels::flash_attn_varlen_bwd", g_out, q, k, v, out, lse, g_lse, cu_q, cu_k, *ctx.rest)
+    return (dq, dk, dv) + (None,) * 10
 
 
 register_op("cute_kernels::flash_attn_varlen", "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "int max_seqlen_q, int max_seqlen_k, bool causal=False, int window_left=-1, int window_right=-1, "
-            "float? softmax_scale=None, float softcap=0.0) -> (Tensor, Tensor)",
+            "float? softmax_scale=None, float softcap=0.0, bool deterministic=False) -> (Tensor, Tensor)",
             _flash_attn_varlen_cuda, _flash_attn_varlen_fake, _backward_varlen, _setup_varlen)
 
 
 def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                       cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
                       window: tuple[int, int] = (-1, -1), softmax_scale: float | None = None, softcap: float = 0.0,
-                      return_lse: bool = False):
+                      return_lse: bool = False, deterministic: bool = False):
     """Attention over packed sequences (see the module doc): q (total_q, H_q, D), k/v (total_k, H_kv, D),
     cu_seqlens int32 (B + 1,); returns out (total_q, H_q, D), or (out, lse (H_q, total_q)) with `return_lse`."""
     if not (isinstance(window, (tuple, list)) and len(window) == 2):
         raise ValueError(f"window must be a pair (left, right) of ints, -1 for unbounded, got {window!r}")
     left, right = int(window[0]), int(window[1])
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, left, right, softmax_scale,
-            softcap)
+            softcap, bool(deterministic))
     out, lse = call("cute_kernels::flash_attn_varlen", *args)
     return (out, lse) if return_lse else out
+
+
+# --- the backward: preprocess, main, postprocess (`backward.py`) ------------------------------------
+def _check_grad(g, out, name="dout"):
+    if not isinstance(g, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(g).__name__}")
+    if g.shape != out.shape:
+        raise ValueError(f"{name} must have the output's shape {tuple(out.shape)}, got {tuple(g.shape)}")
+    if g.dtype != out.dtype:
+        raise TypeError(f"{name} has dtype {str(g.dtype).replace('torch.', '')}, the output "
+                        f"{str(out.dtype).replace('torch.', '')}")
+    if g.device != out.device:
+        raise ValueError(f"{name} is on {g.device} but the output is on {out.device}")
+
+
+def _readable(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself when TMA can read it in place (unit last stride, 16-byte strides, no zero strides: the
+    `.sum().backward()` gradient is an expanded scalar), else a contiguous copy."""
+    if t.stride(-1) == 1 and all(t.stride(i) > 0 or t.shape[i] == 1 for i in range(t.dim())) and \
+            _tma_ok(t if t.dim() == 4 else t[None]):
+        return t
+    return t.contiguous()
+
+
+def _bwd_scalars(d, softmax_scale, softcap):
+    """(scale_log2, scale, scale_over_cap, cap) of the backward kernel (as the forward's `_scalars`; `scale` multiplies
+    dK here and dQ in the postprocess)."""
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    if softcap > 0:
+        return LOG2E, scale, scale / softcap, float(softcap)
+    return scale * LOG2E, scale, 1.0, 1.0
+
+
+def _bwd_compiled(name, sched, **signature):
+    from cute_kernels import attention
+
+    spec = {"main": attention.FLASH_ATTN_BWD, "pre": attention.FLASH_ATTN_BWD_PRE,
+            "post": attention.FLASH_ATTN_BWD_POST}[name]
+    if name == "pre":
+        return spec.compiled(None, tile_m=sched.tile_m, **signature)
+    return spec.compiled(sched, **signature)
+
+
+def _flash_attn_bwd_cuda(dout, q, k, v, out, lse, dlse=None, causal=False, window_left=-1, window_right=-1,
+                         softmax_scale=None, softcap=0.0, deterministic=False, schedule=None):
+    _check(q, k, v, window_left, window_right, softmax_scale, softcap)
+    _check_grad(dout, out)
+    b, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    dq = torch.empty(b, sq, hq, d, dtype=q.dtype, device=q.device)
+    dk = torch.empty(b, sk, hk, d, dtype=q.dtype, device=q.device)
+    dv = torch.empty(b, sk, hk, d, dtype=q.dtype, device=q.device)
+    if sq == 0 or sk == 0 or b == 0 or hq == 0:
+        dq.zero_()
+        dk.zero_()
+        dv.zero_()
+        return dq, dk, dv
+    from cute_kernels.attention import mask_name
+
+    left, right = _bounds(causal, window_left, window_right)
+    cap = 2 * (sq + sk) + 1
+    left, right = min(left, cap), min(right, cap)
+    sched = schedule or default_bwd_schedule(d, right >= 0)
+    tm = sched.tile_m
+    tiles = (sq + tm - 1) // tm
+    dev = q.device
+    lse2 = torch.empty(b, hq, tiles * tm, dtype=torch.float32, device=dev)
+    dpsum = torch.empty(b, hq, tiles * tm, dtype=torch.float32, device=dev)
+    dq_acc = torch.empty(b, hq, tiles, tm * d, dtype=torch.float32, device=dev)
+    sem = (torch.zeros if deterministic else torch.empty)(b, hq, tiles, dtype=torch.int32, device=dev)
+    if dlse is None:
+        dlse = torch.zeros(1, 1, 1, dtype=torch.float32, device=dev).expand(b, hq, sq)
+    sig = dict(dtype=dtypes.name_of(q.dtype), head_dim=d, varlen=False)
+    dout = _readable(dout)
+    pre = _bwd_compiled("pre", sched, **sig)
+    pre(_kernel_view(out), _kernel_view(dout), lse.permute(2, 1, 0), dlse.permute(2, 1, 0), lse2.permute(2, 1, 0),
+        dpsum.permute(2, 1, 0), dq_acc.permute(3, 2, 1, 0), _no_offsets(dev), sq)
+    main = _bwd_compiled("main", sched, mask=mask_name(left, right), softcap=softcap > 0,
+                         deterministic=bool(deterministic), **sig)
+    main(_kernel_view(q), _kernel_view(k), _kernel_view(v), _kernel_view(dout), lse2.permute(2, 1, 0),
+         dpsum.permute(2, 1, 0), dq_acc.permute(3, 2, 1, 0), _kernel_view(dk), _kernel_view(dv), sem.permute(2, 1, 0),
+         *_bwd_scalars(d, softmax_scale, softcap), left, right)
+    post = _bwd_compiled("post", sched, **sig)
+    post(dq_acc.permute(3, 2, 1, 0), _kernel_view(dq), _no_offsets(dev), sq, _bwd_scalars(d, softmax_scale, softcap)[1])
+    return dq, dk, dv
+
+
+_offsets: dict = {}
+
+
+def _no_offsets(device) -> torch.Tensor:
+    """A placeholder cu_seqlens for the batched pre / postprocess (unread)."""
+    t = _offsets.get(device)
+    if t is None:
+        t = _offsets[device] = torch.zeros(2, dtype=torch.int32, device=device)
+    return t
+
+
+def _flash_attn_bwd_fake(dout, q, k, v, out, lse, dlse=None, causal=False, window_left=-1, window_right=-1,
+                         softmax_scale=None, softcap=0.0, deterministic=False):
+    _check(q, k, v, window_left, window_right, softmax_scale, softcap)
+    _check_grad(dout, out)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+register_op("cute_kernels::flash_attn_bwd", "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+            "Tensor? dlse=None, bool causal=False, int window_left=-1, int window_right=-1, float? softmax_scale=None, "
+            "float softcap=0.0, bool deterministic=False) -> (Tensor, Tensor, Tensor)",
+            _flash_attn_bwd_cuda, _flash_attn_bwd_fake)
+
+
+def _flash_attn_varlen_bwd_cuda(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, causal=False, window_left=-1, window_right=-1, softmax_scale=None,
+                                softcap=0.0, deterministic=False, schedule=None):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left, window_right,
+                  softmax_scale, softcap)
+    _check_grad(dout, out)
+    total_q, hq, d = q.shape
+    total_k, hk = k.shape[0], k.shape[1]
+    batch = cu_seqlens_q.shape[0] - 1
+    # rows outside every sequence get no gradient from the kernels: zero them (no host sync)
+    dq = torch.zeros_like(q) if total_q else torch.empty_like(q)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
+    if total_q == 0 or total_k == 0 or batch == 0 or max_q == 0 or max_k == 0:
+        return dq, dk, dv
+    from cute_kernels.attention import mask_name
+
+    left, right = _bounds(causal, window_left, window_right)
+    cap = 2 * (total_q + total_k) + 1
+    left, right = min(left, cap), min(right, cap)
+    sched = schedule or default_bwd_schedule(d, right >= 0)
+    tm = sched.tile_m
+    tiles = varlen_total_tiles(total_q, batch, tm)
+    dev = q.device
+    lse2 = torch.empty(hq, tiles * tm, dtype=torch.float32, device=dev)
+    dpsum = torch.empty(hq, tiles * tm, dtype=torch.float32, device=dev)
+    dq_acc = torch.empty(hq, tiles, tm * d, dtype=torch.float32, device=dev)
+    sem = (torch.zeros if deterministic else torch.empty)(hq, tiles, dtype=torch.int32, device=dev)
+    if dlse is None:
+        dlse = torch.zeros(1, 1, dtype=torch.float32, device=dev).expand(hq, total_q)
+    cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    sig = dict(dtype=dtypes.name_of(q.dtype), head_dim=d, varlen=True)
+    dout = _readable(dout)
+    pre = _bwd_compiled("pre", sched, **sig)
+    pre(_kernel_view(out[None]), _kernel_view(dout[None]), lse.t()[:, :, None], dlse.t()[:, :, None],
+        lse2.t()[:, :, None], dpsum.t()[:, :, None], dq_acc.permute(2, 1, 0)[..., None], cu_q, max_q)
+    main = _bwd_compiled("main", sched, mask=mask_name(left, right), softcap=softcap > 0,
+                         deterministic=bool(deterministic), **sig)
+    main(_kernel_view(q[None]), _kernel_view(k[None]), _kernel_view(v[None]), _kernel_view(dout[None]),
+         lse2.t()[:, :, None], dpsum.t()[:, :, None], dq_acc.permute(2, 1, 0)[..., None], _kernel_view(dk[None]),
+         _kernel_view(dv[None]), sem.t()[:, :, None], cu_q, cu_k, max_k, *_bwd_scalars(d, softmax_scale, softcap),
+         left, right)
+    post = _bwd_compiled("post", sched, **sig)
+    post(dq_acc.permute(2, 1, 0)[..., None], _kernel_view(dq[None]), cu_q, max_q,
+         _bwd_scalars(d, softmax_scale, softcap)[1])
+    return dq, dk, dv
+
+
+def _flash_attn_varlen_bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, causal=False, window_left=-1, window_right=-1, softmax_scale=None,
+                                softcap=0.0, deterministic=False):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left, window_right,
+                  softmax_scale, softcap)
+    _check_grad(dout, out)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+register_op("cute_kernels::flash_attn_varlen_bwd", "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
+            "Tensor lse, Tensor? dlse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
+            "bool causal=False, int window_left=-1, int window_right=-1, float? softmax_scale=None, "
+            "float softcap=0.0, bool deterministic=False) -> (Tensor, Tensor, Tensor)",
+            _flash_attn_varlen_bwd_cuda, _flash_attn_varlen_bwd_fake)

@@ -1,0 +1,652 @@
+"""FlashAttention backward on Hopper, FA3's arrangement: dQ, dK, dV of O = softmax(scale Q K^T) V.
+
+Three kernels (the schedule: `schedules.attention_bwd`):
+
+1. `FlashAttnBwdPre`: per query row D = rowsum(dO * O) - dLSE (fp32; dLSE, a gradient flowing into the
+   returned LSE, is 0 without one) and LSE2 = LSE * log2(e), written into (tile-padded) per-row
+   vectors: rows past a sequence's end get LSE2 = +inf and D = 0, so their P is exactly 0 and the main
+   kernel needs no row predicate; and the dQ accumulator tile of the block zeroed.
+2. `FlashAttnBwd` (main): one CTA per (K/V block, K/V head, batch); walks the query blocks (and with GQA
+   every query head of the group) that see its keys; see `schedules.attention_bwd` for the warp roles.
+   Per query block, consumer warpgroup w (keys [64 w, 64 w + 64)):
+       S^T = K_w Q^T, dP^T = V_w dO^T            (WGMMA, smem x smem, committed together)
+       P = exp2(S^T * scale_log2 - LSE2[col])     (softcap and mask first; P -> bf16 A operand)
+       dS = P (dP - D[col])  [* (1 - tanh^2) with softcap]
+       dV_w += P^T dO,  dK_w += dS^T Q           (WGMMA, A from registers)
+       dS -> smem;  dQ_part = dS K               (WGMMA, smem x smem; its warpgroup's part)
+       dQ_part -> smem -> bulk reduce-add into the fp32 accumulator (warp 1)
+   dK = scale * dK and dV are stored from registers, predicated on the sequence's keys.
+3. `FlashAttnBwdPost`: dQ = scale * accumulator, in the input dtype.
+
+Roofline: 5 GEMMs of 2 * S_q * S_k * D each (S, dP, dV, dK, dQ) against the forward's 2: 2.5x its FLOPs
+(visible pairs only), tensor-core bound; the exponentials are one MUFU per S element as in the forward.
+
+Tensors as the kernels see them (D static, everything else symbolic): Q, dO (S_q, D, H_q, B); K, V
+(S_k, D, H_kv, B); dK, dV (S_k, D, H_kv, B) in the input dtype; LSE2, D (S_pad, H_q, B) fp32, S_pad =
+q_tiles * tile_m; the dQ accumulator (tile_m * D, q_tiles, H_q, B) fp32 in MMA order (`schedules.attention_bwd`);
+varlen: B = 1 packed, sequence b's padded tiles start at `varlen_tile_base`.
+
+Deterministic mode: the dQ tile of (batch, head, m block) takes its contributions in K/V-block order. A
+semaphore per tile (int32, zeroed) counts the blocks that added theirs; the dQ warp of block n waits until it
+reads n - n_min(m) (acquire), issues its reduce-add, waits for its completion and adds 1 (release). dK and dV
+are summed in registers in a fixed order anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import T
+from cutlass.tensor_utils import LayoutEnum
+
+from collectives.attention_mask import MaskKind, apply_mask, n_block_range
+from collectives.online_softmax import acc_rows_view
+from collectives.tma_pipeline import make_pipeline, operand_smem_layout
+from collectives.vector_io import extent
+from collectives.wgmma_mainloop import acc_as_a_operand, mma_blocks, stage_of
+from schedules.attention_bwd import AttentionBwdSchedule, m_block_range, varlen_tile_base
+
+# Named barrier ids (0 is __syncthreads)
+_PDS_BAR = 1  # the consumers: dS of this block is in smem (2 x 128 threads)
+_DQ_EMPTY = 2  # + w: warpgroup w's dQ smem chunk may be written (128 + 32 threads)
+_DQ_FULL = 4  # + w: warpgroup w's dQ chunk is written (128 + 32 threads)
+LOG2E = math.log2(math.e)
+
+
+def reduce_add_bulk_f32(smem_ptr, gmem_ptr, nbytes: int):
+    """cp.reduce.async.bulk .add.f32: `nbytes` (a multiple of 16) of fp32 from shared memory added into global memory,
+    in the issuing thread's bulk async-group."""
+    llvm.inline_asm(None, [gmem_ptr.toint().ir_value(), smem_ptr.toint().ir_value(), Int32(nbytes).ir_value()],
+                    "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;", "l,r,r",
+                    has_side_effects=True, is_align_stack=False)
+
+
+def _mma(dt, a_major, b_major, atoms, tiler_mn, a_regs=False):
+    return sm90_utils.make_trivial_tiled_mma(
+        dt, dt, a_major, b_major, Float32, atoms, tiler_mn=tiler_mn,
+        **({"a_source": warpgroup.OperandSource.RMEM} if a_regs else {}))
+
+
+def transposed(t: cute.Tensor) -> cute.Tensor:
+    """The (cols, rows, ...) view of a (rows, cols, ...) smem tile (the swizzle rides on the pointer)."""
+    modes = [1, 0] + list(range(2, cute.rank(t.layout)))
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
+
+
+class BwdMmas:
+    """The tiled MMAs of the backward, one atom per consumer warpgroup (a warpgroup's slice is its part).
+
+    s:  S^T, dP^T (tile_n, tile_m) = K / V (tile_n, D) x Q / dO^T, both K-major in smem.
+    kv: dK, dV (tile_n, D) = dS^T / P^T (registers) x Q / dO (D contiguous: MN-major B).
+    dq: dQ (tile_m, D) = dS (q-contiguous smem: MN-major A) x K (MN-major B), cut per `dq_split`."""
+
+    def __init__(self, dt, d: int, s: AttentionBwdSchedule):
+        K, MN = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        wgs = s.consumer_wgs
+        self.s = _mma(dt, K, K, (wgs, 1, 1), (64, s.tile_m))
+        self.kv = _mma(dt, K, MN, (wgs, 1, 1), (64, d), a_regs=True)
+        sp = s.split(d)
+        atoms = {"m": (2, 1, 1), "n": (1, 2, 1), "one": (1, 1, 1)}[sp]
+        rows, cols = s.dq_tile(d)
+        self.dq = _mma(dt, MN, MN, atoms, (64, cols))
+        self.dq_rows, self.dq_cols = rows, cols
+
+
+class FlashAttnBwd:
+    def __init__(self, dtype, head_dim: int, schedule: AttentionBwdSchedule, mask: MaskKind = MaskKind(),
+                 softcap: bool = False, varlen: bool = False, deterministic: bool = False):
+        schedule.check(head_dim, dtype.width // 8)
+        self.dtype, self.d, self.s = dtype, head_dim, schedule
+        self.mask, self.softcap, self.varlen, self.deterministic = mask, softcap, varlen, deterministic
+
+    @cute.jit
+    def __call__(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, do: cute.Tensor, lse2: cute.Tensor,
+                 dpsum: cute.Tensor, dq_acc: cute.Tensor, dk: cute.Tensor, dv: cute.Tensor, sem: cute.Tensor,
+                 scale_log2: Float32, scale: Float32, scale_over_cap: Float32, cap: Float32, window_left: Int32,
+                 window_right: Int32, stream):
+        """Batched; `sem` (q_tiles, H_q, B) int32 zeroed (deterministic; unread without)."""
+        self.launch(q, k, v, do, lse2, dpsum, dq_acc, dk, dv, sem, None, None, None, scale_log2, scale,
+                    scale_over_cap, cap, window_left, window_right, stream)
+
+    @cute.jit
+    def call_varlen(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, do: cute.Tensor, lse2: cute.Tensor,
+                    dpsum: cute.Tensor, dq_acc: cute.Tensor, dk: cute.Tensor, dv: cute.Tensor, sem: cute.Tensor,
+                    cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor, max_seqlen_k: Int32, scale_log2: Float32,
+                    scale: Float32, scale_over_cap: Float32, cap: Float32, window_left: Int32, window_right: Int32,
+                    stream):
+        self.launch(q, k, v, do, lse2, dpsum, dq_acc, dk, dv, sem, cu_seqlens_q, cu_seqlens_k, max_seqlen_k,
+                    scale_log2, scale, scale_over_cap, cap, window_left, window_right, stream)
+
+    @cute.jit
+    def launch(self, q, k, v, do, lse2, dpsum, dq_acc, dk, dv, sem, cu_q, cu_k, max_seqlen_k, scale_log2, scale,
+               scale_over_cap, cap, window_left, window_right, stream):
+        s, d, dt = self.s, self.d, self.dtype
+        mm = BwdMmas(dt, d, s)
+        st = s.stages
+        sQ_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_m, d, st)
+        sK_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, d, 1)
+        sdS_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, s.tile_m, st)  # (keys, q): q contiguous
+        vec_layout = cute.make_layout((s.tile_m, st))
+        dq_elems = s.tile_m * d
+        tma_q, gq = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), q,
+                                                cute.slice_(sQ_layout, (None, None, 0)), (s.tile_m, d))
+        tma_do, gdo = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), do,
+                                                  cute.slice_(sQ_layout, (None, None, 0)), (s.tile_m, d))
+        tma_k, gk = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), k,
+                                                cute.slice_(sK_layout, (None, None, 0)), (s.tile_n, d))
+        tma_v, gv = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), v,
+                                                cute.slice_(sK_layout, (None, None, 0)), (s.tile_n, d))
+        tma_l, gl = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), lse2,
+                                                cute.make_layout(s.tile_m), (s.tile_m,))
+        tma_p, gp = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), dpsum,
+                                                cute.make_layout(s.tile_m), (s.tile_m,))
+
+        @cute.struct
+        class Storage:
+            q_bars: cute.struct.MemRange[cutlass.Int64, st * 2]
+            do_bars: cute.struct.MemRange[cutlass.Int64, st * 2]
+            kv_bars: cute.struct.MemRange[cutlass.Int64, 2]
+            sL: cute.struct.Align[cute.struct.MemRange[Float32, s.tile_m * st], 128]
+            sP: cute.struct.Align[cute.struct.MemRange[Float32, s.tile_m * st], 128]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_elems], 1024]
+
+        self.storage = Storage
+        if cutlass.const_expr(self.varlen):
+            batch = cute.size(cu_q, mode=[0]) - 1
+            n_blocks = (max_seqlen_k + s.tile_n - 1) // s.tile_n
+        else:
+            batch = cute.size(q, mode=[3])
+            n_blocks = (extent(k, 0) + s.tile_n - 1) // s.tile_n
+        grid = [cutlass.max(n_blocks, 1), cute.size(k, mode=[2]), batch]
+        self.kernel(mm.s, mm.kv, mm.dq, tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, tma_l, gl, tma_p, gp, dq_acc,
+                    dk, dv, sem, cu_q, cu_k, Int32(cute.size(q, mode=[2]) // cute.size(k, mode=[2])), scale_log2,
+                    scale, scale_over_cap, cap, window_left, window_right, sQ_layout, sK_layout, sdS_layout,
+                    vec_layout).launch(grid=grid, block=[s.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mma_s: cute.TiledMma, mma_kv: cute.TiledMma, mma_dq: cute.TiledMma, tma_q: cute.CopyAtom,
+               mQ: cute.Tensor, tma_do: cute.CopyAtom, mdO: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
+               tma_v: cute.CopyAtom, mV: cute.Tensor, tma_l: cute.CopyAtom, mL: cute.Tensor, tma_p: cute.CopyAtom,
+               mP: cute.Tensor, mdQ: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, mSem: cute.Tensor,
+               mCuQ: cute.Tensor | None, mCuK: cute.Tensor | None, group: Int32, scale_log2: Float32,
+               scale: Float32, scale_over_cap: Float32, cap: Float32, left: Int32, right: Int32,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout,
+               vec_layout: cute.Layout):
+        s, d, dt = self.s, self.d, self.dtype
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+        if warp == 0:
+            for atom in (tma_q, tma_do, tma_k, tma_v, tma_l, tma_p):
+                cpasync.prefetch_descriptor(atom)
+        smem = cutlass.utils.SmemAllocator()
+        stor = smem.allocate(self.storage)
+        st = s.stages
+        q_bytes = cute.size_in_bytes(dt, cute.slice_(sQ_layout, (None, None, 0))) + s.tile_m * 4
+        kv_bytes = 2 * cute.size_in_bytes(dt, cute.slice_(sK_layout, (None, None, 0)))
+        consumer_warps = 4 * s.consumer_wgs
+        pipe_q = make_pipeline(stor.q_bars.data_ptr(), st, q_bytes, (1, 1), consumer_warps)
+        pipe_do = make_pipeline(stor.do_bars.data_ptr(), st, q_bytes, (1, 1), consumer_warps)
+        pipe_kv = make_pipeline(stor.kv_bars.data_ptr(), 1, kv_bytes, (1, 1), consumer_warps)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+        sQ = stor.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = stor.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = stor.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)[None, None, 0]
+        sV = stor.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)[None, None, 0]
+        sdS = stor.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sL = stor.sL.get_tensor(vec_layout)
+        sP = stor.sP.get_tensor(vec_layout)
+        sdQ = stor.sdQ.get_tensor(cute.make_layout(s.tile_m * d))
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        # ---- the CTA's keys and its walk (every thread computes the same values) ----
+        n_block, hk, bb = cute.arch.block_idx()
+        if cutlass.const_expr(self.varlen):
+            q_start = mCuQ[bb]
+            k_start = mCuK[bb]
+            seqlen_q = mCuQ[bb + 1] - q_start
+            seqlen_k = mCuK[bb + 1] - k_start
+            tile_base = varlen_tile_base(q_start, bb, s.tile_m)
+            bt = 0
+        else:
+            seqlen_q = extent(mQ, 0)
+            seqlen_k = extent(mK, 0)
+            q_start = 0
+            k_start = 0
+            tile_base = 0
+            bt = bb
+        m_min, m_max = m_block_range(n_block, s.tile_m, s.tile_n, seqlen_q, seqlen_k, left, right, self.mask)
+        m_count = cutlass.max(m_max - m_min, 0)
+        steps = m_count * group  # the walk: the group's query heads, each over [m_min, m_max)
+        w = SimpleNamespace(n_block=n_block, hk=hk, b=bt, bb=bb, q_start=q_start, k_start=k_start, seqlen_q=seqlen_q,
+                            seqlen_k=seqlen_k, tile_base=tile_base, m_min=m_min, m_count=m_count, steps=steps,
+                            group=group, left=left, right=right)
+        if n_block * s.tile_n < seqlen_k:  # varlen: blocks past this sequence's keys do nothing
+            if wg == 0:
+                cute.arch.setmaxregister_decrease(s.producer_regs)
+                if warp == 0:
+                    self.producer(w, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_l, mL, tma_p, mP, sQ, sdO, sK,
+                                  sV, sL, sP, pipe_q, pipe_do, pipe_kv)
+                elif warp == 1:
+                    self.dq_writer(w, mdQ, sdQ, mSem)
+            else:
+                cute.arch.setmaxregister_increase(s.consumer_regs)
+                self.consumer(w, tidx - 128, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sL, sP, sdQ, pipe_q,
+                              pipe_do, pipe_kv, mdK, mdV, scale_log2, scale, scale_over_cap, cap)
+
+    @cute.jit
+    def step_coords(self, w: SimpleNamespace, i: Int32):
+        """The i-th step of the walk: (query head, m block)."""
+        return w.hk * w.group + i // cutlass.max(w.m_count, 1), w.m_min + i % cutlass.max(w.m_count, 1)
+
+    # --- warp 0: the loads -------------------------------------------------------------------------
+    @cute.jit
+    def producer(self, w, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_l, mL, tma_p, mP, sQ, sdO, sK, sV, sL,
+                 sP, pipe_q, pipe_do, pipe_kv):
+        s, d = self.s, self.d
+        if w.steps > 0:
+            mK_b = mK[(None, None, w.hk, w.b)]
+            mV_b = mV[(None, None, w.hk, w.b)]
+            if cutlass.const_expr(self.varlen):
+                mK_b = cute.domain_offset((w.k_start, 0), mK_b)
+                mV_b = cute.domain_offset((w.k_start, 0), mV_b)
+            gK = cute.local_tile(mK_b, (s.tile_n, d), (w.n_block, 0))
+            gV = cute.local_tile(mV_b, (s.tile_n, d), (w.n_block, 0))
+            tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                               cute.group_modes(gK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                               cute.group_modes(gV, 0, 2))
+            kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            pipe_kv.producer_acquire(kv)
+            bar = pipe_kv.producer_get_barrier(kv)
+            cute.copy(tma_k, tKgK, tKsK, tma_bar_ptr=bar)
+            cute.copy(tma_v, tVgV, tVsV, tma_bar_ptr=bar)
+            pipe_kv.producer_commit(kv)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, s.stages)
+            for i in cutlass.range(w.steps, unroll=1):
+                h, m = self.step_coords(w, i)
+                mQ_h = mQ[(None, None, h, w.b)]
+                mdO_h = mdO[(None, None, h, w.b)]
+                if cutlass.const_expr(self.varlen):
+                    mQ_h = cute.domain_offset((w.q_start, 0), mQ_h)
+                    mdO_h = cute.domain_offset((w.q_start, 0), mdO_h)
+                gQ = cute.local_tile(mQ_h, (s.tile_m, d), (m, 0))
+                gdO = cute.local_tile(mdO_h, (s.tile_m, d), (m, 0))
+                gL = cute.local_tile(mL[(None, h, w.b)], (s.tile_m,), (w.tile_base + m,))
+                gP = cute.local_tile(mP[(None, h, w.b)], (s.tile_m,), (w.tile_base + m,))
+                tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                                   cute.group_modes(gQ, 0, 2))
+                tOsO, tOgO = cpasync.tma_partition(tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
+                                                   cute.group_modes(gdO, 0, 2))
+                tLsL, tLgL = cpasync.tma_partition(tma_l, 0, cute.make_layout(1), sL, gL)
+                tPsP, tPgP = cpasync.tma_partition(tma_p, 0, cute.make_layout(1), sP, gP)
+                pipe_q.producer_acquire(state)
+                bar_q = pipe_q.producer_get_barrier(state)
+                cute.copy(tma_q, tQgQ, tQsQ[(None, state.index)], tma_bar_ptr=bar_q)
+                cute.copy(tma_l, tLgL, tLsL[(None, state.index)], tma_bar_ptr=bar_q)
+                pipe_q.producer_commit(state)
+                pipe_do.producer_acquire(state)
+                bar_o = pipe_do.producer_get_barrier(state)
+                cute.copy(tma_do, tOgO, tOsO[(None, state.index)], tma_bar_ptr=bar_o)
+                cute.copy(tma_p, tPgP, tPsP[(None, state.index)], tma_bar_ptr=bar_o)
+                pipe_do.producer_commit(state)
+                state.advance()
+            pipe_q.producer_tail(state.clone())
+            pipe_do.producer_tail(state)
+
+    # --- warp 1: dQ partials into the fp32 accumulator ----------------------------------------------
+    @cute.jit
+    def dq_writer(self, w, mdQ, sdQ, mSem):
+        s, d = self.s, self.d
+        dq_wgs = s.dq_wgs(d)
+        chunk = s.tile_m * d // dq_wgs
+        lane = cute.arch.lane_idx()
+        for i in cutlass.range(w.steps, unroll=1):
+            h, m = self.step_coords(w, i)
+            for c in cutlass.range_constexpr(dq_wgs):
+                if cutlass.const_expr(not self.deterministic):
+                    cute.arch.cp_async_bulk_wait_group(dq_wgs - 1 - c, read=True)
+                cute.arch.barrier_arrive(barrier_id=_DQ_EMPTY + c, number_of_threads=160)
+            gdQ = mdQ[(None, w.tile_base + m, h, w.b)]
+            if cutlass.const_expr(self.deterministic):
+                n_lo, _ = n_block_range(m, s.tile_m, s.tile_n, w.seqlen_q, w.seqlen_k, w.left, w.right, self.mask)
+                want = w.n_block - n_lo
+                flag = (mSem.iterator + cute.crd2idx((w.tile_base + m, h, w.b), mSem.layout)).llvm_ptr
+                if lane == 0:
+                    seen = cute.arch.load(flag, Int32, sem="acquire", scope="gpu")
+                    while seen != want:
+                        seen = cute.arch.load(flag, Int32, sem="acquire", scope="gpu")
+                cute.arch.sync_warp()
+            for c in cutlass.range_constexpr(dq_wgs):
+                cute.arch.barrier(barrier_id=_DQ_FULL + c, number_of_threads=160)
+                if lane == 0:
+                    reduce_add_bulk_f32((sdQ.iterator + c * chunk), (gdQ.iterator + c * chunk), chunk * 4)
+                cute.arch.cp_async_bulk_commit_group()
+            if cutlass.const_expr(self.deterministic):
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                if lane == 0:
+                    cute.arch.fence_acq_rel_gpu()
+                    flag = (mSem.iterator + cute.crd2idx((w.tile_base + m, h, w.b), mSem.layout)).llvm_ptr
+                    cute.arch.atomic_add(flag, Int32(1), sem="release", scope="gpu")
+                cute.arch.sync_warp()
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    # --- the consumer warpgroups ---------------------------------------------------------------------
+    @cute.jit
+    def consumer(self, w, ctid, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sL, sP, sdQ, pipe_q, pipe_do, pipe_kv,
+                 mdK, mdV, scale_log2, scale, scale_over_cap, cap):
+        s, d, dt = self.s, self.d, self.dtype
+        cwg = ctid // 128
+        tid = ctid % 128
+        dq_wgs = s.dq_wgs(d)
+        chunk = s.tile_m * d // dq_wgs
+        wg_s = mma_s.get_slice(cwg * 128)
+        wg_kv = mma_kv.get_slice(cwg * 128)
+        thr_s = mma_s.get_slice(ctid)
+        thr_kv = mma_kv.get_slice(ctid)
+        # S^T / dP^T: A = this warpgroup's K / V rows, B = the Q / dO stages
+        tSrK = mma_s.make_fragment_A(wg_s.partition_A(sK))
+        tSrV = mma_s.make_fragment_A(wg_s.partition_A(sV))
+        tSrQ = mma_s.make_fragment_B(wg_s.partition_B(sQ))
+        tSrdO = mma_s.make_fragment_B(wg_s.partition_B(sdO))
+        # dK / dV: B = Q / dO seen as (D, tile_m) (MN-major)
+        tKrQt = mma_kv.make_fragment_B(wg_kv.partition_B(transposed(sQ)))
+        tVrdOt = mma_kv.make_fragment_B(wg_kv.partition_B(transposed(sdO)))
+        acc_s = cute.make_rmem_tensor(thr_s.partition_shape_C((s.tile_n, s.tile_m)), Float32)
+        acc_dp = cute.make_rmem_tensor(thr_s.partition_shape_C((s.tile_n, s.tile_m)), Float32)
+        acc_dk = cute.make_rmem_tensor(thr_kv.partition_shape_C((s.tile_n, d)), Float32)
+        acc_dv = cute.make_rmem_tensor(thr_kv.partition_shape_C((s.tile_n, d)), Float32)
+        acc_dk.fill(0.0)
+        acc_dv.fill(0.0)
+        tScS = thr_s.partition_C(cute.make_identity_tensor((s.tile_n, s.tile_m)))
+        s_rows = acc_rows_view(acc_s)
+        dp_rows = acc_rows_view(acc_dp)
+        c_rows = acc_rows_view(tScS)
+        cols = cute.size(s_rows, mode=[1])
+        rows = cute.size(s_rows, mode=[0])
+        mma_kv.set(warpgroup.Field.ACCUMULATE, True)
+        pds_bar = pipeline.NamedBarrier(barrier_id=_PDS_BAR, num_threads=128 * s.consumer_wgs)
+        is_dq = cwg < dq_wgs
+        tdQrdS = None
+        tdQrK = None
+        acc_dq = None
+        if cutlass.const_expr(True):
+            dq_slot = cutlass.min(cwg, dq_wgs - 1)
+            wg_dq = mma_dq.get_slice(dq_slot * 128)
+            thr_dq = mma_dq.get_slice(dq_slot * 128 + tid)
+            tdQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(transposed(sdS)))
+            tdQrK = mma_dq.make_fragment_B(wg_dq.partition_B(transposed(sK)))
+            acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((s.tile_m, d)), Float32)
+        # this thread's dQ values in the chunk, MMA order: element e at (e // 4) * 512 + 4 tid + e % 4
+        n_dq = cute.size(acc_dq)
+        sdQ_thr = cute.make_tensor(sdQ.iterator + dq_slot * chunk + 4 * tid,
+                                   cute.make_layout((4, n_dq // 4), stride=(1, 512)))
+        scale_d = Float32(1.0)
+        lse = cute.make_rmem_tensor((cols,), Float32)
+        dps = cute.make_rmem_tensor((cols,), Float32)
+        one_minus_t2 = None
+        if cutlass.const_expr(self.softcap):
+            one_minus_t2 = cute.make_rmem_tensor(acc_s.shape, Float32)
+
+        if w.steps > 0:
+            kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            pipe_kv.consumer_wait(kv)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, s.stages)
+            for i in cutlass.range(w.steps, unroll=1):
+                h, m = self.step_coords(w, i)
+                ms = cutlass.new_from_mlir_values(mma_s, cutlass.extract_mlir_values(mma_s))
+                mq = cutlass.new_from_mlir_values(mma_dq, cutlass.extract_mlir_values(mma_dq))
+                idx = state.index
+                pipe_q.consumer_wait(state)
+                warpgroup.fence()
+                mma_blocks(ms, acc_s, tSrK, stage_of(tSrQ, idx), zero_first=True)
+                warpgroup.commit_group()
+                pipe_do.consumer_wait(state)
+                warpgroup.fence()
+                mma_blocks(ms, acc_dp, tSrV, stage_of(tSrdO, idx), zero_first=True)
+                warpgroup.commit_group()
+                for c in cutlass.range_constexpr(cols):
+                    lse[c] = sL[c_rows[0, c][1], idx]
+                warpgroup.wait_group(1)
+                # ---- P = exp2(S * scale_log2 - LSE2), masked (softcap first) ----
+                if cutlass.const_expr(self.softcap):
+                    for e in cutlass.range_constexpr(cute.size(acc_s)):
+                        t = cute.math.tanh(acc_s[e] * scale_over_cap, fastmath=True)
+                        acc_s[e] = cap * t
+                        one_minus_t2[e] = Float32(1.0) - t * t
+                row_q0 = m * s.tile_m
+                col_k0 = w.n_block * s.tile_n
+                if self.needs_mask(w, m):
+                    apply_mask(acc_s, tScS, row_q0, col_k0, w.seqlen_k, w.seqlen_k - w.seqlen_q, w.left, w.right,
+                               self.mask, transposed=True)
+                for r in cutlass.range_constexpr(rows):
+                    for c in cutlass.range_constexpr(cols):
+                        s_rows[r, c] = cute.math.exp2(s_rows[r, c] * scale_log2 - lse[c], fastmath=True)
+                p_a = acc_as_a_operand(acc_s, dt)
+                for c in cutlass.range_constexpr(cols):
+                    dps[c] = sP[c_rows[0, c][1], idx]
+                warpgroup.wait_group(0)
+                # ---- dS = P (dP - D) ----
+                for r in cutlass.range_constexpr(rows):
+                    for c in cutlass.range_constexpr(cols):
+                        dp_rows[r, c] = s_rows[r, c] * (dp_rows[r, c] - dps[c])
+                if cutlass.const_expr(self.softcap):
+                    for e in cutlass.range_constexpr(cute.size(acc_dp)):
+                        acc_dp[e] = acc_dp[e] * one_minus_t2[e]
+                ds_a = acc_as_a_operand(acc_dp, dt)
+                # ---- dV += P^T dO ----
+                warpgroup.fence()
+                mma_blocks(mma_kv, acc_dv, p_a, stage_of(tVrdOt, idx))
+                warpgroup.commit_group()
+                # ---- dS -> smem (q-contiguous), for dQ ----
+                if cutlass.const_expr(s.stages == 1):
+                    pds_bar.arrive_and_wait()  # the other warpgroup's dQ GEMM of the last block has read dS
+                ds_r = cute.make_rmem_tensor(acc_dp.shape, dt)
+                ds_r.store(acc_dp.load().to(dt))
+                tdSsdS = thr_s.partition_C(sdS[(None, None, idx)])
+                cute.autovec_copy(ds_r, tdSsdS)
+                cute.arch.fence_view_async_shared()
+                pds_bar.arrive_and_wait()
+                # ---- dQ = dS K (this warpgroup's part), dK += dS^T Q ----
+                if is_dq:
+                    warpgroup.fence()
+                    mma_blocks(mq, acc_dq, stage_of(tdQrdS, idx), tdQrK, zero_first=True)
+                    warpgroup.commit_group()
+                warpgroup.fence()
+                mma_blocks(mma_kv, acc_dk, ds_a, stage_of(tKrQt, idx))
+                warpgroup.commit_group()
+                if is_dq:
+                    warpgroup.wait_group(2)
+                    pipe_do.consumer_release(state)  # dV's GEMM has read dO
+                    warpgroup.wait_group(1)
+                    cute.arch.barrier(barrier_id=_DQ_EMPTY + cwg, number_of_threads=160)
+                    cute.autovec_copy(cute.make_tensor(acc_dq.iterator, sdQ_thr.layout.shape), sdQ_thr)
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier_arrive(barrier_id=_DQ_FULL + cwg, number_of_threads=160)
+                else:
+                    warpgroup.wait_group(1)
+                    pipe_do.consumer_release(state)
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(state)
+                state.advance()
+                _ = h
+        # ---- dK = scale dK, dV: stored from registers, rows inside the sequence ----
+        scale_d = scale
+        self.store_rows(mma_kv, acc_dk, ctid, w, mdK, scale_d)
+        self.store_rows(mma_kv, acc_dv, ctid, w, mdV, Float32(1.0))
+
+    def needs_mask(self, w, m):
+        """Whether query block m of this key block has a masked (query, key) pair: the key end or a band edge."""
+        s, kind = self.s, self.mask
+        off = w.seqlen_k - w.seqlen_q
+        col0 = w.n_block * s.tile_n
+        col1 = col0 + s.tile_n - 1
+        row0 = m * s.tile_m
+        row1 = row0 + s.tile_m - 1
+        need = col1 >= w.seqlen_k
+        if cutlass.const_expr(kind.right):
+            need = need | (col1 > row0 + off + w.right)
+        if cutlass.const_expr(kind.left):
+            need = need | (col0 < row1 + off - w.left)
+        return need
+
+    @cute.jit
+    def store_rows(self, mma_kv, acc, ctid, w, mOut, mul):
+        """dK or dV (tile_n, D) of this block: `mul` * acc in the input dtype, key rows < seqlen_k only."""
+        s, d = self.s, self.d
+        r_o = cute.make_rmem_tensor(acc.shape, self.dtype)
+        r_o.store((acc.load() * mul).to(self.dtype))
+        mO = mOut[(None, None, w.hk, w.b)]
+        if cutlass.const_expr(self.varlen):
+            mO = cute.domain_offset((w.k_start, 0), mO)
+        gO = cute.local_tile(mO, (s.tile_n, d), (w.n_block, 0))
+        thr = mma_kv.get_slice(ctid)
+        g_rows = acc_rows_view(thr.partition_C(gO))
+        c_rows = acc_rows_view(thr.partition_C(cute.make_identity_tensor((s.tile_n, d))))
+        o_rows = acc_rows_view(r_o)
+        row0 = w.n_block * s.tile_n
+        for r in cutlass.range_constexpr(cute.size(o_rows, mode=[0])):
+            if row0 + c_rows[r, 0][0] < w.seqlen_k:
+                for c in cutlass.range_constexpr(cute.size(o_rows, mode=[1])):
+                    g_rows[r, c] = o_rows[r, c]
+
+
+# --- preprocess: D = rowsum(dO * O) - dLSE, LSE2, the dQ accumulator zeroed ---------------------------
+class FlashAttnBwdPre:
+    """One CTA of 128 threads per (padded query tile, head, batch): a thread per row (tile_m <= 128 rows), then the
+    tile's dQ accumulator chunk zeroed with 128-bit stores."""
+
+    def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool = False):
+        self.dtype, self.d, self.tile_m, self.varlen = dtype, head_dim, tile_m, varlen
+
+    @cute.jit
+    def __call__(self, o: cute.Tensor, do: cute.Tensor, lse: cute.Tensor, dlse: cute.Tensor, lse2: cute.Tensor,
+                 dpsum: cute.Tensor, dq_acc: cute.Tensor, cu_q: cute.Tensor, max_seqlen_q: Int32, stream):
+        """o / do (S, D, H, B); lse / dlse (S, H, B) fp32; lse2 / dpsum (S_pad, H, B); dq_acc (tile_m D, tiles, H, B);
+        varlen: B = 1 packed and `cu_q` the offsets (batched: unread, and max_seqlen_q is S)."""
+        if cutlass.const_expr(self.varlen):
+            batch = cute.size(cu_q, mode=[0]) - 1
+        else:
+            batch = cute.size(o, mode=[3])
+        tiles = (max_seqlen_q + self.tile_m - 1) // self.tile_m
+        self.kernel(o, do, lse, dlse, lse2, dpsum, dq_acc, cu_q).launch(
+            grid=[cutlass.max(tiles, 1), cute.size(o, mode=[2]), batch], block=[128, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mL: cute.Tensor, mdL: cute.Tensor, mL2: cute.Tensor,
+               mD: cute.Tensor, mdQ: cute.Tensor, mCuQ: cute.Tensor):
+        tm, d = self.tile_m, self.d
+        tidx, _, _ = cute.arch.thread_idx()
+        m, h, bb = cute.arch.block_idx()
+        if cutlass.const_expr(self.varlen):
+            q_start = mCuQ[bb]
+            seqlen = mCuQ[bb + 1] - q_start
+            base = varlen_tile_base(q_start, bb, tm)
+            bt = 0
+        else:
+            q_start = 0
+            seqlen = extent(mO, 0)
+            base = 0
+            bt = bb
+        if m * tm < seqlen:
+            if tidx < tm:
+                row = m * tm + tidx
+                acc = Float32(0.0)
+                l2 = Float32(float("inf"))
+                if row < seqlen:
+                    gO = mO[(q_start + row, None, h, bt)]
+                    gdO = mdO[(q_start + row, None, h, bt)]
+                    vo = cute.make_tensor(gO.iterator, cute.make_layout((8, d // 8), stride=(1, 8)))
+                    vd = cute.make_tensor(gdO.iterator, cute.make_layout((8, d // 8), stride=(1, 8)))
+                    for j in cutlass.range_constexpr(d // 8):
+                        a = vo[(None, j)].load().to(Float32)
+                        b = vd[(None, j)].load().to(Float32)
+                        for e in cutlass.range_constexpr(8):
+                            acc = acc + a[e] * b[e]
+                    acc = acc - mdL[q_start + row, h, bt]
+                    l2 = mL[q_start + row, h, bt] * Float32(LOG2E)
+                mL2[(base + m) * tm + tidx, h, bt] = l2
+                mD[(base + m) * tm + tidx, h, bt] = acc
+            chunk = mdQ[(None, base + m, h, bt)]
+            zeros = cute.make_rmem_tensor((4,), Float32)
+            zeros.fill(0.0)
+            vz = cute.make_tensor(chunk.iterator, cute.make_layout((4, tm * d // 4), stride=(1, 4)))
+            for j in cutlass.range(tidx, tm * d // 4, 128, unroll=4):
+                vz[(None, j)].store(zeros.load())
+
+
+# --- postprocess: dQ = scale * accumulator, in the input dtype ------------------------------------------
+class FlashAttnBwdPost:
+    """One CTA of 128 x dq_wgs threads per (query tile, head, batch): each thread reads its values of the MMA-order
+    chunk and writes them where the dQ partition of the main kernel put them, rows < seqlen_q only."""
+
+    def __init__(self, dtype, head_dim: int, schedule: AttentionBwdSchedule, varlen: bool = False):
+        self.dtype, self.d, self.s, self.varlen = dtype, head_dim, schedule, varlen
+
+    @cute.jit
+    def __call__(self, dq_acc: cute.Tensor, dq: cute.Tensor, cu_q: cute.Tensor, max_seqlen_q: Int32, scale: Float32,
+                 stream):
+        s, d = self.s, self.d
+        mm = BwdMmas(self.dtype, d, s)
+        if cutlass.const_expr(self.varlen):
+            batch = cute.size(cu_q, mode=[0]) - 1
+        else:
+            batch = cute.size(dq, mode=[3])
+        tiles = (max_seqlen_q + s.tile_m - 1) // s.tile_m
+        self.kernel(mm.dq, dq_acc, dq, cu_q, scale).launch(
+            grid=[cutlass.max(tiles, 1), cute.size(dq, mode=[2]), batch], block=[128 * s.dq_wgs(d), 1, 1],
+            stream=stream)
+
+    @cute.kernel
+    def kernel(self, mma_dq: cute.TiledMma, mAcc: cute.Tensor, mdQ: cute.Tensor, mCuQ: cute.Tensor, scale: Float32):
+        s, d = self.s, self.d
+        tidx, _, _ = cute.arch.thread_idx()
+        m, h, bb = cute.arch.block_idx()
+        if cutlass.const_expr(self.varlen):
+            q_start = mCuQ[bb]
+            seqlen = mCuQ[bb + 1] - q_start
+            base = varlen_tile_base(q_start, bb, s.tile_m)
+            bt = 0
+        else:
+            q_start = 0
+            seqlen = extent(mdQ, 0)
+            base = 0
+            bt = bb
+        if m * s.tile_m < seqlen:
+            dq_wgs = s.dq_wgs(d)
+            chunk = s.tile_m * d // dq_wgs
+            cwg = tidx // 128
+            tid = tidx % 128
+            thr = mma_dq.get_slice(tidx)
+            acc = cute.make_rmem_tensor(thr.partition_shape_C((s.tile_m, d)), Float32)
+            n = cute.size(acc)
+            g = mAcc[(None, base + m, h, bt)]
+            src = cute.make_tensor(g.iterator + cwg * chunk + 4 * tid, cute.make_layout((4, n // 4), stride=(1, 512)))
+            cute.autovec_copy(src, cute.make_tensor(acc.iterator, src.layout.shape))
+            r_o = cute.make_rmem_tensor(acc.shape, self.dtype)
+            r_o.store((acc.load() * scale).to(self.dtype))
+            mO = mdQ[(None, None, h, bt)]
+            if cutlass.const_expr(self.varlen):
+                mO = cute.domain_offset((q_start, 0), mO)
+            gO = cute.local_tile(mO, (s.tile_m, d), (m, 0))
+            g_rows = acc_rows_view(thr.partition_C(gO))
+            c_rows = acc_rows_view(thr.partition_C(cute.make_identity_tensor((s.tile_m, d))))
+            o_rows = acc_rows_view(r_o)
+            row0 = m * s.tile_m
+            for r in cutlass.range_constexpr(cute.size(o_rows, mode=[0])):
+                if row0 + c_rows[r, 0][0] < seqlen:
+                    for c in cutlass.range_constexpr(cute.size(o_rows, mode=[1])):
+                        g_rows[r, c] = o_rows[r, c]

@@ -1,0 +1,186 @@
+"""FlashAttention backward schedules: which keys a CTA owns, how its warps split the work, where dQ goes.
+
+The backward (`cute_kernels/attention/backward.py`) is FA3's arrangement. One CTA per (K/V block of
+`tile_n` keys, K/V head, batch); its K and V stay in shared memory while the producer warp streams the
+query blocks (Q, dO, and their LSE / D rows) through a ring of `stages`. With GQA the CTA walks every
+query head of its K/V head's group, so dK and dV are summed over the group in registers (no fp32
+dK / dV accumulators in global memory, no atomics, the same bits every run).
+
+Warp roles (3 warpgroups at tile_n 128):
+* warpgroup 0 gives its registers away (`producer_regs`): warp 0 issues the TMA loads, warp 1 adds
+  each query block's dQ partial into the fp32 dQ accumulator in global memory with bulk reduce-adds
+  (`cp.reduce.async.bulk .add.f32`), after the consumers have staged it in shared memory;
+* consumer warpgroup w (`consumer_regs`) owns keys [64 w, 64 w + 64) of the block: per query block it
+  computes S^T = K_w Q^T and dP^T = V_w dO^T (WGMMA, both operands in smem: the transposed products,
+  FA3's SdP_swapAB, so that P^T and dS^T land in registers as the A operand of the next GEMMs),
+  P = exp2(S * scale_log2 - LSE2) with LSE2 per column, dS = P (dP - D), then dV_w += P^T dO and
+  dK_w += dS^T Q with A from registers; dS also goes to shared memory (q-contiguous), where both
+  warpgroups compute dQ = dS K (`dq_split`).
+
+`dq_split`, how the dQ = dS K tile (tile_m, D) is cut among the consumer warpgroups:
+* "m": each takes 64 query rows (tile_m 128, D <= 128: FA3's D = 64 arrangement);
+* "n": each takes D / 2 columns (tile_m 64, D a multiple of 128: D = 128);
+* "one": warpgroup 0 computes all of it (D = 96, whose halves are not whole 64-column swizzle atoms).
+
+The dQ partials are kept in the accumulator's register order (the "MMA order": element e of thread t
+at (e // 4) * 512 + 4 t + e % 4 of the warpgroup's chunk): 128-bit smem stores without bank conflicts,
+one contiguous bulk reduce-add per chunk. The postprocess kernel reads them back with the same
+partition and writes dQ * scale in the input dtype.
+
+Registers per consumer thread at D = 128, tile 64 x 128: dK and dV 64 each, S^T and dP^T 32 each, the dQ
+partial 32, P and dS as bf16 A operands 16 each: FA3's 240-register budget (24 + 2 x 240 <= 512).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SMEM_BYTES = 232448
+BARRIER_BYTES = 1024
+DQ_SPLITS = ("", "m", "n", "one")
+HEAD_DIMS_BWD = (64, 96, 128)  # D = 192 / 256 need dK / dV split along D (P through smem): not built yet
+
+
+@dataclass(frozen=True)
+class AttentionBwdSchedule:
+    tile_m: int = 64  # query rows per block of the walk (the N of S^T = K Q^T)
+    tile_n: int = 128  # keys per CTA: 64 per consumer warpgroup
+    stages: int = 2  # Q / dO ring stages (the dS buffer has as many)
+    dq_split: str = ""  # "m", "n", "one" (see the module doc); "": derived from tile_m and the head dim
+    producer_regs: int = 24
+    consumer_regs: int = 240
+
+    def __post_init__(self):
+        if self.tile_m not in (64, 128):
+            raise ValueError(f"tile_m must be 64 or 128, got {self.tile_m}")
+        if self.tile_n not in (64, 128):
+            raise ValueError(f"tile_n must be 64 or 128 (64 keys per consumer warpgroup), got {self.tile_n}")
+        if self.stages not in (1, 2):
+            raise ValueError(f"stages must be 1 or 2, got {self.stages}")
+        if self.dq_split not in DQ_SPLITS:
+            raise ValueError(f"dq_split must be one of {DQ_SPLITS[1:]} (or '' for the head dim's), got {self.dq_split!r}")
+        if self.producer_regs % 8 or self.consumer_regs % 8:
+            raise ValueError("register budgets must be multiples of 8")
+
+    @property
+    def consumer_wgs(self) -> int:
+        return self.tile_n // 64
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.consumer_wgs)
+
+    def split(self, head_dim: int) -> str:
+        """The dQ split at this head dim (`dq_split`, or the one that fits)."""
+        if self.dq_split:
+            return self.dq_split
+        if self.consumer_wgs == 1:
+            return "one"
+        if self.tile_m == 128:
+            return "m"
+        return "n" if head_dim % 128 == 0 else "one"
+
+    def dq_wgs(self, head_dim: int) -> int:
+        """Consumer warpgroups that compute (a part of) dQ."""
+        return 1 if self.split(head_dim) == "one" else self.consumer_wgs
+
+    def dq_tile(self, head_dim: int) -> tuple[int, int]:
+        """The (rows, columns) of dQ one warpgroup computes."""
+        sp = self.split(head_dim)
+        if sp == "m":
+            return 64, head_dim
+        if sp == "n":
+            return self.tile_m, head_dim // 2
+        return self.tile_m, head_dim
+
+    def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
+        q = self.stages * self.tile_m * head_dim * elem  # Q and dO rings, each
+        kv = self.tile_n * head_dim * elem  # K and V, each
+        ds = self.stages * self.tile_n * self.tile_m * elem
+        dq = self.tile_m * head_dim * 4
+        stats = 2 * self.stages * self.tile_m * 4
+        return 2 * q + 2 * kv + ds + dq + stats + BARRIER_BYTES
+
+    def check(self, head_dim: int, elem: int = 2) -> None:
+        """Raises ValueError when this schedule cannot run at `head_dim`."""
+        if head_dim not in HEAD_DIMS_BWD:
+            raise ValueError(f"the backward is built for head dims {HEAD_DIMS_BWD}, got {head_dim} (192 and 256 need "
+                             "dK / dV split along the head dim: not built yet)")
+        sp = self.split(head_dim)
+        if sp == "m" and (self.tile_m != 128 or self.consumer_wgs != 2):
+            raise ValueError("dq_split 'm' needs tile_m 128 and two consumer warpgroups (tile_n 128)")
+        if sp == "n" and (self.tile_m != 64 or self.consumer_wgs != 2 or head_dim % 128):
+            raise ValueError("dq_split 'n' needs tile_m 64, two consumer warpgroups and a head dim that is a multiple "
+                             "of 128")
+        regs = self.producer_regs + self.consumer_wgs * self.consumer_regs
+        if regs > 512:
+            raise ValueError(f"register budgets {self.producer_regs} + {self.consumer_wgs} x {self.consumer_regs} "
+                             "exceed 512 per thread slot")
+        if self.smem_bytes(head_dim, elem) > SMEM_BYTES:
+            raise ValueError(f"{self} needs {self.smem_bytes(head_dim, elem)} B of shared memory at D = {head_dim} "
+                             f"(at most {SMEM_BYTES})")
+
+    def fits(self, head_dim: int, elem: int = 2) -> bool:
+        try:
+            self.check(head_dim, elem)
+        except ValueError:
+            return False
+        return True
+
+    def __str__(self) -> str:
+        return f"bwd{self.tile_m}x{self.tile_n}s{self.stages}" + (f"-{self.dq_split}" if self.dq_split else "")
+
+
+def default_bwd_schedule(head_dim: int, causal: bool = False) -> AttentionBwdSchedule:
+    """FA3's tile sizes: D = 64 128 x 128, D = 96 and 128 64 x 128 (two Q / dO stages)."""
+    if head_dim <= 64:
+        return AttentionBwdSchedule(tile_m=128, tile_n=128)
+    return AttentionBwdSchedule(tile_m=64, tile_n=128)
+
+
+def candidates_bwd(head_dim: int, causal: bool = False) -> list[AttentionBwdSchedule]:
+    """The schedules `cute-kernels schedules attention --backward` ranks: the default first."""
+    out = [default_bwd_schedule(head_dim, causal)]
+    for tm in (64, 128):
+        for st in (2, 1):
+            for sp in ("", "one"):
+                s = AttentionBwdSchedule(tile_m=tm, tile_n=128, stages=st, dq_split=sp)
+                if s not in out and s.fits(head_dim):
+                    out.append(s)
+    return out
+
+
+def padded_q_tiles(seqlen_q: int, tile_m: int) -> int:
+    return (seqlen_q + tile_m - 1) // tile_m
+
+
+def varlen_tile_base(cu_q_b, b, tile_m: int):
+    """The first padded tile of sequence b in the varlen (H, tiles, ...) workspaces: (cu_q[b] + b tile_m) // tile_m.
+    Consecutive sequences' ranges do not overlap (each gets at least ceil(len / tile_m) tiles)."""
+    return (cu_q_b + b * tile_m) // tile_m
+
+
+def varlen_total_tiles(total_q: int, batch: int, tile_m: int) -> int:
+    """Tiles the varlen workspaces need for `batch` sequences of `total_q` rows in all."""
+    return (total_q + batch * tile_m) // tile_m + 1
+
+
+def m_block_range(n_block, tile_m: int, tile_n: int, seqlen_q, seqlen_k, left, right, kind):
+    """[m_min, m_max): the query blocks that see any key of block `n_block` (the transpose of
+    `collectives.attention_mask.n_block_range`). Query i sees key j iff j <= i + off + right and
+    j >= i + off - left (off = seqlen_k - seqlen_q). Python and DSL ints alike."""
+    from schedules.index_math import imax, imin
+
+    m_blocks = (seqlen_q + tile_m - 1) // tile_m
+    off = seqlen_k - seqlen_q
+    col0 = n_block * tile_n
+    col1 = imin(col0 + tile_n, seqlen_k) - 1
+    m_min = 0
+    m_max = m_blocks
+    if kind.right:
+        lo = col0 - off - right  # the first query that may see col0
+        m_min = imin(imax(lo, 0) // tile_m, m_blocks)
+    if kind.left:
+        hi = col1 - off + left + 1  # one past the last query that may see col1
+        m_max = imin(m_blocks, (imax(hi, 0) + tile_m - 1) // tile_m)
+    return m_min, m_max
