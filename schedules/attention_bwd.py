@@ -84,6 +84,13 @@ class AttentionBwdSchedule:
         """Consumer warpgroups that compute (a part of) dQ."""
         return 1 if self.split(head_dim) == "one" else self.consumer_wgs
 
+    def consumer_budget(self, head_dim: int, computes_dq: bool) -> int:
+        """setmaxnreg of a consumer warpgroup: `consumer_regs`, or with dQ on warpgroup 0 alone ("one", two consumers)
+        16 more for it and 16 fewer for the other (FA3's 256 / 224 at D = 96)."""
+        if self.split(head_dim) == "one" and self.consumer_wgs == 2:
+            return self.consumer_regs + (16 if computes_dq else -16)
+        return self.consumer_regs
+
     def dq_tile(self, head_dim: int) -> tuple[int, int]:
         """The (rows, columns) of dQ one warpgroup computes."""
         sp = self.split(head_dim)

@@ -28,8 +28,10 @@ varlen: B = 1 packed, sequence b's padded tiles start at `varlen_tile_base`.
 
 Deterministic mode: the dQ tile of (batch, head, m block) takes its contributions in K/V-block order. A
 semaphore per tile (int32, zeroed) counts the blocks that added theirs; the dQ warp of block n waits until it
-reads n - n_min(m) (acquire), issues its reduce-add, waits for its completion and adds 1 (release). dK and dV
-are summed in registers in a fixed order anyway.
+reads n's place in the order (acquire), issues its reduce-add, waits for its completion and adds 1 (release).
+The order is ascending, or descending with a right bound (causal: block n's first query blocks then wait for
+nobody), and the grid launches the key blocks in that order, so a block waits only for blocks launched before
+it (no deadlock however few fit at once). dK and dV are summed in registers in a fixed order anyway.
 """
 
 from __future__ import annotations
@@ -214,6 +216,11 @@ class FlashAttnBwd:
 
         # ---- the CTA's keys and its walk (every thread computes the same values) ----
         n_block, hk, bb = cute.arch.block_idx()
+        if cutlass.const_expr(self.deterministic and self.mask.right):
+            # dQ's contributions go in descending key-block order here (`dq_writer`): the blocks launch in that order,
+            # so that a block only ever waits for blocks launched before it
+            gx, _, _ = cute.arch.grid_dim()
+            n_block = gx - 1 - n_block
         if cutlass.const_expr(self.varlen):
             q_start = mCuQ[bb]
             k_start = mCuK[bb]
@@ -243,9 +250,18 @@ class FlashAttnBwd:
                 elif warp == 1:
                     self.dq_writer(w, mdQ, sdQ, mSem)
             else:
-                cute.arch.setmaxregister_increase(s.consumer_regs)
-                self.consumer(w, tidx - 128, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sL, sP, sdQ, pipe_q,
-                              pipe_do, pipe_kv, mdK, mdV, scale_log2, scale, scale_over_cap, cap)
+                args = (w, tidx - 128, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sL, sP, sdQ, pipe_q, pipe_do,
+                        pipe_kv, mdK, mdV, scale_log2, scale, scale_over_cap, cap)
+                if cutlass.const_expr(s.dq_wgs(d) == s.consumer_wgs):
+                    cute.arch.setmaxregister_increase(s.consumer_budget(d, True))
+                    self.consumer(*args)
+                else:  # warpgroup 1 computes dQ alone: the code is traced once per role, with its own budget
+                    if wg == 1:
+                        cute.arch.setmaxregister_increase(s.consumer_budget(d, True))
+                        self.consumer(*args, computes_dq=True)
+                    else:
+                        cute.arch.setmaxregister_increase(s.consumer_budget(d, False))
+                        self.consumer(*args, computes_dq=False)
 
     @cute.jit
     def step_coords(self, w: SimpleNamespace, i: Int32):
@@ -322,8 +338,13 @@ class FlashAttnBwd:
                 cute.arch.barrier_arrive(barrier_id=_DQ_EMPTY + c, number_of_threads=160)
             gdQ = mdQ[(None, w.tile_base + m, h, w.b)]
             if cutlass.const_expr(self.deterministic):
-                n_lo, _ = n_block_range(m, s.tile_m, s.tile_n, w.seqlen_q, w.seqlen_k, w.left, w.right, self.mask)
+                # the key blocks that see query block m are [n_lo, n_hi); with a right bound (causal) the diagonal
+                # block comes first, descending (each block then meets its first query blocks without waiting:
+                # FA3's order), else ascending
+                n_lo, n_hi = n_block_range(m, s.tile_m, s.tile_n, w.seqlen_q, w.seqlen_k, w.left, w.right, self.mask)
                 want = w.n_block - n_lo
+                if cutlass.const_expr(self.mask.right):
+                    want = n_hi - 1 - w.n_block
                 flag = (mSem.iterator + cute.crd2idx((w.tile_base + m, h, w.b), mSem.layout)).llvm_ptr
                 if lane == 0:
                     seen = cute.arch.load(flag, Int32, sem="acquire", scope="gpu")
@@ -347,8 +368,13 @@ class FlashAttnBwd:
     # --- the consumer warpgroups ---------------------------------------------------------------------
     @cute.jit
     def consumer(self, w, ctid, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sL, sP, sdQ, pipe_q, pipe_do, pipe_kv,
-                 mdK, mdV, scale_log2, scale, scale_over_cap, cap):
+                 mdK, mdV, scale_log2, scale, scale_over_cap, cap, computes_dq: cutlass.Constexpr = True):
+        """Consumer warpgroup `ctid // 128` (keys [64 w, 64 w + 64) of the block); `computes_dq`: whether it has a part
+        of dQ = dS K (with dq_split "one" the second warpgroup has none, and a smaller register budget)."""
         s, d, dt = self.s, self.d, self.dtype
+        # `set` below gives the atom a new field value: on a copy, so that nothing this call creates is used after it
+        # (it is traced once per warpgroup role under a run-time branch)
+        mma_kv = cutlass.new_from_mlir_values(mma_kv, cutlass.extract_mlir_values(mma_kv))
         cwg = ctid // 128
         tid = ctid % 128
         dq_wgs = s.dq_wgs(d)
@@ -379,7 +405,6 @@ class FlashAttnBwd:
         rows = cute.size(s_rows, mode=[0])
         mma_kv.set(warpgroup.Field.ACCUMULATE, True)
         pds_bar = pipeline.NamedBarrier(barrier_id=_PDS_BAR, num_threads=128 * s.consumer_wgs)
-        is_dq = cwg < dq_wgs
         tdQrdS = None
         tdQrK = None
         acc_dq = None
@@ -395,8 +420,6 @@ class FlashAttnBwd:
         sdQ_thr = cute.make_tensor(sdQ.iterator + dq_slot * chunk + 4 * tid,
                                    cute.make_layout((4, n_dq // 4), stride=(1, 512)))
         scale_d = Float32(1.0)
-        lse = cute.make_rmem_tensor((cols,), Float32)
-        dps = cute.make_rmem_tensor((cols,), Float32)
         one_minus_t2 = None
         if cutlass.const_expr(self.softcap):
             one_minus_t2 = cute.make_rmem_tensor(acc_s.shape, Float32)
@@ -418,8 +441,6 @@ class FlashAttnBwd:
                 warpgroup.fence()
                 mma_blocks(ms, acc_dp, tSrV, stage_of(tSrdO, idx), zero_first=True)
                 warpgroup.commit_group()
-                for c in cutlass.range_constexpr(cols):
-                    lse[c] = sL[c_rows[0, c][1], idx]
                 warpgroup.wait_group(1)
                 # ---- P = exp2(S * scale_log2 - LSE2), masked (softcap first) ----
                 if cutlass.const_expr(self.softcap):
@@ -432,25 +453,26 @@ class FlashAttnBwd:
                 if self.needs_mask(w, m):
                     apply_mask(acc_s, tScS, row_q0, col_k0, w.seqlen_k, w.seqlen_k - w.seqlen_q, w.left, w.right,
                                self.mask, transposed=True)
-                for r in cutlass.range_constexpr(rows):
-                    for c in cutlass.range_constexpr(cols):
-                        s_rows[r, c] = cute.math.exp2(s_rows[r, c] * scale_log2 - lse[c], fastmath=True)
-                p_a = acc_as_a_operand(acc_s, dt)
+                # the column statistics are read where they are used (held in registers they cost tile_m / 2 of them)
                 for c in cutlass.range_constexpr(cols):
-                    dps[c] = sP[c_rows[0, c][1], idx]
-                warpgroup.wait_group(0)
+                    lse_c = sL[c_rows[0, c][1], idx]
+                    for r in cutlass.range_constexpr(rows):
+                        s_rows[r, c] = cute.math.exp2(s_rows[r, c] * scale_log2 - lse_c, fastmath=True)
+                p_a = acc_as_a_operand(acc_s, dt)
+                # ---- dV += P^T dO, issued before the wait for dP^T ----
+                warpgroup.fence()
+                mma_blocks(mma_kv, acc_dv, p_a, stage_of(tVrdOt, idx))
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)  # dP^T done (dV may run)
                 # ---- dS = P (dP - D) ----
-                for r in cutlass.range_constexpr(rows):
-                    for c in cutlass.range_constexpr(cols):
-                        dp_rows[r, c] = s_rows[r, c] * (dp_rows[r, c] - dps[c])
+                for c in cutlass.range_constexpr(cols):
+                    d_c = sP[c_rows[0, c][1], idx]
+                    for r in cutlass.range_constexpr(rows):
+                        dp_rows[r, c] = s_rows[r, c] * (dp_rows[r, c] - d_c)
                 if cutlass.const_expr(self.softcap):
                     for e in cutlass.range_constexpr(cute.size(acc_dp)):
                         acc_dp[e] = acc_dp[e] * one_minus_t2[e]
                 ds_a = acc_as_a_operand(acc_dp, dt)
-                # ---- dV += P^T dO ----
-                warpgroup.fence()
-                mma_blocks(mma_kv, acc_dv, p_a, stage_of(tVrdOt, idx))
-                warpgroup.commit_group()
                 # ---- dS -> smem (q-contiguous), for dQ ----
                 if cutlass.const_expr(s.stages == 1):
                     pds_bar.arrive_and_wait()  # the other warpgroup's dQ GEMM of the last block has read dS
@@ -461,14 +483,14 @@ class FlashAttnBwd:
                 cute.arch.fence_view_async_shared()
                 pds_bar.arrive_and_wait()
                 # ---- dQ = dS K (this warpgroup's part), dK += dS^T Q ----
-                if is_dq:
+                if cutlass.const_expr(computes_dq):
                     warpgroup.fence()
                     mma_blocks(mq, acc_dq, stage_of(tdQrdS, idx), tdQrK, zero_first=True)
                     warpgroup.commit_group()
                 warpgroup.fence()
                 mma_blocks(mma_kv, acc_dk, ds_a, stage_of(tKrQt, idx))
                 warpgroup.commit_group()
-                if is_dq:
+                if cutlass.const_expr(computes_dq):
                     warpgroup.wait_group(2)
                     pipe_do.consumer_release(state)  # dV's GEMM has read dO
                     warpgroup.wait_group(1)
