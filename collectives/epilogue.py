@@ -106,6 +106,14 @@ def store_tma(c: cute.Tensor, smem_staged, epi_tile):
                                        cute.slice_(smem_staged, (None, None, 0)), epi_tile)
 
 
+def acc_smem_copy(tiled_mma: cute.TiledMma, c_layout, out_dtype) -> cute.TiledCopy:
+    """The register -> smem copy of `tiled_mma`'s accumulator tile in `out_dtype` (stmatrix for 16-bit types): slice
+    it per thread, `retile` the (converted) accumulator, copy into a `c_layout` smem tile."""
+    atom = sm90_utils.get_smem_store_op(c_layout, out_dtype, Float32)
+    stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(c_layout.is_m_major_c(), 4), out_dtype)
+    return cute.make_tiled_copy_S(atom, cute.make_tiled_copy_C_atom(stmatrix, tiled_mma))
+
+
 @cute.jit
 def store_tile(
     tiled_mma: cute.TiledMma,
@@ -128,9 +136,7 @@ def store_tile(
     buf0 .. buf0 + buffers - 1 of sC (epi_m, epi_n, *). `tid` is the thread's index among the
     storing warpgroups, `barrier` their named barrier, `counter` the running sub-tile count (picks
     the buffer). Returns the updated counter."""
-    atom = sm90_utils.get_smem_store_op(c_layout, out_dtype, Float32)
-    stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(c_layout.is_m_major_c(), 4), out_dtype)
-    r2s = cute.make_tiled_copy_S(atom, cute.make_tiled_copy_C_atom(stmatrix, tiled_mma))
+    r2s = acc_smem_copy(tiled_mma, c_layout, out_dtype)
     thr = r2s.get_slice(tid)
     tRS_sC = thr.partition_D(sC)
     tRS_acc = r2s.retile(acc)

@@ -84,6 +84,12 @@ class AttentionBwdSchedule:
         """Consumer warpgroups that compute (a part of) dQ."""
         return 1 if self.split(head_dim) == "one" else self.consumer_wgs
 
+    @property
+    def early_dv(self) -> bool:
+        """dV += P^T dO issued before the wait for dP^T (under the dS math), at tile_m 64; at 128 P's bf16 copy would
+        live beside the fp32 S and dP (64 + 64 + 32 registers): dV then follows dS, as in FA3."""
+        return self.tile_m == 64
+
     def consumer_budget(self, head_dim: int, computes_dq: bool) -> int:
         """setmaxnreg of a consumer warpgroup: `consumer_regs`, or with dQ on warpgroup 0 alone ("one", two consumers)
         16 more for it and 16 fewer for the other (FA3's 256 / 224 at D = 96)."""

@@ -49,6 +49,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import T
 from cutlass.tensor_utils import LayoutEnum
 
+from collectives import epilogue as epi
 from collectives.attention_mask import MaskKind, apply_mask, n_block_range
 from collectives.online_softmax import acc_rows_view
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout
@@ -61,6 +62,7 @@ _PDS_BAR = 1  # the consumers: dS of this block is in smem (2 x 128 threads)
 _DQ_EMPTY = 2  # + w: warpgroup w's dQ smem chunk may be written (128 + 32 threads)
 _DQ_FULL = 4  # + w: warpgroup w's dQ chunk is written (128 + 32 threads)
 LOG2E = math.log2(math.e)
+_PRE_GROUP = 8  # preprocess: threads per row
 
 
 def reduce_add_bulk_f32(smem_ptr, gmem_ptr, nbytes: int):
@@ -398,6 +400,12 @@ class FlashAttnBwd:
         acc_dk.fill(0.0)
         acc_dv.fill(0.0)
         tScS = thr_s.partition_C(cute.make_identity_tensor((s.tile_n, s.tile_m)))
+        # dS into its (keys, q) q-contiguous smem tile by stmatrix
+        r2s_ds = epi.acc_smem_copy(mma_s, LayoutEnum.ROW_MAJOR, dt)
+        tRS_sdS = r2s_ds.get_slice(ctid).partition_D(sdS)
+        # the retiled registers ((CPY, reps), 1, 1) seen as the destination's (CPY, 1, reps)
+        n_cpy, n_rep = cute.size(tRS_sdS, mode=[0]), cute.size(tRS_sdS, mode=[2])
+        ds_src_layout = cute.make_layout((n_cpy, 1, n_rep), stride=(1, 0, n_cpy))
         s_rows = acc_rows_view(acc_s)
         dp_rows = acc_rows_view(acc_dp)
         c_rows = acc_rows_view(tScS)
@@ -458,12 +466,15 @@ class FlashAttnBwd:
                     lse_c = sL[c_rows[0, c][1], idx]
                     for r in cutlass.range_constexpr(rows):
                         s_rows[r, c] = cute.math.exp2(s_rows[r, c] * scale_log2 - lse_c, fastmath=True)
-                p_a = acc_as_a_operand(acc_s, dt)
-                # ---- dV += P^T dO, issued before the wait for dP^T ----
-                warpgroup.fence()
-                mma_blocks(mma_kv, acc_dv, p_a, stage_of(tVrdOt, idx))
-                warpgroup.commit_group()
-                warpgroup.wait_group(1)  # dP^T done (dV may run)
+                if cutlass.const_expr(s.early_dv):
+                    # ---- dV += P^T dO, issued before the wait for dP^T (P's bf16 copy then lives beside S and dP) ----
+                    p_a = acc_as_a_operand(acc_s, dt)
+                    warpgroup.fence()
+                    mma_blocks(mma_kv, acc_dv, p_a, stage_of(tVrdOt, idx))
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)  # dP^T done (dV may run)
+                else:
+                    warpgroup.wait_group(0)
                 # ---- dS = P (dP - D) ----
                 for c in cutlass.range_constexpr(cols):
                     d_c = sP[c_rows[0, c][1], idx]
@@ -472,14 +483,20 @@ class FlashAttnBwd:
                 if cutlass.const_expr(self.softcap):
                     for e in cutlass.range_constexpr(cute.size(acc_dp)):
                         acc_dp[e] = acc_dp[e] * one_minus_t2[e]
+                if cutlass.const_expr(not s.early_dv):
+                    # ---- dV += P^T dO: P converted after dS, so S and dP are the only fp32 tiles live at once ----
+                    p_a = acc_as_a_operand(acc_s, dt)
+                    warpgroup.fence()
+                    mma_blocks(mma_kv, acc_dv, p_a, stage_of(tVrdOt, idx))
+                    warpgroup.commit_group()
                 ds_a = acc_as_a_operand(acc_dp, dt)
                 # ---- dS -> smem (q-contiguous), for dQ ----
                 if cutlass.const_expr(s.stages == 1):
                     pds_bar.arrive_and_wait()  # the other warpgroup's dQ GEMM of the last block has read dS
-                ds_r = cute.make_rmem_tensor(acc_dp.shape, dt)
-                ds_r.store(acc_dp.load().to(dt))
-                tdSsdS = thr_s.partition_C(sdS[(None, None, idx)])
-                cute.autovec_copy(ds_r, tdSsdS)
+                # dS's A-operand registers hold the accumulator's elements in its own linear order (one 64-row atom per
+                # warpgroup: `acc_a_view` only regroups the modes), so they are also the source of the smem store
+                ds_regs = r2s_ds.retile(cute.make_tensor(ds_a.iterator, acc_dp.layout))
+                cute.copy(r2s_ds, cute.make_tensor(ds_regs.iterator, ds_src_layout), tRS_sdS[(None, None, None, idx)])
                 cute.arch.fence_view_async_shared()
                 pds_bar.arrive_and_wait()
                 # ---- dQ = dS K (this warpgroup's part), dK += dS^T Q ----
@@ -548,8 +565,8 @@ class FlashAttnBwd:
 
 # --- preprocess: D = rowsum(dO * O) - dLSE, LSE2, the dQ accumulator zeroed ---------------------------
 class FlashAttnBwdPre:
-    """One CTA of 128 threads per (padded query tile, head, batch): a thread per row (tile_m <= 128 rows), then the
-    tile's dQ accumulator chunk zeroed with 128-bit stores."""
+    """One CTA of 128 threads per (padded query tile, head, batch): 8 threads per row, then the tile's dQ accumulator
+    chunk zeroed with 128-bit stores."""
 
     def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool = False):
         self.dtype, self.d, self.tile_m, self.varlen = dtype, head_dim, tile_m, varlen
@@ -584,24 +601,40 @@ class FlashAttnBwdPre:
             base = 0
             bt = bb
         if m * tm < seqlen:
-            if tidx < tm:
-                row = m * tm + tidx
+            # rows in groups of 8 threads, each thread 16-byte vectors of O and dO a row apart by 8 (128 contiguous bytes
+            # per group and step), the group's sum by a butterfly over its 8 lanes
+            g = tidx % _PRE_GROUP
+            vecs = d // 8
+            for p in cutlass.range_constexpr(tm * _PRE_GROUP // 128):
+                r = p * (128 // _PRE_GROUP) + tidx // _PRE_GROUP
+                row = m * tm + r
                 acc = Float32(0.0)
-                l2 = Float32(float("inf"))
                 if row < seqlen:
-                    gO = mO[(q_start + row, None, h, bt)]
-                    gdO = mdO[(q_start + row, None, h, bt)]
-                    vo = cute.make_tensor(gO.iterator, cute.make_layout((8, d // 8), stride=(1, 8)))
-                    vd = cute.make_tensor(gdO.iterator, cute.make_layout((8, d // 8), stride=(1, 8)))
-                    for j in cutlass.range_constexpr(d // 8):
-                        a = vo[(None, j)].load().to(Float32)
-                        b = vd[(None, j)].load().to(Float32)
-                        for e in cutlass.range_constexpr(8):
-                            acc = acc + a[e] * b[e]
-                    acc = acc - mdL[q_start + row, h, bt]
-                    l2 = mL[q_start + row, h, bt] * Float32(LOG2E)
-                mL2[(base + m) * tm + tidx, h, bt] = l2
-                mD[(base + m) * tm + tidx, h, bt] = acc
+                    vo = cute.make_tensor(mO[(q_start + row, None, h, bt)].iterator,
+                                          cute.make_layout((8, vecs), stride=(1, 8)))
+                    vd = cute.make_tensor(mdO[(q_start + row, None, h, bt)].iterator,
+                                          cute.make_layout((8, vecs), stride=(1, 8)))
+                    for kk in cutlass.range_constexpr((vecs + _PRE_GROUP - 1) // _PRE_GROUP):
+                        j = g + kk * _PRE_GROUP
+                        if cutlass.const_expr(vecs % _PRE_GROUP == 0):
+                            a = vo[(None, j)].load().to(Float32)
+                            b = vd[(None, j)].load().to(Float32)
+                            for e in cutlass.range_constexpr(8):
+                                acc = acc + a[e] * b[e]
+                        elif j < vecs:
+                            a = vo[(None, j)].load().to(Float32)
+                            b = vd[(None, j)].load().to(Float32)
+                            for e in cutlass.range_constexpr(8):
+                                acc = acc + a[e] * b[e]
+                for off in (4, 2, 1):
+                    acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=off)
+                if g == 0:
+                    l2 = Float32(float("inf"))
+                    if row < seqlen:
+                        acc = acc - mdL[q_start + row, h, bt]
+                        l2 = mL[q_start + row, h, bt] * Float32(LOG2E)
+                    mL2[(base + m) * tm + r, h, bt] = l2
+                    mD[(base + m) * tm + r, h, bt] = acc
             chunk = mdQ[(None, base + m, h, bt)]
             zeros = cute.make_rmem_tensor((4,), Float32)
             zeros.fill(0.0)
