@@ -20,12 +20,13 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 
-def operand_smem_layout(major, dtype, rows: int, tile_k: int, stages: int):
+def operand_smem_layout(major, dtype, rows: int, tile_k: int, stages: int, atom_extent: int | None = None):
     """(rows, tile_k, stages) swizzled layout for an operand whose `major` (a LayoutEnum) is K or
-    M/N, built from the WGMMA smem layout atoms."""
+    M/N, built from the WGMMA smem layout atoms: the widest swizzle that divides the contiguous extent, or
+    `atom_extent` (a tile also read in parts of that width, e.g. as the MN-major operand of a GEMM per part)."""
     k_major = major.sm90_mma_major_mode() == cute.nvgpu.OperandMajorMode.K
-    atom = warpgroup.make_smem_layout_atom(
-        sm90_utils.get_smem_layout_atom(major, dtype, tile_k if k_major else rows), dtype)
+    extent = atom_extent or (tile_k if k_major else rows)
+    atom = warpgroup.make_smem_layout_atom(sm90_utils.get_smem_layout_atom(major, dtype, extent), dtype)
     return cute.tile_to_shape(atom, (rows, tile_k, stages), order=(0, 1, 2) if k_major else (1, 0, 2))
 
 

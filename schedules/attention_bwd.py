@@ -27,6 +27,11 @@ at (e // 4) * 512 + 4 t + e % 4 of the warpgroup's chunk): 128-bit smem stores w
 one contiguous bulk reduce-add per chunk. The postprocess kernel reads them back with the same
 partition and writes dQ * scale in the input dtype.
 
+`kv_split` "dim" (D = 192, 256; FA3's D = 256 arrangement): 64 x 64 tiles, the two consumer warpgroups take halves
+of the head dim for dK, dV and dQ, and halves of the keys for S = Q K^T and dP = dO V^T (not transposed: per-row
+statistics); P and dS go through shared memory (q x keys, keys contiguous), where dV = P^T dO, dK = dS^T Q and
+dQ = dS K read them as MN- / K-major operands. Registers: dK, dV and the dQ part 64 each, S and dP 16 each.
+
 Registers per consumer thread at D = 128, tile 64 x 128: dK and dV 64 each, S^T and dP^T 32 each, the dQ
 partial 32, P and dS as bf16 A operands 16 each: FA3's 240-register budget (24 + 2 x 240 <= 512).
 """
@@ -38,7 +43,8 @@ from dataclasses import dataclass
 SMEM_BYTES = 232448
 BARRIER_BYTES = 1024
 DQ_SPLITS = ("", "m", "n", "one")
-HEAD_DIMS_BWD = (64, 96, 128)  # D = 192 / 256 need dK / dV split along D (P through smem): not built yet
+KV_SPLITS = ("rows", "dim")
+HEAD_DIMS_BWD = (64, 96, 128, 192, 256)
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,7 @@ class AttentionBwdSchedule:
     tile_n: int = 128  # keys per CTA: 64 per consumer warpgroup
     stages: int = 2  # Q / dO ring stages (the dS buffer has as many)
     dq_split: str = ""  # "m", "n", "one" (see the module doc); "": derived from tile_m and the head dim
+    kv_split: str = "rows"  # dK / dV cut among the consumers by key rows (S^T in registers) or by head dim (D > 128)
     producer_regs: int = 24
     consumer_regs: int = 240
 
@@ -55,6 +62,10 @@ class AttentionBwdSchedule:
             raise ValueError(f"tile_m must be 64 or 128, got {self.tile_m}")
         if self.tile_n not in (64, 128):
             raise ValueError(f"tile_n must be 64 or 128 (64 keys per consumer warpgroup), got {self.tile_n}")
+        if self.kv_split not in KV_SPLITS:
+            raise ValueError(f"kv_split must be one of {KV_SPLITS}, got {self.kv_split!r}")
+        if self.kv_split == "dim" and (self.tile_m, self.tile_n) != (64, 64):
+            raise ValueError("kv_split 'dim' is built for 64 x 64 tiles")
         if self.stages not in (1, 2):
             raise ValueError(f"stages must be 1 or 2, got {self.stages}")
         if self.dq_split not in DQ_SPLITS:
@@ -64,7 +75,7 @@ class AttentionBwdSchedule:
 
     @property
     def consumer_wgs(self) -> int:
-        return self.tile_n // 64
+        return 2 if self.kv_split == "dim" else self.tile_n // 64
 
     @property
     def threads(self) -> int:
@@ -72,6 +83,8 @@ class AttentionBwdSchedule:
 
     def split(self, head_dim: int) -> str:
         """The dQ split at this head dim (`dq_split`, or the one that fits)."""
+        if self.kv_split == "dim":
+            return "n"
         if self.dq_split:
             return self.dq_split
         if self.consumer_wgs == 1:
@@ -89,6 +102,11 @@ class AttentionBwdSchedule:
         """dV += P^T dO issued before the wait for dP^T (under the dS math), at tile_m 64; at 128 P's bf16 copy would
         live beside the fp32 S and dP (64 + 64 + 32 registers): dV then follows dS, as in FA3."""
         return self.tile_m == 64
+
+    def atom_cols(self, head_dim: int) -> int:
+        """The head-dim extent the smem swizzle atom of Q, dO, K, V is chosen for: the whole D, or with kv_split "dim"
+        one warpgroup's half (D = 192: 96 columns, the 64-byte swizzle, so that each half is whole atoms)."""
+        return head_dim // 2 if self.kv_split == "dim" else head_dim
 
     def consumer_budget(self, head_dim: int, computes_dq: bool) -> int:
         """setmaxnreg of a consumer warpgroup: `consumer_regs`, or with dQ on warpgroup 0 alone ("one", two consumers)
@@ -109,7 +127,7 @@ class AttentionBwdSchedule:
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
         q = self.stages * self.tile_m * head_dim * elem  # Q and dO rings, each
         kv = self.tile_n * head_dim * elem  # K and V, each
-        ds = self.stages * self.tile_n * self.tile_m * elem
+        ds = self.stages * self.tile_n * self.tile_m * elem * (2 if self.kv_split == "dim" else 1)  # dS (and P)
         dq = self.tile_m * head_dim * 4
         stats = 2 * self.stages * self.tile_m * 4
         return 2 * q + 2 * kv + ds + dq + stats + BARRIER_BYTES
@@ -117,12 +135,17 @@ class AttentionBwdSchedule:
     def check(self, head_dim: int, elem: int = 2) -> None:
         """Raises ValueError when this schedule cannot run at `head_dim`."""
         if head_dim not in HEAD_DIMS_BWD:
-            raise ValueError(f"the backward is built for head dims {HEAD_DIMS_BWD}, got {head_dim} (192 and 256 need "
-                             "dK / dV split along the head dim: not built yet)")
+            raise ValueError(f"the backward is built for head dims {HEAD_DIMS_BWD}, got {head_dim}")
+        if self.kv_split == "rows" and head_dim > 128:
+            raise ValueError(f"kv_split 'rows' holds a 64 x D dK and dV per warpgroup: D <= 128, got {head_dim} (use "
+                             "kv_split 'dim')")
+        if self.kv_split == "dim" and head_dim % 64:
+            raise ValueError(f"kv_split 'dim' halves the head dim into whole swizzle atoms: D a multiple of 64, got "
+                             f"{head_dim}")
         sp = self.split(head_dim)
         if sp == "m" and (self.tile_m != 128 or self.consumer_wgs != 2):
             raise ValueError("dq_split 'm' needs tile_m 128 and two consumer warpgroups (tile_n 128)")
-        if sp == "n" and (self.tile_m != 64 or self.consumer_wgs != 2 or head_dim % 128):
+        if sp == "n" and (self.tile_m != 64 or self.consumer_wgs != 2 or head_dim % (128 if self.kv_split == "rows" else 64)):
             raise ValueError("dq_split 'n' needs tile_m 64, two consumer warpgroups and a head dim that is a multiple "
                              "of 128")
         regs = self.producer_regs + self.consumer_wgs * self.consumer_regs
@@ -145,9 +168,10 @@ class AttentionBwdSchedule:
 
 
 def default_bwd_schedule(head_dim: int, causal: bool = False) -> AttentionBwdSchedule:
-    """FA3's tile sizes: D = 64 128 x 128, D = 96 and 128 64 x 128 (two Q / dO stages)."""
-    if head_dim <= 64:
-        return AttentionBwdSchedule(tile_m=128, tile_n=128)
+    """D <= 128: 64 x 128 (two Q / dO stages; FA3 takes 128 x 128 at D = 64, where ptxas serializes our WGMMAs for want
+    of registers); D = 192 and 256: 64 x 64 with dK / dV cut along the head dim (one stage at 256: shared memory)."""
+    if head_dim > 128:
+        return AttentionBwdSchedule(tile_m=64, tile_n=64, kv_split="dim", stages=2 if head_dim <= 192 else 1)
     return AttentionBwdSchedule(tile_m=64, tile_n=128)
 
 
@@ -160,6 +184,10 @@ def candidates_bwd(head_dim: int, causal: bool = False) -> list[AttentionBwdSche
                 s = AttentionBwdSchedule(tile_m=tm, tile_n=128, stages=st, dq_split=sp)
                 if s not in out and s.fits(head_dim):
                     out.append(s)
+    for st in (2, 1):
+        s = AttentionBwdSchedule(tile_m=64, tile_n=64, stages=st, kv_split="dim")
+        if s not in out and s.fits(head_dim):
+            out.append(s)
     return out
 
 

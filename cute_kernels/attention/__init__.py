@@ -229,10 +229,14 @@ def _bwd_fakes(p, with_sem=True):
 
 
 def _bwd_defaults(spec, given):
-    """tile_m follows the head dim (FA3's tiles: 128 at D = 64, else 64)."""
+    """The schedule parameters not given follow the head dim (`default_bwd_schedule`: FA3's tiles per D)."""
+    from schedules.attention_bwd import default_bwd_schedule
+
     p = KernelSpec.defaults(spec, given)
-    if "tile_m" in p and "tile_m" not in given:
-        p["tile_m"] = 128 if given.get("head_dim", p["head_dim"]) == 64 else 64
+    base = default_bwd_schedule(given.get("head_dim", p["head_dim"]))
+    for k in ("tile_m", "tile_n", "stages", "kv_split"):
+        if k in p and k not in given:
+            p[k] = getattr(base, k)
     return p
 
 
@@ -322,8 +326,7 @@ class FlashAttnBwdSideSpec(KernelSpec):
         return [self.resolve(), self.resolve({"head_dim": 64, "tile_m": 128})]
 
     def sweep(self):
-        return [self.resolve({"head_dim": d, "varlen": vl, "tile_m": 128 if d == 64 else 64})
-                for d in HEAD_DIMS_BWD for vl in (False, True)]
+        return [self.resolve({"head_dim": d, "varlen": vl}) for d in HEAD_DIMS_BWD for vl in (False, True)]
 
 
 _BWD_SIG = {
@@ -333,7 +336,9 @@ _BWD_SIG = {
 }
 _BWD_TILES = {
     "tile_m": Param(64, (64, 128), help="query rows per block of the walk (D = 64: 128)"),
-    "tile_n": Param(128, (64, 128), help="keys per CTA, 64 per consumer warpgroup"),
+    "tile_n": Param(128, (64, 128), help="keys per CTA (kv_split rows: 64 per consumer warpgroup)"),
+    "kv_split": Param("rows", ("rows", "dim"), help="dK / dV cut among the consumers by key rows (D <= 128, S^T in "
+                      "registers) or by head dim (D > 128, P and dS through smem)"),
     "stages": Param(2, (1, 2), help="Q / dO ring stages (and dS buffers)"),
     "dq_split": Param("", DQ_SPLITS, help="dQ = dS K cut among the consumers: m (rows), n (columns), one "
                       "(warpgroup 0); '': the head dim's"),

@@ -88,20 +88,30 @@ def transposed(t: cute.Tensor) -> cute.Tensor:
 class BwdMmas:
     """The tiled MMAs of the backward, one atom per consumer warpgroup (a warpgroup's slice is its part).
 
+    kv_split "rows":
     s:  S^T, dP^T (tile_n, tile_m) = K / V (tile_n, D) x Q / dO^T, both K-major in smem.
     kv: dK, dV (tile_n, D) = dS^T / P^T (registers) x Q / dO (D contiguous: MN-major B).
-    dq: dQ (tile_m, D) = dS (q-contiguous smem: MN-major A) x K (MN-major B), cut per `dq_split`."""
+    dq: dQ (tile_m, D) = dS (q-contiguous smem: MN-major A) x K (MN-major B), cut per `dq_split`.
+    kv_split "dim" (the warpgroups split the keys of S and the head dim of the rest):
+    s:  S, dP (tile_m, tile_n) = Q / dO x K / V^T, both K-major.
+    kv: dK, dV (tile_n, D) = dS^T / P^T (smem, keys contiguous: MN-major A) x Q / dO (MN-major B).
+    dq: dQ (tile_m, D) = dS (K-major A) x K (MN-major B)."""
 
     def __init__(self, dt, d: int, s: AttentionBwdSchedule):
         K, MN = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         wgs = s.consumer_wgs
+        rows, cols = s.dq_tile(d)
+        self.dq_rows, self.dq_cols = rows, cols
+        if s.kv_split == "dim":
+            self.s = _mma(dt, K, K, (1, wgs, 1), (64, s.tile_n // wgs))
+            self.kv = _mma(dt, MN, MN, (1, wgs, 1), (64, d // wgs))
+            self.dq = _mma(dt, K, MN, (1, wgs, 1), (64, cols))
+            return
         self.s = _mma(dt, K, K, (wgs, 1, 1), (64, s.tile_m))
         self.kv = _mma(dt, K, MN, (wgs, 1, 1), (64, d), a_regs=True)
         sp = s.split(d)
         atoms = {"m": (2, 1, 1), "n": (1, 2, 1), "one": (1, 1, 1)}[sp]
-        rows, cols = s.dq_tile(d)
         self.dq = _mma(dt, MN, MN, atoms, (64, cols))
-        self.dq_rows, self.dq_cols = rows, cols
 
 
 class FlashAttnBwd:
@@ -135,9 +145,14 @@ class FlashAttnBwd:
         s, d, dt = self.s, self.d, self.dtype
         mm = BwdMmas(dt, d, s)
         st = s.stages
-        sQ_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_m, d, st)
-        sK_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, d, 1)
-        sdS_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, s.tile_m, st)  # (keys, q): q contiguous
+        ac = s.atom_cols(d)
+        sQ_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_m, d, st, ac)
+        sK_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, d, 1, ac)
+        if cutlass.const_expr(s.kv_split == "dim"):  # dS and P (q, keys): keys contiguous
+            sdS_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_m, s.tile_n, st)
+        else:  # dS (keys, q): q contiguous
+            sdS_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, s.tile_m, st)
+        p_elems = cute.cosize(sdS_layout) if s.kv_split == "dim" else 8
         vec_layout = cute.make_layout((s.tile_m, st))
         dq_elems = s.tile_m * d
         tma_q, gq = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), q,
@@ -165,6 +180,7 @@ class FlashAttnBwd:
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
+            sPm: cute.struct.Align[cute.struct.MemRange[dt, p_elems], 1024]  # kv_split "dim": P
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_elems], 1024]
 
         self.storage = Storage
@@ -178,7 +194,7 @@ class FlashAttnBwd:
         self.kernel(mm.s, mm.kv, mm.dq, tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, tma_l, gl, tma_p, gp, dq_acc,
                     dk, dv, sem, cu_q, cu_k, Int32(cute.size(q, mode=[2]) // cute.size(k, mode=[2])), scale_log2,
                     scale, scale_over_cap, cap, window_left, window_right, sQ_layout, sK_layout, sdS_layout,
-                    vec_layout).launch(grid=grid, block=[s.threads, 1, 1], stream=stream)
+                    vec_layout).launch(grid=grid, block=[s.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
     def kernel(self, mma_s: cute.TiledMma, mma_kv: cute.TiledMma, mma_dq: cute.TiledMma, tma_q: cute.CopyAtom,
@@ -196,7 +212,7 @@ class FlashAttnBwd:
         if warp == 0:
             for atom in (tma_q, tma_do, tma_k, tma_v, tma_l, tma_p):
                 cpasync.prefetch_descriptor(atom)
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         stor = smem.allocate(self.storage)
         st = s.stages
         q_bytes = cute.size_in_bytes(dt, cute.slice_(sQ_layout, (None, None, 0))) + s.tile_m * 4
@@ -211,6 +227,7 @@ class FlashAttnBwd:
         sK = stor.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)[None, None, 0]
         sV = stor.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)[None, None, 0]
         sdS = stor.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sPm = stor.sPm.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner) if s.kv_split == "dim" else None
         sL = stor.sL.get_tensor(vec_layout)
         sP = stor.sP.get_tensor(vec_layout)
         sdQ = stor.sdQ.get_tensor(cute.make_layout(s.tile_m * d))
@@ -254,7 +271,10 @@ class FlashAttnBwd:
             else:
                 args = (w, tidx - 128, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sL, sP, sdQ, pipe_q, pipe_do,
                         pipe_kv, mdK, mdV, scale_log2, scale, scale_over_cap, cap)
-                if cutlass.const_expr(s.dq_wgs(d) == s.consumer_wgs):
+                if cutlass.const_expr(s.kv_split == "dim"):
+                    cute.arch.setmaxregister_increase(s.consumer_regs)
+                    self.consumer_dsplit(*args, sPm)
+                elif cutlass.const_expr(s.dq_wgs(d) == s.consumer_wgs):
                     cute.arch.setmaxregister_increase(s.consumer_budget(d, True))
                     self.consumer(*args)
                 else:  # warpgroup 1 computes dQ alone: the code is traced once per role, with its own budget
@@ -425,7 +445,7 @@ class FlashAttnBwd:
             acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((s.tile_m, d)), Float32)
         # this thread's dQ values in the chunk, MMA order: element e at (e // 4) * 512 + 4 tid + e % 4
         n_dq = cute.size(acc_dq)
-        sdQ_thr = cute.make_tensor(sdQ.iterator + dq_slot * chunk + 4 * tid,
+        sdQ_thr = cute.make_tensor((sdQ.iterator + dq_slot * chunk + 4 * tid).align(16),
                                    cute.make_layout((4, n_dq // 4), stride=(1, 512)))
         scale_d = Float32(1.0)
         one_minus_t2 = None
@@ -541,6 +561,135 @@ class FlashAttnBwd:
         if cutlass.const_expr(kind.left):
             need = need | (col0 < row1 + off - w.left)
         return need
+
+    @cute.jit
+    def consumer_dsplit(self, w, ctid, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sL, sP, sdQ, pipe_q, pipe_do,
+                        pipe_kv, mdK, mdV, scale_log2, scale, scale_over_cap, cap, sPm):
+        """kv_split "dim" (D > 128): consumer warpgroup w computes S and dP for keys [32 w, 32 w + 32) of the 64-key
+        block (per-row statistics), writes its P and dS halves to smem, and after the consumers' barrier dV, dK and dQ
+        for head-dim columns [w D / 2, (w + 1) D / 2), every operand from smem."""
+        s, d, dt = self.s, self.d, self.dtype
+        mma_kv = cutlass.new_from_mlir_values(mma_kv, cutlass.extract_mlir_values(mma_kv))
+        cwg = ctid // 128
+        tid = ctid % 128
+        chunk = s.tile_m * d // 2
+        wg_s = mma_s.get_slice(cwg * 128)
+        wg_kv = mma_kv.get_slice(cwg * 128)
+        wg_dq = mma_dq.get_slice(cwg * 128)
+        thr_s = mma_s.get_slice(ctid)
+        thr_kv = mma_kv.get_slice(ctid)
+        thr_dq = mma_dq.get_slice(ctid)
+        # S / dP: A = the Q / dO stages, B = this warpgroup's K / V rows
+        tSrQ = mma_s.make_fragment_A(wg_s.partition_A(sQ))
+        tSrdO = mma_s.make_fragment_A(wg_s.partition_A(sdO))
+        tSrK = mma_s.make_fragment_B(wg_s.partition_B(sK))
+        tSrV = mma_s.make_fragment_B(wg_s.partition_B(sV))
+        # dV / dK: A = P^T / dS^T (keys, q), B = dO / Q seen as (D, q): this warpgroup's columns
+        tVrPt = mma_kv.make_fragment_A(wg_kv.partition_A(transposed(sPm)))
+        tKrdSt = mma_kv.make_fragment_A(wg_kv.partition_A(transposed(sdS)))
+        tVrdOt = mma_kv.make_fragment_B(wg_kv.partition_B(transposed(sdO)))
+        tKrQt = mma_kv.make_fragment_B(wg_kv.partition_B(transposed(sQ)))
+        # dQ: A = dS (q, keys), B = K seen as (D, keys)
+        tdQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(sdS))
+        tdQrK = mma_dq.make_fragment_B(wg_dq.partition_B(transposed(sK)))
+        acc_s = cute.make_rmem_tensor(thr_s.partition_shape_C((s.tile_m, s.tile_n)), Float32)
+        acc_dp = cute.make_rmem_tensor(thr_s.partition_shape_C((s.tile_m, s.tile_n)), Float32)
+        acc_dk = cute.make_rmem_tensor(thr_kv.partition_shape_C((s.tile_n, d)), Float32)
+        acc_dv = cute.make_rmem_tensor(thr_kv.partition_shape_C((s.tile_n, d)), Float32)
+        acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((s.tile_m, d)), Float32)
+        acc_dk.fill(0.0)
+        acc_dv.fill(0.0)
+        tScS = thr_s.partition_C(cute.make_identity_tensor((s.tile_m, s.tile_n)))
+        r2s = epi.acc_smem_copy(mma_s, LayoutEnum.ROW_MAJOR, dt)
+        thr_r2s = r2s.get_slice(ctid)
+        tRS_sP = thr_r2s.partition_D(sPm)
+        tRS_sdS = thr_r2s.partition_D(sdS)
+        n_cpy, n_rep = cute.size(tRS_sdS, mode=[0]), cute.size(tRS_sdS, mode=[2])
+        src_layout = cute.make_layout((n_cpy, 1, n_rep), stride=(1, 0, n_cpy))
+        s_rows = acc_rows_view(acc_s)
+        dp_rows = acc_rows_view(acc_dp)
+        c_rows = acc_rows_view(tScS)
+        cols = cute.size(s_rows, mode=[1])
+        rows = cute.size(s_rows, mode=[0])
+        mma_kv.set(warpgroup.Field.ACCUMULATE, True)
+        pds_bar = pipeline.NamedBarrier(barrier_id=_PDS_BAR, num_threads=256)
+        sdQ_thr = cute.make_tensor((sdQ.iterator + cwg * chunk + 4 * tid).align(16),
+                                   cute.make_layout((4, cute.size(acc_dq) // 4), stride=(1, 512)))
+        one_minus_t2 = None
+        if cutlass.const_expr(self.softcap):
+            one_minus_t2 = cute.make_rmem_tensor(acc_s.shape, Float32)
+        if w.steps > 0:
+            kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            pipe_kv.consumer_wait(kv)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, s.stages)
+            for i in cutlass.range(w.steps, unroll=1):
+                h, m = self.step_coords(w, i)
+                ms = cutlass.new_from_mlir_values(mma_s, cutlass.extract_mlir_values(mma_s))
+                mq = cutlass.new_from_mlir_values(mma_dq, cutlass.extract_mlir_values(mma_dq))
+                idx = state.index
+                pipe_q.consumer_wait(state)
+                warpgroup.fence()
+                mma_blocks(ms, acc_s, stage_of(tSrQ, idx), tSrK, zero_first=True)
+                warpgroup.commit_group()
+                pipe_do.consumer_wait(state)
+                warpgroup.fence()
+                mma_blocks(ms, acc_dp, stage_of(tSrdO, idx), tSrV, zero_first=True)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)
+                if cutlass.const_expr(self.softcap):
+                    for e in cutlass.range_constexpr(cute.size(acc_s)):
+                        t = cute.math.tanh(acc_s[e] * scale_over_cap, fastmath=True)
+                        acc_s[e] = cap * t
+                        one_minus_t2[e] = Float32(1.0) - t * t
+                if self.needs_mask(w, m):
+                    apply_mask(acc_s, tScS, m * s.tile_m, w.n_block * s.tile_n, w.seqlen_k, w.seqlen_k - w.seqlen_q,
+                               w.left, w.right, self.mask)
+                for r in cutlass.range_constexpr(rows):
+                    lse_r = sL[c_rows[r, 0][0], idx]
+                    for c in cutlass.range_constexpr(cols):
+                        s_rows[r, c] = cute.math.exp2(s_rows[r, c] * scale_log2 - lse_r, fastmath=True)
+                warpgroup.wait_group(0)
+                for r in cutlass.range_constexpr(rows):
+                    d_r = sP[c_rows[r, 0][0], idx]
+                    for c in cutlass.range_constexpr(cols):
+                        dp_rows[r, c] = s_rows[r, c] * (dp_rows[r, c] - d_r)
+                if cutlass.const_expr(self.softcap):
+                    for e in cutlass.range_constexpr(cute.size(acc_dp)):
+                        acc_dp[e] = acc_dp[e] * one_minus_t2[e]
+                p_r = cute.make_rmem_tensor(acc_s.layout, dt)
+                p_r.store(acc_s.load().to(dt))
+                ds_r = cute.make_rmem_tensor(acc_dp.layout, dt)
+                ds_r.store(acc_dp.load().to(dt))
+                if cutlass.const_expr(s.stages == 1):
+                    pds_bar.arrive_and_wait()  # the last block's GEMMs (both warpgroups) have read P and dS
+                pst = idx if cutlass.const_expr(s.stages > 1) else 0
+                cute.copy(r2s, cute.make_tensor(r2s.retile(p_r).iterator, src_layout), tRS_sP[(None, None, None, pst)])
+                cute.copy(r2s, cute.make_tensor(r2s.retile(ds_r).iterator, src_layout), tRS_sdS[(None, None, None, pst)])
+                cute.arch.fence_view_async_shared()
+                pds_bar.arrive_and_wait()
+                # ---- dV += P^T dO, dQ = dS K, dK += dS^T Q: this warpgroup's head-dim half ----
+                warpgroup.fence()
+                mma_blocks(mma_kv, acc_dv, stage_of(tVrPt, pst), stage_of(tVrdOt, idx))
+                warpgroup.commit_group()
+                warpgroup.fence()
+                mma_blocks(mq, acc_dq, stage_of(tdQrdS, pst), tdQrK, zero_first=True)
+                warpgroup.commit_group()
+                warpgroup.fence()
+                mma_blocks(mma_kv, acc_dk, stage_of(tKrdSt, pst), stage_of(tKrQt, idx))
+                warpgroup.commit_group()
+                warpgroup.wait_group(2)
+                pipe_do.consumer_release(state)
+                warpgroup.wait_group(1)
+                cute.arch.barrier(barrier_id=_DQ_EMPTY + cwg, number_of_threads=160)
+                cute.autovec_copy(cute.make_tensor(acc_dq.iterator, sdQ_thr.layout.shape), sdQ_thr)
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier_arrive(barrier_id=_DQ_FULL + cwg, number_of_threads=160)
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(state)
+                state.advance()
+                _ = h
+        self.store_rows(mma_kv, acc_dk, ctid, w, mdK, scale)
+        self.store_rows(mma_kv, acc_dv, ctid, w, mdV, Float32(1.0))
 
     @cute.jit
     def store_rows(self, mma_kv, acc, ctid, w, mOut, mul):
@@ -689,7 +838,8 @@ class FlashAttnBwdPost:
             acc = cute.make_rmem_tensor(thr.partition_shape_C((s.tile_m, d)), Float32)
             n = cute.size(acc)
             g = mAcc[(None, base + m, h, bt)]
-            src = cute.make_tensor(g.iterator + cwg * chunk + 4 * tid, cute.make_layout((4, n // 4), stride=(1, 512)))
+            src = cute.make_tensor((g.iterator + cwg * chunk + 4 * tid).align(16),
+                                   cute.make_layout((4, n // 4), stride=(1, 512)))
             cute.autovec_copy(src, cute.make_tensor(acc.iterator, src.layout.shape))
             r_o = cute.make_rmem_tensor(acc.shape, self.dtype)
             r_o.store((acc.load() * scale).to(self.dtype))

@@ -113,8 +113,8 @@ def attention(shapes=None, quick=False, ceilings=None, causal=(False, True)):
     return rows, ref_names, checks, extra, {}
 
 
-BWD_SHAPES = [(TOKENS // s, s, HIDDEN // d, d) for d in (64, 128) for s in (512, 2048, 8192, 16384)]
-BWD_QUICK = [(2, 8192, 16, 128), (8, 2048, 16, 128), (8, 2048, 32, 64)]
+BWD_SHAPES = [(TOKENS // s, s, HIDDEN // d, d) for d in (64, 128, 256) for s in (512, 2048, 8192, 16384)]
+BWD_QUICK = [(2, 8192, 16, 128), (8, 2048, 16, 128), (8, 2048, 32, 64), (4, 4096, 8, 256)]
 
 
 def _bwd_peers():
@@ -140,9 +140,12 @@ def _bwd_variants(d):
 
     base = default_bwd_schedule(d)
     out = {"ours stages=1": AttentionBwdSchedule(tile_m=base.tile_m, stages=1)}
-    other = AttentionBwdSchedule(tile_m=192 - base.tile_m)
-    if other.fits(d):
-        out[f"ours tile_m={other.tile_m}"] = other
+    if base.kv_split == "rows":
+        other = AttentionBwdSchedule(tile_m=192 - base.tile_m)
+        if other.fits(d):
+            out[f"ours tile_m={other.tile_m}"] = other
+    else:
+        out = {"ours stages=2": AttentionBwdSchedule(tile_m=64, tile_n=64, kv_split="dim", stages=2)}
     return {n: s for n, s in out.items() if s.fits(d)}
 
 

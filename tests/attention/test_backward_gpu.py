@@ -126,6 +126,11 @@ PAIRWISE = [
     (128, torch.float16, "window", 0.0, 1),
     (128, torch.bfloat16, "band", 0.0, 2),
     (128, torch.bfloat16, "causal", 0.0, 16),  # MQA (16 query heads, one K/V head)
+    (192, torch.bfloat16, "causal", 0.0, 2),
+    (192, torch.float16, "band", 30.0, 1),
+    (256, torch.float16, "none", 30.0, 1),
+    (256, torch.bfloat16, "window", 0.0, 4),
+    (256, torch.bfloat16, "causal", 0.0, 8),
 ]
 
 
@@ -145,7 +150,13 @@ def test_zero_stride_dout():
     _check(1, 130, 130, 2, 1, 64, zero_stride=True)
 
 
-@pytest.mark.parametrize("d,causal", [(128, True), (64, False)])
+@pytest.mark.parametrize("d", [192, 256])
+@pytest.mark.parametrize("seq", [17, 1000])
+def test_head_dim_split(d, seq):
+    _check(1, seq, seq + 3, 2, 1, d, causal=seq > 100)
+
+
+@pytest.mark.parametrize("d,causal", [(128, True), (64, False), (256, True)])
 def test_deterministic_bitwise(d, causal):
     runs = [_check(2, 1000, 1000, 4, 2, d, causal=causal, deterministic=True) for _ in range(3)]
     for g in range(3):
