@@ -5,7 +5,7 @@
   cute-kernels compile --all [--jobs N]              fill the compile cache for every ready kernel
   cute-kernels bench KERNEL|FAMILY|all [--shape ...] [--out DIR] [--quick]   (GPU)
   cute-kernels schedules gemm --shape M N K [--out DIR]  rank candidate schedules (GPU)
-  cute-kernels schedules attention --shape B S H D [--causal]   fa3/fa2 attention schedules (GPU)
+  cute-kernels schedules attention --shape B S H D [--causal] [--backward]   attention schedules (GPU)
   cute-kernels main [--out DIR]                      compile + report everything; on a GPU also bench
   cute-kernels layout|algebra|swizzle|atoms ...      study CuTe layouts, swizzles and banks (CPU; see study/cli.py)
 """
@@ -89,6 +89,24 @@ def cmd_schedules(args) -> int:
     if len(args.shape) != len(want):
         raise SystemExit(f"schedules {args.kernel}: --shape takes {len(want)} sizes {' '.join(want)}, "
                          f"got {len(args.shape)}")
+    if args.kernel == "attention" and args.backward:
+        from schedules.attention_bwd import HEAD_DIMS_BWD, candidates_bwd, default_bwd_schedule
+
+        b, s, h, d = args.shape
+        if d not in HEAD_DIMS_BWD:
+            raise SystemExit(f"schedules attention --backward: D must be one of {HEAD_DIMS_BWD}, got {d}")
+        limit = min(args.limit, 24)
+        if not torch.cuda.is_available():
+            what = f"B={b} S={s} H={h} D={d}{' causal' if args.causal else ''}"
+            print(f"no GPU here: the backward candidates that would be timed for {what} (default first):")
+            for c in candidates_bwd(d, args.causal)[:limit]:
+                print(f"  {c}{'  (default)' if c == default_bwd_schedule(d, args.causal) else ''}")
+            return 0
+        from cute_kernels.bench.schedule_search import search_attention_bwd
+
+        return search_attention_bwd(b, s, h, d, args.causal, out_dir=args.out, limit=limit)
+    if args.backward:
+        raise SystemExit("schedules: --backward is for attention")
     if args.kernel == "attention":
         from schedules.attention import HEAD_DIMS, candidates, default_schedule
 
@@ -214,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shape", nargs="+", type=int, required=True, metavar="SIZE",
                    help="gemm: M N K; attention: B S H D (self-attention, bf16)")
     s.add_argument("--causal", action="store_true", help="attention: a causal mask")
+    s.add_argument("--backward", action="store_true", help="attention: the backward's schedules")
     s.add_argument("--out", default=None, metavar="DIR")
     s.add_argument("--limit", type=int, default=32, help="at most this many candidates (attention: 24)")
     s.set_defaults(fn=cmd_schedules)

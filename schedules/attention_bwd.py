@@ -164,7 +164,8 @@ class AttentionBwdSchedule:
         return True
 
     def __str__(self) -> str:
-        return f"bwd{self.tile_m}x{self.tile_n}s{self.stages}" + (f"-{self.dq_split}" if self.dq_split else "")
+        return (f"bwd{self.tile_m}x{self.tile_n}s{self.stages}" + (f"-{self.dq_split}" if self.dq_split else "")
+                + ("-dim" if self.kv_split == "dim" else ""))
 
 
 def default_bwd_schedule(head_dim: int, causal: bool = False) -> AttentionBwdSchedule:

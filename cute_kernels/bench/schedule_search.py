@@ -122,3 +122,40 @@ def search_attention(b: int, s: int, h: int, d: int, causal: bool = False, out_d
     _rank(f"FlashAttention schedules for B={b} S={s} H={h} D={d}{' causal' if causal else ''} (bf16)", tag,
           [b, s, h, d, causal], "SDPA", t_ref, flops, timed, default_schedule(d, causal), out_dir)
     return 0
+
+
+def search_attention_bwd(b: int, s: int, h: int, d: int, causal: bool = False, out_dir: str | None = None,
+                         limit: int = 24, jobs: int | None = None) -> int:
+    """FlashAttention backward, (B, S, H, D) bf16 self-attention: the `schedules.attention_bwd.candidates_bwd` (tiles,
+    stages, the dQ split, the dK / dV split), ranked, beside cuDNN's backward (SDPA), the backward op called on one
+    forward's O and LSE."""
+    from cute_kernels.attention import FLASH_ATTN_BWD
+    from cute_kernels.attention.ops import _flash_attn_bwd_cuda
+    from cute_kernels.precompile import item
+    from schedules.attention_bwd import candidates_bwd, default_bwd_schedule
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import cute_kernels as ck
+
+    cands = candidates_bwd(d, causal)[:limit]
+    mask = "causal" if causal else "none"
+    _compile_ahead([item("flash_attn_bwd", {**FLASH_ATTN_BWD.config_of(c), "head_dim": d, "mask": mask})
+                    for c in cands], jobs)
+    q, k, v = (H.randn(b, s, h, d, seed=i).requires_grad_() for i in range(3))
+    do = H.randn(b, s, h, d, seed=7)
+    out, lse = ck.flash_attn(q, k, v, causal=causal, return_lse=True)
+    flops = 10 * b * h * s * s * d // (2 if causal else 1)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        ref_out = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                                   v.transpose(1, 2), is_causal=causal)
+    ref_do = do.transpose(1, 2)
+
+    def cudnn():
+        return torch.autograd.grad(ref_out, (q, k, v), ref_do, retain_graph=True)
+
+    t_ref, timed = _timed("SDPA cuDNN", cudnn, cands,
+                          lambda c: _flash_attn_bwd_cuda(do, q, k, v, out, lse, None, causal, schedule=c), flops)
+    tag = f"attention_bwd_{b}x{s}x{h}x{d}" + ("_causal" if causal else "")
+    _rank(f"FlashAttention backward schedules for B={b} S={s} H={h} D={d}{' causal' if causal else ''} (bf16)", tag,
+          [b, s, h, d, causal], "SDPA cuDNN", t_ref, flops, timed, default_bwd_schedule(d, causal), out_dir)
+    return 0

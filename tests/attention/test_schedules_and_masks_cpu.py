@@ -422,13 +422,22 @@ def test_argument_errors():
             ck.flash_attn(q, q, q, softcap=-1.0)
 
 
-def test_backward_raises_a_clear_error():
-    """The registered backward raises until it lands (autograd on fake CUDA tensors aborts on CPU-only
-    torch, so it is called directly; tests/attention/test_forward_gpu.py goes through autograd)."""
-    from cute_kernels.attention.ops import _backward
-
-    with pytest.raises(NotImplementedError, match="backward pass is not implemented"):
-        _backward(None, None, None)
+def test_backward_ops_fake_mode():
+    """The backward ops' fake impls: dq, dk, dv shaped like q, k, v; a wrong dout named (shape, dtype)."""
+    with FakeTensorMode():
+        q, k, v = _fake(2, 100, 8, 128), _fake(2, 300, 2, 128), _fake(2, 300, 2, 128)
+        out, lse = _fake(2, 100, 8, 128), _fake(2, 8, 100, dtype=torch.float32)
+        dq, dk, dv = torch.ops.cute_kernels.flash_attn_bwd(out, q, k, v, out, lse)
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape and dq.dtype == q.dtype
+        with pytest.raises(ValueError, match="dout must have the output's shape"):
+            torch.ops.cute_kernels.flash_attn_bwd(_fake(2, 50, 8, 128), q, k, v, out, lse)
+        with pytest.raises(TypeError, match="dout has dtype float16"):
+            torch.ops.cute_kernels.flash_attn_bwd(_fake(2, 100, 8, 128, dtype=torch.float16), q, k, v, out, lse)
+        qv, kv = _fake(1000, 8, 128), _fake(1500, 2, 128)
+        cu = _fake(5, dtype=torch.int32)
+        dq, dk, dv = torch.ops.cute_kernels.flash_attn_varlen_bwd(qv, qv, kv, kv, qv, _fake(8, 1000, dtype=torch.float32),
+                                                                 None, cu, cu, 600, 900, True)
+        assert dq.shape == qv.shape and dk.shape == kv.shape
 
 
 def test_cpu_tensor_gets_a_named_device_error():

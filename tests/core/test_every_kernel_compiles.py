@@ -46,8 +46,16 @@ def test_representative_compiles(reports, spec, p):
     if spec.family in ("gemm", "fp8_gemm") and spec.name != "gemm.simt":
         _check_gemm(report)
         return
-    if spec.family == "attention":  # tests/attention/test_forward_compile.py has more
+    if spec.name == "flash_attn":  # tests/attention/test_forward_compile.py has more
         _check_attention(report, p)
+        return
+    if spec.family == "attention":  # the backward's three kernels (tests/attention/test_backward_compile.py has more)
+        ptx = report.ptx_census
+        assert ptx["ld/st.local"] == 0
+        if spec.name == "flash_attn_bwd":
+            assert ptx["wgmma.mma_async"] > 0 and ptx["cp.async.bulk.tensor"] >= 6 and ptx["setmaxnreg"] >= 2
+        else:
+            assert ptx["ld.global.v4 (128-bit)"] > 0
         return
     if spec.name == "gemm.simt":  # scalar, predicated loads by design; smem tiles behind barriers
         assert report.ptx_census["bar.sync"] > 0 and report.ptx_census["ld/st.local"] == 0
