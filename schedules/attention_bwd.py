@@ -54,6 +54,7 @@ class AttentionBwdSchedule:
     stages: int = 2  # Q / dO ring stages (the dS buffer has as many)
     dq_split: str = ""  # "m", "n", "one" (see the module doc); "": derived from tile_m and the head dim
     kv_split: str = "rows"  # dK / dV cut among the consumers by key rows (S^T in registers) or by head dim (D > 128)
+    dq_buffers: int = 2  # smem buffers of the dQ parts: 2 lets block i + 1's store proceed while block i's add waits
     producer_regs: int = 24
     consumer_regs: int = 240
 
@@ -68,6 +69,8 @@ class AttentionBwdSchedule:
             raise ValueError("kv_split 'dim' is built for 64 x 64 tiles")
         if self.stages not in (1, 2):
             raise ValueError(f"stages must be 1 or 2, got {self.stages}")
+        if self.dq_buffers not in (1, 2):
+            raise ValueError(f"dq_buffers must be 1 or 2, got {self.dq_buffers}")
         if self.dq_split not in DQ_SPLITS:
             raise ValueError(f"dq_split must be one of {DQ_SPLITS[1:]} (or '' for the head dim's), got {self.dq_split!r}")
         if self.producer_regs % 8 or self.consumer_regs % 8:
@@ -128,7 +131,7 @@ class AttentionBwdSchedule:
         q = self.stages * self.tile_m * head_dim * elem  # Q and dO rings, each
         kv = self.tile_n * head_dim * elem  # K and V, each
         ds = self.stages * self.tile_n * self.tile_m * elem * (2 if self.kv_split == "dim" else 1)  # dS (and P)
-        dq = self.tile_m * head_dim * 4
+        dq = self.tile_m * head_dim * 4 * self.dq_buffers
         stats = 2 * self.stages * self.tile_m * 4
         return 2 * q + 2 * kv + ds + dq + stats + BARRIER_BYTES
 
@@ -165,14 +168,15 @@ class AttentionBwdSchedule:
 
     def __str__(self) -> str:
         return (f"bwd{self.tile_m}x{self.tile_n}s{self.stages}" + (f"-{self.dq_split}" if self.dq_split else "")
-                + ("-dim" if self.kv_split == "dim" else ""))
+                + ("-dim" if self.kv_split == "dim" else "") + ("-dq1" if self.dq_buffers == 1 else ""))
 
 
 def default_bwd_schedule(head_dim: int, causal: bool = False) -> AttentionBwdSchedule:
     """D <= 128: 64 x 128 (two Q / dO stages; FA3 takes 128 x 128 at D = 64, where ptxas serializes our WGMMAs for want
     of registers); D = 192 and 256: 64 x 64 with dK / dV cut along the head dim (one stage at 256: shared memory)."""
     if head_dim > 128:
-        return AttentionBwdSchedule(tile_m=64, tile_n=64, kv_split="dim", stages=2 if head_dim <= 192 else 1)
+        return AttentionBwdSchedule(tile_m=64, tile_n=64, kv_split="dim", stages=2 if head_dim <= 192 else 1,
+                                    dq_buffers=1)
     return AttentionBwdSchedule(tile_m=64, tile_n=128)
 
 
@@ -186,9 +190,14 @@ def candidates_bwd(head_dim: int, causal: bool = False) -> list[AttentionBwdSche
                 if s not in out and s.fits(head_dim):
                     out.append(s)
     for st in (2, 1):
-        s = AttentionBwdSchedule(tile_m=64, tile_n=64, stages=st, kv_split="dim")
-        if s not in out and s.fits(head_dim):
-            out.append(s)
+        for nb in (2, 1):
+            s = AttentionBwdSchedule(tile_m=64, tile_n=64, stages=st, kv_split="dim", dq_buffers=nb)
+            if s not in out and s.fits(head_dim):
+                out.append(s)
+    base = out[0]
+    one = AttentionBwdSchedule(**{**base.__dict__, "dq_buffers": 3 - base.dq_buffers})
+    if one not in out and one.fits(head_dim):
+        out.insert(1, one)
     return out
 
 

@@ -59,8 +59,8 @@ from schedules.attention_bwd import AttentionBwdSchedule, m_block_range, varlen_
 
 # Named barrier ids (0 is __syncthreads)
 _PDS_BAR = 1  # the consumers: dS of this block is in smem (2 x 128 threads)
-_DQ_EMPTY = 2  # + w: warpgroup w's dQ smem chunk may be written (128 + 32 threads)
-_DQ_FULL = 4  # + w: warpgroup w's dQ chunk is written (128 + 32 threads)
+_DQ_EMPTY = 2  # + 2 w + b: warpgroup w's dQ smem chunk in buffer b may be written (128 + 32 threads)
+_DQ_FULL = 6  # + 2 w + b: warpgroup w's dQ chunk in buffer b is written (128 + 32 threads)
 LOG2E = math.log2(math.e)
 _PRE_GROUP = 8  # preprocess: threads per row
 
@@ -154,7 +154,7 @@ class FlashAttnBwd:
             sdS_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, s.tile_m, st)
         p_elems = cute.cosize(sdS_layout) if s.kv_split == "dim" else 8
         vec_layout = cute.make_layout((s.tile_m, st))
-        dq_elems = s.tile_m * d
+        dq_elems = s.tile_m * d * s.dq_buffers
         tma_q, gq = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), q,
                                                 cute.slice_(sQ_layout, (None, None, 0)), (s.tile_m, d))
         tma_do, gdo = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), do,
@@ -180,8 +180,9 @@ class FlashAttnBwd:
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
-            sPm: cute.struct.Align[cute.struct.MemRange[dt, p_elems], 1024]  # kv_split "dim": P
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_elems], 1024]
+            if cutlass.const_expr(s.kv_split == "dim"):
+                sPm: cute.struct.Align[cute.struct.MemRange[dt, p_elems], 1024]  # P
 
         self.storage = Storage
         if cutlass.const_expr(self.varlen):
@@ -230,7 +231,7 @@ class FlashAttnBwd:
         sPm = stor.sPm.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner) if s.kv_split == "dim" else None
         sL = stor.sL.get_tensor(vec_layout)
         sP = stor.sP.get_tensor(vec_layout)
-        sdQ = stor.sdQ.get_tensor(cute.make_layout(s.tile_m * d))
+        sdQ = stor.sdQ.get_tensor(cute.make_layout(s.tile_m * d * s.dq_buffers))
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         # ---- the CTA's keys and its walk (every thread computes the same values) ----
@@ -348,16 +349,24 @@ class FlashAttnBwd:
     # --- warp 1: dQ partials into the fp32 accumulator ----------------------------------------------
     @cute.jit
     def dq_writer(self, w, mdQ, sdQ, mSem):
+        """Per step: for each warpgroup's chunk of buffer i % dq_buffers, once the reduce-add that last read it is done,
+        let the warpgroup write it (EMPTY); when it is written (FULL), add it into the accumulator with one bulk
+        reduce-add. Two buffers let the consumers store block i + 1's dQ while block i's add waits (its turn, in
+        deterministic mode)."""
         s, d = self.s, self.d
         dq_wgs = s.dq_wgs(d)
+        nbuf = s.dq_buffers
         chunk = s.tile_m * d // dq_wgs
         lane = cute.arch.lane_idx()
         for i in cutlass.range(w.steps, unroll=1):
             h, m = self.step_coords(w, i)
+            buf = i % nbuf
             for c in cutlass.range_constexpr(dq_wgs):
                 if cutlass.const_expr(not self.deterministic):
-                    cute.arch.cp_async_bulk_wait_group(dq_wgs - 1 - c, read=True)
-                cute.arch.barrier_arrive(barrier_id=_DQ_EMPTY + c, number_of_threads=160)
+                    # groups are issued a chunk at a time, buffer after buffer: this one's last reader was dq_wgs *
+                    # (nbuf - 1) + (dq_wgs - 1 - c) groups ago
+                    cute.arch.cp_async_bulk_wait_group(dq_wgs * (nbuf - 1) + dq_wgs - 1 - c, read=True)
+                cute.arch.barrier_arrive(barrier_id=_DQ_EMPTY + 2 * c + buf, number_of_threads=160)
             gdQ = mdQ[(None, w.tile_base + m, h, w.b)]
             if cutlass.const_expr(self.deterministic):
                 # the key blocks that see query block m are [n_lo, n_hi); with a right bound (causal) the diagonal
@@ -374,9 +383,10 @@ class FlashAttnBwd:
                         seen = cute.arch.load(flag, Int32, sem="acquire", scope="gpu")
                 cute.arch.sync_warp()
             for c in cutlass.range_constexpr(dq_wgs):
-                cute.arch.barrier(barrier_id=_DQ_FULL + c, number_of_threads=160)
+                cute.arch.barrier(barrier_id=_DQ_FULL + 2 * c + buf, number_of_threads=160)
                 if lane == 0:
-                    reduce_add_bulk_f32((sdQ.iterator + c * chunk), (gdQ.iterator + c * chunk), chunk * 4)
+                    reduce_add_bulk_f32((sdQ.iterator + buf * (s.tile_m * d) + c * chunk), (gdQ.iterator + c * chunk),
+                                        chunk * 4)
                 cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.deterministic):
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
@@ -531,10 +541,7 @@ class FlashAttnBwd:
                     warpgroup.wait_group(2)
                     pipe_do.consumer_release(state)  # dV's GEMM has read dO
                     warpgroup.wait_group(1)
-                    cute.arch.barrier(barrier_id=_DQ_EMPTY + cwg, number_of_threads=160)
-                    cute.autovec_copy(cute.make_tensor(acc_dq.iterator, sdQ_thr.layout.shape), sdQ_thr)
-                    cute.arch.fence_view_async_shared()
-                    cute.arch.barrier_arrive(barrier_id=_DQ_FULL + cwg, number_of_threads=160)
+                    self.store_dq_part(acc_dq, sdQ_thr, cwg, i)
                 else:
                     warpgroup.wait_group(1)
                     pipe_do.consumer_release(state)
@@ -546,6 +553,17 @@ class FlashAttnBwd:
         scale_d = scale
         self.store_rows(mma_kv, acc_dk, ctid, w, mdK, scale_d)
         self.store_rows(mma_kv, acc_dv, ctid, w, mdV, Float32(1.0))
+
+    @cute.jit
+    def store_dq_part(self, acc_dq, sdQ_thr, cwg, i):
+        """The warpgroup's dQ part of step i into its chunk of buffer i % dq_buffers (MMA order, 128-bit stores), once
+        the dQ warp has released it; then signal it written."""
+        buf = i % self.s.dq_buffers
+        cute.arch.barrier(barrier_id=_DQ_EMPTY + 2 * cwg + buf, number_of_threads=160)
+        dst = cute.make_tensor((sdQ_thr.iterator + buf * (self.s.tile_m * self.d)).align(16), sdQ_thr.layout)
+        cute.autovec_copy(cute.make_tensor(acc_dq.iterator, sdQ_thr.layout.shape), dst)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=_DQ_FULL + 2 * cwg + buf, number_of_threads=160)
 
     def needs_mask(self, w, m):
         """Whether query block m of this key block has a masked (query, key) pair: the key end or a band edge."""
@@ -667,25 +685,24 @@ class FlashAttnBwd:
                 cute.copy(r2s, cute.make_tensor(r2s.retile(ds_r).iterator, src_layout), tRS_sdS[(None, None, None, pst)])
                 cute.arch.fence_view_async_shared()
                 pds_bar.arrive_and_wait()
-                # ---- dV += P^T dO, dQ = dS K, dK += dS^T Q: this warpgroup's head-dim half ----
+                # ---- dK += dS^T Q, dV += P^T dO, dQ = dS K: this warpgroup's head-dim half. dK and dV first, so that
+                # Q's and dO's stages go back to the producer (with one stage at D = 256: the next block's loads) while
+                # dQ still runs ----
+                warpgroup.fence()
+                mma_blocks(mma_kv, acc_dk, stage_of(tKrdSt, pst), stage_of(tKrQt, idx))
+                warpgroup.commit_group()
                 warpgroup.fence()
                 mma_blocks(mma_kv, acc_dv, stage_of(tVrPt, pst), stage_of(tVrdOt, idx))
                 warpgroup.commit_group()
                 warpgroup.fence()
                 mma_blocks(mq, acc_dq, stage_of(tdQrdS, pst), tdQrK, zero_first=True)
                 warpgroup.commit_group()
-                warpgroup.fence()
-                mma_blocks(mma_kv, acc_dk, stage_of(tKrdSt, pst), stage_of(tKrQt, idx))
-                warpgroup.commit_group()
                 warpgroup.wait_group(2)
-                pipe_do.consumer_release(state)
-                warpgroup.wait_group(1)
-                cute.arch.barrier(barrier_id=_DQ_EMPTY + cwg, number_of_threads=160)
-                cute.autovec_copy(cute.make_tensor(acc_dq.iterator, sdQ_thr.layout.shape), sdQ_thr)
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier_arrive(barrier_id=_DQ_FULL + cwg, number_of_threads=160)
-                warpgroup.wait_group(0)
                 pipe_q.consumer_release(state)
+                warpgroup.wait_group(1)
+                pipe_do.consumer_release(state)
+                warpgroup.wait_group(0)
+                self.store_dq_part(acc_dq, sdQ_thr, cwg, i)
                 state.advance()
                 _ = h
         self.store_rows(mma_kv, acc_dk, ctid, w, mdK, scale)

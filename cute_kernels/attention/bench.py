@@ -135,17 +135,19 @@ def _bwd_peers():
 
 
 def _bwd_variants(d):
-    """Other backward schedules, timed as extra columns on the quick shapes (the backward op called directly)."""
+    """Other backward schedules, timed as extra columns on the quick shapes (the backward op called directly): one dQ
+    buffer instead of two, and the other tile_m (D <= 128)."""
+    import dataclasses
+
     from schedules.attention_bwd import AttentionBwdSchedule, default_bwd_schedule
 
     base = default_bwd_schedule(d)
-    out = {"ours stages=1": AttentionBwdSchedule(tile_m=base.tile_m, stages=1)}
+    out = {}
+    if base.dq_buffers == 2:
+        out["ours dq_buffers=1"] = dataclasses.replace(base, dq_buffers=1)
     if base.kv_split == "rows":
-        other = AttentionBwdSchedule(tile_m=192 - base.tile_m)
-        if other.fits(d):
-            out[f"ours tile_m={other.tile_m}"] = other
-    else:
-        out = {"ours stages=2": AttentionBwdSchedule(tile_m=64, tile_n=64, kv_split="dim", stages=2)}
+        other = AttentionBwdSchedule(tile_m=192 - base.tile_m, dq_buffers=1)
+        out[f"ours tile_m={other.tile_m}"] = other
     return {n: s for n, s in out.items() if s.fits(d)}
 
 

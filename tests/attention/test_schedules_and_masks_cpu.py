@@ -500,14 +500,12 @@ def test_varlen_argument_errors():
             ck.flash_attn_varlen(q, q, q, cu, cu, 8, 8, softcap=-1.0)
 
 
-def test_varlen_cpu_tensor_and_backward_errors():
-    from cute_kernels.attention.ops import _backward_varlen
-
+def test_varlen_cpu_tensor_errors():
     x, cu = torch.randn(4, 2, 64, dtype=torch.bfloat16), torch.tensor([0, 4], dtype=torch.int32)
     with pytest.raises(ValueError, match="q must be on a CUDA device"):
         ck.flash_attn_varlen(x, x, x, cu, cu, 4, 4)
-    with pytest.raises(NotImplementedError, match="backward pass is not implemented"):
-        _backward_varlen(None, None, None)
+    with pytest.raises(ValueError, match="q must be on a CUDA device"):
+        torch.ops.cute_kernels.flash_attn_varlen_bwd(x, x, x, x, x, torch.zeros(2, 4), None, cu, cu, 4, 4)
 
 
 # --- the schedule search's command line (CPU: prints the candidates) --------------------------------
@@ -530,6 +528,19 @@ def test_cli_schedules_attention_lists_candidates():
     assert [ln.split()[0] for ln in lines] == [str(c) for c in candidates(128, True)]
     r = _cli("schedules", "attention", "--shape", "1", "512", "8", "64", "--limit", "6")
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 7, r.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the command times the candidates")
+def test_cli_schedules_attention_backward_lists_candidates():
+    from schedules.attention_bwd import candidates_bwd, default_bwd_schedule
+
+    r = _cli("schedules", "attention", "--shape", "8", "2048", "32", "64", "--backward")
+    assert r.returncode == 0, r.stderr
+    lines = [ln.strip() for ln in r.stdout.splitlines()[1:]]
+    assert "backward candidates" in r.stdout and lines[0] == f"{default_bwd_schedule(64)}  (default)"
+    assert [ln.split()[0] for ln in lines] == [str(c) for c in candidates_bwd(64)]
+    r = _cli("schedules", "gemm", "--shape", "64", "64", "64", "--backward")
+    assert r.returncode != 0 and "--backward is for attention" in r.stderr
 
 
 def test_cli_schedules_attention_errors():
