@@ -54,7 +54,7 @@ class AttentionBwdSchedule:
     stages: int = 2  # Q / dO ring stages (the dS buffer has as many)
     dq_split: str = ""  # "m", "n", "one" (see the module doc); "": derived from tile_m and the head dim
     kv_split: str = "rows"  # dK / dV cut among the consumers by key rows (S^T in registers) or by head dim (D > 128)
-    dq_buffers: int = 2  # smem buffers of the dQ parts: 2 lets block i + 1's store proceed while block i's add waits
+    dq_buffers: int = 1  # smem buffers of the dQ parts: 2 lets block i + 1's store proceed while block i's add waits
     producer_regs: int = 24
     consumer_regs: int = 240
 
@@ -168,15 +168,14 @@ class AttentionBwdSchedule:
 
     def __str__(self) -> str:
         return (f"bwd{self.tile_m}x{self.tile_n}s{self.stages}" + (f"-{self.dq_split}" if self.dq_split else "")
-                + ("-dim" if self.kv_split == "dim" else "") + ("-dq1" if self.dq_buffers == 1 else ""))
+                + ("-dim" if self.kv_split == "dim" else "") + ("-dq2" if self.dq_buffers == 2 else ""))
 
 
 def default_bwd_schedule(head_dim: int, causal: bool = False) -> AttentionBwdSchedule:
     """D <= 128: 64 x 128 (two Q / dO stages; FA3 takes 128 x 128 at D = 64, where ptxas serializes our WGMMAs for want
     of registers); D = 192 and 256: 64 x 64 with dK / dV cut along the head dim (one stage at 256: shared memory)."""
     if head_dim > 128:
-        return AttentionBwdSchedule(tile_m=64, tile_n=64, kv_split="dim", stages=2 if head_dim <= 192 else 1,
-                                    dq_buffers=1)
+        return AttentionBwdSchedule(tile_m=64, tile_n=64, kv_split="dim", stages=2 if head_dim <= 192 else 1)
     return AttentionBwdSchedule(tile_m=64, tile_n=128)
 
 

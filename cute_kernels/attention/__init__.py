@@ -337,7 +337,7 @@ _BWD_SIG = {
 _BWD_TILES = {
     "tile_m": Param(64, (64, 128), help="query rows per block of the walk (D = 64: 128)"),
     "tile_n": Param(128, (64, 128), help="keys per CTA (kv_split rows: 64 per consumer warpgroup)"),
-    "dq_buffers": Param(2, (1, 2), help="smem buffers of the dQ parts (2: the next block's store does not wait for "
+    "dq_buffers": Param(1, (1, 2), help="smem buffers of the dQ parts (2: the next block's store does not wait for "
                         "this block's reduce-add)"),
     "kv_split": Param("rows", ("rows", "dim"), help="dK / dV cut among the consumers by key rows (D <= 128, S^T in "
                       "registers) or by head dim (D > 128, P and dS through smem)"),

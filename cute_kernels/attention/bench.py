@@ -135,16 +135,17 @@ def _bwd_peers():
 
 
 def _bwd_variants(d):
-    """Other backward schedules, timed as extra columns on the quick shapes (the backward op called directly): one dQ
-    buffer instead of two, and the other tile_m (D <= 128)."""
+    """Other backward schedules, timed as extra columns on the quick shapes (the backward op called directly): two dQ
+    buffers instead of one (where shared memory fits), and the other tile_m (D <= 128)."""
     import dataclasses
 
     from schedules.attention_bwd import AttentionBwdSchedule, default_bwd_schedule
 
     base = default_bwd_schedule(d)
     out = {}
-    if base.dq_buffers == 2:
-        out["ours dq_buffers=1"] = dataclasses.replace(base, dq_buffers=1)
+    two = dataclasses.replace(base, dq_buffers=2)
+    if two.fits(d):
+        out["ours dq_buffers=2"] = two
     if base.kv_split == "rows":
         other = AttentionBwdSchedule(tile_m=192 - base.tile_m, dq_buffers=1)
         out[f"ours tile_m={other.tile_m}"] = other
