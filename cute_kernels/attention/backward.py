@@ -443,21 +443,17 @@ class FlashAttnBwd:
         rows = cute.size(s_rows, mode=[0])
         mma_kv.set(warpgroup.Field.ACCUMULATE, True)
         pds_bar = pipeline.NamedBarrier(barrier_id=_PDS_BAR, num_threads=128 * s.consumer_wgs)
-        tdQrdS = None
-        tdQrK = None
-        acc_dq = None
-        if cutlass.const_expr(True):
-            dq_slot = cutlass.min(cwg, dq_wgs - 1)
-            wg_dq = mma_dq.get_slice(dq_slot * 128)
-            thr_dq = mma_dq.get_slice(dq_slot * 128 + tid)
-            tdQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(transposed(sdS)))
-            tdQrK = mma_dq.make_fragment_B(wg_dq.partition_B(transposed(sK)))
-            acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((s.tile_m, d)), Float32)
+        # dQ = dS K: this warpgroup's part (dq_split "one": warpgroup 0's, traced but unused by the other role)
+        dq_slot = cutlass.min(cwg, dq_wgs - 1)
+        wg_dq = mma_dq.get_slice(dq_slot * 128)
+        thr_dq = mma_dq.get_slice(dq_slot * 128 + tid)
+        tdQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(transposed(sdS)))
+        tdQrK = mma_dq.make_fragment_B(wg_dq.partition_B(transposed(sK)))
+        acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((s.tile_m, d)), Float32)
         # this thread's dQ values in the chunk, MMA order: element e at (e // 4) * 512 + 4 tid + e % 4
         n_dq = cute.size(acc_dq)
         sdQ_thr = cute.make_tensor((sdQ.iterator + dq_slot * chunk + 4 * tid).align(16),
                                    cute.make_layout((4, n_dq // 4), stride=(1, 512)))
-        scale_d = Float32(1.0)
         one_minus_t2 = None
         if cutlass.const_expr(self.softcap):
             one_minus_t2 = cute.make_rmem_tensor(acc_s.shape, Float32)
@@ -467,7 +463,7 @@ class FlashAttnBwd:
             pipe_kv.consumer_wait(kv)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, s.stages)
             for i in cutlass.range(w.steps, unroll=1):
-                h, m = self.step_coords(w, i)
+                _, m = self.step_coords(w, i)
                 ms = cutlass.new_from_mlir_values(mma_s, cutlass.extract_mlir_values(mma_s))
                 mq = cutlass.new_from_mlir_values(mma_dq, cutlass.extract_mlir_values(mma_dq))
                 idx = state.index
@@ -486,10 +482,8 @@ class FlashAttnBwd:
                         t = cute.math.tanh(acc_s[e] * scale_over_cap, fastmath=True)
                         acc_s[e] = cap * t
                         one_minus_t2[e] = Float32(1.0) - t * t
-                row_q0 = m * s.tile_m
-                col_k0 = w.n_block * s.tile_n
                 if self.needs_mask(w, m):
-                    apply_mask(acc_s, tScS, row_q0, col_k0, w.seqlen_k, w.seqlen_k - w.seqlen_q, w.left, w.right,
+                    apply_mask(acc_s, tScS, m * s.tile_m, w.n_block * s.tile_n, w.seqlen_k, w.seqlen_k - w.seqlen_q, w.left, w.right,
                                self.mask, transposed=True)
                 # the column statistics are read where they are used (held in registers they cost tile_m / 2 of them)
                 for c in cutlass.range_constexpr(cols):
@@ -548,10 +542,8 @@ class FlashAttnBwd:
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(state)
                 state.advance()
-                _ = h
         # ---- dK = scale dK, dV: stored from registers, rows inside the sequence ----
-        scale_d = scale
-        self.store_rows(mma_kv, acc_dk, ctid, w, mdK, scale_d)
+        self.store_rows(mma_kv, acc_dk, ctid, w, mdK, scale)
         self.store_rows(mma_kv, acc_dv, ctid, w, mdV, Float32(1.0))
 
     @cute.jit
@@ -641,7 +633,7 @@ class FlashAttnBwd:
             pipe_kv.consumer_wait(kv)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, s.stages)
             for i in cutlass.range(w.steps, unroll=1):
-                h, m = self.step_coords(w, i)
+                _, m = self.step_coords(w, i)
                 ms = cutlass.new_from_mlir_values(mma_s, cutlass.extract_mlir_values(mma_s))
                 mq = cutlass.new_from_mlir_values(mma_dq, cutlass.extract_mlir_values(mma_dq))
                 idx = state.index
@@ -704,7 +696,6 @@ class FlashAttnBwd:
                 warpgroup.wait_group(0)
                 self.store_dq_part(acc_dq, sdQ_thr, cwg, i)
                 state.advance()
-                _ = h
         self.store_rows(mma_kv, acc_dk, ctid, w, mdK, scale)
         self.store_rows(mma_kv, acc_dv, ctid, w, mdV, Float32(1.0))
 
