@@ -161,6 +161,11 @@ class KernelSpec:
     def dynamic_smem_bytes(self, p: dict[str, Any]) -> int | None:
         return None
 
+    def static_extents(self, p: dict[str, Any]) -> set:
+        """Sizes a compiled variant fixes besides its int signature parameters (a workspace tile that the config and
+        the signature determine); every other extent and stride stays symbolic, so no new shape recompiles."""
+        return set()
+
     def local_memory_note(self, p: dict[str, Any]) -> str | None:
         """Why a variant keeps local memory by design (None: it should have none)."""
         return None

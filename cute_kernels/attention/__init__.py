@@ -245,6 +245,9 @@ class FlashAttnBwdSpec(KernelSpec):
     def defaults(self, given):
         return _bwd_defaults(self, given)
 
+    def static_extents(self, p):
+        return {p["tile_m"] * p["head_dim"]}  # the dQ accumulator's tile, in MMA order
+
     def check(self, p):
         self.schedule_of(p).check(p["head_dim"])
 
@@ -295,6 +298,9 @@ class FlashAttnBwdSideSpec(KernelSpec):
 
     def defaults(self, given):
         return _bwd_defaults(self, given)
+
+    def static_extents(self, p):
+        return {p["tile_m"] * p["head_dim"]}  # the dQ accumulator's tile, in MMA order
 
     def check(self, p):
         if "dq_split" in p:

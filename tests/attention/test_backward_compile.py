@@ -151,3 +151,26 @@ def test_varlen_tiles_do_not_overlap():
         for (a0, a1), (b0, b1) in zip(ends, ends[1:]):
             assert a1 <= b0
         assert ends[-1][1] <= varlen_total_tiles(cu[-1], len(lens), tm)
+
+
+def _toolkit_ptxas():
+    import shutil
+    import subprocess
+
+    exe = shutil.which("ptxas")
+    if exe is None:
+        return None
+    ver = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    return exe if "release 13." in ver else None
+
+
+@pytest.mark.skipif(_toolkit_ptxas() is None, reason="needs a CUDA 13 ptxas for its advisories (perf/ptxas_check.py)")
+@pytest.mark.parametrize("over", [{"head_dim": 64}, {"head_dim": 96, "mask": "causal"}, {"head_dim": 128},
+                                  {"head_dim": 192}, {"head_dim": 256, "mask": "band"}])
+def test_ptxas_keeps_setmaxnreg_and_wgmma_async(over):
+    """ptxas's own advisories for the default schedules: setmaxnreg honoured (no C7508, which min_blocks_per_mp=1
+    prevents) and no WGMMA serialized (C7512: registers; C7514: pipelining across calls or branches)."""
+    from perf.ptxas_check import check
+
+    report = check("flash_attn_bwd", over)
+    assert "C7508" not in report and "C7512" not in report and "C7514" not in report, report

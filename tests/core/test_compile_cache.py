@@ -33,12 +33,13 @@ def test_kernels_compile_against_symbolic_sizes():
     for spec in catalog.ready():
         p = spec.resolve()
         static_ok = {v for k, v in p.items() if spec.params[k].role == "signature" and type(v) is int}
+        fixed = spec.static_extents(p)  # a workspace tile the variant itself fixes (the attention backward's dQ)
         _, args = spec.build(p)
         tensors = [a for a in args if hasattr(a, "shape") and hasattr(a, "stride")]
         assert tensors
         for t in tensors:
-            assert all(isinstance(d, SymInt) or d in static_ok for d in t.shape), (spec.name, t.shape)
-            assert all(isinstance(d, SymInt) or d == 1 for d in t.stride), (spec.name, t.stride)
+            assert all(isinstance(d, SymInt) or d in static_ok | fixed for d in t.shape), (spec.name, t.shape)
+            assert all(isinstance(d, SymInt) or d == 1 or d in fixed for d in t.stride), (spec.name, t.stride)
 
 
 def test_memory_then_disk_hits(tmp_path):
