@@ -61,12 +61,15 @@ def over_budget(items, costs: dict[str, float]) -> list:
 
 
 def refresh(log: str) -> dict[str, float]:
+    """The costs of the tests the log timed, merged into the table: a test the run did not time keeps its cost (a
+    default run skips the sweep cases; dropping theirs would put them all back into the default run)."""
     costs: dict[str, float] = defaultdict(float)
     for line in Path(log).read_text().splitlines():
         m = re.match(r"\s*([\d.]+)s (?:call|setup|teardown)\s+(tests/\S+)", line)
         if m:
             costs[m.group(2)] += float(m.group(1))
-    out = {k: round(v, 2) for k, v in sorted(costs.items()) if v >= 0.05}
+    out = {**load_costs(), **{k: round(v, 2) for k, v in costs.items() if v >= 0.05}}
+    out = dict(sorted(out.items()))
     COSTS.write_text(json.dumps(out, indent=0, sort_keys=True) + "\n")
     return out
 
