@@ -40,7 +40,7 @@ if [ "$TESTS" != none ]; then
   [ "$TESTS" = all ] && TESTS=$(ls tests/*/test_*_gpu.py | cut -d/ -f2 | sort -u | paste -sd, -)  # every family
   TT=${TT:-240}
   runfam() {  # one family; log to $OUT/.p.$1
-    timeout -k 5 -s INT $TT python3 -m pytest tests/${1} -m "gpu and not large" ${TK:+-k "$TK"} --maxfail=25 \
+    timeout -k 5 -s INT $TT python3 -m pytest tests/${1} -m "gpu and not large and not sweep" ${TK:+-k "$TK"} --maxfail=25 \
       ${XN:+-n $XN} $P > "$OUT/.p.$1" 2>&1
   }
   if has par; then  # families side by side (compiles are CPU-bound; 16 cores): correctness only, no timing

@@ -219,3 +219,16 @@ def test_bad_dout():
         torch.ops.cute_kernels.flash_attn_bwd(out[:, :32], q, k, v, out, torch.zeros(1, 2, 64, device="cuda"))
     with pytest.raises(TypeError, match="dout has dtype float32"):
         torch.ops.cute_kernels.flash_attn_bwd(out.float(), q, k, v, out, torch.zeros(1, 2, 64, device="cuda"))
+
+
+SWEEP = [(d, dt, mask, cap, det) for d in (64, 96, 128, 192, 256) for dt in (torch.bfloat16, torch.float16)
+         for mask in ("none", "causal", "window", "band") for cap in (0.0, 30.0) for det in (False, True)]
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("d,dtype,mask,softcap,det", SWEEP)
+def test_whole_product(d, dtype, mask, softcap, det):
+    """Every combination of head dim, dtype, mask, softcap and mode (`pytest -m sweep`), GQA 2, S_q != S_k."""
+    window = {"none": (-1, -1), "causal": (-1, -1), "window": (90, 30), "band": (70, 0)}[mask]
+    _check(1, 211, 300, 4, 2, d, causal=mask == "causal", window=window, softcap=softcap, dtype=dtype,
+           deterministic=det)
