@@ -46,7 +46,6 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.cutlass_dsl import T
 from cutlass.tensor_utils import LayoutEnum
 
 from collectives import epilogue as epi

@@ -440,7 +440,7 @@ def _flash_attn_varlen_bwd_cuda(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_
                   softmax_scale, softcap)
     _check_grad(dout, out)
     total_q, hq, d = q.shape
-    total_k, hk = k.shape[0], k.shape[1]
+    total_k = k.shape[0]
     batch = cu_seqlens_q.shape[0] - 1
     # rows outside every sequence get no gradient from the kernels: zero them (no host sync)
     dq = torch.zeros_like(q) if total_q else torch.empty_like(q)

@@ -129,13 +129,13 @@ def search_attention_bwd(b: int, s: int, h: int, d: int, causal: bool = False, o
     """FlashAttention backward, (B, S, H, D) bf16 self-attention: the `schedules.attention_bwd.candidates_bwd` (tiles,
     stages, the dQ split, the dK / dV split), ranked, beside cuDNN's backward (SDPA), the backward op called on one
     forward's O and LSE."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import cute_kernels as ck
     from cute_kernels.attention import FLASH_ATTN_BWD
     from cute_kernels.attention.ops import _flash_attn_bwd_cuda
     from cute_kernels.precompile import item
     from schedules.attention_bwd import candidates_bwd, default_bwd_schedule
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    import cute_kernels as ck
 
     cands = candidates_bwd(d, causal)[:limit]
     mask = "causal" if causal else "none"
