@@ -346,6 +346,16 @@ def _readable(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
+def _fits_32bit(**tensors) -> None:
+    """The backward indexes with 32-bit offsets: every element of each tensor (inputs, gradients, the fp32
+    workspace) must lie within 2^31 elements of its base."""
+    for name, t in tensors.items():
+        span = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
+        if span >= 2**31:
+            raise ValueError(f"{name} {tuple(t.shape)} spans {span} elements: the backward needs 64-bit indexing for "
+                             "it (not supported yet); split the batch")
+
+
 def _bwd_scalars(d, softmax_scale, softcap):
     """(scale_log2, scale, scale_over_cap, cap) of the backward kernel (as the forward's `_scalars`; `scale` multiplies
     dK here and dQ in the postprocess)."""
@@ -396,6 +406,7 @@ def _flash_attn_bwd_cuda(dout, q, k, v, out, lse, dlse=None, causal=False, windo
         dlse = torch.zeros(1, 1, 1, dtype=torch.float32, device=dev).expand(b, hq, sq)
     sig = dict(dtype=dtypes.name_of(q.dtype), head_dim=d, varlen=False)
     dout = _readable(dout)
+    _fits_32bit(q=q, k=k, dout=dout, dq_accumulator=dq_acc)
     pre = _bwd_compiled("pre", sched, **sig)
     pre(_kernel_view(out), _kernel_view(dout), lse.permute(2, 1, 0), dlse.permute(2, 1, 0), lse2.permute(2, 1, 0),
         dpsum.permute(2, 1, 0), dq_acc.permute(3, 2, 1, 0), _no_offsets(dev), sq)
@@ -467,6 +478,7 @@ def _flash_attn_varlen_bwd_cuda(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_
     cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     sig = dict(dtype=dtypes.name_of(q.dtype), head_dim=d, varlen=True)
     dout = _readable(dout)
+    _fits_32bit(q=q, k=k, dout=dout, dq_accumulator=dq_acc)
     pre = _bwd_compiled("pre", sched, **sig)
     pre(_kernel_view(out[None]), _kernel_view(dout[None]), lse.t()[:, :, None], dlse.t()[:, :, None],
         lse2.t()[:, :, None], dpsum.t()[:, :, None], dq_acc.permute(2, 1, 0)[..., None], cu_q, max_q)
