@@ -174,3 +174,20 @@ def test_ptxas_keeps_setmaxnreg_and_wgmma_async(over):
 
     report = check("flash_attn_bwd", over)
     assert "C7508" not in report and "C7512" not in report and "C7514" not in report, report
+
+
+@pytest.mark.parametrize("tm,tn", [(64, 128), (128, 128), (64, 64)])
+def test_deterministic_order_sees_the_same_blocks(tm, tn):
+    """Deterministic mode's invariant: the key blocks that walk query block m (`m_block_range` per key block) are
+    exactly `n_block_range(m)`, the range the dQ writer counts its turn in; a block the count expects but that never
+    comes would hang the semaphore wait."""
+    from collectives.attention_mask import MaskKind, n_block_range
+
+    for sq, sk in [(1000, 1000), (300, 1000), (1000, 300), (777, 777), (129, 64), (1, 129), (513, 64), (211, 300)]:
+        for left, right in [(-1, 0), (-1, -1), (64, 32), (100, 37), (64, 0), (0, 0), (5, -1), (-1, 5), (1000, 0)]:
+            kind = MaskKind(left=left >= 0, right=right >= 0)
+            nb, mb = (sk + tn - 1) // tn, (sq + tm - 1) // tm
+            ranges = [range(*m_block_range(n, tm, tn, sq, sk, left, right, kind)) for n in range(nb)]
+            for m in range(mb):
+                lo, hi = n_block_range(m, tm, tn, sq, sk, left, right, kind)
+                assert [n for n in range(nb) if m in ranges[n]] == list(range(lo, max(lo, hi))), (sq, sk, left, right, m)
