@@ -32,6 +32,10 @@ of the head dim for dK, dV and dQ, and halves of the keys for S = Q K^T and dP =
 statistics); P and dS go through shared memory (q x keys, keys contiguous), where dV = P^T dO, dK = dS^T Q and
 dQ = dS K read them as MN- / K-major operands. Registers: dK, dV and the dQ part 64 each, S and dP 16 each.
 
+The tile order: the grid is (key blocks, K/V heads, batch), x fastest, key blocks ascending: with a causal mask key
+block 0 walks the most query blocks, so the longest columns start first. Deterministic causal runs (and launches) the
+key blocks descending instead, the order its semaphores count (`backward.FlashAttnBwd.dq_writer`).
+
 Registers per consumer thread at D = 128, tile 64 x 128: dK and dV 64 each, S^T and dP^T 32 each, the dQ
 partial 32, P and dS as bf16 A operands 16 each: FA3's 240-register budget (24 + 2 x 240 <= 512).
 """
