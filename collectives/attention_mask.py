@@ -140,7 +140,11 @@ def apply_mask(
 
 
 @cute.jit
-def apply_softcap(acc: cute.Tensor, scale_over_cap: Float32, cap: Float32):
-    """acc[i] = cap * tanh(acc[i] * scale / cap): the softmax scale is folded in (use 1 after)."""
+def apply_softcap(acc: cute.Tensor, scale_over_cap: Float32, cap: Float32, slope: cute.Tensor | None = None):
+    """acc[i] = cap * tanh(acc[i] * scale / cap): the softmax scale is folded in (use 1 after). With `slope` (the
+    backward) also slope[i] = 1 - tanh^2, the cap's derivative over the scale."""
     for i in cutlass.range_constexpr(cute.size(acc)):
-        acc[i] = cap * cute.math.tanh(acc[i] * scale_over_cap, fastmath=True)
+        t = cute.math.tanh(acc[i] * scale_over_cap, fastmath=True)
+        acc[i] = cap * t
+        if cutlass.const_expr(slope is not None):
+            slope[i] = Float32(1.0) - t * t

@@ -115,6 +115,16 @@ def acc_smem_copy(tiled_mma: cute.TiledMma, c_layout, out_dtype) -> cute.TiledCo
 
 
 @cute.jit
+def copy_acc_to_smem(r2s: cute.TiledCopy, thr_dst: cute.Tensor, regs: cute.Tensor):
+    """A whole accumulator tile, already in the output dtype (`regs`, the accumulator's layout), into its smem tile:
+    `thr_dst` is this thread's slice of the tile (`acc_smem_copy(...).get_slice(tid).partition_D`, one stage). The
+    retiled registers ((CPY, reps), 1, 1) are seen as the destination's (CPY, 1, reps)."""
+    n_cpy, n_rep = cute.size(thr_dst, mode=[0]), cute.size(thr_dst, mode=[2])
+    src = cute.make_tensor(r2s.retile(regs).iterator, cute.make_layout((n_cpy, 1, n_rep), stride=(1, 0, n_cpy)))
+    cute.copy(r2s, src, thr_dst)
+
+
+@cute.jit
 def store_tile(
     tiled_mma: cute.TiledMma,
     acc: cute.Tensor,

@@ -11,6 +11,12 @@ from dataclasses import dataclass
 H200_SMS = 132
 H200_L2_BYTES = 60 * 1024 * 1024
 
+# The launch attribute that fixes a kernel's register count at entry (`.minnctapersm 1`: one CTA per SM, so ptxas
+# gives the kernel all the registers the launch allows). A kernel that moves registers between warpgroups with
+# setmaxnreg needs it whenever ptxas would otherwise pick fewer: it then ignores setmaxnreg (C7508) and the consumers
+# stay capped at that count (or it serializes their WGMMAs, C7512).
+SETMAXNREG_LAUNCH = {"min_blocks_per_mp": 1}
+
 
 @dataclass(frozen=True)
 class DeviceInfo:

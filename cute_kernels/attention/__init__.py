@@ -208,7 +208,8 @@ FLASH_ATTN = FlashAttnSpec(
 
 
 # --- the backward: preprocess, main, postprocess ----------------------------------------------------
-def _bwd_fakes(p, with_sem=True):
+def _bwd_fakes(p):
+    """The backward kernels' fake tensors: (S, D, H, B) sequences, (S, H, B) fp32 rows, the dQ accumulator."""
     dt = dtypes.cutlass_of(p["dtype"])
     d = p["head_dim"]
 
@@ -225,7 +226,12 @@ def _bwd_fakes(p, with_sem=True):
         return cute.runtime.make_fake_tensor(cutlass.Float32, (rows, heads, b), stride=(1, sym(), sym()),
                                              assumed_align=align)
 
-    return SimpleNamespace(dt=dt, d=d, b=b, sym=sym, seq_major=seq_major, f32_rows=f32_rows)
+    def dq_accumulator(tiles, heads):  # (tile_m D, tiles, H, B) fp32, a tile in MMA order
+        return cute.runtime.make_fake_tensor(cutlass.Float32, (p["tile_m"] * d, tiles, heads, b),
+                                             stride=(1, p["tile_m"] * d, sym(4), sym(4)), assumed_align=16)
+
+    return SimpleNamespace(dt=dt, d=d, b=b, sym=sym, seq_major=seq_major, f32_rows=f32_rows,
+                           dq_accumulator=dq_accumulator)
 
 
 def _bwd_defaults(spec, given):
@@ -241,13 +247,18 @@ def _bwd_defaults(spec, given):
 
 
 @dataclass(frozen=True, eq=False)
-class FlashAttnBwdSpec(KernelSpec):
+class _BwdSpec(KernelSpec):
+    """The backward's three kernels: schedule parameters that follow the head dim, the dQ accumulator's fixed tile."""
+
     def defaults(self, given):
         return _bwd_defaults(self, given)
 
     def static_extents(self, p):
         return {p["tile_m"] * p["head_dim"]}  # the dQ accumulator's tile, in MMA order
 
+
+@dataclass(frozen=True, eq=False)
+class FlashAttnBwdSpec(_BwdSpec):
     def check(self, p):
         self.schedule_of(p).check(p["head_dim"])
 
@@ -260,8 +271,7 @@ class FlashAttnBwdSpec(KernelSpec):
         q, do = f.seq_major(sq, hq), f.seq_major(sq, hq)
         k, v, dk, dv = (f.seq_major(sk, hk) for _ in range(4))
         lse2, dpsum = f.f32_rows(spad, hq, 16), f.f32_rows(spad, hq, 16)
-        dq_acc = cute.runtime.make_fake_tensor(cutlass.Float32, (s.tile_m * f.d, tiles, hq, f.b),
-                                               stride=(1, s.tile_m * f.d, f.sym(4), f.sym(4)), assumed_align=16)
+        dq_acc = f.dq_accumulator(tiles, hq)
         sem = cute.runtime.make_fake_tensor(cutlass.Int32, (tiles, hq, f.b), stride=(1, f.sym(), f.sym()),
                                             assumed_align=4)
         kernel = FlashAttnBwd(f.dt, f.d, s, mask_kind(p["mask"]), p["softcap"], p["varlen"], p["deterministic"])
@@ -293,14 +303,8 @@ class FlashAttnBwdSpec(KernelSpec):
 
 
 @dataclass(frozen=True, eq=False)
-class FlashAttnBwdSideSpec(KernelSpec):
+class FlashAttnBwdSideSpec(_BwdSpec):
     """The preprocess (D, LSE2, the dQ accumulator zeroed) or the postprocess (dQ from its accumulator)."""
-
-    def defaults(self, given):
-        return _bwd_defaults(self, given)
-
-    def static_extents(self, p):
-        return {p["tile_m"] * p["head_dim"]}  # the dQ accumulator's tile, in MMA order
 
     def check(self, p):
         if "dq_split" in p:
@@ -311,18 +315,14 @@ class FlashAttnBwdSideSpec(KernelSpec):
 
         f = _bwd_fakes(p)
         sq, hq, spad, tiles = f.sym(), f.sym(), f.sym(), f.sym()
-        tile_m = p["tile_m"]
-        dq_acc = cute.runtime.make_fake_tensor(cutlass.Float32, (tile_m * f.d, tiles, hq, f.b),
-                                               stride=(1, tile_m * f.d, f.sym(4), f.sym(4)), assumed_align=16)
+        dq_acc = f.dq_accumulator(tiles, hq)
         cu_q = cute.runtime.make_fake_tensor(cutlass.Int32, (f.sym(),), stride=(1,), assumed_align=4)
         if self.name.endswith("pre"):
             o, do = f.seq_major(sq, hq), f.seq_major(sq, hq)
-            lse = cute.runtime.make_fake_tensor(cutlass.Float32, (sq, hq, f.b), stride=(f.sym(), f.sym(), f.sym()),
-                                                assumed_align=4)
-            dlse = cute.runtime.make_fake_tensor(cutlass.Float32, (sq, hq, f.b), stride=(f.sym(), f.sym(), f.sym()),
-                                                 assumed_align=4)
+            lse, dlse = (cute.runtime.make_fake_tensor(cutlass.Float32, (sq, hq, f.b), assumed_align=4,
+                                                       stride=(f.sym(), f.sym(), f.sym())) for _ in range(2))
             lse2, dpsum = f.f32_rows(spad, hq, 16), f.f32_rows(spad, hq, 16)
-            kernel = FlashAttnBwdPre(f.dt, f.d, tile_m, p["varlen"])
+            kernel = FlashAttnBwdPre(f.dt, f.d, p["tile_m"], p["varlen"])
             return kernel, (o, do, lse, dlse, lse2, dpsum, dq_acc, cu_q, cutlass.Int32(1), fake_stream())
         dq = f.seq_major(sq, hq)
         kernel = FlashAttnBwdPost(f.dt, f.d, self.schedule_of(p), p["varlen"])

@@ -49,12 +49,13 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from collectives import epilogue as epi
-from collectives.attention_mask import MaskKind, apply_mask, n_block_range
+from collectives.attention_mask import MaskKind, apply_mask, apply_softcap, n_block_range
 from collectives.online_softmax import acc_rows_view
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout
 from collectives.vector_io import extent
 from collectives.wgmma_mainloop import acc_as_a_operand, mma_blocks, stage_of
 from schedules.attention_bwd import AttentionBwdSchedule, m_block_range, varlen_tile_base
+from schedules.hardware import SETMAXNREG_LAUNCH
 
 # Named barrier ids (0 is __syncthreads)
 _PDS_BAR = 1  # the consumers: dS of this block is in smem (2 x 128 threads)
@@ -70,6 +71,21 @@ def reduce_add_bulk_f32(smem_ptr, gmem_ptr, nbytes: int):
     llvm.inline_asm(None, [gmem_ptr.toint().ir_value(), smem_ptr.toint().ir_value(), Int32(nbytes).ir_value()],
                     "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;", "l,r,r",
                     has_side_effects=True, is_align_stack=False)
+
+
+def mma_order(ptr, tid, n: int) -> cute.Tensor:
+    """The `n` values of warpgroup thread `tid` in a chunk kept in the accumulator's register order ("MMA order"):
+    element e at (e // 4) * 512 + 4 tid + e % 4 of the chunk at `ptr`, so 128 threads move 16 bytes each side by side."""
+    return cute.make_tensor((ptr + 4 * tid).align(16), cute.make_layout((4, n // 4), stride=(1, 512)))
+
+
+def seq_rows(varlen: bool, cu, bb, rows, tile_m: int):
+    """(first row, length, first padded tile, the tensors' batch index) of batch entry `bb`: varlen, sequence bb of
+    the packed tensors (`cu`, the offsets) and its tiles from `varlen_tile_base`; else all `rows` of batch bb."""
+    if varlen:
+        start = cu[bb]
+        return start, cu[bb + 1] - start, varlen_tile_base(start, bb, tile_m), 0
+    return 0, rows, 0, bb
 
 
 def _mma(dt, a_major, b_major, atoms, tiler_mn, a_regs=False):
@@ -194,7 +210,7 @@ class FlashAttnBwd:
         self.kernel(mm.s, mm.kv, mm.dq, tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, tma_l, gl, tma_p, gp, dq_acc,
                     dk, dv, sem, cu_q, cu_k, Int32(cute.size(q, mode=[2]) // cute.size(k, mode=[2])), scale_log2,
                     scale, scale_over_cap, cap, window_left, window_right, sQ_layout, sK_layout, sdS_layout,
-                    vec_layout).launch(grid=grid, block=[s.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+                    vec_layout).launch(grid=grid, block=[s.threads, 1, 1], stream=stream, **SETMAXNREG_LAUNCH)
 
     @cute.kernel
     def kernel(self, mma_s: cute.TiledMma, mma_kv: cute.TiledMma, mma_dq: cute.TiledMma, tma_q: cute.CopyAtom,
@@ -240,20 +256,8 @@ class FlashAttnBwd:
             # so that a block only ever waits for blocks launched before it
             gx, _, _ = cute.arch.grid_dim()
             n_block = gx - 1 - n_block
-        if cutlass.const_expr(self.varlen):
-            q_start = mCuQ[bb]
-            k_start = mCuK[bb]
-            seqlen_q = mCuQ[bb + 1] - q_start
-            seqlen_k = mCuK[bb + 1] - k_start
-            tile_base = varlen_tile_base(q_start, bb, s.tile_m)
-            bt = 0
-        else:
-            seqlen_q = extent(mQ, 0)
-            seqlen_k = extent(mK, 0)
-            q_start = 0
-            k_start = 0
-            tile_base = 0
-            bt = bb
+        q_start, seqlen_q, tile_base, bt = seq_rows(self.varlen, mCuQ, bb, extent(mQ, 0), s.tile_m)
+        k_start, seqlen_k, _, _ = seq_rows(self.varlen, mCuK, bb, extent(mK, 0), s.tile_n)
         m_min, m_max = m_block_range(n_block, s.tile_m, s.tile_n, seqlen_q, seqlen_k, left, right, self.mask)
         m_count = cutlass.max(m_max - m_min, 0)
         steps = m_count * group  # the walk: the group's query heads, each over [m_min, m_max)
@@ -432,9 +436,6 @@ class FlashAttnBwd:
         # dS into its (keys, q) q-contiguous smem tile by stmatrix
         r2s_ds = epi.acc_smem_copy(mma_s, LayoutEnum.ROW_MAJOR, dt)
         tRS_sdS = r2s_ds.get_slice(ctid).partition_D(sdS)
-        # the retiled registers ((CPY, reps), 1, 1) seen as the destination's (CPY, 1, reps)
-        n_cpy, n_rep = cute.size(tRS_sdS, mode=[0]), cute.size(tRS_sdS, mode=[2])
-        ds_src_layout = cute.make_layout((n_cpy, 1, n_rep), stride=(1, 0, n_cpy))
         s_rows = acc_rows_view(acc_s)
         dp_rows = acc_rows_view(acc_dp)
         c_rows = acc_rows_view(tScS)
@@ -449,10 +450,7 @@ class FlashAttnBwd:
         tdQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(transposed(sdS)))
         tdQrK = mma_dq.make_fragment_B(wg_dq.partition_B(transposed(sK)))
         acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((s.tile_m, d)), Float32)
-        # this thread's dQ values in the chunk, MMA order: element e at (e // 4) * 512 + 4 tid + e % 4
-        n_dq = cute.size(acc_dq)
-        sdQ_thr = cute.make_tensor((sdQ.iterator + dq_slot * chunk + 4 * tid).align(16),
-                                   cute.make_layout((4, n_dq // 4), stride=(1, 512)))
+        sdQ_thr = mma_order(sdQ.iterator + dq_slot * chunk, tid, cute.size(acc_dq))
         one_minus_t2 = None
         if cutlass.const_expr(self.softcap):
             one_minus_t2 = cute.make_rmem_tensor(acc_s.shape, Float32)
@@ -477,10 +475,7 @@ class FlashAttnBwd:
                 warpgroup.wait_group(1)
                 # ---- P = exp2(S * scale_log2 - LSE2), masked (softcap first) ----
                 if cutlass.const_expr(self.softcap):
-                    for e in cutlass.range_constexpr(cute.size(acc_s)):
-                        t = cute.math.tanh(acc_s[e] * scale_over_cap, fastmath=True)
-                        acc_s[e] = cap * t
-                        one_minus_t2[e] = Float32(1.0) - t * t
+                    apply_softcap(acc_s, scale_over_cap, cap, one_minus_t2)
                 if self.needs_mask(w, m):
                     apply_mask(acc_s, tScS, m * s.tile_m, w.n_block * s.tile_n, w.seqlen_k, w.seqlen_k - w.seqlen_q, w.left, w.right,
                                self.mask, transposed=True)
@@ -518,8 +513,8 @@ class FlashAttnBwd:
                     pds_bar.arrive_and_wait()  # the other warpgroup's dQ GEMM of the last block has read dS
                 # dS's A-operand registers hold the accumulator's elements in its own linear order (one 64-row atom per
                 # warpgroup: `acc_a_view` only regroups the modes), so they are also the source of the smem store
-                ds_regs = r2s_ds.retile(cute.make_tensor(ds_a.iterator, acc_dp.layout))
-                cute.copy(r2s_ds, cute.make_tensor(ds_regs.iterator, ds_src_layout), tRS_sdS[(None, None, None, idx)])
+                epi.copy_acc_to_smem(r2s_ds, tRS_sdS[(None, None, None, idx)],
+                                     cute.make_tensor(ds_a.iterator, acc_dp.layout))
                 cute.arch.fence_view_async_shared()
                 pds_bar.arrive_and_wait()
                 # ---- dQ = dS K (this warpgroup's part), dK += dS^T Q ----
@@ -613,8 +608,6 @@ class FlashAttnBwd:
         thr_r2s = r2s.get_slice(ctid)
         tRS_sP = thr_r2s.partition_D(sPm)
         tRS_sdS = thr_r2s.partition_D(sdS)
-        n_cpy, n_rep = cute.size(tRS_sdS, mode=[0]), cute.size(tRS_sdS, mode=[2])
-        src_layout = cute.make_layout((n_cpy, 1, n_rep), stride=(1, 0, n_cpy))
         s_rows = acc_rows_view(acc_s)
         dp_rows = acc_rows_view(acc_dp)
         c_rows = acc_rows_view(tScS)
@@ -622,8 +615,7 @@ class FlashAttnBwd:
         rows = cute.size(s_rows, mode=[0])
         mma_kv.set(warpgroup.Field.ACCUMULATE, True)
         pds_bar = pipeline.NamedBarrier(barrier_id=_PDS_BAR, num_threads=256)
-        sdQ_thr = cute.make_tensor((sdQ.iterator + cwg * chunk + 4 * tid).align(16),
-                                   cute.make_layout((4, cute.size(acc_dq) // 4), stride=(1, 512)))
+        sdQ_thr = mma_order(sdQ.iterator + cwg * chunk, tid, cute.size(acc_dq))
         one_minus_t2 = None
         if cutlass.const_expr(self.softcap):
             one_minus_t2 = cute.make_rmem_tensor(acc_s.shape, Float32)
@@ -646,10 +638,7 @@ class FlashAttnBwd:
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
                 if cutlass.const_expr(self.softcap):
-                    for e in cutlass.range_constexpr(cute.size(acc_s)):
-                        t = cute.math.tanh(acc_s[e] * scale_over_cap, fastmath=True)
-                        acc_s[e] = cap * t
-                        one_minus_t2[e] = Float32(1.0) - t * t
+                    apply_softcap(acc_s, scale_over_cap, cap, one_minus_t2)
                 if self.needs_mask(w, m):
                     apply_mask(acc_s, tScS, m * s.tile_m, w.n_block * s.tile_n, w.seqlen_k, w.seqlen_k - w.seqlen_q,
                                w.left, w.right, self.mask)
@@ -672,8 +661,8 @@ class FlashAttnBwd:
                 if cutlass.const_expr(s.stages == 1):
                     pds_bar.arrive_and_wait()  # the last block's GEMMs (both warpgroups) have read P and dS
                 pst = idx if cutlass.const_expr(s.stages > 1) else 0
-                cute.copy(r2s, cute.make_tensor(r2s.retile(p_r).iterator, src_layout), tRS_sP[(None, None, None, pst)])
-                cute.copy(r2s, cute.make_tensor(r2s.retile(ds_r).iterator, src_layout), tRS_sdS[(None, None, None, pst)])
+                epi.copy_acc_to_smem(r2s, tRS_sP[(None, None, None, pst)], p_r)
+                epi.copy_acc_to_smem(r2s, tRS_sdS[(None, None, None, pst)], ds_r)
                 cute.arch.fence_view_async_shared()
                 pds_bar.arrive_and_wait()
                 # ---- dK += dS^T Q, dV += P^T dO, dQ = dS K: this warpgroup's head-dim half. dK and dV first, so that
@@ -746,16 +735,7 @@ class FlashAttnBwdPre:
         tm, d = self.tile_m, self.d
         tidx, _, _ = cute.arch.thread_idx()
         m, h, bb = cute.arch.block_idx()
-        if cutlass.const_expr(self.varlen):
-            q_start = mCuQ[bb]
-            seqlen = mCuQ[bb + 1] - q_start
-            base = varlen_tile_base(q_start, bb, tm)
-            bt = 0
-        else:
-            q_start = 0
-            seqlen = extent(mO, 0)
-            base = 0
-            bt = bb
+        q_start, seqlen, base, bt = seq_rows(self.varlen, mCuQ, bb, extent(mO, 0), tm)
         if m * tm < seqlen:
             # rows in groups of 8 threads, each thread 16-byte vectors of O and dO a row apart by 8 (128 contiguous bytes
             # per group and step), the group's sum by a butterfly over its 8 lanes
@@ -826,16 +806,7 @@ class FlashAttnBwdPost:
         s, d = self.s, self.d
         tidx, _, _ = cute.arch.thread_idx()
         m, h, bb = cute.arch.block_idx()
-        if cutlass.const_expr(self.varlen):
-            q_start = mCuQ[bb]
-            seqlen = mCuQ[bb + 1] - q_start
-            base = varlen_tile_base(q_start, bb, s.tile_m)
-            bt = 0
-        else:
-            q_start = 0
-            seqlen = extent(mdQ, 0)
-            base = 0
-            bt = bb
+        q_start, seqlen, base, bt = seq_rows(self.varlen, mCuQ, bb, extent(mdQ, 0), s.tile_m)
         if m * s.tile_m < seqlen:
             dq_wgs = s.dq_wgs(d)
             chunk = s.tile_m * d // dq_wgs
@@ -845,8 +816,7 @@ class FlashAttnBwdPost:
             acc = cute.make_rmem_tensor(thr.partition_shape_C((s.tile_m, d)), Float32)
             n = cute.size(acc)
             g = mAcc[(None, base + m, h, bt)]
-            src = cute.make_tensor((g.iterator + cwg * chunk + 4 * tid).align(16),
-                                   cute.make_layout((4, n // 4), stride=(1, 512)))
+            src = mma_order(g.iterator + cwg * chunk, tid, n)
             cute.autovec_copy(src, cute.make_tensor(acc.iterator, src.layout.shape))
             r_o = cute.make_rmem_tensor(acc.shape, self.dtype)
             r_o.store((acc.load() * scale).to(self.dtype))

@@ -85,9 +85,12 @@ def _check(q, k, v, window_left, window_right, softmax_scale, softcap, varlen: b
         raise ValueError(f"softcap must be >= 0 (0: off), got {softcap}")
 
 
-def _bounds(causal, window_left, window_right):
+def _bounds(causal, window_left, window_right, rows):
+    """The window's (left, right) as the kernels take them (causal is right = 0), each clipped to a bound past every
+    one of `rows` rows (all of q's and k's, of any sequence when packed): the same mask, no int32 overflow."""
+    cap = 2 * rows + 1
     right = 0 if causal else window_right
-    return window_left, right
+    return min(window_left, cap), min(right, cap)
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -155,9 +158,7 @@ def _flash_attn_cuda(q, k, v, causal=False, window_left=-1, window_right=-1, sof
         return out, lse
     from cute_kernels.attention import mask_name
 
-    left, right = _bounds(causal, window_left, window_right)
-    cap = 2 * (sq + sk) + 1  # a bound past every row: the same mask, no int32 overflow
-    left, right = min(left, cap), min(right, cap)
+    left, right = _bounds(causal, window_left, window_right, sq + sk)
     sched = schedule or default_schedule(d, right >= 0, sk)
     fn = _compiled(q.dtype, d, mask_name(left, right), softcap > 0, sched)
     fn(_kernel_view(q), _kernel_view(k), _kernel_view(v, True), _kernel_view(out), lse.permute(2, 1, 0),
@@ -266,10 +267,7 @@ def _flash_attn_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
         return out, lse
     from cute_kernels.attention import mask_name
 
-    left, right = _bounds(causal, window_left, window_right)
-    cap = 2 * (q.shape[0] + k.shape[0]) + 1  # past every row of any sequence (not trusting max_seqlen_k): the
-    # same mask, no int32 overflow
-    left, right = min(left, cap), min(right, cap)
+    left, right = _bounds(causal, window_left, window_right, q.shape[0] + k.shape[0])  # (not trusting max_seqlen_k)
     sched = schedule or default_schedule(d, right >= 0, max_seqlen_k if isinstance(max_seqlen_k, int) else None,
                                          varlen=True)
     fn = _compiled(q.dtype, d, mask_name(left, right), softcap > 0, sched, varlen=True)
@@ -365,14 +363,15 @@ def _bwd_scalars(d, softmax_scale, softcap):
     return scale * LOG2E, scale, 1.0, 1.0
 
 
-def _bwd_compiled(name, sched, **signature):
-    from cute_kernels import attention
+def _bwd_kernels(sched, dtype, d, left, right, softcap, deterministic, varlen):
+    """The preprocess, main and postprocess kernels for `sched` and this signature, from the compile cache."""
+    from cute_kernels.attention import FLASH_ATTN_BWD, FLASH_ATTN_BWD_POST, FLASH_ATTN_BWD_PRE, mask_name
 
-    spec = {"main": attention.FLASH_ATTN_BWD, "pre": attention.FLASH_ATTN_BWD_PRE,
-            "post": attention.FLASH_ATTN_BWD_POST}[name]
-    if name == "pre":
-        return spec.compiled(None, tile_m=sched.tile_m, **signature)
-    return spec.compiled(sched, **signature)
+    sig = dict(dtype=dtypes.name_of(dtype), head_dim=d, varlen=varlen)
+    return (FLASH_ATTN_BWD_PRE.compiled(None, tile_m=sched.tile_m, **sig),
+            FLASH_ATTN_BWD.compiled(sched, mask=mask_name(left, right), softcap=softcap > 0,
+                                    deterministic=bool(deterministic), **sig),
+            FLASH_ATTN_BWD_POST.compiled(sched, **sig))
 
 
 def _flash_attn_bwd_cuda(dout, q, k, v, out, lse, dlse=None, causal=False, window_left=-1, window_right=-1,
@@ -389,11 +388,7 @@ def _flash_attn_bwd_cuda(dout, q, k, v, out, lse, dlse=None, causal=False, windo
         dk.zero_()
         dv.zero_()
         return dq, dk, dv
-    from cute_kernels.attention import mask_name
-
-    left, right = _bounds(causal, window_left, window_right)
-    cap = 2 * (sq + sk) + 1
-    left, right = min(left, cap), min(right, cap)
+    left, right = _bounds(causal, window_left, window_right, sq + sk)
     sched = schedule or default_bwd_schedule(d, right >= 0)
     tm = sched.tile_m
     tiles = (sq + tm - 1) // tm
@@ -404,19 +399,16 @@ def _flash_attn_bwd_cuda(dout, q, k, v, out, lse, dlse=None, causal=False, windo
     sem = (torch.zeros if deterministic else torch.empty)(b, hq, tiles, dtype=torch.int32, device=dev)
     if dlse is None:
         dlse = torch.zeros(1, 1, 1, dtype=torch.float32, device=dev).expand(b, hq, sq)
-    sig = dict(dtype=dtypes.name_of(q.dtype), head_dim=d, varlen=False)
     dout = _readable(dout)
     _fits_32bit(q=q, k=k, dout=dout, dq_accumulator=dq_acc)
-    pre = _bwd_compiled("pre", sched, **sig)
-    pre(_kernel_view(out), _kernel_view(dout), lse.permute(2, 1, 0), dlse.permute(2, 1, 0), lse2.permute(2, 1, 0),
-        dpsum.permute(2, 1, 0), dq_acc.permute(3, 2, 1, 0), _no_offsets(dev), sq)
-    main = _bwd_compiled("main", sched, mask=mask_name(left, right), softcap=softcap > 0,
-                         deterministic=bool(deterministic), **sig)
-    main(_kernel_view(q), _kernel_view(k), _kernel_view(v), _kernel_view(dout), lse2.permute(2, 1, 0),
-         dpsum.permute(2, 1, 0), dq_acc.permute(3, 2, 1, 0), _kernel_view(dk), _kernel_view(dv), sem.permute(2, 1, 0),
-         *_bwd_scalars(d, softmax_scale, softcap), left, right)
-    post = _bwd_compiled("post", sched, **sig)
-    post(dq_acc.permute(3, 2, 1, 0), _kernel_view(dq), _no_offsets(dev), sq, _bwd_scalars(d, softmax_scale, softcap)[1])
+    pre, main, post = _bwd_kernels(sched, q.dtype, d, left, right, softcap, deterministic, varlen=False)
+    scalars = _bwd_scalars(d, softmax_scale, softcap)
+    # the kernels' views: rows (S_pad, H, B), the accumulator (tile_m D, tiles, H, B), O / dO / Q / K / V (S, D, H, B)
+    rows2, rowsd, acc, do_ = lse2.permute(2, 1, 0), dpsum.permute(2, 1, 0), dq_acc.permute(3, 2, 1, 0), _kernel_view(dout)
+    pre(_kernel_view(out), do_, lse.permute(2, 1, 0), dlse.permute(2, 1, 0), rows2, rowsd, acc, _no_offsets(dev), sq)
+    main(_kernel_view(q), _kernel_view(k), _kernel_view(v), do_, rows2, rowsd, acc, _kernel_view(dk), _kernel_view(dv),
+         sem.permute(2, 1, 0), *scalars, left, right)
+    post(acc, _kernel_view(dq), _no_offsets(dev), sq, scalars[1])
     return dq, dk, dv
 
 
@@ -460,11 +452,7 @@ def _flash_attn_varlen_bwd_cuda(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_
     max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
     if total_q == 0 or total_k == 0 or batch == 0 or max_q == 0 or max_k == 0:
         return dq, dk, dv
-    from cute_kernels.attention import mask_name
-
-    left, right = _bounds(causal, window_left, window_right)
-    cap = 2 * (total_q + total_k) + 1
-    left, right = min(left, cap), min(right, cap)
+    left, right = _bounds(causal, window_left, window_right, total_q + total_k)
     sched = schedule or default_bwd_schedule(d, right >= 0)
     tm = sched.tile_m
     tiles = varlen_total_tiles(total_q, batch, tm)
@@ -476,21 +464,17 @@ def _flash_attn_varlen_bwd_cuda(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_
     if dlse is None:
         dlse = torch.zeros(1, 1, dtype=torch.float32, device=dev).expand(hq, total_q)
     cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    sig = dict(dtype=dtypes.name_of(q.dtype), head_dim=d, varlen=True)
     dout = _readable(dout)
     _fits_32bit(q=q, k=k, dout=dout, dq_accumulator=dq_acc)
-    pre = _bwd_compiled("pre", sched, **sig)
-    pre(_kernel_view(out[None]), _kernel_view(dout[None]), lse.t()[:, :, None], dlse.t()[:, :, None],
-        lse2.t()[:, :, None], dpsum.t()[:, :, None], dq_acc.permute(2, 1, 0)[..., None], cu_q, max_q)
-    main = _bwd_compiled("main", sched, mask=mask_name(left, right), softcap=softcap > 0,
-                         deterministic=bool(deterministic), **sig)
-    main(_kernel_view(q[None]), _kernel_view(k[None]), _kernel_view(v[None]), _kernel_view(dout[None]),
-         lse2.t()[:, :, None], dpsum.t()[:, :, None], dq_acc.permute(2, 1, 0)[..., None], _kernel_view(dk[None]),
-         _kernel_view(dv[None]), sem.t()[:, :, None], cu_q, cu_k, max_k, *_bwd_scalars(d, softmax_scale, softcap),
-         left, right)
-    post = _bwd_compiled("post", sched, **sig)
-    post(dq_acc.permute(2, 1, 0)[..., None], _kernel_view(dq[None]), cu_q, max_q,
-         _bwd_scalars(d, softmax_scale, softcap)[1])
+    pre, main, post = _bwd_kernels(sched, q.dtype, d, left, right, softcap, deterministic, varlen=True)
+    scalars = _bwd_scalars(d, softmax_scale, softcap)
+    # the kernels' views: one packed batch (B = 1)
+    rows2, rowsd, acc, do_ = (lse2.t()[:, :, None], dpsum.t()[:, :, None], dq_acc.permute(2, 1, 0)[..., None],
+                              _kernel_view(dout[None]))
+    pre(_kernel_view(out[None]), do_, lse.t()[:, :, None], dlse.t()[:, :, None], rows2, rowsd, acc, cu_q, max_q)
+    main(_kernel_view(q[None]), _kernel_view(k[None]), _kernel_view(v[None]), do_, rows2, rowsd, acc,
+         _kernel_view(dk[None]), _kernel_view(dv[None]), sem.t()[:, :, None], cu_q, cu_k, max_k, *scalars, left, right)
+    post(acc, _kernel_view(dq[None]), cu_q, max_q, scalars[1])
     return dq, dk, dv
 
 

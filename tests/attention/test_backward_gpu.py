@@ -68,6 +68,15 @@ def _bound(ref, pt, dtype):
     return 2 * (pt - ref).abs().max().item() + atol + 1e-6
 
 
+def _assert_grads(got, ref, pt, dtype):
+    """Every element written and finite; each gradient within FA's bound of the fp32 reference."""
+    for name, g, r, p in zip(("dq", "dk", "dv"), got, ref, pt):
+        assert torch.isfinite(g).all(), f"{name}: unwritten (NaN) or overflowed elements"
+        err = (g - r).abs().max().item()
+        bound = _bound(r, p, dtype)
+        assert err <= bound, f"{name}: max error {err:.3e} > bound {bound:.3e} (torch {dtype}: {(p - r).abs().max():.3e})"
+
+
 def _check(b, sq, sk, hq, hk, d, causal=False, window=(-1, -1), softcap=0.0, dtype=torch.bfloat16, with_lse=False,
            deterministic=False, zero_stride=False):
     torch.manual_seed(sq * 7 + sk + d + hq)
@@ -91,11 +100,7 @@ def _check(b, sq, sk, hq, hk, d, causal=False, window=(-1, -1), softcap=0.0, dty
     scale = 1 / math.sqrt(d)
     ref = _grads(q, k, v, do, dlse, left, right, scale, softcap, torch.float32)
     pt = _grads(q, k, v, do, dlse, left, right, scale, softcap, dtype)
-    for name, g, r, p in zip(("dq", "dk", "dv"), got, ref, pt):
-        assert torch.isfinite(g).all(), f"{name}: unwritten (NaN) or overflowed elements"
-        err = (g - r).abs().max().item()
-        bound = _bound(r, p, dtype)
-        assert err <= bound, f"{name}: max error {err:.3e} > bound {bound:.3e} (torch {dtype}: {(p - r).abs().max():.3e})"
+    _assert_grads(got, ref, pt, dtype)
     return got
 
 
@@ -203,11 +208,7 @@ def test_varlen(causal, window, d):
     _poison(3 * q.numel() * 2)
     got = [g.float() for g in torch.autograd.grad(out, (q, k, v), do)]
     ref, pt = _varlen_ref(q, k, v, do, cu_q, cu_k, causal, window, d, dtype)
-    for name, g, r, p in zip(("dq", "dk", "dv"), got, ref, pt):
-        assert torch.isfinite(g).all(), f"{name}: unwritten (NaN) elements"
-        err = (g - r).abs().max().item()
-        bound = _bound(r, p, dtype)
-        assert err <= bound, f"{name}: max error {err:.3e} > bound {bound:.3e}"
+    _assert_grads(got, ref, pt, dtype)
 
 
 def test_bad_dout():
