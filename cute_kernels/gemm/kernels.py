@@ -54,6 +54,7 @@ from collectives.wgmma_mainloop import (
 )
 from schedules.gemm import GemmSchedule
 from schedules.grid_stride import GridStride
+from schedules.hardware import SETMAXNREG_LAUNCH
 from schedules.walks import TileWalk
 
 # Split-K's summing pass: 4 fp32 per 128-bit load, 128 threads x 4 vectors per CTA pass, uncapped grid
@@ -222,17 +223,9 @@ class Gemm:
         else:
             tma_gd = d
 
-        @cute.struct
-        class Storage:
-            bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
-            last: cute.struct.MemRange[Int32, 2]  # split_fixup's per-group "arrived last" (in the barrier pad)
-            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
-            sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 1024]
-
-        self.storage = Storage
         scale_args = ()
         sS_box_layout = None
+        sS_layout = None
         if cutlass.const_expr(self.blockwise):
             sS_layout = block_scales.smem_layout(s.tile_m, stages)
             # (`a_rows`: the A scales' box is the stage's first a_rows rows too, a view of the same ring as A's)
@@ -240,31 +233,22 @@ class Gemm:
             if cutlass.const_expr(a_step > 1):
                 sS_box_layout = block_scales.smem_layout(s.a_rows, stages * a_step)
             tma_s, tma_gs = operand_tma(sa, sS_box_layout, s.tile_m // a_step, 1, 1)
+        sb_elems = self._sb_blocks() * block_scales.SB_SMEM_MAX_KB if self.blockwise and self.sb_smem else 0
 
-            @cute.struct
-            class ScaledStorage:
-                bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
-                last: cute.struct.MemRange[Int32, 2]  # split_fixup's per-group "arrived last" (in the barrier pad)
-                sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
-                sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
-                sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 1024]
+        @cute.struct
+        class Storage:
+            bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            last: cute.struct.MemRange[Int32, 2]  # split_fixup's per-group "arrived last" (in the barrier pad)
+            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
+            sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 1024]
+            if cutlass.const_expr(self.blockwise):  # the A scales' ring
                 sS: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sS_layout)], 128]
+            if cutlass.const_expr(sb_elems > 0):  # `sb_smem`: the B scales staged
+                sSB: cute.struct.Align[cute.struct.MemRange[Float32, sb_elems], 16]
 
-            self.storage = ScaledStorage
-            if cutlass.const_expr(self.sb_smem):
-                sb_elems = self._sb_blocks() * block_scales.SB_SMEM_MAX_KB
-
-                @cute.struct
-                class StagedScaleStorage:
-                    bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
-                    last: cute.struct.MemRange[Int32, 2]  # split_fixup's per-group "arrived last" (in the barrier pad)
-                    sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
-                    sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
-                    sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 1024]
-                    sS: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sS_layout)], 128]
-                    sSB: cute.struct.Align[cute.struct.MemRange[Float32, sb_elems], 16]
-
-                self.storage = StagedScaleStorage
+        self.storage = Storage
+        if cutlass.const_expr(self.blockwise):
             scale_args = (tma_s, tma_gs, sb, sS_layout)
             if cutlass.const_expr(self.grouping != "none"):
                 scale_args += (groups,)
@@ -294,11 +278,9 @@ class Gemm:
             cluster=[s.cluster_m, s.cluster_n, 1], stream=stream, **self._reg_bound())
 
     def _reg_bound(self) -> dict:
-        """Launch bound that fixes the kernel's register count at entry (`.minnctapersm 1`): without it
-        ptxas may give the kernel fewer registers than the launch allows and then ignore setmaxnreg
-        (C7508), capping the consumers at that count. `promote_halves` at 128x160 spilled 176 B that
-        way; the default configurations already get the full count."""
-        return {"min_blocks_per_mp": 1} if self.promote_halves else {}
+        """`SETMAXNREG_LAUNCH` where it is needed: `promote_halves` at 128x160 spilled 176 B without it (C7508); the
+        default configurations already get the full count."""
+        return dict(SETMAXNREG_LAUNCH) if self.promote_halves else {}
 
     @cute.kernel
     def kernel(
