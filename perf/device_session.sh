@@ -7,7 +7,8 @@
 #   bash perf/device_session.sh [tests=FAMILIES] [bench=SUITES] [quick] [ncu] [pcs] [small] [sanitize] [large] [par] [tunerows] [kt] [clocks] [sched]
 #   ncu: NCU=probes (see below), NCU_EXTRA=extra comma-separated metrics, PROBE_WARM=N untimed runs
 #        before the profiled ones (perf/probe.py; ncu then profiles from cudaProfilerStart), NCU_SECTIONS=comma
-#        list of whole sections (e.g. MemoryWorkloadAnalysis_Tables) printed into the log, NCT=timeout each
+#        list of whole sections (e.g. MemoryWorkloadAnalysis_Tables) printed into the log, NCT=timeout each,
+#        NCL=kernels profiled per probe (default 1; with "regex:." and PROBE_WARM every kernel of one call)
 #   pcs: per-SASS-instruction stall sampling of PCS="probe args@kernel@skip;..." (perf/ncu_pcs.py; PT=timeout)
 #   clocks: sustained runs with SM clock and power sampled (perf/clocks.py; CLK="target;..." or its defaults, CLKT=timeout)
 #   sched: cute-kernels schedules searches (SCHED="attention 2 8192 16 128 causal;gemm 8192 8192 8192", SL=limit,
@@ -68,7 +69,7 @@ if has ncu; then
     IFS='@' read -r p K S <<< "$e"
     section "ncu $p"
     SECS=""; for x in ${NCU_SECTIONS:+${NCU_SECTIONS//,/ }}; do SECS="$SECS --section $x"; done  # whole ncu sections, in the log
-    timeout ${NCT:-90} ncu --clock-control none ${PROBE_WARM:+--profile-from-start off} -k "$K" --launch-skip "${S:-0}" --launch-count 1 --metrics $M $SECS python3 -m perf.probe $p > "$OUT/.n" 2>&1
+    timeout ${NCT:-90} ncu --clock-control none ${PROBE_WARM:+--profile-from-start off} -k "$K" --launch-skip "${S:-0}" --launch-count ${NCL:-1} --metrics $M $SECS python3 -m perf.probe $p > "$OUT/.n" 2>&1
     cat "$OUT/.n" >> "$LOG"
     echo "ncu $p: $(grep -E "^\s+(gpu__time|dram__|lts__|sm__|smsp__|launch__grid)" "$OUT/.n" | awk '{printf "%s=%s ", $1, $NF}' | sed 's/\.avg\.pct_of_peak_sustained_\(elapsed\|active\)//g; s/_per_warp_active\.pct//g')"
   done

@@ -8,6 +8,8 @@
     python3 -m perf.probe flash_attn bf16 2 8192 16 128 [causal]   (fa4.flash_attn, sdpa.flash_attn,
                                                                      flash_attn.double_p,
                                                                      flash_attn.with:stages=2,pingpong=False)
+    python3 -m perf.probe flash_attn_bwd bf16 2 8192 16 128 [causal]   (the backward op on a forward's O / LSE;
+                                       fa4.flash_attn_bwd, flash_attn_bwd.det, flash_attn_bwd.with:dq_buffers=2,...)
     python3 -m perf.probe rms_norm bf16 2048 65536   (quack.rms_norm; also softmax, quack.softmax)
     python3 -m perf.probe transpose.tma fp32 16384 16384   (torch.transpose, compile.transpose; argmax,
                                                             torch.argmax, compile.argmax; gemv bf16 R C B)
@@ -40,6 +42,8 @@ def target(argv):
 
     if case in CASES:
         return _rowwise(col or "ours", case, dtype, *shape), dt, shape
+    if "flash_attn_bwd" in op:
+        return _attention_bwd(op, dtype, causal, *shape), dt, shape + [causal]
     if "flash_attn" in op:
         return _attention(op, dtype, causal, *shape), dt, shape + [causal]
     if op in ("rms_norm", "quack.rms_norm", "softmax", "quack.softmax"):
@@ -132,12 +136,34 @@ def _fp8(op, m, n, k):
     return f
 
 
+def _attention_bwd(op, dtype, causal, b, s, h, d):
+    """The backward alone: ours called on a forward's O and LSE (`flash_attn_bwd.with:f=v,..` replaces fields of the
+    default backward schedule; `.det` deterministic), or FA4's through autograd on a retained graph."""
+    q, k, v = (randn(b, s, h, d, dtype=dtype, seed=i).requires_grad_() for i in (1, 2, 3))
+    do = randn(b, s, h, d, dtype=dtype, seed=7)
+    if op == "fa4.flash_attn_bwd":
+        from flash_attn.cute.interface import flash_attn_func
+
+        out = flash_attn_func(q, k, v, causal=causal)
+        out = out[0] if isinstance(out, tuple) else out
+        return lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+    from cute_kernels.attention.ops import _flash_attn_bwd_cuda
+    from schedules.attention_bwd import default_bwd_schedule
+
+    sched = default_bwd_schedule(d, causal)
+    if op.startswith("flash_attn_bwd.with:"):
+        sched = schedule_with(sched, *op.split(":", 1)[1].split(","))
+    o, lse = ck.flash_attn(q, k, v, causal=causal, return_lse=True)
+    det = op == "flash_attn_bwd.det"
+    return lambda: _flash_attn_bwd_cuda(do, q, k, v, o, lse, None, causal, deterministic=det, schedule=sched)
+
+
 def schedule_with(schedule, *pairs: str):
     """`schedule` (a dataclass) with each `field=value` of `pairs` replaced (True / False, else an int)."""
     import dataclasses
 
     fields = dict(kv.split("=") for kv in pairs)
-    return dataclasses.replace(schedule, **{f: (x == "True") if x in ("True", "False") else int(x)
+    return dataclasses.replace(schedule, **{f: (x == "True") if x in ("True", "False") else int(x) if x.isdigit() else x
                                             for f, x in fields.items()})
 
 
