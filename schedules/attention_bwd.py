@@ -59,6 +59,7 @@ class AttentionBwdSchedule:
     dq_split: str = ""  # "m", "n", "one" (see the module doc); "": derived from tile_m and the head dim
     kv_split: str = "rows"  # dK / dV cut among the consumers by key rows (S^T in registers) or by head dim (D > 128)
     dq_buffers: int = 1  # smem buffers of the dQ parts: 2 lets block i + 1's store proceed while block i's add waits
+    dq_last: bool = False  # kv_split "rows": dK += dS^T Q issued before dQ = dS K, so Q's stage goes back before dQ's wait
     producer_regs: int = 24
     consumer_regs: int = 240
 
@@ -172,7 +173,7 @@ class AttentionBwdSchedule:
 
     def __str__(self) -> str:
         return (f"bwd{self.tile_m}x{self.tile_n}s{self.stages}" + (f"-{self.dq_split}" if self.dq_split else "")
-                + ("-dim" if self.kv_split == "dim" else "") + ("-dq2" if self.dq_buffers == 2 else ""))
+                + ("-dim" if self.kv_split == "dim" else "") + ("-dq2" if self.dq_buffers == 2 else "") + ("-dqlast" if self.dq_last else ""))
 
 
 def default_bwd_schedule(head_dim: int, causal: bool = False) -> AttentionBwdSchedule:

@@ -517,24 +517,37 @@ class FlashAttnBwd:
                                      cute.make_tensor(ds_a.iterator, acc_dp.layout))
                 cute.arch.fence_view_async_shared()
                 pds_bar.arrive_and_wait()
-                # ---- dQ = dS K (this warpgroup's part), dK += dS^T Q ----
+                # ---- dQ = dS K (this warpgroup's part), dK += dS^T Q (dq_last: dK first) ----
+                if cutlass.const_expr(s.dq_last):
+                    warpgroup.fence()
+                    mma_blocks(mma_kv, acc_dk, ds_a, stage_of(tKrQt, idx))
+                    warpgroup.commit_group()
                 if cutlass.const_expr(computes_dq):
                     warpgroup.fence()
                     mma_blocks(mq, acc_dq, stage_of(tdQrdS, idx), tdQrK, zero_first=True)
                     warpgroup.commit_group()
-                warpgroup.fence()
-                mma_blocks(mma_kv, acc_dk, ds_a, stage_of(tKrQt, idx))
-                warpgroup.commit_group()
-                if cutlass.const_expr(computes_dq):
+                if cutlass.const_expr(not s.dq_last):
+                    warpgroup.fence()
+                    mma_blocks(mma_kv, acc_dk, ds_a, stage_of(tKrQt, idx))
+                    warpgroup.commit_group()
+                if cutlass.const_expr(s.dq_last and computes_dq):
+                    warpgroup.wait_group(1)  # dV's and dK's GEMMs have read dO and Q
+                    pipe_do.consumer_release(state)
+                    pipe_q.consumer_release(state)
+                    warpgroup.wait_group(0)
+                    self.store_dq_part(acc_dq, sdQ_thr, cwg, i)
+                elif cutlass.const_expr(computes_dq):
                     warpgroup.wait_group(2)
                     pipe_do.consumer_release(state)  # dV's GEMM has read dO
                     warpgroup.wait_group(1)
                     self.store_dq_part(acc_dq, sdQ_thr, cwg, i)
+                    warpgroup.wait_group(0)
+                    pipe_q.consumer_release(state)
                 else:
                     warpgroup.wait_group(1)
                     pipe_do.consumer_release(state)
-                warpgroup.wait_group(0)
-                pipe_q.consumer_release(state)
+                    warpgroup.wait_group(0)
+                    pipe_q.consumer_release(state)
                 state.advance()
         # ---- dK = scale dK, dV: stored from registers, rows inside the sequence ----
         self.store_rows(mma_kv, acc_dk, ctid, w, mdK, scale)

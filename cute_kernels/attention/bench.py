@@ -136,7 +136,7 @@ def _bwd_peers():
 
 def _bwd_variants(d):
     """Other backward schedules, timed as extra columns on the quick shapes (the backward op called directly): two dQ
-    buffers instead of one (where shared memory fits), and the other tile_m (D <= 128)."""
+    buffers instead of one (where shared memory fits), dK's GEMM before dQ's and the other tile_m (D <= 128)."""
     import dataclasses
 
     from schedules.attention_bwd import AttentionBwdSchedule, default_bwd_schedule
@@ -147,6 +147,7 @@ def _bwd_variants(d):
     if two.fits(d):
         out["ours dq_buffers=2"] = two
     if base.kv_split == "rows":
+        out["ours dq_last"] = dataclasses.replace(base, dq_last=True)
         other = AttentionBwdSchedule(tile_m=192 - base.tile_m, dq_buffers=1)
         out[f"ours tile_m={other.tile_m}"] = other
     return {n: s for n, s in out.items() if s.fits(d)}
