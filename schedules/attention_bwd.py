@@ -21,6 +21,9 @@ Warp roles (3 warpgroups at tile_n 128):
 * "m": each takes 64 query rows (tile_m 128, D <= 128: FA3's D = 64 arrangement);
 * "n": each takes D / 2 columns (tile_m 64, D a multiple of 128: D = 128);
 * "one": warpgroup 0 computes all of it (D = 96, whose halves are not whole 64-column swizzle atoms).
+* "k": each warpgroup computes a whole (tile_m, D) partial over its own 64 keys, from the dS rows it wrote itself:
+  no barrier across the consumers, the same dQ work on both; warpgroup 1 adds its partial onto warpgroup 0's in
+  shared memory, and one bulk reduce-add takes the sum (tile_m 64, D = 64: a 32-register partial).
 
 The dQ partials are kept in the accumulator's register order (the "MMA order": element e of thread t
 at (e // 4) * 512 + 4 t + e % 4 of the warpgroup's chunk): 128-bit smem stores without bank conflicts,
@@ -46,7 +49,7 @@ from dataclasses import dataclass
 
 SMEM_BYTES = 232448
 BARRIER_BYTES = 1024
-DQ_SPLITS = ("", "m", "n", "one")
+DQ_SPLITS = ("", "m", "n", "one", "k")
 KV_SPLITS = ("rows", "dim")
 HEAD_DIMS_BWD = (64, 96, 128, 192, 256)
 
@@ -59,7 +62,6 @@ class AttentionBwdSchedule:
     dq_split: str = ""  # "m", "n", "one" (see the module doc); "": derived from tile_m and the head dim
     kv_split: str = "rows"  # dK / dV cut among the consumers by key rows (S^T in registers) or by head dim (D > 128)
     dq_buffers: int = 1  # smem buffers of the dQ parts: 2 lets block i + 1's store proceed while block i's add waits
-    dq_last: bool = False  # kv_split "rows": dK += dS^T Q issued before dQ = dS K, so Q's stage goes back before dQ's wait
     producer_regs: int = 24
     consumer_regs: int = 240
 
@@ -99,11 +101,17 @@ class AttentionBwdSchedule:
             return "one"
         if self.tile_m == 128:
             return "m"
-        return "n" if head_dim % 128 == 0 else "one"
+        if head_dim % 128 == 0:
+            return "n"
+        return "k" if head_dim <= 64 else "one"
 
     def dq_wgs(self, head_dim: int) -> int:
         """Consumer warpgroups that compute (a part of) dQ."""
         return 1 if self.split(head_dim) == "one" else self.consumer_wgs
+
+    def dq_chunks(self, head_dim: int) -> int:
+        """Chunks of a dQ tile in shared memory and in the accumulator (one per warpgroup part; "one" and "k": 1)."""
+        return 1 if self.split(head_dim) in ("one", "k") else self.consumer_wgs
 
     @property
     def early_dv(self) -> bool:
@@ -151,6 +159,9 @@ class AttentionBwdSchedule:
             raise ValueError(f"kv_split 'dim' halves the head dim into whole swizzle atoms: D a multiple of 64, got "
                              f"{head_dim}")
         sp = self.split(head_dim)
+        if sp == "k" and (self.tile_m != 64 or self.consumer_wgs != 2 or self.kv_split != "rows" or head_dim > 96):
+            raise ValueError("dq_split 'k' needs tile_m 64, two consumer warpgroups (kv_split rows) and D <= 96 (a whole "
+                             "tile_m x D partial per warpgroup)")
         if sp == "m" and (self.tile_m != 128 or self.consumer_wgs != 2):
             raise ValueError("dq_split 'm' needs tile_m 128 and two consumer warpgroups (tile_n 128)")
         if sp == "n" and (self.tile_m != 64 or self.consumer_wgs != 2 or head_dim % (128 if self.kv_split == "rows" else 64)):
@@ -173,7 +184,7 @@ class AttentionBwdSchedule:
 
     def __str__(self) -> str:
         return (f"bwd{self.tile_m}x{self.tile_n}s{self.stages}" + (f"-{self.dq_split}" if self.dq_split else "")
-                + ("-dim" if self.kv_split == "dim" else "") + ("-dq2" if self.dq_buffers == 2 else "") + ("-dqlast" if self.dq_last else ""))
+                + ("-dim" if self.kv_split == "dim" else "") + ("-dq2" if self.dq_buffers == 2 else ""))
 
 
 def default_bwd_schedule(head_dim: int, causal: bool = False) -> AttentionBwdSchedule:

@@ -61,6 +61,8 @@ from schedules.hardware import SETMAXNREG_LAUNCH
 _PDS_BAR = 1  # the consumers: dS of this block is in smem (2 x 128 threads)
 _DQ_EMPTY = 2  # + 2 w + b: warpgroup w's dQ smem chunk in buffer b may be written (128 + 32 threads)
 _DQ_FULL = 6  # + 2 w + b: warpgroup w's dQ chunk in buffer b is written (128 + 32 threads)
+_DQ_HALF = 10  # + b, dq_split "k": warpgroup 0's partial in buffer b is written, warpgroup 1 may add (2 x 128)
+_OWN_DS = 12  # + w, dq_split "k": warpgroup w's dS rows are in smem (128 threads)
 LOG2E = math.log2(math.e)
 _PRE_GROUP = 8  # preprocess: threads per row
 
@@ -125,7 +127,7 @@ class BwdMmas:
         self.s = _mma(dt, K, K, (wgs, 1, 1), (64, s.tile_m))
         self.kv = _mma(dt, K, MN, (wgs, 1, 1), (64, d), a_regs=True)
         sp = s.split(d)
-        atoms = {"m": (2, 1, 1), "n": (1, 2, 1), "one": (1, 1, 1)}[sp]
+        atoms = {"m": (2, 1, 1), "n": (1, 2, 1), "one": (1, 1, 1), "k": (1, 1, 1)}[sp]
         self.dq = _mma(dt, MN, MN, atoms, (64, cols))
 
 
@@ -357,18 +359,18 @@ class FlashAttnBwd:
         reduce-add. Two buffers let the consumers store block i + 1's dQ while block i's add waits (its turn, in
         deterministic mode)."""
         s, d = self.s, self.d
-        dq_wgs = s.dq_wgs(d)
+        chunks = s.dq_chunks(d)
         nbuf = s.dq_buffers
-        chunk = s.tile_m * d // dq_wgs
+        chunk = s.tile_m * d // chunks
         lane = cute.arch.lane_idx()
         for i in cutlass.range(w.steps, unroll=1):
             h, m = self.step_coords(w, i)
             buf = i % nbuf
-            for c in cutlass.range_constexpr(dq_wgs):
+            for c in cutlass.range_constexpr(chunks):
                 if cutlass.const_expr(not self.deterministic):
-                    # groups are issued a chunk at a time, buffer after buffer: this one's last reader was dq_wgs *
-                    # (nbuf - 1) + (dq_wgs - 1 - c) groups ago
-                    cute.arch.cp_async_bulk_wait_group(dq_wgs * (nbuf - 1) + dq_wgs - 1 - c, read=True)
+                    # groups are issued a chunk at a time, buffer after buffer: this one's last reader was chunks *
+                    # (nbuf - 1) + (chunks - 1 - c) groups ago
+                    cute.arch.cp_async_bulk_wait_group(chunks * (nbuf - 1) + chunks - 1 - c, read=True)
                 cute.arch.barrier_arrive(barrier_id=_DQ_EMPTY + 2 * c + buf, number_of_threads=160)
             gdQ = mdQ[(None, w.tile_base + m, h, w.b)]
             if cutlass.const_expr(self.deterministic):
@@ -385,7 +387,7 @@ class FlashAttnBwd:
                     while seen != want:
                         seen = cute.arch.load(flag, Int32, sem="acquire", scope="gpu")
                 cute.arch.sync_warp()
-            for c in cutlass.range_constexpr(dq_wgs):
+            for c in cutlass.range_constexpr(chunks):
                 cute.arch.barrier(barrier_id=_DQ_FULL + 2 * c + buf, number_of_threads=160)
                 if lane == 0:
                     reduce_add_bulk_f32((sdQ.iterator + buf * (s.tile_m * d) + c * chunk), (gdQ.iterator + c * chunk),
@@ -412,8 +414,9 @@ class FlashAttnBwd:
         mma_kv = cutlass.new_from_mlir_values(mma_kv, cutlass.extract_mlir_values(mma_kv))
         cwg = ctid // 128
         tid = ctid % 128
-        dq_wgs = s.dq_wgs(d)
-        chunk = s.tile_m * d // dq_wgs
+        chunks = s.dq_chunks(d)
+        chunk = s.tile_m * d // chunks
+        own_keys = s.split(d) == "k"
         wg_s = mma_s.get_slice(cwg * 128)
         wg_kv = mma_kv.get_slice(cwg * 128)
         thr_s = mma_s.get_slice(ctid)
@@ -443,12 +446,17 @@ class FlashAttnBwd:
         rows = cute.size(s_rows, mode=[0])
         mma_kv.set(warpgroup.Field.ACCUMULATE, True)
         pds_bar = pipeline.NamedBarrier(barrier_id=_PDS_BAR, num_threads=128 * s.consumer_wgs)
-        # dQ = dS K: this warpgroup's part (dq_split "one": warpgroup 0's, traced but unused by the other role)
-        dq_slot = cutlass.min(cwg, dq_wgs - 1)
+        # dQ = dS K: this warpgroup's part (dq_split "one": warpgroup 0's, traced but unused by the other role; "k":
+        # the whole tile over this warpgroup's keys, its own dS rows and K rows)
+        dq_slot = cutlass.min(cwg, chunks - 1)
         wg_dq = mma_dq.get_slice(dq_slot * 128)
         thr_dq = mma_dq.get_slice(dq_slot * 128 + tid)
-        tdQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(transposed(sdS)))
-        tdQrK = mma_dq.make_fragment_B(wg_dq.partition_B(transposed(sK)))
+        sdS_dq, sK_dq = sdS, sK
+        if cutlass.const_expr(own_keys):
+            sdS_dq = cute.local_tile(sdS, (64, s.tile_m, s.stages), (cwg, 0, 0))
+            sK_dq = cute.local_tile(sK, (64, d), (cwg, 0))
+        tdQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(transposed(sdS_dq)))
+        tdQrK = mma_dq.make_fragment_B(wg_dq.partition_B(transposed(sK_dq)))
         acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((s.tile_m, d)), Float32)
         sdQ_thr = mma_order(sdQ.iterator + dq_slot * chunk, tid, cute.size(acc_dq))
         one_minus_t2 = None
@@ -468,6 +476,12 @@ class FlashAttnBwd:
                 warpgroup.fence()
                 mma_blocks(ms, acc_s, tSrK, stage_of(tSrQ, idx), zero_first=True)
                 warpgroup.commit_group()
+                # the column statistics into registers while the GEMMs run (read where used, each exp waits on its
+                # shared-memory load); with softcap, whose tanh' tile takes those registers, read where used
+                stat = cute.make_rmem_tensor(cols, Float32)
+                if cutlass.const_expr(not self.softcap):
+                    for c in cutlass.range_constexpr(cols):
+                        stat[c] = sL[c_rows[0, c][1], idx]
                 pipe_do.consumer_wait(state)
                 warpgroup.fence()
                 mma_blocks(ms, acc_dp, tSrV, stage_of(tSrdO, idx), zero_first=True)
@@ -479,11 +493,13 @@ class FlashAttnBwd:
                 if self.needs_mask(w, m):
                     apply_mask(acc_s, tScS, m * s.tile_m, w.n_block * s.tile_n, w.seqlen_k, w.seqlen_k - w.seqlen_q, w.left, w.right,
                                self.mask, transposed=True)
-                # the column statistics are read where they are used (held in registers they cost tile_m / 2 of them)
                 for c in cutlass.range_constexpr(cols):
-                    lse_c = sL[c_rows[0, c][1], idx]
+                    lse_c = sL[c_rows[0, c][1], idx] if cutlass.const_expr(self.softcap) else stat[c]
                     for r in cutlass.range_constexpr(rows):
                         s_rows[r, c] = cute.math.exp2(s_rows[r, c] * scale_log2 - lse_c, fastmath=True)
+                if cutlass.const_expr(not self.softcap):
+                    for c in cutlass.range_constexpr(cols):
+                        stat[c] = sP[c_rows[0, c][1], idx]
                 if cutlass.const_expr(s.early_dv):
                     # ---- dV += P^T dO, issued before the wait for dP^T (P's bf16 copy then lives beside S and dP) ----
                     p_a = acc_as_a_operand(acc_s, dt)
@@ -495,7 +511,7 @@ class FlashAttnBwd:
                     warpgroup.wait_group(0)
                 # ---- dS = P (dP - D) ----
                 for c in cutlass.range_constexpr(cols):
-                    d_c = sP[c_rows[0, c][1], idx]
+                    d_c = sP[c_rows[0, c][1], idx] if cutlass.const_expr(self.softcap) else stat[c]
                     for r in cutlass.range_constexpr(rows):
                         dp_rows[r, c] = s_rows[r, c] * (dp_rows[r, c] - d_c)
                 if cutlass.const_expr(self.softcap):
@@ -509,45 +525,38 @@ class FlashAttnBwd:
                     warpgroup.commit_group()
                 ds_a = acc_as_a_operand(acc_dp, dt)
                 # ---- dS -> smem (q-contiguous), for dQ ----
-                if cutlass.const_expr(s.stages == 1):
+                if cutlass.const_expr(s.stages == 1 and not own_keys):
                     pds_bar.arrive_and_wait()  # the other warpgroup's dQ GEMM of the last block has read dS
                 # dS's A-operand registers hold the accumulator's elements in its own linear order (one 64-row atom per
                 # warpgroup: `acc_a_view` only regroups the modes), so they are also the source of the smem store
                 epi.copy_acc_to_smem(r2s_ds, tRS_sdS[(None, None, None, idx)],
                                      cute.make_tensor(ds_a.iterator, acc_dp.layout))
                 cute.arch.fence_view_async_shared()
-                pds_bar.arrive_and_wait()
-                # ---- dQ = dS K (this warpgroup's part), dK += dS^T Q (dq_last: dK first) ----
-                if cutlass.const_expr(s.dq_last):
-                    warpgroup.fence()
-                    mma_blocks(mma_kv, acc_dk, ds_a, stage_of(tKrQt, idx))
-                    warpgroup.commit_group()
+                if cutlass.const_expr(own_keys):
+                    cute.arch.barrier(barrier_id=_OWN_DS + cwg, number_of_threads=128)
+                else:
+                    pds_bar.arrive_and_wait()
+                # ---- dQ = dS K (this warpgroup's part), dK += dS^T Q ----
                 if cutlass.const_expr(computes_dq):
                     warpgroup.fence()
                     mma_blocks(mq, acc_dq, stage_of(tdQrdS, idx), tdQrK, zero_first=True)
                     warpgroup.commit_group()
-                if cutlass.const_expr(not s.dq_last):
-                    warpgroup.fence()
-                    mma_blocks(mma_kv, acc_dk, ds_a, stage_of(tKrQt, idx))
-                    warpgroup.commit_group()
-                if cutlass.const_expr(s.dq_last and computes_dq):
-                    warpgroup.wait_group(1)  # dV's and dK's GEMMs have read dO and Q
-                    pipe_do.consumer_release(state)
-                    pipe_q.consumer_release(state)
-                    warpgroup.wait_group(0)
-                    self.store_dq_part(acc_dq, sdQ_thr, cwg, i)
-                elif cutlass.const_expr(computes_dq):
+                warpgroup.fence()
+                mma_blocks(mma_kv, acc_dk, ds_a, stage_of(tKrQt, idx))
+                warpgroup.commit_group()
+                if cutlass.const_expr(computes_dq):
                     warpgroup.wait_group(2)
                     pipe_do.consumer_release(state)  # dV's GEMM has read dO
                     warpgroup.wait_group(1)
-                    self.store_dq_part(acc_dq, sdQ_thr, cwg, i)
-                    warpgroup.wait_group(0)
-                    pipe_q.consumer_release(state)
+                    if cutlass.const_expr(own_keys):
+                        self.store_dq_sum(acc_dq, sdQ_thr, cwg, i)
+                    else:
+                        self.store_dq_part(acc_dq, sdQ_thr, cwg, i)
                 else:
                     warpgroup.wait_group(1)
                     pipe_do.consumer_release(state)
-                    warpgroup.wait_group(0)
-                    pipe_q.consumer_release(state)
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(state)
                 state.advance()
         # ---- dK = scale dK, dV: stored from registers, rows inside the sequence ----
         self.store_rows(mma_kv, acc_dk, ctid, w, mdK, scale)
@@ -563,6 +572,27 @@ class FlashAttnBwd:
         cute.autovec_copy(cute.make_tensor(acc_dq.iterator, sdQ_thr.layout.shape), dst)
         cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(barrier_id=_DQ_FULL + 2 * cwg + buf, number_of_threads=160)
+
+    @cute.jit
+    def store_dq_sum(self, acc_dq, sdQ_thr, cwg, i):
+        """dq_split "k": the two warpgroups' partials of step i summed into buffer i % dq_buffers. Warpgroup 0 stores
+        its partial once the dQ warp has released the buffer; warpgroup 1 then adds its own onto it and signals the sum
+        written (the dQ warp's one chunk)."""
+        buf = i % self.s.dq_buffers
+        dst = cute.make_tensor((sdQ_thr.iterator + buf * (self.s.tile_m * self.d)).align(16), sdQ_thr.layout)
+        mine = cute.make_tensor(acc_dq.iterator, sdQ_thr.layout.shape)
+        if cwg == 0:
+            cute.arch.barrier(barrier_id=_DQ_EMPTY + buf, number_of_threads=160)
+            cute.autovec_copy(mine, dst)
+            cute.arch.barrier_arrive(barrier_id=_DQ_HALF + buf, number_of_threads=256)
+        else:
+            cute.arch.barrier(barrier_id=_DQ_HALF + buf, number_of_threads=256)
+            other = cute.make_rmem_tensor(sdQ_thr.layout.shape, Float32)
+            cute.autovec_copy(dst, other)
+            mine.store(mine.load() + other.load())
+            cute.autovec_copy(mine, dst)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=_DQ_FULL + buf, number_of_threads=160)
 
     def needs_mask(self, w, m):
         """Whether query block m of this key block has a masked (query, key) pair: the key end or a band edge."""
@@ -794,7 +824,7 @@ class FlashAttnBwdPre:
 
 # --- postprocess: dQ = scale * accumulator, in the input dtype ------------------------------------------
 class FlashAttnBwdPost:
-    """One CTA of 128 x dq_wgs threads per (query tile, head, batch): each thread reads its values of the MMA-order
+    """One CTA of 128 x dq_chunks threads per (query tile, head, batch): each thread reads its values of the MMA-order
     chunk and writes them where the dQ partition of the main kernel put them, rows < seqlen_q only."""
 
     def __init__(self, dtype, head_dim: int, schedule: AttentionBwdSchedule, varlen: bool = False):
@@ -811,7 +841,7 @@ class FlashAttnBwdPost:
             batch = cute.size(dq, mode=[3])
         tiles = (max_seqlen_q + s.tile_m - 1) // s.tile_m
         self.kernel(mm.dq, dq_acc, dq, cu_q, scale).launch(
-            grid=[cutlass.max(tiles, 1), cute.size(dq, mode=[2]), batch], block=[128 * s.dq_wgs(d), 1, 1],
+            grid=[cutlass.max(tiles, 1), cute.size(dq, mode=[2]), batch], block=[128 * s.dq_chunks(d), 1, 1],
             stream=stream)
 
     @cute.kernel
@@ -821,8 +851,7 @@ class FlashAttnBwdPost:
         m, h, bb = cute.arch.block_idx()
         q_start, seqlen, base, bt = seq_rows(self.varlen, mCuQ, bb, extent(mdQ, 0), s.tile_m)
         if m * s.tile_m < seqlen:
-            dq_wgs = s.dq_wgs(d)
-            chunk = s.tile_m * d // dq_wgs
+            chunk = s.tile_m * d // s.dq_chunks(d)
             cwg = tidx // 128
             tid = tidx % 128
             thr = mma_dq.get_slice(tidx)

@@ -54,10 +54,11 @@ def test_backward_ingredients(compiled):
     census = report.ptx_census
     if s.kv_split == "rows":
         # S^T and dP^T: D / 16 each; dV, dK: tile_m / 16 each; dQ: tile_n / 16 (dq_split "one": the consumer is traced
-        # once per role, the second without dQ)
+        # once per role, the second without dQ; "k": over one warpgroup's 64 keys)
         body = 2 * d // 16 + 2 * s.tile_m // 16
         roles = 2 if s.dq_wgs(d) < s.consumer_wgs else 1
-        assert census["wgmma.mma_async"] == roles * body + s.tile_n // 16, report.format()
+        dq_keys = 64 if s.split(d) == "k" else s.tile_n
+        assert census["wgmma.mma_async"] == roles * body + dq_keys // 16, report.format()
     else:
         assert census["wgmma.mma_async"] == 2 * d // 16 + 3 * s.tile_m // 16, report.format()
     assert census["cp.async.bulk.tensor"] >= 6  # Q, dO, K, V, LSE, D
@@ -117,7 +118,10 @@ def test_schedule_rules():
     s = AttentionBwdSchedule(tile_m=64, tile_n=128, dq_split="one")
     assert s.consumer_budget(96, True) == 256 and s.consumer_budget(96, False) == 224
     assert AttentionBwdSchedule().split(128) == "n" and AttentionBwdSchedule(tile_m=128).split(64) == "m"
-    assert AttentionBwdSchedule().split(96) == "one"
+    assert AttentionBwdSchedule().split(96) == "one" and AttentionBwdSchedule().split(64) == "k"
+    assert AttentionBwdSchedule().dq_chunks(64) == 1 and AttentionBwdSchedule().dq_chunks(128) == 2
+    with pytest.raises(ValueError, match="dq_split 'k'"):
+        AttentionBwdSchedule(dq_split="k").check(128)
 
 
 @pytest.mark.parametrize("sq,sk,left,right", [(1000, 1000, -1, 0), (300, 1000, -1, 0), (1000, 300, -1, 0),
