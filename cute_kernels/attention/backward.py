@@ -417,6 +417,7 @@ class FlashAttnBwd:
         chunks = s.dq_chunks(d)
         chunk = s.tile_m * d // chunks
         own_keys = s.split(d) == "k"
+        early = s.early_stats and not self.softcap
         wg_s = mma_s.get_slice(cwg * 128)
         wg_kv = mma_kv.get_slice(cwg * 128)
         thr_s = mma_s.get_slice(ctid)
@@ -479,7 +480,7 @@ class FlashAttnBwd:
                 # the column statistics into registers while the GEMMs run (read where used, each exp waits on its
                 # shared-memory load); with softcap, whose tanh' tile takes those registers, read where used
                 stat = cute.make_rmem_tensor(cols, Float32)
-                if cutlass.const_expr(not self.softcap):
+                if cutlass.const_expr(early):
                     for c in cutlass.range_constexpr(cols):
                         stat[c] = sL[c_rows[0, c][1], idx]
                 pipe_do.consumer_wait(state)
@@ -494,10 +495,10 @@ class FlashAttnBwd:
                     apply_mask(acc_s, tScS, m * s.tile_m, w.n_block * s.tile_n, w.seqlen_k, w.seqlen_k - w.seqlen_q, w.left, w.right,
                                self.mask, transposed=True)
                 for c in cutlass.range_constexpr(cols):
-                    lse_c = sL[c_rows[0, c][1], idx] if cutlass.const_expr(self.softcap) else stat[c]
+                    lse_c = stat[c] if cutlass.const_expr(early) else sL[c_rows[0, c][1], idx]
                     for r in cutlass.range_constexpr(rows):
                         s_rows[r, c] = cute.math.exp2(s_rows[r, c] * scale_log2 - lse_c, fastmath=True)
-                if cutlass.const_expr(not self.softcap):
+                if cutlass.const_expr(early):
                     for c in cutlass.range_constexpr(cols):
                         stat[c] = sP[c_rows[0, c][1], idx]
                 if cutlass.const_expr(s.early_dv):
@@ -511,7 +512,7 @@ class FlashAttnBwd:
                     warpgroup.wait_group(0)
                 # ---- dS = P (dP - D) ----
                 for c in cutlass.range_constexpr(cols):
-                    d_c = sP[c_rows[0, c][1], idx] if cutlass.const_expr(self.softcap) else stat[c]
+                    d_c = stat[c] if cutlass.const_expr(early) else sP[c_rows[0, c][1], idx]
                     for r in cutlass.range_constexpr(rows):
                         dp_rows[r, c] = s_rows[r, c] * (dp_rows[r, c] - d_c)
                 if cutlass.const_expr(self.softcap):

@@ -135,18 +135,24 @@ def _bwd_peers():
 
 
 def _bwd_variants(d):
-    """Other backward schedules, timed as extra columns on the quick shapes (the backward op called directly): at D = 64
-    dQ on one warpgroup instead of split by keys. (Two dQ buffers and tile_m 128 at D = 64 measured 1.00x and 0.89x
-    the default: perf/NOTES.md.)"""
+    """Other backward schedules, timed as extra columns on the quick shapes (the backward op called directly), name ->
+    (schedule, deterministic): the statistics read where used; at D = 64 dQ split by keys; deterministic mode with two
+    dQ buffers and with the statistics read where used. (Two dQ buffers and tile_m 128 at D = 64 measured 1.00x and
+    0.89x the default: perf/NOTES.md.)"""
     import dataclasses
 
     from schedules.attention_bwd import default_bwd_schedule
 
     base = default_bwd_schedule(d)
     out = {}
-    if base.split(d) == "k":
-        out["ours dq_split=one"] = dataclasses.replace(base, dq_split="one")
-    return {n: s for n, s in out.items() if s.fits(d)}
+    if base.kv_split == "rows":
+        late = dataclasses.replace(base, early_stats=False)
+        out["ours early_stats=False"] = (late, False)
+        out["ours deterministic early_stats=False"] = (late, True)
+        if d <= 64:
+            out["ours dq_split=k"] = (dataclasses.replace(base, dq_split="k"), False)
+    out["ours deterministic dq_buffers=2"] = (dataclasses.replace(base, dq_buffers=2), True)
+    return {n: v for n, v in out.items() if v[0].fits(d)}
 
 
 def attention_bwd(shapes=None, quick=False, ceilings=None, causal=(False, True)):
@@ -179,11 +185,11 @@ def attention_bwd(shapes=None, quick=False, ceilings=None, causal=(False, True))
                 from cute_kernels.attention.ops import _flash_attn_bwd_cuda
 
                 o, lse = ck.flash_attn(q, k, v, causal=c, return_lse=True)
-                for name, sched in _bwd_variants(d).items():
+                for name, (sched, det) in _bwd_variants(d).items():
                     if name not in variant_names:
                         variant_names.append(name)
-                    fns[name] = (lambda sched=sched, o=o, lse=lse:
-                                 _flash_attn_bwd_cuda(do, q, k, v, o, lse, None, c, schedule=sched))
+                    fns[name] = (lambda sched=sched, det=det, o=o, lse=lse:
+                                 _flash_attn_bwd_cuda(do, q, k, v, o, lse, None, c, deterministic=det, schedule=sched))
             times = {n: r["median_ms"] for n, r in H.do_bench_interleaved(fns).items()}
             t = times.pop("ours")
             rows.append(H.Row("flash_attn_bwd" + (".causal" if c else ""), "bfloat16", f"{b}x{s}x{h}x{d}", nbytes,

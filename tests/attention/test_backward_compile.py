@@ -25,6 +25,8 @@ VARIANTS = [
     ({"head_dim": 128, "mask": "causal", "deterministic": True}, 0),
     ({"head_dim": 64, "mask": "band", "varlen": True}, 0),
     ({"head_dim": 96, "mask": "causal"}, 0),
+    ({"head_dim": 64, "dq_split": "k", "mask": "causal"}, 0),
+    ({"head_dim": 128, "early_stats": False, "dq_buffers": 2}, 0),
     ({"head_dim": 192, "mask": "window"}, 0),
     ({"head_dim": 128, "softcap": True, "dtype": "fp16", "mask": "window"}, 64),  # 1 - tanh^2 held: a few spills
     ({"head_dim": 256, "mask": "causal"}, 0),
@@ -118,8 +120,8 @@ def test_schedule_rules():
     s = AttentionBwdSchedule(tile_m=64, tile_n=128, dq_split="one")
     assert s.consumer_budget(96, True) == 256 and s.consumer_budget(96, False) == 224
     assert AttentionBwdSchedule().split(128) == "n" and AttentionBwdSchedule(tile_m=128).split(64) == "m"
-    assert AttentionBwdSchedule().split(96) == "one" and AttentionBwdSchedule().split(64) == "k"
-    assert AttentionBwdSchedule().dq_chunks(64) == 1 and AttentionBwdSchedule().dq_chunks(128) == 2
+    assert AttentionBwdSchedule().split(96) == "one" and AttentionBwdSchedule(dq_split="k").split(64) == "k"
+    assert AttentionBwdSchedule(dq_split="k").dq_chunks(64) == 1 and AttentionBwdSchedule().dq_chunks(128) == 2
     with pytest.raises(ValueError, match="dq_split 'k'"):
         AttentionBwdSchedule(dq_split="k").check(128)
 

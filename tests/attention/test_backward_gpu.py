@@ -168,6 +168,31 @@ def test_deterministic_bitwise(d, causal):
         assert torch.equal(runs[0][g], runs[1][g]) and torch.equal(runs[0][g], runs[2][g]), ("dq", "dk", "dv")[g]
 
 
+@pytest.mark.parametrize("d,fields,det", [(64, {"dq_split": "k"}, False), (64, {"dq_split": "k"}, True),
+                                         (128, {"early_stats": False}, False), (128, {"dq_buffers": 2}, True)])
+def test_schedule_options(d, fields, det):
+    """Schedule options off the defaults (the quick suite's columns), through the backward op directly."""
+    import dataclasses
+
+    from cute_kernels.attention.ops import _flash_attn_bwd_cuda
+    from schedules.attention_bwd import default_bwd_schedule
+
+    torch.manual_seed(d)
+    q, k, v = (randn(2, 700, 4, d) for _ in range(3))
+    k, v = k[:, :, :2].contiguous(), v[:, :, :2].contiguous()
+    out, lse = ck.flash_attn(q, k, v, causal=True, return_lse=True)
+    do = randn(*out.shape)
+    sched = dataclasses.replace(default_bwd_schedule(d), **fields)
+    _poison(3 * q.numel() * 2)
+    got = [g.float() for g in _flash_attn_bwd_cuda(do, q, k, v, out, lse, None, True, deterministic=det,
+                                                     schedule=sched)]
+    args = (q, k, v, do, None, -1, 0, 1 / math.sqrt(d), 0.0)
+    _assert_grads(got, _grads(*args, torch.float32), _grads(*args, torch.bfloat16), torch.bfloat16)
+    if det:
+        again = _flash_attn_bwd_cuda(do, q, k, v, out, lse, None, True, deterministic=True, schedule=sched)
+        assert all(torch.equal(a.float(), b) for a, b in zip(again, got))
+
+
 def _varlen_ref(q, k, v, do, cu_q, cu_k, causal, window, d, dtype):
     grads = [torch.zeros_like(t, dtype=torch.float32) for t in (q, k, v)]
     ptg = [torch.zeros_like(t, dtype=torch.float32) for t in (q, k, v)]
