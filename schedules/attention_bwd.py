@@ -62,7 +62,7 @@ class AttentionBwdSchedule:
     dq_split: str = ""  # "m", "n", "one" (see the module doc); "": derived from tile_m and the head dim
     kv_split: str = "rows"  # dK / dV cut among the consumers by key rows (S^T in registers) or by head dim (D > 128)
     dq_buffers: int = 1  # smem buffers of the dQ parts: 2 lets block i + 1's store proceed while block i's add waits
-    early_stats: bool = True  # kv_split rows: LSE and D loaded into registers while the GEMMs run (else where used)
+    early_stats: bool = False  # kv_split rows: LSE and D loaded into registers while the GEMMs run (else where used)
     producer_regs: int = 24
     consumer_regs: int = 240
 
@@ -183,20 +183,27 @@ class AttentionBwdSchedule:
 
     def __str__(self) -> str:
         return (f"bwd{self.tile_m}x{self.tile_n}s{self.stages}" + (f"-{self.dq_split}" if self.dq_split else "")
-                + ("-dim" if self.kv_split == "dim" else "") + ("-dq2" if self.dq_buffers == 2 else "") + ("" if self.early_stats else "-latestats"))
+                + ("-dim" if self.kv_split == "dim" else "") + ("-dq2" if self.dq_buffers == 2 else "") + ("-early" if self.early_stats else ""))
 
 
-def default_bwd_schedule(head_dim: int, causal: bool = False) -> AttentionBwdSchedule:
+def default_bwd_schedule(head_dim: int, causal: bool = False, deterministic: bool = False) -> AttentionBwdSchedule:
     """D <= 128: 64 x 128 (two Q / dO stages; FA3 takes 128 x 128 at D = 64, where ptxas serializes our WGMMAs for want
-    of registers); D = 192 and 256: 64 x 64 with dK / dV cut along the head dim (one stage at 256: shared memory)."""
+    of registers); D = 192 and 256: 64 x 64 with dK / dV cut along the head dim (one stage at 256: shared memory).
+    Measured choices (perf/NOTES.md): the statistics prefetched at D = 128 (1.01-1.02x), not at D = 64 (0.98x) nor in
+    deterministic mode (0.88x: read where used); deterministic D = 64 with two dQ buffers (1.09x)."""
     if head_dim > 128:
         return AttentionBwdSchedule(tile_m=64, tile_n=64, kv_split="dim", stages=2 if head_dim <= 192 else 1)
-    return AttentionBwdSchedule(tile_m=64, tile_n=128)
+    return AttentionBwdSchedule(tile_m=64, tile_n=128, early_stats=head_dim % 128 == 0 and not deterministic,
+                                dq_buffers=2 if deterministic and head_dim <= 64 else 1)
 
 
 def candidates_bwd(head_dim: int, causal: bool = False) -> list[AttentionBwdSchedule]:
     """The schedules `cute-kernels schedules attention --backward` ranks: the default first."""
     out = [default_bwd_schedule(head_dim, causal)]
+    for early in (False, True):
+        s = AttentionBwdSchedule(tile_m=64, tile_n=128, early_stats=early)
+        if s not in out and s.fits(head_dim):
+            out.append(s)
     for tm in (64, 128):
         for st in (2, 1):
             for sp in ("", "one"):

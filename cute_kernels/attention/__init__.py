@@ -239,7 +239,7 @@ def _bwd_defaults(spec, given):
     from schedules.attention_bwd import default_bwd_schedule
 
     p = KernelSpec.defaults(spec, given)
-    base = default_bwd_schedule(given.get("head_dim", p["head_dim"]))
+    base = default_bwd_schedule(given.get("head_dim", p["head_dim"]), deterministic=bool(p.get("deterministic")))
     for k in ("tile_m", "tile_n", "stages", "kv_split", "dq_buffers", "early_stats"):
         if k in p and k not in given:
             p[k] = getattr(base, k)
@@ -348,7 +348,7 @@ _BWD_TILES = {
     "kv_split": Param("rows", ("rows", "dim"), help="dK / dV cut among the consumers by key rows (D <= 128, S^T in "
                       "registers) or by head dim (D > 128, P and dS through smem)"),
     "stages": Param(2, (1, 2), help="Q / dO ring stages (and dS buffers)"),
-    "early_stats": Param(True, (True, False), help="kv_split rows: LSE and D loaded into registers while the GEMMs "
+    "early_stats": Param(False, (False, True), help="kv_split rows: LSE and D loaded into registers while the GEMMs "
                          "run (False: read where used)"),
     "dq_split": Param("", DQ_SPLITS, help="dQ = dS K cut among the consumers: m (rows), n (columns), one "
                       "(warpgroup 0); '': the head dim's"),

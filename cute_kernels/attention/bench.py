@@ -136,22 +136,21 @@ def _bwd_peers():
 
 def _bwd_variants(d):
     """Other backward schedules, timed as extra columns on the quick shapes (the backward op called directly), name ->
-    (schedule, deterministic): the statistics read where used; at D = 64 dQ split by keys; deterministic mode with two
-    dQ buffers and with the statistics read where used. (Two dQ buffers and tile_m 128 at D = 64 measured 1.00x and
-    0.89x the default: perf/NOTES.md.)"""
+    (schedule, deterministic): the statistics prefetch flipped, and deterministic mode with the other dQ buffer count.
+    (Measured and set aside, perf/NOTES.md: tile_m 128 at D = 64 0.89x, dq_split "k" at D = 64 0.94x, dK before dQ at
+    D = 128 0.94x.)"""
     import dataclasses
 
     from schedules.attention_bwd import default_bwd_schedule
 
     base = default_bwd_schedule(d)
+    det = default_bwd_schedule(d, deterministic=True)
     out = {}
     if base.kv_split == "rows":
-        late = dataclasses.replace(base, early_stats=False)
-        out["ours early_stats=False"] = (late, False)
-        out["ours deterministic early_stats=False"] = (late, True)
-        if d <= 64:
-            out["ours dq_split=k"] = (dataclasses.replace(base, dq_split="k"), False)
-    out["ours deterministic dq_buffers=2"] = (dataclasses.replace(base, dq_buffers=2), True)
+        out[f"ours early_stats={not base.early_stats}"] = (dataclasses.replace(base, early_stats=not base.early_stats),
+                                                          False)
+    out[f"ours deterministic dq_buffers={3 - det.dq_buffers}"] = (dataclasses.replace(det, dq_buffers=3 - det.dq_buffers),
+                                                                 True)
     return {n: v for n, v in out.items() if v[0].fits(d)}
 
 

@@ -389,7 +389,7 @@ def _flash_attn_bwd_cuda(dout, q, k, v, out, lse, dlse=None, causal=False, windo
         dv.zero_()
         return dq, dk, dv
     left, right = _bounds(causal, window_left, window_right, sq + sk)
-    sched = schedule or default_bwd_schedule(d, right >= 0)
+    sched = schedule or default_bwd_schedule(d, right >= 0, deterministic)
     tm = sched.tile_m
     tiles = (sq + tm - 1) // tm
     dev = q.device
@@ -453,7 +453,7 @@ def _flash_attn_varlen_bwd_cuda(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_
     if total_q == 0 or total_k == 0 or batch == 0 or max_q == 0 or max_k == 0:
         return dq, dk, dv
     left, right = _bounds(causal, window_left, window_right, total_q + total_k)
-    sched = schedule or default_bwd_schedule(d, right >= 0)
+    sched = schedule or default_bwd_schedule(d, right >= 0, deterministic)
     tm = sched.tile_m
     tiles = varlen_total_tiles(total_q, batch, tm)
     dev = q.device

@@ -169,7 +169,8 @@ def test_deterministic_bitwise(d, causal):
 
 
 @pytest.mark.parametrize("d,fields,det", [(64, {"dq_split": "k"}, False), (64, {"dq_split": "k"}, True),
-                                         (128, {"early_stats": False}, False), (128, {"dq_buffers": 2}, True)])
+                                         (64, {"early_stats": True}, False), (128, {"early_stats": False}, False),
+                                         (128, {"dq_buffers": 2}, True)])
 def test_schedule_options(d, fields, det):
     """Schedule options off the defaults (the quick suite's columns), through the backward op directly."""
     import dataclasses
