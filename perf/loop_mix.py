@@ -1,8 +1,8 @@
-"""The SASS instruction mix of each WGMMA loop of the attention forward, ours beside FA4's Hopper kernel, on
-the CPU (sm_90a; no GPU needed).
+"""The SASS instruction mix of each WGMMA loop of the attention forward (or, `--backward`, the backward's main
+kernel), ours beside FA4's Hopper kernel, on the CPU (sm_90a; no GPU needed).
 
-    CUTE_DSL_ARCH=sm_90a python -m perf.loop_mix --head-dim 128 [--causal] [--params '{"double_p": true}']
-        [--no-fa4] [--top 16]
+    CUTE_DSL_ARCH=sm_90a python -m perf.loop_mix --head-dim 128 [--causal] [--backward]
+        [--params '{"double_p": true}'] [--no-fa4] [--top 16]
 
 For each backward branch whose body holds WGMMAs (HGMMA) it prints the body's span, its HGMMA count, its
 instruction count and its most frequent opcodes. The steady K/V loop is the smallest body with 2 x (D + tile_n)
@@ -52,11 +52,11 @@ def loops(sass: str) -> tuple[collections.Counter, list[tuple[int, int, int, int
     return collections.Counter(o for _, o, _ in ops), out
 
 
-def ours_sass(head_dim: int, causal: bool, params: dict) -> str:
+def ours_sass(head_dim: int, causal: bool, params: dict, backward: bool = False) -> str:
     from cute_kernels import catalog
     from cute_kernels.artifacts import compile_with_artifacts
 
-    spec = catalog.get("flash_attn")
+    spec = catalog.get("flash_attn_bwd" if backward else "flash_attn")
     p = spec.resolve({"head_dim": head_dim, **({"mask": "causal"} if causal else {}), **params})
     _, files = compile_with_artifacts(spec, p, tempfile.mkdtemp(prefix="loop_mix_"))
     if "sass" not in files:
@@ -64,8 +64,9 @@ def ours_sass(head_dim: int, causal: bool, params: dict) -> str:
     return files["sass"].read_text()
 
 
-def fa4_sass(head_dim: int, causal: bool, dump: str, seqlen: int = 8192) -> str:
-    """FA4's kernel, compiled with CUTE_DSL_KEEP / CUTE_DSL_DUMP_DIR = `dump` (set before the DSL loads)."""
+def fa4_sass(head_dim: int, causal: bool, dump: str, seqlen: int = 8192, backward: bool = False) -> str:
+    """FA4's kernel, compiled with CUTE_DSL_KEEP / CUTE_DSL_DUMP_DIR = `dump` (set before the DSL loads); the
+    backward's kernel selection follows FLASH_ATTENTION_ARCH (set here to sm_90)."""
     stub = types.ModuleType("quack.autotuner")
     stub.__file__ = "quack_autotuner_stub.py"
     stub.autotune = lambda *a, **k: (lambda fn: fn)
@@ -81,8 +82,15 @@ def fa4_sass(head_dim: int, causal: bool, dump: str, seqlen: int = 8192) -> str:
     h = 2048 // head_dim
     with FakeTensorMode(allow_non_fake_inputs=True):
         q, k, v = (torch.empty(2, seqlen, h, head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(3))
-        interface._flash_attn_fwd(q, k, v, causal=causal, _arch=90)
-    cubins = sorted(Path(dump).glob("*flash_fwd_sm90*.cubin"), key=lambda f: f.stat().st_mtime)
+        if backward:
+            os.environ.setdefault("FLASH_ATTENTION_ARCH", "sm_90")
+            o = torch.empty_like(q)
+            lse = torch.empty(2, h, seqlen, dtype=torch.float32, device="cuda")
+            interface._flash_attn_bwd(q, k, v, o, torch.empty_like(q), lse, causal=causal)
+        else:
+            interface._flash_attn_fwd(q, k, v, causal=causal, _arch=90)
+    pat = "*BackwardSm90*.cubin" if backward else "*flash_fwd_sm90*.cubin"
+    cubins = sorted(Path(dump).glob(pat), key=lambda f: f.stat().st_mtime)
     if not cubins:
         raise SystemExit(f"FA4 left no cubin in {dump}")
     return disassemble(cubins[-1])
@@ -102,14 +110,15 @@ def main(argv=None) -> None:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--params", default="{}", help="catalogue params of ours, as JSON")
     ap.add_argument("--no-fa4", action="store_true")
+    ap.add_argument("--backward", action="store_true", help="the backward's main kernel (flash_attn_bwd)")
     ap.add_argument("--top", type=int, default=16)
     a = ap.parse_args(argv)
     dump = tempfile.mkdtemp(prefix="loop_mix_fa4_")  # the DSL reads these when it loads
     os.environ.update(CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=dump)
-    report(f"ours d{a.head_dim}{' causal' if a.causal else ''} {a.params}",
-           ours_sass(a.head_dim, a.causal, json.loads(a.params)), a.top)
+    what = f"{' backward' if a.backward else ''} d{a.head_dim}{' causal' if a.causal else ''}"
+    report(f"ours{what} {a.params}", ours_sass(a.head_dim, a.causal, json.loads(a.params), a.backward), a.top)
     if not a.no_fa4:
-        report(f"FA4 sm90 d{a.head_dim}{' causal' if a.causal else ''}", fa4_sass(a.head_dim, a.causal, dump), a.top)
+        report(f"FA4 sm90{what}", fa4_sass(a.head_dim, a.causal, dump, backward=a.backward), a.top)
 
 
 if __name__ == "__main__":

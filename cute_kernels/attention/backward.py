@@ -412,7 +412,9 @@ class FlashAttnBwd:
         # `set` below gives the atom a new field value: on a copy, so that nothing this call creates is used after it
         # (it is traced once per warpgroup role under a run-time branch)
         mma_kv = cutlass.new_from_mlir_values(mma_kv, cutlass.extract_mlir_values(mma_kv))
-        cwg = ctid // 128
+        # the consumer warpgroup from the warp index, made warp-uniform: the smem operand slices (and so every WGMMA
+        # descriptor built from them) then live in uniform registers, not rebuilt per thread before each WGMMA
+        cwg = cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4 - 1
         tid = ctid % 128
         chunks = s.dq_chunks(d)
         chunk = s.tile_m * d // chunks
@@ -618,7 +620,9 @@ class FlashAttnBwd:
         for head-dim columns [w D / 2, (w + 1) D / 2), every operand from smem."""
         s, d, dt = self.s, self.d, self.dtype
         mma_kv = cutlass.new_from_mlir_values(mma_kv, cutlass.extract_mlir_values(mma_kv))
-        cwg = ctid // 128
+        # the consumer warpgroup from the warp index, made warp-uniform: the smem operand slices (and so every WGMMA
+        # descriptor built from them) then live in uniform registers, not rebuilt per thread before each WGMMA
+        cwg = cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4 - 1
         tid = ctid % 128
         chunk = s.tile_m * d // 2
         wg_s = mma_s.get_slice(cwg * 128)

@@ -77,6 +77,9 @@ def test_backward_ingredients(compiled):
         # ptxas serializes wgmma when it cannot prove an accumulator safe: every HGMMA then waits (gsb0 on each)
         hgmma = re.findall(r"HGMMA[^;]*;", sass)
         assert sum("gsb0" in h for h in hgmma) <= len(hgmma) // 4, "wgmma serialized"
+        # the smem operand slices come from the warp-uniform warpgroup index: their descriptors stay in uniform
+        # registers (a per-thread index moved them into vector registers, R2UR before every WGMMA: 50-100 of them)
+        assert len(re.findall(r"\bR2UR\b", sass)) <= 32, "WGMMA descriptors built in vector registers"
 
 
 @pytest.mark.parametrize("name,over", [("flash_attn_bwd_pre", {"head_dim": 128}),
