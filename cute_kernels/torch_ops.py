@@ -77,13 +77,16 @@ def aligned16(*ts: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in ts)
 
 
-def register_op(qualname: str, schema: str, cuda_impl, fake_impl, backward=None, setup_context=None) -> None:
+def register_op(qualname: str, schema: str, cuda_impl, fake_impl, backward=None, setup_context=None,
+                materialize_grads: bool = True) -> None:
     """Define `qualname` with its CUDA implementation and its fake (meta) implementation.
 
     The fake implementation validates before it allocates, so it also serves as the CPU
     implementation: a CPU tensor gets the named device error instead of the dispatcher's
     missing-kernel error. With `backward`, the op's autograd is registered, and the same `setup_context` and
-    `backward` also make the eager `torch.autograd.Function` that `call` uses.
+    `backward` also make the eager `torch.autograd.Function` that `call` uses; `materialize_grads=False` hands its
+    backward None for an output that got no gradient (a `backward` that handles None: no zero tensor to fill and
+    read; the registered op's autograd, under torch.compile, still passes zeros).
     """
     torch.library.define(qualname, schema)
     torch.library.impl(qualname, "CUDA")(cuda_impl)
@@ -99,7 +102,7 @@ def register_op(qualname: str, schema: str, cuda_impl, fake_impl, backward=None,
         or isinstance(a.type, torch.OptionalType) and isinstance(a.type.getElementType(), torch.TensorType))
     if backward is not None:
         torch.library.register_autograd(qualname, backward, setup_context=setup_context)
-        _FUNCTIONS[qualname] = _eager_function(qualname, cuda_impl, backward, setup_context)
+        _FUNCTIONS[qualname] = _eager_function(qualname, cuda_impl, backward, setup_context, materialize_grads)
 
 
 # The CUDA implementation, the registered op, its tensor arguments' positions and, for ops with autograd, the eager
@@ -110,7 +113,7 @@ _TENSOR_ARGS: dict = {}
 _FUNCTIONS: dict = {}
 
 
-def _eager_function(qualname: str, cuda_impl, backward, setup_context):
+def _eager_function(qualname: str, cuda_impl, backward, setup_context, materialize_grads: bool = True):
     """`qualname`'s autograd as a `torch.autograd.Function` over its CUDA implementation: the registered
     `setup_context` and `backward`, without the dispatcher and the custom-op autograd wrapper around them. Desk CPU,
     a two-output dummy op with the same registration: 237 us per forward + backward through the dispatcher, 151 us
@@ -118,6 +121,8 @@ def _eager_function(qualname: str, cuda_impl, backward, setup_context):
     autograd call had measured 165-334 us, `perf.host_time`)."""
 
     def forward(ctx, *args):
+        if not materialize_grads:
+            ctx.set_materialize_grads(False)
         out = cuda_impl(*args)
         setup_context(ctx, args, out)
         return out

@@ -322,8 +322,10 @@ class FlashAttnBwdSideSpec(_BwdSpec):
             lse, dlse = (cute.runtime.make_fake_tensor(cutlass.Float32, (sq, hq, f.b), assumed_align=4,
                                                        stride=(f.sym(), f.sym(), f.sym())) for _ in range(2))
             lse2, dpsum = f.f32_rows(spad, hq, 16), f.f32_rows(spad, hq, 16)
-            kernel = FlashAttnBwdPre(f.dt, f.d, p["tile_m"], p["varlen"])
-            return kernel, (o, do, lse, dlse, lse2, dpsum, dq_acc, cu_q, cutlass.Int32(1), fake_stream())
+            sem = cute.runtime.make_fake_tensor(cutlass.Int32, (tiles, hq, f.b), stride=(1, f.sym(), f.sym()),
+                                                assumed_align=4)
+            kernel = FlashAttnBwdPre(f.dt, f.d, p["tile_m"], p["varlen"], p["dlse"], p["deterministic"])
+            return kernel, (o, do, lse, dlse, lse2, dpsum, dq_acc, sem, cu_q, cutlass.Int32(1), fake_stream())
         dq = f.seq_major(sq, hq)
         kernel = FlashAttnBwdPost(f.dt, f.d, self.schedule_of(p), p["varlen"])
         return kernel, (dq_acc, dq, cu_q, cutlass.Int32(1), cutlass.Float32(1.0), fake_stream())
@@ -382,7 +384,10 @@ FLASH_ATTN_BWD_PRE = FlashAttnBwdSideSpec(
             "the dQ accumulator zeroed",
     ops=("flash_attn", "flash_attn_varlen"),
     status="ready",
-    params={**_BWD_SIG, "tile_m": _BWD_TILES["tile_m"]},
+    params={**_BWD_SIG, "tile_m": _BWD_TILES["tile_m"],
+            "dlse": Param(False, (True, False), "signature", "a gradient into the LSE is read (D -= dLSE)"),
+            "deterministic": Param(False, (True, False), "signature", "deterministic mode's dQ semaphores zeroed "
+                                   "here")},
 )
 
 FLASH_ATTN_BWD_POST = FlashAttnBwdSideSpec(

@@ -759,27 +759,32 @@ class FlashAttnBwd:
 # --- preprocess: D = rowsum(dO * O) - dLSE, LSE2, the dQ accumulator zeroed ---------------------------
 class FlashAttnBwdPre:
     """One CTA of 128 threads per (padded query tile, head, batch): 8 threads per row, then the tile's dQ accumulator
-    chunk zeroed with 128-bit stores."""
+    chunk zeroed with 128-bit stores. `with_dlse`: a gradient into the LSE is read (else none: no zero tensor, no
+    fill kernel); `zero_sem`: the tile's deterministic-mode semaphore is zeroed here too (one kernel fewer)."""
 
-    def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool = False):
+    def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool = False, with_dlse: bool = True,
+                 zero_sem: bool = False):
         self.dtype, self.d, self.tile_m, self.varlen = dtype, head_dim, tile_m, varlen
+        self.with_dlse, self.zero_sem = with_dlse, zero_sem
 
     @cute.jit
     def __call__(self, o: cute.Tensor, do: cute.Tensor, lse: cute.Tensor, dlse: cute.Tensor, lse2: cute.Tensor,
-                 dpsum: cute.Tensor, dq_acc: cute.Tensor, cu_q: cute.Tensor, max_seqlen_q: Int32, stream):
-        """o / do (S, D, H, B); lse / dlse (S, H, B) fp32; lse2 / dpsum (S_pad, H, B); dq_acc (tile_m D, tiles, H, B);
-        varlen: B = 1 packed and `cu_q` the offsets (batched: unread, and max_seqlen_q is S)."""
+                 dpsum: cute.Tensor, dq_acc: cute.Tensor, sem: cute.Tensor, cu_q: cute.Tensor, max_seqlen_q: Int32,
+                 stream):
+        """o / do (S, D, H, B); lse / dlse (S, H, B) fp32 (dlse unread without `with_dlse`); lse2 / dpsum (S_pad, H,
+        B); dq_acc (tile_m D, tiles, H, B); sem (tiles, H, B) int32 (unread without `zero_sem`); varlen: B = 1 packed
+        and `cu_q` the offsets (batched: unread, and max_seqlen_q is S)."""
         if cutlass.const_expr(self.varlen):
             batch = cute.size(cu_q, mode=[0]) - 1
         else:
             batch = cute.size(o, mode=[3])
         tiles = (max_seqlen_q + self.tile_m - 1) // self.tile_m
-        self.kernel(o, do, lse, dlse, lse2, dpsum, dq_acc, cu_q).launch(
+        self.kernel(o, do, lse, dlse, lse2, dpsum, dq_acc, sem, cu_q).launch(
             grid=[cutlass.max(tiles, 1), cute.size(o, mode=[2]), batch], block=[128, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mL: cute.Tensor, mdL: cute.Tensor, mL2: cute.Tensor,
-               mD: cute.Tensor, mdQ: cute.Tensor, mCuQ: cute.Tensor):
+               mD: cute.Tensor, mdQ: cute.Tensor, mSem: cute.Tensor, mCuQ: cute.Tensor):
         tm, d = self.tile_m, self.d
         tidx, _, _ = cute.arch.thread_idx()
         m, h, bb = cute.arch.block_idx()
@@ -815,7 +820,8 @@ class FlashAttnBwdPre:
                 if g == 0:
                     l2 = Float32(float("inf"))
                     if row < seqlen:
-                        acc = acc - mdL[q_start + row, h, bt]
+                        if cutlass.const_expr(self.with_dlse):
+                            acc = acc - mdL[q_start + row, h, bt]
                         l2 = mL[q_start + row, h, bt] * Float32(LOG2E)
                     mL2[(base + m) * tm + r, h, bt] = l2
                     mD[(base + m) * tm + r, h, bt] = acc
@@ -825,6 +831,9 @@ class FlashAttnBwdPre:
             vz = cute.make_tensor(chunk.iterator, cute.make_layout((4, tm * d // 4), stride=(1, 4)))
             for j in cutlass.range(tidx, tm * d // 4, 128, unroll=4):
                 vz[(None, j)].store(zeros.load())
+            if cutlass.const_expr(self.zero_sem):
+                if tidx == 0:
+                    mSem[base + m, h, bt] = Int32(0)
 
 
 # --- postprocess: dQ = scale * accumulator, in the input dtype ------------------------------------------

@@ -192,7 +192,7 @@ def _backward(ctx, g_out, g_lse):
 register_op("cute_kernels::flash_attn", "(Tensor q, Tensor k, Tensor v, bool causal=False, int window_left=-1, "
             "int window_right=-1, float? softmax_scale=None, float softcap=0.0, bool deterministic=False) -> "
             "(Tensor, Tensor)",
-            _flash_attn_cuda, _flash_attn_fake, _backward, _setup)
+            _flash_attn_cuda, _flash_attn_fake, _backward, _setup, materialize_grads=False)
 
 
 def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -304,7 +304,7 @@ def _backward_varlen(ctx, g_out, g_lse):
 register_op("cute_kernels::flash_attn_varlen", "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "int max_seqlen_q, int max_seqlen_k, bool causal=False, int window_left=-1, int window_right=-1, "
             "float? softmax_scale=None, float softcap=0.0, bool deterministic=False) -> (Tensor, Tensor)",
-            _flash_attn_varlen_cuda, _flash_attn_varlen_fake, _backward_varlen, _setup_varlen)
+            _flash_attn_varlen_cuda, _flash_attn_varlen_fake, _backward_varlen, _setup_varlen, materialize_grads=False)
 
 
 def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -363,12 +363,13 @@ def _bwd_scalars(d, softmax_scale, softcap):
     return scale * LOG2E, scale, 1.0, 1.0
 
 
-def _bwd_kernels(sched, dtype, d, left, right, softcap, deterministic, varlen):
+def _bwd_kernels(sched, dtype, d, left, right, softcap, deterministic, varlen, dlse=False):
     """The preprocess, main and postprocess kernels for `sched` and this signature, from the compile cache."""
     from cute_kernels.attention import FLASH_ATTN_BWD, FLASH_ATTN_BWD_POST, FLASH_ATTN_BWD_PRE, mask_name
 
     sig = dict(dtype=dtypes.name_of(dtype), head_dim=d, varlen=varlen)
-    return (FLASH_ATTN_BWD_PRE.compiled(None, tile_m=sched.tile_m, **sig),
+    return (FLASH_ATTN_BWD_PRE.compiled(None, tile_m=sched.tile_m, dlse=dlse, deterministic=bool(deterministic),
+                                        **sig),
             FLASH_ATTN_BWD.compiled(sched, mask=mask_name(left, right), softcap=softcap > 0,
                                     deterministic=bool(deterministic), **sig),
             FLASH_ATTN_BWD_POST.compiled(sched, **sig))
@@ -396,16 +397,18 @@ def _flash_attn_bwd_cuda(dout, q, k, v, out, lse, dlse=None, causal=False, windo
     lse2 = torch.empty(b, hq, tiles * tm, dtype=torch.float32, device=dev)
     dpsum = torch.empty(b, hq, tiles * tm, dtype=torch.float32, device=dev)
     dq_acc = torch.empty(b, hq, tiles, tm * d, dtype=torch.float32, device=dev)
-    sem = (torch.zeros if deterministic else torch.empty)(b, hq, tiles, dtype=torch.int32, device=dev)
-    if dlse is None:
-        dlse = torch.zeros(1, 1, 1, dtype=torch.float32, device=dev).expand(b, hq, sq)
+    sem = torch.empty(b, hq, tiles, dtype=torch.int32, device=dev)  # deterministic: zeroed by the preprocess
     dout = _readable(dout)
     _fits_32bit(q=q, k=k, dout=dout, dq_accumulator=dq_acc)
-    pre, main, post = _bwd_kernels(sched, q.dtype, d, left, right, softcap, deterministic, varlen=False)
+    pre, main, post = _bwd_kernels(sched, q.dtype, d, left, right, softcap, deterministic, varlen=False,
+                                   dlse=dlse is not None)
+    if dlse is None:
+        dlse = lse  # unread
     scalars = _bwd_scalars(d, softmax_scale, softcap)
     # the kernels' views: rows (S_pad, H, B), the accumulator (tile_m D, tiles, H, B), O / dO / Q / K / V (S, D, H, B)
     rows2, rowsd, acc, do_ = lse2.permute(2, 1, 0), dpsum.permute(2, 1, 0), dq_acc.permute(3, 2, 1, 0), _kernel_view(dout)
-    pre(_kernel_view(out), do_, lse.permute(2, 1, 0), dlse.permute(2, 1, 0), rows2, rowsd, acc, _no_offsets(dev), sq)
+    pre(_kernel_view(out), do_, lse.permute(2, 1, 0), dlse.permute(2, 1, 0), rows2, rowsd, acc, sem.permute(2, 1, 0),
+        _no_offsets(dev), sq)
     main(_kernel_view(q), _kernel_view(k), _kernel_view(v), do_, rows2, rowsd, acc, _kernel_view(dk), _kernel_view(dv),
          sem.permute(2, 1, 0), *scalars, left, right)
     post(acc, _kernel_view(dq), _no_offsets(dev), sq, scalars[1])
@@ -460,18 +463,20 @@ def _flash_attn_varlen_bwd_cuda(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_
     lse2 = torch.empty(hq, tiles * tm, dtype=torch.float32, device=dev)
     dpsum = torch.empty(hq, tiles * tm, dtype=torch.float32, device=dev)
     dq_acc = torch.empty(hq, tiles, tm * d, dtype=torch.float32, device=dev)
-    sem = (torch.zeros if deterministic else torch.empty)(hq, tiles, dtype=torch.int32, device=dev)
-    if dlse is None:
-        dlse = torch.zeros(1, 1, dtype=torch.float32, device=dev).expand(hq, total_q)
+    sem = torch.empty(hq, tiles, dtype=torch.int32, device=dev)  # deterministic: zeroed by the preprocess
     cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     dout = _readable(dout)
     _fits_32bit(q=q, k=k, dout=dout, dq_accumulator=dq_acc)
-    pre, main, post = _bwd_kernels(sched, q.dtype, d, left, right, softcap, deterministic, varlen=True)
+    pre, main, post = _bwd_kernels(sched, q.dtype, d, left, right, softcap, deterministic, varlen=True,
+                                   dlse=dlse is not None)
+    if dlse is None:
+        dlse = lse  # unread
     scalars = _bwd_scalars(d, softmax_scale, softcap)
     # the kernels' views: one packed batch (B = 1)
     rows2, rowsd, acc, do_ = (lse2.t()[:, :, None], dpsum.t()[:, :, None], dq_acc.permute(2, 1, 0)[..., None],
                               _kernel_view(dout[None]))
-    pre(_kernel_view(out[None]), do_, lse.t()[:, :, None], dlse.t()[:, :, None], rows2, rowsd, acc, cu_q, max_q)
+    pre(_kernel_view(out[None]), do_, lse.t()[:, :, None], dlse.t()[:, :, None], rows2, rowsd, acc,
+        sem.t()[:, :, None], cu_q, max_q)
     main(_kernel_view(q[None]), _kernel_view(k[None]), _kernel_view(v[None]), do_, rows2, rowsd, acc,
          _kernel_view(dk[None]), _kernel_view(dv[None]), sem.t()[:, :, None], cu_q, cu_k, max_k, *scalars, left, right)
     post(acc, _kernel_view(dq[None]), cu_q, max_q, scalars[1])

@@ -83,7 +83,9 @@ def test_backward_ingredients(compiled):
 
 
 @pytest.mark.parametrize("name,over", [("flash_attn_bwd_pre", {"head_dim": 128}),
-                                       ("flash_attn_bwd_pre", {"head_dim": 96, "varlen": True}),
+                                       ("flash_attn_bwd_pre", {"head_dim": 128, "dlse": True, "deterministic": True}),
+                                       ("flash_attn_bwd_pre", {"head_dim": 96, "varlen": True, "dlse": True,
+                                                               "deterministic": True}),
                                        ("flash_attn_bwd_post", {"head_dim": 64}),
                                        ("flash_attn_bwd_post", {"head_dim": 256, "varlen": True})])
 def test_side_kernels(name, over, tmp_path):
@@ -94,6 +96,11 @@ def test_side_kernels(name, over, tmp_path):
     ptx = files["ptx"].read_text()
     if name.endswith("pre"):
         assert "shfl.sync.bfly" in ptx and "ld.global.v4" in ptx  # 8 threads a row, 16-byte loads
+        # the dLSE read and the semaphore zeroed only where asked (d128 unrolls 4 rows a thread: LSE alone 4 scalar
+        # loads, with dLSE 8; 8 scalar stores of LSE2 and D, a ninth the semaphore)
+        scalar_ld, scalar_st = len(re.findall(r"ld\.global\.b32", ptx)), len(re.findall(r"st\.global\.b32", ptx))
+        if over["head_dim"] == 128 and not over.get("varlen"):
+            assert (scalar_ld, scalar_st) == ((8, 9) if over.get("dlse") else (4, 8))
     else:
         assert "ld.global.v4" in ptx  # the accumulator's MMA order read back 16 bytes at a time
 

@@ -98,3 +98,37 @@ def test_the_training_ops_have_their_function(name):
     import cute_kernels  # noqa: F401  (registers the ops)
 
     assert f"cute_kernels::{name}" in C._FUNCTIONS and f"cute_kernels::{name}" in C._IMPLS
+
+
+def _impl_two(x):
+    return x * 2, x.sum(-1)
+
+
+def _setup_two(ctx, inputs, output):
+    pass
+
+
+SEEN = []
+
+
+def _backward_two(ctx, g0, g1):
+    SEEN.append(g1)
+    return g0 * 2
+
+
+C.register_op("cktest::two_outputs", "(Tensor x) -> (Tensor, Tensor)", _impl_two, _impl_two, _backward_two,
+              _setup_two, materialize_grads=False)
+
+
+def test_unmaterialized_grads_reach_backward_as_none():
+    """materialize_grads=False (the attention ops: no dLSE tensor to fill and read when the LSE is unused): the eager
+    Function hands the backward None for the output without a gradient, a used output's gradient as it came."""
+    x = torch.randn(3, 4, requires_grad=True)
+    SEEN.clear()
+    a, _ = C._FUNCTIONS["cktest::two_outputs"].apply(x)
+    (gx,) = torch.autograd.grad(a.sum(), (x,))
+    assert SEEN == [None] and torch.equal(gx, torch.full_like(x, 2.0))
+    SEEN.clear()
+    a, b = C._FUNCTIONS["cktest::two_outputs"].apply(x)
+    torch.autograd.grad(a.sum() + b.sum(), (x,))
+    assert SEEN[0] is not None and torch.equal(SEEN[0], torch.ones(3))
