@@ -83,11 +83,35 @@ def mma_order(ptr, tid, n: int) -> cute.Tensor:
 
 def seq_rows(varlen: bool, cu, bb, rows, tile_m: int):
     """(first row, length, first padded tile, the tensors' batch index) of batch entry `bb`: varlen, sequence bb of
-    the packed tensors (`cu`, the offsets) and its tiles from `varlen_tile_base`; else all `rows` of batch bb."""
+    the packed tensors (`cu`, the offsets) and its tiles from `varlen_tile_base`, or past the last sequence (the grid's
+    tail slot, `zero_tail_rows`) length 0; else all `rows` of batch bb."""
     if varlen:
-        start = cu[bb]
-        return start, cu[bb + 1] - start, varlen_tile_base(start, bb, tile_m), 0
+        n = cute.size(cu, mode=[0]) - 1
+        bq = cutlass.min(bb, n - 1)
+        start = cu[bq]
+        length = Int32(cutlass.select_(bb < n, cu[bq + 1] - start, Int32(0)))
+        return start, length, varlen_tile_base(start, bq, tile_m), 0
     return 0, rows, 0, bb
+
+
+@cute.jit
+def zero_tail_rows(outs, cu, head, slot, rows_per_slot: int, tidx, threads: int, dtype, d: int):
+    """Varlen: rows [cu[-1], total) of each (total, D, H, 1) view in `outs` lie in no sequence; their gradient is 0.
+    Slot `slot` of the grid's x extent (this head's CTAs of the tail slot) zeroes every x-th group of `rows_per_slot`
+    rows, 16 bytes a store, so that the gradients need no full zero fill before the kernels."""
+    slots, _, _ = cute.arch.grid_dim()
+    start = cu[cute.size(cu, mode=[0]) - 1]
+    total = extent(outs[0], 0)
+    vecs = d // 8
+    zeros = cute.make_rmem_tensor((8,), dtype)
+    zeros.fill(0.0)
+    for r0 in cutlass.range(start + slot * rows_per_slot, total, slots * rows_per_slot, unroll=1):
+        for idx in cutlass.range(tidx, rows_per_slot * vecs, threads, unroll=1):
+            r = r0 + idx // vecs
+            if r < total:
+                for out in outs:
+                    v = cute.make_tensor(out[(r, None, head, 0)].iterator, cute.make_layout((8, vecs), stride=(1, 8)))
+                    v[(None, idx % vecs)].store(zeros.load())
 
 
 def _mma(dt, a_major, b_major, atoms, tiler_mn, a_regs=False):
@@ -208,7 +232,8 @@ class FlashAttnBwd:
         else:
             batch = cute.size(q, mode=[3])
             n_blocks = (extent(k, 0) + s.tile_n - 1) // s.tile_n
-        grid = [cutlass.max(n_blocks, 1), cute.size(k, mode=[2]), batch]
+        # varlen: one more z slot, whose CTAs zero dK / dV rows past the last sequence (`zero_tail_rows`)
+        grid = [cutlass.max(n_blocks, 1), cute.size(k, mode=[2]), batch + (1 if cutlass.const_expr(self.varlen) else 0)]
         self.kernel(mm.s, mm.kv, mm.dq, tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, tma_l, gl, tma_p, gp, dq_acc,
                     dk, dv, sem, cu_q, cu_k, Int32(cute.size(q, mode=[2]) // cute.size(k, mode=[2])), scale_log2,
                     scale, scale_over_cap, cap, window_left, window_right, sQ_layout, sK_layout, sdS_layout,
@@ -290,6 +315,9 @@ class FlashAttnBwd:
                     else:
                         cute.arch.setmaxregister_increase(s.consumer_budget(d, False))
                         self.consumer(*args, computes_dq=False)
+        if cutlass.const_expr(self.varlen):
+            if bb == cute.size(mCuK, mode=[0]) - 1:  # the tail slot: key rows past the last sequence
+                zero_tail_rows((mdK, mdV), mCuK, hk, n_block, s.tile_n, tidx, s.threads, dt, d)
 
     @cute.jit
     def step_coords(self, w: SimpleNamespace, i: Int32):
@@ -854,9 +882,10 @@ class FlashAttnBwdPost:
         else:
             batch = cute.size(dq, mode=[3])
         tiles = (max_seqlen_q + s.tile_m - 1) // s.tile_m
+        # varlen: one more z slot, whose CTAs zero dQ rows past the last sequence (`zero_tail_rows`)
         self.kernel(mm.dq, dq_acc, dq, cu_q, scale).launch(
-            grid=[cutlass.max(tiles, 1), cute.size(dq, mode=[2]), batch], block=[128 * s.dq_chunks(d), 1, 1],
-            stream=stream)
+            grid=[cutlass.max(tiles, 1), cute.size(dq, mode=[2]), batch + (1 if cutlass.const_expr(self.varlen) else 0)],
+            block=[128 * s.dq_chunks(d), 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mma_dq: cute.TiledMma, mAcc: cute.Tensor, mdQ: cute.Tensor, mCuQ: cute.Tensor, scale: Float32):
@@ -888,3 +917,6 @@ class FlashAttnBwdPost:
                 if row0 + c_rows[r, 0][0] < seqlen:
                     for c in cutlass.range_constexpr(cute.size(o_rows, mode=[1])):
                         g_rows[r, c] = o_rows[r, c]
+        if cutlass.const_expr(self.varlen):
+            if bb == cute.size(mCuQ, mode=[0]) - 1:  # the tail slot: query rows past the last sequence
+                zero_tail_rows((mdQ,), mCuQ, h, m, s.tile_m, tidx, 128 * s.dq_chunks(d), self.dtype, d)

@@ -448,13 +448,11 @@ def _flash_attn_varlen_bwd_cuda(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_
     total_q, hq, d = q.shape
     total_k = k.shape[0]
     batch = cu_seqlens_q.shape[0] - 1
-    # rows outside every sequence get no gradient from the kernels: zero them (no host sync)
-    dq = torch.zeros_like(q) if total_q else torch.empty_like(q)
-    dk = torch.zeros_like(k)
-    dv = torch.zeros_like(v)
+    # rows past the last sequence get a zero gradient from the kernels' tail slot (`backward.zero_tail_rows`)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
     if total_q == 0 or total_k == 0 or batch == 0 or max_q == 0 or max_k == 0:
-        return dq, dk, dv
+        return dq.zero_(), dk.zero_(), dv.zero_()
     left, right = _bounds(causal, window_left, window_right, total_q + total_k)
     sched = schedule or default_bwd_schedule(d, right >= 0, deterministic)
     tm = sched.tile_m

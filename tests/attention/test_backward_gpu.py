@@ -212,8 +212,10 @@ def _varlen_ref(q, k, v, do, cu_q, cu_k, causal, window, d, dtype):
     return grads, ptg
 
 
-@pytest.mark.parametrize("causal,window,d", [(False, (-1, -1), 128), (True, (-1, -1), 64), (False, (50, 20), 96)])
-def test_varlen(causal, window, d):
+@pytest.mark.parametrize("causal,window,d,tail", [(False, (-1, -1), 128, (0, 0)), (True, (-1, -1), 64, (37, 130)),
+                                                  (False, (50, 20), 96, (0, 0)), (False, (-1, -1), 256, (200, 3))])
+def test_varlen(causal, window, d, tail):
+    """Packed sequences with empty ones; `tail`: rows of Q and of K / V past the last sequence (their gradients 0)."""
     torch.manual_seed(5)
     lens_q = [100, 0, 257, 1, 64, 300]
     lens_k = [90, 40, 257, 0, 200, 300]
@@ -224,9 +226,9 @@ def test_varlen(causal, window, d):
         cu_q.append(cu_q[-1] + a)
         cu_k.append(cu_k[-1] + b)
     hq, hk = 4, 2
-    q = randn(cu_q[-1], hq, d, dtype=dtype).requires_grad_()
-    k = randn(cu_k[-1], hk, d, dtype=dtype).requires_grad_()
-    v = randn(cu_k[-1], hk, d, dtype=dtype).requires_grad_()
+    q = randn(cu_q[-1] + tail[0], hq, d, dtype=dtype).requires_grad_()
+    k = randn(cu_k[-1] + tail[1], hk, d, dtype=dtype).requires_grad_()
+    v = randn(cu_k[-1] + tail[1], hk, d, dtype=dtype).requires_grad_()
     tq = torch.tensor(cu_q, dtype=torch.int32, device="cuda")
     tk = torch.tensor(cu_k, dtype=torch.int32, device="cuda")
     out = ck.flash_attn_varlen(q, k, v, tq, tk, max(lens_q), max(lens_k), causal=causal, window=window)
