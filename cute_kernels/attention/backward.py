@@ -507,8 +507,9 @@ class FlashAttnBwd:
                 warpgroup.fence()
                 mma_blocks(ms, acc_s, tSrK, stage_of(tSrQ, idx), zero_first=True)
                 warpgroup.commit_group()
-                # the column statistics into registers while the GEMMs run (read where used, each exp waits on its
-                # shared-memory load); with softcap, whose tanh' tile takes those registers, read where used
+                # early_stats: the column statistics (LSE2, later D) go into registers while the GEMMs run, so that no
+                # exponential waits on its shared-memory load; else (and with softcap, whose tanh' tile needs those
+                # registers) each is read where it is used
                 stat = cute.make_rmem_tensor(cols, Float32)
                 if cutlass.const_expr(early):
                     for c in cutlass.range_constexpr(cols):
