@@ -39,6 +39,10 @@ The tile order: the grid is (key blocks, K/V heads, batch), x fastest, key block
 block 0 walks the most query blocks, so the longest columns start first. Deterministic causal runs (and launches) the
 key blocks descending instead, the order its semaphores count (`backward.FlashAttnBwd.dq_writer`).
 
+`p_smem` (kv_split "rows"): P^T goes to shared memory by stmatrix (each warpgroup its own key rows, one buffer) and
+dV += P^T dO reads it there, so the bf16 P is not held in registers while dV runs: at tile_m 128, D = 64 (FA3's tile)
+the two register-A GEMMs together make ptxas serialize every WGMMA (C7512); with P from smem it compiles clean.
+
 Registers per consumer thread at D = 128, tile 64 x 128: dK and dV 64 each, S^T and dP^T 32 each, the dQ
 partial 32, P and dS as bf16 A operands 16 each: FA3's 240-register budget (24 + 2 x 240 <= 512).
 """
@@ -63,6 +67,7 @@ class AttentionBwdSchedule:
     kv_split: str = "rows"  # dK / dV cut among the consumers by key rows (S^T in registers) or by head dim (D > 128)
     dq_buffers: int = 1  # smem buffers of the dQ parts: 2 lets block i + 1's store proceed while block i's add waits
     early_stats: bool = False  # kv_split rows: LSE and D loaded into registers while the GEMMs run (else where used)
+    p_smem: bool = False  # kv_split rows: P^T to smem (stmatrix), dV's A operand from there instead of registers
     producer_regs: int = 24
     consumer_regs: int = 240
 
@@ -143,6 +148,8 @@ class AttentionBwdSchedule:
         q = self.stages * self.tile_m * head_dim * elem  # Q and dO rings, each
         kv = self.tile_n * head_dim * elem  # K and V, each
         ds = self.stages * self.tile_n * self.tile_m * elem * (2 if self.kv_split == "dim" else 1)  # dS (and P)
+        if self.p_smem:
+            ds += self.tile_n * self.tile_m * elem  # P, one buffer: each warpgroup reads only its own rows
         dq = self.tile_m * head_dim * 4 * self.dq_buffers
         stats = 2 * self.stages * self.tile_m * 4
         return 2 * q + 2 * kv + ds + dq + stats + BARRIER_BYTES
@@ -158,6 +165,8 @@ class AttentionBwdSchedule:
             raise ValueError(f"kv_split 'dim' halves the head dim into whole swizzle atoms: D a multiple of 64, got "
                              f"{head_dim}")
         sp = self.split(head_dim)
+        if self.p_smem and self.kv_split != "rows":
+            raise ValueError("p_smem is for kv_split 'rows' (kv_split 'dim' always takes P from smem)")
         if sp == "k" and (self.tile_m != 64 or self.consumer_wgs != 2 or self.kv_split != "rows" or head_dim > 96):
             raise ValueError("dq_split 'k' needs tile_m 64, two consumer warpgroups (kv_split rows) and D <= 96 (a whole "
                              "tile_m x D partial per warpgroup)")
@@ -183,7 +192,7 @@ class AttentionBwdSchedule:
 
     def __str__(self) -> str:
         return (f"bwd{self.tile_m}x{self.tile_n}s{self.stages}" + (f"-{self.dq_split}" if self.dq_split else "")
-                + ("-dim" if self.kv_split == "dim" else "") + ("-dq2" if self.dq_buffers == 2 else "") + ("-early" if self.early_stats else ""))
+                + ("-dim" if self.kv_split == "dim" else "") + ("-dq2" if self.dq_buffers == 2 else "") + ("-early" if self.early_stats else "") + ("-psmem" if self.p_smem else ""))
 
 
 def default_bwd_schedule(head_dim: int, causal: bool = False, deterministic: bool = False) -> AttentionBwdSchedule:

@@ -352,6 +352,8 @@ _BWD_TILES = {
     "stages": Param(2, (1, 2), help="Q / dO ring stages (and dS buffers)"),
     "early_stats": Param(False, (False, True), help="kv_split rows: LSE and D loaded into registers while the GEMMs "
                          "run (False: read where used)"),
+    "p_smem": Param(False, (False, True), help="kv_split rows: dV's A operand P^T from smem (stmatrix) instead of "
+                    "registers"),
     "dq_split": Param("", DQ_SPLITS, help="dQ = dS K cut among the consumers: m (rows), n (columns), one "
                       "(warpgroup 0); '': the head dim's"),
 }

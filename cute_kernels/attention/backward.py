@@ -63,6 +63,7 @@ _DQ_EMPTY = 2  # + 2 w + b: warpgroup w's dQ smem chunk in buffer b may be writt
 _DQ_FULL = 6  # + 2 w + b: warpgroup w's dQ chunk in buffer b is written (128 + 32 threads)
 _DQ_HALF = 10  # + b, dq_split "k": warpgroup 0's partial in buffer b is written, warpgroup 1 may add (2 x 128)
 _OWN_DS = 12  # + w, dq_split "k": warpgroup w's dS rows are in smem (128 threads)
+_OWN_P = 14  # + w, p_smem: warpgroup w's P rows are in smem (128 threads)
 LOG2E = math.log2(math.e)
 _PRE_GROUP = 8  # preprocess: threads per row
 
@@ -132,6 +133,7 @@ class BwdMmas:
     kv_split "rows":
     s:  S^T, dP^T (tile_n, tile_m) = K / V (tile_n, D) x Q / dO^T, both K-major in smem.
     kv: dK, dV (tile_n, D) = dS^T / P^T (registers) x Q / dO (D contiguous: MN-major B).
+    pv: dV's (kv, or with p_smem P^T from smem, K-major A).
     dq: dQ (tile_m, D) = dS (q-contiguous smem: MN-major A) x K (MN-major B), cut per `dq_split`.
     kv_split "dim" (the warpgroups split the keys of S and the head dim of the rest):
     s:  S, dP (tile_m, tile_n) = Q / dO x K / V^T, both K-major.
@@ -150,6 +152,8 @@ class BwdMmas:
             return
         self.s = _mma(dt, K, K, (wgs, 1, 1), (64, s.tile_m))
         self.kv = _mma(dt, K, MN, (wgs, 1, 1), (64, d), a_regs=True)
+        # dV += P^T dO: A from registers as dK's, or with p_smem from P^T in smem (keys, q: q contiguous, K-major)
+        self.pv = _mma(dt, K, MN, (wgs, 1, 1), (64, d)) if s.p_smem else self.kv
         sp = s.split(d)
         atoms = {"m": (2, 1, 1), "n": (1, 2, 1), "one": (1, 1, 1), "k": (1, 1, 1)}[sp]
         self.dq = _mma(dt, MN, MN, atoms, (64, cols))
@@ -193,7 +197,8 @@ class FlashAttnBwd:
             sdS_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_m, s.tile_n, st)
         else:  # dS (keys, q): q contiguous
             sdS_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, s.tile_m, st)
-        p_elems = cute.cosize(sdS_layout) if s.kv_split == "dim" else 8
+        sPr_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, s.tile_m, 1)  # p_smem: P^T, one buffer
+        p_elems = cute.cosize(sdS_layout) if s.kv_split == "dim" else cute.cosize(sPr_layout)
         vec_layout = cute.make_layout((s.tile_m, st))
         dq_elems = s.tile_m * d * s.dq_buffers
         tma_q, gq = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), q,
@@ -222,7 +227,7 @@ class FlashAttnBwd:
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_elems], 1024]
-            if cutlass.const_expr(s.kv_split == "dim"):
+            if cutlass.const_expr(s.kv_split == "dim" or s.p_smem):
                 sPm: cute.struct.Align[cute.struct.MemRange[dt, p_elems], 1024]  # P
 
         self.storage = Storage
@@ -270,7 +275,12 @@ class FlashAttnBwd:
         sK = stor.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)[None, None, 0]
         sV = stor.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)[None, None, 0]
         sdS = stor.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-        sPm = stor.sPm.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner) if s.kv_split == "dim" else None
+        sPm = None
+        if cutlass.const_expr(s.kv_split == "dim"):
+            sPm = stor.sPm.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        elif cutlass.const_expr(s.p_smem):
+            sPr_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, s.tile_m, 1)
+            sPm = stor.sPm.get_tensor(sPr_layout.outer, swizzle=sPr_layout.inner)
         sL = stor.sL.get_tensor(vec_layout)
         sP = stor.sP.get_tensor(vec_layout)
         sdQ = stor.sdQ.get_tensor(cute.make_layout(s.tile_m * d * s.dq_buffers))
@@ -307,14 +317,14 @@ class FlashAttnBwd:
                     self.consumer_dsplit(*args, sPm)
                 elif cutlass.const_expr(s.dq_wgs(d) == s.consumer_wgs):
                     cute.arch.setmaxregister_increase(s.consumer_budget(d, True))
-                    self.consumer(*args)
+                    self.consumer(*args, sPm=sPm)
                 else:  # warpgroup 1 computes dQ alone: the code is traced once per role, with its own budget
                     if wg == 1:
                         cute.arch.setmaxregister_increase(s.consumer_budget(d, True))
-                        self.consumer(*args, computes_dq=True)
+                        self.consumer(*args, computes_dq=True, sPm=sPm)
                     else:
                         cute.arch.setmaxregister_increase(s.consumer_budget(d, False))
-                        self.consumer(*args, computes_dq=False)
+                        self.consumer(*args, computes_dq=False, sPm=sPm)
         if cutlass.const_expr(self.varlen):
             if bb == cute.size(mCuK, mode=[0]) - 1:  # the tail slot: key rows past the last sequence
                 zero_tail_rows((mdK, mdV), mCuK, hk, n_block, s.tile_n, tidx, s.threads, dt, d)
@@ -433,9 +443,10 @@ class FlashAttnBwd:
     # --- the consumer warpgroups ---------------------------------------------------------------------
     @cute.jit
     def consumer(self, w, ctid, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sL, sP, sdQ, pipe_q, pipe_do, pipe_kv,
-                 mdK, mdV, scale_log2, scale, scale_over_cap, cap, computes_dq: cutlass.Constexpr = True):
+                 mdK, mdV, scale_log2, scale, scale_over_cap, cap, computes_dq: cutlass.Constexpr = True, sPm=None):
         """Consumer warpgroup `ctid // 128` (keys [64 w, 64 w + 64) of the block); `computes_dq`: whether it has a part
-        of dQ = dS K (with dq_split "one" the second warpgroup has none, and a smaller register budget)."""
+        of dQ = dS K (with dq_split "one" the second warpgroup has none, and a smaller register budget); `sPm`: P^T's
+        smem tile (p_smem)."""
         s, d, dt = self.s, self.d, self.dtype
         # `set` below gives the atom a new field value: on a copy, so that nothing this call creates is used after it
         # (it is traced once per warpgroup role under a run-time branch)
@@ -470,6 +481,12 @@ class FlashAttnBwd:
         # dS into its (keys, q) q-contiguous smem tile by stmatrix
         r2s_ds = epi.acc_smem_copy(mma_s, LayoutEnum.ROW_MAJOR, dt)
         tRS_sdS = r2s_ds.get_slice(ctid).partition_D(sdS)
+        mma_pv, tVsP, tRS_sP = mma_kv, None, None
+        if cutlass.const_expr(s.p_smem):  # dV's A operand from P^T in smem: this warpgroup's own key rows
+            mma_pv = BwdMmas(dt, d, s).pv
+            mma_pv.set(warpgroup.Field.ACCUMULATE, True)
+            tVsP = mma_pv.make_fragment_A(mma_pv.get_slice(cwg * 128).partition_A(sPm))
+            tRS_sP = r2s_ds.get_slice(ctid).partition_D(sPm)
         s_rows = acc_rows_view(acc_s)
         dp_rows = acc_rows_view(acc_dp)
         c_rows = acc_rows_view(tScS)
@@ -534,10 +551,7 @@ class FlashAttnBwd:
                         stat[c] = sP[c_rows[0, c][1], idx]
                 if cutlass.const_expr(s.early_dv):
                     # ---- dV += P^T dO, issued before the wait for dP^T (P's bf16 copy then lives beside S and dP) ----
-                    p_a = acc_as_a_operand(acc_s, dt)
-                    warpgroup.fence()
-                    mma_blocks(mma_kv, acc_dv, p_a, stage_of(tVrdOt, idx))
-                    warpgroup.commit_group()
+                    self.issue_dv(mma_pv, acc_dv, acc_s, tVsP, tRS_sP, r2s_ds, stage_of(tVrdOt, idx), cwg)
                     warpgroup.wait_group(1)  # dP^T done (dV may run)
                 else:
                     warpgroup.wait_group(0)
@@ -551,10 +565,7 @@ class FlashAttnBwd:
                         acc_dp[e] = acc_dp[e] * one_minus_t2[e]
                 if cutlass.const_expr(not s.early_dv):
                     # ---- dV += P^T dO: P converted after dS, so S and dP are the only fp32 tiles live at once ----
-                    p_a = acc_as_a_operand(acc_s, dt)
-                    warpgroup.fence()
-                    mma_blocks(mma_kv, acc_dv, p_a, stage_of(tVrdOt, idx))
-                    warpgroup.commit_group()
+                    self.issue_dv(mma_pv, acc_dv, acc_s, tVsP, tRS_sP, r2s_ds, stage_of(tVrdOt, idx), cwg)
                 ds_a = acc_as_a_operand(acc_dp, dt)
                 # ---- dS -> smem (q-contiguous), for dQ ----
                 if cutlass.const_expr(s.stages == 1 and not own_keys):
@@ -593,6 +604,23 @@ class FlashAttnBwd:
         # ---- dK = scale dK, dV: stored from registers, rows inside the sequence ----
         self.store_rows(mma_kv, acc_dk, ctid, w, mdK, scale)
         self.store_rows(mma_kv, acc_dv, ctid, w, mdV, Float32(1.0))
+
+    @cute.jit
+    def issue_dv(self, mma_pv, acc_dv, acc_s, tVsP, tRS_sP, r2s, tVrdOt, cwg):
+        """dV += P^T dO, issued and committed: P^T (bf16) as the A operand from registers, or with p_smem stored to this
+        warpgroup's rows of the P tile first (stmatrix; the warpgroup's last dV GEMM has read it: waited at the end
+        of its step) and read from there."""
+        p_a = acc_as_a_operand(acc_s, self.dtype)
+        if cutlass.const_expr(self.s.p_smem):
+            epi.copy_acc_to_smem(r2s, tRS_sP[(None, None, None, 0)], cute.make_tensor(p_a.iterator, acc_s.layout))
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=_OWN_P + cwg, number_of_threads=128)
+            warpgroup.fence()
+            mma_blocks(mma_pv, acc_dv, tVsP[(None, None, None, 0)], tVrdOt)
+        else:
+            warpgroup.fence()
+            mma_blocks(mma_pv, acc_dv, p_a, tVrdOt)
+        warpgroup.commit_group()
 
     @cute.jit
     def store_dq_part(self, acc_dq, sdQ_thr, cwg, i):

@@ -27,6 +27,7 @@ VARIANTS = [
     ({"head_dim": 96, "mask": "causal"}, 0),
     ({"head_dim": 64, "dq_split": "k", "mask": "causal"}, 0),
     ({"head_dim": 128, "early_stats": False, "dq_buffers": 2}, 0),
+    ({"head_dim": 64, "tile_m": 128, "p_smem": True, "mask": "causal"}, 8),  # FA3's D = 64 tile: not serialized
     ({"head_dim": 192, "mask": "window"}, 0),
     ({"head_dim": 128, "softcap": True, "dtype": "fp16", "mask": "window"}, 64),  # 1 - tanh^2 held: a few spills
     ({"head_dim": 256, "mask": "causal"}, 0),

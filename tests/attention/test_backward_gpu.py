@@ -170,7 +170,9 @@ def test_deterministic_bitwise(d, causal):
 
 @pytest.mark.parametrize("d,fields,det", [(64, {"dq_split": "k"}, False), (64, {"dq_split": "k"}, True),
                                          (64, {"early_stats": True}, False), (128, {"early_stats": False}, False),
-                                         (128, {"dq_buffers": 2}, True)])
+                                         (128, {"dq_buffers": 2}, True), (64, {"tile_m": 128, "p_smem": True}, False),
+                                         (64, {"tile_m": 128, "p_smem": True, "stages": 1}, True),
+                                         (128, {"p_smem": True}, False)])
 def test_schedule_options(d, fields, det):
     """Schedule options off the defaults (the quick suite's columns), through the backward op directly."""
     import dataclasses
