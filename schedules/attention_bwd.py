@@ -216,9 +216,10 @@ def candidates_bwd(head_dim: int, causal: bool = False) -> list[AttentionBwdSche
     for tm in (64, 128):
         for st in (2, 1):
             for sp in ("", "one"):
-                s = AttentionBwdSchedule(tile_m=tm, tile_n=128, stages=st, dq_split=sp)
-                if s not in out and s.fits(head_dim):
-                    out.append(s)
+                for ps in (False, True) if tm == 128 else (False,):  # P through smem: for the 128-row tile
+                    s = AttentionBwdSchedule(tile_m=tm, tile_n=128, stages=st, dq_split=sp, p_smem=ps)
+                    if s not in out and s.fits(head_dim):
+                        out.append(s)
     for st in (2, 1):
         for nb in (2, 1):
             s = AttentionBwdSchedule(tile_m=64, tile_n=64, stages=st, kv_split="dim", dq_buffers=nb)
