@@ -23,6 +23,7 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32
 from cutlass.cute.nvgpu import cpasync
+from cutlass.tensor_utils import LayoutEnum
 
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
 
@@ -122,6 +123,44 @@ def copy_acc_to_smem(r2s: cute.TiledCopy, thr_dst: cute.Tensor, regs: cute.Tenso
     n_cpy, n_rep = cute.size(thr_dst, mode=[0]), cute.size(thr_dst, mode=[2])
     src = cute.make_tensor(r2s.retile(regs).iterator, cute.make_layout((n_cpy, 1, n_rep), stride=(1, 0, n_cpy)))
     cute.copy(r2s, src, thr_dst)
+
+
+def row_store_copy(dtype, tile_mn: tuple[int, int], threads: int) -> cute.TiledCopy:
+    """`threads` threads moving a row-major (tile_m, tile_n) tile in 16-byte row vectors: a power-of-two number of
+    threads per row (the most that divides its vectors), each a contiguous run of the row."""
+    m, n = tile_mn
+    vec = 128 // dtype.width
+    per_row = n // vec
+    tpr = 1
+    while per_row % (tpr * 2) == 0 and tpr * 2 <= threads:
+        tpr *= 2
+    thr_layout = cute.make_layout((threads // tpr, tpr), stride=(tpr, 1))
+    val_layout = cute.make_layout((1, n // tpr))
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
+    return cute.make_tiled_copy_tv(atom, thr_layout, val_layout)
+
+
+@cute.jit
+def store_rows_staged(tiled_mma: cute.TiledMma, regs: cute.Tensor, sC: cute.Tensor, gC: cute.Tensor, row0, rows,
+                      tid, threads: cutlass.Constexpr[int]):
+    """A whole accumulator tile already in its output dtype (`regs`, in the accumulator's layout) into gC (tile_m,
+    tile_n) through the row-major smem tile sC: stmatrix in, 16-byte row vectors out (full sectors, where the
+    accumulator's own layout stores 4-byte pairs), rows at or past `rows` (counted from `row0`, gC's first) left out.
+    All `threads` threads of the CTA take part (one CTA barrier between the two halves)."""
+    r2s = acc_smem_copy(tiled_mma, LayoutEnum.ROW_MAJOR, regs.element_type)
+    copy_acc_to_smem(r2s, r2s.get_slice(tid).partition_D(sC), regs)
+    cute.arch.sync_threads()
+    tile = (cute.size(gC, mode=[0]), cute.size(gC, mode=[1]))
+    s2g = row_store_copy(regs.element_type, tile, threads)
+    thr = s2g.get_slice(tid)
+    src = thr.partition_S(sC)
+    dst = thr.partition_D(gC)
+    crd = thr.partition_D(cute.make_identity_tensor(tile))
+    frag = cute.make_rmem_tensor_like(src)
+    cute.autovec_copy(src, frag)
+    for i in cutlass.range_constexpr(cute.size(frag, mode=[1])):
+        if row0 + crd[(0, i, 0)][0] < rows:
+            cute.autovec_copy(frag[(None, i, None)], dst[(None, i, None)])
 
 
 @cute.jit

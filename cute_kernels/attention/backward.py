@@ -938,14 +938,22 @@ class FlashAttnBwdPost:
             if cutlass.const_expr(self.varlen):
                 mO = cute.domain_offset((q_start, 0), mO)
             gO = cute.local_tile(mO, (s.tile_m, d), (m, 0))
-            g_rows = acc_rows_view(thr.partition_C(gO))
-            c_rows = acc_rows_view(thr.partition_C(cute.make_identity_tensor((s.tile_m, d))))
-            o_rows = acc_rows_view(r_o)
-            row0 = m * s.tile_m
-            for r in cutlass.range_constexpr(cute.size(o_rows, mode=[0])):
-                if row0 + c_rows[r, 0][0] < seqlen:
-                    for c in cutlass.range_constexpr(cute.size(o_rows, mode=[1])):
-                        g_rows[r, c] = o_rows[r, c]
+            if cutlass.const_expr(s.dq_chunks(d) == 1 or s.dq_tile(d)[1] % 64 == 0):
+                # through smem: 16-byte row stores (rows < seqlen) instead of the accumulator layout's 4-byte pairs
+                sO_layout = epi.smem_layout(LayoutEnum.ROW_MAJOR, self.dtype, (s.tile_m, d), 1)
+                smem = cutlass.memory.SmemAllocator()
+                sO = smem.allocate_tensor(self.dtype, sO_layout.outer, byte_alignment=1024, swizzle=sO_layout.inner)
+                epi.store_rows_staged(mma_dq, r_o, sO[(None, None, 0)], gO, m * s.tile_m, seqlen, tidx,
+                                      128 * s.dq_chunks(d))
+            else:  # D = 192's two 96-column halves: no stmatrix partition of the tile; the accumulator's own layout
+                g_rows = acc_rows_view(thr.partition_C(gO))
+                c_rows = acc_rows_view(thr.partition_C(cute.make_identity_tensor((s.tile_m, d))))
+                o_rows = acc_rows_view(r_o)
+                row0 = m * s.tile_m
+                for r in cutlass.range_constexpr(cute.size(o_rows, mode=[0])):
+                    if row0 + c_rows[r, 0][0] < seqlen:
+                        for c in cutlass.range_constexpr(cute.size(o_rows, mode=[1])):
+                            g_rows[r, c] = o_rows[r, c]
         if cutlass.const_expr(self.varlen):
             if bb == cute.size(mCuQ, mode=[0]) - 1:  # the tail slot: query rows past the last sequence
                 zero_tail_rows((mdQ,), mCuQ, h, m, s.tile_m, tidx, 128 * s.dq_chunks(d), self.dtype, d)

@@ -104,6 +104,7 @@ def test_side_kernels(name, over, tmp_path):
             assert (scalar_ld, scalar_st) == ((8, 9) if over.get("dlse") else (4, 8))
     else:
         assert "ld.global.v4" in ptx  # the accumulator's MMA order read back 16 bytes at a time
+        assert "stmatrix" in ptx and "st.global.v4" in ptx  # dQ through smem, 16-byte row stores
 
 
 def test_defaults_follow_head_dim():
