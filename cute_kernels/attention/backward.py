@@ -115,6 +115,12 @@ def zero_tail_rows(outs, cu, head, slot, rows_per_slot: int, tidx, threads: int,
                     v[(None, idx % vecs)].store(zeros.load())
 
 
+def consumer_warpgroup():
+    """The consumer warpgroup index (0, 1) from the warp index, made warp-uniform: the smem operand slices (and so every
+    WGMMA descriptor built from them) then live in uniform registers, not rebuilt per thread before each WGMMA."""
+    return cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4 - 1
+
+
 def _mma(dt, a_major, b_major, atoms, tiler_mn, a_regs=False):
     return sm90_utils.make_trivial_tiled_mma(
         dt, dt, a_major, b_major, Float32, atoms, tiler_mn=tiler_mn,
@@ -451,9 +457,7 @@ class FlashAttnBwd:
         # `set` below gives the atom a new field value: on a copy, so that nothing this call creates is used after it
         # (it is traced once per warpgroup role under a run-time branch)
         mma_kv = cutlass.new_from_mlir_values(mma_kv, cutlass.extract_mlir_values(mma_kv))
-        # the consumer warpgroup from the warp index, made warp-uniform: the smem operand slices (and so every WGMMA
-        # descriptor built from them) then live in uniform registers, not rebuilt per thread before each WGMMA
-        cwg = cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4 - 1
+        cwg = consumer_warpgroup()
         tid = ctid % 128
         chunks = s.dq_chunks(d)
         chunk = s.tile_m * d // chunks
@@ -527,8 +531,9 @@ class FlashAttnBwd:
                 # early_stats: the column statistics (LSE2, later D) go into registers while the GEMMs run, so that no
                 # exponential waits on its shared-memory load; else (and with softcap, whose tanh' tile needs those
                 # registers) each is read where it is used
-                stat = cute.make_rmem_tensor(cols, Float32)
+                stat = None
                 if cutlass.const_expr(early):
+                    stat = cute.make_rmem_tensor(cols, Float32)
                     for c in cutlass.range_constexpr(cols):
                         stat[c] = sL[c_rows[0, c][1], idx]
                 pipe_do.consumer_wait(state)
@@ -677,9 +682,7 @@ class FlashAttnBwd:
         for head-dim columns [w D / 2, (w + 1) D / 2), every operand from smem."""
         s, d, dt = self.s, self.d, self.dtype
         mma_kv = cutlass.new_from_mlir_values(mma_kv, cutlass.extract_mlir_values(mma_kv))
-        # the consumer warpgroup from the warp index, made warp-uniform: the smem operand slices (and so every WGMMA
-        # descriptor built from them) then live in uniform registers, not rebuilt per thread before each WGMMA
-        cwg = cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4 - 1
+        cwg = consumer_warpgroup()
         tid = ctid % 128
         chunk = s.tile_m * d // 2
         wg_s = mma_s.get_slice(cwg * 128)
