@@ -32,6 +32,7 @@ read and masked; V there must be finite (its probabilities are 0, and 0 * inf is
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
 
@@ -393,26 +394,37 @@ def _flash_attn_bwd_cuda(dout, q, k, v, out, lse, dlse=None, causal=False, windo
     sched = schedule or default_bwd_schedule(d, right >= 0, deterministic)
     tm = sched.tile_m
     tiles = (sq + tm - 1) // tm
-    dev = q.device
-    lse2 = torch.empty(b, hq, tiles * tm, dtype=torch.float32, device=dev)
-    dpsum = torch.empty(b, hq, tiles * tm, dtype=torch.float32, device=dev)
-    dq_acc = torch.empty(b, hq, tiles, tm * d, dtype=torch.float32, device=dev)
-    sem = torch.empty(b, hq, tiles, dtype=torch.int32, device=dev)  # deterministic: zeroed by the preprocess
-    dout = _readable(dout)
-    _fits_32bit(q=q, k=k, dout=dout, dq_accumulator=dq_acc)
-    pre, main, post = _bwd_kernels(sched, q.dtype, d, left, right, softcap, deterministic, varlen=False,
-                                   dlse=dlse is not None)
-    if dlse is None:
-        dlse = lse  # unread
-    scalars = _bwd_scalars(d, softmax_scale, softcap)
+    w = _bwd_workspace(q, k, dout, lse, dlse, (b, hq), tiles, sched, left, right, softmax_scale, softcap, deterministic,
+                       varlen=False)
+    pre, main, post = w.kernels
+    dev, scalars = q.device, w.scalars
     # the kernels' views: rows (S_pad, H, B), the accumulator (tile_m D, tiles, H, B), O / dO / Q / K / V (S, D, H, B)
-    rows2, rowsd, acc, do_ = lse2.permute(2, 1, 0), dpsum.permute(2, 1, 0), dq_acc.permute(3, 2, 1, 0), _kernel_view(dout)
-    pre(_kernel_view(out), do_, lse.permute(2, 1, 0), dlse.permute(2, 1, 0), rows2, rowsd, acc, sem.permute(2, 1, 0),
-        _no_offsets(dev), sq)
+    rows2, rowsd, acc, do_ = (w.lse2.permute(2, 1, 0), w.dpsum.permute(2, 1, 0), w.dq_acc.permute(3, 2, 1, 0),
+                              _kernel_view(w.dout))
+    pre(_kernel_view(out), do_, lse.permute(2, 1, 0), w.dlse.permute(2, 1, 0), rows2, rowsd, acc,
+        w.sem.permute(2, 1, 0), _no_offsets(dev), sq)
     main(_kernel_view(q), _kernel_view(k), _kernel_view(v), do_, rows2, rowsd, acc, _kernel_view(dk), _kernel_view(dv),
-         sem.permute(2, 1, 0), *scalars, left, right)
+         w.sem.permute(2, 1, 0), *scalars, left, right)
     post(acc, _kernel_view(dq), _no_offsets(dev), sq, scalars[1])
     return dq, dk, dv
+
+
+def _bwd_workspace(q, k, dout, lse, dlse, lead, tiles, sched, left, right, softmax_scale, softcap, deterministic,
+                   varlen):
+    """What both backward ops set up, for `tiles` padded query tiles of each `lead` slice ((B, H), or (H,) packed):
+    the fp32 row vectors LSE2 and D, the dQ accumulator, the semaphores (deterministic: zeroed by the preprocess), a
+    TMA-readable dO (checked against 32-bit offsets), the three kernels, the dLSE the preprocess is given (the LSE
+    itself, unread, without one) and the kernels' scalars."""
+    dev, tm, d = q.device, sched.tile_m, q.shape[-1]
+    dq_acc = torch.empty(*lead, tiles, tm * d, dtype=torch.float32, device=dev)
+    dout = _readable(dout)
+    _fits_32bit(q=q, k=k, dout=dout, dq_accumulator=dq_acc)
+    return SimpleNamespace(
+        lse2=torch.empty(*lead, tiles * tm, dtype=torch.float32, device=dev),
+        dpsum=torch.empty(*lead, tiles * tm, dtype=torch.float32, device=dev),
+        dq_acc=dq_acc, sem=torch.empty(*lead, tiles, dtype=torch.int32, device=dev), dout=dout,
+        kernels=_bwd_kernels(sched, q.dtype, d, left, right, softcap, deterministic, varlen, dlse=dlse is not None),
+        dlse=lse if dlse is None else dlse, scalars=_bwd_scalars(d, softmax_scale, softcap))
 
 
 _offsets: dict = {}
@@ -457,26 +469,18 @@ def _flash_attn_varlen_bwd_cuda(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_
     sched = schedule or default_bwd_schedule(d, right >= 0, deterministic)
     tm = sched.tile_m
     tiles = varlen_total_tiles(total_q, batch, tm)
-    dev = q.device
-    lse2 = torch.empty(hq, tiles * tm, dtype=torch.float32, device=dev)
-    dpsum = torch.empty(hq, tiles * tm, dtype=torch.float32, device=dev)
-    dq_acc = torch.empty(hq, tiles, tm * d, dtype=torch.float32, device=dev)
-    sem = torch.empty(hq, tiles, dtype=torch.int32, device=dev)  # deterministic: zeroed by the preprocess
     cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    dout = _readable(dout)
-    _fits_32bit(q=q, k=k, dout=dout, dq_accumulator=dq_acc)
-    pre, main, post = _bwd_kernels(sched, q.dtype, d, left, right, softcap, deterministic, varlen=True,
-                                   dlse=dlse is not None)
-    if dlse is None:
-        dlse = lse  # unread
-    scalars = _bwd_scalars(d, softmax_scale, softcap)
+    w = _bwd_workspace(q, k, dout, lse, dlse, (hq,), tiles, sched, left, right, softmax_scale, softcap, deterministic,
+                       varlen=True)
+    pre, main, post = w.kernels
+    scalars = w.scalars
     # the kernels' views: one packed batch (B = 1)
-    rows2, rowsd, acc, do_ = (lse2.t()[:, :, None], dpsum.t()[:, :, None], dq_acc.permute(2, 1, 0)[..., None],
-                              _kernel_view(dout[None]))
-    pre(_kernel_view(out[None]), do_, lse.t()[:, :, None], dlse.t()[:, :, None], rows2, rowsd, acc,
-        sem.t()[:, :, None], cu_q, max_q)
+    rows2, rowsd, acc, do_ = (w.lse2.t()[:, :, None], w.dpsum.t()[:, :, None], w.dq_acc.permute(2, 1, 0)[..., None],
+                              _kernel_view(w.dout[None]))
+    pre(_kernel_view(out[None]), do_, lse.t()[:, :, None], w.dlse.t()[:, :, None], rows2, rowsd, acc,
+        w.sem.t()[:, :, None], cu_q, max_q)
     main(_kernel_view(q[None]), _kernel_view(k[None]), _kernel_view(v[None]), do_, rows2, rowsd, acc,
-         _kernel_view(dk[None]), _kernel_view(dv[None]), sem.t()[:, :, None], cu_q, cu_k, max_k, *scalars, left, right)
+         _kernel_view(dk[None]), _kernel_view(dv[None]), w.sem.t()[:, :, None], cu_q, cu_k, max_k, *scalars, left, right)
     post(acc, _kernel_view(dq[None]), cu_q, max_q, scalars[1])
     return dq, dk, dv
 
