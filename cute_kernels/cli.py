@@ -89,40 +89,34 @@ def cmd_schedules(args) -> int:
     if len(args.shape) != len(want):
         raise SystemExit(f"schedules {args.kernel}: --shape takes {len(want)} sizes {' '.join(want)}, "
                          f"got {len(args.shape)}")
-    if args.kernel == "attention" and args.backward:
-        from schedules.attention_bwd import HEAD_DIMS_BWD, candidates_bwd, default_bwd_schedule
-
-        b, s, h, d = args.shape
-        if d not in HEAD_DIMS_BWD:
-            raise SystemExit(f"schedules attention --backward: D must be one of {HEAD_DIMS_BWD}, got {d}")
-        limit = min(args.limit, 24)
-        if not torch.cuda.is_available():
-            what = f"B={b} S={s} H={h} D={d}{' causal' if args.causal else ''}"
-            print(f"no GPU here: the backward candidates that would be timed for {what} (default first):")
-            for c in candidates_bwd(d, args.causal)[:limit]:
-                print(f"  {c}{'  (default)' if c == default_bwd_schedule(d, args.causal) else ''}")
-            return 0
-        from cute_kernels.bench.schedule_search import search_attention_bwd
-
-        return search_attention_bwd(b, s, h, d, args.causal, out_dir=args.out, limit=limit)
-    if args.backward:
+    if args.backward and args.kernel != "attention":
         raise SystemExit("schedules: --backward is for attention")
     if args.kernel == "attention":
-        from schedules.attention import HEAD_DIMS, candidates, default_schedule
+        from schedules import attention, attention_bwd
 
+        bwd = args.backward
+        dims = attention_bwd.HEAD_DIMS_BWD if bwd else attention.HEAD_DIMS
         b, s, h, d = args.shape
-        if d not in HEAD_DIMS:
-            raise SystemExit(f"schedules attention: D must be one of {HEAD_DIMS}, got {d}")
+        if d not in dims:
+            raise SystemExit(f"schedules attention{' --backward' if bwd else ''}: D must be one of {dims}, got {d}")
         limit = min(args.limit, 24)
         if not torch.cuda.is_available():
             what = f"B={b} S={s} H={h} D={d}{' causal' if args.causal else ''}"
-            print(f"no GPU here: the candidates that would be timed for {what} (default first):")
-            for c in candidates(d, args.causal, limit):
-                print(f"  {c}{'  (default)' if c == default_schedule(d, args.causal) else ''}")
+            if bwd:
+                cands = attention_bwd.candidates_bwd(d, args.causal)[:limit]
+                default = attention_bwd.default_bwd_schedule(d, args.causal)
+            else:
+                cands = attention.candidates(d, args.causal, limit)
+                default = attention.default_schedule(d, args.causal)
+            print(f"no GPU here: the {'backward ' if bwd else ''}candidates that would be timed for {what} (default "
+                  "first):")
+            for c in cands:
+                print(f"  {c}{'  (default)' if c == default else ''}")
             return 0
-        from cute_kernels.bench.schedule_search import search_attention
+        from cute_kernels.bench.schedule_search import search_attention, search_attention_bwd
 
-        return search_attention(b, s, h, d, args.causal, out_dir=args.out, limit=limit)
+        search = search_attention_bwd if bwd else search_attention
+        return search(b, s, h, d, args.causal, out_dir=args.out, limit=limit)
     if not torch.cuda.is_available():
         from schedules.gemm import candidates, default_schedule
 
