@@ -127,7 +127,9 @@ def copy_acc_to_smem(r2s: cute.TiledCopy, thr_dst: cute.Tensor, regs: cute.Tenso
 
 def row_store_copy(dtype, tile_mn: tuple[int, int], threads: int) -> cute.TiledCopy:
     """`threads` threads moving a row-major (tile_m, tile_n) tile in 16-byte row vectors: a power-of-two number of
-    threads per row (the most that divides its vectors), each a contiguous run of the row."""
+    threads per row (the most that divides its vectors), each one vector per atom, repeated across the row at the
+    threads' stride (a longer contiguous run per thread would cross the 8 x 32 swizzle atoms of a 96-column smem
+    tile, where its composition with the tile's layout does not exist)."""
     m, n = tile_mn
     vec = 128 // dtype.width
     per_row = n // vec
@@ -135,7 +137,7 @@ def row_store_copy(dtype, tile_mn: tuple[int, int], threads: int) -> cute.TiledC
     while per_row % (tpr * 2) == 0 and tpr * 2 <= threads:
         tpr *= 2
     thr_layout = cute.make_layout((threads // tpr, tpr), stride=(tpr, 1))
-    val_layout = cute.make_layout((1, n // tpr))
+    val_layout = cute.make_layout((1, vec))
     atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
     return cute.make_tiled_copy_tv(atom, thr_layout, val_layout)
 

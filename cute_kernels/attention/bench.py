@@ -136,10 +136,10 @@ def _bwd_peers():
 
 def _bwd_variants(d):
     """Other backward schedules, timed as extra columns on the quick shapes (the backward op called directly), name ->
-    (schedule, deterministic): the statistics prefetch flipped, deterministic mode with the other dQ buffer count, and at
-    D = 64 the 128 x 128 tile with P through smem.
-    (Measured and set aside, perf/NOTES.md: tile_m 128 at D = 64 0.89x, dq_split "k" at D = 64 0.94x, dK before dQ at
-    D = 128 0.94x.)"""
+    (schedule, deterministic): the statistics prefetch flipped, in both modes, and deterministic mode with the other dQ
+    buffer count.
+    (Measured and set aside, perf/NOTES.md: tile_m 128 at D = 64 0.89x, with P through smem 0.95x (two stages) and
+    0.73x (one), dq_split "k" at D = 64 0.94x, dK before dQ at D = 128 0.94x.)"""
     import dataclasses
 
     from schedules.attention_bwd import default_bwd_schedule
@@ -150,11 +150,10 @@ def _bwd_variants(d):
     if base.kv_split == "rows":
         out[f"ours early_stats={not base.early_stats}"] = (dataclasses.replace(base, early_stats=not base.early_stats),
                                                           False)
+        out[f"ours deterministic early_stats={not det.early_stats}"] = (
+            dataclasses.replace(det, early_stats=not det.early_stats), True)
     out[f"ours deterministic dq_buffers={3 - det.dq_buffers}"] = (dataclasses.replace(det, dq_buffers=3 - det.dq_buffers),
                                                                  True)
-    if d <= 64:  # FA3's D = 64 tile, P through smem (at tile_m 128 both register-A GEMMs serialize every WGMMA)
-        for st in (2, 1):
-            out[f"ours 128x128 p_smem s{st}"] = (dataclasses.replace(base, tile_m=128, p_smem=True, stages=st), False)
     return {n: v for n, v in out.items() if v[0].fits(d)}
 
 
