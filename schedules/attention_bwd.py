@@ -38,11 +38,12 @@ dQ = dS K read them as MN- / K-major operands. Registers: dK, dV and the dQ part
 The tile order: the grid is (key blocks, K/V heads, batch), x fastest, key blocks ascending: with a causal mask key
 block 0 walks the most query blocks, so the longest columns start first. Deterministic causal runs (and launches) the
 key blocks descending instead, the order its semaphores count (`backward.FlashAttnBwd.dq_writer`).
-Deterministic mode launches (heads in a wave, key blocks, waves) instead, heads fastest (`det_wave_heads` of them,
-as many (batch, K/V head) pairs as keep their Q, dO and dQ accumulator within L2): the key blocks of one head then
-start one after another rather than all at once. Started together, block j of a head meets each query block j
-semaphore hand-overs (an add's completion, a release, an acquire) after block 0, a lag of j hand-overs before its
-first add that the whole walk carries: with 16-64 key blocks a head this was 1.16-1.55x the nondeterministic time.
+Deterministic mode without a right bound launches (pairs of a wave, key blocks, waves) instead, heads fastest
+(`det_wave_heads` of them, as many (batch, K/V head) pairs as keep their Q, dO and dQ accumulator within L2): the
+key blocks of one head then start one after another rather than all at once, where block j would begin j semaphore
+hand-overs behind block 0 (all of them ascend the query blocks in step). With a right bound the descending order
+gives each block slack already (its predecessors reached its first query block tile_n / tile_m steps earlier), and
+waves would launch the longest column of each wave last (measured 0.91-0.94x).
 
 `p_smem` (kv_split "rows"): P^T goes to shared memory by stmatrix (each warpgroup its own key rows, one buffer) and
 dV += P^T dO reads it there, so the bf16 P is not held in registers while dV runs: at tile_m 128, D = 64 (FA3's tile)

@@ -170,8 +170,9 @@ def test_deterministic_bitwise(d, causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_waves(causal):
-    """Deterministic mode launches (pairs of a wave, key blocks, waves), with as many (batch, K/V head) pairs a wave as
-    fit L2 (`det_wave_heads`): at 16384 rows and D = 128, 3 of the 4 pairs, so a second, partial wave. Every element
+    """Deterministic mode without a mask launches (pairs of a wave, key blocks, waves), with as many (batch, K/V head)
+    pairs a wave as fit L2 (`det_wave_heads`): at 16384 rows and D = 128, 3 of the 4 pairs, so a second, partial wave
+    (causal: the plain grid, descending, at the same length). Every element
     written, the gradients those of the nondeterministic backward of the same inputs up to summation order (its own
     accuracy is tested above), and twice bitwise."""
     from cute_kernels.attention.ops import _flash_attn_bwd_cuda
