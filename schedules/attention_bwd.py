@@ -38,12 +38,6 @@ dQ = dS K read them as MN- / K-major operands. Registers: dK, dV and the dQ part
 The tile order: the grid is (key blocks, K/V heads, batch), x fastest, key blocks ascending: with a causal mask key
 block 0 walks the most query blocks, so the longest columns start first. Deterministic causal runs (and launches) the
 key blocks descending instead, the order its semaphores count (`backward.FlashAttnBwd.dq_writer`).
-Deterministic mode without a right bound launches (pairs of a wave, key blocks, waves) instead, heads fastest
-(`det_wave_heads` of them, as many (batch, K/V head) pairs as keep their Q, dO and dQ accumulator within L2): the
-key blocks of one head then start one after another rather than all at once, where block j would begin j semaphore
-hand-overs behind block 0 (all of them ascend the query blocks in step). With a right bound the descending order
-gives each block slack already (its predecessors reached its first query block tile_n / tile_m steps earlier), and
-waves would launch the longest column of each wave last (measured 0.91-0.94x).
 
 `p_smem` (kv_split "rows"): P^T goes to shared memory by stmatrix (each warpgroup its own key rows, one buffer) and
 dV += P^T dO reads it there, so the bf16 P is not held in registers while dV runs: at tile_m 128, D = 64 (FA3's tile)
@@ -199,16 +193,6 @@ class AttentionBwdSchedule:
     def __str__(self) -> str:
         return (f"bwd{self.tile_m}x{self.tile_n}s{self.stages}" + (f"-{self.dq_split}" if self.dq_split else "")
                 + ("-dim" if self.kv_split == "dim" else "") + ("-dq2" if self.dq_buffers == 2 else "") + ("-early" if self.early_stats else "") + ("-psmem" if self.p_smem else ""))
-
-
-DET_L2_BYTES = 50 * 1024 * 1024  # of the H200's 60 MB: what a wave of heads may keep resident
-
-
-def det_wave_heads(rows_q, head_dim: int, group, pairs, hi=max, lo=min):
-    """Deterministic mode's (batch, K/V head) pairs per wave: the most whose Q, dO (2 bytes each) and dQ accumulator
-    (4 bytes) rows, `rows_q` per query head and `group` query heads a pair, fit DET_L2_BYTES; at least 1, at most
-    `pairs`. Plain arithmetic, for ints or (with `hi` / `lo` the DSL's max / min) the kernel's run-time integers."""
-    return lo(hi(DET_L2_BYTES // (group * head_dim * 8) // hi(rows_q, 1), 1), pairs)  # no 32-bit product of rows
 
 
 def default_bwd_schedule(head_dim: int, causal: bool = False, deterministic: bool = False) -> AttentionBwdSchedule:

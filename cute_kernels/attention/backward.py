@@ -54,7 +54,7 @@ from collectives.online_softmax import acc_rows_view
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout
 from collectives.vector_io import extent
 from collectives.wgmma_mainloop import acc_as_a_operand, mma_blocks, stage_of
-from schedules.attention_bwd import AttentionBwdSchedule, det_wave_heads, m_block_range, varlen_tile_base
+from schedules.attention_bwd import AttentionBwdSchedule, m_block_range, varlen_tile_base
 from schedules.hardware import SETMAXNREG_LAUNCH
 
 # Named barrier ids (0 is __syncthreads)
@@ -96,10 +96,11 @@ def seq_rows(varlen: bool, cu, bb, rows, tile_m: int):
 
 
 @cute.jit
-def zero_tail_rows(outs, cu, head, slot, slots, rows_per_slot: int, tidx, threads: int, dtype, d: int):
+def zero_tail_rows(outs, cu, head, slot, rows_per_slot: int, tidx, threads: int, dtype, d: int):
     """Varlen: rows [cu[-1], total) of each (total, D, H, 1) view in `outs` lie in no sequence; their gradient is 0.
-    Slot `slot` of `slots` (this head's CTAs of the tail slot) zeroes every slots-th group of `rows_per_slot` rows,
-    16 bytes a store, so that the gradients need no full zero fill before the kernels."""
+    Slot `slot` of the grid's x extent (this head's CTAs of the tail slot) zeroes every x-th group of `rows_per_slot`
+    rows, 16 bytes a store, so that the gradients need no full zero fill before the kernels."""
+    slots, _, _ = cute.arch.grid_dim()
     start = cu[cute.size(cu, mode=[0]) - 1]
     total = extent(outs[0], 0)
     vecs = d // 8
@@ -242,14 +243,8 @@ class FlashAttnBwd:
         else:
             batch = cute.size(q, mode=[3])
             n_blocks = (extent(k, 0) + s.tile_n - 1) // s.tile_n
-        # varlen: one more batch slot, whose CTAs zero dK / dV rows past the last sequence (`zero_tail_rows`)
-        pairs = cute.size(k, mode=[2]) * (batch + (1 if cutlass.const_expr(self.varlen) else 0))
+        # varlen: one more z slot, whose CTAs zero dK / dV rows past the last sequence (`zero_tail_rows`)
         grid = [cutlass.max(n_blocks, 1), cute.size(k, mode=[2]), batch + (1 if cutlass.const_expr(self.varlen) else 0)]
-        if cutlass.const_expr(self.deterministic and not self.mask.right):  # (pairs a wave, key blocks, waves)
-            rows_q = max_seqlen_k if cutlass.const_expr(self.varlen) else extent(q, 0)  # varlen: the longest keys
-            wave = det_wave_heads(rows_q, d, cute.size(q, mode=[2]) // cute.size(k, mode=[2]), pairs, cutlass.max,
-                                  cutlass.min)
-            grid = [wave, cutlass.max(n_blocks, 1), (pairs + wave - 1) // wave]
         self.kernel(mm.s, mm.kv, mm.dq, tma_q, gq, tma_do, gdo, tma_k, gk, tma_v, gv, tma_l, gl, tma_p, gp, dq_acc,
                     dk, dv, sem, cu_q, cu_k, Int32(cute.size(q, mode=[2]) // cute.size(k, mode=[2])), scale_log2,
                     scale, scale_over_cap, cap, window_left, window_right, sQ_layout, sK_layout, sdS_layout,
@@ -299,24 +294,11 @@ class FlashAttnBwd:
 
         # ---- the CTA's keys and its walk (every thread computes the same values) ----
         n_block, hk, bb = cute.arch.block_idx()
-        n_blocks = cute.arch.grid_dim()[0]
         if cutlass.const_expr(self.deterministic and self.mask.right):
             # dQ's contributions go in descending key-block order here (`dq_writer`): the blocks launch in that order,
             # so that a block only ever waits for blocks launched before it
-            n_block = n_blocks - 1 - n_block
-        if cutlass.const_expr(self.deterministic and not self.mask.right):
-            # the grid is (pairs of a wave, key blocks, waves), heads fastest (`schedules.attention_bwd`); the last
-            # wave's CTAs past the last (batch, K/V head) pair do nothing
-            x, y, z = cute.arch.block_idx()
-            gx, gy, _ = cute.arch.grid_dim()
-            n_blocks = gy
-            pair = z * gx + x
-            live = pair < cute.size(mK, mode=[2]) * (cute.size(mCuK, mode=[0]) if cutlass.const_expr(self.varlen)
-                                                      else cute.size(mQ, mode=[3]))
-            n_block = y
-            # warp-uniform, as block_idx is: the walk's addresses then stay in uniform registers
-            hk = cute.arch.make_warp_uniform(pair % cute.size(mK, mode=[2]))
-            bb = cute.arch.make_warp_uniform(pair // cute.size(mK, mode=[2]))
+            gx, _, _ = cute.arch.grid_dim()
+            n_block = gx - 1 - n_block
         q_start, seqlen_q, tile_base, bt = seq_rows(self.varlen, mCuQ, bb, extent(mQ, 0), s.tile_m)
         k_start, seqlen_k, _, _ = seq_rows(self.varlen, mCuK, bb, extent(mK, 0), s.tile_n)
         m_min, m_max = m_block_range(n_block, s.tile_m, s.tile_n, seqlen_q, seqlen_k, left, right, self.mask)
@@ -325,8 +307,6 @@ class FlashAttnBwd:
         w = SimpleNamespace(n_block=n_block, hk=hk, b=bt, bb=bb, q_start=q_start, k_start=k_start, seqlen_q=seqlen_q,
                             seqlen_k=seqlen_k, tile_base=tile_base, m_min=m_min, m_count=m_count, steps=steps,
                             group=group, left=left, right=right)
-        if cutlass.const_expr(self.deterministic and not self.mask.right):
-            seqlen_k = cutlass.select_(live, seqlen_k, Int32(0))
         if n_block * s.tile_n < seqlen_k:  # varlen: blocks past this sequence's keys do nothing
             if wg == 0:
                 cute.arch.setmaxregister_decrease(s.producer_regs)
@@ -353,7 +333,7 @@ class FlashAttnBwd:
                         self.consumer(*args, computes_dq=False, sPm=sPm)
         if cutlass.const_expr(self.varlen):
             if bb == cute.size(mCuK, mode=[0]) - 1:  # the tail slot: key rows past the last sequence
-                zero_tail_rows((mdK, mdV), mCuK, hk, n_block, n_blocks, s.tile_n, tidx, s.threads, dt, d)
+                zero_tail_rows((mdK, mdV), mCuK, hk, n_block, s.tile_n, tidx, s.threads, dt, d)
 
     @cute.jit
     def step_coords(self, w: SimpleNamespace, i: Int32):
@@ -421,8 +401,7 @@ class FlashAttnBwd:
         """Per step: for each warpgroup's chunk of buffer i % dq_buffers, once the reduce-add that last read it is done,
         let the warpgroup write it (EMPTY); when it is written (FULL), add it into the accumulator with one bulk
         reduce-add. Two buffers let the consumers store block i + 1's dQ while block i's add waits (its turn, in
-        deterministic mode). Deterministic mode releases step i's tile (its semaphore + 1, once the add has completed)
-        after step i + 1's add is issued: the completion's latency overlaps the next step instead of adding to each."""
+        deterministic mode)."""
         s, d = self.s, self.d
         chunks = s.dq_chunks(d)
         nbuf = s.dq_buffers
@@ -432,9 +411,10 @@ class FlashAttnBwd:
             h, m = self.step_coords(w, i)
             buf = i % nbuf
             for c in cutlass.range_constexpr(chunks):
-                # groups are issued a chunk at a time, buffer after buffer: this one's last reader was chunks *
-                # (nbuf - 1) + (chunks - 1 - c) groups ago
-                cute.arch.cp_async_bulk_wait_group(chunks * (nbuf - 1) + chunks - 1 - c, read=True)
+                if cutlass.const_expr(not self.deterministic):
+                    # groups are issued a chunk at a time, buffer after buffer: this one's last reader was chunks *
+                    # (nbuf - 1) + (chunks - 1 - c) groups ago
+                    cute.arch.cp_async_bulk_wait_group(chunks * (nbuf - 1) + chunks - 1 - c, read=True)
                 cute.arch.barrier_arrive(barrier_id=_DQ_EMPTY + 2 * c + buf, number_of_threads=160)
             gdQ = mdQ[(None, w.tile_base + m, h, w.b)]
             if cutlass.const_expr(self.deterministic):
@@ -458,24 +438,13 @@ class FlashAttnBwd:
                                         chunk * 4)
                 cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.deterministic):
-                if i > 0:  # step i - 1's adds complete (only step i's groups pending): release its tile
-                    cute.arch.cp_async_bulk_wait_group(chunks, read=False)
-                    self.release_tile(w, mSem, i - 1, lane)
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                if lane == 0:
+                    cute.arch.fence_acq_rel_gpu()
+                    flag = (mSem.iterator + cute.crd2idx((w.tile_base + m, h, w.b), mSem.layout)).llvm_ptr
+                    cute.arch.atomic_add(flag, Int32(1), sem="release", scope="gpu")
+                cute.arch.sync_warp()
         cute.arch.cp_async_bulk_wait_group(0, read=False)
-        if cutlass.const_expr(self.deterministic):
-            if w.steps > 0:
-                self.release_tile(w, mSem, w.steps - 1, lane)
-
-    @cute.jit
-    def release_tile(self, w, mSem, i, lane):
-        """Deterministic mode: step i's dQ tile has this block's contribution (its add completed): the tile's semaphore
-        + 1, released at GPU scope for the next block in the order."""
-        h, m = self.step_coords(w, i)
-        if lane == 0:
-            cute.arch.fence_acq_rel_gpu()
-            flag = (mSem.iterator + cute.crd2idx((w.tile_base + m, h, w.b), mSem.layout)).llvm_ptr
-            cute.arch.atomic_add(flag, Int32(1), sem="release", scope="gpu")
-        cute.arch.sync_warp()
 
     # --- the consumer warpgroups ---------------------------------------------------------------------
     @cute.jit
@@ -990,5 +959,4 @@ class FlashAttnBwdPost:
                             g_rows[r, c] = o_rows[r, c]
         if cutlass.const_expr(self.varlen):
             if bb == cute.size(mCuQ, mode=[0]) - 1:  # the tail slot: query rows past the last sequence
-                zero_tail_rows((mdQ,), mCuQ, h, m, cute.arch.grid_dim()[0], s.tile_m, tidx, 128 * s.dq_chunks(d),
-                               self.dtype, d)
+                zero_tail_rows((mdQ,), mCuQ, h, m, s.tile_m, tidx, 128 * s.dq_chunks(d), self.dtype, d)

@@ -79,9 +79,8 @@ def test_backward_ingredients(compiled):
         hgmma = re.findall(r"HGMMA[^;]*;", sass)
         assert sum("gsb0" in h for h in hgmma) <= len(hgmma) // 4, "wgmma serialized"
         # the smem operand slices come from the warp-uniform warpgroup index: their descriptors stay in uniform
-        # registers (a per-thread index moved them into vector registers, R2UR before every WGMMA: 50-100 of them);
-        # the rest are set-up (deterministic varlen's wave decomposition of the grid: up to 35)
-        assert len(re.findall(r"\bR2UR\b", sass)) <= 40, "WGMMA descriptors built in vector registers"
+        # registers (a per-thread index moved them into vector registers, R2UR before every WGMMA: 50-100 of them)
+        assert len(re.findall(r"\bR2UR\b", sass)) <= 32, "WGMMA descriptors built in vector registers"
 
 
 @pytest.mark.parametrize("name,over", [("flash_attn_bwd_pre", {"head_dim": 128}),
@@ -212,38 +211,3 @@ def test_deterministic_order_sees_the_same_blocks(tm, tn):
                 lo, hi = n_block_range(m, tm, tn, sq, sk, left, right, kind)
                 assert [n for n in range(nb) if m in ranges[n]] == list(range(lo, max(lo, hi))), (sq, sk, left, right, m)
 
-
-@pytest.mark.parametrize("pairs,nb,wave", [(256, 16, 49), (32, 64, 6), (5, 3, 2), (7, 1, 7), (3, 4, 1)])
-@pytest.mark.parametrize("descending", [False, True])
-def test_deterministic_waves_wait_only_on_earlier_launches(pairs, nb, wave, descending):
-    """The deterministic grid (pairs of a wave, key blocks, waves), launched x fastest: every (pair, key block) comes
-    exactly once, and the block a semaphore waits for before its turn (the one before it in the count's order,
-    ascending or, with a right bound, descending) was launched earlier; within a wave a pair's blocks are `wave`
-    launches apart, so that they start one after another."""
-    waves = (pairs + wave - 1) // wave
-    launch = {}
-    for z in range(waves):
-        for y in range(nb):
-            for x in range(wave):
-                pair = z * wave + x
-                if pair < pairs:
-                    n = nb - 1 - y if descending else y
-                    assert (pair, n) not in launch
-                    launch[(pair, n)] = len(launch)
-    assert len(launch) == pairs * nb
-    for (pair, n), at in launch.items():
-        before = n + 1 if descending else n - 1
-        if 0 <= before < nb:
-            assert launch[(pair, before)] < at
-            assert at - launch[(pair, before)] == min(wave, pairs - (pair // wave) * wave)
-
-
-def test_det_wave_heads_fits_l2():
-    from schedules.attention_bwd import DET_L2_BYTES, det_wave_heads
-
-    for rows, d, group, pairs in [(2048, 64, 1, 256), (8192, 128, 1, 32), (16384, 256, 8, 4), (1 << 22, 256, 1, 8),
-                                  (1, 64, 1, 3)]:
-        w = det_wave_heads(rows, d, group, pairs)
-        assert 1 <= w <= pairs
-        assert w == 1 or w * rows * group * d * 8 <= DET_L2_BYTES
-        assert w == pairs or (w + 1) * rows * group * d * 8 > DET_L2_BYTES
