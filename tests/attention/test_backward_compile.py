@@ -210,4 +210,3 @@ def test_deterministic_order_sees_the_same_blocks(tm, tn):
             for m in range(mb):
                 lo, hi = n_block_range(m, tm, tn, sq, sk, left, right, kind)
                 assert [n for n in range(nb) if m in ranges[n]] == list(range(lo, max(lo, hi))), (sq, sk, left, right, m)
-
