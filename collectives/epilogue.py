@@ -130,7 +130,7 @@ def row_store_copy(dtype, tile_mn: tuple[int, int], threads: int) -> cute.TiledC
     threads per row (the most that divides its vectors), each one vector per atom, repeated across the row at the
     threads' stride (a longer contiguous run per thread would cross the 8 x 32 swizzle atoms of a 96-column smem
     tile, where its composition with the tile's layout does not exist)."""
-    m, n = tile_mn
+    n = tile_mn[1]
     vec = 128 // dtype.width
     per_row = n // vec
     tpr = 1

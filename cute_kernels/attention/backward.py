@@ -190,6 +190,10 @@ class FlashAttnBwd:
         self.launch(q, k, v, do, lse2, dpsum, dq_acc, dk, dv, sem, cu_seqlens_q, cu_seqlens_k, max_seqlen_k,
                     scale_log2, scale, scale_over_cap, cap, window_left, window_right, stream)
 
+    def p_rows_layout(self):
+        """p_smem: the smem tile of P^T (keys, q: q contiguous), one buffer (each warpgroup reads only its own rows)."""
+        return operand_smem_layout(LayoutEnum.ROW_MAJOR, self.dtype, self.s.tile_n, self.s.tile_m, 1)
+
     @cute.jit
     def launch(self, q, k, v, do, lse2, dpsum, dq_acc, dk, dv, sem, cu_q, cu_k, max_seqlen_k, scale_log2, scale,
                scale_over_cap, cap, window_left, window_right, stream):
@@ -203,8 +207,7 @@ class FlashAttnBwd:
             sdS_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_m, s.tile_n, st)
         else:  # dS (keys, q): q contiguous
             sdS_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, s.tile_m, st)
-        sPr_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, s.tile_m, 1)  # p_smem: P^T, one buffer
-        p_elems = cute.cosize(sdS_layout) if s.kv_split == "dim" else cute.cosize(sPr_layout)
+        p_elems = cute.cosize(sdS_layout) if s.kv_split == "dim" else cute.cosize(self.p_rows_layout())
         vec_layout = cute.make_layout((s.tile_m, st))
         dq_elems = s.tile_m * d * s.dq_buffers
         tma_q, gq = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), q,
@@ -285,7 +288,7 @@ class FlashAttnBwd:
         if cutlass.const_expr(s.kv_split == "dim"):
             sPm = stor.sPm.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         elif cutlass.const_expr(s.p_smem):
-            sPr_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, s.tile_m, 1)
+            sPr_layout = self.p_rows_layout()
             sPm = stor.sPm.get_tensor(sPr_layout.outer, swizzle=sPr_layout.inner)
         sL = stor.sL.get_tensor(vec_layout)
         sP = stor.sP.get_tensor(vec_layout)
