@@ -41,7 +41,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "argmax": ("argmax",),
     "quantize": ("quantize_1x128", "quantize_128x128"),
     "fp8_gemm": ("fp8_gemm", "fp8_gemm_grouped_contiguous", "fp8_gemm_grouped_masked"),
-    "attention": ("flash_attn", "flash_attn_varlen"),
+    "attention": ("flash_attn", "flash_attn_varlen", "flash_attn_with_kvcache", "merge_attention_states",
+                  "merge_attention_states_many"),
 }
 OP_FAMILY: dict[str, str] = {op: fam for fam, ops in FAMILIES.items() for op in ops}
 

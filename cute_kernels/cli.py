@@ -85,7 +85,10 @@ def cmd_bench(args) -> int:
 def cmd_schedules(args) -> int:
     import torch
 
-    want = {"gemm": ("M", "N", "K"), "attention": ("B", "S", "H", "D")}[args.kernel]
+    want = {"gemm": ("M", "N", "K"), "attention": ("B", "S", "H", "D"),
+            "decode": ("B", "L", "H_Q", "H_KV", "D", "[Q_LEN]", "[PAGE]")}[args.kernel]
+    if args.kernel == "decode":
+        return _schedules_decode(args, torch)
     if len(args.shape) != len(want):
         raise SystemExit(f"schedules {args.kernel}: --shape takes {len(want)} sizes {' '.join(want)}, "
                          f"got {len(args.shape)}")
@@ -128,6 +131,37 @@ def cmd_schedules(args) -> int:
     from cute_kernels.bench.schedule_search import search
 
     return search(*args.shape, out_dir=args.out, limit=args.limit)
+
+
+def _schedules_decode(args, torch) -> int:
+    """`schedules decode --shape B L H_Q H_KV D [Q_LEN] [PAGE]`: the split model's choice and the candidates; timed
+    on a GPU."""
+    from schedules.decode import (
+        DECODE_HEAD_DIMS,
+        choose_splits,
+        decode_candidates,
+        default_decode_schedule,
+        split_table,
+    )
+
+    if not 5 <= len(args.shape) <= 7:
+        raise SystemExit(f"schedules decode: --shape takes B L H_Q H_KV D [Q_LEN] [PAGE], got {len(args.shape)} sizes")
+    b, n, hq, hk, d, q_len, page = list(args.shape) + [1, 0][len(args.shape) - 5:]  # q_len 1, contiguous
+    if d not in DECODE_HEAD_DIMS or hk < 1 or hq % hk:
+        raise SystemExit(f"schedules decode: D must be one of {DECODE_HEAD_DIMS} and H_Q a multiple of H_KV")
+    if not torch.cuda.is_available():
+        base = default_decode_schedule(d)
+        row = split_table([(b, n, hk, q_len, hq // hk)], base)[0]
+        print(f"no GPU here: the split model for B={b} L={n} H_q={hq} H_kv={hk} D={d} q_len={q_len} on 132 SMs: "
+              f"{row['splits']} splits ({row['ctas']} CTAs, {row['tiles_per_split']} tiles of {base.tile_n} keys a "
+              "split); the candidates that would be timed:")
+        for s in decode_candidates(d)[:args.limit]:
+            print(f"  {s}  splits={choose_splits(b, hk, n, q_len, hq // hk, s, sms=132)}"
+                  f"{'  (default)' if s == base else ''}")
+        return 0
+    from cute_kernels.bench.schedule_search import search_decode
+
+    return search_decode(b, n, hq, hk, d, q_len, page, out_dir=args.out, limit=args.limit)
 
 
 def _variant(spec, params: dict) -> str:
@@ -222,9 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("schedules", help="time the candidate schedules of a kernel on one shape (GPU)")
-    s.add_argument("kernel", choices=["gemm", "attention"])
+    s.add_argument("kernel", choices=["gemm", "attention", "decode"])
     s.add_argument("--shape", nargs="+", type=int, required=True, metavar="SIZE",
-                   help="gemm: M N K; attention: B S H D (self-attention, bf16)")
+                   help="gemm: M N K; attention: B S H D (self-attention, bf16); decode: B L H_Q H_KV D [Q_LEN] "
+                        "[PAGE] (every sequence at L keys)")
     s.add_argument("--causal", action="store_true", help="attention: a causal mask")
     s.add_argument("--backward", action="store_true", help="attention: the backward's schedules")
     s.add_argument("--out", default=None, metavar="DIR")

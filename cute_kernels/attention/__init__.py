@@ -12,6 +12,7 @@ from cute_kernels.fake import fake_stream
 from cute_kernels.lazy import cute, cutlass
 from schedules.attention import HEAD_DIMS, KINDS, AttentionSchedule, default_schedule
 from schedules.attention_bwd import DQ_SPLITS, HEAD_DIMS_BWD, AttentionBwdSchedule
+from schedules.decode import DECODE_HEAD_DIMS, PAGE_SIZES, DecodeSchedule
 
 DTYPES = ("bf16", "fp16")
 MASKS = ("none", "causal", "window", "band")  # band: a window bounded on both sides (or causal + left)
@@ -404,3 +405,129 @@ FLASH_ATTN_BWD_POST = FlashAttnBwdSideSpec(
 )
 
 SPECS = (FLASH_ATTN, FLASH_ATTN_BWD, FLASH_ATTN_BWD_PRE, FLASH_ATTN_BWD_POST)
+
+
+# --- decode: split-KV flash decoding over a contiguous or paged KV cache, and the attention-state merge ------------
+@dataclass(frozen=True, eq=False)
+class FlashDecodeSpec(KernelSpec):
+    def defaults(self, given):
+        from schedules.decode import default_decode_schedule
+
+        p = super().defaults(given)
+        if "tile_n" not in given:
+            p["tile_n"] = default_decode_schedule(given.get("head_dim", p["head_dim"])).tile_n
+        return p
+
+    def check(self, p):
+        s = self.schedule_of(p)
+        elem = 1 if p["dtype"] == "fp8" else 2
+        if not s.fits(p["head_dim"], elem):
+            raise ValueError(f"{self.name}: {s} does not fit head_dim {p['head_dim']} ({s.smem_bytes(p['head_dim'], elem)}"
+                             " B smem)")
+
+    def build(self, p):
+        from cute_kernels.attention.decode import FlashDecode
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        d = p["head_dim"]
+
+        def sym(div=1):
+            return cute.sym_int32(divisibility=div)
+
+        def fake(dtype, shape, stride, align=16):
+            return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
+
+        q = fake(dt, (sym(), sym(), sym(), d), (sym(8), sym(8), sym(8), 1))
+        k = fake(dt, (sym(), d, sym(), sym()), (sym(8), 1, sym(8), sym(8)))
+        v = fake(dt, (d, sym(), sym(), sym()), (1, sym(8), sym(8), sym(8)))
+        o = fake(cutlass.Float32 if p["split"] else dt, (sym(), sym(), sym(), sym(), d),
+                 (sym(), sym(), sym(), sym(), 1), 4)
+        lse = fake(cutlass.Float32, (sym(), sym(), sym(), sym()), (sym(), sym(), sym(), sym()), 4)
+        seqlens = fake(cutlass.Int32, (sym(),), (1,), 4)
+        table = fake(cutlass.Int32, (sym(), sym()), (sym(), 1), 4)
+        kernel = FlashDecode(dt, d, self.schedule_of(p), p["page_size"], mask_kind(p["mask"]), p["softcap"], p["split"])
+        i32, f32 = cutlass.Int32, cutlass.Float32
+        return kernel, (q, k, v, o, lse, seqlens, table, i32(0), i32(1), f32(1.0), f32(1.0), f32(1.0), f32(1.0),
+                        i32(-1), i32(-1), fake_stream())
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"page_size": 16, "split": True, "mask": "causal"})]
+
+    def sweep(self):
+        out = [self.resolve({"head_dim": d, "split": sp}) for d in DECODE_HEAD_DIMS for sp in (False, True)]
+        for ps in (16, 32, 48, 64, 256):
+            out.append(self.resolve({"page_size": ps, "split": True}))
+        for mask in MASKS:
+            out.append(self.resolve({"mask": mask, "softcap": mask == "band", "page_size": 64}))
+        out.append(self.resolve({"dtype": "fp16", "tile_n": 64}))
+        return out
+
+
+FLASH_DECODE = FlashDecodeSpec(
+    name="flash_decode",
+    family="attention",
+    lesson=0,
+    summary="decode attention (flash decoding): a CTA per (KV head, batch, split), GQA rows packed into WGMMA M, K/V "
+            "tiles (or pages) by TMA through a stage ring, online softmax, partial (O, LSE) per split",
+    ops=("flash_attn_with_kvcache",),
+    status="ready",
+    schedule=DecodeSchedule,
+    params={
+        "dtype": Param("bf16", DTYPES, "signature", "Q/K/V/O element type"),
+        "head_dim": Param(128, DECODE_HEAD_DIMS, "signature", "head dimension D"),
+        "page_size": Param(0, (0, *PAGE_SIZES), "signature", "keys per KV page (0: a contiguous cache)"),
+        "mask": Param("none", MASKS, "signature", "bounded sides of each query's key window, bottom-right aligned"),
+        "softcap": Param(False, (True, False), "signature", "logit softcap"),
+        "split": Param(False, (True, False), "signature", "partial (O, LSE) in fp32 per split (else O, LSE final)"),
+        "tile_n": Param(128, (64, 128), help="keys per K/V tile (default: 128 up to D = 128, 64 above)"),
+        "stages": Param(0, (0, 1, 2, 3, 4, 5, 6, 7, 8), help="K/V smem stages (0: as many as fit)"),
+    },
+)
+
+
+@dataclass(frozen=True, eq=False)
+class MergeStatesSpec(KernelSpec):
+    def build(self, p):
+        from cute_kernels.attention.merge import MergeStates
+
+        d = p["head_dim"]
+
+        def sym(div=1):
+            return cute.sym_int32(divisibility=div)
+
+        src = dtypes.cutlass_of(p["in_dtype"])
+        dst = dtypes.cutlass_of(p["out_dtype"])
+        o = cute.runtime.make_fake_tensor(src, (sym(), sym(), sym(), sym(), d), stride=(sym(4), sym(4), sym(4), sym(4), 1),
+                                          assumed_align=4 * src.width // 8)
+        lse = cute.runtime.make_fake_tensor(cutlass.Float32, (sym(), sym(), sym(), sym()),
+                                            stride=(sym(), sym(), sym(), sym()), assumed_align=4)
+        out = cute.runtime.make_fake_tensor(dst, (sym(), sym(), sym(), d), stride=(sym(4), sym(4), sym(4), 1),
+                                            assumed_align=4 * dst.width // 8)
+        lse_out = cute.runtime.make_fake_tensor(cutlass.Float32, (sym(), sym(), sym()), stride=(sym(), sym(), sym()),
+                                                assumed_align=4)
+        return MergeStates(dst, d), (o, lse, out, lse_out, fake_stream())
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"in_dtype": "bf16", "out_dtype": "bf16", "head_dim": 64})]
+
+    def sweep(self):
+        return [self.resolve({"in_dtype": a, "out_dtype": b, "head_dim": d}) for a in ("fp32", "bf16", "fp16")
+                for b in ("fp32", "bf16", "fp16") for d in (64, 128, 256)]
+
+
+MERGE_STATES = MergeStatesSpec(
+    name="merge_attention_states",
+    family="attention",
+    lesson=0,
+    summary="attention-state merge: N (O, LSE) partials of one row over disjoint keys into the row's (O, LSE); "
+            "empty states (LSE +-inf) skipped",
+    ops=("merge_attention_states", "merge_attention_states_many", "flash_attn_with_kvcache"),
+    status="ready",
+    params={
+        "in_dtype": Param("fp32", ("fp32", "bf16", "fp16"), "signature", "the states' O element type"),
+        "out_dtype": Param("bf16", ("fp32", "bf16", "fp16"), "signature", "the merged O's element type"),
+        "head_dim": Param(128, tuple(range(4, 513, 4)), "signature", "head dimension D (a multiple of 4)"),
+    },
+)
+
+SPECS = SPECS + (FLASH_DECODE, MERGE_STATES)

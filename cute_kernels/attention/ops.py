@@ -499,3 +499,11 @@ register_op("cute_kernels::flash_attn_varlen_bwd", "(Tensor dout, Tensor q, Tens
             "bool causal=False, int window_left=-1, int window_right=-1, float? softmax_scale=None, "
             "float softcap=0.0, bool deterministic=False) -> (Tensor, Tensor, Tensor)",
             _flash_attn_varlen_bwd_cuda, _flash_attn_varlen_bwd_fake)
+
+
+# --- decode: the KV-cache op and the attention-state merges (`decode_ops.py`) --------------------------------------
+from cute_kernels.attention.decode_ops import (  # noqa: E402,F401  (exported with the family's ops)
+    flash_attn_with_kvcache,
+    merge_attention_states,
+    merge_attention_states_many,
+)

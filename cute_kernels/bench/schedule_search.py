@@ -159,3 +159,57 @@ def search_attention_bwd(b: int, s: int, h: int, d: int, causal: bool = False, o
     _rank(f"FlashAttention backward schedules for B={b} S={s} H={h} D={d}{' causal' if causal else ''} (bf16)", tag,
           [b, s, h, d, causal], "SDPA cuDNN", t_ref, flops, timed, default_bwd_schedule(d, causal), out_dir)
     return 0
+
+
+def search_decode(b: int, n: int, hq: int, hk: int, d: int, q_len: int = 1, page: int = 0, out_dir: str | None = None,
+                  limit: int = 24) -> int:
+    """Decode attention, every sequence at length n (bf16, contiguous or pages of `page`): the `decode_candidates`
+    (tile width, stages, split granularity) at the split the model picks for each, and the default schedule at
+    forced splits 1 to 64, beside cuDNN SDPA, ranked by the bytes read per second."""
+    import json
+
+    from cute_kernels.attention.decode_ops import _flash_attn_with_kvcache_cuda
+    from schedules.decode import choose_splits, decode_candidates, default_decode_schedule
+
+    q = H.randn(b, q_len, hq, d, seed=1)
+    k, v = H.randn(b, n, hk, d, seed=2), H.randn(b, n, hk, d, seed=3)
+    table = None
+    if page:
+        table = torch.arange(b * (n // page), dtype=torch.int32, device="cuda").view(b, -1)
+        k, v = k.view(-1, page, hk, d), v.view(-1, page, hk, d)
+    lens = torch.full((b,), n, dtype=torch.int32, device="cuda")
+    base = default_decode_schedule(d)
+    cands = [(s, choose_splits(b, hk, n, q_len, hq // hk, s)) for s in decode_candidates(d)]
+    cands += [(base, sp) for sp in (1, 2, 4, 8, 16, 32, 64)]
+    cands = cands[:limit]
+    nbytes = 2 * b * n * hk * d * 2
+
+    def run(c):
+        s, sp = c
+        return _flash_attn_with_kvcache_cuda(q, k, v, cache_seqlens=lens, block_table=table, num_splits=sp,
+                                             schedule=s)
+
+    for c in cands:
+        run(c)
+    fns = {f"{i}": (lambda c=c: run(c)) for i, c in enumerate(cands)}
+    if not page:
+        def cudnn():
+            return torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
+
+        fns["SDPA"] = cudnn
+    res = H.do_bench_interleaved(fns, rep_ms=80)
+    timed = sorted(((c, res[f"{i}"]["median_ms"]) for i, c in enumerate(cands)), key=lambda x: x[1])
+    model = (base, choose_splits(b, hk, n, q_len, hq // hk, base))
+    print(f"decode schedules for B={b} L={n} H_q={hq} H_kv={hk} D={d} q_len={q_len}"
+          f"{f' pages of {page}' if page else ''} (bf16, K+V {nbytes / 2**20:.0f} MiB)")
+    if "SDPA" in res:
+        print(f"  SDPA cuDNN: {res['SDPA']['median_ms'] * 1e3:.1f} us, {nbytes / res['SDPA']['median_ms'] / 1e9:.2f} TB/s")
+    for c, t in timed:
+        mark = "  (default)" if c == model else ""
+        print(f"  {t * 1e3:8.1f} us  {nbytes / t / 1e9:5.2f} TB/s  splits={c[1]:<3d} {c[0]}{mark}")
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, f"decode_{b}x{n}x{hq}x{hk}x{d}x{q_len}_p{page}.json"), "w") as f:
+            json.dump([{"schedule": str(c[0]), "splits": c[1], "ms": t} for c, t in timed], f, indent=1)
+    return 0

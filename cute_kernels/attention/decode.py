@@ -1,0 +1,359 @@
+"""Decode attention on Hopper (flash decoding): a few query rows per sequence against a long KV cache, contiguous
+or paged, split across CTAs along the keys.
+
+One CTA per (row tile, batch x KV head, split) (`schedules.decode`): the q_len x g query rows that read KV head hk
+(g = H_q / H_kv; packed row r is query position t = r // g of query head hk g + r % g) fill the 64 rows of one
+WGMMA M (GQA packing), so a KV head's keys are read once for all its query heads. The split's key tiles are
+[first, last) of the sequence's ceil(L / tile_n) (`split_range`), L = cache_seqlens[b] + the appended tokens,
+read on the device.
+
+Warp roles (160 threads): warp 4 is the producer: it issues TMA loads of K (tile_n, D) and V^T (D, tile_n) tiles
+into `stages` swizzled buffers on the stage ring's mbarriers. Warpgroup 1 is the consumer: it gathers its 64
+packed Q rows into a swizzled smem tile (rows past q_len x g are zeros), then per tile S = Q K^T (WGMMA, both from
+smem), softcap, mask, the online softmax (`collectives.online_softmax`), O += P V (P as the register A operand),
+and at the end O / l and LSE. Rows are masked per their query position: key j of a row at position t is
+visible when j < L and, bottom-right aligned as FlashAttention, L - q_len + t - left <= j <= L - q_len + t + right
+(causal: right = 0).
+
+Paged KV: the cache is (num_pages, page_size, H_kv, D) and block_table[b, i] is the page holding keys
+[i page_size, (i + 1) page_size) of sequence b. The kernel sees K as (page_size, D, H_kv, num_pages) and V^T as
+(D, page_size, H_kv, num_pages); a contiguous cache (B, L_max, H_kv, D) is the same with page_size = L_max and
+sequence b's only page b (no table read). A tile is filled by `boxes` TMA boxes of box_rows = gcd(page_size,
+tile_n) keys each (one box when pages are at least a tile), each from its own page, into consecutive rows of the
+stage: the K-major (and V's MN-major) 128-byte-swizzled tile keeps 8 x 128-byte atoms whole for any box of a
+multiple of 8 rows, so a box lands where the full-tile box would have put those rows. A box past the sequence's
+last key re-reads the last box that holds keys (its page exists; its keys are masked), so no table entry past
+the sequence's pages is read.
+
+Keys past L in the last tile are masked in S (their K may be anything: the masked value replaces it). Their V
+rows are zeroed in smem before that tile's P V: P is 0 there, but 0 x NaN would poison O, and a cache's unwritten
+rows may hold anything.
+
+Outputs: with `split` (more than one split), the partial O (splits, B, q_len, H_q, D) and LSE (splits, B, H_q,
+q_len) in fp32, merged by `merge.MergeStates` (an empty split writes LSE = -inf and no O); without, O (1, B,
+q_len, H_q, D) in the input dtype and LSE (1, B, H_q, q_len) directly. A row that sees no key gets O = 0 and
+LSE = +inf (the forward's convention) when it is the only split.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from collectives.attention_mask import MaskKind, apply_softcap
+from collectives.online_softmax import NEG_INF, acc_rows_view, finalize_rows, update_rows
+from collectives.tma_pipeline import make_pipeline, operand_smem_layout
+from collectives.wgmma_mainloop import acc_as_a_operand, mma_blocks, stage_of
+from schedules.decode import ROWS_PER_TILE, DecodeSchedule
+
+_Q_BAR = 1  # named barrier: the consumer warpgroup's Q tile (and zeroed V rows) written before its WGMMAs
+_Q_VEC = 8  # Q elements per gathered vector (16 bytes)
+
+
+def box_rows(page_size: int, tile_n: int) -> int:
+    """Keys per TMA box: the whole tile for a contiguous cache (page_size 0), else gcd(page_size, tile_n)."""
+    return tile_n if page_size == 0 else math.gcd(page_size, tile_n)
+
+
+class FlashDecode:
+    def __init__(self, dtype, head_dim: int, schedule: DecodeSchedule, page_size: int = 0,
+                 mask: MaskKind = MaskKind(), softcap: bool = False, split: bool = False):
+        self.dtype, self.d, self.s = dtype, head_dim, schedule
+        self.page_size, self.mask, self.softcap, self.split = page_size, mask, softcap, split
+        self.box = box_rows(page_size, schedule.tile_n)
+        if self.box % 8:
+            raise ValueError(f"decode: page_size {page_size} and tile_n {schedule.tile_n} give {self.box}-key TMA "
+                             "boxes; a page must be a multiple of 16 keys")
+        self.boxes = schedule.tile_n // self.box
+
+    @cute.jit
+    def __call__(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor, lse: cute.Tensor,
+                 seqlens: cute.Tensor, block_table: cute.Tensor, seqlen_add: Int32, splits: Int32,
+                 scale_log2: Float32, scale_lse: Float32, scale_over_cap: Float32, cap: Float32, window_left: Int32,
+                 window_right: Int32, stream):
+        """q (B, q_len, H_q, D); K (page rows, D, H_kv, pages), V^T (D, page rows, H_kv, pages); O (splits or 1, B,
+        q_len, H_q, D), LSE (splits or 1, B, H_q, q_len); seqlens (B,) int32; block_table (B, max_pages) int32
+        (unread for a contiguous cache); seqlen_add: keys past seqlens[b] that count (the appended tokens)."""
+        s, d, dt = self.s, self.d, self.dtype
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32, (1, 1, 1),
+            tiler_mn=(ROWS_PER_TILE, s.tile_n))
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32, (1, 1, 1),
+            tiler_mn=(ROWS_PER_TILE, d), a_source=warpgroup.OperandSource.RMEM)
+        stages = s.num_stages(d, dt.width // 8)
+        sQ_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, ROWS_PER_TILE, d, 1)
+        sK_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, d, stages)
+        sV_layout = operand_smem_layout(LayoutEnum.COL_MAJOR, dt, d, s.tile_n, stages)
+        # one box: the first box_rows keys of a stage (K: rows of the K-major tile; V^T: columns of the MN-major one)
+        k_box = cute.make_composed_layout(sK_layout.inner, 0, cute.composition(
+            cute.slice_(sK_layout.outer, (None, None, 0)), cute.make_layout((self.box, d), stride=(1, s.tile_n))))
+        v_box = cute.make_composed_layout(sV_layout.inner, 0, cute.composition(
+            cute.slice_(sV_layout.outer, (None, None, 0)), cute.make_layout((d, self.box), stride=(1, d))))
+        tma_k, tma_gk = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), k, k_box, (self.box, d))
+        tma_v, tma_gv = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), v, v_box, (d, self.box))
+
+        @cute.struct
+        class Storage:
+            k_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            v_bars: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+
+        self.storage = Storage
+        q_len = cute.size(q, mode=[1])
+        group = cute.size(q, mode=[2]) // cute.size(k, mode=[2])
+        m_tiles = (q_len * group + ROWS_PER_TILE - 1) // ROWS_PER_TILE
+        grid = [m_tiles, cute.size(k, mode=[2]) * splits, cute.size(q, mode=[0])]
+        self.kernel(tiled_mma_qk, tiled_mma_pv, tma_k, tma_gk, tma_v, tma_gv, q, o, lse, seqlens, block_table,
+                    seqlen_add, splits, scale_log2, scale_lse, scale_over_cap, cap, window_left, window_right,
+                    sQ_layout, sK_layout, sV_layout).launch(grid=grid, block=[s.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tma_k: cute.CopyAtom, mK: cute.Tensor,
+               tma_v: cute.CopyAtom, mV: cute.Tensor, mQ: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               mSeqlens: cute.Tensor, mBT: cute.Tensor, seqlen_add: Int32, splits: Int32, scale_log2: Float32,
+               scale_lse: Float32, scale_over_cap: Float32, cap: Float32, window_left: Int32, window_right: Int32,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout):
+        dt = self.dtype
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp == 4:
+            cpasync.prefetch_descriptor(tma_k)
+            cpasync.prefetch_descriptor(tma_v)
+        smem = cutlass.memory.SmemAllocator()
+        st = smem.allocate(self.storage)
+        stages = cute.size(sK_layout, mode=[2])
+        kv_bytes = cute.size_in_bytes(dt, cute.slice_(sK_layout, (None, None, 0)))
+        pipe_k = make_pipeline(st.k_bars.data_ptr(), stages, kv_bytes, (1, 1), 4)
+        pipe_v = make_pipeline(st.v_bars.data_ptr(), stages, kv_bytes, (1, 1), 4)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        m_tile, by, b = cute.arch.block_idx()
+        kv_heads = cute.size(mK, mode=[2])
+        hk = by % kv_heads
+        split = by // kv_heads
+        q_len = cute.size(mQ, mode=[1])
+        seqlen_k = mSeqlens[b] + seqlen_add
+        first, count = self.split_range(seqlen_k, q_len, window_left, split, splits)
+
+        if warp == 4:
+            self.produce(tma_k, mK, sK, tma_v, mV, sV, pipe_k, pipe_v, mBT, b, hk, seqlen_k, first, count)
+        elif warp < 4:
+            self.consume(tiled_mma_qk, tiled_mma_pv, mQ, sQ, sK, sV, pipe_k, pipe_v, mO, mLSE, b, hk,
+                         cute.size(mQ, mode=[2]) // kv_heads, m_tile, split, seqlen_k, first, count, scale_log2,
+                         scale_lse, scale_over_cap, cap, window_left, window_right)
+
+    @cute.jit
+    def split_range(self, seqlen_k: Int32, q_len: Int32, left: Int32, split: Int32, splits: Int32):
+        """(first tile, tile count) of this split: the sequence's tiles that any row may see ([the left edge of the
+        lowest row's window, the last key]) cut into `splits` runs of equal length, the last ones shorter or empty."""
+        s = self.s
+        n_hi = (seqlen_k + s.tile_n - 1) // s.tile_n
+        n_lo = Int32(0)
+        if cutlass.const_expr(self.mask.left):
+            n_lo = cutlass.max(seqlen_k - q_len - left, 0) // s.tile_n
+        total = cutlass.max(n_hi - n_lo, 0)
+        per = (total + splits - 1) // splits
+        first = n_lo + split * per
+        count = cutlass.max(cutlass.min(first + per, n_hi) - first, 0)
+        return first, count
+
+    # --- the producer warp --------------------------------------------------------------------------------------
+    @cute.jit
+    def produce(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor,
+                sV: cute.Tensor, pipe_k, pipe_v, mBT: cute.Tensor, b: Int32, hk: Int32, seqlen_k: Int32, first: Int32,
+                count: Int32):
+        d = self.d
+        # global: (box, D) boxes of (page rows, D, pages) / (D, box) of (D, page rows, pages); smem: the boxes of a stage
+        gK = cute.flat_divide(mK[(None, None, hk, None)], (self.box, d))  # (box, D, page boxes, 1, pages)
+        gV = cute.flat_divide(mV[(None, None, hk, None)], (d, self.box))  # (D, box, 1, page boxes, pages)
+        sKb = cute.flat_divide(sK, (self.box, d))  # (box, D, boxes, 1, stages)
+        sVb = cute.flat_divide(sV, (d, self.box))  # (D, box, 1, boxes, stages)
+        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sKb, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sVb, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        last_box = cutlass.max(seqlen_k - 1, 0) // self.box  # the sequence's last box that holds keys
+        kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cute.size(sK, mode=[2]))
+        for i in cutlass.range(count, unroll=1):
+            n = first + i
+            pipe_k.producer_acquire(kv)
+            for j in cutlass.range_constexpr(self.boxes):
+                page, pbox = self.box_source(mBT, b, cutlass.min(n * self.boxes + j, last_box))
+                cute.copy(tma_k, tKgK[(None, pbox, 0, page)], tKsK[(None, j, 0, kv.index)],
+                          tma_bar_ptr=pipe_k.producer_get_barrier(kv))
+            pipe_k.producer_commit(kv)
+            pipe_v.producer_acquire(kv)
+            for j in cutlass.range_constexpr(self.boxes):
+                page, pbox = self.box_source(mBT, b, cutlass.min(n * self.boxes + j, last_box))
+                cute.copy(tma_v, tVgV[(None, 0, pbox, page)], tVsV[(None, 0, j, kv.index)],
+                          tma_bar_ptr=pipe_v.producer_get_barrier(kv))
+            pipe_v.producer_commit(kv)
+            kv.advance()
+        pipe_k.producer_tail(kv.clone())
+        pipe_v.producer_tail(kv)
+
+    @cute.jit
+    def box_source(self, mBT: cute.Tensor, b: Int32, key_box: Int32):
+        """(page, box within the page) of the sequence's `key_box`-th box of keys."""
+        if cutlass.const_expr(self.page_size == 0):
+            return b, key_box
+        per_page = self.page_size // self.box
+        return mBT[b, key_box // per_page], key_box % per_page
+
+    # --- the consumer warpgroup ---------------------------------------------------------------------------------
+    @cute.jit
+    def load_q(self, mQ: cute.Tensor, sQ: cute.Tensor, b: Int32, hk: Int32, g: Int32, m_tile: Int32, tid: Int32):
+        """The tile's 64 packed rows of Q into smem by the warpgroup's threads, a 16-byte vector each step; rows
+        past q_len x g are zeros (their scores are computed and dropped)."""
+        d = self.d
+        rows = cute.size(mQ, mode=[1]) * g
+        per_row = d // _Q_VEC
+        for it in cutlass.range_constexpr(ROWS_PER_TILE * per_row // 128):
+            idx = tid + it * 128
+            r = idx // per_row
+            c = idx % per_row
+            pr = m_tile * ROWS_PER_TILE + r
+            dst = cute.logical_divide(sQ[(r, None, 0)], cute.make_layout(_Q_VEC))[(None, c)]
+            if pr < rows:
+                src = cute.make_tensor(mQ[(b, pr // g, hk * g + pr % g, None)].iterator,
+                                       cute.make_layout((_Q_VEC, per_row), stride=(1, _Q_VEC)))[(None, c)]
+                dst.store(src.load())
+            else:
+                dst.fill(0.0)
+
+    @cute.jit
+    def consume(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, mQ: cute.Tensor, sQ: cute.Tensor,
+                sK: cute.Tensor, sV: cute.Tensor, pipe_k, pipe_v, mO: cute.Tensor, mLSE: cute.Tensor, b: Int32,
+                hk: Int32, g: Int32, m_tile: Int32, split: Int32, seqlen_k: Int32, first: Int32, count: Int32,
+                scale_log2: Float32, scale_lse: Float32, scale_over_cap: Float32, cap: Float32, left: Int32,
+                right: Int32):
+        s, d, dt = self.s, self.d, self.dtype
+        tidx, _, _ = cute.arch.thread_idx()
+        tid = tidx % 128
+        self.load_q(mQ, sQ, b, hk, g, m_tile, tid)
+        cute.arch.fence_view_async_shared()
+        q_bar = pipeline.NamedBarrier(barrier_id=_Q_BAR, num_threads=128)
+        q_bar.arrive_and_wait()
+
+        thr_qk = tiled_mma_qk.get_slice(tid)
+        thr_pv = tiled_mma_pv.get_slice(tid)
+        tSrQ = tiled_mma_qk.make_fragment_A(thr_qk.partition_A(sQ))[(None, None, None, 0)]
+        tSrK = tiled_mma_qk.make_fragment_B(thr_qk.partition_B(sK))
+        tOrV = tiled_mma_pv.make_fragment_B(thr_pv.partition_B(sV))
+        acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((ROWS_PER_TILE, s.tile_n)), Float32)
+        acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((ROWS_PER_TILE, d)), Float32)
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((ROWS_PER_TILE, s.tile_n)))
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((ROWS_PER_TILE, d)))
+        s_rows = acc_rows_view(acc_s)
+        o_rows = acc_rows_view(acc_o)
+        c_rows = acc_rows_view(tScS)
+        rows = cute.size(o_rows, mode=[0])
+        row_max = cute.make_rmem_tensor((rows,), Float32)
+        row_sum = cute.make_rmem_tensor((rows,), Float32)
+        row_max.fill(NEG_INF)
+        row_sum.fill(0.0)
+        acc_o.fill(0.0)
+        tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
+
+        q_len = cute.size(mQ, mode=[1])
+        # each of the thread's rows: the last key it sees (its query position's diagonal + right, or the end) and
+        # the first (the window's left edge)
+        hi = cute.make_rmem_tensor((rows,), Int32)
+        lo = cute.make_rmem_tensor((rows,), Int32)
+        for r in cutlass.range_constexpr(rows):
+            t = cutlass.min((m_tile * ROWS_PER_TILE + c_rows[r, 0][0]) // g, q_len - 1)
+            diag = seqlen_k - q_len + t
+            hi[r] = seqlen_k - 1
+            if cutlass.const_expr(self.mask.right):
+                hi[r] = cutlass.min(diag + right, seqlen_k - 1)
+            lo[r] = Int32(0)
+            if cutlass.const_expr(self.mask.left):
+                lo[r] = diag - left
+        # a tile needs the mask when it reaches past the lowest row's last key or below the highest row's first
+        hi_min = seqlen_k - 1
+        if cutlass.const_expr(self.mask.right):
+            hi_min = cutlass.min(seqlen_k - q_len + right, seqlen_k - 1)
+        lo_max = Int32(0)
+        if cutlass.const_expr(self.mask.left):
+            lo_max = seqlen_k - 1 - left
+
+        stages = cute.size(sK, mode=[2])
+        kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+        for i in cutlass.range(count, unroll=1):
+            n = first + i
+            pipe_k.consumer_wait(kv)
+            warpgroup.fence()
+            mma_blocks(tiled_mma_qk, acc_s, tSrQ, stage_of(tSrK, kv.index), zero_first=True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            pipe_k.consumer_release(kv)
+            if cutlass.const_expr(self.softcap):
+                apply_softcap(acc_s, scale_over_cap, cap)
+            key0 = n * s.tile_n
+            needs = key0 + s.tile_n - 1 > hi_min
+            if cutlass.const_expr(self.mask.left):
+                needs = needs | (key0 < lo_max)
+            if needs:
+                for r in cutlass.range_constexpr(rows):
+                    for c in cutlass.range_constexpr(cute.size(s_rows, mode=[1])):
+                        j = key0 + c_rows[r, c][1]
+                        if (j > hi[r]) | (j < lo[r]):
+                            s_rows[r, c] = Float32(NEG_INF)
+            update_rows(s_rows, o_rows, row_max, row_sum, scale_log2)
+            p = acc_as_a_operand(acc_s, dt)
+            pipe_v.consumer_wait(kv)
+            if key0 + s.tile_n > seqlen_k:
+                self.zero_v_tail(sV, kv.index, seqlen_k - key0, tid)
+            warpgroup.fence()
+            mma_blocks(tiled_mma_pv, acc_o, p, stage_of(tOrV, kv.index))
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            pipe_v.consumer_release(kv)
+            kv.advance()
+
+        # ---- epilogue: O / l and the LSE, straight from the registers ----
+        lse = cute.make_rmem_tensor((rows,), Float32)
+        finalize_rows(o_rows, row_max, row_sum, lse, scale_lse)
+        packed = q_len * g
+        oc_rows = acc_rows_view(tOcO)
+        slot = split if cutlass.const_expr(self.split) else 0
+        for r in cutlass.range_constexpr(rows):
+            pr = m_tile * ROWS_PER_TILE + oc_rows[r, 0][0]
+            if pr < packed:
+                t = pr // g
+                h = hk * g + pr % g
+                out_lse = lse[r]
+                if cutlass.const_expr(self.split):
+                    if count == 0:
+                        out_lse = Float32(NEG_INF)  # an empty split: the merge skips it (and its O)
+                if oc_rows[r, 0][1] == 0:
+                    mLSE[slot, b, h, t] = out_lse
+                g_row = mO[(slot, b, t, h, None)]
+                for c in cutlass.range_constexpr(cute.size(o_rows, mode=[1])):
+                    g_row[oc_rows[r, c][1]] = o_rows[r, c].to(mO.element_type)
+
+    @cute.jit
+    def zero_v_tail(self, sV: cute.Tensor, stage: Int32, valid: Int32, tid: Int32):
+        """V^T's columns (keys) valid .. tile_n - 1 of `stage` set to 0 by the warpgroup, made visible to the
+        WGMMA (async proxy) before any thread goes on."""
+        d = self.d
+        n = (self.s.tile_n - valid) * d
+        for idx in cutlass.range((n + 127 - tid) // 128, unroll=1):
+            e = tid + idx * 128
+            sV[(e % d, valid + e // d, stage)] = self.dtype(0.0)
+        cute.arch.fence_view_async_shared()
+        pipeline.NamedBarrier(barrier_id=_Q_BAR, num_threads=128).arrive_and_wait()

@@ -1,0 +1,370 @@
+"""Torch ops of decode attention: `cute_kernels::flash_attn_with_kvcache` (split-KV flash decoding over a
+contiguous or paged KV cache, `decode.py`) and the attention-state merges `cute_kernels::merge_attention_states`
+and `cute_kernels::merge_attention_states_many` (`merge.py`).
+
+flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, ...):
+- q (B, q_len, H_q, D), bf16 / fp16, D in {64, 128, 256}, H_q a multiple of H_kv;
+- a contiguous cache k_cache / v_cache (B, L_max, H_kv, D), or a paged one (num_pages, page_size, H_kv, D) with
+  block_table (B, max_pages) int32 (page_size a multiple of 16, 16 to 256): key i of sequence b is row
+  i % page_size of page block_table[b, i // page_size];
+- cache_seqlens (B,) int32 on q's device: the keys already in each sequence's cache, read on the device, never
+  modified (the caller advances it, as in FlashAttention); None: every sequence fills the cache's capacity;
+- k / v (B, q_len, H_kv, D): the new tokens, written in place into the cache at positions cache_seqlens[b] ..
+  + q_len - 1 before attending (only those rows are written); the attended length is then cache_seqlens + q_len;
+- causal / window are bottom-right aligned (query t of q_len sees keys <= L - q_len + t, as FlashAttention);
+  softcap and softmax_scale as `flash_attn`;
+- num_splits: CTAs per (batch, KV head) along the keys (None: `schedules.decode.choose_splits` from the static
+  shapes); with more than one, fp32 partials are merged by the merge kernel;
+- returns O (B, q_len, H_q, D) and, with return_lse, the LSE (B, H_q, q_len) fp32 (natural log; +inf for a row
+  that sees no key, whose O is 0).
+Graph-safe: no host synchronization, every buffer from the caching allocator. `validate=True` (off by default:
+it synchronizes) checks the device-side values: cache_seqlens within the capacity, the block table's entries in
+use inside the pool. FP8 KV (k_scale / v_scale) is not built yet and is refused.
+
+merge_attention_states(o_a, lse_a, o_b, lse_b) and merge_attention_states_many(o, lse): states in `flash_attn`'s
+layouts, o (B, S, H, D) bf16 / fp16 / fp32 and lse (B, H, S) fp32 (the many-way form with a leading states axis,
+(N, B, S, H, D) and (N, B, H, S)), any strides; return (o in o's dtype, lse fp32). LSE is base e; a state with
+LSE +inf or -inf is empty; a row with only empty states gets O = 0 and LSE = +inf.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import dtypes
+from cute_kernels.attention.ops import _bounds, _kernel_view, _scalars
+from cute_kernels.torch_ops import call, register_op
+from schedules.decode import (
+    DECODE_HEAD_DIMS,
+    MAX_SPLITS,
+    PAGE_SIZES,
+    DecodeSchedule,
+    choose_splits,
+    default_decode_schedule,
+)
+
+AB_TORCH = (torch.bfloat16, torch.float16)
+STATE_TORCH = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _shape(t):
+    return tuple(t.shape)
+
+
+def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window_left, window_right, softcap,
+                   softmax_scale, num_splits):
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be on a CUDA device, got device '{t.device}'")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D, got shape {_shape(t)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if q.dtype not in AB_TORCH:
+        raise TypeError(f"q has dtype {str(q.dtype).replace('torch.', '')}; supported: bfloat16, float16")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype in (torch.float8_e4m3fn,):
+            raise NotImplementedError(f"{name}: an FP8 KV cache (with k_scale / v_scale) is not built yet")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; cast one of them first")
+    b, q_len, hq, d = q.shape
+    if d not in DECODE_HEAD_DIMS:
+        raise ValueError(f"head dim (q.shape[3]) must be one of {DECODE_HEAD_DIMS}, got {d}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {_shape(k_cache)} and v_cache {_shape(v_cache)} must have the same shape")
+    if k_cache.shape[3] != d:
+        raise ValueError(f"k_cache's head dim ({k_cache.shape[3]}) differs from q's ({d})")
+    hk = k_cache.shape[2]
+    if hk == 0 or hq % hk:
+        raise ValueError(f"query heads ({hq}) must be a multiple of the cache's key/value heads ({hk}) (GQA/MQA)")
+    if block_table is None:
+        if k_cache.shape[0] != b:
+            raise ValueError(f"k_cache's batch ({k_cache.shape[0]}) differs from q's ({b}); a paged cache needs "
+                             "block_table")
+    else:
+        if not isinstance(block_table, torch.Tensor):
+            raise TypeError(f"block_table must be a torch.Tensor, got {type(block_table).__name__}")
+        if block_table.dtype != torch.int32:
+            raise TypeError(f"block_table must be int32, got dtype {str(block_table.dtype).replace('torch.', '')}")
+        if block_table.dim() != 2 or block_table.shape[0] != b:
+            raise ValueError(f"block_table must be (batch={b}, max_pages), got shape {_shape(block_table)}")
+        if block_table.device != q.device:
+            raise ValueError(f"block_table is on {block_table.device} but q is on {q.device}")
+        page = k_cache.shape[1]
+        if page not in PAGE_SIZES:
+            raise ValueError(f"page size (k_cache.shape[1]) must be a multiple of 16 from 16 to 256, got {page}")
+    if cache_seqlens is not None:
+        if not isinstance(cache_seqlens, torch.Tensor):
+            raise TypeError(f"cache_seqlens must be a torch.Tensor, got {type(cache_seqlens).__name__}")
+        if cache_seqlens.dtype != torch.int32:
+            raise TypeError(f"cache_seqlens must be int32, got dtype {str(cache_seqlens.dtype).replace('torch.', '')}")
+        if cache_seqlens.dim() != 1 or cache_seqlens.shape[0] != b:
+            raise ValueError(f"cache_seqlens must be (batch={b},), got shape {_shape(cache_seqlens)}")
+        if cache_seqlens.device != q.device:
+            raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but q is on {q.device}")
+    if (k is None) != (v is None):
+        raise ValueError("k and v (the new tokens) must be given together")
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.shape != (b, q_len, hk, d):
+                raise ValueError(f"{name} must be (batch, q_len, kv_heads, head_dim) = {(b, q_len, hk, d)}, got "
+                                 f"{_shape(t)}")
+            if t.dtype != k_cache.dtype:
+                raise TypeError(f"{name} has dtype {t.dtype} but the cache has {k_cache.dtype}")
+            if t.device != q.device:
+                raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+        if cache_seqlens is None:
+            raise ValueError("appending k / v needs cache_seqlens (where each sequence's new tokens go)")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {tuple(t.stride())}")
+    for name, w in (("window[0] (left)", window_left), ("window[1] (right)", window_right)):
+        if w < -1:
+            raise ValueError(f"{name} must be >= 0, or -1 for unbounded, got {w}")
+    if softmax_scale is not None and not softmax_scale > 0:
+        raise ValueError(f"softmax_scale must be > 0, got {softmax_scale}")
+    if not softcap >= 0:
+        raise ValueError(f"softcap must be >= 0 (0: off), got {softcap}")
+    if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be None (chosen per shape) or 1 to {MAX_SPLITS}, got {num_splits}")
+
+
+def _capacity(k_cache, block_table) -> int:
+    """Keys a sequence's cache can hold: L_max, or the block table's pages times the page size."""
+    return k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
+
+
+def _validate(k_cache, cache_seqlens, block_table, q_len: int, appended: bool) -> None:
+    """The device-side values a caller promises (`validate=True`: synchronizes)."""
+    cap = _capacity(k_cache, block_table)
+    lens = cache_seqlens.long() + (q_len if appended else 0)
+    if bool((cache_seqlens < 0).any()) or bool((lens > cap).any()):
+        raise ValueError(f"cache_seqlens (+ q_len when appending) must lie in [0, {cap}] (the cache's capacity); got "
+                         f"{cache_seqlens.tolist()}")
+    if block_table is not None:
+        pages = (lens + k_cache.shape[1] - 1) // k_cache.shape[1]
+        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < pages[:, None]
+        bad = used & ((block_table < 0) | (block_table >= k_cache.shape[0]))
+        if bool(bad.any()):
+            b, i = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(f"block_table[{b}, {i}] = {int(block_table[b, i])} is outside the pool of "
+                             f"{k_cache.shape[0]} pages")
+
+
+def _append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
+    """k / v (B, q_len, H_kv, D) into the cache rows cache_seqlens[b] + t, by device-side indices (no sync)."""
+    b, q_len = k.shape[:2]
+    pos = cache_seqlens.long()[:, None] + torch.arange(q_len, device=k.device)[None, :]  # (B, q_len)
+    if block_table is None:
+        rows = (torch.arange(b, device=k.device)[:, None].expand(b, q_len), pos)
+    else:
+        page = k_cache.shape[1]
+        rows = (block_table.long().gather(1, pos // page), pos % page)
+    k_cache.index_put_(rows, k)
+    v_cache.index_put_(rows, v)
+
+
+_dummy_tables: dict = {}
+
+
+def _no_table(device) -> torch.Tensor:
+    t = _dummy_tables.get(device)
+    if t is None:
+        t = _dummy_tables[device] = torch.zeros(1, 1, dtype=torch.int32, device=device)
+    return t
+
+
+def _decode_compiled(dtype, d, page_size, mask, softcap: bool, split: bool, sched: DecodeSchedule):
+    from cute_kernels.attention import FLASH_DECODE
+
+    return FLASH_DECODE.compiled(sched, dtype=dtypes.name_of(dtype), head_dim=d, page_size=page_size, mask=mask,
+                                 softcap=softcap, split=split)
+
+
+def _merge_compiled(in_dtype, out_dtype, d):
+    from cute_kernels.attention import MERGE_STATES
+
+    return MERGE_STATES.compiled(in_dtype=dtypes.name_of(in_dtype), out_dtype=dtypes.name_of(out_dtype), head_dim=d)
+
+
+def _table_view(block_table):
+    if block_table.stride(-1) != 1:
+        block_table = block_table.contiguous()
+    return block_table
+
+
+def _flash_attn_with_kvcache_cuda(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
+                                  causal=False, window_left=-1, window_right=-1, softcap=0.0, softmax_scale=None,
+                                  num_splits=None, validate=False, schedule: DecodeSchedule | None = None):
+    _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window_left, window_right, softcap,
+                   softmax_scale, num_splits)
+    b, q_len, hq, d = q.shape
+    hk = k_cache.shape[2]
+    out = torch.empty(b, q_len, hq, d, dtype=q.dtype, device=q.device)
+    lse = torch.empty(b, hq, q_len, dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    appended = k is not None
+    if validate and cache_seqlens is not None:
+        _validate(k_cache, cache_seqlens, block_table, q_len, appended)
+    if appended:
+        _append(k_cache, v_cache, k, v, cache_seqlens, block_table)
+    cap = _capacity(k_cache, block_table)
+    if cache_seqlens is None:
+        cache_seqlens = torch.full((b,), cap, dtype=torch.int32, device=q.device)
+    from cute_kernels.attention import mask_name
+
+    left, right = _bounds(causal, window_left, window_right, cap + q_len)
+    sched = schedule or default_decode_schedule(d)
+    splits = num_splits or choose_splits(b, hk, cap, q_len, hq // hk, sched)
+    page = 0 if block_table is None else k_cache.shape[1]
+    table = _no_table(q.device) if block_table is None else _table_view(block_table)
+    q_view = q if q.stride(-1) == 1 and all(s % 8 == 0 for s in q.stride()[:3]) and q.data_ptr() % 16 == 0 \
+        else q.contiguous()
+    fn = _decode_compiled(q.dtype, d, page, mask_name(left, right), softcap > 0, splits > 1, sched)
+    k_view, v_view = _kernel_view(k_cache), _kernel_view(v_cache, True)
+    scalars = (*_scalars(d, softmax_scale, softcap), left, right)
+    if splits == 1:
+        fn(q_view, k_view, v_view, out[None], lse[None], cache_seqlens, table, q_len if appended else 0, 1, *scalars)
+        return out, lse
+    o_part = torch.empty(splits, b, q_len, hq, d, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(splits, b, hq, q_len, dtype=torch.float32, device=q.device)
+    fn(q_view, k_view, v_view, o_part, lse_part, cache_seqlens, table, q_len if appended else 0, splits, *scalars)
+    _merge_compiled(torch.float32, q.dtype, d)(o_part, lse_part, out, lse)
+    return out, lse
+
+
+def _flash_attn_with_kvcache_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
+                                  causal=False, window_left=-1, window_right=-1, softcap=0.0, softmax_scale=None,
+                                  num_splits=None, validate=False):
+    _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window_left, window_right, softcap,
+                   softmax_scale, num_splits)
+    b, q_len, hq, d = q.shape
+    return (torch.empty(b, q_len, hq, d, dtype=q.dtype, device=q.device),
+            torch.empty(b, hq, q_len, dtype=torch.float32, device=q.device))
+
+
+register_op("cute_kernels::flash_attn_with_kvcache",
+            "(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
+            "Tensor? cache_seqlens=None, Tensor? block_table=None, bool causal=False, int window_left=-1, "
+            "int window_right=-1, float softcap=0.0, float? softmax_scale=None, int? num_splits=None, "
+            "bool validate=False) -> (Tensor, Tensor)",
+            _flash_attn_with_kvcache_cuda, _flash_attn_with_kvcache_fake)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, k_scale=None,
+                            v_scale=None, causal: bool = False, window: tuple[int, int] = (-1, -1),
+                            softcap: float = 0.0, softmax_scale: float | None = None, num_splits: int | None = None,
+                            return_lse: bool = False, validate: bool = False):
+    """Decode attention against a KV cache (see the module doc); returns O, or (O, LSE) with `return_lse`."""
+    if k_scale is not None or v_scale is not None:
+        raise NotImplementedError("k_scale / v_scale: an FP8 KV cache is not built yet")
+    if not (isinstance(window, (tuple, list)) and len(window) == 2):
+        raise ValueError(f"window must be a pair (left, right) of ints, -1 for unbounded, got {window!r}")
+    out, lse = call("cute_kernels::flash_attn_with_kvcache", q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                    bool(causal), int(window[0]), int(window[1]), float(softcap), softmax_scale,
+                    None if num_splits is None else int(num_splits), bool(validate))
+    return (out, lse) if return_lse else out
+
+
+# --- the attention-state merges ----------------------------------------------------------------------------------
+def _check_states(o, lse, many: bool, name_o="o", name_lse="lse"):
+    dims = 5 if many else 4
+    for name, t in ((name_o, o), (name_lse, lse)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be on a CUDA device, got device '{t.device}'")
+    if o.dtype not in STATE_TORCH:
+        raise TypeError(f"{name_o} has dtype {str(o.dtype).replace('torch.', '')}; supported: float32, bfloat16, "
+                        "float16")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"{name_lse} must be float32, got {str(lse.dtype).replace('torch.', '')}")
+    lead = "(N, B, S, H, D)" if many else "(B, S, H, D)"
+    if o.dim() != dims:
+        raise ValueError(f"{name_o} must be {dims}-D {lead}, got shape {_shape(o)}")
+    want = (*o.shape[:-3], o.shape[-2], o.shape[-3])
+    if lse.shape != want:
+        raise ValueError(f"{name_lse} must be {'(N, B, H, S)' if many else '(B, H, S)'} = {want} for {name_o} "
+                         f"{_shape(o)}, got {_shape(lse)}")
+    if lse.device != o.device:
+        raise ValueError(f"{name_lse} is on {lse.device} but {name_o} is on {o.device}")
+    d = o.shape[-1]
+    if d % 4 or d > 512:
+        raise ValueError(f"head dim ({name_o}.shape[-1]) must be a multiple of 4 up to 512, got {d}")
+
+
+def _state_view(o: torch.Tensor) -> torch.Tensor:
+    """o with a unit-stride D, the other strides multiples of 4 elements and a 4-element-aligned address (one
+    vector per thread), copied otherwise; strides of size-1 modes made small and aligned."""
+    e = o.element_size()
+    if o.stride(-1) != 1 or o.data_ptr() % (4 * e) or any(s % 4 for s, n in zip(o.stride()[:-1], o.shape[:-1])
+                                                         if n > 1):
+        o = o.contiguous()
+    strides = [s if n > 1 else 4 for s, n in zip(o.stride()[:-1], o.shape[:-1])]
+    return o.as_strided(o.shape, (*strides, 1))
+
+
+def _merge_many_cuda(o, lse):
+    _check_states(o, lse, True)
+    n, b, s, h, d = o.shape
+    out = torch.empty(b, s, h, d, dtype=o.dtype, device=o.device)
+    lse_out = torch.empty(b, h, s, dtype=torch.float32, device=o.device)
+    if out.numel() == 0:
+        return out, lse_out
+    if n == 0:
+        out.zero_()
+        lse_out.fill_(float("inf"))
+        return out, lse_out
+    _merge_compiled(o.dtype, o.dtype, d)(_state_view(o), lse, out, lse_out)
+    return out, lse_out
+
+
+def _merge_many_fake(o, lse):
+    _check_states(o, lse, True)
+    n, b, s, h, d = o.shape
+    return (torch.empty(b, s, h, d, dtype=o.dtype, device=o.device),
+            torch.empty(b, h, s, dtype=torch.float32, device=o.device))
+
+
+register_op("cute_kernels::merge_attention_states_many", "(Tensor o, Tensor lse) -> (Tensor, Tensor)",
+            _merge_many_cuda, _merge_many_fake)
+
+
+def _check_pair(o_a, lse_a, o_b, lse_b):
+    _check_states(o_a, lse_a, False, "o_a", "lse_a")
+    _check_states(o_b, lse_b, False, "o_b", "lse_b")
+    if o_a.shape != o_b.shape or o_a.dtype != o_b.dtype or o_a.device != o_b.device:
+        raise ValueError(f"o_a and o_b must match in shape, dtype and device; got {_shape(o_a)} {o_a.dtype} "
+                         f"{o_a.device} and {_shape(o_b)} {o_b.dtype} {o_b.device}")
+
+
+def _merge_two_cuda(o_a, lse_a, o_b, lse_b):
+    _check_pair(o_a, lse_a, o_b, lse_b)
+    return _merge_many_cuda(torch.stack((o_a, o_b)), torch.stack((lse_a, lse_b)))
+
+
+def _merge_two_fake(o_a, lse_a, o_b, lse_b):
+    _check_pair(o_a, lse_a, o_b, lse_b)
+    b, s, h, d = o_a.shape
+    return (torch.empty(b, s, h, d, dtype=o_a.dtype, device=o_a.device),
+            torch.empty(b, h, s, dtype=torch.float32, device=o_a.device))
+
+
+register_op("cute_kernels::merge_attention_states", "(Tensor o_a, Tensor lse_a, Tensor o_b, Tensor lse_b) -> "
+            "(Tensor, Tensor)", _merge_two_cuda, _merge_two_fake)
+
+
+def merge_attention_states(o_a, lse_a, o_b, lse_b):
+    """The attention over the union of two disjoint key sets from each one's (O (B, S, H, D), LSE (B, H, S)):
+    returns (O, LSE)."""
+    return call("cute_kernels::merge_attention_states", o_a, lse_a, o_b, lse_b)
+
+
+def merge_attention_states_many(o, lse):
+    """merge_attention_states over a leading states axis: o (N, B, S, H, D), lse (N, B, H, S) -> (O, LSE)."""
+    return call("cute_kernels::merge_attention_states_many", o, lse)

@@ -1,0 +1,118 @@
+"""Decode-attention schedules: how many CTAs share one (batch, KV head)'s keys (split-KV), and each CTA's tiles.
+
+With one query (or a few: speculative decoding) per sequence there is no parallelism along the queries. The
+q_len x (H_q / H_kv) query rows that read one KV head are packed into the MMA's M dimension (GQA packing: 64
+rows a tile, `m_tiles` tiles when there are more), so a CTA covers a (batch, KV head, row tile); that gives
+B x H_kv x m_tiles CTAs, far fewer than the SMs at small batch. Split-KV (flash decoding) cuts each sequence's
+key blocks into `splits` contiguous ranges, one CTA each, every CTA writing a partial (O, LSE) in fp32; the
+attention-state merge combines them (`cute_kernels.attention.merge`).
+
+The kernel is memory-bound (K and V are read once: 2 * L * D * 2 bytes per KV head at bf16, against 4 L D g
+FLOPs, g query rows), so the schedule is about keeping bytes in flight: one producer warp streams K and V
+tiles by TMA through `stages` smem buffers, one consumer warpgroup computes. A CTA holds 64 KiB a stage at
+tile_n 128, D 128 (bf16 K + V), three stages: one CTA an SM, 192 KiB in flight.
+
+`choose_splits` is the split model, from the static shapes only (B, H_kv, the cache's key capacity, q_len) and
+the SM count, so a CUDA graph and `torch.compile` see one launch per shape: enough CTAs to fill every SM
+once (`waves`), but no split shorter than `min_tiles` key tiles (each split pays a pipeline fill and writes D + 1
+fp32 per row, and the merge reads them back).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schedules.hardware import num_sms as _num_sms
+
+DECODE_HEAD_DIMS = (64, 128, 256)
+MAX_SPLITS = 128
+MAX_Q_LEN = 16
+MAX_GROUP = 16
+ROWS_PER_TILE = 64  # the WGMMA's M: packed query rows per CTA
+PAGE_SIZES = tuple(16 * k for k in range(1, 17))  # 16 .. 256, multiples of 16
+
+
+@dataclass(frozen=True)
+class DecodeSchedule:
+    """tile_n: keys per K/V tile (one WGMMA N); stages: K/V smem buffers (0: as many as fit);
+    min_tiles: the shortest split `choose_splits` makes, in tiles; waves: CTAs per SM it aims for."""
+
+    tile_n: int = 128
+    stages: int = 0
+    min_tiles: int = 4
+    waves: int = 1
+
+    def __post_init__(self):
+        if self.tile_n not in (64, 128):
+            raise ValueError(f"DecodeSchedule.tile_n must be 64 or 128, got {self.tile_n}")
+        if self.stages < 0 or self.stages > 8:
+            raise ValueError(f"DecodeSchedule.stages must be 0 (as many as fit) to 8, got {self.stages}")
+        if self.min_tiles < 1 or self.waves < 1:
+            raise ValueError("DecodeSchedule.min_tiles and waves must be >= 1")
+
+    threads = 160  # warps 0-3: the consumer warpgroup; warp 4: the producer (one CTA an SM: no register budgets)
+
+    def stage_bytes(self, head_dim: int, elem_bytes: int) -> int:
+        return 2 * self.tile_n * head_dim * elem_bytes
+
+    def num_stages(self, head_dim: int, elem_bytes: int, smem_limit: int = 227 * 1024) -> int:
+        """The stages given, or as many as fit next to Q's (64, D) tile (at most 8)."""
+        if self.stages:
+            return self.stages
+        free = smem_limit - ROWS_PER_TILE * head_dim * 2 - 2048
+        return max(1, min(8, free // self.stage_bytes(head_dim, elem_bytes)))
+
+    def smem_bytes(self, head_dim: int, elem_bytes: int) -> int:
+        return ROWS_PER_TILE * head_dim * 2 + self.num_stages(head_dim, elem_bytes) * self.stage_bytes(
+            head_dim, elem_bytes) + 1024
+
+    def fits(self, head_dim: int, elem_bytes: int = 2) -> bool:
+        return self.smem_bytes(head_dim, elem_bytes) <= 227 * 1024
+
+
+def m_tiles(q_len: int, group: int) -> int:
+    """Row tiles of 64 packed query rows (q_len x group of them)."""
+    return max(1, -(-q_len * group // ROWS_PER_TILE))
+
+
+def choose_splits(batch: int, kv_heads: int, max_keys: int, q_len: int, group: int,
+                  schedule: DecodeSchedule = DecodeSchedule(), sms: int | None = None) -> int:
+    """Splits per (batch, KV head) from static shapes: the CTAs without splits are B x H_kv x m_tiles; split
+    while they fit in `waves` x the SMs (one CTA an SM: its smem), never below `min_tiles` key tiles a split (of the cache's capacity
+    `max_keys`: L_max, or the block table's pages x page size), at most MAX_SPLITS."""
+    sms = sms if sms is not None else _num_sms()
+    base = max(1, batch * kv_heads * m_tiles(q_len, group))
+    tiles = max(1, -(-max_keys // schedule.tile_n))
+    if 4 * base >= 3 * schedule.waves * sms:  # three quarters of the SMs busy already: a split only adds the merge
+        return 1
+    want = schedule.waves * sms // base  # whole waves: a CTA past the last SM would wait for a whole CTA's time
+    return int(max(1, min(want, tiles // schedule.min_tiles, MAX_SPLITS)))
+
+
+def default_decode_schedule(head_dim: int) -> DecodeSchedule:
+    return DecodeSchedule(tile_n=128 if head_dim <= 128 else 64)
+
+
+def split_table(shapes, schedule: DecodeSchedule = DecodeSchedule(), sms: int = 132) -> list[dict]:
+    """The split model's choice for each (B, L, H_kv, q_len, group) of `shapes`: the table `cute-kernels schedules
+    decode` prints and the docs show."""
+    rows = []
+    for b, length, hk, q_len, group in shapes:
+        s = choose_splits(b, hk, length, q_len, group, schedule, sms)
+        tiles = -(-length // schedule.tile_n)
+        rows.append(dict(batch=b, keys=length, kv_heads=hk, q_len=q_len, group=group,
+                         ctas=b * hk * m_tiles(q_len, group) * s, splits=s, tiles_per_split=-(-tiles // s)))
+    return rows
+
+
+def decode_candidates(head_dim: int) -> list[DecodeSchedule]:
+    """The schedules a search tries: both tile widths, two to four stages (or as many as fit), a few split
+    granularities."""
+    out = []
+    for tile_n in (64, 128):
+        for stages in (0, 2, 3, 4):
+            for min_tiles in (2, 4, 8):
+                s = DecodeSchedule(tile_n=tile_n, stages=stages, min_tiles=min_tiles)
+                if s.fits(head_dim):
+                    out.append(s)
+    return out

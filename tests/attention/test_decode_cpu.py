@@ -1,0 +1,197 @@
+"""CPU: decode attention's split model and schedules, the torch op in fake mode (shapes, named errors), the
+references' own consistency (the decode reference is the full attention's last rows; paged = contiguous; the
+merge is associative with the empty-state rule), and the kernels' compiled PTX (TMA boxes per page, WGMMAs, no
+local memory)."""
+
+import math
+import re
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from cute_kernels import catalog
+from cute_kernels.artifacts import compile_with_artifacts
+from schedules.decode import DecodeSchedule, choose_splits, decode_candidates, m_tiles, split_table
+from tests.attention._decode_ref import decode_reference, merge_reference
+
+ck = pytest.importorskip("cute_kernels")
+
+
+# --- the split model ----------------------------------------------------------------------------------------------
+def test_splits_fill_the_sms_once():
+    assert choose_splits(1, 8, 32768, 1, 4, sms=132) == 16  # 128 CTAs
+    assert choose_splits(4, 8, 16384, 1, 4, sms=132) == 4
+    assert choose_splits(16, 8, 8192, 1, 4, sms=132) == 1  # 128 CTAs already
+    assert choose_splits(128, 8, 2048, 1, 4, sms=132) == 1
+    assert choose_splits(1, 8, 256, 1, 4, sms=132) == 1  # two tiles: no split shorter than min_tiles
+    assert choose_splits(1, 1, 10**6, 1, 1, sms=132) == 128  # at most MAX_SPLITS
+    for row in split_table([(b, n, 8, q, 4) for b in (1, 4, 64) for n in (2048, 131072) for q in (1, 16)]):
+        assert row["ctas"] <= 132 or row["splits"] == 1
+
+
+def test_row_tiles_and_schedules():
+    assert m_tiles(1, 4) == 1 and m_tiles(16, 4) == 1 and m_tiles(16, 16) == 4 and m_tiles(5, 13) == 2
+    s = DecodeSchedule()
+    assert s.num_stages(128, 2) == 3 and s.fits(128) and DecodeSchedule(tile_n=64).num_stages(256, 2) == 3
+    with pytest.raises(ValueError, match="tile_n"):
+        DecodeSchedule(tile_n=96)
+    assert all(c.fits(128) for c in decode_candidates(128))
+
+
+def test_catalogue_resolves():
+    spec = catalog.get("flash_decode")
+    assert spec.resolve({"head_dim": 256})["tile_n"] == 64
+    with pytest.raises(ValueError, match="page_size"):
+        spec.resolve({"page_size": 24})
+    assert catalog.get("merge_attention_states").resolve({"head_dim": 96})["head_dim"] == 96
+
+
+# --- the references -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (5, 3))])
+def test_reference_is_the_last_rows_of_attention(causal, window):
+    torch.manual_seed(0)
+    b, q_len, hq, hk, d, n = 2, 4, 6, 2, 16, 37
+    q, k, v = torch.randn(b, q_len, hq, d), torch.randn(b, n, hk, d), torch.randn(b, n, hk, d)
+    out, lse = decode_reference(q, k, v, torch.tensor([n, n]), causal=causal, window=window)
+    left, right = window
+    right = 0 if causal else right
+    kk, vv = k.repeat_interleave(3, 2).transpose(1, 2), v.repeat_interleave(3, 2).transpose(1, 2)
+    s = q.transpose(1, 2) @ kk.transpose(-1, -2) / math.sqrt(d)
+    t, j = torch.arange(q_len)[:, None], torch.arange(n)[None, :]
+    ok = torch.ones(q_len, n, dtype=torch.bool)
+    if right >= 0:
+        ok &= j <= n - q_len + t + right
+    if left >= 0:
+        ok &= j >= n - q_len + t - left
+    s = s.masked_fill(~ok, -math.inf)
+    want = (torch.softmax(s, -1) @ vv).transpose(1, 2)
+    assert torch.allclose(out, want, atol=1e-5)
+    assert torch.allclose(lse, torch.logsumexp(s, -1), atol=1e-5)
+
+
+def test_paged_reference_equals_contiguous():
+    torch.manual_seed(1)
+    b, n, page = 3, 50, 16
+    k = torch.randn(b, 64, 2, 8)
+    table = torch.randperm(12).int().view(3, 4)
+    pool = torch.empty(12, page, 2, 8)
+    for i in range(b):
+        for p in range(4):
+            pool[table[i, p]] = k[i, p * page:(p + 1) * page]
+    q = torch.randn(b, 1, 4, 8)
+    lens = torch.tensor([50, 0, 17])
+    a, la = decode_reference(q, k, k, lens)
+    c, lc = decode_reference(q, pool, pool, lens, table)
+    assert torch.equal(a, c) and torch.equal(la, lc)
+    assert (a[1] == 0).all() and (la[1] == math.inf).all()  # a keyless sequence
+    del n
+
+
+def test_merge_reference_is_associative_and_skips_empty_states():
+    torch.manual_seed(2)
+    o, lse = torch.randn(3, 2, 5, 4, 8), torch.randn(3, 2, 4, 5)
+    lse[1, 0] = math.inf
+    lse[2, 1] = -math.inf
+    o[1, 0] = math.nan
+    ab, lab = merge_reference(o[:2], lse[:2])
+    two, l_two = merge_reference(torch.stack([ab.float(), o[2]]), torch.stack([lab.float(), lse[2]]))
+    three, l_three = merge_reference(o, lse)
+    assert torch.allclose(two, three, atol=1e-6) and torch.allclose(l_two, l_three, atol=1e-6)
+    lse[:, 0, 0, 0] = math.inf
+    out, lo = merge_reference(o, lse)
+    assert (out[0, 0, 0] == 0).all() and lo[0, 0, 0] == math.inf
+
+
+# --- the op in fake mode ------------------------------------------------------------------------------------------
+def _fake(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="cuda")
+
+
+def test_fake_mode_shapes():
+    with FakeTensorMode():
+        q, kc = _fake(4, 2, 32, 128), _fake(40, 64, 8, 128)
+        table = _fake(4, 10, dtype=torch.int32)
+        lens = _fake(4, dtype=torch.int32)
+        out, lse = ck.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens, block_table=table, return_lse=True)
+        assert out.shape == (4, 2, 32, 128) and lse.shape == (4, 32, 2) and lse.dtype == torch.float32
+        o, l = ck.merge_attention_states_many(_fake(3, 2, 5, 4, 64, dtype=torch.float32),
+                                              _fake(3, 2, 4, 5, dtype=torch.float32))
+        assert o.shape == (2, 5, 4, 64) and o.dtype == torch.float32 and l.shape == (2, 4, 5)
+
+
+def _bad(**kw):
+    base = dict(q=_fake(2, 1, 8, 128), k_cache=_fake(2, 100, 2, 128), v_cache=_fake(2, 100, 2, 128))
+    base.update(kw)
+    return base
+
+
+@pytest.mark.parametrize("make,exc,match", [
+    (lambda: _bad(q=_fake(2, 1, 8, 96), k_cache=_fake(2, 100, 2, 96), v_cache=_fake(2, 100, 2, 96)), ValueError,
+     "head dim"),
+    (lambda: _bad(q=_fake(2, 1, 9, 128)), ValueError, "multiple of the cache's key/value heads"),
+    (lambda: _bad(v_cache=_fake(2, 99, 2, 128)), ValueError, "same shape"),
+    (lambda: _bad(k_cache=_fake(2, 100, 2, 128, dtype=torch.float16)), TypeError, "k_cache has dtype"),
+    (lambda: _bad(k_cache=_fake(9, 24, 2, 128), v_cache=_fake(9, 24, 2, 128),
+                  block_table=_fake(2, 4, dtype=torch.int32)), ValueError, "page size"),
+    (lambda: _bad(block_table=_fake(2, 4, dtype=torch.int64)), TypeError, "block_table must be int32"),
+    (lambda: _bad(block_table=_fake(3, 4, dtype=torch.int32)), ValueError, "block_table must be"),
+    (lambda: _bad(cache_seqlens=_fake(3, dtype=torch.int32)), ValueError, "cache_seqlens must be"),
+    (lambda: _bad(cache_seqlens=_fake(2, dtype=torch.int64)), TypeError, "cache_seqlens must be int32"),
+    (lambda: _bad(k_cache=_fake(3, 100, 2, 128), v_cache=_fake(3, 100, 2, 128)), ValueError, "batch"),
+    (lambda: _bad(k=_fake(2, 1, 2, 128)), ValueError, "given together"),
+    (lambda: _bad(k=_fake(2, 2, 2, 128), v=_fake(2, 2, 2, 128), cache_seqlens=_fake(2, dtype=torch.int32)),
+     ValueError, "k must be"),
+    (lambda: _bad(k=_fake(2, 1, 2, 128), v=_fake(2, 1, 2, 128)), ValueError, "needs cache_seqlens"),
+    (lambda: _bad(num_splits=0), ValueError, "num_splits"),
+    (lambda: _bad(k_scale=_fake(2, dtype=torch.float32)), NotImplementedError, "FP8"),
+    (lambda: _bad(window=(-3, 0)), ValueError, "window"),
+])
+def test_named_errors(make, exc, match):
+    with FakeTensorMode():
+        kw = make()
+        with pytest.raises(exc, match=match):
+            ck.flash_attn_with_kvcache(**kw)
+
+
+def test_merge_named_errors():
+    with FakeTensorMode():
+        o, lse = _fake(2, 3, 4, 64, dtype=torch.float32), _fake(2, 4, 3, dtype=torch.float32)
+        with pytest.raises(ValueError, match="lse_b must be"):
+            ck.merge_attention_states(o, lse, o, _fake(2, 3, 4, dtype=torch.float32))
+        with pytest.raises(TypeError, match="lse_a must be float32"):
+            ck.merge_attention_states(o, lse.half(), o, lse)
+        with pytest.raises(ValueError, match="5-D"):
+            ck.merge_attention_states_many(o, lse)
+        with pytest.raises(ValueError, match="multiple of 4"):
+            ck.merge_attention_states_many(_fake(2, 2, 3, 4, 66, dtype=torch.float32),
+                                           _fake(2, 2, 4, 3, dtype=torch.float32))
+
+
+# --- the compiled kernels -----------------------------------------------------------------------------------------
+def _census(name, overrides, tmp_path):
+    spec = catalog.get(name)
+    _, files = compile_with_artifacts(spec, spec.resolve(overrides), str(tmp_path))
+    ptx = files["ptx"].read_text()
+    return ptx, lambda pat: len(re.findall(pat, ptx, re.M))
+
+
+@pytest.mark.parametrize("over,boxes", [({}, 1), ({"page_size": 16, "split": True, "mask": "causal"}, 8),
+                                        ({"page_size": 256, "head_dim": 256, "mask": "band", "softcap": True}, 1),
+                                        ({"page_size": 48, "split": True}, 8)])
+def test_decode_ptx(over, boxes, tmp_path):
+    """Per K/V tile: `boxes` TMA boxes a page each, times D / 64 column blocks, for K and for V; D / 16 + tile_n / 16
+    WGMMAs; Q gathered in 16-byte vectors; no local memory."""
+    ptx, count = _census("flash_decode", over, tmp_path)
+    d = over.get("head_dim", 128)
+    tile_n = 128 if d <= 128 else 64
+    assert count(r"^\s*cp\.async\.bulk\.tensor\.4d") == 2 * boxes * (d // 64)
+    assert count(r"^\s*wgmma\.mma_async") == d // 16 + tile_n // 16
+    assert count(r"^\s*ld\.global\.v4") >= d // 16  # Q
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def test_merge_ptx(tmp_path):
+    ptx, count = _census("merge_attention_states", {}, tmp_path)
+    assert count(r"^\s*ld\.global(\.nc)?\.v4\.(b32|f32)") >= 1  # one 16-byte fp32 vector per state
+    assert "ld.local" not in ptx
