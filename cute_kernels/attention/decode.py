@@ -115,7 +115,8 @@ class FlashDecode:
         grid = [m_tiles, cute.size(k, mode=[2]) * splits, cute.size(q, mode=[0])]
         self.kernel(tiled_mma_qk, tiled_mma_pv, tma_k, tma_gk, tma_v, tma_gv, q, o, lse, seqlens, block_table,
                     seqlen_add, splits, scale_log2, scale_lse, scale_over_cap, cap, window_left, window_right,
-                    sQ_layout, sK_layout, sV_layout).launch(grid=grid, block=[s.threads, 1, 1], stream=stream)
+                    sQ_layout, sK_layout, sV_layout).launch(grid=grid, block=[s.threads, 1, 1], stream=stream,
+                                                            use_pdl=True)
 
     @cute.kernel
     def kernel(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tma_k: cute.CopyAtom, mK: cute.Tensor,
@@ -140,6 +141,12 @@ class FlashDecode:
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+        # programmatic dependent launch: the set-up above overlaps the previous kernel's tail (the append, the last
+        # layer); nothing it wrote is read before this wait. The merge behind this kernel may launch now: its CTAs
+        # wait (griddepcontrol.wait) for this grid's completion and its memory, sitting beside these CTAs meanwhile
+        # (a split grid is one wave), so its launch latency is off the path.
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
 
         m_tile, by, b = cute.arch.block_idx()
         kv_heads = cute.size(mK, mode=[2])

@@ -32,7 +32,6 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import dtypes
-from cute_kernels.attention.ops import _bounds, _kernel_view, _scalars
 from cute_kernels.torch_ops import call, register_op
 from schedules.decode import (
     DECODE_HEAD_DIMS,
@@ -200,6 +199,9 @@ def _table_view(block_table):
 def _flash_attn_with_kvcache_cuda(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                                   causal=False, window_left=-1, window_right=-1, softcap=0.0, softmax_scale=None,
                                   num_splits=None, validate=False, schedule: DecodeSchedule | None = None):
+    # (the forward's helpers: imported here, as ops.py imports this module to export its ops)
+    from cute_kernels.attention.ops import _bounds, _kernel_view, _scalars
+
     _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window_left, window_right, softcap,
                    softmax_scale, num_splits)
     b, q_len, hq, d = q.shape

@@ -48,12 +48,15 @@ class MergeStates:
         rows = cute.size(o_out, mode=[0]) * cute.size(o_out, mode=[1]) * cute.size(o_out, mode=[2])
         grid = [cutlass.max((rows + self.rows_per_cta - 1) // self.rows_per_cta, 1), 1, 1]
         self.kernel(o, lse, o_out, lse_out, rows).launch(grid=grid, block=[self.rows_per_cta * self.tpr, 1, 1],
-                                                         stream=stream)
+                                                         stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mLSE: cute.Tensor, mOut: cute.Tensor, mLSEOut: cute.Tensor, rows: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        # launched as a programmatic dependent (flash decoding's partials): nothing is read before the previous grid
+        # has completed and flushed its writes; launched plainly this returns at once
+        cute.arch.griddepcontrol_wait()
         row = bidx * self.rows_per_cta + tidx // self.tpr
         lane = tidx % self.tpr
         if row < rows:
