@@ -7,6 +7,7 @@ flushed, interleaved rounds).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
@@ -17,7 +18,12 @@ from cute_kernels.bench import harness as H
 def main(cases):
     import cute_kernels as ck
     from cute_kernels.attention import mask_name
-    from cute_kernels.attention.decode_ops import _decode_compiled, _merge_compiled, _no_table
+    from cute_kernels.attention.decode_ops import (
+        _decode_compiled,
+        _flash_attn_with_kvcache_cuda,
+        _merge_compiled,
+        _no_table,
+    )
     from cute_kernels.attention.ops import _kernel_view, _scalars
     from schedules.decode import choose_splits, default_decode_schedule
 
@@ -32,9 +38,12 @@ def main(cases):
         model = choose_splits(b, hk, n, 1, hq // hk, sched)
         fns = {f"op splits={s}": (lambda s=s: ck.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, num_splits=s))
                for s in sorted({1, 4, 8, 12, 16, 24, 32, 48, 64, model})}
+        two = dataclasses.replace(sched, fused_merge=False)
+        fns[f"op splits={model} merge kernel"] = lambda: _flash_attn_with_kvcache_cuda(q, k, v, cache_seqlens=lens,
+                                                                                        schedule=two)
         fns["torch.sum same bytes"] = lambda: torch.sum(flat)
         if model > 1:
-            fn = _decode_compiled(q.dtype, d, 0, mask_name(-1, -1), False, True, sched)
+            fn = _decode_compiled(q.dtype, d, 0, mask_name(-1, -1), False, True, two)
             o_part = torch.empty(model, b, 1, hq, d, dtype=torch.float32, device="cuda")
             l_part = torch.empty(model, b, hq, 1, dtype=torch.float32, device="cuda")
             out = torch.empty(b, 1, hq, d, dtype=q.dtype, device="cuda")
@@ -42,7 +51,8 @@ def main(cases):
             kv, vv, tb = _kernel_view(k), _kernel_view(v, True), _no_table(q.device)
             args = (*_scalars(d, None, 0.0), -1, -1)
             merge = _merge_compiled(torch.float32, q.dtype, d)
-            fns["split kernel only"] = lambda: fn(q, kv, vv, o_part, l_part, lens, tb, 0, model, *args)
+            fns["split kernel only"] = lambda: fn(q, kv, vv, o_part, l_part, out, lse, tb[None], lens, tb, 0, model,
+                                                  *args)
             fns["merge only"] = lambda: merge(o_part, l_part, out, lse)
         res = H.do_bench_interleaved(fns)
         print(f"B={b} L={n} (K+V {nbytes / 2**20:.0f} MiB; model: {model} splits)")

@@ -35,12 +35,15 @@ PAGE_SIZES = tuple(16 * k for k in range(1, 17))  # 16 .. 256, multiples of 16
 @dataclass(frozen=True)
 class DecodeSchedule:
     """tile_n: keys per K/V tile (one WGMMA N); stages: K/V smem buffers (0: as many as fit);
-    min_tiles: the shortest split `choose_splits` makes, in tiles; waves: CTAs per SM it aims for."""
+    min_tiles: the shortest split `choose_splits` makes, in tiles; waves: CTAs per SM it aims for;
+    fused_merge: with splits, the last split to finish of each (row tile, KV head, batch) merges the partials (a
+    counter per (batch, KV head, row tile)), instead of a second kernel (`merge.MergeStates`)."""
 
     tile_n: int = 128
     stages: int = 0
     min_tiles: int = 4
     waves: int = 1
+    fused_merge: bool = True
 
     def __post_init__(self):
         if self.tile_n not in (64, 128):
@@ -115,4 +118,5 @@ def decode_candidates(head_dim: int) -> list[DecodeSchedule]:
                 s = DecodeSchedule(tile_n=tile_n, stages=stages, min_tiles=min_tiles)
                 if s.fits(head_dim):
                     out.append(s)
+    out.append(DecodeSchedule(tile_n=128 if head_dim <= 128 else 64, fused_merge=False))
     return out

@@ -443,11 +443,14 @@ class FlashDecodeSpec(KernelSpec):
         o = fake(cutlass.Float32 if p["split"] else dt, (sym(), sym(), sym(), sym(), d),
                  (sym(), sym(), sym(), sym(), 1), 4)
         lse = fake(cutlass.Float32, (sym(), sym(), sym(), sym()), (sym(), sym(), sym(), sym()), 4)
+        o_final = fake(dt, (sym(), sym(), sym(), d), (sym(), sym(), sym(), 1), 4)
+        lse_final = fake(cutlass.Float32, (sym(), sym(), sym()), (sym(), sym(), sym()), 4)
+        counter = fake(cutlass.Int32, (sym(), sym(), sym()), (sym(), sym(), 1), 4)
         seqlens = fake(cutlass.Int32, (sym(),), (1,), 4)
         table = fake(cutlass.Int32, (sym(), sym()), (sym(), 1), 4)
         kernel = FlashDecode(dt, d, self.schedule_of(p), p["page_size"], mask_kind(p["mask"]), p["softcap"], p["split"])
         i32, f32 = cutlass.Int32, cutlass.Float32
-        return kernel, (q, k, v, o, lse, seqlens, table, i32(0), i32(1), f32(1.0), f32(1.0), f32(1.0), f32(1.0),
+        return kernel, (q, k, v, o, lse, o_final, lse_final, counter, seqlens, table, i32(0), i32(1), f32(1.0), f32(1.0), f32(1.0), f32(1.0),
                         i32(-1), i32(-1), fake_stream())
 
     def representative(self):
@@ -460,6 +463,7 @@ class FlashDecodeSpec(KernelSpec):
         for mask in MASKS:
             out.append(self.resolve({"mask": mask, "softcap": mask == "band", "page_size": 64}))
         out.append(self.resolve({"dtype": "fp16", "tile_n": 64}))
+        out.append(self.resolve({"split": True, "fused_merge": False}))
         return out
 
 
@@ -481,6 +485,8 @@ FLASH_DECODE = FlashDecodeSpec(
         "split": Param(False, (True, False), "signature", "partial (O, LSE) in fp32 per split (else O, LSE final)"),
         "tile_n": Param(128, (64, 128), help="keys per K/V tile (default: 128 up to D = 128, 64 above)"),
         "stages": Param(0, (0, 1, 2, 3, 4, 5, 6, 7, 8), help="K/V smem stages (0: as many as fit)"),
+        "fused_merge": Param(True, (True, False), help="split: the last split to finish merges the partials (a "
+                             "counter per (batch, KV head, row tile)); False: the merge kernel does"),
     },
 )
 

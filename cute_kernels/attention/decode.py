@@ -38,6 +38,7 @@ LSE = +inf (the forward's convention) when it is the only split.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import cutlass
 import cutlass.cute as cute
@@ -51,6 +52,8 @@ from collectives.attention_mask import MaskKind, apply_softcap
 from collectives.online_softmax import NEG_INF, acc_rows_view, finalize_rows, update_rows
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout
 from collectives.wgmma_mainloop import acc_as_a_operand, mma_blocks, stage_of
+from cute_kernels.attention.merge import VEC as MERGE_VEC
+from cute_kernels.attention.merge import MergeStates
 from schedules.decode import ROWS_PER_TILE, DecodeSchedule
 
 _Q_BAR = 1  # named barrier: the consumer warpgroup's Q tile (and zeroed V rows) written before its WGMMAs
@@ -75,12 +78,15 @@ class FlashDecode:
 
     @cute.jit
     def __call__(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor, lse: cute.Tensor,
-                 seqlens: cute.Tensor, block_table: cute.Tensor, seqlen_add: Int32, splits: Int32,
+                 o_final: cute.Tensor, lse_final: cute.Tensor, counter: cute.Tensor, seqlens: cute.Tensor, block_table: cute.Tensor, seqlen_add: Int32, splits: Int32,
                  scale_log2: Float32, scale_lse: Float32, scale_over_cap: Float32, cap: Float32, window_left: Int32,
                  window_right: Int32, stream):
         """q (B, q_len, H_q, D); K (page rows, D, H_kv, pages), V^T (D, page rows, H_kv, pages); O (splits or 1, B,
         q_len, H_q, D), LSE (splits or 1, B, H_q, q_len); seqlens (B,) int32; block_table (B, max_pages) int32
-        (unread for a contiguous cache); seqlen_add: keys past seqlens[b] that count (the appended tokens)."""
+        (unread for a contiguous cache); seqlen_add: keys past seqlens[b] that count (the appended tokens).
+        `fused_merge` (with `split`): the last split of each (row tile, KV head, batch) to finish merges the partials
+        into O (B, q_len, H_q, D) and LSE (B, H_q, q_len) = o_final / lse_final; `counter` (int32 (B, H_kv, row
+        tiles), zero before the launch and after it) counts the finished splits. Unread otherwise."""
         s, d, dt = self.s, self.d, self.dtype
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             dt, dt, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32, (1, 1, 1),
@@ -107,13 +113,15 @@ class FlashDecode:
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+            merge_slot: cute.struct.MemRange[Int32, 1]  # the finished-split count the counter's add returned
 
         self.storage = Storage
         q_len = cute.size(q, mode=[1])
         group = cute.size(q, mode=[2]) // cute.size(k, mode=[2])
         m_tiles = (q_len * group + ROWS_PER_TILE - 1) // ROWS_PER_TILE
         grid = [m_tiles, cute.size(k, mode=[2]) * splits, cute.size(q, mode=[0])]
-        self.kernel(tiled_mma_qk, tiled_mma_pv, tma_k, tma_gk, tma_v, tma_gv, q, o, lse, seqlens, block_table,
+        self.kernel(tiled_mma_qk, tiled_mma_pv, tma_k, tma_gk, tma_v, tma_gv, q, o, lse, o_final, lse_final, counter,
+                    seqlens, block_table,
                     seqlen_add, splits, scale_log2, scale_lse, scale_over_cap, cap, window_left, window_right,
                     sQ_layout, sK_layout, sV_layout).launch(grid=grid, block=[s.threads, 1, 1], stream=stream,
                                                             use_pdl=True)
@@ -121,7 +129,7 @@ class FlashDecode:
     @cute.kernel
     def kernel(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tma_k: cute.CopyAtom, mK: cute.Tensor,
                tma_v: cute.CopyAtom, mV: cute.Tensor, mQ: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-               mSeqlens: cute.Tensor, mBT: cute.Tensor, seqlen_add: Int32, splits: Int32, scale_log2: Float32,
+               mOFinal: cute.Tensor, mLSEFinal: cute.Tensor, mCounter: cute.Tensor, mSeqlens: cute.Tensor, mBT: cute.Tensor, seqlen_add: Int32, splits: Int32, scale_log2: Float32,
                scale_lse: Float32, scale_over_cap: Float32, cap: Float32, window_left: Int32, window_right: Int32,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout):
         dt = self.dtype
@@ -159,9 +167,11 @@ class FlashDecode:
         if warp == 4:
             self.produce(tma_k, mK, sK, tma_v, mV, sV, pipe_k, pipe_v, mBT, b, hk, seqlen_k, first, count)
         elif warp < 4:
+            fin = SimpleNamespace(o=mOFinal, lse=mLSEFinal, counter=mCounter, splits=splits,
+                                  slot=st.merge_slot.get_tensor(cute.make_layout(1)))
             self.consume(tiled_mma_qk, tiled_mma_pv, mQ, sQ, sK, sV, pipe_k, pipe_v, mO, mLSE, b, hk,
                          cute.size(mQ, mode=[2]) // kv_heads, m_tile, split, seqlen_k, first, count, scale_log2,
-                         scale_lse, scale_over_cap, cap, window_left, window_right)
+                         scale_lse, scale_over_cap, cap, window_left, window_right, fin)
 
     @cute.jit
     def split_range(self, seqlen_k: Int32, q_len: Int32, left: Int32, split: Int32, splits: Int32):
@@ -247,7 +257,7 @@ class FlashDecode:
                 sK: cute.Tensor, sV: cute.Tensor, pipe_k, pipe_v, mO: cute.Tensor, mLSE: cute.Tensor, b: Int32,
                 hk: Int32, g: Int32, m_tile: Int32, split: Int32, seqlen_k: Int32, first: Int32, count: Int32,
                 scale_log2: Float32, scale_lse: Float32, scale_over_cap: Float32, cap: Float32, left: Int32,
-                right: Int32):
+                right: Int32, fin: SimpleNamespace):
         s, d, dt = self.s, self.d, self.dtype
         tidx, _, _ = cute.arch.thread_idx()
         tid = tidx % 128
@@ -352,6 +362,43 @@ class FlashDecode:
                 g_row = mO[(slot, b, t, h, None)]
                 for c in cutlass.range_constexpr(cute.size(o_rows, mode=[1])):
                     g_row[oc_rows[r, c][1]] = o_rows[r, c].to(mO.element_type)
+        if cutlass.const_expr(self.split and self.s.fused_merge):
+            self.merge_if_last(mO, mLSE, fin, b, hk, g, m_tile, packed, tid)
+
+    @cute.jit
+    def merge_if_last(self, mO: cute.Tensor, mLSE: cute.Tensor, fin: SimpleNamespace, b: Int32, hk: Int32, g: Int32,
+                      m_tile: Int32, packed: Int32, tid: Int32):
+        """The last split of this (row tile, KV head, batch) to finish merges every split's partial into the final O
+        and LSE (`merge.MergeStates.merge_row`, D / 4 threads a row). Each thread's partial stores are released at
+        gpu scope before one thread's add on the counter; the thread that takes the count to splits - 1 resets it to
+        0 (for the next launch, in stream order), and the warpgroup, told through smem, acquires the others' stores
+        before reading them."""
+        bar = pipeline.NamedBarrier(barrier_id=_Q_BAR, num_threads=128)
+        cute.arch.fence_acq_rel_gpu()
+        bar.arrive_and_wait()
+        if tid == 0:
+            ptr = fin.counter.iterator + cute.crd2idx((b, hk, m_tile), fin.counter.layout)
+            old = cute.arch.atomic_add(ptr.llvm_ptr, Int32(1), sem="relaxed", scope="gpu")
+            if old == fin.splits - 1:
+                fin.counter[(b, hk, m_tile)] = Int32(0)
+            fin.slot[0] = old
+        bar.arrive_and_wait()
+        if fin.slot[0] == fin.splits - 1:
+            cute.arch.fence_acq_rel_gpu()
+            self.merge_rows(mO, mLSE, fin, b, hk, g, m_tile, packed, tid)
+
+    @cute.jit
+    def merge_rows(self, mO: cute.Tensor, mLSE: cute.Tensor, fin: SimpleNamespace, b: Int32, hk: Int32, g: Int32,
+                   m_tile: Int32, packed: Int32, tid: Int32):
+        """The tile's packed rows merged over the splits by the warpgroup, 128 / (D / 4) rows at a time."""
+        tpr = self.d // MERGE_VEC
+        per_pass = 128 // tpr
+        for it in cutlass.range_constexpr((ROWS_PER_TILE + per_pass - 1) // per_pass):
+            r = it * per_pass + tid // tpr
+            pr = m_tile * ROWS_PER_TILE + r
+            if (tid < per_pass * tpr) & (r < ROWS_PER_TILE) & (pr < packed):
+                MergeStates(self.dtype, self.d).merge_row(mO, mLSE, fin.o, fin.lse, b, pr // g, hk * g + pr % g,
+                                                          tid % tpr)
 
     @cute.jit
     def zero_v_tail(self, sV: cute.Tensor, stage: Int32, valid: Int32, tid: Int32):

@@ -40,6 +40,7 @@ from schedules.decode import (
     DecodeSchedule,
     choose_splits,
     default_decode_schedule,
+    m_tiles,
 )
 
 AB_TORCH = (torch.bfloat16, torch.float16)
@@ -168,6 +169,21 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
 
 
 _dummy_tables: dict = {}
+_split_counters: dict = {}
+
+
+def _split_counter(device, b: int, hk: int, m_tiles: int) -> torch.Tensor:
+    """The fused merge's finished-split counters, int32 (B, H_kv, row tiles): zeroed once per device and stream and
+    reset to 0 by each launch's last split of every cell, so no memset runs per call and a graph may capture the
+    launch (launches of one stream run in order; another stream gets its own). Grown, never shrunk; a shape that
+    needs more cells than a capture's warm-up call made would allocate during the capture."""
+    stream = torch.cuda.current_stream(device).cuda_stream
+    key = (device, stream)
+    n = b * hk * m_tiles
+    t = _split_counters.get(key)
+    if t is None or t.numel() < n:
+        t = _split_counters[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return t[:n].view(b, hk, m_tiles)
 
 
 def _no_table(device) -> torch.Tensor:
@@ -230,13 +246,18 @@ def _flash_attn_with_kvcache_cuda(q, k_cache, v_cache, k=None, v=None, cache_seq
     fn = _decode_compiled(q.dtype, d, page, mask_name(left, right), softcap > 0, splits > 1, sched)
     k_view, v_view = _kernel_view(k_cache), _kernel_view(v_cache, True)
     scalars = (*_scalars(d, softmax_scale, softcap), left, right)
+    added = q_len if appended else 0
     if splits == 1:
-        fn(q_view, k_view, v_view, out[None], lse[None], cache_seqlens, table, q_len if appended else 0, 1, *scalars)
+        no_counter = _no_table(q.device)[None]
+        fn(q_view, k_view, v_view, out[None], lse[None], out, lse, no_counter, cache_seqlens, table, added, 1,
+           *scalars)
         return out, lse
     o_part = torch.empty(splits, b, q_len, hq, d, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(splits, b, hq, q_len, dtype=torch.float32, device=q.device)
-    fn(q_view, k_view, v_view, o_part, lse_part, cache_seqlens, table, q_len if appended else 0, splits, *scalars)
-    _merge_compiled(torch.float32, q.dtype, d)(o_part, lse_part, out, lse)
+    counter = _split_counter(q.device, b, hk, m_tiles(q_len, hq // hk))
+    fn(q_view, k_view, v_view, o_part, lse_part, out, lse, counter, cache_seqlens, table, added, splits, *scalars)
+    if not sched.fused_merge:
+        _merge_compiled(torch.float32, q.dtype, d)(o_part, lse_part, out, lse)
     return out, lse
 
 

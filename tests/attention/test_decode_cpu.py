@@ -189,6 +189,10 @@ def test_decode_ptx(over, boxes, tmp_path):
     assert count(r"^\s*wgmma\.mma_async") == d // 16 + tile_n // 16
     assert count(r"^\s*ld\.global\.v4") >= d // 16  # Q
     assert "ld.local" not in ptx and "st.local" not in ptx
+    # the fused merge of a split variant: one counter add, the partials released and acquired at gpu scope
+    assert count(r"atom\.global\.add") == (1 if over.get("split") else 0)
+    assert count(r"fence\.acq_rel\.gpu") == (2 if over.get("split") else 0)
+    assert count(r"griddepcontrol\.wait") == 1
 
 
 def test_merge_ptx(tmp_path):

@@ -315,3 +315,23 @@ def test_merge_empty_inputs():
     o = torch.empty(0, 2, 3, 4, 64, device="cuda")
     out, lse = ck.merge_attention_states_many(o, torch.empty(0, 2, 4, 3, device="cuda"))
     assert (out == 0).all() and (lse == math.inf).all()
+
+
+@pytest.mark.parametrize("page", [None, 32])
+def test_merge_kernel_schedule_matches_fused(page):
+    """The split kernel's fused last-CTA merge against the separate merge kernel (`fused_merge=False`): the same
+    merge code, so the same bits."""
+    from cute_kernels.attention.decode_ops import _flash_attn_with_kvcache_cuda
+    from schedules.decode import DecodeSchedule
+
+    q = randn(3, 3, 32, 128)
+    k, v, table = _cache(3, 4000, 8, 128, page, torch.bfloat16)
+    lens = torch.tensor([4000, 0, 2500], dtype=torch.int32, device="cuda")
+    _poison_past(k, v, table, lens)
+    a = _flash_attn_with_kvcache_cuda(q, k, v, cache_seqlens=lens, block_table=table, causal=True, num_splits=6)
+    b = _flash_attn_with_kvcache_cuda(q, k, v, cache_seqlens=lens, block_table=table, causal=True, num_splits=6,
+                                      schedule=DecodeSchedule(fused_merge=False))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    ref, _ = decode_reference(q, k, v, lens, table, causal=True)
+    pt, _ = decode_reference(q, k, v, lens, table, causal=True, dtype=torch.bfloat16)
+    _bound(a[0], ref, pt, torch.bfloat16)
