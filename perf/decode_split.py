@@ -39,6 +39,9 @@ def main(cases):
         fns = {f"op splits={s}": (lambda s=s: ck.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, num_splits=s))
                for s in sorted({1, 4, 8, 12, 16, 24, 32, 48, 64, model})}
         two = dataclasses.replace(sched, fused_merge=False)
+        fused = dataclasses.replace(sched, fused_merge=True)
+        fns[f"op splits={model} fused merge"] = lambda: _flash_attn_with_kvcache_cuda(q, k, v, cache_seqlens=lens,
+                                                                                       schedule=fused)
         fns[f"op splits={model} merge kernel"] = lambda: _flash_attn_with_kvcache_cuda(q, k, v, cache_seqlens=lens,
                                                                                         schedule=two)
         fns["torch.sum same bytes"] = lambda: torch.sum(flat)

@@ -454,7 +454,8 @@ class FlashDecodeSpec(KernelSpec):
                         i32(-1), i32(-1), fake_stream())
 
     def representative(self):
-        return [self.resolve(), self.resolve({"page_size": 16, "split": True, "mask": "causal"})]
+        return [self.resolve(), self.resolve({"page_size": 16, "split": True, "mask": "causal"}),
+                self.resolve({"split": True, "fused_merge": True})]
 
     def sweep(self):
         out = [self.resolve({"head_dim": d, "split": sp}) for d in DECODE_HEAD_DIMS for sp in (False, True)]
@@ -463,7 +464,7 @@ class FlashDecodeSpec(KernelSpec):
         for mask in MASKS:
             out.append(self.resolve({"mask": mask, "softcap": mask == "band", "page_size": 64}))
         out.append(self.resolve({"dtype": "fp16", "tile_n": 64}))
-        out.append(self.resolve({"split": True, "fused_merge": False}))
+        out.append(self.resolve({"split": True, "fused_merge": True}))
         return out
 
 
@@ -485,8 +486,8 @@ FLASH_DECODE = FlashDecodeSpec(
         "split": Param(False, (True, False), "signature", "partial (O, LSE) in fp32 per split (else O, LSE final)"),
         "tile_n": Param(128, (64, 128), help="keys per K/V tile (default: 128 up to D = 128, 64 above)"),
         "stages": Param(0, (0, 1, 2, 3, 4, 5, 6, 7, 8), help="K/V smem stages (0: as many as fit)"),
-        "fused_merge": Param(True, (True, False), help="split: the last split to finish merges the partials (a "
-                             "counter per (batch, KV head, row tile)); False: the merge kernel does"),
+        "fused_merge": Param(False, (True, False), help="split: the last split to finish merges the partials (a "
+                             "counter per (batch, KV head, row tile)); False (default): the merge kernel does"),
     },
 )
 

@@ -31,7 +31,7 @@ from cutlass import Float32, Int32
 from collectives.online_softmax import exp_diff
 
 VEC = 4  # elements per thread: one 16-byte fp32 vector
-BATCH = 8  # states whose loads are in flight together
+UNROLL = 8  # states whose loads are in flight together
 THREADS = 128
 
 
@@ -71,35 +71,30 @@ class MergeStates:
     @cute.jit
     def merge_row(self, mO: cute.Tensor, mLSE: cute.Tensor, mOut: cute.Tensor, mLSEOut: cute.Tensor, b: Int32,
                   s: Int32, h: Int32, lane: Int32):
-        """One row (b, s, h): this thread's VEC elements of O and, from lane 0, the LSE. The states are walked in
-        batches of BATCH whose loads are all issued before any is used (an index past the last state reads the last
-        one again and counts for nothing), so a row costs two round trips per batch, not two per state: the fused
-        merge's last CTA reads 16 splits from L2 at ~0.7 us a trip. An empty state gets weight 0 by a select, and
-        its O (possibly NaN) is replaced by 0 the same way, never multiplied."""
+        """One row (b, s, h): this thread's VEC elements of O and, from lane 0, the LSE. Two passes over the states
+        (the max of the finite LSEs, then the weighted sum), each a branch-free loop unrolled by UNROLL: an empty
+        state gets weight 0 and its O (possibly NaN) is replaced by 0 through selects, never multiplied, so the
+        unrolled iterations' loads are issued together (the fused merge's last CTA reads its 16 splits from L2:
+        with a branch per state they went one round trip after another)."""
         n_states = cute.size(mO, mode=[0])
         inf = Float32(float("inf"))
         neg = Float32(float("-inf"))
         m = neg
-        for n0 in cutlass.range(0, n_states, BATCH, unroll=1):
-            xs = [mLSE[cutlass.min(n0 + j, n_states - 1), b, h, s] for j in range(BATCH)]
-            for j in cutlass.range_constexpr(BATCH):
-                keep = (n0 + j < n_states) & (xs[j] < inf)  # +inf: an empty state (-inf loses every max)
-                m = cute.arch.fmax(m, Float32(cutlass.select_(keep, xs[j], neg)))
+        for n in cutlass.range(n_states, unroll=UNROLL):
+            x = mLSE[n, b, h, s]
+            m = cute.arch.fmax(m, Float32(cutlass.select_(x < inf, x, neg)))  # +inf: empty; -inf loses every max
         acc = cute.make_rmem_tensor((VEC,), Float32)
         acc.fill(0.0)
         total = Float32(0.0)
         ref = Float32(cutlass.select_(m > neg, m, Float32(0.0)))
-        for n0 in cutlass.range(0, n_states, BATCH, unroll=1):
-            idx = [cutlass.min(n0 + j, n_states - 1) for j in range(BATCH)]
-            xs = [mLSE[idx[j], b, h, s] for j in range(BATCH)]
-            vs = [self.vectors(mO[idx[j], b, s, h, None])[None, lane].load().to(Float32) for j in range(BATCH)]
-            for j in cutlass.range_constexpr(BATCH):
-                live = (n0 + j < n_states) & (xs[j] < inf) & (xs[j] > neg)
-                w = Float32(cutlass.select_(live, exp_diff(xs[j], ref), Float32(0.0)))
-                total = total + w
-                for e in cutlass.range_constexpr(VEC):
-                    v = Float32(cutlass.select_(live, vs[j][e], Float32(0.0)))
-                    acc[e] = cute.math.fma(w, v, acc[e])
+        for n in cutlass.range(n_states, unroll=UNROLL):
+            x = mLSE[n, b, h, s]
+            v = self.vectors(mO[n, b, s, h, None])[None, lane].load().to(Float32)
+            live = (x < inf) & (x > neg)
+            w = Float32(cutlass.select_(live, exp_diff(x, ref), Float32(0.0)))
+            total = total + w
+            for e in cutlass.range_constexpr(VEC):
+                acc[e] = cute.math.fma(w, Float32(cutlass.select_(live, v[e], Float32(0.0))), acc[e])
         inv = Float32(0.0)
         out_lse = inf
         if total > Float32(0.0):

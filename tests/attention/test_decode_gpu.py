@@ -319,8 +319,8 @@ def test_merge_empty_inputs():
 
 @pytest.mark.parametrize("page", [None, 32])
 def test_merge_kernel_schedule_matches_fused(page):
-    """The split kernel's fused last-CTA merge against the separate merge kernel (`fused_merge=False`): the same
-    merge code, so the same bits."""
+    """The split kernel's fused last-CTA merge (`fused_merge=True`) against the default merge kernel: the same merge
+    code, so the same bits."""
     from cute_kernels.attention.decode_ops import _flash_attn_with_kvcache_cuda
     from schedules.decode import DecodeSchedule
 
@@ -330,7 +330,7 @@ def test_merge_kernel_schedule_matches_fused(page):
     _poison_past(k, v, table, lens)
     a = _flash_attn_with_kvcache_cuda(q, k, v, cache_seqlens=lens, block_table=table, causal=True, num_splits=6)
     b = _flash_attn_with_kvcache_cuda(q, k, v, cache_seqlens=lens, block_table=table, causal=True, num_splits=6,
-                                      schedule=DecodeSchedule(fused_merge=False))
+                                      schedule=DecodeSchedule(fused_merge=True))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     ref, _ = decode_reference(q, k, v, lens, table, causal=True)
     pt, _ = decode_reference(q, k, v, lens, table, causal=True, dtype=torch.bfloat16)
