@@ -454,8 +454,7 @@ class FlashDecodeSpec(KernelSpec):
                         i32(-1), i32(-1), fake_stream())
 
     def representative(self):
-        return [self.resolve(), self.resolve({"page_size": 16, "split": True, "mask": "causal"}),
-                self.resolve({"split": True, "fused_merge": True})]
+        return [self.resolve(), self.resolve({"page_size": 16, "split": True, "mask": "causal", "fused_merge": True})]
 
     def sweep(self):
         out = [self.resolve({"head_dim": d, "split": sp}) for d in DECODE_HEAD_DIMS for sp in (False, True)]

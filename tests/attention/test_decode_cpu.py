@@ -178,8 +178,8 @@ def _census(name, overrides, tmp_path):
 
 @pytest.mark.parametrize("over,boxes", [({}, 1), ({"page_size": 16, "split": True, "mask": "causal",
                                                    "fused_merge": True}, 8),
-                                        ({"page_size": 256, "head_dim": 256, "mask": "band", "softcap": True}, 1),
-                                        ({"page_size": 48, "split": True}, 8)])
+                                        ({"page_size": 48, "head_dim": 256, "mask": "band", "softcap": True,
+                                          "split": True}, 4)])
 def test_decode_ptx(over, boxes, tmp_path):
     """Per K/V tile: `boxes` TMA boxes a page each, times D / 64 column blocks, for K and for V; D / 16 + tile_n / 16
     WGMMAs; Q gathered in 16-byte vectors; no local memory."""

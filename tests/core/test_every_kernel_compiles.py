@@ -49,11 +49,16 @@ def test_representative_compiles(reports, spec, p):
     if spec.name == "flash_attn":  # tests/attention/test_forward_compile.py has more
         _check_attention(report, p)
         return
-    if spec.family == "attention":  # the backward's three kernels (tests/attention/test_backward_compile.py has more)
+    if spec.family == "attention":  # the backward's three kernels, decode and the merge (tests/attention/ has more)
         ptx = report.ptx_census
         assert ptx["ld/st.local"] == 0
         if spec.name == "flash_attn_bwd":
             assert ptx["wgmma.mma_async"] > 0 and ptx["cp.async.bulk.tensor"] >= 6 and ptx["setmaxnreg"] >= 2
+        elif spec.name == "flash_decode":
+            assert ptx["wgmma.mma_async"] > 0 and ptx["cp.async.bulk.tensor"] >= 4
+        elif spec.name == "merge_attention_states":
+            # 4 elements a thread: 16-byte vectors for fp32 states, 8-byte ones for 16-bit states
+            assert p["in_dtype"] != "fp32" or ptx["ld.global.v4 (128-bit)"] > 0
         else:
             assert ptx["ld.global.v4 (128-bit)"] > 0
         return
