@@ -30,9 +30,10 @@ rows are zeroed in smem before that tile's P V: P is 0 there, but 0 x NaN would 
 rows may hold anything.
 
 Outputs: with `split` (more than one split), the partial O (splits, B, q_len, H_q, D) and LSE (splits, B, H_q,
-q_len) in fp32, merged by `merge.MergeStates` (an empty split writes LSE = -inf and no O); without, O (1, B,
-q_len, H_q, D) in the input dtype and LSE (1, B, H_q, q_len) directly. A row that sees no key gets O = 0 and
-LSE = +inf (the forward's convention) when it is the only split.
+q_len) in fp32, merged by `merge.MergeStates`: by the merge kernel, launched behind this one as a programmatic
+dependent, or with `fused_merge` by the last split of each cell to finish. A split with no tiles writes LSE = -inf
+(and O = 0, which the merge does not read). Without `split`: O (1, B, q_len, H_q, D) in the input dtype and LSE
+(1, B, H_q, q_len) directly. A row that sees no key gets O = 0 and LSE = +inf (the forward's convention).
 """
 
 from __future__ import annotations
