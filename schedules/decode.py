@@ -35,7 +35,8 @@ PAGE_SIZES = tuple(16 * k for k in range(1, 17))  # 16 .. 256, multiples of 16
 @dataclass(frozen=True)
 class DecodeSchedule:
     """tile_n: keys per K/V tile (one WGMMA N); stages: K/V smem buffers (0: as many as fit);
-    min_tiles: the shortest split `choose_splits` makes, in tiles; waves: CTAs per SM it aims for;
+    min_tiles: the shortest split `choose_splits` makes, in tiles (2: at B1 L4k 16 splits of 2 tiles measured
+    14.8 us, 8 of 4 15.5); waves: CTAs per SM it aims for;
     fused_merge: with splits, the last split to finish of each (row tile, KV head, batch) merges the partials (a
     counter per (batch, KV head, row tile)) instead of the merge kernel (`merge.MergeStates`, launched as a
     programmatic dependent). Measured slower (B1 L32k 42.7 against 40.7 us): the last CTA's release fence, counter
@@ -43,7 +44,7 @@ class DecodeSchedule:
 
     tile_n: int = 128
     stages: int = 0
-    min_tiles: int = 4
+    min_tiles: int = 2
     waves: int = 1
     fused_merge: bool = False
 
@@ -83,8 +84,8 @@ def m_tiles(q_len: int, group: int) -> int:
 def choose_splits(batch: int, kv_heads: int, max_keys: int, q_len: int, group: int,
                   schedule: DecodeSchedule = DecodeSchedule(), sms: int | None = None) -> int:
     """Splits per (batch, KV head) from static shapes: the CTAs without splits are B x H_kv x m_tiles; split
-    while they fit in `waves` x the SMs (one CTA an SM: its smem), never below `min_tiles` key tiles a split (of the cache's capacity
-    `max_keys`: L_max, or the block table's pages x page size), at most MAX_SPLITS."""
+    while they fit in `waves` x the SMs (one CTA an SM: its smem), never below `min_tiles` key tiles a split (of
+    the cache's capacity `max_keys`: L_max, or the block table's pages x page size), at most MAX_SPLITS."""
     sms = sms if sms is not None else _num_sms()
     base = max(1, batch * kv_heads * m_tiles(q_len, group))
     tiles = max(1, -(-max_keys // schedule.tile_n))

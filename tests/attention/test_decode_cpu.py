@@ -24,7 +24,9 @@ def test_splits_fill_the_sms_once():
     assert choose_splits(4, 8, 16384, 1, 4, sms=132) == 4
     assert choose_splits(16, 8, 8192, 1, 4, sms=132) == 1  # 128 CTAs already
     assert choose_splits(128, 8, 2048, 1, 4, sms=132) == 1
+    assert choose_splits(1, 8, 4096, 1, 4, sms=132) == 16  # splits of 2 tiles
     assert choose_splits(1, 8, 256, 1, 4, sms=132) == 1  # two tiles: no split shorter than min_tiles
+    assert choose_splits(1, 8, 4096, 1, 4, DecodeSchedule(min_tiles=4), sms=132) == 8
     assert choose_splits(1, 1, 10**6, 1, 1, sms=132) == 128  # at most MAX_SPLITS
     for row in split_table([(b, n, 8, q, 4) for b in (1, 4, 64) for n in (2048, 131072) for q in (1, 16)]):
         assert row["ctas"] <= 132 or row["splits"] == 1
