@@ -10,6 +10,8 @@
                                                                      flash_attn.with:stages=2,pingpong=False)
     python3 -m perf.probe flash_attn_bwd bf16 2 8192 16 128 [causal]   (the backward op on a forward's O / LSE;
                                        fa4.flash_attn_bwd, flash_attn_bwd.det, flash_attn_bwd.with:dq_buffers=2,...)
+    python3 -m perf.probe flash_decode bf16 1 32768 32 8 128 [64]   (B L H_q H_kv D [page]: every sequence at L;
+                                       sdpa.flash_decode (cuDNN, contiguous), flash_decode.with:tile_n=64,...)
     python3 -m perf.probe rms_norm bf16 2048 65536   (quack.rms_norm; also softmax, quack.softmax)
     python3 -m perf.probe transpose.tma fp32 16384 16384   (torch.transpose, compile.transpose; argmax,
                                                             torch.argmax, compile.argmax; gemv bf16 R C B)
@@ -42,6 +44,8 @@ def target(argv):
 
     if case in CASES:
         return _rowwise(col or "ours", case, dtype, *shape), dt, shape
+    if "flash_decode" in op:
+        return _decode(op, dtype, *shape), dt, shape
     if "flash_attn_bwd" in op:
         return _attention_bwd(op, dtype, causal, *shape), dt, shape + [causal]
     if "flash_attn" in op:
@@ -165,6 +169,32 @@ def schedule_with(schedule, *pairs: str):
     fields = dict(kv.split("=") for kv in pairs)
     return dataclasses.replace(schedule, **{f: (x == "True") if x in ("True", "False") else int(x) if x.isdigit() else x
                                             for f, x in fields.items()})
+
+
+def _decode(op, dtype, b, n, hq, hk, d, page=0):
+    """Decode of q_len 1 against caches of L = n keys per sequence (contiguous, or pages of `page` in order)."""
+    q = randn(b, 1, hq, d, dtype=dtype, seed=1)
+    k, v = randn(b, n, hk, d, dtype=dtype, seed=2), randn(b, n, hk, d, dtype=dtype, seed=3)
+    lens = torch.full((b,), n, dtype=torch.int32, device="cuda")
+    if op == "sdpa.flash_decode":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def f():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
+        return f
+    table = None
+    if page:
+        table = torch.arange(b * (n // page), dtype=torch.int32, device="cuda").view(b, -1)
+        k, v = k.view(-1, page, hk, d), v.view(-1, page, hk, d)
+    if op.startswith("flash_decode.with:"):
+        from cute_kernels.attention.decode_ops import _flash_attn_with_kvcache_cuda
+        from schedules.decode import default_decode_schedule
+
+        sched = schedule_with(default_decode_schedule(d), *op.split(":", 1)[1].split(","))
+        return lambda: _flash_attn_with_kvcache_cuda(q, k, v, cache_seqlens=lens, block_table=table, schedule=sched)
+    return lambda: ck.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, block_table=table)
 
 
 def _attention(op, dtype, causal, b, s, h, d):
