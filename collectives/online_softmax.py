@@ -288,6 +288,16 @@ def update_rows(s_rows: cute.Tensor, o_rows: cute.Tensor, m: cute.Tensor, lsum: 
     softmax_rows(s_rows, m, lsum, corr, scale_log2, row_threads, lazy_threshold, o_rows, sum_from_corr)
 
 
+def empty_rows(rows: int):
+    """(m, l) for a thread's `rows` accumulator rows, each the empty state (-inf, 0): where a tile's walk over K/V
+    blocks starts (its O accumulator is zeroed beside it)."""
+    m = cute.make_rmem_tensor((rows,), Float32)
+    lsum = cute.make_rmem_tensor((rows,), Float32)
+    m.fill(NEG_INF)
+    lsum.fill(0.0)
+    return m, lsum
+
+
 @cute.jit
 def finalize_rows(o_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, lse: cute.Tensor, scale: Float32,
                   row_threads: cutlass.Constexpr[int] = 4):

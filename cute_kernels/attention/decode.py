@@ -50,7 +50,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from collectives.attention_mask import MaskKind, apply_softcap
-from collectives.online_softmax import NEG_INF, acc_rows_view, finalize_rows, update_rows
+from collectives.online_softmax import NEG_INF, acc_rows_view, empty_rows, finalize_rows, update_rows
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout
 from collectives.wgmma_mainloop import acc_as_a_operand, mma_blocks, stage_of
 from cute_kernels.attention.merge import VEC as MERGE_VEC
@@ -280,10 +280,7 @@ class FlashDecode:
         o_rows = acc_rows_view(acc_o)
         c_rows = acc_rows_view(tScS)
         rows = cute.size(o_rows, mode=[0])
-        row_max = cute.make_rmem_tensor((rows,), Float32)
-        row_sum = cute.make_rmem_tensor((rows,), Float32)
-        row_max.fill(NEG_INF)
-        row_sum.fill(0.0)
+        row_max, row_sum = empty_rows(rows)
         acc_o.fill(0.0)
         tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
 

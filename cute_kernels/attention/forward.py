@@ -69,8 +69,8 @@ from collectives import epilogue as epi
 from collectives.attention_mask import MaskKind, apply_mask, apply_softcap, block_needs_mask, mask_split, n_block_range
 from collectives.online_softmax import (
     LAZY_RESCALE_LOG2,
-    NEG_INF,
     acc_rows_view,
+    empty_rows,
     finalize_rows,
     rescale_rows,
     softmax_rows,
@@ -574,10 +574,7 @@ class FlashAttnFwd:
         s_rows = acc_rows_view(acc_s)
         o_rows = acc_rows_view(acc_o)
         rows = cute.size(o_rows, mode=[0])
-        row_max = cute.make_rmem_tensor((rows,), Float32)
-        row_sum = cute.make_rmem_tensor((rows,), Float32)
-        row_max.fill(NEG_INF)
-        row_sum.fill(0.0)
+        row_max, row_sum = empty_rows(rows)
         acc_o.fill(0.0)
         tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
         row0 = tile.m_block * s.tile_m + cwg * 64
