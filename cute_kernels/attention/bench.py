@@ -42,6 +42,17 @@ def _peers():
     return refs
 
 
+def _geomean_check(rows, name: str, target: str) -> list[dict]:
+    """The suite check "ours >= 1.0x column `name`" over the geomean of the rows that time it ([] when none does)."""
+    have = [r for r in rows if name in r.refs_ms]
+    if not have:
+        return []
+    geo = math.exp(sum(math.log(r.ratio(name)) for r in have) / len(have))
+    worst = min(have, key=lambda r: r.ratio(name))
+    return [{"target": target, "measured": f"{geo:.3f}x (min {worst.ratio(name):.3f}x at {worst.case} {worst.shape})",
+             "ok": geo >= 1.0}]
+
+
 def _variants(d):
     """Schedules of our kernel timed as extra columns on the quick shapes ("ours <option>"): the
     default without FA3's intra-warpgroup overlap (the default since it measured 3-4 % faster), the
@@ -94,12 +105,7 @@ def attention(shapes=None, quick=False, ceilings=None, causal=(False, True)):
     ref_names = list(peers) + variant_names
     checks = []
     for name in peers:
-        have = [r for r in rows if name in r.refs_ms]
-        if have:
-            geo = math.exp(sum(math.log(r.ratio(name)) for r in have) / len(have))
-            worst = min(have, key=lambda r: r.ratio(name))
-            checks.append({"target": f"geomean >= 1.0x {name}", "measured": f"{geo:.3f}x (min {worst.ratio(name):.3f}x "
-                           f"at {worst.case} {worst.shape})", "ok": geo >= 1.0})
+        checks += _geomean_check(rows, name, f"geomean >= 1.0x {name}")
     for name in variant_names:  # the option columns: does the option beat our default? (decides the default)
         geo, have = H.option_speedup(rows, name)  # > 1: the option is faster
         if have:
@@ -342,12 +348,7 @@ def attention_decode(shapes=None, quick=False, ceilings=None, q_lens=None):
         checks.append({"target": "paged within 5 % of contiguous", "measured": f"worst {ratio:.3f}x the time "
                        f"({worst[0].shape})", "ok": ratio <= 1.05})
     for name in ("SDPA cuDNN", "FA4"):
-        have = [r for r in dec if name in r.refs_ms]
-        if have:
-            geo = math.exp(sum(math.log(r.ratio(name)) for r in have) / len(have))
-            worst = min(have, key=lambda r: r.ratio(name))
-            checks.append({"target": f"geomean vs {name}", "measured": f"{geo:.3f}x (min {worst.ratio(name):.3f}x at "
-                           f"{worst.case} {worst.shape})", "ok": geo >= 1.0})
+        checks += _geomean_check(dec, name, f"geomean vs {name}")
     merges = [r for r in rows if r.case == "merge_many"]
     if merges:
         w = min(merges, key=lambda r: r.pct_ceiling)

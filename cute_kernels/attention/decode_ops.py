@@ -51,6 +51,18 @@ def _shape(t):
     return tuple(t.shape)
 
 
+def _check_index(name, t, dims: int, batch: int, what: str, q) -> None:
+    """An int32 tensor of `dims` dims whose first is the batch, on q's device (block_table, cache_seqlens)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got dtype {str(t.dtype).replace('torch.', '')}")
+    if t.dim() != dims or t.shape[0] != batch:
+        raise ValueError(f"{name} must be {what}, got shape {_shape(t)}")
+    if t.device != q.device:
+        raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+
+
 def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window_left, window_right, softcap,
                    softmax_scale, num_splits):
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -84,26 +96,12 @@ def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window
             raise ValueError(f"k_cache's batch ({k_cache.shape[0]}) differs from q's ({b}); a paged cache needs "
                              "block_table")
     else:
-        if not isinstance(block_table, torch.Tensor):
-            raise TypeError(f"block_table must be a torch.Tensor, got {type(block_table).__name__}")
-        if block_table.dtype != torch.int32:
-            raise TypeError(f"block_table must be int32, got dtype {str(block_table.dtype).replace('torch.', '')}")
-        if block_table.dim() != 2 or block_table.shape[0] != b:
-            raise ValueError(f"block_table must be (batch={b}, max_pages), got shape {_shape(block_table)}")
-        if block_table.device != q.device:
-            raise ValueError(f"block_table is on {block_table.device} but q is on {q.device}")
+        _check_index("block_table", block_table, 2, b, f"(batch={b}, max_pages)", q)
         page = k_cache.shape[1]
         if page not in PAGE_SIZES:
             raise ValueError(f"page size (k_cache.shape[1]) must be a multiple of 16 from 16 to 256, got {page}")
     if cache_seqlens is not None:
-        if not isinstance(cache_seqlens, torch.Tensor):
-            raise TypeError(f"cache_seqlens must be a torch.Tensor, got {type(cache_seqlens).__name__}")
-        if cache_seqlens.dtype != torch.int32:
-            raise TypeError(f"cache_seqlens must be int32, got dtype {str(cache_seqlens.dtype).replace('torch.', '')}")
-        if cache_seqlens.dim() != 1 or cache_seqlens.shape[0] != b:
-            raise ValueError(f"cache_seqlens must be (batch={b},), got shape {_shape(cache_seqlens)}")
-        if cache_seqlens.device != q.device:
-            raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but q is on {q.device}")
+        _check_index("cache_seqlens", cache_seqlens, 1, b, f"(batch={b},)", q)
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) must be given together")
     if k is not None:
@@ -122,13 +120,9 @@ def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {tuple(t.stride())}")
-    for name, w in (("window[0] (left)", window_left), ("window[1] (right)", window_right)):
-        if w < -1:
-            raise ValueError(f"{name} must be >= 0, or -1 for unbounded, got {w}")
-    if softmax_scale is not None and not softmax_scale > 0:
-        raise ValueError(f"softmax_scale must be > 0, got {softmax_scale}")
-    if not softcap >= 0:
-        raise ValueError(f"softcap must be >= 0 (0: off), got {softcap}")
+    from cute_kernels.attention.ops import _check_options
+
+    _check_options(window_left, window_right, softmax_scale, softcap)
     if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be None (chosen per shape) or 1 to {MAX_SPLITS}, got {num_splits}")
 
@@ -254,7 +248,9 @@ def _flash_attn_with_kvcache_cuda(q, k_cache, v_cache, k=None, v=None, cache_seq
         return out, lse
     o_part = torch.empty(splits, b, q_len, hq, d, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(splits, b, hq, q_len, dtype=torch.float32, device=q.device)
-    counter = _split_counter(q.device, b, hk, m_tiles(q_len, hq // hk))
+    # (the counters are read by the fused merge only)
+    counter = _split_counter(q.device, b, hk, m_tiles(q_len, hq // hk)) if sched.fused_merge \
+        else _no_table(q.device)[None]
     fn(q_view, k_view, v_view, o_part, lse_part, out, lse, counter, cache_seqlens, table, added, splits, *scalars)
     if not sched.fused_merge:
         _merge_compiled(torch.float32, q.dtype, d)(o_part, lse_part, out, lse)

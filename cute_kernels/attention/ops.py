@@ -77,6 +77,11 @@ def _check(q, k, v, window_left, window_right, softmax_scale, softcap, varlen: b
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1 and t.shape[-1] > 1:
             raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {tuple(t.stride())}")
+    _check_options(window_left, window_right, softmax_scale, softcap)
+
+
+def _check_options(window_left, window_right, softmax_scale, softcap):
+    """The window bounds, the softmax scale and the softcap every attention op takes."""
     for name, w in (("window[0] (left)", window_left), ("window[1] (right)", window_right)):
         if w < -1:
             raise ValueError(f"{name} must be >= 0, or -1 for unbounded, got {w}")
