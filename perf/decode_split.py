@@ -53,7 +53,7 @@ def main(cases):
             lse = torch.empty(b, hq, 1, dtype=torch.float32, device="cuda")
             kv, vv, tb = _kernel_view(k), _kernel_view(v, True), _no_table(q.device)
             args = (*_scalars(d, None, 0.0), -1, -1)
-            merge = _merge_compiled(torch.float32, q.dtype, d)
+            merge = _merge_compiled(torch.float32, q.dtype, d, model, b * hq)
             fns["split kernel only"] = lambda: fn(q, kv, vv, o_part, l_part, out, lse, tb[None], lens, tb, 0, model,
                                                   *args)
             fns["merge only"] = lambda: merge(o_part, l_part, out, lse)

@@ -123,3 +123,55 @@ def decode_candidates(head_dim: int) -> list[DecodeSchedule]:
                     out.append(s)
     out.append(DecodeSchedule(tile_n=128 if head_dim <= 128 else 64, fused_merge=True))
     return out
+
+
+# --- the attention-state merge ---------------------------------------------------------------------------------
+MERGE_VEC = 4  # O elements per thread and state: one 16-byte fp32 vector
+MERGE_MAX_CHUNK = 8
+MERGE_MAX_LANES = 32  # a row's state lanes share a warp (their partial states combine by shuffles)
+
+
+@dataclass(frozen=True)
+class MergeSchedule:
+    """How `merge.MergeStates` spreads a row's N states over threads. Each of a row's D / 4 vector columns is
+    held by `lanes` threads (1-32, a power of two, in one warp); lane p takes states p, p + lanes, ... and issues
+    the loads of `chunk` of them (1-8, a power of two) together, so a thread waits for ceil(N / (lanes chunk))
+    round trips; the lanes' partial states combine by butterfly shuffles. Many rows (merge_many over a long
+    sequence): one lane, the chunk covering N. Few rows with many states (a split decode's partials: B1 L32k merges
+    16 states of 32 rows): several lanes, so one round trip reads every state and more SMs take part."""
+
+    lanes: int = 1
+    chunk: int = 4
+
+    def __post_init__(self):
+        if self.lanes not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"MergeSchedule.lanes must be a power of two from 1 to 32, got {self.lanes}")
+        if self.chunk not in (1, 2, 4, 8):
+            raise ValueError(f"MergeSchedule.chunk must be 1, 2, 4 or 8, got {self.chunk}")
+
+    def row_threads(self, head_dim: int) -> int:
+        return self.lanes * (head_dim // MERGE_VEC)
+
+    def threads(self, head_dim: int) -> int:
+        """A CTA: at least 128 threads, whole rows."""
+        return max(128, self.row_threads(head_dim))
+
+    def fits(self, head_dim: int) -> bool:
+        return head_dim % MERGE_VEC == 0 and self.row_threads(head_dim) <= 1024
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def choose_merge(states: int, rows: int, head_dim: int, sms: int | None = None) -> MergeSchedule:
+    """The merge's schedule from static shapes: the chunk covers the states (at most 8), and while the rows alone
+    give fewer than 512 threads an SM, more lanes share each row (up to one round trip for all states)."""
+    sms = sms if sms is not None else _num_sms()
+    chunk = min(MERGE_MAX_CHUNK, _pow2_at_least(max(states, 1)))
+    tpr = max(1, head_dim // MERGE_VEC)
+    lanes = 1
+    while (lanes < MERGE_MAX_LANES and lanes * chunk < states and rows * tpr * lanes < 512 * sms
+           and 2 * lanes * tpr <= 1024):
+        lanes *= 2
+    return MergeSchedule(lanes=lanes, chunk=chunk)

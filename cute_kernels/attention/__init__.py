@@ -12,7 +12,7 @@ from cute_kernels.fake import fake_stream
 from cute_kernels.lazy import cute, cutlass
 from schedules.attention import HEAD_DIMS, KINDS, AttentionSchedule, default_schedule
 from schedules.attention_bwd import DQ_SPLITS, HEAD_DIMS_BWD, AttentionBwdSchedule
-from schedules.decode import DECODE_HEAD_DIMS, PAGE_SIZES, DecodeSchedule
+from schedules.decode import DECODE_HEAD_DIMS, PAGE_SIZES, DecodeSchedule, MergeSchedule
 
 DTYPES = ("bf16", "fp16")
 MASKS = ("none", "causal", "window", "band")  # band: a window bounded on both sides (or causal + left)
@@ -511,10 +511,15 @@ class MergeStatesSpec(KernelSpec):
                                             assumed_align=4 * dst.width // 8)
         lse_out = cute.runtime.make_fake_tensor(cutlass.Float32, (sym(), sym(), sym()), stride=(sym(), sym(), sym()),
                                                 assumed_align=4)
-        return MergeStates(dst, d), (o, lse, out, lse_out, fake_stream())
+        return MergeStates(dst, d, self.schedule_of(p)), (o, lse, out, lse_out, fake_stream())
+
+    def check(self, p):
+        if not self.schedule_of(p).fits(p["head_dim"]):
+            raise ValueError(f"{self.name}: {p['lanes']} lanes x head_dim {p['head_dim']} / 4 is more than 1024 threads")
 
     def representative(self):
-        return [self.resolve(), self.resolve({"in_dtype": "bf16", "out_dtype": "bf16", "head_dim": 64})]
+        return [self.resolve(), self.resolve({"in_dtype": "bf16", "out_dtype": "bf16", "head_dim": 64}),
+                self.resolve({"lanes": 4, "chunk": 8})]
 
     def sweep(self):
         return [self.resolve({"in_dtype": a, "out_dtype": b, "head_dim": d}) for a in ("fp32", "bf16", "fp16")
@@ -529,7 +534,11 @@ MERGE_STATES = MergeStatesSpec(
             "empty states (LSE +-inf) skipped",
     ops=("merge_attention_states", "merge_attention_states_many", "flash_attn_with_kvcache"),
     status="ready",
+    schedule=MergeSchedule,
     params={
+        "lanes": Param(1, (1, 2, 4, 8, 16, 32), help="threads (of one warp) sharing each vector column of a row, "
+                       "each over every lanes-th state"),
+        "chunk": Param(4, (1, 2, 4, 8), help="states whose loads a thread issues together"),
         "in_dtype": Param("fp32", ("fp32", "bf16", "fp16"), "signature", "the states' O element type"),
         "out_dtype": Param("bf16", ("fp32", "bf16", "fp16"), "signature", "the merged O's element type"),
         "head_dim": Param(128, tuple(range(4, 513, 4)), "signature", "head dimension D (a multiple of 4)"),

@@ -53,9 +53,8 @@ from collectives.attention_mask import MaskKind, apply_softcap
 from collectives.online_softmax import NEG_INF, acc_rows_view, empty_rows, finalize_rows, update_rows
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout
 from collectives.wgmma_mainloop import acc_as_a_operand, mma_blocks, stage_of
-from cute_kernels.attention.merge import VEC as MERGE_VEC
 from cute_kernels.attention.merge import MergeStates
-from schedules.decode import ROWS_PER_TILE, DecodeSchedule
+from schedules.decode import MERGE_VEC, ROWS_PER_TILE, DecodeSchedule
 
 _Q_BAR = 1  # named barrier: the consumer warpgroup's Q tile (and zeroed V rows) written before its WGMMAs
 _Q_VEC = 8  # Q elements per gathered vector (16 bytes)
@@ -396,7 +395,7 @@ class FlashDecode:
             pr = m_tile * ROWS_PER_TILE + r
             if (tid < per_pass * tpr) & (r < ROWS_PER_TILE) & (pr < packed):
                 MergeStates(self.dtype, self.d).merge_row(mO, mLSE, fin.o, fin.lse, b, pr // g, hk * g + pr % g,
-                                                          tid % tpr)
+                                                          tid % tpr, Int32(0), r < ROWS_PER_TILE)
 
     @cute.jit
     def zero_v_tail(self, sV: cute.Tensor, stage: Int32, valid: Int32, tid: Int32):

@@ -38,6 +38,7 @@ from schedules.decode import (
     MAX_SPLITS,
     PAGE_SIZES,
     DecodeSchedule,
+    choose_merge,
     choose_splits,
     default_decode_schedule,
     m_tiles,
@@ -194,10 +195,12 @@ def _decode_compiled(dtype, d, page_size, mask, softcap: bool, split: bool, sche
                                  softcap=softcap, split=split)
 
 
-def _merge_compiled(in_dtype, out_dtype, d):
+def _merge_compiled(in_dtype, out_dtype, d, states: int, rows: int):
+    """The merge kernel for `states` states of `rows` rows (`schedules.decode.choose_merge`)."""
     from cute_kernels.attention import MERGE_STATES
 
-    return MERGE_STATES.compiled(in_dtype=dtypes.name_of(in_dtype), out_dtype=dtypes.name_of(out_dtype), head_dim=d)
+    return MERGE_STATES.compiled(choose_merge(states, rows, d), in_dtype=dtypes.name_of(in_dtype),
+                                 out_dtype=dtypes.name_of(out_dtype), head_dim=d)
 
 
 def _table_view(block_table):
@@ -253,7 +256,7 @@ def _flash_attn_with_kvcache_cuda(q, k_cache, v_cache, k=None, v=None, cache_seq
         else _no_table(q.device)[None]
     fn(q_view, k_view, v_view, o_part, lse_part, out, lse, counter, cache_seqlens, table, added, splits, *scalars)
     if not sched.fused_merge:
-        _merge_compiled(torch.float32, q.dtype, d)(o_part, lse_part, out, lse)
+        _merge_compiled(torch.float32, q.dtype, d, splits, b * q_len * hq)(o_part, lse_part, out, lse)
     return out, lse
 
 
@@ -339,7 +342,7 @@ def _merge_many_cuda(o, lse):
         out.zero_()
         lse_out.fill_(float("inf"))
         return out, lse_out
-    _merge_compiled(o.dtype, o.dtype, d)(_state_view(o), lse, out, lse_out)
+    _merge_compiled(o.dtype, o.dtype, d, n, b * s * h)(_state_view(o), lse, out, lse_out)
     return out, lse_out
 
 

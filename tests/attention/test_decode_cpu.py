@@ -199,6 +199,31 @@ def test_decode_ptx(over, boxes, tmp_path):
     assert count(r"griddepcontrol\.wait") == 1
 
 
+def test_merge_schedule_choice():
+    """The chunk covers the states up to 8; lanes grow only while the rows give few threads, up to one round trip."""
+    from schedules.decode import MergeSchedule, choose_merge
+
+    assert choose_merge(2, 1 << 20, 128, 132) == MergeSchedule(lanes=1, chunk=2)
+    assert choose_merge(8, 1 << 20, 128, 132) == MergeSchedule(lanes=1, chunk=8)
+    assert choose_merge(16, 32, 128, 132) == MergeSchedule(lanes=2, chunk=8)  # B1 L32k: one round trip
+    assert choose_merge(128, 32, 128, 132) == MergeSchedule(lanes=16, chunk=8)
+    assert choose_merge(128, 32, 512, 132).row_threads(512) <= 1024
+    with pytest.raises(ValueError, match="lanes"):
+        MergeSchedule(lanes=3)
+
+
+@pytest.mark.parametrize("over", [{"lanes": 4, "chunk": 8}, {"chunk": 2}])
+def test_merge_chunk_loads_issued_together(over, tmp_path):
+    """A chunk's LSE and O loads all come before the first exp (one round trip a chunk), and with lanes the
+    partial states combine by shuffles (6 values a butterfly step)."""
+    ptx, count = _census("merge_attention_states", over, tmp_path)
+    body = ptx[ptx.index(".entry"):]
+    first_exp = body.index("ex2.approx")
+    assert len(re.findall(r"ld\.global(\.nc)?\.v4", body[:first_exp])) == over["chunk"]
+    lanes = over.get("lanes", 1)
+    assert count(r"shfl\.sync\.bfly") == 6 * (lanes.bit_length() - 1)
+
+
 def test_merge_ptx(tmp_path):
     ptx, count = _census("merge_attention_states", {}, tmp_path)
     assert count(r"^\s*ld\.global(\.nc)?\.v4\.(b32|f32)") >= 1  # one 16-byte fp32 vector per state
