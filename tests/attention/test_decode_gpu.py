@@ -290,7 +290,6 @@ def test_merge_many(n, dtype):
     _check_merge(out, out_lse, o, lse)
 
 
-@pytest.mark.parametrize("d", [64, 96, 256])
 @pytest.mark.parametrize("lanes,chunk", [(1, 1), (1, 8), (2, 8), (4, 2), (8, 4), (32, 1)])
 @pytest.mark.parametrize("n", [3, 37])
 def test_merge_schedules(lanes, chunk, n):
