@@ -22,6 +22,7 @@ def main(cases):
         _decode_compiled,
         _flash_attn_with_kvcache_cuda,
         _merge_compiled,
+        _no_scale,
         _no_table,
     )
     from cute_kernels.attention.ops import _kernel_view, _scalars
@@ -54,8 +55,9 @@ def main(cases):
             kv, vv, tb = _kernel_view(k), _kernel_view(v, True), _no_table(q.device)
             args = (*_scalars(d, None, 0.0), -1, -1)
             merge = _merge_compiled(torch.float32, q.dtype, d, model, b * hq)
-            fns["split kernel only"] = lambda: fn(q, kv, vv, o_part, l_part, out, lse, tb[None], lens, tb, 0, model,
-                                                  *args)
+            one = _no_scale(q.device)
+            fns["split kernel only"] = lambda: fn(q, kv, vv, o_part, l_part, out, lse, tb[None], lens, tb, one, one, 0,
+                                                  model, *args)
             fns["merge only"] = lambda: merge(o_part, l_part, out, lse)
         res = H.do_bench_interleaved(fns)
         print(f"B={b} L={n} (K+V {nbytes / 2**20:.0f} MiB; model: {model} splits)")

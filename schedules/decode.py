@@ -61,15 +61,21 @@ class DecodeSchedule:
     def stage_bytes(self, head_dim: int, elem_bytes: int) -> int:
         return 2 * self.tile_n * head_dim * elem_bytes
 
+    def fixed_bytes(self, head_dim: int, elem_bytes: int) -> int:
+        """Beside the stage ring: Q's (64, D) fp16 / bf16 tile, and with an FP8 cache (1-byte elements) the fp16 K
+        and V tiles the consumer widens each stage into."""
+        widened = 2 * self.tile_n * head_dim * 2 if elem_bytes == 1 else 0
+        return ROWS_PER_TILE * head_dim * 2 + widened
+
     def num_stages(self, head_dim: int, elem_bytes: int, smem_limit: int = 227 * 1024) -> int:
-        """The stages given, or as many as fit next to Q's (64, D) tile (at most 8)."""
+        """The stages given, or as many as fit next to the fixed tiles (at most 8)."""
         if self.stages:
             return self.stages
-        free = smem_limit - ROWS_PER_TILE * head_dim * 2 - 2048
+        free = smem_limit - self.fixed_bytes(head_dim, elem_bytes) - 2048
         return max(1, min(8, free // self.stage_bytes(head_dim, elem_bytes)))
 
     def smem_bytes(self, head_dim: int, elem_bytes: int) -> int:
-        return ROWS_PER_TILE * head_dim * 2 + self.num_stages(head_dim, elem_bytes) * self.stage_bytes(
+        return self.fixed_bytes(head_dim, elem_bytes) + self.num_stages(head_dim, elem_bytes) * self.stage_bytes(
             head_dim, elem_bytes) + 1024
 
     def fits(self, head_dim: int, elem_bytes: int = 2) -> bool:

@@ -420,7 +420,7 @@ class FlashDecodeSpec(KernelSpec):
 
     def check(self, p):
         s = self.schedule_of(p)
-        elem = 1 if p["dtype"] == "fp8" else 2
+        elem = 1 if p["kv_scale"] != "none" else 2
         if not s.fits(p["head_dim"], elem):
             raise ValueError(f"{self.name}: {s} does not fit head_dim {p['head_dim']} ({s.smem_bytes(p['head_dim'], elem)}"
                              " B smem)")
@@ -438,8 +438,14 @@ class FlashDecodeSpec(KernelSpec):
             return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
 
         q = fake(dt, (sym(), sym(), sym(), d), (sym(8), sym(8), sym(8), 1))
-        k = fake(dt, (sym(), d, sym(), sym()), (sym(8), 1, sym(8), sym(8)))
-        v = fake(dt, (d, sym(), sym(), sym()), (1, sym(8), sym(8), sym(8)))
+        if p["kv_scale"] == "none":
+            k = fake(dt, (sym(), d, sym(), sym()), (sym(8), 1, sym(8), sym(8)))
+            v = fake(dt, (d, sym(), sym(), sym()), (1, sym(8), sym(8), sym(8)))
+        else:  # e4m3 K and V, both (page rows, D, H_kv, pages)
+            k, v = (fake(cutlass.Float8E4M3FN, (sym(), d, sym(), sym()), (sym(16), 1, sym(16), sym(16)))
+                    for _ in range(2))
+        # per token (pages, page rows, H_kv), or per head (1, 1, H_kv) with zero strides
+        scales = (fake(cutlass.Float32, (sym(), sym(), sym()), (sym(), sym(), sym()), 4) for _ in range(2))
         o = fake(cutlass.Float32 if p["split"] else dt, (sym(), sym(), sym(), sym(), d),
                  (sym(), sym(), sym(), sym(), 1), 4)
         lse = fake(cutlass.Float32, (sym(), sym(), sym(), sym()), (sym(), sym(), sym(), sym()), 4)
@@ -448,13 +454,15 @@ class FlashDecodeSpec(KernelSpec):
         counter = fake(cutlass.Int32, (sym(), sym(), sym()), (sym(), sym(), 1), 4)
         seqlens = fake(cutlass.Int32, (sym(),), (1,), 4)
         table = fake(cutlass.Int32, (sym(), sym()), (sym(), 1), 4)
-        kernel = FlashDecode(dt, d, self.schedule_of(p), p["page_size"], mask_kind(p["mask"]), p["softcap"], p["split"])
+        kernel = FlashDecode(dt, d, self.schedule_of(p), p["page_size"], mask_kind(p["mask"]), p["softcap"], p["split"],
+                             p["kv_scale"])
         i32, f32 = cutlass.Int32, cutlass.Float32
-        return kernel, (q, k, v, o, lse, o_final, lse_final, counter, seqlens, table, i32(0), i32(1), f32(1.0), f32(1.0), f32(1.0), f32(1.0),
-                        i32(-1), i32(-1), fake_stream())
+        return kernel, (q, k, v, o, lse, o_final, lse_final, counter, seqlens, table, *scales, i32(0), i32(1),
+                        f32(1.0), f32(1.0), f32(1.0), f32(1.0), i32(-1), i32(-1), fake_stream())
 
     def representative(self):
-        return [self.resolve(), self.resolve({"page_size": 16, "split": True, "mask": "causal", "fused_merge": True})]
+        return [self.resolve(), self.resolve({"page_size": 16, "split": True, "mask": "causal", "fused_merge": True}),
+                self.resolve({"kv_scale": "token", "page_size": 64, "split": True})]
 
     def sweep(self):
         out = [self.resolve({"head_dim": d, "split": sp}) for d in DECODE_HEAD_DIMS for sp in (False, True)]
@@ -464,6 +472,9 @@ class FlashDecodeSpec(KernelSpec):
             out.append(self.resolve({"mask": mask, "softcap": mask == "band", "page_size": 64}))
         out.append(self.resolve({"dtype": "fp16", "tile_n": 64}))
         out.append(self.resolve({"split": True, "fused_merge": True}))
+        for d in DECODE_HEAD_DIMS:
+            out.append(self.resolve({"kv_scale": "head", "head_dim": d, "softcap": d == 256}))
+        out.append(self.resolve({"kv_scale": "token", "page_size": 16, "mask": "causal", "split": True}))
         return out
 
 
@@ -483,6 +494,8 @@ FLASH_DECODE = FlashDecodeSpec(
         "mask": Param("none", MASKS, "signature", "bounded sides of each query's key window, bottom-right aligned"),
         "softcap": Param(False, (True, False), "signature", "logit softcap"),
         "split": Param(False, (True, False), "signature", "partial (O, LSE) in fp32 per split (else O, LSE final)"),
+        "kv_scale": Param("none", ("none", "head", "token"), "signature", "FP8 (e4m3) KV cache with dequant scales "
+                          "per KV head or per token and head (none: K/V in the Q dtype)"),
         "tile_n": Param(128, (64, 128), help="keys per K/V tile (default: 128 up to D = 128, 64 above)"),
         "stages": Param(0, (0, 1, 2, 3, 4, 5, 6, 7, 8), help="K/V smem stages (0: as many as fit)"),
         "fused_merge": Param(False, (True, False), help="split: the last split to finish merges the partials (a "

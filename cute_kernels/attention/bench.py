@@ -263,11 +263,21 @@ def _decode_peers():
     return cudnn, fa4
 
 
+def _fp8_cache(x, per_token: bool):
+    """A bf16 cache as e4m3 with fp32 dequant scales: per token and head, or per head."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1) if per_token else xf.abs().amax(dim=(0, 1, 3))
+    s = (amax / 448.0).clamp_min(1e-12)
+    return (xf / (s[..., None] if per_token else s[:, None])).clamp(-448, 448).to(torch.float8_e4m3fn), s
+
+
 def attention_decode(shapes=None, quick=False, ceilings=None, q_lens=None):
     """Decode, GQA 32 / 8, D 128, q_len 1 (and 4 at 4 x 16k), bf16, every sequence at the full length: ours on a
     contiguous cache and on pages of 64 (rows "decode" / "decode.paged64"), cuDNN SDPA on the contiguous cache, FA4-cute
     on the same layout as ours, and torch.sum over the same bytes as ours reads (the floor below 128 MiB), in the same
-    interleaved rounds. Bytes: K and V read plus q and o. The ceiling: torch.sum over 2 GiB of bf16, this run."""
+    interleaved rounds. Bytes: K and V read plus q and o. The ceiling: torch.sum over 2 GiB of bf16, this run.
+    FP8 KV in the same rounds: per-head scales on the contiguous cache ("decode.fp8"), per-token scales on the pages
+    ("decode.fp8tok.paged64"; their scales' bytes counted), each beside our bf16 time of that layout."""
     import cute_kernels as ck
 
     hq, hk, d = DECODE_HEADS
@@ -291,11 +301,16 @@ def attention_decode(shapes=None, quick=False, ceilings=None, q_lens=None):
         kv_bytes = 2 * b * n * hk * d * 2
         nbytes = kv_bytes + 2 * b * q_len * hq * d * 2
         flat = H.randn(nbytes // 2, seed=8)
+        (k8, ks8), (v8, vs8) = _fp8_cache(k, False), _fp8_cache(v, False)
+        (kp8, kps8), (vp8, vps8) = _fp8_cache(kp, True), _fp8_cache(vp, True)
         for paged in (False, True):
             kc, vc, tb = (kp, vp, table) if paged else (k, v, None)
+            c8, sc8 = ((kp8, vp8), (kps8, vps8)) if paged else ((k8, v8), (ks8, vs8))
             H.progress(f"  decode B={b} L={n} q_len={q_len} paged={paged}")
             fns = {"ours": lambda kc=kc, vc=vc, tb=tb: ck.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens,
                                                                                   block_table=tb),
+                   "ours fp8": lambda c8=c8, sc8=sc8, tb=tb: ck.flash_attn_with_kvcache(
+                       q, *c8, cache_seqlens=lens, block_table=tb, k_scale=sc8[0], v_scale=sc8[1]),
                    "torch.sum same bytes": lambda: torch.sum(flat)}
             peers = {"SDPA cuDNN": lambda: cudnn(q, k, v)} if q_len == 1 else {}
             peers["FA4"] = lambda kc=kc, vc=vc, tb=tb: fa4(q, kc, vc, lens, tb)
@@ -308,8 +323,13 @@ def attention_decode(shapes=None, quick=False, ceilings=None, q_lens=None):
                                  f"{str(e)[:80]} |")
             times = {nm: r["median_ms"] for nm, r in H.do_bench_interleaved(fns).items()}
             t = times.pop("ours")
+            t8 = times.pop("ours fp8")
             rows.append(H.Row("decode.paged64" if paged else "decode", "bfloat16", f"{b}x{n}x{q_len}", nbytes, 0, t,
                               times, "read 2 GiB", read2g, note=f"K+V {kv_bytes / MiB:.0f} MiB"))
+            bytes8 = kv_bytes // 2 + 2 * b * q_len * hq * d * 2 + (2 * b * n * hk * 4 if paged else 0)
+            rows.append(H.Row("decode.fp8tok.paged64" if paged else "decode.fp8", "float8_e4m3fn", f"{b}x{n}x{q_len}",
+                              bytes8, 0, t8, {"ours bf16": t}, "read 2 GiB", read2g,
+                              note=f"K+V {kv_bytes / 2 / MiB:.0f} MiB"))
     # the many-way merge: T = 32k rows of H 32 x D 128, N fp32 states into bf16 (bytes: states read, O written)
     copy_bw = ceilings["copy"] if ceilings else H.copy_bandwidth()
     for n_states in MERGE_STATES:
@@ -322,7 +342,13 @@ def attention_decode(shapes=None, quick=False, ceilings=None, q_lens=None):
         rows.append(H.Row("merge_many", "float32", f"{n_states}x32768x32x128", nbytes, 0, times["ours"], {}, "copy",
                           copy_bw))
     checks = []
-    dec = [r for r in rows if r.case.startswith("decode")]
+    dec = [r for r in rows if r.case.startswith("decode") and ".fp8" not in r.case]
+    fp8 = [r for r in rows if ".fp8" in r.case and r.bytes >= 64 * MiB and r.shape.startswith("1x")]
+    if fp8:  # B1 L32k and longer: FP8 (half the bytes) <= 0.56x the bf16 time
+        w = max(fp8, key=lambda r: r.ours_ms / r.refs_ms["ours bf16"])
+        ratio = w.ours_ms / w.refs_ms["ours bf16"]
+        checks.append({"target": "FP8 KV <= 0.56x the bf16 time at B1 L32k and longer",
+                       "measured": f"worst {ratio:.3f}x ({w.case} {w.shape})", "ok": ratio <= 0.56})
     big = [r for r in dec if r.bytes >= 128 * MiB]
     if big:
         w = min(big, key=lambda r: r.pct_ceiling)
@@ -357,7 +383,7 @@ def attention_decode(shapes=None, quick=False, ceilings=None, q_lens=None):
     extra = f"Read ceiling: torch.sum over 2 GiB of bf16, {read2g:.3f} TB/s this run.\n"
     if notes:
         extra += "\n## Peer failures\n\n| peer | shape | error |\n|---|---|---|\n" + "\n".join(notes)
-    return rows, ["SDPA cuDNN", "FA4", "torch.sum same bytes"], checks, extra, {}
+    return rows, ["SDPA cuDNN", "FA4", "torch.sum same bytes", "ours bf16"], checks, extra, {}
 
 
 SUITES = {"attention": attention, "attention_bwd": attention_bwd, "attention_decode": attention_decode}

@@ -65,11 +65,22 @@ def box_rows(page_size: int, tile_n: int) -> int:
     return tile_n if page_size == 0 else math.gcd(page_size, tile_n)
 
 
+KV_SCALES = ("none", "head", "token")
+
+
 class FlashDecode:
     def __init__(self, dtype, head_dim: int, schedule: DecodeSchedule, page_size: int = 0,
-                 mask: MaskKind = MaskKind(), softcap: bool = False, split: bool = False):
+                 mask: MaskKind = MaskKind(), softcap: bool = False, split: bool = False, kv_scale: str = "none"):
         self.dtype, self.d, self.s = dtype, head_dim, schedule
         self.page_size, self.mask, self.softcap, self.split = page_size, mask, softcap, split
+        if kv_scale not in KV_SCALES:
+            raise ValueError(f"decode: kv_scale must be one of {KV_SCALES}, got {kv_scale!r}")
+        # an FP8 KV cache: e4m3 K/V tiles staged by TMA, widened to fp16 in smem by the consumer (K, V times their
+        # per-token scales there; per-head scales folded into the softmax scale and O), Q and P in fp16
+        self.kv_scale = kv_scale
+        self.kv8 = kv_scale != "none"
+        self.kv_dtype = cutlass.Float8E4M3FN if self.kv8 else dtype
+        self.mma_dtype = cutlass.Float16 if self.kv8 else dtype
         self.box = box_rows(page_size, schedule.tile_n)
         if self.box % 8:
             raise ValueError(f"decode: page_size {page_size} and tile_n {schedule.tile_n} give {self.box}-key TMA "
@@ -78,7 +89,8 @@ class FlashDecode:
 
     @cute.jit
     def __call__(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor, lse: cute.Tensor,
-                 o_final: cute.Tensor, lse_final: cute.Tensor, counter: cute.Tensor, seqlens: cute.Tensor, block_table: cute.Tensor, seqlen_add: Int32, splits: Int32,
+                 o_final: cute.Tensor, lse_final: cute.Tensor, counter: cute.Tensor, seqlens: cute.Tensor,
+                 block_table: cute.Tensor, k_scale: cute.Tensor, v_scale: cute.Tensor, seqlen_add: Int32, splits: Int32,
                  scale_log2: Float32, scale_lse: Float32, scale_over_cap: Float32, cap: Float32, window_left: Int32,
                  window_right: Int32, stream):
         """q (B, q_len, H_q, D); K (page rows, D, H_kv, pages), V^T (D, page rows, H_kv, pages); O (splits or 1, B,
@@ -86,25 +98,41 @@ class FlashDecode:
         (unread for a contiguous cache); seqlen_add: keys past seqlens[b] that count (the appended tokens).
         `fused_merge` (with `split`): the last split of each (row tile, KV head, batch) to finish merges the partials
         into O (B, q_len, H_q, D) and LSE (B, H_q, q_len) = o_final / lse_final; `counter` (int32 (B, H_kv, row
-        tiles), zero before the launch and after it) counts the finished splits. Unread otherwise."""
-        s, d, dt = self.s, self.d, self.dtype
+        tiles), zero before the launch and after it) counts the finished splits. Unread otherwise.
+        FP8 KV: K and V both (page rows, D, H_kv, pages) e4m3; k_scale / v_scale (pages, page rows, H_kv) fp32 per
+        token, or per head (1, 1, H_kv) with zero strides; unread without FP8."""
+        s, d, dt = self.s, self.d, self.mma_dtype
+        kt = self.kv_dtype
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             dt, dt, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32, (1, 1, 1),
             tiler_mn=(ROWS_PER_TILE, s.tile_n))
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             dt, dt, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32, (1, 1, 1),
             tiler_mn=(ROWS_PER_TILE, d), a_source=warpgroup.OperandSource.RMEM)
-        stages = s.num_stages(d, dt.width // 8)
+        stages = s.num_stages(d, kt.width // 8)
+        # the MMA's operand tiles: the stage ring itself, or with FP8 KV one widened fp16 K and V tile beside the
+        # ring of e4m3 (keys, D) tiles the TMA fills
+        mma_stages = 1 if self.kv8 else stages
         sQ_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, ROWS_PER_TILE, d, 1)
-        sK_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, d, stages)
-        sV_layout = operand_smem_layout(LayoutEnum.COL_MAJOR, dt, d, s.tile_n, stages)
+        sK_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, d, mma_stages)
+        sV_layout = operand_smem_layout(LayoutEnum.COL_MAJOR, dt, d, s.tile_n, mma_stages)
+        sK8_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, kt, s.tile_n, d, stages) if self.kv8 else sK_layout
+        sV8_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, kt, s.tile_n, d, stages) if self.kv8 else sV_layout
         # one box: the first box_rows keys of a stage (K: rows of the K-major tile; V^T: columns of the MN-major one)
-        k_box = cute.make_composed_layout(sK_layout.inner, 0, cute.composition(
-            cute.slice_(sK_layout.outer, (None, None, 0)), cute.make_layout((self.box, d), stride=(1, s.tile_n))))
-        v_box = cute.make_composed_layout(sV_layout.inner, 0, cute.composition(
-            cute.slice_(sV_layout.outer, (None, None, 0)), cute.make_layout((d, self.box), stride=(1, d))))
+        k_box = cute.make_composed_layout(sK8_layout.inner, 0, cute.composition(
+            cute.slice_(sK8_layout.outer, (None, None, 0)), cute.make_layout((self.box, d), stride=(1, s.tile_n))))
         tma_k, tma_gk = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), k, k_box, (self.box, d))
-        tma_v, tma_gv = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), v, v_box, (d, self.box))
+        if cutlass.const_expr(self.kv8):
+            v_box = cute.make_composed_layout(sV8_layout.inner, 0, cute.composition(
+                cute.slice_(sV8_layout.outer, (None, None, 0)), cute.make_layout((self.box, d), stride=(1, s.tile_n))))
+            tma_v, tma_gv = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), v, v_box, (self.box, d))
+        else:
+            v_box = cute.make_composed_layout(sV_layout.inner, 0, cute.composition(
+                cute.slice_(sV_layout.outer, (None, None, 0)), cute.make_layout((d, self.box), stride=(1, d))))
+            tma_v, tma_gv = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), v, v_box, (d, self.box))
+
+        # with FP8 KV the e4m3 stage ring beside the MMA's tiles (else a 16-byte placeholder)
+        ring8 = (cute.cosize(sK8_layout), 1024) if self.kv8 else (16, 16)
 
         @cute.struct
         class Storage:
@@ -114,6 +142,8 @@ class FlashDecode:
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
             merge_slot: cute.struct.MemRange[Int32, 1]  # the finished-split count the counter's add returned
+            sK8: cute.struct.Align[cute.struct.MemRange[kt, ring8[0]], ring8[1]]
+            sV8: cute.struct.Align[cute.struct.MemRange[kt, ring8[0]], ring8[1]]
 
         self.storage = Storage
         q_len = cute.size(q, mode=[1])
@@ -121,18 +151,19 @@ class FlashDecode:
         m_tiles = (q_len * group + ROWS_PER_TILE - 1) // ROWS_PER_TILE
         grid = [m_tiles, cute.size(k, mode=[2]) * splits, cute.size(q, mode=[0])]
         self.kernel(tiled_mma_qk, tiled_mma_pv, tma_k, tma_gk, tma_v, tma_gv, q, o, lse, o_final, lse_final, counter,
-                    seqlens, block_table,
+                    seqlens, block_table, k_scale, v_scale,
                     seqlen_add, splits, scale_log2, scale_lse, scale_over_cap, cap, window_left, window_right,
-                    sQ_layout, sK_layout, sV_layout).launch(grid=grid, block=[s.threads, 1, 1], stream=stream,
+                    sQ_layout, sK_layout, sV_layout, sK8_layout, sV8_layout).launch(grid=grid, block=[s.threads, 1, 1], stream=stream,
                                                             use_pdl=True)
 
     @cute.kernel
     def kernel(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tma_k: cute.CopyAtom, mK: cute.Tensor,
                tma_v: cute.CopyAtom, mV: cute.Tensor, mQ: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-               mOFinal: cute.Tensor, mLSEFinal: cute.Tensor, mCounter: cute.Tensor, mSeqlens: cute.Tensor, mBT: cute.Tensor, seqlen_add: Int32, splits: Int32, scale_log2: Float32,
-               scale_lse: Float32, scale_over_cap: Float32, cap: Float32, window_left: Int32, window_right: Int32,
-               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout):
-        dt = self.dtype
+               mOFinal: cute.Tensor, mLSEFinal: cute.Tensor, mCounter: cute.Tensor, mSeqlens: cute.Tensor,
+               mBT: cute.Tensor, mKS: cute.Tensor, mVS: cute.Tensor, seqlen_add: Int32, splits: Int32,
+               scale_log2: Float32, scale_lse: Float32, scale_over_cap: Float32, cap: Float32, window_left: Int32,
+               window_right: Int32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               sV_layout: cute.ComposedLayout, sK8_layout: cute.ComposedLayout, sV8_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 4:
@@ -140,14 +171,19 @@ class FlashDecode:
             cpasync.prefetch_descriptor(tma_v)
         smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(self.storage)
-        stages = cute.size(sK_layout, mode=[2])
-        kv_bytes = cute.size_in_bytes(dt, cute.slice_(sK_layout, (None, None, 0)))
+        stages = cute.size(sK8_layout, mode=[2])
+        kv_bytes = cute.size_in_bytes(self.kv_dtype, cute.slice_(sK8_layout, (None, None, 0)))
         pipe_k = make_pipeline(st.k_bars.data_ptr(), stages, kv_bytes, (1, 1), 4)
         pipe_v = make_pipeline(st.v_bars.data_ptr(), stages, kv_bytes, (1, 1), 4)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
         sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        # the TMA's stage ring: the operand tiles themselves, or the FP8 tiles the consumer widens into them
+        sK8, sV8 = sK, sV
+        if cutlass.const_expr(self.kv8):
+            sK8 = st.sK8.get_tensor(sK8_layout.outer, swizzle=sK8_layout.inner)
+            sV8 = st.sV8.get_tensor(sV8_layout.outer, swizzle=sV8_layout.inner)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
         # programmatic dependent launch: the set-up above overlaps the previous kernel's tail (the append, the last
         # layer); nothing it wrote is read before this wait. The merge behind this kernel may launch now: its CTAs
@@ -165,13 +201,14 @@ class FlashDecode:
         first, count = self.split_range(seqlen_k, q_len, window_left, split, splits)
 
         if warp == 4:
-            self.produce(tma_k, mK, sK, tma_v, mV, sV, pipe_k, pipe_v, mBT, b, hk, seqlen_k, first, count)
+            self.produce(tma_k, mK, sK8, tma_v, mV, sV8, pipe_k, pipe_v, mBT, b, hk, seqlen_k, first, count)
         elif warp < 4:
             fin = SimpleNamespace(o=mOFinal, lse=mLSEFinal, counter=mCounter, splits=splits,
                                   slot=st.merge_slot.get_tensor(cute.make_layout(1)))
+            kv8 = SimpleNamespace(sK=sK8, sV=sV8, ks=mKS, vs=mVS, bt=mBT)
             self.consume(tiled_mma_qk, tiled_mma_pv, mQ, sQ, sK, sV, pipe_k, pipe_v, mO, mLSE, b, hk,
                          cute.size(mQ, mode=[2]) // kv_heads, m_tile, split, seqlen_k, first, count, scale_log2,
-                         scale_lse, scale_over_cap, cap, window_left, window_right, fin)
+                         scale_lse, scale_over_cap, cap, window_left, window_right, fin, kv8)
 
     @cute.jit
     def split_range(self, seqlen_k: Int32, q_len: Int32, left: Int32, split: Int32, splits: Int32):
@@ -196,9 +233,10 @@ class FlashDecode:
         d = self.d
         # global: (box, D) boxes of (page rows, D, pages) / (D, box) of (D, page rows, pages); smem: the boxes of a stage
         gK = cute.flat_divide(mK[(None, None, hk, None)], (self.box, d))  # (box, D, page boxes, 1, pages)
-        gV = cute.flat_divide(mV[(None, None, hk, None)], (d, self.box))  # (D, box, 1, page boxes, pages)
+        # V^T: (D, box, 1, page boxes, pages); FP8 V is staged like K
+        gV = cute.flat_divide(mV[(None, None, hk, None)], (self.box, d) if self.kv8 else (d, self.box))
         sKb = cute.flat_divide(sK, (self.box, d))  # (box, D, boxes, 1, stages)
-        sVb = cute.flat_divide(sV, (d, self.box))  # (D, box, 1, boxes, stages)
+        sVb = cute.flat_divide(sV, (self.box, d) if self.kv8 else (d, self.box))  # (D, box, 1, boxes, stages)
         tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sKb, 0, 2),
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sVb, 0, 2),
@@ -216,8 +254,12 @@ class FlashDecode:
             pipe_v.producer_acquire(kv)
             for j in cutlass.range_constexpr(self.boxes):
                 page, pbox = self.box_source(mBT, b, cutlass.min(n * self.boxes + j, last_box))
-                cute.copy(tma_v, tVgV[(None, 0, pbox, page)], tVsV[(None, 0, j, kv.index)],
-                          tma_bar_ptr=pipe_v.producer_get_barrier(kv))
+                if cutlass.const_expr(self.kv8):
+                    cute.copy(tma_v, tVgV[(None, pbox, 0, page)], tVsV[(None, j, 0, kv.index)],
+                              tma_bar_ptr=pipe_v.producer_get_barrier(kv))
+                else:
+                    cute.copy(tma_v, tVgV[(None, 0, pbox, page)], tVsV[(None, 0, j, kv.index)],
+                              tma_bar_ptr=pipe_v.producer_get_barrier(kv))
             pipe_v.producer_commit(kv)
             kv.advance()
         pipe_k.producer_tail(kv.clone())
@@ -248,7 +290,7 @@ class FlashDecode:
             if pr < rows:
                 src = cute.make_tensor(mQ[(b, pr // g, hk * g + pr % g, None)].iterator,
                                        cute.make_layout((_Q_VEC, per_row), stride=(1, _Q_VEC)))[(None, c)]
-                dst.store(src.load())
+                dst.store(src.load().to(self.mma_dtype))
             else:
                 dst.fill(0.0)
 
@@ -257,10 +299,21 @@ class FlashDecode:
                 sK: cute.Tensor, sV: cute.Tensor, pipe_k, pipe_v, mO: cute.Tensor, mLSE: cute.Tensor, b: Int32,
                 hk: Int32, g: Int32, m_tile: Int32, split: Int32, seqlen_k: Int32, first: Int32, count: Int32,
                 scale_log2: Float32, scale_lse: Float32, scale_over_cap: Float32, cap: Float32, left: Int32,
-                right: Int32, fin: SimpleNamespace):
-        s, d, dt = self.s, self.d, self.dtype
+                right: Int32, fin: SimpleNamespace, kv8: SimpleNamespace):
+        s, d, dt = self.s, self.d, self.mma_dtype
         tidx, _, _ = cute.arch.thread_idx()
         tid = tidx % 128
+        v_head = Float32(1.0)
+        if cutlass.const_expr(self.kv_scale == "head"):
+            # x = x8 * s per KV head: K's scale multiplies every score (before the softcap's tanh, or in the
+            # softmax scale), V's every output
+            k_head = kv8.ks[0, 0, hk]
+            v_head = kv8.vs[0, 0, hk]
+            if cutlass.const_expr(self.softcap):
+                scale_over_cap = scale_over_cap * k_head
+            else:
+                scale_log2 = scale_log2 * k_head
+                scale_lse = scale_lse * k_head
         self.load_q(mQ, sQ, b, hk, g, m_tile, tid)
         cute.arch.fence_view_async_shared()
         q_bar = pipeline.NamedBarrier(barrier_id=_Q_BAR, num_threads=128)
@@ -305,16 +358,36 @@ class FlashDecode:
         if cutlass.const_expr(self.mask.left):
             lo_max = seqlen_k - 1 - left
 
-        stages = cute.size(sK, mode=[2])
+        stages = cute.size(kv8.sK, mode=[2])
         kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+        # FP8 per-token scales: this thread's rows of the next tile, loaded a tile ahead
+        sc_rows = s.tile_n * d // 16 // 128
+        ks_next = cute.make_rmem_tensor((sc_rows,), Float32)
+        vs_next = cute.make_rmem_tensor((sc_rows,), Float32)
+        if cutlass.const_expr(self.kv_scale == "token"):
+            if count > 0:  # (a sequence without keys may have no page to look up)
+                self.load_token_scales(kv8, ks_next, vs_next, b, hk, first, seqlen_k, tid)
         for i in cutlass.range(count, unroll=1):
             n = first + i
+            ks_cur = cute.make_rmem_tensor((sc_rows,), Float32)
+            vs_cur = cute.make_rmem_tensor((sc_rows,), Float32)
+            if cutlass.const_expr(self.kv_scale == "token"):
+                for e in cutlass.range_constexpr(sc_rows):
+                    ks_cur[e] = ks_next[e]
+                    vs_cur[e] = vs_next[e]
+                self.load_token_scales(kv8, ks_next, vs_next, b, hk, n + 1, seqlen_k, tid)
             pipe_k.consumer_wait(kv)
+            k_stage = kv.index
+            if cutlass.const_expr(self.kv8):
+                self.widen(kv8.sK, kv.index, sK, ks_cur, s.tile_n, tid, False)
+                pipe_k.consumer_release(kv)
+                k_stage = 0
             warpgroup.fence()
-            mma_blocks(tiled_mma_qk, acc_s, tSrQ, stage_of(tSrK, kv.index), zero_first=True)
+            mma_blocks(tiled_mma_qk, acc_s, tSrQ, stage_of(tSrK, k_stage), zero_first=True)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            pipe_k.consumer_release(kv)
+            if cutlass.const_expr(not self.kv8):
+                pipe_k.consumer_release(kv)
             if cutlass.const_expr(self.softcap):
                 apply_softcap(acc_s, scale_over_cap, cap)
             key0 = n * s.tile_n
@@ -330,18 +403,28 @@ class FlashDecode:
             update_rows(s_rows, o_rows, row_max, row_sum, scale_log2)
             p = acc_as_a_operand(acc_s, dt)
             pipe_v.consumer_wait(kv)
-            if key0 + s.tile_n > seqlen_k:
+            v_stage = kv.index
+            if cutlass.const_expr(self.kv8):
+                # keys past the end widen to 0 (their P is 0, but 0 x NaN is not)
+                self.widen(kv8.sV, kv.index, sV, vs_cur, cutlass.min(seqlen_k - key0, s.tile_n), tid, True)
+                pipe_v.consumer_release(kv)
+                v_stage = 0
+            elif key0 + s.tile_n > seqlen_k:
                 self.zero_v_tail(sV, kv.index, seqlen_k - key0, tid)
             warpgroup.fence()
-            mma_blocks(tiled_mma_pv, acc_o, p, stage_of(tOrV, kv.index))
+            mma_blocks(tiled_mma_pv, acc_o, p, stage_of(tOrV, v_stage))
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            pipe_v.consumer_release(kv)
+            if cutlass.const_expr(not self.kv8):
+                pipe_v.consumer_release(kv)
             kv.advance()
 
         # ---- epilogue: O / l and the LSE, straight from the registers ----
         lse = cute.make_rmem_tensor((rows,), Float32)
         finalize_rows(o_rows, row_max, row_sum, lse, scale_lse)
+        if cutlass.const_expr(self.kv_scale == "head"):
+            for e in cutlass.range_constexpr(cute.size(acc_o)):
+                acc_o[e] = acc_o[e] * v_head
         packed = q_len * g
         oc_rows = acc_rows_view(tOcO)
         slot = split if cutlass.const_expr(self.split) else 0
@@ -396,6 +479,48 @@ class FlashDecode:
             if (tid < per_pass * tpr) & (r < ROWS_PER_TILE) & (pr < packed):
                 MergeStates(self.dtype, self.d).merge_row(mO, mLSE, fin.o, fin.lse, b, pr // g, hk * g + pr % g,
                                                           tid % tpr, Int32(0), r < ROWS_PER_TILE)
+
+    @cute.jit
+    def widen(self, src: cute.Tensor, stage: Int32, dst: cute.Tensor, scales: cute.Tensor, valid: Int32, tid: Int32,
+              is_v: cutlass.Constexpr[bool]):
+        """FP8 KV: the e4m3 (tile_n, D) tile `stage` of `src` widened into the fp16 operand tile `dst` (K: (tile_n,
+        D) K-major; V: V^T (D, tile_n) MN-major, D contiguous in both), 16 elements of one key a step, times the
+        key's per-token scale (`scales`, this thread's rows in step order); keys from `valid` on written as 0. The
+        warpgroup's writes are made visible to the WGMMA (async proxy) before any thread goes on."""
+        d = self.d
+        per_row = d // 16
+        for it in cutlass.range_constexpr(self.s.tile_n * per_row // 128):
+            idx = tid + it * 128
+            r = idx // per_row
+            c = idx % per_row
+            x = cute.logical_divide(src[(r, None, stage)], cute.make_layout(16))[(None, c)].load().to(self.mma_dtype)
+            if cutlass.const_expr(self.kv_scale == "token"):
+                x = x * self.mma_dtype(scales[it])
+            row = dst[(None, r, 0)] if cutlass.const_expr(is_v) else dst[(r, None, 0)]
+            out = cute.logical_divide(row, cute.make_layout(16))[(None, c)]
+            if cutlass.const_expr(not is_v):
+                out.store(x)
+            elif r < valid:
+                out.store(x)
+            else:
+                out.fill(0.0)
+        cute.arch.fence_view_async_shared()
+        pipeline.NamedBarrier(barrier_id=_Q_BAR, num_threads=128).arrive_and_wait()
+
+    @cute.jit
+    def load_token_scales(self, kv8: SimpleNamespace, ks: cute.Tensor, vs: cute.Tensor, b: Int32, hk: Int32,
+                          n: Int32, seqlen_k: Int32, tid: Int32):
+        """The per-token K and V scales of the keys this thread widens in tile n (`widen`'s rows), each key clamped
+        to the sequence's last (no page past the sequence is looked up)."""
+        per_row = self.d // 16
+        for it in cutlass.range_constexpr(self.s.tile_n * per_row // 128):
+            key = cutlass.min(n * self.s.tile_n + (tid + it * 128) // per_row, cutlass.max(seqlen_k - 1, 0))
+            if cutlass.const_expr(self.page_size == 0):
+                page, row = b, key
+            else:
+                page, row = kv8.bt[b, key // self.page_size], key % self.page_size
+            ks[it] = kv8.ks[page, row, hk]
+            vs[it] = kv8.vs[page, row, hk]
 
     @cute.jit
     def zero_v_tail(self, sV: cute.Tensor, stage: Int32, valid: Int32, tid: Int32):

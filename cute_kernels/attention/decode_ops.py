@@ -19,7 +19,12 @@ flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
   that sees no key, whose O is 0).
 Graph-safe: no host synchronization, every buffer from the caching allocator. `validate=True` (off by default:
 it synchronizes) checks the device-side values: cache_seqlens within the capacity, the block table's entries in
-use inside the pool. FP8 KV (k_scale / v_scale) is not built yet and is refused.
+use inside the pool.
+FP8 KV: k_cache / v_cache float8_e4m3fn with fp32 dequant scales k_scale / v_scale (x = x8 * scale), per KV head
+(H_kv,) or per token and head (the cache's shape without D: (B, L_max, H_kv) or (num_pages, page_size, H_kv)).
+Appended k / v (in q's dtype) are quantized: by the per-head scale, or by a fresh per-token scale amax / 448
+written into k_scale / v_scale beside them (saturating to +-448). The kernel widens K and V to fp16 in shared
+memory (times the per-token scales, in fp16) and computes in fp16 (Q converted: |q| must stay below 65504).
 
 merge_attention_states(o_a, lse_a, o_b, lse_b) and merge_attention_states_many(o, lse): states in `flash_attn`'s
 layouts, o (B, S, H, D) bf16 / fp16 / fp32 and lse (B, H, S) fp32 (the many-way form with a leading states axis,
@@ -64,8 +69,53 @@ def _check_index(name, t, dims: int, batch: int, what: str, q) -> None:
         raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
 
 
+FP8_KV = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def _kv_scale_kind(k_cache, k_scale) -> str:
+    """"none" (a bf16 / fp16 cache), "head" ((H_kv,) scales) or "token" (scales shaped like the cache without D)."""
+    if k_cache.dtype != FP8_KV:
+        return "none"
+    return "head" if k_scale.dim() == 1 else "token"
+
+
+def _check_scales(k_cache, v_cache, k_scale, v_scale, q) -> None:
+    """FP8 KV: e4m3 caches need both dequant scales, fp32, per KV head (H_kv,) or per token and head (the cache's
+    shape without D); a bf16 / fp16 cache takes none."""
+    fp8 = k_cache.dtype == FP8_KV
+    if not fp8:
+        for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if t is not None:
+                raise ValueError(f"{name} is given but the cache is {str(k_cache.dtype).replace('torch.', '')}: "
+                                 "scales belong to an FP8 (float8_e4m3fn) cache")
+        return
+    hk = k_cache.shape[2]
+    per_token = tuple(k_cache.shape[:3])
+    kinds = []
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is None:
+            raise ValueError(f"{name} is needed with an FP8 cache: fp32 dequant scales (x = x8 * scale) of shape "
+                             f"(kv_heads,) = ({hk},) or per token {per_token}")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got dtype {str(t.dtype).replace('torch.', '')}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+        if tuple(t.shape) == (hk,):
+            kinds.append("head")
+        elif tuple(t.shape) == per_token:
+            kinds.append("token")
+        else:
+            raise ValueError(f"{name} must be per KV head ({hk},) or per token and head {per_token} (the cache's "
+                             f"shape without D), got shape {_shape(t)}")
+    if kinds[0] != kinds[1]:
+        raise ValueError(f"k_scale is per {kinds[0]} but v_scale per {kinds[1]}: give both at one granularity")
+
+
 def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window_left, window_right, softcap,
-                   softmax_scale, num_splits):
+                   softmax_scale, num_splits, k_scale=None, v_scale=None):
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -78,10 +128,12 @@ def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window
     if q.dtype not in AB_TORCH:
         raise TypeError(f"q has dtype {str(q.dtype).replace('torch.', '')}; supported: bfloat16, float16")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype in (torch.float8_e4m3fn,):
-            raise NotImplementedError(f"{name}: an FP8 KV cache (with k_scale / v_scale) is not built yet")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; cast one of them first")
+        if t.dtype != q.dtype and t.dtype != FP8_KV:
+            raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')} but q has "
+                            f"{str(q.dtype).replace('torch.', '')}; a cache is in q's dtype or float8_e4m3fn (with "
+                            "k_scale / v_scale)")
+    if k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) must have one dtype")
     b, q_len, hq, d = q.shape
     if d not in DECODE_HEAD_DIMS:
         raise ValueError(f"head dim (q.shape[3]) must be one of {DECODE_HEAD_DIMS}, got {d}")
@@ -112,12 +164,14 @@ def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window
             if t.shape != (b, q_len, hk, d):
                 raise ValueError(f"{name} must be (batch, q_len, kv_heads, head_dim) = {(b, q_len, hk, d)}, got "
                                  f"{_shape(t)}")
-            if t.dtype != k_cache.dtype:
-                raise TypeError(f"{name} has dtype {t.dtype} but the cache has {k_cache.dtype}")
+            if t.dtype != q.dtype:
+                raise TypeError(f"{name} (new tokens) has dtype {t.dtype} but q has {q.dtype}"
+                                + (" (an FP8 cache quantizes them on append)" if k_cache.dtype == FP8_KV else ""))
             if t.device != q.device:
                 raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
         if cache_seqlens is None:
             raise ValueError("appending k / v needs cache_seqlens (where each sequence's new tokens go)")
+    _check_scales(k_cache, v_cache, k_scale, v_scale, q)
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {tuple(t.stride())}")
@@ -150,8 +204,23 @@ def _validate(k_cache, cache_seqlens, block_table, q_len: int, appended: bool) -
                              f"{k_cache.shape[0]} pages")
 
 
-def _append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
-    """k / v (B, q_len, H_kv, D) into the cache rows cache_seqlens[b] + t, by device-side indices (no sync)."""
+def _quantize_fp8(x, scale, rows):
+    """New tokens x (B, q_len, H_kv, D) as e4m3: divided by the per-head scale (H_kv,), or by a fresh per-token
+    scale amax(|x|) / 448 over D (1 for an all-zero row) written into `scale` at the cache rows `rows`; saturating."""
+    xf = x.float()
+    if scale.dim() == 1:
+        s = scale[None, None, :, None]
+    else:
+        amax = xf.abs().amax(dim=-1)
+        s_tok = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        scale.index_put_(rows, s_tok)
+        s = s_tok[..., None]
+    return (xf / s).clamp(-FP8_MAX, FP8_MAX).to(FP8_KV)
+
+
+def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale=None, v_scale=None) -> None:
+    """k / v (B, q_len, H_kv, D) into the cache rows cache_seqlens[b] + t, by device-side indices (no sync); into
+    an FP8 cache quantized (`_quantize_fp8`), per-token scales written beside them."""
     b, q_len = k.shape[:2]
     pos = cache_seqlens.long()[:, None] + torch.arange(q_len, device=k.device)[None, :]  # (B, q_len)
     if block_table is None:
@@ -159,6 +228,8 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
     else:
         page = k_cache.shape[1]
         rows = (block_table.long().gather(1, pos // page), pos % page)
+    if k_cache.dtype == FP8_KV:
+        k, v = _quantize_fp8(k, k_scale, rows), _quantize_fp8(v, v_scale, rows)
     k_cache.index_put_(rows, k)
     v_cache.index_put_(rows, v)
 
@@ -181,6 +252,13 @@ def _split_counter(device, b: int, hk: int, m_tiles: int) -> torch.Tensor:
     return t[:n].view(b, hk, m_tiles)
 
 
+def _no_scale(device) -> torch.Tensor:
+    t = _dummy_tables.get((device, "scale"))
+    if t is None:
+        t = _dummy_tables[(device, "scale")] = torch.ones(1, 1, 1, dtype=torch.float32, device=device)
+    return t
+
+
 def _no_table(device) -> torch.Tensor:
     t = _dummy_tables.get(device)
     if t is None:
@@ -188,11 +266,20 @@ def _no_table(device) -> torch.Tensor:
     return t
 
 
-def _decode_compiled(dtype, d, page_size, mask, softcap: bool, split: bool, sched: DecodeSchedule):
+def _decode_compiled(dtype, d, page_size, mask, softcap: bool, split: bool, sched: DecodeSchedule,
+                     kv_scale: str = "none"):
     from cute_kernels.attention import FLASH_DECODE
 
     return FLASH_DECODE.compiled(sched, dtype=dtypes.name_of(dtype), head_dim=d, page_size=page_size, mask=mask,
-                                 softcap=softcap, split=split)
+                                 softcap=softcap, split=split, kv_scale=kv_scale)
+
+
+def _scale_view(t, kind: str, device) -> torch.Tensor:
+    """The kernel's (pages, page rows, H_kv) scales: per token as given (any strides), per head (1, 1, H_kv); a
+    placeholder without FP8."""
+    if kind == "none":
+        return _no_scale(device)
+    return t.view(1, 1, -1) if kind == "head" else t
 
 
 def _merge_compiled(in_dtype, out_dtype, d, states: int, rows: int):
@@ -210,15 +297,17 @@ def _table_view(block_table):
 
 
 def _flash_attn_with_kvcache_cuda(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
-                                  causal=False, window_left=-1, window_right=-1, softcap=0.0, softmax_scale=None,
-                                  num_splits=None, validate=False, schedule: DecodeSchedule | None = None):
+                                  k_scale=None, v_scale=None, causal=False, window_left=-1, window_right=-1,
+                                  softcap=0.0, softmax_scale=None, num_splits=None, validate=False,
+                                  schedule: DecodeSchedule | None = None):
     # (the forward's helpers: imported here, as ops.py imports this module to export its ops)
     from cute_kernels.attention.ops import _bounds, _kernel_view, _scalars
 
     _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window_left, window_right, softcap,
-                   softmax_scale, num_splits)
+                   softmax_scale, num_splits, k_scale, v_scale)
     b, q_len, hq, d = q.shape
     hk = k_cache.shape[2]
+    kind = _kv_scale_kind(k_cache, k_scale)
     out = torch.empty(b, q_len, hq, d, dtype=q.dtype, device=q.device)
     lse = torch.empty(b, hq, q_len, dtype=torch.float32, device=q.device)
     if out.numel() == 0:
@@ -227,7 +316,7 @@ def _flash_attn_with_kvcache_cuda(q, k_cache, v_cache, k=None, v=None, cache_seq
     if validate and cache_seqlens is not None:
         _validate(k_cache, cache_seqlens, block_table, q_len, appended)
     if appended:
-        _append(k_cache, v_cache, k, v, cache_seqlens, block_table)
+        _append(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale, v_scale)
     cap = _capacity(k_cache, block_table)
     if cache_seqlens is None:
         cache_seqlens = torch.full((b,), cap, dtype=torch.int32, device=q.device)
@@ -240,31 +329,34 @@ def _flash_attn_with_kvcache_cuda(q, k_cache, v_cache, k=None, v=None, cache_seq
     table = _no_table(q.device) if block_table is None else _table_view(block_table)
     q_view = q if q.stride(-1) == 1 and all(s % 8 == 0 for s in q.stride()[:3]) and q.data_ptr() % 16 == 0 \
         else q.contiguous()
-    fn = _decode_compiled(q.dtype, d, page, mask_name(left, right), softcap > 0, splits > 1, sched)
-    k_view, v_view = _kernel_view(k_cache), _kernel_view(v_cache, True)
+    fn = _decode_compiled(q.dtype, d, page, mask_name(left, right), softcap > 0, splits > 1, sched, kind)
+    # (FP8 V is staged like K: (page rows, D, H_kv, pages))
+    k_view, v_view = _kernel_view(k_cache), _kernel_view(v_cache, kind == "none")
+    ks_view, vs_view = _scale_view(k_scale, kind, q.device), _scale_view(v_scale, kind, q.device)
     scalars = (*_scalars(d, softmax_scale, softcap), left, right)
     added = q_len if appended else 0
     if splits == 1:
         no_counter = _no_table(q.device)[None]
-        fn(q_view, k_view, v_view, out[None], lse[None], out, lse, no_counter, cache_seqlens, table, added, 1,
-           *scalars)
+        fn(q_view, k_view, v_view, out[None], lse[None], out, lse, no_counter, cache_seqlens, table, ks_view, vs_view,
+           added, 1, *scalars)
         return out, lse
     o_part = torch.empty(splits, b, q_len, hq, d, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(splits, b, hq, q_len, dtype=torch.float32, device=q.device)
     # (the counters are read by the fused merge only)
     counter = _split_counter(q.device, b, hk, m_tiles(q_len, hq // hk)) if sched.fused_merge \
         else _no_table(q.device)[None]
-    fn(q_view, k_view, v_view, o_part, lse_part, out, lse, counter, cache_seqlens, table, added, splits, *scalars)
+    fn(q_view, k_view, v_view, o_part, lse_part, out, lse, counter, cache_seqlens, table, ks_view, vs_view, added,
+       splits, *scalars)
     if not sched.fused_merge:
         _merge_compiled(torch.float32, q.dtype, d, splits, b * q_len * hq)(o_part, lse_part, out, lse)
     return out, lse
 
 
 def _flash_attn_with_kvcache_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
-                                  causal=False, window_left=-1, window_right=-1, softcap=0.0, softmax_scale=None,
-                                  num_splits=None, validate=False):
+                                  k_scale=None, v_scale=None, causal=False, window_left=-1, window_right=-1,
+                                  softcap=0.0, softmax_scale=None, num_splits=None, validate=False):
     _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window_left, window_right, softcap,
-                   softmax_scale, num_splits)
+                   softmax_scale, num_splits, k_scale, v_scale)
     b, q_len, hq, d = q.shape
     return (torch.empty(b, q_len, hq, d, dtype=q.dtype, device=q.device),
             torch.empty(b, hq, q_len, dtype=torch.float32, device=q.device))
@@ -272,7 +364,8 @@ def _flash_attn_with_kvcache_fake(q, k_cache, v_cache, k=None, v=None, cache_seq
 
 register_op("cute_kernels::flash_attn_with_kvcache",
             "(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
-            "Tensor? cache_seqlens=None, Tensor? block_table=None, bool causal=False, int window_left=-1, "
+            "Tensor? cache_seqlens=None, Tensor? block_table=None, Tensor(c!)? k_scale=None, "
+            "Tensor(d!)? v_scale=None, bool causal=False, int window_left=-1, "
             "int window_right=-1, float softcap=0.0, float? softmax_scale=None, int? num_splits=None, "
             "bool validate=False) -> (Tensor, Tensor)",
             _flash_attn_with_kvcache_cuda, _flash_attn_with_kvcache_fake)
@@ -283,12 +376,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                             softcap: float = 0.0, softmax_scale: float | None = None, num_splits: int | None = None,
                             return_lse: bool = False, validate: bool = False):
     """Decode attention against a KV cache (see the module doc); returns O, or (O, LSE) with `return_lse`."""
-    if k_scale is not None or v_scale is not None:
-        raise NotImplementedError("k_scale / v_scale: an FP8 KV cache is not built yet")
     if not (isinstance(window, (tuple, list)) and len(window) == 2):
         raise ValueError(f"window must be a pair (left, right) of ints, -1 for unbounded, got {window!r}")
     out, lse = call("cute_kernels::flash_attn_with_kvcache", q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                    bool(causal), int(window[0]), int(window[1]), float(softcap), softmax_scale,
+                    k_scale, v_scale, bool(causal), int(window[0]), int(window[1]), float(softcap), softmax_scale,
                     None if num_splits is None else int(num_splits), bool(validate))
     return (out, lse) if return_lse else out
 

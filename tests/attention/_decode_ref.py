@@ -67,3 +67,24 @@ def merge_reference(o: torch.Tensor, lse: torch.Tensor):
     out = torch.where(den > 0, num / den.clamp_min(1e-300), torch.zeros_like(num))
     out_lse = torch.where(total > 0, m_safe + torch.log(total.clamp_min(1e-300)), torch.full_like(total, float("inf")))
     return out, out_lse
+
+
+FP8_MAX = 448.0
+
+
+def quantize_cache(cache: torch.Tensor, kind: str):
+    """A bf16 / fp16 / fp32 cache (.., H, D) as e4m3 with fp32 dequant scales (x = x8 * s): per head (H,) from the
+    whole cache's amax, or per token and head (the cache's shape without D). Returns (cache8, scale)."""
+    x = cache.float()
+    if kind == "head":
+        amax = x.abs().amax(dim=tuple(range(x.dim() - 2)) + (x.dim() - 1,))
+        s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        return (x / s[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), s
+    amax = x.abs().amax(dim=-1)
+    s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return (x / s[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), s
+
+
+def dequantize_cache(cache8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The fp32 cache an e4m3 cache and its scales (per head (H,), or per token) stand for."""
+    return cache8.float() * (scale[:, None] if scale.dim() == 1 else scale[..., None])

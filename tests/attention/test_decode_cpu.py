@@ -117,9 +117,17 @@ def test_fake_mode_shapes():
         lens = _fake(4, dtype=torch.int32)
         out, lse = ck.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens, block_table=table, return_lse=True)
         assert out.shape == (4, 2, 32, 128) and lse.shape == (4, 32, 2) and lse.dtype == torch.float32
+        k8 = _fake(40, 64, 8, 128, dtype=torch.float8_e4m3fn)
+        out8 = ck.flash_attn_with_kvcache(q, k8, k8, cache_seqlens=lens, block_table=table,
+                                          k_scale=_fake(40, 64, 8, dtype=torch.float32),
+                                          v_scale=_fake(40, 64, 8, dtype=torch.float32))
+        assert out8.shape == q.shape and out8.dtype == q.dtype
         o, l = ck.merge_attention_states_many(_fake(3, 2, 5, 4, 64, dtype=torch.float32),
                                               _fake(3, 2, 4, 5, dtype=torch.float32))
         assert o.shape == (2, 5, 4, 64) and o.dtype == torch.float32 and l.shape == (2, 4, 5)
+
+
+E4M3 = torch.float8_e4m3fn
 
 
 def _bad(**kw):
@@ -146,7 +154,25 @@ def _bad(**kw):
      ValueError, "k must be"),
     (lambda: _bad(k=_fake(2, 1, 2, 128), v=_fake(2, 1, 2, 128)), ValueError, "needs cache_seqlens"),
     (lambda: _bad(num_splits=0), ValueError, "num_splits"),
-    (lambda: _bad(k_scale=_fake(2, dtype=torch.float32)), NotImplementedError, "FP8"),
+    (lambda: _bad(k_scale=_fake(2, dtype=torch.float32)), ValueError, "k_scale is given but the cache is bfloat16"),
+    (lambda: _bad(k_cache=_fake(2, 100, 2, 128, dtype=E4M3), v_cache=_fake(2, 100, 2, 128, dtype=E4M3)), ValueError,
+     "k_scale is needed"),
+    (lambda: _bad(k_cache=_fake(2, 100, 2, 128, dtype=E4M3), v_cache=_fake(2, 100, 2, 128, dtype=E4M3),
+                  k_scale=_fake(2, dtype=torch.float32), v_scale=_fake(3, dtype=torch.float32)), ValueError,
+     r"v_scale must be per KV head \(2,\) or per token and head \(2, 100, 2\)"),
+    (lambda: _bad(k_cache=_fake(2, 100, 2, 128, dtype=E4M3), v_cache=_fake(2, 100, 2, 128, dtype=E4M3),
+                  k_scale=_fake(2, dtype=torch.float32), v_scale=_fake(2, 100, 2, dtype=torch.float32)), ValueError,
+     "one granularity"),
+    (lambda: _bad(k_cache=_fake(2, 100, 2, 128, dtype=E4M3), v_cache=_fake(2, 100, 2, 128, dtype=E4M3),
+                  k_scale=_fake(2, dtype=torch.bfloat16), v_scale=_fake(2, dtype=torch.float32)), TypeError,
+     "k_scale must be float32"),
+    (lambda: _bad(k_cache=_fake(2, 100, 2, 128, dtype=E4M3)), TypeError, "one dtype"),
+    (lambda: _bad(k_cache=_fake(2, 100, 2, 128, dtype=E4M3), v_cache=_fake(2, 100, 2, 128, dtype=E4M3),
+                  k_scale=_fake(2, dtype=torch.float32), v_scale=_fake(2, dtype=torch.float32),
+                  k=_fake(2, 1, 2, 128, dtype=E4M3), v=_fake(2, 1, 2, 128, dtype=E4M3),
+                  cache_seqlens=_fake(2, dtype=torch.int32)), TypeError, "quantizes them on append"),
+    (lambda: _bad(k_cache=_fake(2, 100, 2, 128, dtype=torch.float8_e5m2),
+                  v_cache=_fake(2, 100, 2, 128, dtype=torch.float8_e5m2)), TypeError, "float8_e4m3fn"),
     (lambda: _bad(window=(-3, 0)), ValueError, "window"),
 ])
 def test_named_errors(make, exc, match):
@@ -197,6 +223,24 @@ def test_decode_ptx(over, boxes, tmp_path):
     assert count(r"atom\.global\.add") == (1 if fused else 0)
     assert count(r"fence\.acq_rel\.gpu") == (2 if fused else 0)
     assert count(r"griddepcontrol\.wait") == 1
+
+
+@pytest.mark.parametrize("over", [{"kv_scale": "head"}, {"kv_scale": "token", "page_size": 64, "split": True},
+                                  {"kv_scale": "token", "head_dim": 256, "page_size": 16}])
+def test_decode_fp8_ptx(over, tmp_path):
+    """FP8 KV: e4m3 tiles by TMA (128-byte rows: one box a page part per 128 of D), widened pairwise to fp16 (one
+    cvt per two elements of K and V a tile per thread), per-token scales as fp16x2 multiplies, fp16 WGMMAs; no local
+    memory."""
+    ptx, count = _census("flash_decode", over, tmp_path)
+    d = over.get("head_dim", 128)
+    tile_n = 128 if d <= 128 else 64
+    page = over.get("page_size", 0)
+    boxes = 1 if page == 0 else tile_n // math.gcd(page, tile_n)
+    assert count(r"^\s*cp\.async\.bulk\.tensor\.4d") == 2 * boxes * max(1, d // 128)
+    assert count(r"cvt\.rn\.f16x2\.e4m3x2") == tile_n * d // 128
+    assert count(r"mul\.(rn\.)?f16x2") == (tile_n * d // 128 if over["kv_scale"] == "token" else 0)
+    assert count(r"^\s*wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.f16\.f16") == d // 16 + tile_n // 16
+    assert "ld.local" not in ptx and "st.local" not in ptx
 
 
 def test_merge_schedule_choice():

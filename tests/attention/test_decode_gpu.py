@@ -11,7 +11,12 @@ import math
 import pytest
 import torch
 
-from tests.attention._decode_ref import decode_reference, merge_reference
+from tests.attention._decode_ref import (
+    decode_reference,
+    dequantize_cache,
+    merge_reference,
+    quantize_cache,
+)
 from tests.helpers import poison_empty, randn
 
 pytestmark = pytest.mark.gpu
@@ -42,35 +47,44 @@ def _cache(b, length, hk, d, page, dtype, poison=True, seed=None):
     return k, v, perm.view(b, per).contiguous()
 
 
-def _poison_past(k_cache, v_cache, block_table, seqlens):
-    """NaN into every cache row at or past each sequence's length (and every page no table row uses)."""
+def _poison_past(k_cache, v_cache, block_table, seqlens, *more):
+    """NaN into every cache row at or past each sequence's length (and every page no table row uses); the same rows
+    of `more` (per-token scales)."""
     if block_table is None:
         for i, n in enumerate(seqlens.tolist()):
-            k_cache[i, n:] = float("nan")
-            v_cache[i, n:] = float("nan")
+            for t in (k_cache, v_cache, *more):
+                t[i, n:] = float("nan")
         return
     page = k_cache.shape[1]
     used = torch.zeros(k_cache.shape[0], page, dtype=torch.bool, device="cuda")
     for i, n in enumerate(seqlens.tolist()):
         for r in range(n):
             used[block_table[i, r // page], r % page] = True
-    k_cache[~used] = float("nan")
-    v_cache[~used] = float("nan")
+    for t in (k_cache, v_cache, *more):
+        t[~used] = float("nan")
 
 
 def _run(b=2, q_len=1, hq=32, hk=8, d=128, length=1000, page=None, seqlens=None, causal=False, window=(-1, -1),
-         softcap=0.0, dtype=torch.bfloat16, num_splits=None, poison=True):
+         softcap=0.0, dtype=torch.bfloat16, num_splits=None, poison=True, fp8=None):
+    """One call against the fp32 reference; `fp8` ("head" / "token"): the cache quantized to e4m3 with its scales,
+    the reference built from the dequantized cache (and the torch comparison computing in `dtype` from it)."""
     q = randn(b, q_len, hq, d, dtype=dtype)
     k_cache, v_cache, table = _cache(b, length, hk, d, page, dtype)
     cap = length if page is None else table.shape[1] * page
     if seqlens is None:
         seqlens = torch.randint(0, cap + 1, (b,), device="cuda", dtype=torch.int32)
     seqlens = torch.as_tensor(seqlens, dtype=torch.int32, device="cuda")
+    scales = {}
+    if fp8:
+        (k_cache, ks), (v_cache, vs) = quantize_cache(k_cache, fp8), quantize_cache(v_cache, fp8)
+        scales = dict(k_scale=ks, v_scale=vs)
     if poison:
-        _poison_past(k_cache, v_cache, table, seqlens)
+        _poison_past(k_cache, v_cache, table, seqlens, *(scales.values() if fp8 == "token" else ()))
     out, lse = ck.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
                                           causal=causal, window=window, softcap=softcap, num_splits=num_splits,
-                                          return_lse=True)
+                                          return_lse=True, **scales)
+    if fp8:
+        k_cache, v_cache = dequantize_cache(k_cache, scales["k_scale"]), dequantize_cache(v_cache, scales["v_scale"])
     ref, ref_lse = decode_reference(q, k_cache, v_cache, seqlens, table, causal, window, softcap)
     pt, _ = decode_reference(q, k_cache, v_cache, seqlens, table, causal, window, softcap, dtype=dtype)
     assert out.shape == q.shape and out.dtype == dtype and lse.shape == (b, hq, q_len)
@@ -166,6 +180,102 @@ def test_append_writes_exactly_its_rows():
         pt, _ = decode_reference(q, k_cache, v_cache, after, table, causal=True, dtype=torch.bfloat16)
         assert torch.isfinite(out).all()
         _bound(out, ref, pt, torch.bfloat16)
+
+
+# --- FP8 KV ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fp8", ["head", "token"])
+@pytest.mark.parametrize("page,q_len,causal", [(None, 1, False), (64, 4, True), (16, 3, False), (48, 16, True)])
+def test_fp8_kv(fp8, page, q_len, causal):
+    _run(b=3, q_len=q_len, length=1000, page=page, seqlens=[0, 1, 777] if q_len == 1 else None, causal=causal,
+         fp8=fp8)
+
+
+@pytest.mark.parametrize("fp8", ["head", "token"])
+@pytest.mark.parametrize("d,dtype", [(64, torch.bfloat16), (256, torch.float16), (128, torch.float16)])
+def test_fp8_kv_head_dims(fp8, d, dtype):
+    _run(b=2, q_len=2, hq=16, hk=2, d=d, length=2049, page=None, dtype=dtype, seqlens=[2049, 1300], causal=True,
+         fp8=fp8)
+
+
+@pytest.mark.parametrize("fp8", ["head", "token"])
+def test_fp8_kv_window_softcap_splits(fp8):
+    _run(b=2, q_len=4, length=1500, page=32, window=(300, 0), softcap=20.0, seqlens=[1500, 333], fp8=fp8)
+    outs = [_run(b=1, q_len=1, length=6000, page=None, seqlens=[5999], num_splits=sp, fp8=fp8)[0].float()
+            for sp in (1, 7, 40)]
+    for o in outs[1:]:
+        assert (o - outs[0]).abs().max().item() <= 2 ** -6
+
+
+@pytest.mark.parametrize("fp8", ["head", "token"])
+@pytest.mark.parametrize("page", [None, 64])
+def test_fp8_append(fp8, page):
+    """bf16 k / v appended into an FP8 cache: quantized with the per-head scale, or with a fresh per-token scale
+    (amax / 448) written into the scale tensors at those rows; nothing else of the cache or the scales changed."""
+    b, q_len, hq, hk, d, length = 3, 2, 16, 4, 128, 300
+    q = randn(b, q_len, hq, d)
+    k16, v16, table = _cache(b, length, hk, d, page, torch.bfloat16)
+    (kc, ks), (vc, vs) = quantize_cache(k16, fp8), quantize_cache(v16, fp8)
+    seqlens = torch.tensor([0, 17, 298], dtype=torch.int32, device="cuda")
+    k_new, v_new = randn(b, q_len, hk, d) * 3, randn(b, q_len, hk, d)
+    before = [t.clone() for t in (kc, vc, ks, vs)]
+    out = ck.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=seqlens, block_table=table, k_scale=ks,
+                                     v_scale=vs, causal=True)
+    want = [t.clone() for t in before]
+    for i in range(b):
+        for t in range(q_len):
+            p = int(seqlens[i]) + t
+            row = (i, p) if page is None else (int(table[i, p // page]), p % page)
+            for c, sc, new in ((0, 2, k_new), (1, 3, v_new)):
+                x = new[i, t].float()
+                if fp8 == "token":
+                    s = x.abs().amax(-1) / 448.0
+                    want[sc][row] = s
+                else:
+                    s = want[sc][:, None]
+                want[c][row] = (x / (s[:, None] if fp8 == "token" else s)).clamp(-448, 448).to(torch.float8_e4m3fn)
+    for got, w in zip((kc, vc), want[:2]):
+        assert torch.equal(got.view(torch.uint8), w.view(torch.uint8))
+    for got, w in zip((ks, vs), want[2:]):
+        assert torch.equal(got, w)
+    after = seqlens + q_len
+    kd, vd = dequantize_cache(kc, ks), dequantize_cache(vc, vs)
+    ref, _ = decode_reference(q, kd, vd, after, table, causal=True)
+    pt, _ = decode_reference(q, kd, vd, after, table, causal=True, dtype=torch.bfloat16)
+    _bound(out, ref, pt, torch.bfloat16)
+
+
+def test_fp8_kv_graph_and_compile():
+    """An FP8 per-token decode step with append, captured in a CUDA graph and under torch.compile: the eager bits."""
+    b, hq, hk, d, page = 2, 16, 4, 128, 64
+    k16, v16, table = _cache(b, 512, hk, d, page, torch.bfloat16, poison=False)
+    (kc, ks), (vc, vs) = quantize_cache(k16, "token"), quantize_cache(v16, "token")
+    lens = torch.tensor([100, 400], dtype=torch.int32, device="cuda")
+    q, k_new, v_new = randn(b, 1, hq, d), randn(b, 1, hk, d), randn(b, 1, hk, d)
+    state = [t.clone() for t in (kc, vc, ks, vs)]
+
+    def step(kc, vc, ks, vs):
+        return ck.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens, block_table=table, k_scale=ks,
+                                          v_scale=vs)
+
+    eager = step(*state)
+    for fresh in (True, False):
+        st = [t.clone() for t in (kc, vc, ks, vs)]
+        if fresh:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                step(*[t.clone() for t in st])
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                got = step(*st)
+            g.replay()
+            torch.cuda.synchronize()
+        else:
+            got = torch.compile(step, fullgraph=True)(*st)
+        assert torch.equal(got, eager)
+        for a, e in zip(st, state):
+            assert torch.equal(a.view(torch.uint8), e.view(torch.uint8))
 
 
 def test_no_seqlens_means_full_cache():
