@@ -364,33 +364,42 @@ class FlashDecode:
         sc_rows = s.tile_n * d // 16 // 128
         ks_next = cute.make_rmem_tensor((sc_rows,), Float32)
         vs_next = cute.make_rmem_tensor((sc_rows,), Float32)
-        if cutlass.const_expr(self.kv_scale == "token"):
+        # FP8: the widening overlaps the WGMMAs. K of tile n is widened while P V of tile n - 1 runs, V of tile n
+        # while S of tile n runs; each fp16 tile is rewritten only after a barrier that follows every warp's wait
+        # for the WGMMA that read it.
+        if cutlass.const_expr(self.kv8):
             if count > 0:  # (a sequence without keys may have no page to look up)
-                self.load_token_scales(kv8, ks_next, vs_next, b, hk, first, seqlen_k, tid)
+                if cutlass.const_expr(self.kv_scale == "token"):
+                    self.load_token_scales(kv8, ks_next, vs_next, b, hk, first, seqlen_k, tid)
+                pipe_k.consumer_wait(kv)
+                self.widen(kv8.sK, kv.index, sK, ks_next, s.tile_n, tid, False)
+                pipe_k.consumer_release(kv)
         for i in cutlass.range(count, unroll=1):
             n = first + i
-            ks_cur = cute.make_rmem_tensor((sc_rows,), Float32)
             vs_cur = cute.make_rmem_tensor((sc_rows,), Float32)
             if cutlass.const_expr(self.kv_scale == "token"):
                 for e in cutlass.range_constexpr(sc_rows):
-                    ks_cur[e] = ks_next[e]
                     vs_cur[e] = vs_next[e]
                 self.load_token_scales(kv8, ks_next, vs_next, b, hk, n + 1, seqlen_k, tid)
-            pipe_k.consumer_wait(kv)
-            k_stage = kv.index
+            key0 = n * s.tile_n
             if cutlass.const_expr(self.kv8):
-                self.widen(kv8.sK, kv.index, sK, ks_cur, s.tile_n, tid, False)
-                pipe_k.consumer_release(kv)
-                k_stage = 0
-            warpgroup.fence()
-            mma_blocks(tiled_mma_qk, acc_s, tSrQ, stage_of(tSrK, k_stage), zero_first=True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            if cutlass.const_expr(not self.kv8):
+                warpgroup.fence()
+                mma_blocks(tiled_mma_qk, acc_s, tSrQ, stage_of(tSrK, 0), zero_first=True)
+                warpgroup.commit_group()
+                pipe_v.consumer_wait(kv)
+                # keys past the end widen to 0 (their P is 0, but 0 x NaN is not)
+                self.widen(kv8.sV, kv.index, sV, vs_cur, cutlass.min(seqlen_k - key0, s.tile_n), tid, True)
+                pipe_v.consumer_release(kv)
+                warpgroup.wait_group(0)
+            else:
+                pipe_k.consumer_wait(kv)
+                warpgroup.fence()
+                mma_blocks(tiled_mma_qk, acc_s, tSrQ, stage_of(tSrK, kv.index), zero_first=True)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
                 pipe_k.consumer_release(kv)
             if cutlass.const_expr(self.softcap):
                 apply_softcap(acc_s, scale_over_cap, cap)
-            key0 = n * s.tile_n
             needs = key0 + s.tile_n - 1 > hi_min
             if cutlass.const_expr(self.mask.left):
                 needs = needs | (key0 < lo_max)
@@ -402,20 +411,25 @@ class FlashDecode:
                             s_rows[r, c] = Float32(NEG_INF)
             update_rows(s_rows, o_rows, row_max, row_sum, scale_log2)
             p = acc_as_a_operand(acc_s, dt)
-            pipe_v.consumer_wait(kv)
-            v_stage = kv.index
             if cutlass.const_expr(self.kv8):
-                # keys past the end widen to 0 (their P is 0, but 0 x NaN is not)
-                self.widen(kv8.sV, kv.index, sV, vs_cur, cutlass.min(seqlen_k - key0, s.tile_n), tid, True)
-                pipe_v.consumer_release(kv)
-                v_stage = 0
-            elif key0 + s.tile_n > seqlen_k:
-                self.zero_v_tail(sV, kv.index, seqlen_k - key0, tid)
-            warpgroup.fence()
-            mma_blocks(tiled_mma_pv, acc_o, p, stage_of(tOrV, v_stage))
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            if cutlass.const_expr(not self.kv8):
+                warpgroup.fence()
+                mma_blocks(tiled_mma_pv, acc_o, p, stage_of(tOrV, 0))
+                warpgroup.commit_group()
+                if i + 1 < count:
+                    kv_next = kv.clone()
+                    kv_next.advance()
+                    pipe_k.consumer_wait(kv_next)
+                    self.widen(kv8.sK, kv_next.index, sK, ks_next, s.tile_n, tid, False)
+                    pipe_k.consumer_release(kv_next)
+                warpgroup.wait_group(0)
+            else:
+                pipe_v.consumer_wait(kv)
+                if key0 + s.tile_n > seqlen_k:
+                    self.zero_v_tail(sV, kv.index, seqlen_k - key0, tid)
+                warpgroup.fence()
+                mma_blocks(tiled_mma_pv, acc_o, p, stage_of(tOrV, kv.index))
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
                 pipe_v.consumer_release(kv)
             kv.advance()
 
@@ -486,9 +500,11 @@ class FlashDecode:
         """FP8 KV: the e4m3 (tile_n, D) tile `stage` of `src` widened into the fp16 operand tile `dst` (K: (tile_n,
         D) K-major; V: V^T (D, tile_n) MN-major, D contiguous in both), 16 elements of one key a step, times the
         key's per-token scale (`scales`, this thread's rows in step order); keys from `valid` on written as 0. The
-        warpgroup's writes are made visible to the WGMMA (async proxy) before any thread goes on."""
+        warpgroup's writes are made visible to the WGMMA (async proxy) before any thread goes on; a barrier first: every
+        warp has waited for the WGMMA that last read `dst`."""
         d = self.d
         per_row = d // 16
+        pipeline.NamedBarrier(barrier_id=_Q_BAR, num_threads=128).arrive_and_wait()
         for it in cutlass.range_constexpr(self.s.tile_n * per_row // 128):
             idx = tid + it * 128
             r = idx // per_row

@@ -229,7 +229,7 @@ def test_decode_ptx(over, boxes, tmp_path):
                                   {"kv_scale": "token", "head_dim": 256, "page_size": 16}])
 def test_decode_fp8_ptx(over, tmp_path):
     """FP8 KV: e4m3 tiles by TMA (128-byte rows: one box a page part per 128 of D), widened pairwise to fp16 (one
-    cvt per two elements of K and V a tile per thread), per-token scales as fp16x2 multiplies, fp16 WGMMAs; no local
+    cvt per two elements of K and V), per-token scales as fp16x2 multiplies, fp16 WGMMAs; no local
     memory."""
     ptx, count = _census("flash_decode", over, tmp_path)
     d = over.get("head_dim", 128)
@@ -237,8 +237,10 @@ def test_decode_fp8_ptx(over, tmp_path):
     page = over.get("page_size", 0)
     boxes = 1 if page == 0 else tile_n // math.gcd(page, tile_n)
     assert count(r"^\s*cp\.async\.bulk\.tensor\.4d") == 2 * boxes * max(1, d // 128)
-    assert count(r"cvt\.rn\.f16x2\.e4m3x2") == tile_n * d // 128
-    assert count(r"mul\.(rn\.)?f16x2") == (tile_n * d // 128 if over["kv_scale"] == "token" else 0)
+    # (K's widening appears twice: the first tile's before the loop, the next tile's under the P V WGMMA)
+    widen = 3 * tile_n * d // 256
+    assert count(r"cvt\.rn\.f16x2\.e4m3x2") == widen
+    assert count(r"mul\.(rn\.)?f16x2") == (widen if over["kv_scale"] == "token" else 0)
     assert count(r"^\s*wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.f16\.f16") == d // 16 + tile_n // 16
     assert "ld.local" not in ptx and "st.local" not in ptx
 
