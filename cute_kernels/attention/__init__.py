@@ -444,7 +444,7 @@ class FlashDecodeSpec(KernelSpec):
         else:  # e4m3 K and V, both (page rows, D, H_kv, pages)
             k, v = (fake(cutlass.Float8E4M3FN, (sym(), d, sym(), sym()), (sym(16), 1, sym(16), sym(16)))
                     for _ in range(2))
-        # per token (pages, page rows, H_kv), or per head (1, 1, H_kv) with zero strides
+        # per token (pages, page rows, H_kv), or per head (1, 1, H_kv)
         scales = (fake(cutlass.Float32, (sym(), sym(), sym()), (sym(), sym(), sym()), 4) for _ in range(2))
         o = fake(cutlass.Float32 if p["split"] else dt, (sym(), sym(), sym(), sym(), d),
                  (sym(), sym(), sym(), sym(), 1), 4)

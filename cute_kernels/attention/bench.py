@@ -264,11 +264,12 @@ def _decode_peers():
 
 
 def _fp8_cache(x, per_token: bool):
-    """A bf16 cache as e4m3 with fp32 dequant scales: per token and head, or per head."""
-    xf = x.float()
-    amax = xf.abs().amax(dim=-1) if per_token else xf.abs().amax(dim=(0, 1, 3))
-    s = (amax / 448.0).clamp_min(1e-12)
-    return (xf / (s[..., None] if per_token else s[:, None])).clamp(-448, 448).to(torch.float8_e4m3fn), s
+    """A bf16 cache as e4m3 with fp32 dequant scales (the op's own quantization): per token and head, or per head."""
+    from cute_kernels.attention.decode_ops import fp8_scale, to_fp8
+
+    amax = x.float().abs().amax(dim=-1) if per_token else x.float().abs().amax(dim=(0, 1, 3))
+    s = fp8_scale(amax)
+    return to_fp8(x, s[..., None] if per_token else s[:, None]), s
 
 
 def attention_decode(shapes=None, quick=False, ceilings=None, q_lens=None):

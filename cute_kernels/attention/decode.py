@@ -81,6 +81,8 @@ class FlashDecode:
         self.kv8 = kv_scale != "none"
         self.kv_dtype = cutlass.Float8E4M3FN if self.kv8 else dtype
         self.mma_dtype = cutlass.Float16 if self.kv8 else dtype
+        # FP8: the 16-element vectors of a K or V tile each consumer thread widens (one key each)
+        self.widen_steps = schedule.tile_n * head_dim // 16 // 128
         self.box = box_rows(page_size, schedule.tile_n)
         if self.box % 8:
             raise ValueError(f"decode: page_size {page_size} and tile_n {schedule.tile_n} give {self.box}-key TMA "
@@ -100,7 +102,7 @@ class FlashDecode:
         into O (B, q_len, H_q, D) and LSE (B, H_q, q_len) = o_final / lse_final; `counter` (int32 (B, H_kv, row
         tiles), zero before the launch and after it) counts the finished splits. Unread otherwise.
         FP8 KV: K and V both (page rows, D, H_kv, pages) e4m3; k_scale / v_scale (pages, page rows, H_kv) fp32 per
-        token, or per head (1, 1, H_kv) with zero strides; unread without FP8."""
+        token, or per head (1, 1, H_kv); unread without FP8."""
         s, d, dt = self.s, self.d, self.mma_dtype
         kt = self.kv_dtype
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
@@ -116,16 +118,15 @@ class FlashDecode:
         sQ_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, ROWS_PER_TILE, d, 1)
         sK_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, dt, s.tile_n, d, mma_stages)
         sV_layout = operand_smem_layout(LayoutEnum.COL_MAJOR, dt, d, s.tile_n, mma_stages)
+        # FP8: K and V both staged as e4m3 (keys, D) tiles of one layout
         sK8_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, kt, s.tile_n, d, stages) if self.kv8 else sK_layout
-        sV8_layout = operand_smem_layout(LayoutEnum.ROW_MAJOR, kt, s.tile_n, d, stages) if self.kv8 else sV_layout
+        sV8_layout = sK8_layout if self.kv8 else sV_layout
         # one box: the first box_rows keys of a stage (K: rows of the K-major tile; V^T: columns of the MN-major one)
         k_box = cute.make_composed_layout(sK8_layout.inner, 0, cute.composition(
             cute.slice_(sK8_layout.outer, (None, None, 0)), cute.make_layout((self.box, d), stride=(1, s.tile_n))))
         tma_k, tma_gk = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), k, k_box, (self.box, d))
         if cutlass.const_expr(self.kv8):
-            v_box = cute.make_composed_layout(sV8_layout.inner, 0, cute.composition(
-                cute.slice_(sV8_layout.outer, (None, None, 0)), cute.make_layout((self.box, d), stride=(1, s.tile_n))))
-            tma_v, tma_gv = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), v, v_box, (self.box, d))
+            tma_v, tma_gv = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), v, k_box, (self.box, d))
         else:
             v_box = cute.make_composed_layout(sV_layout.inner, 0, cute.composition(
                 cute.slice_(sV_layout.outer, (None, None, 0)), cute.make_layout((d, self.box), stride=(1, d))))
@@ -268,10 +269,15 @@ class FlashDecode:
     @cute.jit
     def box_source(self, mBT: cute.Tensor, b: Int32, key_box: Int32):
         """(page, box within the page) of the sequence's `key_box`-th box of keys."""
+        return self.locate(mBT, b, key_box, self.page_size // self.box)
+
+    @cute.jit
+    def locate(self, mBT: cute.Tensor, b: Int32, index: Int32, per_page: cutlass.Constexpr[int]):
+        """(page, index within the page) of the sequence's `index`-th unit (box or key) of `per_page` a page: through
+        the block table, or for a contiguous cache page b itself."""
         if cutlass.const_expr(self.page_size == 0):
-            return b, key_box
-        per_page = self.page_size // self.box
-        return mBT[b, key_box // per_page], key_box % per_page
+            return b, index
+        return mBT[b, index // per_page], index % per_page
 
     # --- the consumer warpgroup ---------------------------------------------------------------------------------
     @cute.jit
@@ -361,9 +367,8 @@ class FlashDecode:
         stages = cute.size(kv8.sK, mode=[2])
         kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
         # FP8 per-token scales: this thread's rows of the next tile, loaded a tile ahead
-        sc_rows = s.tile_n * d // 16 // 128
-        ks_next = cute.make_rmem_tensor((sc_rows,), Float32)
-        vs_next = cute.make_rmem_tensor((sc_rows,), Float32)
+        ks_next = cute.make_rmem_tensor((self.widen_steps,), Float32)
+        vs_next = cute.make_rmem_tensor((self.widen_steps,), Float32)
         # FP8: the widening overlaps the WGMMAs. K of tile n is widened while P V of tile n - 1 runs, V of tile n
         # while S of tile n runs; each fp16 tile is rewritten only after a barrier that follows every warp's wait
         # for the WGMMA that read it.
@@ -376,9 +381,9 @@ class FlashDecode:
                 pipe_k.consumer_release(kv)
         for i in cutlass.range(count, unroll=1):
             n = first + i
-            vs_cur = cute.make_rmem_tensor((sc_rows,), Float32)
+            vs_cur = cute.make_rmem_tensor((self.widen_steps,), Float32)
             if cutlass.const_expr(self.kv_scale == "token"):
-                for e in cutlass.range_constexpr(sc_rows):
+                for e in cutlass.range_constexpr(self.widen_steps):
                     vs_cur[e] = vs_next[e]
                 self.load_token_scales(kv8, ks_next, vs_next, b, hk, n + 1, seqlen_k, tid)
             key0 = n * s.tile_n
@@ -505,7 +510,7 @@ class FlashDecode:
         d = self.d
         per_row = d // 16
         pipeline.NamedBarrier(barrier_id=_Q_BAR, num_threads=128).arrive_and_wait()
-        for it in cutlass.range_constexpr(self.s.tile_n * per_row // 128):
+        for it in cutlass.range_constexpr(self.widen_steps):
             idx = tid + it * 128
             r = idx // per_row
             c = idx % per_row
@@ -529,12 +534,9 @@ class FlashDecode:
         """The per-token K and V scales of the keys this thread widens in tile n (`widen`'s rows), each key clamped
         to the sequence's last (no page past the sequence is looked up)."""
         per_row = self.d // 16
-        for it in cutlass.range_constexpr(self.s.tile_n * per_row // 128):
+        for it in cutlass.range_constexpr(self.widen_steps):
             key = cutlass.min(n * self.s.tile_n + (tid + it * 128) // per_row, cutlass.max(seqlen_k - 1, 0))
-            if cutlass.const_expr(self.page_size == 0):
-                page, row = b, key
-            else:
-                page, row = kv8.bt[b, key // self.page_size], key % self.page_size
+            page, row = self.locate(kv8.bt, b, key, self.page_size)
             ks[it] = kv8.ks[page, row, hk]
             vs[it] = kv8.vs[page, row, hk]
 

@@ -73,23 +73,26 @@ FP8_KV = torch.float8_e4m3fn
 FP8_MAX = 448.0
 
 
-def _kv_scale_kind(k_cache, k_scale) -> str:
-    """"none" (a bf16 / fp16 cache), "head" ((H_kv,) scales) or "token" (scales shaped like the cache without D)."""
-    if k_cache.dtype != FP8_KV:
-        return "none"
-    return "head" if k_scale.dim() == 1 else "token"
+def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
+    """The dequant scale of values whose largest magnitude is amax: amax / 448 (1 for all-zero values)."""
+    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
 
 
-def _check_scales(k_cache, v_cache, k_scale, v_scale, q) -> None:
+def to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale as e4m3, saturating to +-448 (scale broadcast against x)."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_KV)
+
+
+def _check_scales(k_cache, v_cache, k_scale, v_scale, q) -> str:
     """FP8 KV: e4m3 caches need both dequant scales, fp32, per KV head (H_kv,) or per token and head (the cache's
-    shape without D); a bf16 / fp16 cache takes none."""
+    shape without D); a bf16 / fp16 cache takes none. Returns the kind: "none", "head" or "token"."""
     fp8 = k_cache.dtype == FP8_KV
     if not fp8:
         for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
             if t is not None:
                 raise ValueError(f"{name} is given but the cache is {str(k_cache.dtype).replace('torch.', '')}: "
                                  "scales belong to an FP8 (float8_e4m3fn) cache")
-        return
+        return "none"
     hk = k_cache.shape[2]
     per_token = tuple(k_cache.shape[:3])
     kinds = []
@@ -112,10 +115,12 @@ def _check_scales(k_cache, v_cache, k_scale, v_scale, q) -> None:
                              f"shape without D), got shape {_shape(t)}")
     if kinds[0] != kinds[1]:
         raise ValueError(f"k_scale is per {kinds[0]} but v_scale per {kinds[1]}: give both at one granularity")
+    return kinds[0]
 
 
 def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window_left, window_right, softcap,
-                   softmax_scale, num_splits, k_scale=None, v_scale=None):
+                   softmax_scale, num_splits, k_scale=None, v_scale=None) -> str:
+    """Every argument checked; returns the FP8 scale kind (`_check_scales`)."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -171,7 +176,7 @@ def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window
                 raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
         if cache_seqlens is None:
             raise ValueError("appending k / v needs cache_seqlens (where each sequence's new tokens go)")
-    _check_scales(k_cache, v_cache, k_scale, v_scale, q)
+    kind = _check_scales(k_cache, v_cache, k_scale, v_scale, q)
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {tuple(t.stride())}")
@@ -180,6 +185,7 @@ def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window
     _check_options(window_left, window_right, softmax_scale, softcap)
     if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be None (chosen per shape) or 1 to {MAX_SPLITS}, got {num_splits}")
+    return kind
 
 
 def _capacity(k_cache, block_table) -> int:
@@ -207,15 +213,11 @@ def _validate(k_cache, cache_seqlens, block_table, q_len: int, appended: bool) -
 def _quantize_fp8(x, scale, rows):
     """New tokens x (B, q_len, H_kv, D) as e4m3: divided by the per-head scale (H_kv,), or by a fresh per-token
     scale amax(|x|) / 448 over D (1 for an all-zero row) written into `scale` at the cache rows `rows`; saturating."""
-    xf = x.float()
     if scale.dim() == 1:
-        s = scale[None, None, :, None]
-    else:
-        amax = xf.abs().amax(dim=-1)
-        s_tok = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-        scale.index_put_(rows, s_tok)
-        s = s_tok[..., None]
-    return (xf / s).clamp(-FP8_MAX, FP8_MAX).to(FP8_KV)
+        return to_fp8(x, scale[None, None, :, None])
+    s_tok = fp8_scale(x.float().abs().amax(dim=-1))
+    scale.index_put_(rows, s_tok)
+    return to_fp8(x, s_tok[..., None])
 
 
 def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale=None, v_scale=None) -> None:
@@ -252,18 +254,21 @@ def _split_counter(device, b: int, hk: int, m_tiles: int) -> torch.Tensor:
     return t[:n].view(b, hk, m_tiles)
 
 
-def _no_scale(device) -> torch.Tensor:
-    t = _dummy_tables.get((device, "scale"))
+def _placeholder(device, shape, dtype) -> torch.Tensor:
+    """A small tensor for an argument the kernel does not read, one per device, shape and dtype."""
+    key = (device, shape, dtype)
+    t = _dummy_tables.get(key)
     if t is None:
-        t = _dummy_tables[(device, "scale")] = torch.ones(1, 1, 1, dtype=torch.float32, device=device)
+        t = _dummy_tables[key] = torch.zeros(shape, dtype=dtype, device=device)
     return t
+
+
+def _no_scale(device) -> torch.Tensor:
+    return _placeholder(device, (1, 1, 1), torch.float32)
 
 
 def _no_table(device) -> torch.Tensor:
-    t = _dummy_tables.get(device)
-    if t is None:
-        t = _dummy_tables[device] = torch.zeros(1, 1, dtype=torch.int32, device=device)
-    return t
+    return _placeholder(device, (1, 1), torch.int32)
 
 
 def _decode_compiled(dtype, d, page_size, mask, softcap: bool, split: bool, sched: DecodeSchedule,
@@ -303,11 +308,10 @@ def _flash_attn_with_kvcache_cuda(q, k_cache, v_cache, k=None, v=None, cache_seq
     # (the forward's helpers: imported here, as ops.py imports this module to export its ops)
     from cute_kernels.attention.ops import _bounds, _kernel_view, _scalars
 
-    _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window_left, window_right, softcap,
-                   softmax_scale, num_splits, k_scale, v_scale)
+    kind = _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window_left, window_right, softcap,
+                          softmax_scale, num_splits, k_scale, v_scale)
     b, q_len, hq, d = q.shape
     hk = k_cache.shape[2]
-    kind = _kv_scale_kind(k_cache, k_scale)
     out = torch.empty(b, q_len, hq, d, dtype=q.dtype, device=q.device)
     lse = torch.empty(b, hq, q_len, dtype=torch.float32, device=q.device)
     if out.numel() == 0:
