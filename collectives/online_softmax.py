@@ -155,6 +155,23 @@ def acc_rows_view(acc: cute.Tensor) -> cute.Tensor:
         (rows.shape, cols.shape), stride=(rows.stride, cols.stride))))
 
 
+def acc_cols_view(acc: cute.Tensor) -> cute.Tensor:
+    """The transpose of `acc_rows_view`: a WGMMA accumulator ((2, 2[, V]), MMA_M, MMA_N) seen as (columns, rows) of
+    the thread, ((2[, V], MMA_N), (2, MMA_M)). With swapped operands (keys in M, query rows in N) a softmax row is an
+    accumulator column: element (c, r) is column c's entry in the thread's row r, the same register as in `acc`. A
+    column is spread over the lanes of one lane % 4 and the warpgroup's four warps
+    (`collectives.reduce.warpgroup_column_reduce`)."""
+    lay = cute.make_layout(acc.layout.shape)
+    s, d = lay.shape, lay.stride
+    rows = cute.make_layout((s[0][1], s[1]), stride=(d[0][1], d[1]))
+    if cutlass.const_expr(len(s[0]) == 3):
+        cols = cute.make_layout((s[0][0], s[0][2], s[2]), stride=(d[0][0], d[0][2], d[2]))
+    else:  # N = 8: one column pair a thread
+        cols = cute.make_layout((s[0][0], s[2]), stride=(d[0][0], d[2]))
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, cute.make_layout(
+        (cols.shape, rows.shape), stride=(cols.stride, rows.stride))))
+
+
 # Independent partial maxima per row in `softmax_rows`: the row max of a thread's tile_n / 4 columns
 # is a dependency chain of that many FMNMX when folded one by one (32 at tile_n 128, the first thing
 # a block's softmax waits on); four interleaved partials and a 2-level tree make it 8 + 2 deep, with
@@ -188,7 +205,7 @@ def row_max(s_rows: cute.Tensor, r: int, init: Float32):
 def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: cute.Tensor, scale_log2: Float32,
                  row_threads: cutlass.Constexpr[int] = 4, lazy_threshold: cutlass.Constexpr[float] = 0.0,
                  o_rows=None, sum_from_corr: cutlass.Constexpr[bool] = False,
-                 exact_one: cutlass.Constexpr[bool] = False):
+                 exact_one: cutlass.Constexpr[bool] = False, reduce_max=None):
     """Fold one block of logits into the row states, leaving O alone: m = max(m, rowmax(S)); S
     becomes the unnormalized probabilities exp(scale * (S - m)); corr[r] = exp(scale * (m_old - m))
     is the factor the row's earlier O and l are to be multiplied by (l here, O by `rescale_rows`,
@@ -213,11 +230,19 @@ def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: c
     `exact_one`: a row whose max did not move gets corr exactly 1 (the contracted m_old * s - m * s of the
     exponent can leave a rounding residual, so exp2 of it may be 1 +- a few ulp), which lets
     `rescale_rows(..., skip_ones=True)` skip O's rescale on the warps where no row's max moved. Equal to the
-    default up to those ulps of corr (a more exact factor, not a stale reference like `lazy_threshold`)."""
+    default up to those ulps of corr (a more exact factor, not a stale reference like `lazy_threshold`).
+    `reduce_max`: a row held by threads other than `row_threads` neighbouring lanes (swapped operands: a column of
+    the accumulator, `acc_cols_view`); called with the thread's partial maxima (rows,), it leaves each row's
+    maximum over all its threads in place (`collectives.reduce.warpgroup_column_reduce`)."""
     rows = cute.size(s_rows, mode=[0])
     m_new = cute.make_rmem_tensor((rows,), Float32)
     for r in cutlass.range_constexpr(rows):
-        m_new[r] = cute.arch.warp_reduction_max(row_max(s_rows, r, m[r]), threads_in_group=row_threads)
+        if cutlass.const_expr(reduce_max is None):
+            m_new[r] = cute.arch.warp_reduction_max(row_max(s_rows, r, m[r]), threads_in_group=row_threads)
+        else:
+            m_new[r] = row_max(s_rows, r, m[r])
+    if cutlass.const_expr(reduce_max is not None):
+        reduce_max(m_new)
     keep = False
     if cutlass.const_expr(lazy_threshold > 0.0):
         small = cutlass.Boolean(True)
@@ -300,12 +325,17 @@ def empty_rows(rows: int):
 
 @cute.jit
 def finalize_rows(o_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, lse: cute.Tensor, scale: Float32,
-                  row_threads: cutlass.Constexpr[int] = 4):
+                  row_threads: cutlass.Constexpr[int] = 4, reduce_sum=None):
     """O rows /= l (lsum: each thread's partial l); lse = scale * m + log(l) (natural log). A row that
     saw no key keeps O = 0 and gets lse = +inf (FlashAttention's convention: a backward's
-    exp(S - lse) is then 0 for that row, not the NaN of -inf - -inf)."""
+    exp(S - lse) is then 0 for that row, not the NaN of -inf - -inf). `reduce_sum`: as `softmax_rows`'
+    reduce_max, for the partial sums (lsum is left reduced)."""
+    if cutlass.const_expr(reduce_sum is not None):
+        reduce_sum(lsum)
     for r in cutlass.range_constexpr(cute.size(o_rows, mode=[0])):
-        total = cute.arch.warp_reduction_sum(lsum[r], threads_in_group=row_threads)
+        total = lsum[r]
+        if cutlass.const_expr(reduce_sum is None):
+            total = cute.arch.warp_reduction_sum(lsum[r], threads_in_group=row_threads)
         inv = Float32(0.0)
         out = Float32(float("inf"))
         if total > Float32(0.0):

@@ -261,3 +261,35 @@ def welford_merge(a, b):
 @cute.jit
 def fmax(a, b):
     return cute.arch.fmax(a, b)
+
+
+def column_smem_slots(columns: int) -> int:
+    """Shared-memory slots (fp32) `warpgroup_column_reduce` needs for a thread's `columns` accumulator columns."""
+    return 4 * 4 * columns
+
+
+@cute.jit
+def warpgroup_column_reduce(vals: cute.Tensor, op: Callable, smem: cute.Tensor, barrier_id: cutlass.Constexpr[int]):
+    """Each column of a warpgroup's WGMMA accumulator reduced over the 64 rows it spans: `vals` (columns,) holds
+    a thread's partials for its columns (lane % 4 picks which; every lane of one lane % 4 holds the same columns
+    over other rows). A butterfly over lanes 4, 8, 16 apart reduces a warp's rows; lanes 0-3 of each warp
+    store their warp's results into `smem` (`column_smem_slots` fp32 slots) and, after a named barrier of the
+    warpgroup's 128 threads, every thread combines the four warps' in warp order (the same bits in every thread).
+    The slots are free again only after the caller's next barrier of the warpgroup."""
+    cols = cute.size(vals)
+    for c in cutlass.range_constexpr(cols):
+        v = vals[c]
+        for off in (4, 8, 16):
+            v = op(v, cute.arch.shuffle_sync_bfly(v, offset=off))
+        vals[c] = v
+    lane = cute.arch.lane_idx()
+    warp = cute.arch.warp_idx() % 4
+    if lane < 4:
+        for c in cutlass.range_constexpr(cols):
+            smem[(warp * 4 + lane) * cols + c] = vals[c]
+    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=128)
+    for c in cutlass.range_constexpr(cols):
+        v = smem[(lane % 4) * cols + c]
+        for w in cutlass.range_constexpr(1, 4):
+            v = op(v, smem[(w * 4 + lane % 4) * cols + c])
+        vals[c] = v

@@ -490,3 +490,31 @@ def acc_as_a_operand(acc: cute.Tensor, dtype, out: cute.Tensor | None = None, pi
     else:
         out.store(view.load().to(dtype))
     return out
+
+
+# --- register A operands built from shared memory (swapped-operand decode: K and V^T as A) --------------------
+def _asm_word(text: str, constraints: str, *args) -> cutlass.Int32:
+    return cutlass.Int32(llvm.inline_asm(T.i32(), [cutlass.Int32(a).ir_value() for a in args], text, constraints,
+                                         has_side_effects=False, is_align_stack=False))
+
+
+def e4m3x2_to_f16x2(word, high: bool) -> cutlass.Int32:
+    """The two e4m3 values of `word`'s low (or high) 16 bits as one packed f16x2 word, the first in the low half
+    (exact: every e4m3 value is an fp16 value)."""
+    half = "h" if high else "l"
+    return _asm_word(f"{{.reg .b16 l, h; mov.b32 {{l, h}}, $1; cvt.rn.f16x2.e4m3x2 $0, {half};}}", "=r,r", word)
+
+
+def permute_bytes(a, b, selector: int) -> cutlass.Int32:
+    """`prmt.b32`: byte k of the result is byte (selector >> 4 k) & 7 of the pair (a = bytes 0-3, b = 4-7)."""
+    return _asm_word(f"prmt.b32 $0, $1, $2, {selector};", "=r,r,r", a, b)
+
+
+def fence_operand(t: cute.Tensor) -> None:
+    """Pins each 32-bit register of the rmem tensor `t` at this point (an empty volatile asm reading and rewriting
+    it): every instruction defining it is ordered before, so none sinks past the next `warpgroup.fence()` into the
+    WGMMA's pipeline stage, where ptxas would serialize the WGMMAs that read it (C7513)."""
+    words = cute.recast_tensor(t, cutlass.Int32)
+    for i in range(cute.size(words)):  # a plain function: the loop unrolls as it traces
+        words[i] = cutlass.Int32(llvm.inline_asm(T.i32(), [words[i].ir_value()], "", "=r,0",
+                                                 has_side_effects=True, is_align_stack=False))

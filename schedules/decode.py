@@ -29,6 +29,7 @@ MAX_SPLITS = 128
 MAX_Q_LEN = 16
 MAX_GROUP = 16
 ROWS_PER_TILE = 64  # the WGMMA's M: packed query rows per CTA
+SWAP_ROWS = (0, 8, 16)  # DecodeSchedule.swap_rows: off, or the WGMMA's N
 PAGE_SIZES = tuple(16 * k for k in range(1, 17))  # 16 .. 256, multiples of 16
 
 
@@ -40,13 +41,19 @@ class DecodeSchedule:
     fused_merge: with splits, the last split to finish of each (row tile, KV head, batch) merges the partials (a
     counter per (batch, KV head, row tile)) instead of the merge kernel (`merge.MergeStates`, launched as a
     programmatic dependent). Measured slower (B1 L32k 42.7 against 40.7 us): the last CTA's release fence, counter
-    add and acquire sit on the path, where the dependent merge's CTAs are resident and waiting."""
+    add and acquire sit on the path, where the dependent merge's CTAs are resident and waiting.
+    swap_rows: 0, or 8 / 16: swapped operands for at most that many packed query rows (q_len x g). The keys go in
+    the WGMMA's M and the rows in N (S^T = K Q^T, O^T = V^T P^T): K and V are the A operand, loaded from the stage
+    ring into registers (an FP8 cache widened there, no fp16 tile in smem), and P^T goes through a small smem tile.
+    A tile of 128 keys then costs 2 x (128 x rows x D) MMA work instead of 2 x (64 x 128 x D) with 60 of the 64
+    rows padding, and the softmax's row max crosses the warpgroup's four warps (`warpgroup_column_reduce`)."""
 
     tile_n: int = 128
     stages: int = 0
     min_tiles: int = 2
     waves: int = 1
     fused_merge: bool = False
+    swap_rows: int = 0
 
     def __post_init__(self):
         if self.tile_n not in (64, 128):
@@ -55,6 +62,13 @@ class DecodeSchedule:
             raise ValueError(f"DecodeSchedule.stages must be 0 (as many as fit) to 8, got {self.stages}")
         if self.min_tiles < 1 or self.waves < 1:
             raise ValueError("DecodeSchedule.min_tiles and waves must be >= 1")
+        if self.swap_rows not in SWAP_ROWS:
+            raise ValueError(f"DecodeSchedule.swap_rows must be one of {SWAP_ROWS}, got {self.swap_rows}")
+
+    @property
+    def rows_per_tile(self) -> int:
+        """Packed query rows a CTA covers: the WGMMA's N with swapped operands, else its M (64)."""
+        return self.swap_rows or ROWS_PER_TILE
 
     threads = 160  # warps 0-3: the consumer warpgroup; warp 4: the producer (one CTA an SM: no register budgets)
 
@@ -63,7 +77,10 @@ class DecodeSchedule:
 
     def fixed_bytes(self, head_dim: int, elem_bytes: int) -> int:
         """Beside the stage ring: Q's (64, D) fp16 / bf16 tile, and with an FP8 cache (1-byte elements) the fp16 K
-        and V tiles the consumer widens each stage into."""
+        and V tiles the consumer widens each stage into. Swapped operands: Q^T's (swap_rows, D) tile, P^T's
+        (swap_rows, tile_n) and the column reduction's slots."""
+        if self.swap_rows:
+            return self.swap_rows * (head_dim + self.tile_n) * 2 + 16 * self.swap_rows * 4
         widened = 2 * self.tile_n * head_dim * 2 if elem_bytes == 1 else 0
         return ROWS_PER_TILE * head_dim * 2 + widened
 
@@ -82,9 +99,15 @@ class DecodeSchedule:
         return self.smem_bytes(head_dim, elem_bytes) <= 227 * 1024
 
 
-def m_tiles(q_len: int, group: int) -> int:
-    """Row tiles of 64 packed query rows (q_len x group of them)."""
-    return max(1, -(-q_len * group // ROWS_PER_TILE))
+def m_tiles(q_len: int, group: int, rows_per_tile: int = ROWS_PER_TILE) -> int:
+    """Row tiles of `rows_per_tile` packed query rows (q_len x group of them)."""
+    return max(1, -(-q_len * group // rows_per_tile))
+
+
+def swap_rows_for(q_len: int, group: int) -> int:
+    """The swapped-operand width for q_len x group packed rows: 8 or 16, or 0 (rows in M) past 16."""
+    packed = q_len * group
+    return 8 if packed <= 8 else 16 if packed <= 16 else 0
 
 
 def choose_splits(batch: int, kv_heads: int, max_keys: int, q_len: int, group: int,
@@ -101,8 +124,11 @@ def choose_splits(batch: int, kv_heads: int, max_keys: int, q_len: int, group: i
     return int(max(1, min(want, tiles // schedule.min_tiles, MAX_SPLITS)))
 
 
-def default_decode_schedule(head_dim: int) -> DecodeSchedule:
-    return DecodeSchedule(tile_n=128 if head_dim <= 128 else 64)
+def default_decode_schedule(head_dim: int, fp8: bool = False, q_len: int = 1, group: int = 1) -> DecodeSchedule:
+    """128-key tiles up to D = 128, 64 above; an FP8 cache with at most 16 packed rows and D >= 128 takes swapped
+    operands (its K and V widened in registers: no fp16 tiles through smem, 1/8 the MMA work)."""
+    swap = swap_rows_for(q_len, group) if fp8 and head_dim >= 128 else 0
+    return DecodeSchedule(tile_n=128 if head_dim <= 128 else 64, swap_rows=swap)
 
 
 def split_table(shapes, schedule: DecodeSchedule = DecodeSchedule(), sms: int = 132) -> list[dict]:

@@ -438,12 +438,12 @@ class FlashDecodeSpec(KernelSpec):
             return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
 
         q = fake(dt, (sym(), sym(), sym(), d), (sym(8), sym(8), sym(8), 1))
-        if p["kv_scale"] == "none":
+        if p["kv_scale"] == "none" and not p["swap_rows"]:
             k = fake(dt, (sym(), d, sym(), sym()), (sym(8), 1, sym(8), sym(8)))
             v = fake(dt, (d, sym(), sym(), sym()), (1, sym(8), sym(8), sym(8)))
-        else:  # e4m3 K and V, both (page rows, D, H_kv, pages)
-            k, v = (fake(cutlass.Float8E4M3FN, (sym(), d, sym(), sym()), (sym(16), 1, sym(16), sym(16)))
-                    for _ in range(2))
+        else:  # e4m3 K and V (or K and V with swapped operands), both (page rows, D, H_kv, pages)
+            kt = dt if p["kv_scale"] == "none" else cutlass.Float8E4M3FN
+            k, v = (fake(kt, (sym(), d, sym(), sym()), (sym(16), 1, sym(16), sym(16))) for _ in range(2))
         # per token (pages, page rows, H_kv), or per head (1, 1, H_kv)
         scales = (fake(cutlass.Float32, (sym(), sym(), sym()), (sym(), sym(), sym()), 4) for _ in range(2))
         o = fake(cutlass.Float32 if p["split"] else dt, (sym(), sym(), sym(), sym(), d),
@@ -462,7 +462,8 @@ class FlashDecodeSpec(KernelSpec):
 
     def representative(self):
         return [self.resolve(), self.resolve({"page_size": 16, "split": True, "mask": "causal", "fused_merge": True}),
-                self.resolve({"kv_scale": "token", "page_size": 64, "split": True})]
+                self.resolve({"kv_scale": "token", "page_size": 64, "split": True}),
+                self.resolve({"kv_scale": "token", "page_size": 64, "split": True, "swap_rows": 8})]
 
     def sweep(self):
         out = [self.resolve({"head_dim": d, "split": sp}) for d in DECODE_HEAD_DIMS for sp in (False, True)]
@@ -475,6 +476,14 @@ class FlashDecodeSpec(KernelSpec):
         for d in DECODE_HEAD_DIMS:
             out.append(self.resolve({"kv_scale": "head", "head_dim": d, "softcap": d == 256}))
         out.append(self.resolve({"kv_scale": "token", "page_size": 16, "mask": "causal", "split": True}))
+        # swapped operands: FP8 per head and per token, 8 and 16 rows, D 128 / 256, masks, softcap; bf16
+        out.append(self.resolve({"kv_scale": "head", "swap_rows": 8, "split": True}))
+        out.append(self.resolve({"kv_scale": "token", "swap_rows": 8, "page_size": 64, "split": True}))
+        out.append(self.resolve({"kv_scale": "token", "swap_rows": 16, "page_size": 16, "mask": "causal"}))
+        out.append(self.resolve({"kv_scale": "head", "swap_rows": 16, "head_dim": 256, "mask": "band",
+                                 "softcap": True}))
+        out.append(self.resolve({"swap_rows": 8, "split": True}))
+        out.append(self.resolve({"swap_rows": 16, "head_dim": 64, "page_size": 32}))
         return out
 
 
@@ -500,6 +509,8 @@ FLASH_DECODE = FlashDecodeSpec(
         "stages": Param(0, (0, 1, 2, 3, 4, 5, 6, 7, 8), help="K/V smem stages (0: as many as fit)"),
         "fused_merge": Param(False, (True, False), help="split: the last split to finish merges the partials (a "
                              "counter per (batch, KV head, row tile)); False (default): the merge kernel does"),
+        "swap_rows": Param(0, (0, 8, 16), help="swapped operands for up to 8 / 16 packed query rows (keys in the "
+                           "WGMMA's M, K and V loaded into registers); 0: rows in M, 64 a tile"),
     },
 )
 

@@ -327,15 +327,18 @@ def _flash_attn_with_kvcache_cuda(q, k_cache, v_cache, k=None, v=None, cache_seq
     from cute_kernels.attention import mask_name
 
     left, right = _bounds(causal, window_left, window_right, cap + q_len)
-    sched = schedule or default_decode_schedule(d)
+    sched = schedule or default_decode_schedule(d, kind != "none", q_len, hq // hk)
+    if sched.swap_rows and q_len * (hq // hk) > sched.swap_rows:
+        raise ValueError(f"schedule.swap_rows={sched.swap_rows} covers at most that many packed query rows, but q_len "
+                         f"x (H_q / H_kv) = {q_len} x {hq // hk}")
     splits = num_splits or choose_splits(b, hk, cap, q_len, hq // hk, sched)
     page = 0 if block_table is None else k_cache.shape[1]
     table = _no_table(q.device) if block_table is None else _table_view(block_table)
     q_view = q if q.stride(-1) == 1 and all(s % 8 == 0 for s in q.stride()[:3]) and q.data_ptr() % 16 == 0 \
         else q.contiguous()
     fn = _decode_compiled(q.dtype, d, page, mask_name(left, right), softcap > 0, splits > 1, sched, kind)
-    # (FP8 V is staged like K: (page rows, D, H_kv, pages))
-    k_view, v_view = _kernel_view(k_cache), _kernel_view(v_cache, kind == "none")
+    # (FP8 V, and V with swapped operands, is staged like K: (page rows, D, H_kv, pages))
+    k_view, v_view = _kernel_view(k_cache), _kernel_view(v_cache, kind == "none" and not sched.swap_rows)
     ks_view, vs_view = _scale_view(k_scale, kind, q.device), _scale_view(v_scale, kind, q.device)
     scalars = (*_scalars(d, softmax_scale, softcap), left, right)
     added = q_len if appended else 0

@@ -41,6 +41,25 @@ def test_row_tiles_and_schedules():
     assert all(c.fits(128) for c in decode_candidates(128))
 
 
+def test_swapped_operand_choice():
+    """An FP8 cache with at most 16 packed rows and D >= 128 takes swapped operands (8 or 16 rows in N); bf16, more
+    rows, or FP8 at D = 64 keep the rows in M. Without the fp16 tiles the stage ring grows (six 32 KiB FP8 stages
+    at D = 128)."""
+    from schedules.decode import default_decode_schedule, swap_rows_for
+
+    assert [swap_rows_for(q, g) for q, g in ((1, 4), (2, 4), (1, 8), (3, 4), (4, 4), (1, 16), (5, 4), (2, 16))] == \
+        [8, 8, 8, 16, 16, 16, 0, 0]
+    assert default_decode_schedule(128, True, 1, 4).swap_rows == 8
+    assert default_decode_schedule(256, True, 4, 4) == DecodeSchedule(tile_n=64, swap_rows=16)
+    assert default_decode_schedule(128, False, 1, 4).swap_rows == 0
+    assert default_decode_schedule(64, True, 1, 4).swap_rows == 0
+    swap = DecodeSchedule(swap_rows=8)
+    assert swap.rows_per_tile == 8 and DecodeSchedule().rows_per_tile == 64
+    assert swap.num_stages(128, 1) == 6 and DecodeSchedule().num_stages(128, 1) == 4
+    with pytest.raises(ValueError, match="swap_rows"):
+        DecodeSchedule(swap_rows=4)
+
+
 def test_catalogue_resolves():
     spec = catalog.get("flash_decode")
     assert spec.resolve({"head_dim": 256})["tile_n"] == 64
@@ -243,6 +262,45 @@ def test_decode_fp8_ptx(over, tmp_path):
     assert count(r"mul\.(rn\.)?f16x2") == (widen if over["kv_scale"] == "token" else 0)
     assert count(r"^\s*wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.f16\.f16") == d // 16 + tile_n // 16
     assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@pytest.mark.parametrize("over", [{"kv_scale": "head", "swap_rows": 8},
+                                  {"kv_scale": "token", "swap_rows": 16, "page_size": 16, "mask": "causal"},
+                                  {"kv_scale": "head", "swap_rows": 8, "head_dim": 256, "split": True},
+                                  {"swap_rows": 8, "split": True}])
+def test_decode_swapped_ptx(over, tmp_path):
+    """Swapped operands: m64 n(swap_rows) k16 WGMMAs with A from registers, (tile_n / 64) (D / 16) for S^T and
+    (D / 64) (tile_n / 16) for O^T; an FP8 tile widened once (one cvt per two elements of K and V, K's twice in the
+    code: the first tile's and the next tile's under P V), byte permutes pairing V's keys; K in 16-byte loads and a
+    key's V part in one load; no local memory; two warpgroup barriers a tile (the column max, P^T)."""
+    ptx, count = _census("flash_decode", over, tmp_path)
+    d = over.get("head_dim", 128)
+    tile_n = 128 if d <= 128 else 64
+    n = over["swap_rows"]
+    fp8 = "kv_scale" in over
+    kt = "f16" if fp8 else "bf16"
+    mmas = count(rf"^\s*wgmma\.mma_async\.sync\.aligned\.m64n{n}k16\.f32\.{kt}\.{kt} \{{%r\d+, ")
+    assert mmas == (tile_n // 64) * (d // 16) + (d // 64) * (tile_n // 16)
+    assert count(r"^\s*wgmma\.mma_async") == mmas
+    elems = tile_n * d // 128  # a thread's K (or V) elements of a tile
+    if fp8:
+        assert count(r"cvt\.rn\.f16x2\.e4m3x2") == elems // 2 * 2 + elems // 2  # K twice, V once
+        assert count(r"prmt\.b32") == elems // 4  # V: four elements of a key pair a permute
+    assert count(r"^\s*ld\.shared\.v4") >= 2 * (tile_n // 64) * (d * (1 if fp8 else 2) // 64)
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@pytest.mark.skipif(__import__("shutil").which("ptxas") is None, reason="needs a CUDA 13 ptxas for its advisories")
+@pytest.mark.parametrize("over", [{"kv_scale": "head", "swap_rows": 8},
+                                  {"kv_scale": "token", "swap_rows": 16, "page_size": 64, "split": True}])
+def test_decode_swapped_wgmma_not_serialized(over):
+    """ptxas keeps the swapped-operand WGMMAs asynchronous: the register A operands are pinned before each group's
+    fence (no C7513), and no group is left in flight across the loop's back edge (no C7514), no spills."""
+    from perf.ptxas_check import check
+
+    report = check("flash_decode", over)
+    assert not re.search(r"C751[234]", report), report
+    assert "0 bytes spill stores" in report, report
 
 
 def test_merge_schedule_choice():

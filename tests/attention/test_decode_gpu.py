@@ -71,9 +71,10 @@ def _poison_past(k_cache, v_cache, block_table, seqlens, *more):
 
 
 def _run(b=2, q_len=1, hq=32, hk=8, d=128, length=1000, page=None, seqlens=None, causal=False, window=(-1, -1),
-         softcap=0.0, dtype=torch.bfloat16, num_splits=None, poison=True, fp8=None):
+         softcap=0.0, dtype=torch.bfloat16, num_splits=None, poison=True, fp8=None, schedule=None):
     """One call against the fp32 reference; `fp8` ("head" / "token"): the cache quantized to e4m3 with its scales,
-    the reference built from the dequantized cache (and the torch comparison computing in `dtype` from it)."""
+    the reference built from the dequantized cache (and the torch comparison computing in `dtype` from it).
+    `schedule`: a DecodeSchedule forced (the op's implementation called directly), else the op's choice."""
     q = randn(b, q_len, hq, d, dtype=dtype)
     k_cache, v_cache, table = _cache(b, length, hk, d, page, dtype)
     cap = length if page is None else table.shape[1] * page
@@ -86,9 +87,17 @@ def _run(b=2, q_len=1, hq=32, hk=8, d=128, length=1000, page=None, seqlens=None,
         scales = dict(k_scale=ks, v_scale=vs)
     if poison:
         _poison_past(k_cache, v_cache, table, seqlens, *(scales.values() if fp8 == "token" else ()))
-    out, lse = ck.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
-                                          causal=causal, window=window, softcap=softcap, num_splits=num_splits,
-                                          return_lse=True, **scales)
+    if schedule is None:
+        out, lse = ck.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                              causal=causal, window=window, softcap=softcap, num_splits=num_splits,
+                                              return_lse=True, **scales)
+    else:
+        from cute_kernels.attention.decode_ops import _flash_attn_with_kvcache_cuda
+
+        left, right = window
+        out, lse = _flash_attn_with_kvcache_cuda(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                                 causal=causal, window_left=left, window_right=right,
+                                                 softcap=softcap, num_splits=num_splits, schedule=schedule, **scales)
     if fp8:
         k_cache, v_cache = dequantize_cache(k_cache, scales["k_scale"]), dequantize_cache(v_cache, scales["v_scale"])
     ref, ref_lse = decode_reference(q, k_cache, v_cache, seqlens, table, causal, window, softcap)
@@ -212,6 +221,67 @@ def test_fp8_kv_window_softcap_splits(fp8):
         outs.append(_run(b=1, q_len=1, length=6000, page=None, seqlens=[5999], num_splits=sp, fp8=fp8)[0].float())
     for o in outs[1:]:
         assert (o - outs[0]).abs().max().item() <= 2 ** -6
+
+
+@pytest.mark.parametrize("fp8", ["head", "token"])
+@pytest.mark.parametrize("page,q_len", [(None, 1), (64, 4)])
+def test_fp8_kv_rows_in_m(fp8, page, q_len):
+    """The FP8 path that widens K and V into fp16 smem tiles (rows in M), forced where the op would swap."""
+    from schedules.decode import DecodeSchedule
+
+    _run(b=3, q_len=q_len, length=1000, page=page, seqlens=[0, 1, 777] if q_len == 1 else None, causal=True,
+         fp8=fp8, schedule=DecodeSchedule())
+
+
+# --- swapped operands (keys in M, packed rows in N) -----------------------------------------------------------------
+@pytest.mark.parametrize("fp8", [None, "head", "token"])
+@pytest.mark.parametrize("swap,page,q_len,hq,hk,causal", [
+    (8, None, 1, 32, 8, False), (8, 64, 2, 16, 4, True), (16, 16, 4, 32, 8, True), (16, 48, 1, 16, 1, False),
+    (16, None, 3, 20, 4, True), (8, 256, 1, 8, 8, False)])
+def test_swapped_operands(fp8, swap, page, q_len, hq, hk, causal):
+    from schedules.decode import DecodeSchedule
+
+    _run(b=3, q_len=q_len, hq=hq, hk=hk, length=1000, page=page, seqlens=[0, 1, 777] if q_len == 1 else None,
+         causal=causal, fp8=fp8, schedule=DecodeSchedule(swap_rows=swap))
+
+
+@pytest.mark.parametrize("fp8,d,dtype", [(None, 64, torch.bfloat16), (None, 256, torch.float16),
+                                         ("head", 256, torch.bfloat16), ("token", 256, torch.float16),
+                                         ("token", 128, torch.float16)])
+def test_swapped_operands_head_dims(fp8, d, dtype):
+    from schedules.decode import DecodeSchedule
+
+    _run(b=2, q_len=2, hq=16, hk=2, d=d, length=2049, page=None, dtype=dtype, seqlens=[2049, 1300], causal=True,
+         fp8=fp8, schedule=DecodeSchedule(tile_n=128 if d <= 128 else 64, swap_rows=16))
+
+
+@pytest.mark.parametrize("fp8", [None, "head", "token"])
+def test_swapped_operands_window_softcap_splits(fp8):
+    from schedules.decode import DecodeSchedule
+
+    _run(b=2, q_len=4, length=1500, page=32, window=(300, 0), softcap=20.0, seqlens=[1500, 333], fp8=fp8,
+         schedule=DecodeSchedule(swap_rows=16))
+    outs = []
+    for sp in (1, 7, 40):
+        torch.manual_seed(0)
+        outs.append(_run(b=1, q_len=1, length=6000, page=None, seqlens=[5999], num_splits=sp, fp8=fp8,
+                         schedule=DecodeSchedule(swap_rows=8))[0].float())
+    for o in outs[1:]:
+        assert (o - outs[0]).abs().max().item() <= 2 ** -6
+    # the fused last-CTA merge
+    _run(b=2, q_len=1, length=3000, page=64, seqlens=[3000, 10], num_splits=5, fp8=fp8,
+         schedule=DecodeSchedule(swap_rows=8, fused_merge=True))
+
+
+def test_swapped_operands_rows_bound():
+    """A forced swap_rows narrower than q_len x g is refused with a named error."""
+    from cute_kernels.attention.decode_ops import _flash_attn_with_kvcache_cuda
+    from schedules.decode import DecodeSchedule
+
+    q = randn(1, 4, 32, 128)
+    k, v, _ = _cache(1, 256, 8, 128, None, torch.bfloat16)
+    with pytest.raises(ValueError, match="swap_rows=8"):
+        _flash_attn_with_kvcache_cuda(q, k, v, schedule=DecodeSchedule(swap_rows=8))
 
 
 @pytest.mark.parametrize("fp8", ["head", "token"])
