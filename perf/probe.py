@@ -11,7 +11,8 @@
     python3 -m perf.probe flash_attn_bwd bf16 2 8192 16 128 [causal]   (the backward op on a forward's O / LSE;
                                        fa4.flash_attn_bwd, flash_attn_bwd.det, flash_attn_bwd.with:dq_buffers=2,...)
     python3 -m perf.probe flash_decode bf16 1 32768 32 8 128 [64]   (B L H_q H_kv D [page]: every sequence at L;
-                                       sdpa.flash_decode (cuDNN, contiguous), flash_decode.with:tile_n=64,...)
+                                       sdpa.flash_decode (cuDNN, contiguous), flash_decode.with:tile_n=64,..., flash_decode.fp8head /
+                                       .fp8token[.with:...]: an e4m3 cache)
     python3 -m perf.probe rms_norm bf16 2048 65536   (quack.rms_norm; also softmax, quack.softmax)
     python3 -m perf.probe transpose.tma fp32 16384 16384   (torch.transpose, compile.transpose; argmax,
                                                             torch.argmax, compile.argmax; gemv bf16 R C B)
@@ -188,13 +189,26 @@ def _decode(op, dtype, b, n, hq, hk, d, page=0):
     if page:
         table = torch.arange(b * (n // page), dtype=torch.int32, device="cuda").view(b, -1)
         k, v = k.view(-1, page, hk, d), v.view(-1, page, hk, d)
-    if op.startswith("flash_decode.with:"):
+    scales = {}
+    fp8 = "head" if ".fp8head" in op else "token" if ".fp8token" in op else None
+    if fp8:  # flash_decode.fp8head / .fp8token[.with:...]: the cache as e4m3 with per-head / per-token scales
+        from cute_kernels.attention.decode_ops import fp8_scale, to_fp8
+
+        def quant(x):
+            s = fp8_scale(x.float().abs().amax((0, 1, 3)) if fp8 == "head" else x.float().abs().amax(-1))
+            return to_fp8(x, s[None, None, :, None] if fp8 == "head" else s[..., None]), s
+
+        (k, ks), (v, vs) = quant(k), quant(v)
+        scales = dict(k_scale=ks, v_scale=vs)
+    if ".with:" in op:
         from cute_kernels.attention.decode_ops import _flash_attn_with_kvcache_cuda
         from schedules.decode import default_decode_schedule
 
-        sched = schedule_with(default_decode_schedule(d), *op.split(":", 1)[1].split(","))
-        return lambda: _flash_attn_with_kvcache_cuda(q, k, v, cache_seqlens=lens, block_table=table, schedule=sched)
-    return lambda: ck.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, block_table=table)
+        sched = schedule_with(default_decode_schedule(d, fp8 is not None, 1, hq // hk),
+                              *op.split(":", 1)[1].split(","))
+        return lambda: _flash_attn_with_kvcache_cuda(q, k, v, cache_seqlens=lens, block_table=table, schedule=sched,
+                                                     **scales)
+    return lambda: ck.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, block_table=table, **scales)
 
 
 def _attention(op, dtype, causal, b, s, h, d):
