@@ -41,12 +41,15 @@ def main(cases):
                                                          schedule=sched, **kw)
 
         m, s8, s8t64 = DecodeSchedule(), DecodeSchedule(swap_rows=8), DecodeSchedule(swap_rows=8, tile_n=64)
+        s8f, mf = DecodeSchedule(swap_rows=8, fused_merge=True), DecodeSchedule(fused_merge=True)
         fns = {
             "bf16 rows-in-M": (op(k, v, m), bf_bytes),
             "bf16 swap8": (op(k, v, s8), bf_bytes),
             "fp8 head rows-in-M": (op(k8h, v8h, m, k_scale=sh, v_scale=sh), bf_bytes // 2),
             "fp8 head swap8": (op(k8h, v8h, s8, k_scale=sh, v_scale=sh), bf_bytes // 2),
             "fp8 head swap8 tile64": (op(k8h, v8h, s8t64, k_scale=sh, v_scale=sh), bf_bytes // 2),
+            "fp8 head swap8 fused": (op(k8h, v8h, s8f, k_scale=sh, v_scale=sh), bf_bytes // 2),
+            "bf16 rows-in-M fused": (op(k, v, mf), bf_bytes),
             "fp8 tok p64 rows-in-M": (op(k8t, v8t, m, table, k_scale=skt, v_scale=svt), bf_bytes // 2),
             "fp8 tok p64 swap8": (op(k8t, v8t, s8, table, k_scale=skt, v_scale=svt), bf_bytes // 2),
             "torch.sum bf16 bytes": (lambda: torch.sum(flat), bf_bytes),

@@ -70,7 +70,7 @@ from collectives.wgmma_mainloop import (
     stage_of,
 )
 from cute_kernels.attention.merge import MergeStates
-from schedules.decode import MERGE_VEC, ROWS_PER_TILE, DecodeSchedule
+from schedules.decode import MERGE_MAX_CHUNK, MERGE_VEC, ROWS_PER_TILE, DecodeSchedule, MergeSchedule
 
 _Q_BAR = 1  # named barrier: the consumer warpgroup's Q tile (and zeroed V rows) written before its WGMMAs
 _Q_VEC = 8  # Q elements per gathered vector (16 bytes)
@@ -699,13 +699,13 @@ class FlashDecode:
         ks_next = cute.make_rmem_tensor((keys,), Float32)
         vs_next = cute.make_rmem_tensor((keys,), Float32)
 
-        def acc_key(k):  # the thread's k-th key within a tile
+        def acc_key(k):  # the thread's k-th key within a tile: 64 mb + 16 warp + r8 + 8 j for k = j + 2 mb
             return c_cols[0, k][0]
 
         # K of the walk's first tile; each later tile's K is loaded while the previous tile's P V runs
         if count > 0:  # (a sequence without keys may have no page to look up)
             if cutlass.const_expr(self.kv_scale == "token"):
-                self.load_token_scales(kv8, ks_next, vs_next, b, hk, first, seqlen_k, acc_key)
+                self.load_token_scales(kv8, ks_next, vs_next, b, hk, first, seqlen_k, acc_key, True)
             pipe_k.consumer_wait(kv)
             self.load_k_frags(kv8.sK, kv.index, fk, warp, r8, quad)
             pipe_k.consumer_release(kv)
@@ -718,7 +718,7 @@ class FlashDecode:
                 for k in cutlass.range_constexpr(keys):
                     ks_cur[k] = ks_next[k]
                     vs_cur[k] = vs_next[k]
-                self.load_token_scales(kv8, ks_next, vs_next, b, hk, n + 1, seqlen_k, acc_key)
+                self.load_token_scales(kv8, ks_next, vs_next, b, hk, n + 1, seqlen_k, acc_key, True)
             acc_s.fill(0.0)
             fence_operand(fk)
             fence_operand(acc_s)
@@ -821,7 +821,8 @@ class FlashDecode:
             r = it * per_pass + tid // tpr
             pr = m_tile * ROWS_PER_TILE + r
             if (tid < per_pass * tpr) & (r < ROWS_PER_TILE) & (pr < packed):
-                MergeStates(self.dtype, self.d).merge_row(mO, mLSE, fin.o, fin.lse, b, pr // g, hk * g + pr % g,
+                # (every chunk of states' loads issued together: two round trips at 16 splits, not four)
+                MergeStates(self.dtype, self.d, MergeSchedule(chunk=MERGE_MAX_CHUNK)).merge_row(mO, mLSE, fin.o, fin.lse, b, pr // g, hk * g + pr % g,
                                                           tid % tpr, Int32(0), r < ROWS_PER_TILE)
 
     @cute.jit
@@ -855,14 +856,21 @@ class FlashDecode:
 
     @cute.jit
     def load_token_scales(self, kv8: SimpleNamespace, ks: cute.Tensor, vs: cute.Tensor, b: Int32, hk: Int32,
-                          n: Int32, seqlen_k: Int32, key_of):
+                          n: Int32, seqlen_k: Int32, key_of, block_pairs: cutlass.Constexpr[bool] = False):
         """The per-token K and V scales of the thread's keys of tile n (`key_of(i)`: the i-th within the tile), each
-        key clamped to the sequence's last (no page past the sequence is looked up)."""
-        for it in cutlass.range_constexpr(cute.size(ks)):
-            key = cutlass.min(n * self.s.tile_n + key_of(it), cutlass.max(seqlen_k - 1, 0))
+        key clamped to the sequence's last (no page past the sequence is looked up). `block_pairs`: keys 2u and
+        2u + 1 lie in one aligned block of 16 (so in one page, clamped or not): one block-table lookup a pair."""
+        last = cutlass.max(seqlen_k - 1, 0)
+        step = 2 if cutlass.const_expr(block_pairs) else 1
+        for u in cutlass.range_constexpr(cute.size(ks) // step):
+            key = cutlass.min(n * self.s.tile_n + key_of(step * u), last)
             page, row = self.locate(kv8.bt, b, key, self.page_size)
-            ks[it] = kv8.ks[page, row, hk]
-            vs[it] = kv8.vs[page, row, hk]
+            ks[step * u] = kv8.ks[page, row, hk]
+            vs[step * u] = kv8.vs[page, row, hk]
+            if cutlass.const_expr(block_pairs):
+                row2 = row + cutlass.min(n * self.s.tile_n + key_of(step * u + 1), last) - key
+                ks[step * u + 1] = kv8.ks[page, row2, hk]
+                vs[step * u + 1] = kv8.vs[page, row2, hk]
 
     @cute.jit
     def zero_v_tail(self, sV: cute.Tensor, stage: Int32, valid: Int32, tid: Int32):
