@@ -43,6 +43,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "fp8_gemm": ("fp8_gemm", "fp8_gemm_grouped_contiguous", "fp8_gemm_grouped_masked"),
     "attention": ("flash_attn", "flash_attn_varlen", "flash_attn_with_kvcache", "merge_attention_states",
                   "merge_attention_states_many"),
+    "rope": ("rope", "rope_", "rope_kv_append", "rope_tables"),
 }
 OP_FAMILY: dict[str, str] = {op: fam for fam, ops in FAMILIES.items() for op in ops}
 

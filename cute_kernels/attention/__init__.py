@@ -570,3 +570,87 @@ MERGE_STATES = MergeStatesSpec(
 )
 
 SPECS = SPECS + (FLASH_DECODE, MERGE_STATES)
+
+
+# --- the KV-cache append (and the fused decode RoPE + append) -------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class KVAppendSpec(KernelSpec):
+    def check(self, p):
+        d, v, r = p["head_dim"], p["vec"], p["rotary_dim"]
+        tpr = d // v
+        if d % v or tpr > 32 or tpr & (tpr - 1):
+            raise ValueError(f"{self.name}: head_dim / vec must be a power of two <= 32, got {d} / {v}")
+        if v * dtypes.elem_bytes(p["dtype"]) > 16:
+            raise ValueError(f"{self.name}: vec {v} of {p['dtype']} is more than 16 bytes")
+        if p["rope"] != "none":
+            unit = r if p["rope"] == "gptj" else r // 2
+            if r > d or unit % v or (p["rope"] == "gptj" and v < 2):
+                raise ValueError(f"{self.name}: vec {v} must divide the rotated unit {unit} (rotary_dim {r} <= "
+                                 f"head_dim {d})")
+
+    def build(self, p):
+        from cute_kernels.attention.append import KVAppend
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        d, v, r = p["head_dim"], p["vec"], p["rotary_dim"]
+
+        def sym(div=1):
+            return cute.sym_int32(divisibility=div)
+
+        def fake(dtype, shape, stride, align):
+            return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
+
+        es = dt.width // 8
+        rows = [fake(dt, (sym(), sym(), sym(), d), (sym(v), sym(v), sym(v), 1), v * es) for _ in range(4)]  # q k v q_out
+        ct = dt if p["kv_scale"] == "none" else cutlass.Float8E4M3FN
+        cache = [fake(ct, (sym(), sym(), sym(), d), (sym(v), sym(v), sym(v), 1), v * ct.width // 8) for _ in range(2)]
+        scales = [fake(cutlass.Float32, (sym(), sym(), sym()), (sym(), sym(), sym()), 4) for _ in range(2)]
+        lens = fake(cutlass.Int32, (sym(),), (1,), 4)
+        table = fake(cutlass.Int32, (sym(), sym()), (sym(), 1), 4)
+        angles = v // 2 if p["rope"] == "gptj" else v
+        tabs = [fake(cutlass.Float32, (sym(), r // 2), (sym(angles), 1), min(16, 4 * angles)) for _ in range(2)]
+        pos_t = cutlass.Int64 if p["positions"] == "int64" else cutlass.Int32
+        pos = fake(pos_t, (sym(), sym()), (sym(), sym()), pos_t.width // 8)
+        kernel = KVAppend(dt, d, v, p["paged"], p["kv_scale"], p["rope"], r,
+                          p["positions"], p["threads"])
+        return kernel, (*rows, *cache, *scales, lens, table, *tabs, pos, fake_stream())
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"rope": "neox", "paged": True}),
+                self.resolve({"rope": "gptj", "kv_scale": "token", "positions": "int64"}),
+                self.resolve({"kv_scale": "head", "paged": True})]
+
+    def sweep(self):
+        out = [self.resolve({"head_dim": d, "rotary_dim": d, "rope": rp}) for d in (64, 128, 256)
+               for rp in ("none", "neox", "gptj")]
+        out += [self.resolve({"kv_scale": ks, "paged": pg, "rope": "neox"}) for ks in ("head", "token")
+                for pg in (False, True)]
+        out += [self.resolve({"dtype": "fp16", "rope": "neox", "rotary_dim": 64}),
+                self.resolve({"vec": 4, "rope": "neox", "rotary_dim": 72})]
+        return out
+
+
+KV_APPEND = KVAppendSpec(
+    name="kv_append",
+    family="attention",
+    lesson=0,
+    summary="append new tokens' K / V rows to a contiguous or paged KV cache (FP8 quantized, per-token scales "
+            "written beside), optionally rotating q and k by RoPE on the way: a CTA per token",
+    ops=("flash_attn_with_kvcache", "rope_kv_append"),
+    status="ready",
+    params={
+        "dtype": Param("bf16", DTYPES, "signature", "q / k / v element type"),
+        "head_dim": Param(128, (16, 32, 64, 128, 256), "signature", "head dimension D"),
+        "vec": Param(8, (1, 2, 4, 8), "signature", "elements a thread moves (D / vec threads a row)"),
+        "paged": Param(False, (True, False), "signature", "a paged cache with a block table"),
+        "kv_scale": Param("none", ("none", "head", "token"), "signature", "FP8 (e4m3) cache with per-head or "
+                          "per-token dequant scales (none: the cache in the q dtype)"),
+        "rope": Param("none", ("none", "neox", "gptj"), "signature", "rotate q and k first (none: append only)"),
+        "rotary_dim": Param(128, tuple(range(2, 257, 2)), "signature", "rotated dims r (with rope)"),
+        "positions": Param("none", ("none", "int32", "int64"), "signature", "a positions tensor's dtype (none: "
+                           "the cache position)"),
+        "threads": Param(256, (128, 256, 512), help="threads per CTA (a token)"),
+    },
+)
+
+SPECS = SPECS + (KV_APPEND,)

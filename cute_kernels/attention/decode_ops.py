@@ -11,6 +11,9 @@ flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
   modified (the caller advances it, as in FlashAttention); None: every sequence fills the cache's capacity;
 - k / v (B, q_len, H_kv, D): the new tokens, written in place into the cache at positions cache_seqlens[b] ..
   + q_len - 1 before attending (only those rows are written); the attended length is then cache_seqlens + q_len;
+- rotary_cos / rotary_sin (max_pos, r / 2) fp32, with k / v: q and k rotated by RoPE at their cache positions
+  cache_seqlens[b] + t (NeoX pairs, GPT-J with rotary_interleaved; dims past r pass through) and k / v appended, in
+  one kernel (`append.py`), as FlashAttention's rotary arguments;
 - causal / window are bottom-right aligned (query t of q_len sees keys <= L - q_len + t, as FlashAttention);
   softcap and softmax_scale as `flash_attn`;
 - num_splits: CTAs per (batch, KV head) along the keys (None: `schedules.decode.choose_splits` from the static
@@ -188,6 +191,32 @@ def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window
     return kind
 
 
+def _check_rotary(q, k, cos, sin) -> None:
+    """RoPE on append: fp32 tables (max_pos, r / 2) given together, with the new k / v to rotate."""
+    if cos is None and sin is None:
+        return
+    if cos is None or sin is None:
+        raise ValueError("rotary_cos and rotary_sin must be given together")
+    if k is None:
+        raise ValueError("rotary_cos / rotary_sin rotate the appended tokens: pass the new k and v with them")
+    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32 (max_pos, rotary_dim / 2), got dtype "
+                            f"{str(t.dtype).replace('torch.', '')}")
+        if t.dim() != 2 or t.shape != cos.shape:
+            raise ValueError(f"{name} must be a (max_pos, rotary_dim / 2) table of one shape with the other, got "
+                             f"{_shape(t)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have unit-stride columns, got strides {tuple(t.stride())}")
+    if 2 * cos.shape[1] > q.shape[-1] or cos.shape[1] == 0:
+        raise ValueError(f"rotary_cos has {cos.shape[1]} columns: rotary_dim = 2 x that must be in (0, head_dim = "
+                         f"{q.shape[-1]}]")
+
+
 def _capacity(k_cache, block_table) -> int:
     """Keys a sequence's cache can hold: L_max, or the block table's pages times the page size."""
     return k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
@@ -220,9 +249,8 @@ def _quantize_fp8(x, scale, rows):
     return to_fp8(x, s_tok[..., None])
 
 
-def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale=None, v_scale=None) -> None:
-    """k / v (B, q_len, H_kv, D) into the cache rows cache_seqlens[b] + t, by device-side indices (no sync); into
-    an FP8 cache quantized (`_quantize_fp8`), per-token scales written beside them."""
+def _append_torch(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale=None, v_scale=None) -> None:
+    """`_append` in torch ops (the reference, and the path for layouts no vector width of the kernel fits)."""
     b, q_len = k.shape[:2]
     pos = cache_seqlens.long()[:, None] + torch.arange(q_len, device=k.device)[None, :]  # (B, q_len)
     if block_table is None:
@@ -234,6 +262,96 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale=None, v_
         k, v = _quantize_fp8(k, k_scale, rows), _quantize_fp8(v, v_scale, rows)
     k_cache.index_put_(rows, k)
     v_cache.index_put_(rows, v)
+
+
+def _append_vec(tensors, d: int, rope: str, r: int) -> int:
+    """The widest vector (elements) of the append kernel for these rows: D / vec a power of two <= 32, dividing the
+    rotated unit, every stride but D's and every base (in elements); 0 when none fits."""
+    for vec in (8, 4, 2, 1):
+        tpr = d // vec
+        if d % vec or tpr > 32 or tpr & (tpr - 1):
+            continue
+        if rope != "none" and ((r if rope == "gptj" else r // 2) % vec or (rope == "gptj" and vec < 2)):
+            continue
+        ok = True
+        for t in tensors:
+            es = t.element_size()
+            if t.stride(-1) != 1 or t.data_ptr() % (vec * es) or any(
+                    st % vec for sz, st in zip(t.shape[:-1], t.stride()[:-1]) if sz > 1):
+                ok = False
+                break
+        if ok:
+            return vec
+    return 0
+
+
+def _rows_view(t):
+    """A (.., D) tensor with its size-1 dims' strides set to 8 (never used; divisible by every vector width)."""
+    if all(sz != 1 or st % 8 == 0 for sz, st in zip(t.shape[:-1], t.stride()[:-1])):
+        return t
+    return t.as_strided(t.shape, [8 if sz == 1 else st for sz, st in zip(t.shape[:-1], t.stride()[:-1])] + [1])
+
+
+def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None, k_scale=None, v_scale=None, q=None,
+              cos=None, sin=None, positions=None, interleaved=False, rotary_dim=None):
+    """Append k / v (B, q_len, H_kv, D) at cache_seqlens[b] + t by the `kv_append` kernel (FP8 caches quantized,
+    per-token scales written); with cos / sin, q and k are rotated first (RoPE at positions[b, t], default the
+    cache position) and the rotated q (B, q_len, H_q, D) is returned. Falls back to torch ops (append only) or raises
+    (RoPE) when no vector width fits the layouts. Arguments are the caller's to check."""
+    from cute_kernels.attention import KV_APPEND
+
+    rope = "none" if cos is None else ("gptj" if interleaved else "neox")
+    d = k.shape[-1]
+    r = (2 * cos.shape[1] if rotary_dim is None else rotary_dim) if cos is not None else 128
+    q_out = None if q is None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if k.numel() == 0:
+        return q_out
+    rows = [k, v, k_cache, v_cache] + ([q, q_out] if q is not None else [])
+    vec = _append_vec(rows, d, rope, r)
+    if rope != "none":
+        angles = vec // 2 if interleaved else vec
+        if vec and any(x % angles for x in (cos.stride(0), sin.stride(0), cos.data_ptr() // 4, sin.data_ptr() // 4)):
+            vec = 0
+    if not vec:
+        if rope != "none":
+            from cute_kernels.rope.ops import rope as rope_op
+
+            qr, kr = rope_op(q, k, cos, sin, positions if positions is not None else
+                             (cache_seqlens.long()[:, None] + torch.arange(k.shape[1], device=k.device)),
+                             interleaved, r)
+            _append_torch(k_cache, v_cache, kr, v, cache_seqlens, block_table, k_scale, v_scale)
+            return qr
+        _append_torch(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale, v_scale)
+        return None
+    kind = "none" if k_cache.dtype != FP8_KV else ("head" if k_scale.dim() == 1 else "token")
+    dev = k.device
+    table = _no_table(dev) if block_table is None else _table_view(block_table)
+    pages, prow, hk = k_cache.shape[:3]
+
+    def scale(t):
+        if kind == "none":
+            return _no_scale(dev)
+        return t.view(1, 1, -1).expand(pages, prow, hk) if kind == "head" else t
+
+    if rope == "none":
+        qv = qo = k.narrow(2, 0, 0)
+        cs = sn = _placeholder(dev, (1, 64), torch.float32)
+    else:
+        qv, qo, cs, sn = q, q_out, cos, sin
+    pos = _no_table(dev) if positions is None else (positions.view(1, -1) if positions.dim() == 1 else positions)
+    fn = KV_APPEND.compiled(dtype=dtypes.name_of(k.dtype), head_dim=d, vec=vec, paged=block_table is not None,
+                            kv_scale=kind, rope=rope, rotary_dim=r if rope != "none" else 128,
+                            positions="none" if positions is None else
+                            ("int64" if positions.dtype == torch.int64 else "int32"))
+    fn(*(_rows_view(t) for t in (qv, k, v, qo, k_cache, v_cache)), scale(k_scale), scale(v_scale), cache_seqlens,
+       table, cs, sn, pos)
+    return q_out
+
+
+def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale=None, v_scale=None) -> None:
+    """k / v (B, q_len, H_kv, D) into the cache rows cache_seqlens[b] + t, on the device (no sync): the `kv_append`
+    kernel (`append_kv`); into an FP8 cache quantized, per-token scales written beside them."""
+    append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale, v_scale)
 
 
 _dummy_tables: dict = {}
@@ -304,12 +422,14 @@ def _table_view(block_table):
 def _flash_attn_with_kvcache_cuda(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                                   k_scale=None, v_scale=None, causal=False, window_left=-1, window_right=-1,
                                   softcap=0.0, softmax_scale=None, num_splits=None, validate=False,
+                                  rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
                                   schedule: DecodeSchedule | None = None):
     # (the forward's helpers: imported here, as ops.py imports this module to export its ops)
     from cute_kernels.attention.ops import _bounds, _kernel_view, _scalars
 
     kind = _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window_left, window_right, softcap,
                           softmax_scale, num_splits, k_scale, v_scale)
+    _check_rotary(q, k, rotary_cos, rotary_sin)
     b, q_len, hq, d = q.shape
     hk = k_cache.shape[2]
     out = torch.empty(b, q_len, hq, d, dtype=q.dtype, device=q.device)
@@ -319,7 +439,10 @@ def _flash_attn_with_kvcache_cuda(q, k_cache, v_cache, k=None, v=None, cache_seq
     appended = k is not None
     if validate and cache_seqlens is not None:
         _validate(k_cache, cache_seqlens, block_table, q_len, appended)
-    if appended:
+    if rotary_cos is not None:  # q and k rotated at their cache positions, k appended, in one kernel
+        q = append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale, v_scale, q, rotary_cos,
+                      rotary_sin, None, rotary_interleaved)
+    elif appended:
         _append(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale, v_scale)
     cap = _capacity(k_cache, block_table)
     if cache_seqlens is None:
@@ -361,9 +484,11 @@ def _flash_attn_with_kvcache_cuda(q, k_cache, v_cache, k=None, v=None, cache_seq
 
 def _flash_attn_with_kvcache_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                                   k_scale=None, v_scale=None, causal=False, window_left=-1, window_right=-1,
-                                  softcap=0.0, softmax_scale=None, num_splits=None, validate=False):
+                                  softcap=0.0, softmax_scale=None, num_splits=None, validate=False,
+                                  rotary_cos=None, rotary_sin=None, rotary_interleaved=False):
     _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, window_left, window_right, softcap,
                    softmax_scale, num_splits, k_scale, v_scale)
+    _check_rotary(q, k, rotary_cos, rotary_sin)
     b, q_len, hq, d = q.shape
     return (torch.empty(b, q_len, hq, d, dtype=q.dtype, device=q.device),
             torch.empty(b, hq, q_len, dtype=torch.float32, device=q.device))
@@ -374,20 +499,23 @@ register_op("cute_kernels::flash_attn_with_kvcache",
             "Tensor? cache_seqlens=None, Tensor? block_table=None, Tensor(c!)? k_scale=None, "
             "Tensor(d!)? v_scale=None, bool causal=False, int window_left=-1, "
             "int window_right=-1, float softcap=0.0, float? softmax_scale=None, int? num_splits=None, "
-            "bool validate=False) -> (Tensor, Tensor)",
+            "bool validate=False, Tensor? rotary_cos=None, Tensor? rotary_sin=None, bool rotary_interleaved=False) -> "
+            "(Tensor, Tensor)",
             _flash_attn_with_kvcache_cuda, _flash_attn_with_kvcache_fake)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, k_scale=None,
                             v_scale=None, causal: bool = False, window: tuple[int, int] = (-1, -1),
                             softcap: float = 0.0, softmax_scale: float | None = None, num_splits: int | None = None,
-                            return_lse: bool = False, validate: bool = False):
+                            return_lse: bool = False, validate: bool = False, rotary_cos=None, rotary_sin=None,
+                            rotary_interleaved: bool = False):
     """Decode attention against a KV cache (see the module doc); returns O, or (O, LSE) with `return_lse`."""
     if not (isinstance(window, (tuple, list)) and len(window) == 2):
         raise ValueError(f"window must be a pair (left, right) of ints, -1 for unbounded, got {window!r}")
     out, lse = call("cute_kernels::flash_attn_with_kvcache", q, k_cache, v_cache, k, v, cache_seqlens, block_table,
                     k_scale, v_scale, bool(causal), int(window[0]), int(window[1]), float(softcap), softmax_scale,
-                    None if num_splits is None else int(num_splits), bool(validate))
+                    None if num_splits is None else int(num_splits), bool(validate), rotary_cos, rotary_sin,
+                    bool(rotary_interleaved))
     return (out, lse) if return_lse else out
 
 
