@@ -71,23 +71,52 @@ def rope(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):
                     res = H.do_bench_interleaved({"ours": ours, **refs})
                     rows.append(H.Row(case, H.dtype_name(dt), f"{t}x{hq}/{hk}x{d}", nbytes, 0, res["ours"]["median_ms"],
                                       {n: res[n]["median_ms"] for n in refs}, "copy", copy_bw))
+    # the fused decode step: q, k rotated at their cache positions and k, v appended (a paged cache of 64-row pages)
+    from cute_kernels.attention.decode_ops import _append_torch
+
+    for b in ([1] if quick else [1, 16, 64]):
+        dt = dtypes[0]
+        q, k, v = (H.randn(b, 1, h, d, dtype=dt, seed=6 + i) for i, h in enumerate((hq, hk, hk)))
+        per = 4096 // 64
+        kc, vc = (H.randn(b * per, 64, hk, d, dtype=dt, seed=9 + i) for i in range(2))
+        table = torch.arange(b * per, device="cuda", dtype=torch.int32).view(b, per)
+        lens = torch.full((b,), 4000, dtype=torch.int32, device="cuda")
+        pos = lens.long()[:, None]
+
+        def unfused():
+            qr, kr = ck.rope(q, k, cos, sin, positions=pos)
+            _append_torch(kc, vc, kr, v, lens, table)
+            return qr
+
+        H.progress(f"  rope_kv_append batch {b}")
+        res = H.do_bench_interleaved({"ours": lambda: ck.rope_kv_append(q, k, v, kc, vc, lens, cos, sin,
+                                                                         block_table=table),
+                                      "rope + torch append": unfused})
+        nbytes = (2 * q.numel() + 3 * k.numel() + v.numel()) * q.element_size() + b * d * 4
+        rows.append(H.Row("rope_kv_append", H.dtype_name(dt), f"{b}x1x{hq}/{hk}x{d}", nbytes, 0,
+                          res["ours"]["median_ms"], {"rope + torch append": res["rope + torch append"]["median_ms"]},
+                          "copy", copy_bw))
     checks = []
+    fused = [r for r in rows if r.case == "rope_kv_append" and r.shape.startswith("1x")]
+    if fused:
+        checks.append({"target": "fused decode RoPE + append at B = 1 <= 5 us", "measured":
+                       f"{fused[0].ours_ms * 1e3:.1f} us", "ok": fused[0].ours_ms * 1e3 <= 5.0})
     big = [r for r in rows if r.shape.startswith("131072x")]
     if big:
         w = min(big, key=lambda r: r.pct_ceiling)
         checks.append({"target": ">= 90% of copy bandwidth at 131k tokens, 32 / 8 heads", "measured":
                        f"min {w.pct_ceiling:.1f}% ({w.case})", "ok": w.pct_ceiling >= 90.0})
-    pre = [r for r in rows if int(r.shape.split("x")[0]) >= 4096]
+    pre = [r for r in rows if r.case != "rope_kv_append" and int(r.shape.split("x")[0]) >= 4096]
     if pre:
         w = min(pre, key=lambda r: r.ratio("torch.compile"))
         checks.append({"target": ">= 1.0x torch.compile (prefill sizes)", "measured":
                        f"min {w.ratio('torch.compile'):.3f}x ({w.case} {w.shape})", "ok": w.ratio("torch.compile") >= 1.0})
-    dec = [r for r in rows if int(r.shape.split("x")[0]) < 4096]
+    dec = [r for r in rows if r.case != "rope_kv_append" and int(r.shape.split("x")[0]) < 4096]
     extra = ""
     if dec:
         extra = "Decode rows (1-64 tokens): " + ", ".join(f"{r.case} {r.shape.split('x')[0]} tok {r.ours_ms * 1e3:.1f} us"
                                                           for r in dec)
-    return rows, ["torch", "torch.compile"], checks, extra, {}
+    return rows, ["torch", "torch.compile", "rope + torch append"], checks, extra, {}
 
 
 SUITES = {"rope": rope}
