@@ -11,7 +11,8 @@ FP8 (e4m3) caches store x / scale, saturating to +-448, with dequant scales x = 
 - per KV head: the scale is given (the scale tensor viewed as (1, 1, H_kv) with zero strides);
 - per token and head: scale = amax |x| / 448 over the row's D elements (1 for an all-zero row), computed from
   the values being stored (fp32, before any rounding) and written beside the row at (page, row, head).
-Divisions are correctly rounded: the same bits as the torch reference `x.float() / scale` of `decode_ops`.
+The same bits as the torch reference of `decode_ops` (`fp8_scale`, `to_fp8`): the scale as amax times the fp32
+reciprocal of 448 (how torch divides by a scalar), the values by a correctly rounded division.
 """
 
 from __future__ import annotations
@@ -47,10 +48,11 @@ def row_amax(v, lanes: cutlass.Constexpr[int]) -> Float32:
 
 @cute.jit
 def token_scale(amax: Float32) -> Float32:
-    """The per-token dequant scale of a row whose largest magnitude is `amax`: amax / 448, or 1 for a zero row."""
+    """The per-token dequant scale of a row whose largest magnitude is `amax`: amax x RN(1 / 448), or 1 for a zero
+    row. (torch divides by a Python scalar as a product with its fp32 reciprocal; this is that bit for bit.)"""
     s = Float32(1.0)
     if amax > Float32(0.0):
-        s = amax / Float32(E4M3_MAX)
+        s = amax * Float32(1.0 / E4M3_MAX)
     return s
 
 

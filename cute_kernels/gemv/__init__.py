@@ -85,10 +85,11 @@ class GemvMmaSpec(KernelSpec):
         w = fake_tensor(dt, (n, k), (sym(8), 1), 16)
         xt = fake_tensor(dt, (p["cols"], k), (sym(8), 1), 16)
         y = fake_tensor(dt, (n, p["cols"]), (sym(), sym()), dt.width // 8)
-        return kernel, (w, xt, y, fake_stream())
+        unread = fake_tensor(cutlass.BFloat16, (sym(), sym()), (sym(), sym()), 2)
+        return kernel, (w, xt, y, unread, unread, fake_stream())
 
     def dynamic_smem_bytes(self, p):
-        return 4 * 2 * 32 * p["row_blocks"] * p["warps"]
+        return 4 * (4 if p["cols"] > 8 else 2) * 32 * p["row_blocks"] * p["warps"]
 
     def representative(self):
         return [self.resolve(), self.resolve({"cols": 2, "dtype": "fp16", "row_blocks": 1, "warps": 8})]
@@ -105,7 +106,8 @@ GEMV_MMA = GemvMmaSpec(
     params={
         "dtype": Param("bf16", ("bf16", "fp16"), "signature", "element type of W, x and y"),
         "index64": SIG_COMMON["index64"],
-        "cols": Param(8, tuple(range(1, 9)), "signature", "columns of x (decode batch)"),
+        "cols": Param(8, tuple(range(1, 17)), "signature", "columns of x (decode batch; the op takes 1-8, the W4A16 "
+                      "GEMM up to 16)"),
         "warps": Param(4, (2, 4, 8, 16), help="warps per CTA, splitting K in 32-wide chunks"),
         "row_blocks": Param(2, (1, 2, 4), help="8-row blocks of W per CTA (one x load serves them all)"),
         "unroll": Param(2, (1, 2, 4), help="K chunks loaded before their MMAs"),

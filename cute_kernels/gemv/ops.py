@@ -50,6 +50,17 @@ def _mma_ok(w, k, aligned) -> bool:
     return aligned and w.element_size() == 2 and k % 8 == 0
 
 
+_placeholders: dict = {}
+
+
+def _placeholder(device):
+    """The tensor-core kernel's unread scales / zeros arguments of a 16-bit W."""
+    t = _placeholders.get(device)
+    if t is None:
+        t = _placeholders[device] = torch.zeros(1, 1, dtype=torch.bfloat16, device=device)
+    return t
+
+
 def _gemv_cuda(w, x, tensor_cores=None):
     """`tensor_cores`: None = the op's choice (`schedules.gemv.use_tensor_cores`, where `_mma_ok`),
     True / False to force it (benchmarks; True still falls back to the FMA kernel where not `_mma_ok`)."""
@@ -77,7 +88,8 @@ def _gemv_cuda(w, x, tensor_cores=None):
     if (tensor_cores if tensor_cores is not None else use_tensor_cores(n, b, sms)) and _mma_ok(w, k, aligned):
         plan = plan_gemv_mma(n, k, sms)
         fn = GEMV_MMA.compiled(plan, dtype=dtypes.name_of(w.dtype), cols=b, index64=index64)
-        fn(w, xt, y.view(n, b))
+        ph = _placeholder(w.device)
+        fn(w, xt, y.view(n, b), ph, ph)
         return y
     v = vec if aligned else 1
     plan = plan_gemv(n, k // v, b, sms)

@@ -252,7 +252,7 @@ def rope_tables(max_pos: int, rotary_dim: int, base: float = 10000.0, device=Non
 
 
 def rope_reference(q, k, cos, sin, positions=None, interleaved=False, rotary_dim=None):
-    """The formula in fp32 (any device), outputs in q's dtype: the tests' and the benchmark's reference."""
+    """The formula in fp32 (fp64 for fp64 inputs), on any device, outputs in q's dtype: the tests' reference."""
     r = 2 * cos.shape[1] if rotary_dim is None else rotary_dim
 
     def one(x):
@@ -263,12 +263,13 @@ def rope_reference(q, k, cos, sin, positions=None, interleaved=False, rotary_dim
             pos = torch.arange(s, device=x.device)
         else:
             pos = positions.long()
-        c = cos[pos][..., : r // 2].float()
-        sn = sin[pos][..., : r // 2].float()
+        wide = torch.float64 if x.dtype == torch.float64 else torch.float32  # fp64 in, fp64 arithmetic
+        c = cos[pos][..., : r // 2].to(wide)
+        sn = sin[pos][..., : r // 2].to(wide)
         if c.dim() == 2 and x.dim() == 4:  # (S, r/2) shared over the batch
             c, sn = c[None], sn[None]
         c, sn = c.unsqueeze(-2), sn.unsqueeze(-2)  # over the heads
-        xf = x.float()
+        xf = x.to(wide)
         rot = xf[..., :r]
         if interleaved:
             a, b = rot[..., 0::2], rot[..., 1::2]

@@ -20,17 +20,22 @@ def _ref64(x, cos, sin, positions, interleaved, r):
 
 
 def _within_ulp(out, ref, dtype):
-    """|out - ref| <= one ulp of the output dtype at |ref| (fp32: a few, for the fp32 products)."""
+    """|out - ref| <= one ulp of the output dtype at |ref| (fp32: two), plus the fp32 arithmetic's own error on the
+    row's magnitude (a rotated pair can cancel: a c - b s near 0 carries the products' rounding)."""
     assert out.dtype == dtype and out.shape == ref.shape
     if not out.numel():
         return
     assert torch.isfinite(out).all(), "an output element was not written (NaN from the poisoned allocator)"
-    ulps = 4 if dtype == torch.float32 else 1
+    ulps = 2 if dtype == torch.float32 else 1
     tiny = torch.finfo(dtype).tiny
     err = (out.double() - ref).abs()
-    bound = ulps * 2 * EPS[dtype] * ref.abs() + tiny + (2 ** -20 if dtype == torch.float32 else 0) * ref.abs()
+    row = ref.abs().amax(-1, keepdim=True)
+    bound = ulps * 2 * EPS[dtype] * ref.abs() + tiny + 2 ** -21 * row
     bad = err > bound
-    assert not bad.any(), f"{int(bad.sum())} of {err.numel()} elements beyond {ulps} ulp: worst {err.max().item():.3g}"
+    if bad.any():
+        i = tuple(bad.nonzero()[0].tolist())
+        raise AssertionError(f"{int(bad.sum())} of {err.numel()} elements beyond {ulps} ulp: first at {i}, out "
+                             f"{out[i].item():.6g}, ref {ref[i].item():.6g}; worst {err.max().item():.3g}")
 
 
 def _tables(n, r):

@@ -1,0 +1,68 @@
+"""W4A16 family (the inference layer): y = x W^T with W in int4 groups along K (scales, optional zero points),
+dequantized in registers in front of the tensor cores. Small M (1-16, the decode shapes where the weight bytes
+are the whole cost) runs the tensor-core GEMV mainloop of `cute_kernels.gemv.mma` with its int4 units; the packing
+(`pack.py`) is chosen for that mainloop's fragments.
+
+Files: this catalogue entry, `pack.py`, `ops.py`, `bench.py`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from cute_kernels import dtypes
+from cute_kernels.catalog import SIG_COMMON, KernelSpec, Param
+from cute_kernels.fake import fake_stream, fake_tensor, index_sym
+from cute_kernels.lazy import cutlass
+from schedules.gemv import GemvMmaPlan
+
+GROUPS = (0, 32, 64, 128)  # 0: per channel (one group of K)
+
+
+@dataclass(frozen=True, eq=False)
+class W4A16Spec(KernelSpec):
+    def build(self, p):
+        from cute_kernels.gemv.mma import GemvMma
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        kernel = GemvMma(dt, p["cols"], p["index64"], p["warps"], p["row_blocks"], p["unroll"], int4=True,
+                         group=p["group"], zeros=p["zeros"])
+        sym = lambda d=1: index_sym(p["index64"], d)  # noqa: E731
+        n, k = sym(), sym(32)
+        w = fake_tensor(cutlass.Int32, (n, sym(4)), (sym(4), 1), 16)
+        xt = fake_tensor(dt, (p["cols"], k), (sym(8), 1), 16)
+        y = fake_tensor(dt, (n, p["cols"]), (sym(), sym()), dt.width // 8)
+        scales, zeros = (fake_tensor(dt, (n, sym()), (sym(), sym()), dt.width // 8) for _ in range(2))
+        return kernel, (w, xt, y, scales, zeros, fake_stream())
+
+    def dynamic_smem_bytes(self, p):
+        return 4 * (4 if p["cols"] > 8 else 2) * 32 * p["row_blocks"] * p["warps"]
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"cols": 16, "zeros": True, "group": 32}),
+                self.resolve({"cols": 4, "dtype": "fp16", "group": 0, "row_blocks": 1})]
+
+    def sweep(self):
+        return [self.resolve({"dtype": d, "cols": c, "group": g, "zeros": z})
+                for d, c, g, z in itertools.product(("bf16", "fp16"), (1, 2, 8, 9, 16), GROUPS, (False, True))]
+
+
+W4A16_MMA = W4A16Spec(
+    name="w4a16.mma", family="w4a16", lesson=0,
+    summary="y = x W^T, W int4 in groups along K: the tensor-core GEMV mainloop with int4 units (16 bytes of W a "
+            "lane, dequantized by lop3 and packed fma / mul in registers), x of 1-16 rows",
+    ops=("gemm_w4a16",), status="ready", schedule=GemvMmaPlan,
+    params={
+        "dtype": Param("bf16", ("bf16", "fp16"), "signature", "element type of x, the scales and y"),
+        "index64": SIG_COMMON["index64"],
+        "cols": Param(1, tuple(range(1, 17)), "signature", "rows of x (M)"),
+        "group": Param(128, GROUPS, "signature", "group size along K (0: per channel)"),
+        "zeros": Param(False, (True, False), "signature", "zero points (else symmetric, zero point 8)"),
+        "warps": Param(4, (2, 4, 8, 16), help="warps per CTA, splitting K in 128-wide chunks"),
+        "row_blocks": Param(2, (1, 2, 4), help="8-row blocks of W per CTA (one x load serves them all)"),
+        "unroll": Param(2, (1, 2, 4), help="K chunks loaded before their MMAs"),
+    },
+)
+
+SPECS = (W4A16_MMA,)

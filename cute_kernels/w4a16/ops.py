@@ -1,0 +1,97 @@
+"""Torch op `cute_kernels::gemm_w4a16`: y = x W^T with W packed int4 (`pack.py`), and the packing helpers.
+
+x (..., K) bf16 / fp16; w_packed (N, K / 8) int32 from `pack_int4`; scales (N, K / group_size) in x's dtype;
+zeros (N, K / group_size) integer values in x's dtype, or None (symmetric weights, zero point 8); group_size 32, 64,
+128 or K (per channel). Returns y (..., N) in x's dtype, accumulated in fp32 over the dequantized weight
+(q - z) * s rounded once to x's dtype, i.e. x @ unpack_int4(...).T.
+M = x's rows: up to 16 in one pass of the tensor-core GEMV mainloop over W (each weight byte read once), up to 64
+in passes of 16 rows; above that the weight is dequantized in torch and multiplied by `gemm` (correct, not yet
+fast: the prefill path with the dequantization in front of WGMMA is still to come).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import dtypes
+from cute_kernels.torch_ops import INDEX32_LIMIT, call, register_op
+from cute_kernels.w4a16.pack import _check_group, pack_int4, unpack_int4  # noqa: F401  (re-exported)
+from schedules.gemv import plan_gemv_mma
+from schedules.hardware import num_sms
+
+MMA_MAX_M = 16  # rows of x one pass of the tensor-core mainloop takes
+PASSES_MAX_M = 64  # up to here, passes of 16 rows; above, dequantize and `gemm`
+
+
+def _check(x, w_packed, scales, zeros, group_size):
+    from cute_kernels.torch_ops import check_tensor
+
+    check_tensor("x", x, allowed=(torch.bfloat16, torch.float16), min_ndim=1)
+    if not isinstance(w_packed, torch.Tensor) or w_packed.dtype != torch.int32 or w_packed.dim() != 2:
+        raise TypeError(f"w_packed must be an int32 (N, K / 8) tensor from pack_int4, got "
+                        f"{getattr(w_packed, 'dtype', type(w_packed).__name__)} {tuple(getattr(w_packed, 'shape', ()))}")
+    n, kw = w_packed.shape
+    k = x.shape[-1]
+    if 8 * kw != k:
+        raise ValueError(f"w_packed has {kw} words a row = K {8 * kw}, but x has K = {k}")
+    g = _check_group(k, group_size)
+    want = (n, k // g)
+    for name, t in (("scales", scales), ("zeros", zeros)):
+        if t is None and name == "zeros":
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}")
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name} must be (N, K / group_size) = {want}, got {tuple(t.shape)}")
+    for name, t in (("w_packed", w_packed), ("scales", scales), ("zeros", zeros)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    return n, k, g
+
+
+def _fake(x, w_packed, scales, zeros=None, group_size=128):
+    n, _, _ = _check(x, w_packed, scales, zeros, group_size)
+    return torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+
+
+def _cuda(x, w_packed, scales, zeros=None, group_size=128):
+    n, k, g = _check(x, w_packed, scales, zeros, group_size)
+    out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    if m == 0 or n == 0:
+        return out
+    y = out.view(m, n)
+    if m > PASSES_MAX_M:
+        from cute_kernels.gemm.ops import gemm
+
+        y.copy_(gemm(x2, unpack_int4(w_packed, scales, zeros, g).t()))
+        return out
+    if x2.stride(-1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
+        x2 = x2.contiguous()
+    w = w_packed if w_packed.stride(-1) == 1 and w_packed.stride(0) % 4 == 0 and w_packed.data_ptr() % 16 == 0 \
+        else w_packed.contiguous()
+    sms = num_sms(x.get_device())
+    plan = plan_gemv_mma(n, k // 4, sms)  # (the plan counts 32-wide chunks; an int4 chunk is 128 k)
+    wide = max(n * k // 8, m * k) > INDEX32_LIMIT
+    from cute_kernels.w4a16 import W4A16_MMA
+
+    z = zeros if zeros is not None else scales
+    for r0 in range(0, m, MMA_MAX_M):
+        rows = min(MMA_MAX_M, m - r0)
+        fn = W4A16_MMA.compiled(plan, dtype=dtypes.name_of(x.dtype), cols=rows, group=0 if g == k else g,
+                                zeros=zeros is not None, index64=wide)
+        fn(w, x2[r0:r0 + rows], y[r0:r0 + rows].t(), scales, z)
+    return out
+
+
+register_op("cute_kernels::gemm_w4a16", "(Tensor x, Tensor w_packed, Tensor scales, Tensor? zeros=None, "
+            "int group_size=128) -> Tensor", _cuda, _fake)
+
+
+def gemm_w4a16(x: torch.Tensor, w_packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None = None,
+               group_size: int = 128) -> torch.Tensor:
+    """y = x W^T with W int4 in groups (see the module doc); not differentiable (inference weights)."""
+    return call("cute_kernels::gemm_w4a16", x, w_packed, scales, zeros, int(group_size))

@@ -1,0 +1,88 @@
+"""GPU: gemm_w4a16 against x @ unpack_int4(...)^T in fp32 (bf16-level relative error) for M from 1 to 4096, groups
+32 / 64 / 128 / per channel, symmetric and with zero points, bf16 and fp16, K not a multiple of the 128-k chunk,
+N off the 16-row tile, every output written (poisoned allocator); the dense GEMV through the same mainloop at 9-16
+columns; torch.compile and CUDA-graph capture."""
+
+import pytest
+import torch
+
+from cute_kernels.w4a16.pack import pack_int4, unpack_int4
+from tests.helpers import poison_empty, randn, rel_err
+
+pytestmark = pytest.mark.gpu
+
+
+def _case(m, n, k, group, symmetric, dtype=torch.bfloat16):
+    w = randn(n, k, dtype=dtype) * 0.02
+    p, s, z = pack_int4(w, group, symmetric)
+    x = randn(m, k, dtype=dtype)
+    return x, p, s, z
+
+
+@pytest.mark.parametrize("m", [1, 2, 7, 16, 33, 128, 1000, 4096])
+def test_m_sweep(m, monkeypatch):
+    import cute_kernels as ck
+
+    poison_empty(monkeypatch)
+    n, k, g = 2112, 4096 + 32 * 3, 32  # K % 128 = 96: a partial last chunk
+    x, p, s, z = _case(m, n, k, g, symmetric=m % 2 == 0)
+    y = ck.gemm_w4a16(x, p, s, z, g)
+    assert y.shape == (m, n) and torch.isfinite(y).all()
+    ref = x.float() @ unpack_int4(p, s, z, g).float().t()
+    assert rel_err(y, ref) < 8e-3
+
+
+@pytest.mark.parametrize("group", [32, 64, 128, -1])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_groups_and_dtypes(group, symmetric, dtype):
+    import cute_kernels as ck
+
+    n, k = 1000, 2048
+    g = k if group == -1 else group
+    x, p, s, z = _case(5, n, k, g, symmetric, dtype)
+    y = ck.gemm_w4a16(x, p, s, z, g)
+    ref = x.float() @ unpack_int4(p, s, z, g).float().t()
+    assert y.dtype == dtype and rel_err(y, ref) < 8e-3
+    # the elementwise bound: fp32 accumulation of bf16 products, one rounding of y
+    err = (y.float() - ref).abs()
+    scale = x.float().abs() @ unpack_int4(p, s, z, g).float().abs().t()
+    assert (err <= 2 ** -7 * ref.abs() + 1e-5 * scale + 1e-6).all()
+
+
+def test_batched_x_noncontiguous_and_graph():
+    import cute_kernels as ck
+
+    n, k, g = 4096, 4096, 128
+    x, p, s, z = _case(8, n, k, g, True)
+    x3 = x.view(2, 4, k)
+    ref = x.float() @ unpack_int4(p, s, None, g).float().t()
+    assert rel_err(ck.gemm_w4a16(x3, p, s, None, g).view(8, n), ref) < 8e-3
+    xt = x.t().contiguous().t()  # column-major x: copied to rows
+    assert rel_err(ck.gemm_w4a16(xt, p, s, None, g), ref) < 8e-3
+    f = torch.compile(lambda a: ck.gemm_w4a16(a, p, s, None, g), fullgraph=True)
+    assert rel_err(f(x), ref) < 8e-3
+    xs = x.clone()
+    ck.gemm_w4a16(xs, p, s, None, g)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ck.gemm_w4a16(xs, p, s, None, g)
+    x2 = randn(8, k)
+    xs.copy_(x2)
+    graph.replay()
+    assert rel_err(out, x2.float() @ unpack_int4(p, s, None, g).float().t()) < 8e-3
+
+
+@pytest.mark.parametrize("cols", [9, 12, 16])
+def test_dense_mainloop_at_16_columns(cols):
+    """The GEMV mainloop's second A half (columns 8-15) for 16-bit W."""
+    from cute_kernels.gemv import GEMV_MMA
+    from schedules.gemv import plan_gemv_mma
+
+    n, k = 1000, 1032
+    w, x = randn(n, k), randn(cols, k)
+    y = torch.full((n, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fn = GEMV_MMA.compiled(plan_gemv_mma(n, k, 132), dtype="bf16", cols=cols, index64=False)
+    ph = torch.zeros(1, 1, dtype=torch.bfloat16, device="cuda")
+    fn(w, x, y, ph, ph)
+    assert rel_err(y, w.float() @ x.float().t()) < 8e-3
