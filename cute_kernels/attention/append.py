@@ -1,8 +1,10 @@
 """Append new tokens' K / V rows to a KV cache, optionally rotating q and k first (the fused decode RoPE + append).
 
-A CTA per new token (b, s). Its rows are the token's q heads (only with RoPE: rotated into q_out), then its k
-heads, then its v heads, each row of D elements cut into D / vec vectors, one thread a vector (`tpr` = D / vec
-threads a row, consecutive lanes of one warp); the CTA walks its rows `threads / tpr` at a time. The token goes to
+A CTA per new token (b, s) and group of `threads / tpr` rows. A token's rows are its q heads (only with RoPE:
+rotated into q_out), then its k heads, then its v heads, each row of D elements cut into D / vec vectors, one
+thread a vector (`tpr` = D / vec threads a row, consecutive lanes of one warp). At decode sizes the time is a
+chain of dependent loads (cache_seqlens, then the block table and the angle rows), so each thread issues its
+row's loads before that chain and a token's rows are spread over several CTAs instead of looped over. The token goes to
 cache position cache_seqlens[b] + s (`collectives.kv_append.cache_slot`); its RoPE angle is at that position too,
 or at positions[b, s] when given. RoPE (`collectives.rotary`): a NeoX thread loads its own vector and its partner
 in the other half; a GPT-J thread rotates the pairs inside its vector; columns past the rotary dims pass through.
@@ -50,8 +52,11 @@ class KVAppend:
                  v_cache: cute.Tensor, k_scale: cute.Tensor, v_scale: cute.Tensor, seqlens: cute.Tensor,
                  table: cute.Tensor, cos: cute.Tensor, sin: cute.Tensor, pos: cute.Tensor, stream):
         tokens = cute.size(k, mode=[0]) * cute.size(k, mode=[1])
+        hq = cute.size(q, mode=[2]) if cutlass.const_expr(self.rope != "none") else 0
+        rows = hq + 2 * cute.size(k, mode=[2])
+        passes = (rows + self.rows_per_pass - 1) // self.rows_per_pass
         self.kernel(q, k, v, q_out, k_cache, v_cache, k_scale, v_scale, seqlens, table, cos, sin, pos).launch(
-            grid=[cutlass.max(tokens, 1), 1, 1], block=[self.threads, 1, 1], stream=stream)
+            grid=[cutlass.max(tokens, 1), cutlass.max(passes, 1), 1], block=[self.threads, 1, 1], stream=stream)
 
     def vectors(self, row: cute.Tensor, n: int) -> cute.Tensor:
         return cute.make_tensor(row.iterator, cute.make_layout((n, cute.size(row) // n), stride=(1, n)))
@@ -61,7 +66,7 @@ class KVAppend:
                mVc: cute.Tensor, mKs: cute.Tensor, mVs: cute.Tensor, mLens: cute.Tensor, mTable: cute.Tensor,
                mCos: cute.Tensor, mSin: cute.Tensor, mPos: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
-        tok, _, _ = cute.arch.block_idx()
+        tok, part, _ = cute.arch.block_idx()
         seq = cute.size(mK, mode=[1])
         b = tok // seq
         s = tok - b * seq
@@ -70,66 +75,61 @@ class KVAppend:
         rows = hq + 2 * hk
         vec, tpr = self.vec, self.tpr
         col = tidx % tpr
+        row = part * self.rows_per_pass + tidx // tpr
+        valid = row < rows
+        r = cutlass.min(row, rows - 1)
+        other = col + self.half_cols
+        if col >= self.half_cols:
+            other = col - self.half_cols
+        # the row's vectors first: they depend on nothing loaded, so their latency overlaps the chain
+        # cache_seqlens -> (block table, angle rows) below
+        own = cute.make_rmem_tensor((vec,), self.dtype)
+        partner = cute.make_rmem_tensor((vec,), self.dtype)
+        if r < hq:
+            xv = self.vectors(mQ[b, s, r, None], vec)
+            own.store(xv[None, col].load())
+            if cutlass.const_expr(self.rope == "neox"):
+                partner.store(xv[None, other].load())
+        elif r < hq + hk:
+            xv = self.vectors(mK[b, s, r - hq, None], vec)
+            own.store(xv[None, col].load())
+            if cutlass.const_expr(self.rope == "neox"):
+                partner.store(xv[None, other].load())
+        else:
+            own.store(self.vectors(mV[b, s, r - hq - hk, None], vec)[None, col].load())
         at = mLens[b] + s  # the token's cache position
         page, prow = cache_slot(mTable, b, at, cute.size(mKc, mode=[1]), self.paged)
-        cs = cute.make_rmem_tensor((self.angles,), Float32)
-        sn = cute.make_rmem_tensor((self.angles,), Float32)
-        rotates = False
+        res = cute.make_rmem_tensor((vec,), Float32)
+        res.store(own.load().to(Float32))
         if cutlass.const_expr(self.rope != "none"):
             p = at
             if cutlass.const_expr(self.positions != "none"):
                 p = Int32(mPos[b, s])
             p = cutlass.max(cutlass.min(p, cute.size(mCos, mode=[0]) - 1), 0)
-            rotates = col < self.rot_cols
             a = col if cutlass.const_expr(self.rope == "gptj") else col % cutlass.max(self.half_cols, 1)
             a = cutlass.min(a, self.r // 2 // self.angles - 1)
-            cs.store(self.vectors(mCos[p, None], self.angles)[None, a].load())
-            sn.store(self.vectors(mSin[p, None], self.angles)[None, a].load())
-        own = cute.make_rmem_tensor((vec,), self.dtype)
-        partner = cute.make_rmem_tensor((vec,), self.dtype)
-        res = cute.make_rmem_tensor((vec,), Float32)
-        other = col + self.half_cols
-        if col >= self.half_cols:
-            other = col - self.half_cols
-        for it in cutlass.range((rows + self.rows_per_pass - 1) // self.rows_per_pass, unroll=1):
-            row = it * self.rows_per_pass + tidx // tpr
-            valid = row < rows
-            r = cutlass.min(row, rows - 1)
-            # which tensor: q rows, then k, then v
-            if r < hq:
-                xv = self.vectors(mQ[b, s, r, None], vec)
-                own.store(xv[None, col].load())
-                if cutlass.const_expr(self.rope == "neox"):
-                    partner.store(xv[None, other].load())
-            elif r < hq + hk:
-                xv = self.vectors(mK[b, s, r - hq, None], vec)
-                own.store(xv[None, col].load())
-                if cutlass.const_expr(self.rope == "neox"):
-                    partner.store(xv[None, other].load())
-            else:
-                own.store(self.vectors(mV[b, s, r - hq - hk, None], vec)[None, col].load())
-            res.store(own.load().to(Float32))
-            if cutlass.const_expr(self.rope != "none"):
-                if rotates & (r < hq + hk):
-                    if cutlass.const_expr(self.rope == "gptj"):
-                        res.store(rotate_pairs(own.load(), cs.load(), sn.load()))
-                    else:
-                        x = own.load().to(Float32)
-                        y = partner.load().to(Float32)
-                        if col < self.half_cols:
-                            res.store(x * cs.load() - y * sn.load())
-                        else:
-                            res.store(x * cs.load() + y * sn.load())
-            scale = Float32(1.0)
-            if cutlass.const_expr(self.kv_scale == "token"):
-                scale = token_scale(row_amax(res.load(), tpr))  # every lane: the shuffles are warp-wide
-            if valid:
-                if r < hq:
-                    self.vectors(mQo[b, s, r, None], vec)[None, col].store(res.load().to(self.dtype))
-                elif r < hq + hk:
-                    self.store(mKc, mKs, page, prow, r - hq, col, res, scale)
+            cs = self.vectors(mCos[p, None], self.angles)[None, a].load()
+            sn = self.vectors(mSin[p, None], self.angles)[None, a].load()
+            if (col < self.rot_cols) & (r < hq + hk):
+                if cutlass.const_expr(self.rope == "gptj"):
+                    res.store(rotate_pairs(own.load(), cs, sn))
                 else:
-                    self.store(mVc, mVs, page, prow, r - hq - hk, col, res, scale)
+                    x = own.load().to(Float32)
+                    y = partner.load().to(Float32)
+                    if col < self.half_cols:
+                        res.store(x * cs - y * sn)
+                    else:
+                        res.store(x * cs + y * sn)
+        scale = Float32(1.0)
+        if cutlass.const_expr(self.kv_scale == "token"):
+            scale = token_scale(row_amax(res.load(), tpr))  # every lane: the shuffles are warp-wide
+        if valid:
+            if r < hq:
+                self.vectors(mQo[b, s, r, None], vec)[None, col].store(res.load().to(self.dtype))
+            elif r < hq + hk:
+                self.store(mKc, mKs, page, prow, r - hq, col, res, scale)
+            else:
+                self.store(mVc, mVs, page, prow, r - hq - hk, col, res, scale)
 
     @cute.jit
     def store(self, mC: cute.Tensor, mS: cute.Tensor, page, prow, h, col, res: cute.Tensor, scale: Float32):
