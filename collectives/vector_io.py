@@ -22,6 +22,12 @@ def as_vectors(t: cute.Tensor, n, vec: cutlass.Constexpr[int]) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.make_layout((vec, n // vec), stride=(1, vec)))
 
 
+def row_vectors(row: cute.Tensor, vec: int) -> cute.Tensor:
+    """A whole row (a 1-D slice of static length, e.g. a head row of D elements) as (vec, len / vec) columns:
+    column j is one vector access."""
+    return as_vectors(row, cute.size(row), vec)
+
+
 def extent(t: cute.Tensor, mode: int):
     """Size of mode `mode` of `t`, in the width its layout declares.
 

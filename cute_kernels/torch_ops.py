@@ -73,6 +73,27 @@ def rows_of(x: torch.Tensor) -> torch.Tensor:
     return x2
 
 
+_placeholders: dict = {}
+
+
+def placeholder(device, shape=(1, 1), dtype=torch.int32) -> torch.Tensor:
+    """A small zero tensor for a kernel argument that is not read (one per device, shape and dtype, kept)."""
+    key = (device, tuple(shape), dtype)
+    t = _placeholders.get(key)
+    if t is None:
+        t = _placeholders[key] = torch.zeros(shape, dtype=dtype, device=device)
+    return t
+
+
+def tidy_unit_strides(t: torch.Tensor, every: int = 8) -> torch.Tensor:
+    """t with the strides of its size-1 dims (but the last) set to `every`: never used in an index, but a kernel
+    compiled for strides divisible by its vector width checks them."""
+    dims = list(zip(t.shape[:-1], t.stride()[:-1]))
+    if all(sz != 1 or st % every == 0 for sz, st in dims):
+        return t
+    return t.as_strided(t.shape, [every if sz == 1 else st for sz, st in dims] + [t.stride(-1)])
+
+
 def aligned16(*ts: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in ts)
 

@@ -80,6 +80,10 @@ class GemvMmaPlan:
     row_blocks: int  # 8-row blocks of W per CTA
     unroll: int
 
+    def reduce_smem_bytes(self, cols: int) -> int:
+        """The warps' fp32 partials in shared memory: 2 C values a lane (4 with columns 8-15) per row block."""
+        return 4 * (4 if cols > 8 else 2) * 32 * self.row_blocks * self.warps
+
 
 @functools.lru_cache(maxsize=4096)
 def plan_gemv_mma(rows: int, k: int, num_sms: int) -> GemvMmaPlan:

@@ -573,20 +573,28 @@ SPECS = SPECS + (FLASH_DECODE, MERGE_STATES)
 
 
 # --- the KV-cache append (and the fused decode RoPE + append) -------------------------------------------------------
+def append_vec_error(vec: int, head_dim: int, rope: str, rotary_dim: int):
+    """Why the append kernel cannot take rows in `vec`-element vectors (None: it can): D / vec threads a row, a power
+    of two <= 32 (lanes of one warp); with RoPE, `rope.rotary_vec_error` (no pass-through copy: a thread owns each
+    column)."""
+    tpr = head_dim // vec
+    if head_dim % vec or tpr > 32 or tpr & (tpr - 1):
+        return f"head_dim / vec must be a power of two <= 32, got {head_dim} / {vec}"
+    if rope != "none":
+        from cute_kernels.rope import rotary_vec_error
+
+        return rotary_vec_error(vec, head_dim, rotary_dim, rope == "gptj", pass_through=False)
+    return None
+
+
 @dataclass(frozen=True, eq=False)
 class KVAppendSpec(KernelSpec):
     def check(self, p):
-        d, v, r = p["head_dim"], p["vec"], p["rotary_dim"]
-        tpr = d // v
-        if d % v or tpr > 32 or tpr & (tpr - 1):
-            raise ValueError(f"{self.name}: head_dim / vec must be a power of two <= 32, got {d} / {v}")
-        if v * dtypes.elem_bytes(p["dtype"]) > 16:
-            raise ValueError(f"{self.name}: vec {v} of {p['dtype']} is more than 16 bytes")
-        if p["rope"] != "none":
-            unit = r if p["rope"] == "gptj" else r // 2
-            if r > d or unit % v or (p["rope"] == "gptj" and v < 2):
-                raise ValueError(f"{self.name}: vec {v} must divide the rotated unit {unit} (rotary_dim {r} <= "
-                                 f"head_dim {d})")
+        err = append_vec_error(p["vec"], p["head_dim"], p["rope"], p["rotary_dim"])
+        if err:
+            raise ValueError(f"{self.name}: {err}")
+        if p["vec"] * dtypes.elem_bytes(p["dtype"]) > 16:
+            raise ValueError(f"{self.name}: vec {p['vec']} of {p['dtype']} is more than 16 bytes")
 
     def build(self, p):
         from cute_kernels.attention.append import KVAppend

@@ -25,18 +25,18 @@ from cutlass import Float32, Int32
 
 from collectives.kv_append import cache_slot, row_amax, store_row_vector, token_scale
 from collectives.rotary import rotate_pairs
+from collectives.vector_io import row_vectors
 
 
 class KVAppend:
     def __init__(self, dtype, head_dim: int, vec: int, paged: bool, kv_scale: str, rope: str, rotary_dim: int,
                  positions: str, threads: int):
+        from cute_kernels.attention import append_vec_error
+
+        err = append_vec_error(vec, head_dim, rope, rotary_dim)
+        if err:
+            raise ValueError(f"kv_append: {err}")
         tpr = head_dim // vec
-        if head_dim % vec or tpr > 32 or tpr & (tpr - 1):
-            raise ValueError(f"kv_append: head_dim / vec must be a power of two <= 32, got {head_dim} / {vec}")
-        if rope != "none":
-            unit = rotary_dim if rope == "gptj" else rotary_dim // 2
-            if rotary_dim % 2 or rotary_dim > head_dim or unit % vec or (rope == "gptj" and vec < 2):
-                raise ValueError(f"kv_append: vec {vec} must divide the rotated unit {unit} (rotary_dim {rotary_dim})")
         if threads % 32:
             raise ValueError(f"kv_append: threads must be a multiple of 32, got {threads}")
         self.dtype, self.d, self.vec, self.tpr = dtype, head_dim, vec, tpr
@@ -57,9 +57,6 @@ class KVAppend:
         passes = (rows + self.rows_per_pass - 1) // self.rows_per_pass
         self.kernel(q, k, v, q_out, k_cache, v_cache, k_scale, v_scale, seqlens, table, cos, sin, pos).launch(
             grid=[cutlass.max(tokens, 1), cutlass.max(passes, 1), 1], block=[self.threads, 1, 1], stream=stream)
-
-    def vectors(self, row: cute.Tensor, n: int) -> cute.Tensor:
-        return cute.make_tensor(row.iterator, cute.make_layout((n, cute.size(row) // n), stride=(1, n)))
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQo: cute.Tensor, mKc: cute.Tensor,
@@ -86,17 +83,17 @@ class KVAppend:
         own = cute.make_rmem_tensor((vec,), self.dtype)
         partner = cute.make_rmem_tensor((vec,), self.dtype)
         if r < hq:
-            xv = self.vectors(mQ[b, s, r, None], vec)
+            xv = row_vectors(mQ[b, s, r, None], vec)
             own.store(xv[None, col].load())
             if cutlass.const_expr(self.rope == "neox"):
                 partner.store(xv[None, other].load())
         elif r < hq + hk:
-            xv = self.vectors(mK[b, s, r - hq, None], vec)
+            xv = row_vectors(mK[b, s, r - hq, None], vec)
             own.store(xv[None, col].load())
             if cutlass.const_expr(self.rope == "neox"):
                 partner.store(xv[None, other].load())
         else:
-            own.store(self.vectors(mV[b, s, r - hq - hk, None], vec)[None, col].load())
+            own.store(row_vectors(mV[b, s, r - hq - hk, None], vec)[None, col].load())
         at = mLens[b] + s  # the token's cache position
         page, prow = cache_slot(mTable, b, at, cute.size(mKc, mode=[1]), self.paged)
         res = cute.make_rmem_tensor((vec,), Float32)
@@ -108,8 +105,8 @@ class KVAppend:
             p = cutlass.max(cutlass.min(p, cute.size(mCos, mode=[0]) - 1), 0)
             a = col if cutlass.const_expr(self.rope == "gptj") else col % cutlass.max(self.half_cols, 1)
             a = cutlass.min(a, self.r // 2 // self.angles - 1)
-            cs = self.vectors(mCos[p, None], self.angles)[None, a].load()
-            sn = self.vectors(mSin[p, None], self.angles)[None, a].load()
+            cs = row_vectors(mCos[p, None], self.angles)[None, a].load()
+            sn = row_vectors(mSin[p, None], self.angles)[None, a].load()
             if (col < self.rot_cols) & (r < hq + hk):
                 if cutlass.const_expr(self.rope == "gptj"):
                     res.store(rotate_pairs(own.load(), cs, sn))
@@ -125,7 +122,7 @@ class KVAppend:
             scale = token_scale(row_amax(res.load(), tpr))  # every lane: the shuffles are warp-wide
         if valid:
             if r < hq:
-                self.vectors(mQo[b, s, r, None], vec)[None, col].store(res.load().to(self.dtype))
+                row_vectors(mQo[b, s, r, None], vec)[None, col].store(res.load().to(self.dtype))
             elif r < hq + hk:
                 self.store(mKc, mKs, page, prow, r - hq, col, res, scale)
             else:
@@ -136,7 +133,7 @@ class KVAppend:
         sc = scale
         if cutlass.const_expr(self.kv_scale == "head"):
             sc = mS[page, prow, h]
-        store_row_vector(self.vectors(mC[page, prow, h, None], self.vec)[None, col], res.load(), sc, self.kv_scale)
+        store_row_vector(row_vectors(mC[page, prow, h, None], self.vec)[None, col], res.load(), sc, self.kv_scale)
         if cutlass.const_expr(self.kv_scale == "token"):
             if col == 0:
                 mS[page, prow, h] = scale

@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import dtypes
-from cute_kernels.torch_ops import call, register_op
+from cute_kernels.torch_ops import call, placeholder, register_op, tidy_unit_strides
 from schedules.decode import (
     DECODE_HEAD_DIMS,
     MAX_SPLITS,
@@ -267,11 +267,10 @@ def _append_torch(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale=No
 def _append_vec(tensors, d: int, rope: str, r: int) -> int:
     """The widest vector (elements) of the append kernel for these rows: D / vec a power of two <= 32, dividing the
     rotated unit, every stride but D's and every base (in elements); 0 when none fits."""
+    from cute_kernels.attention import append_vec_error
+
     for vec in (8, 4, 2, 1):
-        tpr = d // vec
-        if d % vec or tpr > 32 or tpr & (tpr - 1):
-            continue
-        if rope != "none" and ((r if rope == "gptj" else r // 2) % vec or (rope == "gptj" and vec < 2)):
+        if append_vec_error(vec, d, rope, r):
             continue
         ok = True
         for t in tensors:
@@ -285,13 +284,6 @@ def _append_vec(tensors, d: int, rope: str, r: int) -> int:
     return 0
 
 
-def _rows_view(t):
-    """A (.., D) tensor with its size-1 dims' strides set to 8 (never used; divisible by every vector width)."""
-    if all(sz != 1 or st % 8 == 0 for sz, st in zip(t.shape[:-1], t.stride()[:-1])):
-        return t
-    return t.as_strided(t.shape, [8 if sz == 1 else st for sz, st in zip(t.shape[:-1], t.stride()[:-1])] + [1])
-
-
 def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None, k_scale=None, v_scale=None, q=None,
               cos=None, sin=None, positions=None, interleaved=False, rotary_dim=None):
     """Append k / v (B, q_len, H_kv, D) at cache_seqlens[b] + t by the `kv_append` kernel (FP8 caches quantized,
@@ -299,6 +291,7 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None, k_scale=N
     cache position) and the rotated q (B, q_len, H_q, D) is returned. Falls back to torch ops (append only) or raises
     (RoPE) when no vector width fits the layouts. Arguments are the caller's to check."""
     from cute_kernels.attention import KV_APPEND
+    from cute_kernels.rope import tables_fit
 
     rope = "none" if cos is None else ("gptj" if interleaved else "neox")
     d = k.shape[-1]
@@ -308,10 +301,8 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None, k_scale=N
         return q_out
     rows = [k, v, k_cache, v_cache] + ([q, q_out] if q is not None else [])
     vec = _append_vec(rows, d, rope, r)
-    if rope != "none":
-        angles = vec // 2 if interleaved else vec
-        if vec and any(x % angles for x in (cos.stride(0), sin.stride(0), cos.data_ptr() // 4, sin.data_ptr() // 4)):
-            vec = 0
+    if rope != "none" and vec and not tables_fit(cos, sin, vec, interleaved):
+        vec = 0
     if not vec:
         if rope != "none":
             from cute_kernels.rope.ops import rope as rope_op
@@ -335,7 +326,7 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None, k_scale=N
 
     if rope == "none":
         qv = qo = k.narrow(2, 0, 0)
-        cs = sn = _placeholder(dev, (1, 64), torch.float32)
+        cs = sn = placeholder(dev, (1, 64), torch.float32)
     else:
         qv, qo, cs, sn = q, q_out, cos, sin
     pos = _no_table(dev) if positions is None else (positions.view(1, -1) if positions.dim() == 1 else positions)
@@ -343,7 +334,7 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None, k_scale=N
                             kv_scale=kind, rope=rope, rotary_dim=r if rope != "none" else 128,
                             positions="none" if positions is None else
                             ("int64" if positions.dtype == torch.int64 else "int32"))
-    fn(*(_rows_view(t) for t in (qv, k, v, qo, k_cache, v_cache)), scale(k_scale), scale(v_scale), cache_seqlens,
+    fn(*(tidy_unit_strides(t) for t in (qv, k, v, qo, k_cache, v_cache)), scale(k_scale), scale(v_scale), cache_seqlens,
        table, cs, sn, pos)
     return q_out
 
@@ -354,7 +345,6 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale=None, v_
     append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale, v_scale)
 
 
-_dummy_tables: dict = {}
 _split_counters: dict = {}
 
 
@@ -372,21 +362,12 @@ def _split_counter(device, b: int, hk: int, m_tiles: int) -> torch.Tensor:
     return t[:n].view(b, hk, m_tiles)
 
 
-def _placeholder(device, shape, dtype) -> torch.Tensor:
-    """A small tensor for an argument the kernel does not read, one per device, shape and dtype."""
-    key = (device, shape, dtype)
-    t = _dummy_tables.get(key)
-    if t is None:
-        t = _dummy_tables[key] = torch.zeros(shape, dtype=dtype, device=device)
-    return t
-
-
 def _no_scale(device) -> torch.Tensor:
-    return _placeholder(device, (1, 1, 1), torch.float32)
+    return placeholder(device, (1, 1, 1), torch.float32)
 
 
 def _no_table(device) -> torch.Tensor:
-    return _placeholder(device, (1, 1), torch.int32)
+    return placeholder(device, (1, 1), torch.int32)
 
 
 def _decode_compiled(dtype, d, page_size, mask, softcap: bool, split: bool, sched: DecodeSchedule,

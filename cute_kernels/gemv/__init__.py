@@ -89,7 +89,7 @@ class GemvMmaSpec(KernelSpec):
         return kernel, (w, xt, y, unread, unread, fake_stream())
 
     def dynamic_smem_bytes(self, p):
-        return 4 * (4 if p["cols"] > 8 else 2) * 32 * p["row_blocks"] * p["warps"]
+        return self.schedule_of(p).reduce_smem_bytes(p["cols"])
 
     def representative(self):
         return [self.resolve(), self.resolve({"cols": 2, "dtype": "fp16", "row_blocks": 1, "warps": 8})]

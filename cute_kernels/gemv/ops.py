@@ -18,7 +18,7 @@ import torch
 
 from cute_kernels import dtypes
 from cute_kernels.gemv import GEMV, GEMV_MMA
-from cute_kernels.torch_ops import INDEX32_LIMIT, call, check_tensor, register_op
+from cute_kernels.torch_ops import INDEX32_LIMIT, call, check_tensor, placeholder, register_op
 from schedules.gemv import plan_gemv, plan_gemv_mma, use_tensor_cores
 from schedules.hardware import num_sms
 
@@ -50,17 +50,6 @@ def _mma_ok(w, k, aligned) -> bool:
     return aligned and w.element_size() == 2 and k % 8 == 0
 
 
-_placeholders: dict = {}
-
-
-def _placeholder(device):
-    """The tensor-core kernel's unread scales / zeros arguments of a 16-bit W."""
-    t = _placeholders.get(device)
-    if t is None:
-        t = _placeholders[device] = torch.zeros(1, 1, dtype=torch.bfloat16, device=device)
-    return t
-
-
 def _gemv_cuda(w, x, tensor_cores=None):
     """`tensor_cores`: None = the op's choice (`schedules.gemv.use_tensor_cores`, where `_mma_ok`),
     True / False to force it (benchmarks; True still falls back to the FMA kernel where not `_mma_ok`)."""
@@ -88,7 +77,7 @@ def _gemv_cuda(w, x, tensor_cores=None):
     if (tensor_cores if tensor_cores is not None else use_tensor_cores(n, b, sms)) and _mma_ok(w, k, aligned):
         plan = plan_gemv_mma(n, k, sms)
         fn = GEMV_MMA.compiled(plan, dtype=dtypes.name_of(w.dtype), cols=b, index64=index64)
-        ph = _placeholder(w.device)
+        ph = placeholder(w.device, (1, 1), torch.bfloat16)  # (scales, zeros: unread for a 16-bit W)
         fn(w, xt, y.view(n, b), ph, ph)
         return y
     v = vec if aligned else 1

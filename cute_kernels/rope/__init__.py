@@ -19,32 +19,47 @@ ROPE_TUNED = GridStride(threads=128, unroll=2, ctas_per_sm=0, order="cta")
 POSITIONS = ("none", "int32", "int64")
 
 
+def rotary_vec_error(vec: int, head_dim: int, rotary_dim: int, interleaved: bool, pass_through: bool = True):
+    """Why items of `vec` elements cannot rotate these dims (None: they can): even r in (0, D]; vec divides the
+    rotated unit (r / 2 NeoX, r GPT-J) and, with `pass_through` (the RoPE kernel copies D - r in vectors), D - r;
+    GPT-J needs at least a pair."""
+    unit = rotary_dim if interleaved else rotary_dim // 2
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        return f"rotary_dim must be even and in (0, head_dim = {head_dim}], got {rotary_dim}"
+    if unit % vec or (pass_through and (head_dim - rotary_dim) % vec) or (interleaved and vec < 2):
+        return (f"vec {vec} must divide {'r' if interleaved else 'r / 2'} = {unit}"
+                + (f" and D - r = {head_dim - rotary_dim}" if pass_through else "")
+                + (" and be >= 2 (GPT-J pairs)" if interleaved else ""))
+    return None
+
+
 def rope_vec(dtype_bytes: int, head_dim: int, rotary_dim: int, interleaved: bool, strides_and_ptrs) -> int:
-    """The widest vector (elements, at most 16 bytes) a call can use: it divides the rotated unit (r / 2 NeoX, r
-    GPT-J), D - r, every stride of the rows and every base address in elements; GPT-J needs at least a pair.
-    0 when none fits (the op copies to a contiguous buffer then)."""
+    """The widest vector (elements, at most 16 bytes) a call can use: `rotary_vec_error` finds nothing against it
+    and it divides every stride of the rows and every base address in elements. 0 when none fits (the op copies to
+    a contiguous buffer then)."""
     for v in (16 // dtype_bytes, 8 // dtype_bytes, 4 // dtype_bytes, 1):
-        if v < 1 or (interleaved and v < 2):
-            continue
-        unit = rotary_dim if interleaved else rotary_dim // 2
-        if unit % v or (head_dim - rotary_dim) % v:
+        if v < 1 or rotary_vec_error(v, head_dim, rotary_dim, interleaved):
             continue
         if all(x % v == 0 for x in strides_and_ptrs):
             return v
     return 0
 
 
+def tables_fit(cos, sin, vec: int, interleaved: bool) -> bool:
+    """Whether the fp32 angle tables allow `vec`-element items: an item reads vec (NeoX) or vec / 2 (GPT-J) angle
+    entries as one vector, so the row strides and the bases (in elements) must be multiples of that."""
+    angles = vec // 2 if interleaved else vec
+    return all(x % angles == 0 for x in (cos.stride(0), sin.stride(0), cos.data_ptr() // 4, sin.data_ptr() // 4))
+
+
 @dataclass(frozen=True, eq=False)
 class RopeSpec(KernelSpec):
     def check(self, p):
         super().check(p)
-        d, r, v = p["head_dim"], p["rotary_dim"], p["vec"]
-        if r > d:
-            raise ValueError(f"{self.name}: rotary_dim {r} is larger than head_dim {d}")
-        unit = r if p["interleaved"] else r // 2
-        if unit % v or (d - r) % v or (p["interleaved"] and v < 2):
-            raise ValueError(f"{self.name}: vec {v} must divide {'r' if p['interleaved'] else 'r / 2'} = {unit} and "
-                             f"D - r = {d - r}" + (" and be >= 2 (GPT-J pairs)" if p["interleaved"] else ""))
+        v = p["vec"]
+        err = rotary_vec_error(v, p["head_dim"], p["rotary_dim"], p["interleaved"])
+        if err:
+            raise ValueError(f"{self.name}: {err}")
         if v * dtypes.elem_bytes(p["dtype"]) > 16:
             raise ValueError(f"{self.name}: vec {v} of {p['dtype']} is more than 16 bytes")
 

@@ -29,6 +29,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from collectives.rotary import rotate_halves, rotate_pairs
+from collectives.vector_io import row_vectors
 from schedules.grid_stride import GridStride
 from schedules.walks import strided_fold
 
@@ -36,12 +37,12 @@ from schedules.walks import strided_fold
 class RotaryEmbedding:
     def __init__(self, dtype, head_dim: int, rotary_dim: int, interleaved: bool, vec: int, positions: str,
                  inverse: bool, inplace: bool, index64: bool, schedule: GridStride):
+        from cute_kernels.rope import rotary_vec_error
+
+        err = rotary_vec_error(vec, head_dim, rotary_dim, interleaved)
+        if err:
+            raise ValueError(f"rope: {err}")
         half = rotary_dim // 2
-        if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
-            raise ValueError(f"rope: rotary_dim must be even and in (0, head_dim = {head_dim}], got {rotary_dim}")
-        if (rotary_dim if interleaved else half) % vec or (head_dim - rotary_dim) % vec or (interleaved and vec < 2):
-            raise ValueError(f"rope: vec {vec} must divide {'r' if interleaved else 'r / 2'} and D - r"
-                             + (" and be >= 2 (GPT-J pairs)" if interleaved else ""))
         self.dtype, self.d, self.r, self.half = dtype, head_dim, rotary_dim, half
         self.interleaved, self.vec, self.positions = interleaved, vec, positions
         self.inverse, self.inplace, self.index64, self.s = inverse, inplace, index64, schedule
@@ -104,9 +105,9 @@ class RotaryEmbedding:
         def load(j):
             b, s, h, c = coords(j, rot)
             p = position(b, s)
-            xv = self.vectors(mX[b, s, h, None], vec)
-            cs = self.vectors(mCos[p, None], self.angles)[None, c].load()
-            sn = self.vectors(mSin[p, None], self.angles)[None, c].load()
+            xv = row_vectors(mX[b, s, h, None], vec)
+            cs = row_vectors(mCos[p, None], self.angles)[None, c].load()
+            sn = row_vectors(mSin[p, None], self.angles)[None, c].load()
             if cutlass.const_expr(self.interleaved):
                 x = xv[None, c].load()
                 return (b, s, h, c, x, x, cs, sn)
@@ -114,7 +115,7 @@ class RotaryEmbedding:
 
         def step(acc, j, vals):
             b, s, h, c, x1, x2, cs, sn = vals
-            ov = self.vectors(mO[b, s, h, None], vec)
+            ov = row_vectors(mO[b, s, h, None], vec)
             if cutlass.const_expr(self.interleaved):
                 ov[None, c].store(rotate_pairs(x1, cs, sn, self.inverse).to(self.dtype))
             else:
@@ -131,15 +132,11 @@ class RotaryEmbedding:
 
             def load_copy(j):
                 b, s, h, c = coords(j, cp)
-                return (b, s, h, c, self.vectors(mX[b, s, h, None], vec)[None, base + c].load())
+                return (b, s, h, c, row_vectors(mX[b, s, h, None], vec)[None, base + c].load())
 
             def step_copy(acc, j, vals):
                 b, s, h, c, x = vals
-                self.vectors(mO[b, s, h, None], vec)[None, base + c].store(x)
+                row_vectors(mO[b, s, h, None], vec)[None, base + c].store(x)
                 return acc
 
             strided_fold(rows * cp, first, stride, pass_stride, self.s.unroll, load_copy, step_copy, Int32(0))
-
-    def vectors(self, row: cute.Tensor, n: int) -> cute.Tensor:
-        """A row as (n, len / n) columns of n contiguous elements, column j one vector access."""
-        return cute.make_tensor(row.iterator, cute.make_layout((n, cute.size(row) // n), stride=(1, n)))

@@ -13,8 +13,16 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.rope import ROPE_TUNED, rope_vec
-from cute_kernels.torch_ops import INDEX32_LIMIT, UNCAPPED, call, check_tensor, register_op
+from cute_kernels.rope import ROPE_TUNED, rope_vec, tables_fit
+from cute_kernels.torch_ops import (
+    INDEX32_LIMIT,
+    UNCAPPED,
+    call,
+    check_tensor,
+    placeholder,
+    register_op,
+    tidy_unit_strides,
+)
 from schedules.hardware import num_sms
 
 _POS_DTYPES = (torch.int32, torch.int64)
@@ -86,21 +94,11 @@ def _as4(t):
 def _pos2(positions, x4):
     """positions as the kernel's (B, S) tensor (a broadcast (S,) gets batch stride 0), or a placeholder."""
     if positions is None:
-        return _placeholder(x4.device)
+        return placeholder(x4.device)
     p = positions
     if p.dim() == 1:
         p = p.view(1, -1) if x4.shape[0] == 1 else p.view(1, -1).expand(x4.shape[0], -1)
     return p
-
-
-_placeholders: dict = {}
-
-
-def _placeholder(device) -> torch.Tensor:
-    t = _placeholders.get(device)
-    if t is None:
-        t = _placeholders[device] = torch.zeros(1, 1, dtype=torch.int32, device=device)
-    return t
 
 
 def _span(t) -> int:
@@ -108,23 +106,15 @@ def _span(t) -> int:
     return 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 0)
 
 
-def _tidy(t):
-    """t with the strides of its size-1 dims set to 8 (never used; any vector width divides it)."""
-    if all(s != 1 or st % 8 == 0 for s, st in zip(t.shape[:-1], t.stride()[:-1])):
-        return t
-    return t.as_strided(t.shape, [8 if s == 1 else st for s, st in zip(t.shape[:-1], t.stride()[:-1])] + [t.stride(-1)])
-
-
 def _launch(q4, k4, qo4, ko4, cos, sin, positions, interleaved: bool, r: int, inverse: bool, inplace: bool):
     """Run `rope.apply` on 4-D rows (any strides, unit-stride D); the vector width follows the strides and bases."""
-    q4, k4, qo4, ko4 = (_tidy(t) for t in (q4, k4, qo4, ko4))
+    q4, k4, qo4, ko4 = (tidy_unit_strides(t) for t in (q4, k4, qo4, ko4))
     es = q4.element_size()
     d = q4.shape[-1]
     ts = (q4, k4, qo4, ko4)
     elems = [x for t in ts for x in (*t.stride()[:3], t.data_ptr() // es)]
     vec = rope_vec(es, d, r, interleaved, elems)
-    angles = vec // 2 if interleaved else vec
-    if vec and any(x % angles for x in (cos.stride(0), sin.stride(0), cos.data_ptr() // 4, sin.data_ptr() // 4)):
+    if vec and not tables_fit(cos, sin, vec, interleaved):
         vec = 0
     if not vec or any(t.data_ptr() % es for t in ts):
         return False

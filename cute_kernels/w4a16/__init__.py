@@ -37,7 +37,7 @@ class W4A16Spec(KernelSpec):
         return kernel, (w, xt, y, scales, zeros, fake_stream())
 
     def dynamic_smem_bytes(self, p):
-        return 4 * (4 if p["cols"] > 8 else 2) * 32 * p["row_blocks"] * p["warps"]
+        return self.schedule_of(p).reduce_smem_bytes(p["cols"])
 
     def representative(self):
         return [self.resolve(), self.resolve({"cols": 16, "zeros": True, "group": 32}),
