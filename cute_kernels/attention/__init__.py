@@ -623,6 +623,9 @@ class KVAppendSpec(KernelSpec):
                           p["positions"], p["threads"])
         return kernel, (*rows, *cache, *scales, lens, table, *tabs, pos, fake_stream())
 
+    def static_extents(self, p):
+        return {p["rotary_dim"] // 2}  # the angle tables' width: r / 2 angles a row, fixed by rotary_dim
+
     def representative(self):
         return [self.resolve(), self.resolve({"rope": "neox", "paged": True}),
                 self.resolve({"rope": "gptj", "kv_scale": "token", "positions": "int64"}),

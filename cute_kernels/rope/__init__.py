@@ -84,6 +84,9 @@ class RopeSpec(KernelSpec):
                                  self.schedule_of(p))
         return kernel, (*rows, *tables, pos, cutlass.Int32(1), cutlass.Int32(1), fake_stream())
 
+    def static_extents(self, p):
+        return {p["rotary_dim"] // 2}  # the angle tables' width: r / 2 angles a row, fixed by rotary_dim
+
     def representative(self):
         return [self.resolve(), self.resolve({"interleaved": True, "positions": "int64", "inplace": True}),
                 self.resolve({"rotary_dim": 64, "positions": "int32"})]
