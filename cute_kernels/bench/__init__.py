@@ -15,12 +15,14 @@ import math
 from cute_kernels.catalog import FAMILIES
 
 MiB = 1 << 20
+# Suites of composed models (no kernel family of their own): after the families'.
+MODELS = ("models",)
 
 
 def suites() -> tuple[dict, dict]:
     """({suite: function}, {suite: peer packages}) of every family, in `FAMILIES` order."""
     found, peers = {}, {}
-    for fam in FAMILIES:
+    for fam in (*FAMILIES, *MODELS):
         mod = importlib.import_module(f"cute_kernels.{fam}.bench")
         found.update(mod.SUITES)
         peers.update(mod.PEERS)
@@ -33,7 +35,7 @@ def suite_names() -> list[str]:
     from pathlib import Path
 
     names = []
-    for fam in FAMILIES:
+    for fam in (*FAMILIES, *MODELS):
         tree = ast.parse((Path(__file__).resolve().parent.parent / fam / "bench.py").read_text())
         for node in tree.body:
             if isinstance(node, (ast.Assign, ast.AnnAssign)):

@@ -49,22 +49,25 @@ class DecodeSession:
         self.lens += x.shape[1]
         return out
 
-    def _step(self):
+    def _step(self, advance: bool = True):
         out = self.layer(self.x, kv_cache=(self.kc, self.vc, self.lens, None))
-        self.lens += 1
+        if advance:
+            self.lens += 1
         return out
 
-    def capture(self):
+    def capture(self, advance: bool = True):
+        """Capture one step; `advance=False` leaves the lengths alone (each replay redoes the same position: what a
+        benchmark times)."""
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         saved = self.lens.clone()
         with torch.cuda.stream(s):  # compile every kernel of the step outside the capture
-            self._step()
+            self._step(advance)
         torch.cuda.current_stream().wait_stream(s)
         self.lens.copy_(saved)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.out = self._step()
+            self.out = self._step(advance)
         self.lens.copy_(saved)  # (the capture ran the step once more)
 
     def step(self, x: torch.Tensor) -> torch.Tensor:

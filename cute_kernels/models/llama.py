@@ -121,6 +121,14 @@ class LlamaDecoderLayer(nn.Module):
         from cute_kernels.rope.ops import rope_tables
 
         self.cos, self.sin = rope_tables(cfg.max_pos, cfg.head_dim, cfg.rope_theta, device=device)
+        self.marks: list | None = None  # a list: each stage's start recorded as (name, CUDA event) into it
+
+    def _mark(self, name: str) -> None:
+        """A stage boundary for the benchmark's breakdown (events on the stream: no host sync)."""
+        if self.marks is not None:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append((name, e))
 
     def load_hf_state_dict(self, sd: dict) -> LlamaDecoderLayer:
         self.p = {k: v.to(self.dtype).contiguous() for k, v in fuse_hf_state_dict(sd, self.cfg).items()}
@@ -161,9 +169,12 @@ class LlamaDecoderLayer(nn.Module):
         b, s, h = x.shape
         hq, hk, d = cfg.heads, cfg.kv_heads, cfg.head_dim
         x2 = x.reshape(b * s, h)
+        self._mark("norm_in")
         h1 = ck.rms_norm(x2, self.p["w_in"], cfg.eps)
+        self._mark("qkv")
         qkv = self._linear(h1, "w_qkv").view(b, s, hq + 2 * hk, d)
         q, k, v = qkv[:, :, :hq], qkv[:, :, hq:hq + hk], qkv[:, :, hq + hk:]
+        self._mark("attention")
         if kv_cache is not None and s <= 16 and positions is None:
             kc, vc, lens, table = kv_cache
             o = ck.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, block_table=table, causal=True,
@@ -177,8 +188,17 @@ class LlamaDecoderLayer(nn.Module):
                 kc, vc, lens, table = kv_cache
                 append_kv(kc, vc, k, v, lens, table)
             o = ck.flash_attn(q, k, v.contiguous(), causal=True)
+        self._mark("o_proj")
         a = self._linear(o.reshape(b * s, hq * d), "w_o")
+        self._mark("norm_post")
         h2, s1 = ck.rms_norm(a, self.p["w_post"], cfg.eps, residual=x2)
+        self._mark("gate_up")
         gu = self._linear(h2, "w_gu")
-        m = self._linear(ck.swiglu(gu[:, :cfg.intermediate], gu[:, cfg.intermediate:]), "w_down")
-        return ck.add(s1, m).view(b, s, h)
+        self._mark("swiglu")
+        g = ck.swiglu(gu[:, :cfg.intermediate], gu[:, cfg.intermediate:])
+        self._mark("down")
+        m = self._linear(g, "w_down")
+        self._mark("residual")
+        out = ck.add(s1, m).view(b, s, h)
+        self._mark("end")
+        return out
