@@ -65,7 +65,7 @@ def _breakdown(sess, reps: int = 5) -> dict:
     per = {st: [] for st in STAGES}
     for _ in range(reps):
         layer.marks = []
-        torch.cuda._sleep(2_000_000)  # the host queues the whole step before the GPU reaches it
+        torch.cuda._sleep(40_000_000)  # ~20 ms: the host queues the whole eager step before the GPU reaches it
         sess._step(advance=False)
         torch.cuda.synchronize()
         marks, layer.marks = layer.marks, None

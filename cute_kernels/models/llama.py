@@ -24,6 +24,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+import cute_kernels
+from cute_kernels.attention.decode_ops import append_kv
+
+# The ops as module globals (torch.compile traces them; it refuses `import cute_kernels` inside forward).
+cute_kernels.load_ops()
+(add, flash_attn, flash_attn_with_kvcache, fp8_gemm, gemm, gemm_w4a16, quantize_1x128, rms_norm, rope_,
+ swiglu) = (getattr(cute_kernels, n) for n in ("add", "flash_attn", "flash_attn_with_kvcache", "fp8_gemm", "gemm",
+                                              "gemm_w4a16", "quantize_1x128", "rms_norm", "rope_", "swiglu"))
+
 WEIGHTS = ("bf16", "fp8", "w4a16")
 
 
@@ -147,58 +156,52 @@ class LlamaDecoderLayer(nn.Module):
 
     # --- one projection in the chosen weight format ------------------------------------------------------------------
     def _linear(self, x2: torch.Tensor, name: str) -> torch.Tensor:
-        import cute_kernels as ck
-
         if self.weights == "bf16":
-            return ck.gemm(x2, self.p[name].t())
+            return gemm(x2, self.p[name].t())
         if self.weights == "w4a16":
             wp, s, z = self.q[name]
-            return ck.gemm_w4a16(x2, wp, s, z, 128)
+            return gemm_w4a16(x2, wp, s, z, 128)
         wq, ws = self.q[name]
-        xq, xs = ck.quantize_1x128(x2)
-        return ck.fp8_gemm(xq, xs, wq, ws, out_dtype=self.dtype)
+        xq, xs = quantize_1x128(x2)
+        return fp8_gemm(xq, xs, wq, ws, out_dtype=self.dtype)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, kv_cache=None) -> torch.Tensor:
         """x (B, S, hidden). kv_cache: None (prefill without a cache), or (k_cache, v_cache, cache_seqlens,
         block_table or None) in `flash_attn_with_kvcache`'s layouts: with S <= 16 and a cache this is a decode
         step (RoPE at the cache positions, k / v appended, attention over the cache); otherwise a prefill that
         also fills the cache from cache_seqlens on. cache_seqlens is not advanced (the caller does)."""
-        import cute_kernels as ck
-
         cfg = self.cfg
         b, s, h = x.shape
         hq, hk, d = cfg.heads, cfg.kv_heads, cfg.head_dim
         x2 = x.reshape(b * s, h)
         self._mark("norm_in")
-        h1 = ck.rms_norm(x2, self.p["w_in"], cfg.eps)
+        h1 = rms_norm(x2, self.p["w_in"], cfg.eps)
         self._mark("qkv")
         qkv = self._linear(h1, "w_qkv").view(b, s, hq + 2 * hk, d)
         q, k, v = qkv[:, :, :hq], qkv[:, :, hq:hq + hk], qkv[:, :, hq + hk:]
         self._mark("attention")
         if kv_cache is not None and s <= 16 and positions is None:
             kc, vc, lens, table = kv_cache
-            o = ck.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, block_table=table, causal=True,
+            o = flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, block_table=table, causal=True,
                                            rotary_cos=self.cos, rotary_sin=self.sin)
         else:
             q, k = q.contiguous(), k.contiguous()
-            ck.rope_(q, k, self.cos, self.sin, positions=positions)
+            rope_(q, k, self.cos, self.sin, positions=positions)
             if kv_cache is not None:
-                from cute_kernels.attention.decode_ops import append_kv
-
                 kc, vc, lens, table = kv_cache
                 append_kv(kc, vc, k, v, lens, table)
-            o = ck.flash_attn(q, k, v.contiguous(), causal=True)
+            o = flash_attn(q, k, v.contiguous(), causal=True)
         self._mark("o_proj")
         a = self._linear(o.reshape(b * s, hq * d), "w_o")
         self._mark("norm_post")
-        h2, s1 = ck.rms_norm(a, self.p["w_post"], cfg.eps, residual=x2)
+        h2, s1 = rms_norm(a, self.p["w_post"], cfg.eps, residual=x2)
         self._mark("gate_up")
         gu = self._linear(h2, "w_gu")
         self._mark("swiglu")
-        g = ck.swiglu(gu[:, :cfg.intermediate], gu[:, cfg.intermediate:])
+        g = swiglu(gu[:, :cfg.intermediate], gu[:, cfg.intermediate:])
         self._mark("down")
         m = self._linear(g, "w_down")
         self._mark("residual")
-        out = ck.add(s1, m).view(b, s, h)
+        out = add(s1, m).view(b, s, h)
         self._mark("end")
         return out

@@ -101,15 +101,16 @@ def _run(b=2, q_len=1, hq=32, hk=8, d=128, length=1000, page=None, seqlens=None,
     if fp8:
         k_cache, v_cache = dequantize_cache(k_cache, scales["k_scale"]), dequantize_cache(v_cache, scales["v_scale"])
     ref, ref_lse = decode_reference(q, k_cache, v_cache, seqlens, table, causal, window, softcap)
-    pt, _ = decode_reference(q, k_cache, v_cache, seqlens, table, causal, window, softcap, dtype=dtype)
+    pt, pt_lse = decode_reference(q, k_cache, v_cache, seqlens, table, causal, window, softcap, dtype=dtype)
     assert out.shape == q.shape and out.dtype == dtype and lse.shape == (b, hq, q_len)
     assert torch.isfinite(out).all(), "non-finite output (an unwritten element or a poisoned row reached O)"
     _bound(out, ref, pt, dtype)
     fin = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), fin), "keyless rows must get LSE = +inf, the others a finite LSE"
     assert (lse[~fin] == float("inf")).all()
-    if fin.any():
-        assert (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-3
+    if fin.any():  # 1e-3, or twice the LSE error of the same computation in `dtype` torch (FP8 caches: K * scale)
+        pt_err = (pt_lse.float()[fin] - ref_lse[fin]).abs().max().item()
+        assert (lse[fin] - ref_lse[fin]).abs().max().item() < max(1e-3, 2 * pt_err)
     return out, lse
 
 
