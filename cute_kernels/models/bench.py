@@ -19,8 +19,6 @@ import torch
 
 from cute_kernels.bench import harness as H
 
-STAGES = ("norm_in", "qkv", "attention", "o_proj", "norm_post", "gate_up", "swiglu", "down", "residual")
-
 
 def weight_bytes(n: int, k: int, weights: str) -> int:
     """Bytes of an (N, K) projection's weight in a format: bf16, FP8 with fp32 128x128-block scales, or int4 with
@@ -60,9 +58,10 @@ def _session(layer, b: int, ctx: int):
 
 
 def _breakdown(sess, reps: int = 5) -> dict:
-    """{stage: median us} of eager steps, between the CUDA events the layer records at its stage boundaries."""
+    """{stage: median us} of eager steps, between the CUDA events the layer records at its stage boundaries (in the
+    layer's order)."""
     layer = sess.layer
-    per = {st: [] for st in STAGES}
+    per: dict = {}
     for _ in range(reps):
         layer.marks = []
         torch.cuda._sleep(40_000_000)  # ~20 ms: the host queues the whole eager step before the GPU reaches it
@@ -70,8 +69,8 @@ def _breakdown(sess, reps: int = 5) -> dict:
         torch.cuda.synchronize()
         marks, layer.marks = layer.marks, None
         for (name, e0), (_, e1) in zip(marks, marks[1:]):
-            per[name].append(e0.elapsed_time(e1) * 1e3)
-    return {st: sorted(v)[len(v) // 2] for st, v in per.items() if v}
+            per.setdefault(name, []).append(e0.elapsed_time(e1) * 1e3)
+    return {st: sorted(v)[len(v) // 2] for st, v in per.items()}
 
 
 def llama_decode(shapes=None, quick=False, ceilings=None):
@@ -101,10 +100,9 @@ def llama_decode(shapes=None, quick=False, ceilings=None):
                 bd = _breakdown(sessions[w])
                 lines = [f"#### {w} weights, B = 1, 4k context (step in graph: {t * 1e3:.1f} us)", "",
                          "| stage | us | floor us | % of floor speed |", "|---|---|---|---|"]
-                for st in STAGES:
-                    if st in bd:
-                        fl = sb[st] / read_bw / 1e6
-                        lines.append(f"| {st} | {bd[st]:.1f} | {fl:.1f} | {100 * fl / bd[st]:.0f} % |")
+                for st, us in bd.items():
+                    fl = sb[st] / read_bw / 1e6
+                    lines.append(f"| {st} | {us:.1f} | {fl:.1f} | {100 * fl / us:.0f} % |")
                 tot = sum(bd.values())
                 fl = sum(sb.values()) / read_bw / 1e6
                 lines.append(f"| eager total | {tot:.1f} | {fl:.1f} | {100 * fl / tot:.0f} % |")
@@ -159,6 +157,7 @@ def llama_prefill(shapes=None, quick=False, ceilings=None):
     layers = {w: LlamaDecoderLayer(cfg, w).load_hf_state_dict(sd) for w in WEIGHTS}
     hf = _hf_layer(cfg, sd)
     del sd
+    comp = torch.compile(hf[0]) if hf is not None else None  # one compiled layer (recompiled per shape)
     peak = matmul_tflops()
     h, i, d = cfg.hidden, cfg.intermediate, cfg.head_dim
     lin = h * cfg.qkv_out + h * cfg.heads * d + 3 * h * i
@@ -169,11 +168,9 @@ def llama_prefill(shapes=None, quick=False, ceilings=None):
         nbytes = sum(stage_bytes(cfg, "bf16", b, 0, s).values())
         fns = {w: (lambda w=w: layers[w](x)) for w in WEIGHTS}
         if hf is not None:
-            layer, rot = hf
             pos = torch.arange(s, device="cuda")[None].expand(b, -1)
             with torch.no_grad():
-                pe = rot(x, pos)
-            comp = torch.compile(layer)
+                pe = hf[1](x, pos)
 
             def run_hf():
                 with torch.no_grad():

@@ -63,37 +63,23 @@ def w4a16(shapes=None, dtypes=(torch.bfloat16,), quick=False, ceilings=None):
         m, n, k = (int(v) for v in r.shape.split("x"))
         return m, (n, k)
 
-    big = [r for r in rows if shape_of(r)[1] in SHAPES_70B and shape_of(r)[0] <= 16]
-    if big:
-        w_ = min(big, key=lambda r: r.pct_ceiling)
+    w_ = H.worst(rows, lambda r: shape_of(r)[1] in SHAPES_70B and shape_of(r)[0] <= 16)
+    if w_ is not None:
         checks.append({"target": ">= 80% of the read ceiling at M 1-16, 70B shapes", "measured":
                        f"min {w_.pct_ceiling:.1f}% ({w_.shape})", "ok": w_.pct_ceiling >= 80})
-    small = [r for r in rows if shape_of(r)[1] in SHAPES_8B and shape_of(r)[0] <= 16]
-    if small:
-        w_ = min(small, key=lambda r: r.ratio("torch.sum same bytes"))
-        checks.append({"target": ">= torch.sum over the same bytes at M 1-16, 8B shapes", "measured":
-                       f"min {w_.ratio('torch.sum same bytes'):.3f}x ({w_.shape})",
-                       "ok": w_.ratio("torch.sum same bytes") >= 1.0})
-    one = [r for r in rows if shape_of(r)[0] == 1]
-    if one:
-        w_ = min(one, key=lambda r: r.ratio("cuBLAS bf16"))
-        checks.append({"target": ">= 3x cuBLAS bf16 at M = 1", "measured": f"min {w_.ratio('cuBLAS bf16'):.2f}x "
-                       f"({w_.shape})", "ok": w_.ratio("cuBLAS bf16") >= 3.0})
-    tg = [r for r in rows if shape_of(r)[0] <= 16 and "tinygemm int4" in r.refs_ms]
-    if tg:
-        w_ = min(tg, key=lambda r: r.ratio("tinygemm int4"))
-        checks.append({"target": ">= 1.5x tinygemm at M 1-16", "measured": f"min {w_.ratio('tinygemm int4'):.2f}x "
-                       f"({w_.shape})", "ok": w_.ratio("tinygemm int4") >= 1.5})
-    m64 = [r for r in rows if shape_of(r)[0] == 64]
-    if m64:
-        w_ = min(m64, key=lambda r: r.ratio("cuBLAS bf16"))
-        checks.append({"target": "M = 64 >= 2x cuBLAS bf16", "measured": f"min {w_.ratio('cuBLAS bf16'):.2f}x "
-                       f"({w_.shape})", "ok": w_.ratio("cuBLAS bf16") >= 2.0})
-    pre = [r for r in rows if shape_of(r)[0] >= 1024]
-    if pre:
-        w_ = min(pre, key=lambda r: r.ratio("cuBLAS bf16"))
-        checks.append({"target": "M >= 1024 >= 0.9x cuBLAS bf16", "measured": f"min {w_.ratio('cuBLAS bf16'):.2f}x "
-                       f"({w_.shape})", "ok": w_.ratio("cuBLAS bf16") >= 0.9})
+    def ratio_check(pred, col, goal, target, digits=2):  # the slowest accepted row against `col`
+        sel = [r for r in rows if pred(r) and col in r.refs_ms]
+        if sel:
+            w_ = min(sel, key=lambda r: r.ratio(col))
+            checks.append({"target": target, "measured": f"min {w_.ratio(col):.{digits}f}x ({w_.shape})",
+                           "ok": w_.ratio(col) >= goal})
+
+    ratio_check(lambda r: shape_of(r)[1] in SHAPES_8B and shape_of(r)[0] <= 16, "torch.sum same bytes", 1.0,
+                ">= torch.sum over the same bytes at M 1-16, 8B shapes", digits=3)
+    ratio_check(lambda r: shape_of(r)[0] == 1, "cuBLAS bf16", 3.0, ">= 3x cuBLAS bf16 at M = 1")
+    ratio_check(lambda r: shape_of(r)[0] <= 16, "tinygemm int4", 1.5, ">= 1.5x tinygemm at M 1-16")
+    ratio_check(lambda r: shape_of(r)[0] == 64, "cuBLAS bf16", 2.0, "M = 64 >= 2x cuBLAS bf16")
+    ratio_check(lambda r: shape_of(r)[0] >= 1024, "cuBLAS bf16", 0.9, "M >= 1024 >= 0.9x cuBLAS bf16")
     return rows, ["cuBLAS bf16", "tinygemm int4", "torch.sum same bytes"], checks, "", {}
 
 
