@@ -85,6 +85,23 @@ def placeholder(device, shape=(1, 1), dtype=torch.int32) -> torch.Tensor:
     return t
 
 
+_split_counters: dict = {}
+
+
+def split_counters(device, n: int) -> torch.Tensor:
+    """n int32 counters for a kernel whose last CTA of each cell (a split-K tile, a split-KV row tile) merges the
+    splits' partials: zeroed once per device and stream and reset to 0 by each launch's last CTA of every cell, so no
+    memset runs per call and a graph may capture the launch (launches of one stream run in order; another stream
+    gets its own). Grown, never shrunk; a shape that needs more cells than a capture's warm-up call made would
+    allocate during the capture."""
+    stream = torch.cuda.current_stream(device).cuda_stream
+    key = (device, stream)
+    t = _split_counters.get(key)
+    if t is None or t.numel() < n:
+        t = _split_counters[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return t[:n]
+
+
 def tidy_unit_strides(t: torch.Tensor, every: int = 8) -> torch.Tensor:
     """t with the strides of its size-1 dims (but the last) set to `every`: never used in an index, but a kernel
     compiled for strides divisible by its vector width checks them."""

@@ -70,6 +70,8 @@ def target(argv):
         return ((lambda: ck.gemm(a, b)) if op == "gemm" else (lambda: torch.mm(a, b))), dt, shape
     if op in MISC or op.startswith("transpose."):
         return _misc(op, dtype, shape), dt, shape
+    if op in ("gemm_w4a16", "tinygemm_w4a16"):  # shape: M N K [group]
+        return _w4a16(op, dtype, *shape), dt, shape
     if op in ("gemv", "torch.gemv"):  # shape: rows cols batch (W rows x cols, x cols x batch)
         r, c, bt = shape
         w, v = randn(r, c, dtype=dtype, seed=1), randn(c, bt, dtype=dtype, seed=2)
@@ -127,6 +129,17 @@ def _misc(op, dtype, shape):
     eager = (lambda t: t.transpose(-2, -1).contiguous()) if op.endswith("transpose") else (lambda t: t.argmax(-1))
     g = torch.compile(eager) if op.startswith("compile.") else eager
     return lambda: g(x)
+
+
+def _w4a16(op, dtype, m, n, k, group=128):
+    x, w = randn(m, k, dtype=dtype, seed=1), randn(n, k, dtype=dtype, seed=2)
+    wp, s, z = ck.pack_int4(w, group)
+    if op == "gemm_w4a16":
+        return lambda: ck.gemm_w4a16(x, wp, s, z, group)
+    from cute_kernels.w4a16.bench import _tinygemm
+
+    tiny = _tinygemm(w, group)
+    return lambda: tiny(x)
 
 
 def _fp8(op, m, n, k):

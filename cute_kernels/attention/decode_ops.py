@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import dtypes
-from cute_kernels.torch_ops import call, placeholder, register_op, tidy_unit_strides
+from cute_kernels.torch_ops import call, placeholder, register_op, split_counters, tidy_unit_strides
 from schedules.decode import (
     DECODE_HEAD_DIMS,
     MAX_SPLITS,
@@ -345,21 +345,9 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale=None, v_
     append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale, v_scale)
 
 
-_split_counters: dict = {}
-
-
 def _split_counter(device, b: int, hk: int, m_tiles: int) -> torch.Tensor:
-    """The fused merge's finished-split counters, int32 (B, H_kv, row tiles): zeroed once per device and stream and
-    reset to 0 by each launch's last split of every cell, so no memset runs per call and a graph may capture the
-    launch (launches of one stream run in order; another stream gets its own). Grown, never shrunk; a shape that
-    needs more cells than a capture's warm-up call made would allocate during the capture."""
-    stream = torch.cuda.current_stream(device).cuda_stream
-    key = (device, stream)
-    n = b * hk * m_tiles
-    t = _split_counters.get(key)
-    if t is None or t.numel() < n:
-        t = _split_counters[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return t[:n].view(b, hk, m_tiles)
+    """The fused merge's finished-split counters, int32 (B, H_kv, row tiles) (`torch_ops.split_counters`)."""
+    return split_counters(device, b * hk * m_tiles).view(b, hk, m_tiles)
 
 
 def _no_scale(device) -> torch.Tensor:

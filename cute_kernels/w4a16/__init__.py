@@ -16,6 +16,7 @@ from cute_kernels.catalog import SIG_COMMON, KernelSpec, Param
 from cute_kernels.fake import fake_stream, fake_tensor, index_sym
 from cute_kernels.lazy import cutlass
 from schedules.gemv import GemvMmaPlan
+from schedules.w4a16 import MAX_COL_TILES, W4A16Plan
 
 GROUPS = (0, 32, 64, 128)  # 0: per channel (one group of K)
 
@@ -65,4 +66,53 @@ W4A16_MMA = W4A16Spec(
     },
 )
 
-SPECS = (W4A16_MMA,)
+
+
+@dataclass(frozen=True, eq=False)
+class W4A16StreamSpec(KernelSpec):
+    def build(self, p):
+        from cute_kernels.w4a16.kernels import W4A16Stream
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        kernel = W4A16Stream(dt, p["col_tiles"], p["group"], p["zeros"], self.schedule_of(p))
+        sym = lambda d=1: index_sym(False, d)  # noqa: E731
+        n, m, k = sym(), sym(), sym(32)
+        w = fake_tensor(cutlass.Int32, (n, sym(4)), (sym(4), 1), 16)
+        x = fake_tensor(dt, (m, k), (sym(8), 1), 16)
+        y = fake_tensor(dt, (m, n), (sym(), 1), dt.width // 8)
+        scales, zeros = (fake_tensor(dt, (n, sym()), (sym(), sym()), dt.width // 8) for _ in range(2))
+        part = fake_tensor(cutlass.Float32, (sym(), m, n), (sym(), sym(), 1), 4)
+        counter = fake_tensor(cutlass.Int32, (sym(),), (1,), 4)
+        return kernel, (w, x, y, scales, zeros, part, counter, cutlass.Int32(1), cutlass.Int32(1), fake_stream())
+
+    def dynamic_smem_bytes(self, p):
+        return self.schedule_of(p).smem_bytes(p["col_tiles"])
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"col_tiles": 2, "zeros": True, "group": 32}),
+                self.resolve({"col_tiles": 8, "dtype": "fp16", "group": 0, "consumer_warps": 8, "m_tiles": 1,
+                              "stages": 3})]
+
+    def sweep(self):
+        return [self.resolve({"dtype": d, "col_tiles": c, "group": g, "zeros": z})
+                for d, c, g, z in itertools.product(("bf16", "fp16"), (1, 2), GROUPS, (False, True))]
+
+
+W4A16_STREAM = W4A16StreamSpec(
+    name="w4a16.stream", family="w4a16", lesson=0,
+    summary="y = x W^T, W int4 in groups along K, x of 1-64 rows: W and x streamed by TMA into a swizzled stage ring, "
+            "the weight dequantized into mma.sync's A fragments (lop3 + packed fma; scales on the fp32 sums for "
+            "groups >= 128), split K with a deterministic last-CTA reduction",
+    ops=("gemm_w4a16",), status="ready", schedule=W4A16Plan,
+    params={
+        "dtype": Param("bf16", ("bf16", "fp16"), "signature", "element type of x, the scales and y"),
+        "col_tiles": Param(1, tuple(range(1, MAX_COL_TILES + 1)), "signature", "n8 tiles of x's rows (M <= 8 x this)"),
+        "group": Param(128, GROUPS, "signature", "group size along K (0: per channel)"),
+        "zeros": Param(False, (True, False), "signature", "zero points (else symmetric, zero point 8)"),
+        "consumer_warps": Param(4, (2, 4, 8), help="MMA warps per CTA (plus one TMA producer warp)"),
+        "m_tiles": Param(2, (1, 2, 4), help="16-row MMA tiles of W per consumer warp"),
+        "stages": Param(4, (2, 3, 4, 5, 6), help="stages of the TMA ring (256 k of W and x each)"),
+    },
+)
+
+SPECS = (W4A16_MMA, W4A16_STREAM)

@@ -4,9 +4,11 @@ x (..., K) bf16 / fp16; w_packed (N, K / 8) int32 from `pack_int4`; scales (N, K
 zeros (N, K / group_size) integer values in x's dtype, or None (symmetric weights, zero point 8); group_size 32, 64,
 128 or K (per channel). Returns y (..., N) in x's dtype, accumulated in fp32 over the dequantized weight
 (q - z) * s rounded once to x's dtype, i.e. x @ unpack_int4(...).T.
-M = x's rows: up to 16 in one pass of the tensor-core GEMV mainloop over W (each weight byte read once), up to 64
-in passes of 16 rows; above that the weight is dequantized in torch and multiplied by `gemm` (correct, not yet
-fast: the prefill path with the dequantization in front of WGMMA is still to come).
+M = x's rows: up to 64 in one pass of the streaming kernel (`kernels.py`: W by TMA, each weight byte read once,
+mma.sync on the dequantized weight; for groups of 128 or more the scale multiplies the group's fp32 partial sums, so
+y = x @ ((q - z) s)^T without the weight's rounding); above that the weight is dequantized in torch and multiplied
+by `gemm` (correct, not yet fast: the prefill path with the dequantization in front of WGMMA is still to come).
+`STREAM = False` runs the tensor-core GEMV mainloop (`cute_kernels.gemv.mma`, 16 rows a pass) instead.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import dtypes
-from cute_kernels.torch_ops import INDEX32_LIMIT, call, register_op
+from cute_kernels.torch_ops import INDEX32_LIMIT, call, placeholder, register_op, split_counters
 from cute_kernels.w4a16.pack import _check_group, pack_int4, unpack_int4  # noqa: F401  (re-exported)
 from schedules.gemv import plan_gemv_mma
 from schedules.hardware import num_sms
+from schedules.w4a16 import col_tiles_of, plan_w4a16
 
-MMA_MAX_M = 16  # rows of x one pass of the tensor-core mainloop takes
-PASSES_MAX_M = 64  # up to here, passes of 16 rows; above, dequantize and `gemm`
+MMA_MAX_M = 16  # rows of x one pass of the tensor-core GEMV mainloop takes
+PASSES_MAX_M = 64  # up to here one pass of the streaming kernel (or passes of the GEMV's); above, dequantize + `gemm`
+STREAM = False  # (until the streaming kernel is measured on the GPU)
 
 
 def _check(x, w_packed, scales, zeros, group_size):
@@ -69,11 +73,16 @@ def _cuda(x, w_packed, scales, zeros=None, group_size=128):
 
         y.copy_(gemm(x2, unpack_int4(w_packed, scales, zeros, g).t()))
         return out
-    if x2.stride(-1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
+    if x2.stride(-1) != 1 or (m > 1 and x2.stride(0) % 8) or x2.data_ptr() % 16:
         x2 = x2.contiguous()
+    if m == 1 and x2.stride(0) % 8:  # (a single row's stride is never used; TMA wants it 16-byte aligned)
+        x2 = x2.as_strided((1, k), (-(-k // 8) * 8, 1))
     w = w_packed if w_packed.stride(-1) == 1 and w_packed.stride(0) % 4 == 0 and w_packed.data_ptr() % 16 == 0 \
         else w_packed.contiguous()
     sms = num_sms(x.get_device())
+    if STREAM:
+        _stream(x2, w, scales, zeros, g, y, sms)
+        return out
     plan = plan_gemv_mma(n, k // 4, sms)  # (the plan counts 32-wide chunks; an int4 chunk is 128 k)
     wide = max(n * k // 8, m * k) > INDEX32_LIMIT
     from cute_kernels.w4a16 import W4A16_MMA
@@ -85,6 +94,25 @@ def _cuda(x, w_packed, scales, zeros=None, group_size=128):
                                 zeros=zeros is not None, index64=wide)
         fn(w, x2[r0:r0 + rows], y[r0:r0 + rows].t(), scales, z)
     return out
+
+
+def _stream(x2, w, scales, zeros, g, y, sms):
+    from cute_kernels.w4a16 import W4A16_STREAM
+
+    m, k = x2.shape
+    n = w.shape[0]
+    plan, splits, per = plan_w4a16(m, n, k, sms)
+    if splits * m * n > INDEX32_LIMIT:
+        raise ValueError(f"gemm_w4a16: x of {m} rows and W of {n} rows exceed the kernel's 32-bit indexing")
+    if splits > 1:
+        part = torch.empty((splits, m, n), dtype=torch.float32, device=x2.device)
+        counter = split_counters(x2.device, -(-n // plan.tile_n))
+    else:
+        part = placeholder(x2.device, (1, 1, 1), torch.float32)
+        counter = placeholder(x2.device, (1,), torch.int32)
+    fn = W4A16_STREAM.compiled(plan, dtype=dtypes.name_of(x2.dtype), col_tiles=col_tiles_of(m),
+                               group=0 if g == k else g, zeros=zeros is not None)
+    fn(w, x2, y, scales, zeros if zeros is not None else scales, part, counter, per, splits)
 
 
 register_op("cute_kernels::gemm_w4a16", "(Tensor x, Tensor w_packed, Tensor scales, Tensor? zeros=None, "

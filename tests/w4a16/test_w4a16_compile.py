@@ -20,3 +20,27 @@ def test_census(over, tmp_path):
         sass = files["sass"].read_text()
         mul = "HMUL2.BF16" if over.get("dtype", "bf16") == "bf16" else "HMUL2"
         assert "HMMA.16816.F32" in sass and "LOP3.LUT" in sass and mul in sass
+
+
+STREAM_CASES = [{}, {"col_tiles": 2, "zeros": True, "group": 32},
+                {"col_tiles": 8, "dtype": "fp16", "group": 0, "consumer_warps": 8, "m_tiles": 1, "stages": 3}]
+
+
+@pytest.mark.parametrize("over", STREAM_CASES, ids=[str(c) for c in STREAM_CASES])
+def test_stream_census(over, tmp_path):
+    """The streaming kernel: W and x by TMA (UTMALDG), 128-bit shared-memory reads of the units and of x, HMMA on the
+    dequantized weight, no local memory; groups of 128+ scale the fp32 sums (FFMA, no packed multiply), smaller groups
+    multiply the weight pairs (HMUL2)."""
+    from cute_kernels import catalog
+    from cute_kernels.artifacts import compile_with_artifacts
+
+    spec = catalog.get("w4a16.stream")
+    p = spec.resolve(over)
+    report, files = compile_with_artifacts(spec, p, str(tmp_path))
+    assert not report.spills, report.format()
+    assert report.ptx_census["cp.async.bulk.tensor"] == 5  # one W box and four x boxes a stage
+    if "sass" in files:
+        sass = files["sass"].read_text()
+        assert "UTMALDG" in sass and "LDS.128" in sass and "HMMA.16816.F32" in sass and "LOP3.LUT" in sass
+        mul = "HMUL2.BF16" if p["dtype"] == "bf16" else "HMUL2"
+        assert (mul in sass) == (p["group"] in (32, 64))

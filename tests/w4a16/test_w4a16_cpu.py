@@ -85,3 +85,70 @@ def test_fake_mode_and_named_errors():
             ck.gemm_w4a16(x, _fake(1000, 64, dtype=torch.int64), s)
         with pytest.raises(TypeError, match="x has dtype"):
             ck.gemm_w4a16(x.float(), w, s)
+
+
+def test_stream_plan_fills_one_wave():
+    """The streaming kernel's plan: tiles x splits fit the co-resident CTAs, splits divide K's 256-k tiles evenly
+    enough, and the stage ring fits shared memory."""
+    from schedules.w4a16 import TILE_K, plan_w4a16
+
+    for m in (1, 8, 16, 24, 64):
+        for n, k in ((28672, 8192), (8192, 28672), (4096, 14336), (6144, 4096), (4096, 4096), (1000, 4128)):
+            plan, splits, per = plan_w4a16(m, n, k, 132)
+            ct = -(-m // 8)
+            tiles = -(-n // plan.tile_n)
+            k_tiles = -(-k // TILE_K)
+            assert splits * per >= k_tiles > (splits - 1) * per
+            assert tiles * splits <= max(tiles, plan.ctas_per_sm(ct) * 132)
+            assert plan.smem_bytes(ct) <= 227 * 1024
+    plan, splits, _ = plan_w4a16(1, 4096, 14336, 132)
+    assert splits >= 4  # 32 W tiles alone would leave most SMs idle
+
+
+def test_stream_fragments_emulated():
+    """The streaming kernel's data flow, emulated lane by lane on the host for one CTA tile and one 256-k stage: the
+    units each lane reads (span 4 jj + c of smem row srow), the x vectors (box 2 jj + c // 2, vector 4 (c % 2) + v),
+    the A / B fragment words of MMA t (pairs 2 (t % 2) + hi of word t // 2; x words 2 (t % 2), + 1), the m16n8k16
+    fragment semantics (A: (g, 2c) (g, 2c+1) (g+8, ..) (g, 2c+8) ..; B: (k 2c, 2c+1, 2c+8, 2c+9; n g); C: (g, 2c)
+    (g, 2c+1) (g+8, 2c) (g+8, 2c+1)) and the epilogue's rows: the result is x W^T."""
+    from cute_kernels.w4a16.kernels import mma_row
+
+    torch.manual_seed(1)
+    rows, k, m, mt_per_warp, warps = 128, 256, 8, 2, 4
+    q = torch.randint(0, 16, (rows, k), dtype=torch.int32)
+    p = pack_nibbles(q)
+    x = torch.randn(m, k, dtype=torch.float64)
+    wq = (q - 8).double()
+    y = torch.full((m, rows), float("nan"), dtype=torch.float64)
+
+    def pair(word, j):  # (lo, hi) values of pair j of a word, minus the zero point
+        word &= 0xFFFFFFFF
+        return ((word >> (4 * j)) & 0xF) - 8, ((word >> (4 * j + 16)) & 0xF) - 8
+
+    for warp in range(warps):
+        for mt in range(mt_per_warp):
+            acc = torch.zeros(16, 8, dtype=torch.float64)  # C (W rows, x rows)
+            srow = [[16 * (mt_per_warp * warp + mt) + 8 * h + mma_row(g) for h in range(2)] for g in range(8)]
+            for jj in range(2):
+                for t in range(8):
+                    a = torch.zeros(16, 16, dtype=torch.float64)
+                    b = torch.zeros(16, 8, dtype=torch.float64)
+                    for g in range(8):
+                        for c in range(4):
+                            units = [[int(p[srow[g][h], 4 * (4 * jj + c) + i]) for i in range(4)] for h in range(2)]
+                            for h in range(2):
+                                for hi in range(2):
+                                    lo_v, hi_v = pair(units[h][t // 2], 2 * (t % 2) + hi)
+                                    a[g + 8 * h, 2 * c + 8 * hi] = lo_v
+                                    a[g + 8 * h, 2 * c + 8 * hi + 1] = hi_v
+                            box, vec = 2 * jj + c // 2, 4 * (c % 2) + t // 2
+                            xv = x[g, 64 * box + 8 * vec: 64 * box + 8 * vec + 8]
+                            e0 = 4 * (t % 2)
+                            b[2 * c, g], b[2 * c + 1, g] = xv[e0], xv[e0 + 1]
+                            b[2 * c + 8, g], b[2 * c + 9, g] = xv[e0 + 2], xv[e0 + 3]
+                    acc += a @ b
+            for g in range(8):
+                for c in range(4):
+                    for e in range(4):
+                        y[2 * c + e % 2, srow[g][e // 2]] = acc[g + 8 * (e // 2), 2 * c + e % 2]
+    assert torch.allclose(y, x @ wq.t(), atol=1e-9)

@@ -1,0 +1,295 @@
+"""W4A16 GEMM for small M (1-64 rows of x): y = x W^T with W packed int4, streamed by TMA, dequantized in registers,
+multiplied by warp-level `mma.sync.m16n8k16` with the weight as the A operand.
+
+Roofline: at M <= 16 the weight bytes (N K / 2) are the whole cost; floor = those bytes / read bandwidth.
+
+Data flow (schedule: `schedules.w4a16`). A CTA owns `tile_n` rows of W and a split of K. Its producer warp fills a
+ring of stages on mbarriers: a stage is one TMA box of W (tile_n rows x 32 packed words = 256 k, 128-byte
+swizzle) and four boxes of x (8 * col_tiles rows x 64 k, zero-filled past M and past K). Each consumer warp owns
+`m_tiles` 16-row MMA tiles of W and all of x's columns (`col_tiles` n8 tiles), and per 128-k chunk of a stage:
+- loads, per MMA row it holds (g and g + 8 of each tile), its 16-byte unit of the packed row: lane c of the chunk
+  takes span c (32 k), the unit `cute_kernels.w4a16.pack` lays out for these fragments;
+- loads x's matching 32 k for its column g of each n8 tile (four 16-byte reads: the B fragments of 8 MMAs);
+- per MMA t (0-7), dequantizes pairs 2 (t % 2) and 2 (t % 2) + 1 of word t // 2 of each unit (`collectives.int4`)
+  into the A fragment and issues one MMA per n8 tile. A dot product may visit K in any order if both operands
+  use the same one: MMA t's k slots (2c, 2c+1, 2c+8, 2c+9) are the unit's values 4t .. 4t + 3 on both sides.
+Scales: for groups of 128 or more (and per channel) a chunk lies in one group of every row, so the MMAs take the
+exact integers (q - z) and the chunk's fp32 partial sums are scaled by s[row] in fp32 (one FFMA per accumulator
+value a chunk instead of a multiply per weight); groups of 32 / 64 multiply each weight pair by its scale.
+
+Shared-memory banks: MMA row g of a tile reads smem row (g // 2) + 4 (g % 2) of its 8-row half, so the two rows
+of a quarter-warp differ in bit 2 of the swizzle's XOR and their 16-byte units hit disjoint bank groups (four
+wavefronts per 512-byte warp load, the minimum).
+
+Split K: with `splits` > 1 each CTA stores its fp32 partials (splits, M, N) and the last CTA of its W tile (an
+int32 counter per tile, released / acquired at gpu scope and reset by that CTA) adds them in split order: the same
+bits on every run.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu import warp as warp_mma
+
+from collectives.int4 import dequant_pair, magic_of, pair_of
+from collectives.smem_tiles import swizzle_128b
+from collectives.tma_pipeline import make_pipeline
+from collectives.vector_io import extent
+from schedules.w4a16 import TILE_K, W4A16Plan
+
+X_BOX = 64  # k of one x box (128 bytes of 16-bit elements: the 128-byte swizzle)
+WORDS = TILE_K // 8  # packed int32 words of a W row in a stage
+CHUNK = 128  # k of one chunk: four lanes' 32-k units
+_EPI_BAR = 1  # named barrier of the consumer warps (0 is the CTA's)
+
+
+def mma_row(g: int) -> int:
+    """The smem row (within its 8-row half of a 16-row MMA tile) of MMA row g (0-7)."""
+    return g // 2 + 4 * (g % 2)
+
+
+class W4A16Stream:
+    def __init__(self, dtype, col_tiles: int, group: int, zeros: bool, plan: W4A16Plan):
+        if dtype.width != 16:
+            raise ValueError(f"W4A16 activations are bf16 / fp16, got {dtype}")
+        if group % 32:
+            raise ValueError(f"int4 groups must be a multiple of 32 columns, got {group}")
+        self.dtype, self.col_tiles, self.group, self.zeros, self.plan = dtype, col_tiles, group, zeros, plan
+        self.fold = group == 0 or group >= CHUNK  # a chunk inside one group: scales on the fp32 sums
+
+    @cute.jit
+    def __call__(self, w: cute.Tensor, x: cute.Tensor, y: cute.Tensor, scales: cute.Tensor, zeros: cute.Tensor,
+                 part: cute.Tensor, counter: cute.Tensor, per_split: Int32, splits: Int32, stream):
+        """w (N, K / 8) int32 packed; x (M, K); y (M, N); scales / zeros (N, K / group) (zeros read only with
+        `zeros`); part (splits, M, N) fp32 and counter (W tiles,) int32 (zero before and after) read only with
+        splits > 1; per_split: 256-k tiles a split."""
+        p, dt = self.plan, self.dtype
+        xr = 8 * self.col_tiles
+        swz = swizzle_128b()
+        w_layout = cute.make_composed_layout(swz, 0, cute.make_layout(
+            (p.tile_n, WORDS, p.stages), stride=(WORDS, 1, p.tile_n * WORDS)))
+        x_layout = cute.make_composed_layout(swz, 0, cute.make_layout(
+            (xr, X_BOX, 4 * p.stages), stride=(X_BOX, 1, xr * X_BOX)))
+        tma_w, gw = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), w,
+                                                cute.slice_(w_layout, (None, None, 0)), (p.tile_n, WORDS))
+        tma_x, gx = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), x,
+                                                cute.slice_(x_layout, (None, None, 0)), (xr, X_BOX))
+
+        @cute.struct
+        class Storage:
+            bars: cute.struct.MemRange[cutlass.Int64, p.stages * 2]
+            last: cute.struct.MemRange[Int32, 4]  # the finished-split count the counter's add returned
+            sW: cute.struct.Align[cute.struct.MemRange[Int32, cute.cosize(w_layout.outer)], 1024]
+            sX: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(x_layout.outer)], 1024]
+
+        self.storage = Storage
+        tiles = (extent(w, 0) + p.tile_n - 1) // p.tile_n
+        self.kernel(tma_w, gw, tma_x, gx, y, scales, zeros, part, counter, per_split, w_layout, x_layout).launch(
+            grid=[tiles, splits, 1], block=[p.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, tma_w: cute.CopyAtom, mW: cute.Tensor, tma_x: cute.CopyAtom, mX: cute.Tensor, mY: cute.Tensor,
+               mS: cute.Tensor, mZ: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, per_split: Int32,
+               w_layout: cute.ComposedLayout, x_layout: cute.ComposedLayout):
+        p = self.plan
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp == p.consumer_warps:
+            cpasync.prefetch_descriptor(tma_w)
+            cpasync.prefetch_descriptor(tma_x)
+        smem = cutlass.memory.SmemAllocator()
+        st = smem.allocate(self.storage)
+        tx = cute.size_in_bytes(Int32, cute.slice_(w_layout, (None, None, 0))) + \
+            4 * cute.size_in_bytes(self.dtype, cute.slice_(x_layout, (None, None, 0)))
+        pipe = make_pipeline(st.bars.data_ptr(), p.stages, tx, (1, 1), p.consumer_warps)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+        sW = st.sW.get_tensor(w_layout.outer, swizzle=w_layout.inner)
+        sX = st.sX.get_tensor(x_layout.outer, swizzle=x_layout.inner)
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        tile, split, _ = cute.arch.block_idx()
+        k_tiles = (extent(mX, 1) + TILE_K - 1) // TILE_K
+        first = split * per_split
+        count = cutlass.max(cutlass.min(first + per_split, k_tiles) - first, 0)
+        if warp == p.consumer_warps:
+            self.produce(tma_w, mW, sW, tma_x, mX, sX, pipe, tile, first, count)
+        else:
+            self.consume(sW, sX, pipe, mX, mY, mS, mZ, mP, mC, st.last.get_tensor(cute.make_layout(4)), tile, split,
+                         first, count, warp, tidx)
+
+    # --- the producer warp --------------------------------------------------------------------------------------
+    @cute.jit
+    def produce(self, tma_w: cute.CopyAtom, mW: cute.Tensor, sW: cute.Tensor, tma_x: cute.CopyAtom, mX: cute.Tensor,
+                sX: cute.Tensor, pipe, tile: Int32, first: Int32, count: Int32):
+        p = self.plan
+        gW = cute.flat_divide(mW, (p.tile_n, WORDS))  # (tile_n, words, W tiles, k tiles)
+        gX = cute.flat_divide(mX, (8 * self.col_tiles, X_BOX))  # (rows, 64, 1, x boxes)
+        tWsW, tWgW = cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
+                                           cute.group_modes(gW, 0, 2))
+        tXsX, tXgX = cpasync.tma_partition(tma_x, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                           cute.group_modes(gX, 0, 2))
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, p.stages)
+        for i in cutlass.range(count, unroll=1):
+            kt = first + i
+            pipe.producer_acquire(state)
+            bar = pipe.producer_get_barrier(state)
+            cute.copy(tma_w, tWgW[(None, tile, kt)], tWsW[(None, state.index)], tma_bar_ptr=bar)
+            for b in cutlass.range_constexpr(4):
+                cute.copy(tma_x, tXgX[(None, 0, 4 * kt + b)], tXsX[(None, 4 * state.index + b)], tma_bar_ptr=bar)
+            pipe.producer_commit(state)
+            state.advance()
+        pipe.producer_tail(state)
+
+    # --- the consumer warps -------------------------------------------------------------------------------------
+    @cute.jit
+    def consume(self, sW: cute.Tensor, sX: cute.Tensor, pipe, mX: cute.Tensor, mY: cute.Tensor, mS: cute.Tensor,
+                mZ: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, last: cute.Tensor, tile: Int32, split: Int32,
+                first: Int32, count: Int32, warp: Int32, tidx: Int32):
+        p, dt = self.plan, self.dtype
+        MT, NT = p.m_tiles, self.col_tiles
+        lane = tidx % 32
+        g = lane // 4
+        c = lane % 4
+        m = extent(mX, 0)
+        n = extent(mY, 1)
+        perm = g // 2 + 4 * (g % 2)
+
+        op = warp_mma.MmaF16BF16Op(dt, Float32, (16, 8, 16))
+        atom = cute.make_mma_atom(op)
+        tiled = cute.make_tiled_mma(op)
+        a_shape = tiled.get_slice(0).partition_A(cute.make_identity_tensor((16, 16))).shape
+        b_shape = tiled.get_slice(0).partition_B(cute.make_identity_tensor((8, 16))).shape
+        c_shape = tiled.get_slice(0).partition_C(cute.make_identity_tensor((16, 8))).shape
+        accs = [[tiled.make_fragment_C(c_shape) for _ in range(NT)] for _ in range(MT)]
+        sums = [[tiled.make_fragment_C(c_shape) for _ in range(NT)] for _ in range(MT)] if self.fold else accs
+        for mt in cutlass.range_constexpr(MT):
+            for nt in cutlass.range_constexpr(NT):
+                accs[mt][nt].fill(0.0)
+        fa = tiled.make_fragment_A(a_shape)
+        fbs = [tiled.make_fragment_B(b_shape) for _ in range(NT)]
+        fa_w = cute.recast_tensor(fa, Int32)
+        fb_w = [cute.recast_tensor(fb, Int32) for fb in fbs]
+
+        # the lane's smem rows (tile-local) and global W rows: (m tile, half h) for MMA rows g + 8 h
+        srow = [[16 * (MT * warp + mt) + 8 * h + perm for h in range(2)] for mt in range(MT)]
+        grow = [[cutlass.min(tile * p.tile_n + srow[mt][h], n - 1) for h in range(2)] for mt in range(MT)]
+        xrow = [cutlass.min(8 * nt + g, m - 1) for nt in range(NT)]  # lanes past M re-read the last row (dropped)
+        groups = extent(mS, 1)
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, p.stages)
+        for i in cutlass.range(count, unroll=1):
+            kt = first + i
+            # the stage's scales (and zero points) before the wait: one group per unit (per chunk when folded)
+            sz = []
+            for jj in cutlass.range_constexpr(TILE_K // CHUNK):
+                k0 = kt * TILE_K + jj * CHUNK
+                if cutlass.const_expr(not self.fold):
+                    k0 = k0 + 32 * c
+                gi = 0 if cutlass.const_expr(self.group == 0) else cutlass.min(k0 // self.group, groups - 1)
+                sz.append([[self.load_group(mS, mZ, grow[mt][h], gi) for h in range(2)] for mt in range(MT)])
+            pipe.consumer_wait(state)
+            for jj in cutlass.range_constexpr(TILE_K // CHUNK):
+                units = []
+                for mt in cutlass.range_constexpr(MT):
+                    hs = []
+                    for h in cutlass.range_constexpr(2):
+                        row = cute.logical_divide(sW[(srow[mt][h], None, state.index)], cute.make_layout(4))
+                        u = cute.make_rmem_tensor((4,), Int32)
+                        u.store(row[(None, 4 * jj + c)].load())
+                        hs.append(u)
+                    units.append(hs)
+                if cutlass.const_expr(self.fold):
+                    for mt in cutlass.range_constexpr(MT):
+                        for nt in cutlass.range_constexpr(NT):
+                            sums[mt][nt].fill(0.0)
+                box = 4 * state.index + 2 * jj + c // 2
+                for v in cutlass.range_constexpr(4):
+                    xs = []
+                    for nt in cutlass.range_constexpr(NT):
+                        xv = cute.logical_divide(sX[(xrow[nt], None, box)], cute.make_layout(8))
+                        r = cute.make_rmem_tensor((8,), dt)
+                        r.store(xv[(None, 4 * (c % 2) + v)].load())
+                        xs.append(cute.recast_tensor(r, Int32))
+                    for t in cutlass.range_constexpr(2 * v, 2 * v + 2):
+                        for nt in cutlass.range_constexpr(NT):  # values 4t .. 4t+3 of the unit: words 2 (t % 2), +1
+                            fb_w[nt][0] = xs[nt][2 * (t % 2)]
+                            fb_w[nt][1] = xs[nt][2 * (t % 2) + 1]
+                        for mt in cutlass.range_constexpr(MT):
+                            for e in cutlass.range_constexpr(4):  # a0a1: row g lo; a2a3: g + 8 lo; a4a5, a6a7: hi
+                                h, hi = e % 2, e // 2
+                                neg_off, s2 = sz[jj][mt][h]
+                                fa_w[e] = dequant_pair(units[mt][h][t // 2], 2 * (t % 2) + hi, neg_off,
+                                                       None if cutlass.const_expr(self.fold) else s2, dt)
+                            for nt in cutlass.range_constexpr(NT):
+                                cute.gemm(atom, sums[mt][nt], fa, fbs[nt], sums[mt][nt])
+                if cutlass.const_expr(self.fold):
+                    for mt in cutlass.range_constexpr(MT):
+                        for nt in cutlass.range_constexpr(NT):
+                            for e in cutlass.range_constexpr(4):  # C values 0, 1: row g; 2, 3: row g + 8
+                                accs[mt][nt][e] = accs[mt][nt][e] + sums[mt][nt][e] * sz[jj][mt][e // 2][1]
+            pipe.consumer_release(state)
+            state.advance()
+        self.epilogue(accs, mY, mP, mC, last, tile, split, srow, m, n, g, c, tidx)
+
+    @cute.jit
+    def load_group(self, mS: cute.Tensor, mZ: cute.Tensor, row: Int32, gi: Int32):
+        """(-(M + z) twice, the scale) of one row's group: the scale as fp32 when folded, else twice in a word."""
+        _, magic = magic_of(self.dtype)
+        s = mS[row, gi]
+        if cutlass.const_expr(self.zeros):
+            off = -(mZ[row, gi].to(Float32) + magic)
+        else:
+            off = Float32(-(8.0 + magic))
+        scale = s.to(Float32) if cutlass.const_expr(self.fold) else pair_of(s, self.dtype)
+        return pair_of(self.dtype(off), self.dtype), scale
+
+    @cute.jit
+    def epilogue(self, accs, mY: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, last: cute.Tensor, tile: Int32,
+                 split: Int32, srow, m: Int32, n: Int32, g: Int32, c: Int32, tidx: Int32):
+        """C value e of (m tile, n8 tile): W row srow[mt][e // 2], x row 8 nt + 2c + e % 2."""
+        p = self.plan
+        MT, NT = p.m_tiles, self.col_tiles
+        splits = cute.arch.grid_dim()[1]
+        base = tile * p.tile_n
+        if splits == 1:
+            for mt in cutlass.range_constexpr(MT):
+                for nt in cutlass.range_constexpr(NT):
+                    for e in cutlass.range_constexpr(4):
+                        row = base + srow[mt][e // 2]
+                        col = 8 * nt + 2 * c + e % 2
+                        if row < n and col < m:
+                            mY[col, row] = accs[mt][nt][e].to(self.dtype)
+        else:
+            for mt in cutlass.range_constexpr(MT):
+                for nt in cutlass.range_constexpr(NT):
+                    for e in cutlass.range_constexpr(4):
+                        row = base + srow[mt][e // 2]
+                        col = 8 * nt + 2 * c + e % 2
+                        if row < n and col < m:
+                            mP[split, col, row] = accs[mt][nt][e]
+            bar = pipeline.NamedBarrier(barrier_id=_EPI_BAR, num_threads=32 * p.consumer_warps)
+            cute.arch.fence_acq_rel_gpu()
+            bar.arrive_and_wait()
+            if tidx == 0:
+                ptr = mC.iterator + tile
+                old = cute.arch.atomic_add(ptr.llvm_ptr, Int32(1), sem="relaxed", scope="gpu")
+                if old == splits - 1:
+                    mC[tile] = Int32(0)
+                last[0] = old
+            bar.arrive_and_wait()
+            if last[0] == splits - 1:
+                cute.arch.fence_acq_rel_gpu()
+                for mt in cutlass.range_constexpr(MT):
+                    for nt in cutlass.range_constexpr(NT):
+                        for e in cutlass.range_constexpr(4):
+                            row = base + srow[mt][e // 2]
+                            col = 8 * nt + 2 * c + e % 2
+                            if row < n and col < m:
+                                total = mP[0, col, row]
+                                for s in cutlass.range(1, splits, unroll=1):
+                                    total = total + mP[s, col, row]
+                                mY[col, row] = total.to(self.dtype)
