@@ -15,9 +15,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-TILE_K = 256  # k per stage: one 128-byte row of packed words per W row (the TMA box's 128-byte swizzle)
+TILE_K = 256  # k of one W box: a 128-byte row of packed words per W row (the TMA box's 128-byte swizzle)
 SMEM_PER_SM = 227 * 1024
-MAX_COL_TILES = 8  # x rows 1-64 (8 columns of the MMA's N per tile)
+MAX_SPLITS = 16  # the last CTA of a tile loads every split's partial at once (a compile-time bound)
+# n8 tiles of x's rows (M up to 64), powers of two: the DSL aborts slicing the swizzled x ring at 24 or 40 rows (the
+# zero rows TMA fills past M cost MMAs only)
+COL_TILES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,11 @@ class W4A16Plan:
     consumer_warps: int = 4
     m_tiles: int = 2  # 16-row MMA tiles per consumer warp
     stages: int = 4
+    k_boxes: int = 1  # 256-k boxes of W a stage (longer contiguous runs of each W row per DRAM request)
+
+    @property
+    def tile_k(self) -> int:
+        return TILE_K * self.k_boxes
 
     @property
     def tile_n(self) -> int:
@@ -34,29 +42,59 @@ class W4A16Plan:
     def threads(self) -> int:
         return 32 * (self.consumer_warps + 1)  # + the TMA producer warp
 
-    def stage_bytes(self, col_tiles: int, elem_bytes: int = 2) -> int:
-        return self.tile_n * TILE_K // 2 + 8 * col_tiles * TILE_K * elem_bytes
+    def stage_bytes(self, col_tiles: int, dense: bool = False) -> int:
+        """W's box (int4, or 16-bit with `dense`) and x's four, 16-bit."""
+        return self.tile_n * self.tile_k * (2 if dense else 1) // (1 if dense else 2) + 8 * col_tiles * self.tile_k * 2
 
-    def smem_bytes(self, col_tiles: int, elem_bytes: int = 2) -> int:
-        return self.stages * self.stage_bytes(col_tiles, elem_bytes) + 16 * self.stages + 64
+    def smem_bytes(self, col_tiles: int, dense: bool = False) -> int:
+        return self.stages * self.stage_bytes(col_tiles, dense) + 16 * self.stages + 64
 
-    def ctas_per_sm(self, col_tiles: int) -> int:
-        return max(1, min(3, SMEM_PER_SM // self.smem_bytes(col_tiles), 2048 // self.threads))
+    def ctas_per_sm(self, col_tiles: int, dense: bool = False) -> int:
+        return max(1, min(3, SMEM_PER_SM // self.smem_bytes(col_tiles, dense), 2048 // self.threads))
 
 
 def col_tiles_of(m: int) -> int:
-    return max(1, -(-m // 8))
+    t = max(1, -(-m // 8))
+    return next(c for c in COL_TILES if c >= t)
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_w4a16(m: int, n: int, k: int, num_sms: int) -> tuple[W4A16Plan, int, int]:
-    """(plan, splits, k tiles per split) for x (m, k) and W (n, k), m <= 64."""
+def plan_w4a16(m: int, n: int, k: int, num_sms: int, dense: bool = False) -> tuple[W4A16Plan, int, int]:
+    """(plan, splits, k tiles per split) for x (m, k) and W (n, k), m <= 64; `dense`: W in 16 bits (four times the
+    bytes a row: 64-row tiles of one 16-row MMA tile a warp, 3 stages = 96 KiB of W in flight a CTA, two CTAs an SM)."""
     ct = col_tiles_of(m)
     # (two 16-row tiles a warp at 3-4 column tiles hold 168 registers and spill: one tile, twice the warps)
-    plan = W4A16Plan(4, 2, 4) if ct <= 2 else W4A16Plan(8, 1, 3)
+    # (the H200 sweep, perf/lab/w4a16_sweep.py: int4 M = 1 best or within 3 % at 8 warps of one tile, 4 stages on the
+    # five shapes; M = 16 at 4 warps of two tiles, 3 stages; dense W at 8 warps, 2 stages)
+    if dense:
+        plan = W4A16Plan(8, 1, 2) if ct <= 2 else W4A16Plan(4, 1, 2)
+    else:
+        plan = W4A16Plan(8, 1, 4) if ct == 1 else W4A16Plan(4, 2, 3) if ct == 2 else W4A16Plan(8, 1, 3)
+    return (plan, *splits_for(plan, m, n, k, num_sms, dense))
+
+
+def splits_for(plan: W4A16Plan, m: int, n: int, k: int, num_sms: int, dense: bool = False) -> tuple[int, int]:
+    """(splits, 256-k tiles a split): as many splits as keep W tiles x splits within the CTAs resident at once (at
+    most MAX_SPLITS), every split non-empty."""
+    ct = col_tiles_of(m)
     tiles = -(-n // plan.tile_n)
-    k_tiles = max(1, -(-k // TILE_K))
-    resident = plan.ctas_per_sm(ct) * num_sms
-    splits = max(1, min(k_tiles, resident // tiles))
+    k_tiles = max(1, -(-k // plan.tile_k))
+    resident = plan.ctas_per_sm(ct, dense) * num_sms
+    splits = max(1, min(k_tiles, resident // tiles, MAX_SPLITS))
     per = -(-k_tiles // splits)
-    return plan, -(-k_tiles // per), per
+    return -(-k_tiles // per), per
+
+
+# Where the op runs the streaming kernel rather than the GEMV mainloop (int4, M <= 16) or the GEMM (dense): the
+# H200 sweep has the GEMV mainloop ahead on weights under ~16 MiB of int4 (6144 x 4096: 10.5 against 11.6 us, both
+# latency-bound at 10-20 % of the read ceiling), the streaming kernel ahead from 4096 x 14336 (17.0 against 20.4 us)
+# and 1.15-1.9x at 28672 rows; dense W only where K is long against N (4096 x 14336: 33.7 against the GEMM's 46 us,
+# level with cuBLAS; the GEMM leads or ties on the other decode projections).
+STREAM_MIN_WEIGHTS = 32 * 2**20  # N * K
+DENSE_MIN_K = 12288
+
+
+def use_stream(m: int, n: int, k: int, dense: bool = False) -> bool:
+    if dense:
+        return k >= DENSE_MIN_K
+    return m > 16 or n * k >= STREAM_MIN_WEIGHTS

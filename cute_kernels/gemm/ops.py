@@ -123,6 +123,15 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
             out = out + bias.float()
         return _act_torch(out, activation).to(out_dtype)
 
+    if (schedule is None and not source and not scale and bias is None and activation == "none"
+            and out_dtype == a.dtype and a.dim() == 2 and b.dim() == 2):
+        from cute_kernels.gemv import ops as gv
+        from schedules.w4a16 import use_stream
+
+        want = gv.STREAM if gv.STREAM is not None else use_stream(m, n, k, dense=True)
+        if want and m <= gv.STREAM_MAX_M and gv.stream_ok(a, b.t()):  # decode-shaped x @ W^T, W (N, K) rows
+            return gv.skinny(a, b.t())
+
     # (L, M, K) and (L, K, N). A batched A with a shared B is one big GEMM (L*M, K) @ (K, N) when A
     # folds; a shared A with a batched B is expanded (and copied by `_operand`).
     batch_fold = a.dim() == 3 and b.dim() == 2 and a.is_contiguous()

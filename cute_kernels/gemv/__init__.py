@@ -16,6 +16,7 @@ from cute_kernels.lazy import cutlass
 from schedules.gemv import TUNED as GEMV_SCHEDULES
 from schedules.gemv import GemvMmaPlan
 from schedules.row_tiling import RowTiling
+from schedules.w4a16 import COL_TILES, W4A16Plan
 
 GEMV_TUNED = {k: GEMV_SCHEDULES[1][k] for k in ("threads", "unroll")}  # defaults: the B = 1 schedule
 
@@ -115,4 +116,45 @@ GEMV_MMA = GemvMmaSpec(
 )
 
 
-SPECS = (GEMV, GEMV_MMA,)
+
+
+@dataclass(frozen=True, eq=False)
+class GemvStreamSpec(KernelSpec):
+    def build(self, p):
+        from cute_kernels.w4a16.kernels import W4A16Stream
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        kernel = W4A16Stream(dt, p["col_tiles"], 128, False, self.schedule_of(p), dense=True)
+        sym = lambda d=1: index_sym(False, d)  # noqa: E731
+        n, m, k = sym(), sym(), sym(8)
+        w = fake_tensor(dt, (n, k), (sym(8), 1), 16)
+        x = fake_tensor(dt, (m, k), (sym(8), 1), 16)
+        y = fake_tensor(dt, (m, n), (sym(), sym()), dt.width // 8)
+        unread = fake_tensor(dt, (sym(), sym()), (sym(), sym()), dt.width // 8)
+        part = fake_tensor(cutlass.Float32, (sym(), sym(), sym()), (sym(), sym(), 1), 4)
+        counter = fake_tensor(cutlass.Int32, (sym(),), (1,), 4)
+        return kernel, (w, x, y, unread, unread, part, counter, cutlass.Int32(1), cutlass.Int32(1), fake_stream())
+
+    def dynamic_smem_bytes(self, p):
+        return self.schedule_of(p).smem_bytes(p["col_tiles"], dense=True)
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"col_tiles": 2, "dtype": "fp16", "stages": 2})]
+
+
+GEMV_STREAM = GemvStreamSpec(
+    name="gemv.stream", family="gemv", lesson=3,
+    summary="y = x W^T for x of 1-64 rows, W (N, K) 16-bit: the W4A16 streaming kernel's dense mode (W and x by TMA "
+            "into a swizzled stage ring, mma.sync with W as A, split K reduced by the last CTA of each tile)",
+    ops=("gemm",), status="ready", schedule=W4A16Plan,
+    params={
+        "dtype": Param("bf16", ("bf16", "fp16"), "signature", "element type of W, x and y"),
+        "col_tiles": Param(1, COL_TILES, "signature", "n8 tiles of x's rows (M <= 8 x this)"),
+        "consumer_warps": Param(4, (2, 4, 8), help="MMA warps per CTA (plus one TMA producer warp)"),
+        "m_tiles": Param(1, (1, 2), help="16-row MMA tiles of W per consumer warp"),
+        "stages": Param(3, (2, 3, 4), help="stages of the TMA ring (256 k of W and x each)"),
+        "k_boxes": Param(1, (1, 2), help="256-k boxes of W a stage"),
+    },
+)
+
+SPECS = (GEMV, GEMV_MMA, GEMV_STREAM)

@@ -90,6 +90,50 @@ def _gemv_cuda(w, x, tensor_cores=None):
 
 register_op("cute_kernels::gemv", "(Tensor w, Tensor x) -> Tensor", _gemv_cuda, _gemv_fake)
 
+# x (M, K) @ W^T for W (N, K) at M <= STREAM_MAX_M: the streaming kernel (`gemv.stream`), which `gemm` runs for such
+# shapes when STREAM is on (a decode step's projections)
+STREAM_MAX_M = 16
+STREAM = None  # None: by shape (`schedules.w4a16.use_stream(dense=True)`); True / False: always / never
+
+
+def stream_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `skinny(x, w)` takes these operands as they are: 16-bit, 2-D, unit inner strides, 16-byte aligned
+    rows, K a multiple of 8, 1 <= M <= STREAM_MAX_M."""
+    m, k = x.shape
+    return (x.dtype == w.dtype and x.dtype in (torch.bfloat16, torch.float16) and 1 <= m <= STREAM_MAX_M
+            and k % 8 == 0 and k > 0 and w.shape[0] > 0 and x.stride(-1) == 1 and w.stride(-1) == 1
+            and (m == 1 or x.stride(0) % 8 == 0) and w.stride(0) % 8 == 0
+            and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0)
+
+
+def skinny(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, plan=None) -> torch.Tensor:
+    """y = x @ w.T (M, N) for x (M, K), w (N, K) with `stream_ok`; fp32 accumulation, split K reduced in a fixed
+    order (deterministic), one rounding. `plan`: a `W4A16Plan` instead of the op's (benchmarks, the lab)."""
+    from cute_kernels.gemv import GEMV_STREAM
+    from cute_kernels.torch_ops import split_counters
+    from schedules.w4a16 import col_tiles_of, plan_w4a16, splits_for
+
+    m, k = x.shape
+    n = w.shape[0]
+    y = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 1 and x.stride(0) % 8:
+        x = x.as_strided((1, k), (-(-k // 8) * 8, 1))
+    sms = num_sms(x.device.index or 0)
+    if plan is None:
+        plan, splits, per = plan_w4a16(m, n, k, sms, dense=True)
+    else:
+        splits, per = splits_for(plan, m, n, k, sms, dense=True)
+    if splits > 1:
+        part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+        counter = split_counters(x.device, -(-n // plan.tile_n))
+    else:
+        part = placeholder(x.device, (1, 1, 1), torch.float32)
+        counter = placeholder(x.device, (1,), torch.int32)
+    fn = GEMV_STREAM.compiled(plan, dtype=dtypes.name_of(x.dtype), col_tiles=col_tiles_of(m))
+    ph = placeholder(x.device, (1, 1), x.dtype)
+    fn(w, x, y, ph, ph, part, counter, per, splits)
+    return y
+
 
 def gemv(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """w @ x for w (N, K) and x (K,) or (K, B), B <= 8; fp32 accumulation."""

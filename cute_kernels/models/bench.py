@@ -189,7 +189,53 @@ def llama_prefill(shapes=None, quick=False, ceilings=None):
                            "measured": f"min {r.ratio('HF torch.compile bf16'):.2f}x ({r.shape})",
                            "ok": r.ratio("HF torch.compile bf16") >= goal})
     extra = f"compute ceiling: torch.matmul bf16 8192^3 in this run, {peak:.0f} TFLOP/s"
+    extra += "\n\n" + _prefill_breakdown(layers["bf16"], *cases[0])
     return rows, ["HF torch.compile bf16"], checks, extra, {}
+
+
+def _prefill_breakdown(layer, b: int, s: int, reps: int = 5) -> str:
+    """Per-stage times of the bf16 layer's prefill (CUDA events at its stage boundaries) beside the same stage in
+    torch where one op does it (the projections: torch.matmul; attention: SDPA's cuDNN causal; the norms and
+    SwiGLU: torch.compile of the formula), as a markdown table."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cfg = layer.cfg
+    h, hq, hk, d, i = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate
+    t = b * s
+    x = H.randn(b, s, h, seed=7)
+    per: dict = {}
+    for _ in range(reps):
+        layer.marks = []
+        layer(x)
+        torch.cuda.synchronize()
+        marks, layer.marks = layer.marks, None
+        for (name, e0), (_, e1) in zip(marks, marks[1:]):
+            per.setdefault(name, []).append(e0.elapsed_time(e1) * 1e3)
+    ours = {st: sorted(v)[len(v) // 2] for st, v in per.items()}
+    a = H.randn(t, h, seed=1)
+    p = layer.p
+    q, k, v = (H.randn(b, n, s, d, seed=j) for j, n in ((2, hq), (3, hk), (4, hk)))
+    o2 = H.randn(t, hq * d, seed=5)
+    gu = H.randn(t, 2 * i, seed=6)
+    g = H.randn(t, i, seed=8)
+    norm = torch.compile(lambda z, w: (z.float() * torch.rsqrt(z.float().pow(2).mean(-1, keepdim=True) + cfg.eps)
+                                       * w.float()).to(z.dtype))
+    glu = torch.compile(lambda z: (torch.nn.functional.silu(z[:, :i].float()) * z[:, i:].float()).to(z.dtype))
+
+    def sdpa():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch_fns = {"norm_in": lambda: norm(a, p["w_in"]), "qkv": lambda: a @ p["w_qkv"].t(), "attention": sdpa,
+                 "o_proj": lambda: o2 @ p["w_o"].t(), "norm_post": lambda: norm(a, p["w_post"]),
+                 "gate_up": lambda: a @ p["w_gu"].t(), "swiglu": lambda: glu(gu), "down": lambda: g @ p["w_down"].t()}
+    ref = {st: H.do_bench(f)["median_ms"] * 1e3 for st, f in torch_fns.items()}
+    lines = [f"### Per-stage breakdown, bf16 prefill B {b} S {s} (eager, CUDA events at the stage boundaries)", "",
+             "| stage | ours us | torch us (one op) | x torch |", "|---|---|---|---|"]
+    for st, us in ours.items():
+        r = ref.get(st)
+        lines.append(f"| {st} | {us:.1f} | {f'{r:.1f}' if r else 'n/a'} | {f'{r / us:.2f}' if r else 'n/a'} |")
+    lines.append(f"| total | {sum(ours.values()):.1f} | | |")
+    return "\n".join(lines)
 
 
 SUITES = {"llama_decode": llama_decode, "llama_prefill": llama_prefill}

@@ -16,7 +16,8 @@ from cute_kernels.catalog import SIG_COMMON, KernelSpec, Param
 from cute_kernels.fake import fake_stream, fake_tensor, index_sym
 from cute_kernels.lazy import cutlass
 from schedules.gemv import GemvMmaPlan
-from schedules.w4a16 import MAX_COL_TILES, W4A16Plan
+from schedules.grid_stride import GridStride
+from schedules.w4a16 import COL_TILES, W4A16Plan
 
 GROUPS = (0, 32, 64, 128)  # 0: per channel (one group of K)
 
@@ -79,9 +80,10 @@ class W4A16StreamSpec(KernelSpec):
         n, m, k = sym(), sym(), sym(32)
         w = fake_tensor(cutlass.Int32, (n, sym(4)), (sym(4), 1), 16)
         x = fake_tensor(dt, (m, k), (sym(8), 1), 16)
-        y = fake_tensor(dt, (m, n), (sym(), 1), dt.width // 8)
+        y = fake_tensor(dt, (m, n), (sym(), sym()), dt.width // 8)
         scales, zeros = (fake_tensor(dt, (n, sym()), (sym(), sym()), dt.width // 8) for _ in range(2))
-        part = fake_tensor(cutlass.Float32, (sym(), m, n), (sym(), sym(), 1), 4)
+        # (own symbols: with one split the workspace is a placeholder of another shape)
+        part = fake_tensor(cutlass.Float32, (sym(), sym(), sym()), (sym(), sym(), 1), 4)
         counter = fake_tensor(cutlass.Int32, (sym(),), (1,), 4)
         return kernel, (w, x, y, scales, zeros, part, counter, cutlass.Int32(1), cutlass.Int32(1), fake_stream())
 
@@ -106,13 +108,52 @@ W4A16_STREAM = W4A16StreamSpec(
     ops=("gemm_w4a16",), status="ready", schedule=W4A16Plan,
     params={
         "dtype": Param("bf16", ("bf16", "fp16"), "signature", "element type of x, the scales and y"),
-        "col_tiles": Param(1, tuple(range(1, MAX_COL_TILES + 1)), "signature", "n8 tiles of x's rows (M <= 8 x this)"),
+        "col_tiles": Param(1, COL_TILES, "signature", "n8 tiles of x's rows (M <= 8 x this)"),
         "group": Param(128, GROUPS, "signature", "group size along K (0: per channel)"),
         "zeros": Param(False, (True, False), "signature", "zero points (else symmetric, zero point 8)"),
         "consumer_warps": Param(4, (2, 4, 8), help="MMA warps per CTA (plus one TMA producer warp)"),
         "m_tiles": Param(2, (1, 2, 4), help="16-row MMA tiles of W per consumer warp"),
         "stages": Param(4, (2, 3, 4, 5, 6), help="stages of the TMA ring (256 k of W and x each)"),
+        "k_boxes": Param(1, (1, 2, 4), help="256-k boxes of W a stage"),
     },
 )
 
-SPECS = (W4A16_MMA, W4A16_STREAM)
+
+
+@dataclass(frozen=True, eq=False)
+class DequantSpec(KernelSpec):
+    def build(self, p):
+        from cute_kernels.w4a16.kernels import Int4Dequant
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        kernel = Int4Dequant(dt, p["group"], p["zeros"], self.schedule_of(p))
+        sym = lambda d=1: index_sym(False, d)  # noqa: E731
+        n = sym()
+        w = fake_tensor(cutlass.Int32, (n, sym(4)), (sym(4), 1), 16)
+        out = fake_tensor(dt, (n, sym(32)), (sym(8), 1), 16)
+        scales, zeros = (fake_tensor(dt, (n, sym()), (sym(), sym()), dt.width // 8) for _ in range(2))
+        return kernel, (w, scales, zeros, out, cutlass.Int32(1), fake_stream())
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"zeros": True, "group": 32, "dtype": "fp16"})]
+
+
+DEQUANT_TUNED = GridStride(threads=256, unroll=2, ctas_per_sm=8, order="cta")
+
+W4A16_DEQUANT = DequantSpec(
+    name="w4a16.dequant", family="w4a16", lesson=0,
+    summary="the packed int4 weight dequantized to (N, K) in one pass ((q - z) s rounded once, unpack_int4's "
+            "values): a 16-byte span of 32 k a work item, four 16-byte stores; the prefill path's first half",
+    ops=("gemm_w4a16",), status="ready", schedule=GridStride,
+    params={
+        "dtype": Param("bf16", ("bf16", "fp16"), "signature", "element type of the scales and the output"),
+        "group": Param(128, GROUPS, "signature", "group size along K (0: per channel)"),
+        "zeros": Param(False, (True, False), "signature", "zero points (else symmetric, zero point 8)"),
+        "threads": Param(DEQUANT_TUNED.threads, (128, 256, 512), help="threads per CTA"),
+        "unroll": Param(DEQUANT_TUNED.unroll, (1, 2, 4), help="spans a thread loads before it stores"),
+        "ctas_per_sm": Param(DEQUANT_TUNED.ctas_per_sm, (0, 4, 8, 16), help="grid cap per SM (0: one pass)"),
+        "order": Param(DEQUANT_TUNED.order, ("grid", "cta"), help="how one pass lays out its spans"),
+    },
+)
+
+SPECS = (W4A16_MMA, W4A16_STREAM, W4A16_DEQUANT)

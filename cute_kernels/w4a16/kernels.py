@@ -39,10 +39,10 @@ from collectives.int4 import dequant_pair, magic_of, pair_of
 from collectives.smem_tiles import swizzle_128b
 from collectives.tma_pipeline import make_pipeline
 from collectives.vector_io import extent
-from schedules.w4a16 import TILE_K, W4A16Plan
+from schedules.w4a16 import MAX_SPLITS, TILE_K, W4A16Plan  # (TILE_K: k of one W box)
 
 X_BOX = 64  # k of one x box (128 bytes of 16-bit elements: the 128-byte swizzle)
-WORDS = TILE_K // 8  # packed int32 words of a W row in a stage
+WORDS = TILE_K // 8  # packed int32 words of a W row in one box (128 bytes)
 CHUNK = 128  # k of one chunk: four lanes' 32-k units
 _EPI_BAR = 1  # named barrier of the consumer warps (0 is the CTA's)
 
@@ -53,13 +53,18 @@ def mma_row(g: int) -> int:
 
 
 class W4A16Stream:
-    def __init__(self, dtype, col_tiles: int, group: int, zeros: bool, plan: W4A16Plan):
+    """`dense`: W itself in x's dtype (the skinny GEMM / GEMV of `cute_kernels.gemv`): four TMA boxes of (tile_n, 64)
+    a stage like x's, each lane's unit of a row read as four 16-byte vectors like its x unit (two lanes a bank group:
+    rows in order, the int4 row permutation would make it four), no scales."""
+
+    def __init__(self, dtype, col_tiles: int, group: int, zeros: bool, plan: W4A16Plan, dense: bool = False):
         if dtype.width != 16:
             raise ValueError(f"W4A16 activations are bf16 / fp16, got {dtype}")
         if group % 32:
             raise ValueError(f"int4 groups must be a multiple of 32 columns, got {group}")
         self.dtype, self.col_tiles, self.group, self.zeros, self.plan = dtype, col_tiles, group, zeros, plan
-        self.fold = group == 0 or group >= CHUNK  # a chunk inside one group: scales on the fp32 sums
+        self.dense = dense
+        self.fold = not dense and (group == 0 or group >= CHUNK)  # a chunk inside one group: scales on fp32 sums
 
     @cute.jit
     def __call__(self, w: cute.Tensor, x: cute.Tensor, y: cute.Tensor, scales: cute.Tensor, zeros: cute.Tensor,
@@ -70,12 +75,14 @@ class W4A16Stream:
         p, dt = self.plan, self.dtype
         xr = 8 * self.col_tiles
         swz = swizzle_128b()
+        kb = p.k_boxes
+        wt, w_cols, w_boxes = (dt, X_BOX, 4 * kb) if self.dense else (Int32, WORDS, kb)  # a box: 128-byte rows
         w_layout = cute.make_composed_layout(swz, 0, cute.make_layout(
-            (p.tile_n, WORDS, p.stages), stride=(WORDS, 1, p.tile_n * WORDS)))
+            (p.tile_n, w_cols, w_boxes * p.stages), stride=(w_cols, 1, p.tile_n * w_cols)))
         x_layout = cute.make_composed_layout(swz, 0, cute.make_layout(
-            (xr, X_BOX, 4 * p.stages), stride=(X_BOX, 1, xr * X_BOX)))
+            (xr, X_BOX, 4 * kb * p.stages), stride=(X_BOX, 1, xr * X_BOX)))
         tma_w, gw = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), w,
-                                                cute.slice_(w_layout, (None, None, 0)), (p.tile_n, WORDS))
+                                                cute.slice_(w_layout, (None, None, 0)), (p.tile_n, w_cols))
         tma_x, gx = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), x,
                                                 cute.slice_(x_layout, (None, None, 0)), (xr, X_BOX))
 
@@ -83,7 +90,7 @@ class W4A16Stream:
         class Storage:
             bars: cute.struct.MemRange[cutlass.Int64, p.stages * 2]
             last: cute.struct.MemRange[Int32, 4]  # the finished-split count the counter's add returned
-            sW: cute.struct.Align[cute.struct.MemRange[Int32, cute.cosize(w_layout.outer)], 1024]
+            sW: cute.struct.Align[cute.struct.MemRange[wt, cute.cosize(w_layout.outer)], 1024]
             sX: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(x_layout.outer)], 1024]
 
         self.storage = Storage
@@ -103,8 +110,10 @@ class W4A16Stream:
             cpasync.prefetch_descriptor(tma_x)
         smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(self.storage)
-        tx = cute.size_in_bytes(Int32, cute.slice_(w_layout, (None, None, 0))) + \
-            4 * cute.size_in_bytes(self.dtype, cute.slice_(x_layout, (None, None, 0)))
+        kb = p.k_boxes
+        wt, w_boxes = (self.dtype, 4 * kb) if self.dense else (Int32, kb)
+        tx = w_boxes * cute.size_in_bytes(wt, cute.slice_(w_layout, (None, None, 0))) + \
+            4 * kb * cute.size_in_bytes(self.dtype, cute.slice_(x_layout, (None, None, 0)))
         pipe = make_pipeline(st.bars.data_ptr(), p.stages, tx, (1, 1), p.consumer_warps)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
         sW = st.sW.get_tensor(w_layout.outer, swizzle=w_layout.inner)
@@ -112,7 +121,7 @@ class W4A16Stream:
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         tile, split, _ = cute.arch.block_idx()
-        k_tiles = (extent(mX, 1) + TILE_K - 1) // TILE_K
+        k_tiles = (extent(mX, 1) + p.tile_k - 1) // p.tile_k
         first = split * per_split
         count = cutlass.max(cutlass.min(first + per_split, k_tiles) - first, 0)
         if warp == p.consumer_warps:
@@ -126,7 +135,9 @@ class W4A16Stream:
     def produce(self, tma_w: cute.CopyAtom, mW: cute.Tensor, sW: cute.Tensor, tma_x: cute.CopyAtom, mX: cute.Tensor,
                 sX: cute.Tensor, pipe, tile: Int32, first: Int32, count: Int32):
         p = self.plan
-        gW = cute.flat_divide(mW, (p.tile_n, WORDS))  # (tile_n, words, W tiles, k tiles)
+        w_cols = X_BOX if self.dense else WORDS
+        kb = p.k_boxes
+        gW = cute.flat_divide(mW, (p.tile_n, w_cols))  # (tile_n, 128 bytes, W tiles, boxes along K)
         gX = cute.flat_divide(mX, (8 * self.col_tiles, X_BOX))  # (rows, 64, 1, x boxes)
         tWsW, tWgW = cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                                            cute.group_modes(gW, 0, 2))
@@ -137,9 +148,12 @@ class W4A16Stream:
             kt = first + i
             pipe.producer_acquire(state)
             bar = pipe.producer_get_barrier(state)
-            cute.copy(tma_w, tWgW[(None, tile, kt)], tWsW[(None, state.index)], tma_bar_ptr=bar)
-            for b in cutlass.range_constexpr(4):
-                cute.copy(tma_x, tXgX[(None, 0, 4 * kt + b)], tXsX[(None, 4 * state.index + b)], tma_bar_ptr=bar)
+            wb = 4 * kb if cutlass.const_expr(self.dense) else kb  # W boxes a stage
+            for b in cutlass.range_constexpr(wb):
+                cute.copy(tma_w, tWgW[(None, tile, wb * kt + b)], tWsW[(None, wb * state.index + b)], tma_bar_ptr=bar)
+            for b in cutlass.range_constexpr(4 * kb):
+                cute.copy(tma_x, tXgX[(None, 0, 4 * kb * kt + b)], tXsX[(None, 4 * kb * state.index + b)],
+                          tma_bar_ptr=bar)
             pipe.producer_commit(state)
             state.advance()
         pipe.producer_tail(state)
@@ -156,7 +170,7 @@ class W4A16Stream:
         c = lane % 4
         m = extent(mX, 0)
         n = extent(mY, 1)
-        perm = g // 2 + 4 * (g % 2)
+        perm = g if cutlass.const_expr(self.dense) else g // 2 + 4 * (g % 2)  # (`mma_row`)
 
         op = warp_mma.MmaF16BF16Op(dt, Float32, (16, 8, 16))
         atom = cute.make_mma_atom(op)
@@ -178,35 +192,42 @@ class W4A16Stream:
         srow = [[16 * (MT * warp + mt) + 8 * h + perm for h in range(2)] for mt in range(MT)]
         grow = [[cutlass.min(tile * p.tile_n + srow[mt][h], n - 1) for h in range(2)] for mt in range(MT)]
         xrow = [cutlass.min(8 * nt + g, m - 1) for nt in range(NT)]  # lanes past M re-read the last row (dropped)
-        groups = extent(mS, 1)
+
+        # the scales (and zero points) of a stage are loaded one stage ahead into registers: one group per unit (per
+        # chunk when folded), for each (chunk, m tile, half)
+        chunks = p.tile_k // CHUNK  # a stage's 128-k chunks
+        nsz = 0 if self.dense else chunks * MT * 2
+        s_next = cute.make_rmem_tensor((max(nsz, 1),), dt)
+        z_next = cute.make_rmem_tensor((max(nsz, 1),), dt)
+        if cutlass.const_expr(nsz > 0):
+            self.load_scales(mS, mZ, s_next, z_next, first, grow, c)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, p.stages)
         for i in cutlass.range(count, unroll=1):
             kt = first + i
-            # the stage's scales (and zero points) before the wait: one group per unit (per chunk when folded)
             sz = []
-            for jj in cutlass.range_constexpr(TILE_K // CHUNK):
-                k0 = kt * TILE_K + jj * CHUNK
-                if cutlass.const_expr(not self.fold):
-                    k0 = k0 + 32 * c
-                gi = 0 if cutlass.const_expr(self.group == 0) else cutlass.min(k0 // self.group, groups - 1)
-                sz.append([[self.load_group(mS, mZ, grow[mt][h], gi) for h in range(2)] for mt in range(MT)])
+            for jj in cutlass.range_constexpr(0 if self.dense else chunks):
+                sz.append([[self.group_words(s_next[(jj * MT + mt) * 2 + h], z_next[(jj * MT + mt) * 2 + h])
+                            for h in range(2)] for mt in range(MT)])
+            if cutlass.const_expr(nsz > 0):
+                self.load_scales(mS, mZ, s_next, z_next, kt + 1, grow, c)  # (past the split's end: unused, in range)
             pipe.consumer_wait(state)
-            for jj in cutlass.range_constexpr(TILE_K // CHUNK):
+            for jj in cutlass.range_constexpr(chunks):
                 units = []
-                for mt in cutlass.range_constexpr(MT):
+                for mt in cutlass.range_constexpr(0 if self.dense else MT):
                     hs = []
                     for h in cutlass.range_constexpr(2):
-                        row = cute.logical_divide(sW[(srow[mt][h], None, state.index)], cute.make_layout(4))
+                        row = cute.logical_divide(sW[(srow[mt][h], None, p.k_boxes * state.index + jj // 2)],
+                                                  cute.make_layout(4))
                         u = cute.make_rmem_tensor((4,), Int32)
-                        u.store(row[(None, 4 * jj + c)].load())
+                        u.store(row[(None, 4 * (jj % 2) + c)].load())
                         hs.append(u)
                     units.append(hs)
                 if cutlass.const_expr(self.fold):
                     for mt in cutlass.range_constexpr(MT):
                         for nt in cutlass.range_constexpr(NT):
                             sums[mt][nt].fill(0.0)
-                box = 4 * state.index + 2 * jj + c // 2
+                box = 4 * p.k_boxes * state.index + 2 * jj + c // 2  # x's (and dense W's) box of the unit
                 for v in cutlass.range_constexpr(4):
                     xs = []
                     for nt in cutlass.range_constexpr(NT):
@@ -214,6 +235,15 @@ class W4A16Stream:
                         r = cute.make_rmem_tensor((8,), dt)
                         r.store(xv[(None, 4 * (c % 2) + v)].load())
                         xs.append(cute.recast_tensor(r, Int32))
+                    wvs = []  # dense: the rows' vector v of their units, as x's
+                    for mt in cutlass.range_constexpr(MT if self.dense else 0):
+                        hs = []
+                        for h in cutlass.range_constexpr(2):
+                            wv = cute.logical_divide(sW[(srow[mt][h], None, box)], cute.make_layout(8))
+                            r = cute.make_rmem_tensor((8,), dt)
+                            r.store(wv[(None, 4 * (c % 2) + v)].load())
+                            hs.append(cute.recast_tensor(r, Int32))
+                        wvs.append(hs)
                     for t in cutlass.range_constexpr(2 * v, 2 * v + 2):
                         for nt in cutlass.range_constexpr(NT):  # values 4t .. 4t+3 of the unit: words 2 (t % 2), +1
                             fb_w[nt][0] = xs[nt][2 * (t % 2)]
@@ -221,9 +251,12 @@ class W4A16Stream:
                         for mt in cutlass.range_constexpr(MT):
                             for e in cutlass.range_constexpr(4):  # a0a1: row g lo; a2a3: g + 8 lo; a4a5, a6a7: hi
                                 h, hi = e % 2, e // 2
-                                neg_off, s2 = sz[jj][mt][h]
-                                fa_w[e] = dequant_pair(units[mt][h][t // 2], 2 * (t % 2) + hi, neg_off,
-                                                       None if cutlass.const_expr(self.fold) else s2, dt)
+                                if cutlass.const_expr(self.dense):
+                                    fa_w[e] = wvs[mt][h][2 * (t % 2) + hi]
+                                else:
+                                    neg_off, s2 = sz[jj][mt][h]
+                                    fa_w[e] = dequant_pair(units[mt][h][t // 2], 2 * (t % 2) + hi, neg_off,
+                                                           None if cutlass.const_expr(self.fold) else s2, dt)
                             for nt in cutlass.range_constexpr(NT):
                                 cute.gemm(atom, sums[mt][nt], fa, fbs[nt], sums[mt][nt])
                 if cutlass.const_expr(self.fold):
@@ -236,12 +269,29 @@ class W4A16Stream:
         self.epilogue(accs, mY, mP, mC, last, tile, split, srow, m, n, g, c, tidx)
 
     @cute.jit
-    def load_group(self, mS: cute.Tensor, mZ: cute.Tensor, row: Int32, gi: Int32):
+    def load_scales(self, mS: cute.Tensor, mZ: cute.Tensor, s_out: cute.Tensor, z_out: cute.Tensor, kt: Int32, grow,
+                    c: Int32):
+        """Stage kt's scales (and zero points) of the lane's rows into s_out / z_out[(jj * m_tiles + mt) * 2 + h]:
+        the group of the lane's unit (of its chunk when folded), clamped into the tensor."""
+        MT = self.plan.m_tiles
+        groups = extent(mS, 1)
+        for jj in cutlass.range_constexpr(self.plan.tile_k // CHUNK):
+            k0 = kt * self.plan.tile_k + jj * CHUNK
+            if cutlass.const_expr(not self.fold):
+                k0 = k0 + 32 * c
+            gi = 0 if cutlass.const_expr(self.group == 0) else cutlass.min(k0 // self.group, groups - 1)
+            for mt in cutlass.range_constexpr(MT):
+                for h in cutlass.range_constexpr(2):
+                    s_out[(jj * MT + mt) * 2 + h] = mS[grow[mt][h], gi]
+                    if cutlass.const_expr(self.zeros):
+                        z_out[(jj * MT + mt) * 2 + h] = mZ[grow[mt][h], gi]
+
+    @cute.jit
+    def group_words(self, s, z):
         """(-(M + z) twice, the scale) of one row's group: the scale as fp32 when folded, else twice in a word."""
         _, magic = magic_of(self.dtype)
-        s = mS[row, gi]
         if cutlass.const_expr(self.zeros):
-            off = -(mZ[row, gi].to(Float32) + magic)
+            off = -(z.to(Float32) + magic)
         else:
             off = Float32(-(8.0 + magic))
         scale = s.to(Float32) if cutlass.const_expr(self.fold) else pair_of(s, self.dtype)
@@ -289,7 +339,67 @@ class W4A16Stream:
                             row = base + srow[mt][e // 2]
                             col = 8 * nt + 2 * c + e % 2
                             if row < n and col < m:
-                                total = mP[0, col, row]
-                                for s in cutlass.range(1, splits, unroll=1):
-                                    total = total + mP[s, col, row]
+                                # every split's partial loaded at once (one round trip), added in split order
+                                parts = [mP[cutlass.min(s, splits - 1), col, row] for s in range(MAX_SPLITS)]
+                                total = parts[0]
+                                for s in cutlass.range_constexpr(1, MAX_SPLITS):
+                                    if s < splits:
+                                        total = total + parts[s]
                                 mY[col, row] = total.to(self.dtype)
+
+
+class Int4Dequant:
+    """The dequantized weight (N, K) in the scales' dtype from the packed one, one pass (the M > 64 path: then a
+    bf16 / fp16 GEMM): (q - z) s rounded once, `unpack_int4`'s values. A work item is one 16-byte span of a row
+    (32 k, one group): 16 dequantized pairs (`collectives.int4`) stored as four 16-byte vectors in k order (word m
+    of the span holds elements 8m .. 8m + 7, pair j elements 8m + 2j, + 1). Grid-stride walk (`GridStride`), the
+    spans of a pass contiguous."""
+
+    def __init__(self, dtype, group: int, zeros: bool, schedule):
+        self.dtype, self.group, self.zeros, self.s = dtype, group, zeros, schedule
+
+    @cute.jit
+    def __call__(self, w: cute.Tensor, scales: cute.Tensor, zeros: cute.Tensor, out: cute.Tensor, ctas: Int32,
+                 stream):
+        self.kernel(w, scales, zeros, out).launch(grid=[ctas, 1, 1], block=[self.s.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, w: cute.Tensor, mS: cute.Tensor, mZ: cute.Tensor, out: cute.Tensor):
+        from collectives.vector_io import as_vectors
+
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        rows = extent(w, 0)
+        spans = extent(w, 1) // 4  # per row
+        total = rows * spans
+        first, step, jump = self.s.thread_walk(bidx, gdim, tidx)
+        _, magic = magic_of(self.dtype)
+        u = self.s.unroll
+        passes = (total - first + jump - 1) // jump
+        for it in cutlass.range(passes, unroll=1):
+            items = []
+            for j in cutlass.range_constexpr(u):  # every item's loads first (u spans in flight), then the stores
+                i = cutlass.min(first + it * jump + j * step, total - 1)  # (a clamped item repeats the last span)
+                row = i // spans
+                sp = i - row * spans
+                wv = as_vectors(w[row, None], extent(w, 1), 4)
+                words = cute.make_rmem_tensor((4,), Int32)
+                words.store(wv[(None, sp)].load())
+                gi = 0 if cutlass.const_expr(self.group == 0) else sp * 32 // self.group
+                s = mS[row, gi]
+                if cutlass.const_expr(self.zeros):
+                    off = -(mZ[row, gi].to(Float32) + magic)
+                else:
+                    off = Float32(-(8.0 + magic))
+                items.append((row, sp, words, s, off))
+            for j in cutlass.range_constexpr(u):
+                row, sp, words, s, off = items[j]
+                neg2, s2 = pair_of(self.dtype(off), self.dtype), pair_of(s, self.dtype)
+                ov = as_vectors(out[row, None], extent(out, 1), 8)
+                for m_ in cutlass.range_constexpr(4):
+                    r = cute.make_rmem_tensor((8,), self.dtype)
+                    rw = cute.recast_tensor(r, Int32)
+                    for pj in cutlass.range_constexpr(4):
+                        rw[pj] = dequant_pair(words[m_], pj, neg2, s2, self.dtype)
+                    ov[(None, 4 * sp + m_)].store(r.load())

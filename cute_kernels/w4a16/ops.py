@@ -8,7 +8,8 @@ M = x's rows: up to 64 in one pass of the streaming kernel (`kernels.py`: W by T
 mma.sync on the dequantized weight; for groups of 128 or more the scale multiplies the group's fp32 partial sums, so
 y = x @ ((q - z) s)^T without the weight's rounding); above that the weight is dequantized in torch and multiplied
 by `gemm` (correct, not yet fast: the prefill path with the dequantization in front of WGMMA is still to come).
-`STREAM = False` runs the tensor-core GEMV mainloop (`cute_kernels.gemv.mma`, 16 rows a pass) instead.
+Up to 16 rows on weights under `schedules.w4a16.STREAM_MIN_WEIGHTS` the tensor-core GEMV mainloop
+(`cute_kernels.gemv.mma`) runs instead (ahead there: both are latency-bound); `STREAM` forces either.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from cute_kernels.torch_ops import INDEX32_LIMIT, call, placeholder, register_op
 from cute_kernels.w4a16.pack import _check_group, pack_int4, unpack_int4  # noqa: F401  (re-exported)
 from schedules.gemv import plan_gemv_mma
 from schedules.hardware import num_sms
-from schedules.w4a16 import col_tiles_of, plan_w4a16
+from schedules.w4a16 import col_tiles_of, plan_w4a16, splits_for, use_stream
 
 MMA_MAX_M = 16  # rows of x one pass of the tensor-core GEMV mainloop takes
 PASSES_MAX_M = 64  # up to here one pass of the streaming kernel (or passes of the GEMV's); above, dequantize + `gemm`
-STREAM = False  # (until the streaming kernel is measured on the GPU)
+STREAM = None  # None: by shape (`schedules.w4a16.use_stream`); True / False: always / never (up to 16 rows)
 
 
 def _check(x, w_packed, scales, zeros, group_size):
@@ -71,7 +72,7 @@ def _cuda(x, w_packed, scales, zeros=None, group_size=128):
     if m > PASSES_MAX_M:
         from cute_kernels.gemm.ops import gemm
 
-        y.copy_(gemm(x2, unpack_int4(w_packed, scales, zeros, g).t()))
+        y.copy_(gemm(x2, dequantize(w_packed, scales, zeros, g).t()))
         return out
     if x2.stride(-1) != 1 or (m > 1 and x2.stride(0) % 8) or x2.data_ptr() % 16:
         x2 = x2.contiguous()
@@ -80,7 +81,7 @@ def _cuda(x, w_packed, scales, zeros=None, group_size=128):
     w = w_packed if w_packed.stride(-1) == 1 and w_packed.stride(0) % 4 == 0 and w_packed.data_ptr() % 16 == 0 \
         else w_packed.contiguous()
     sms = num_sms(x.get_device())
-    if STREAM:
+    if m > MMA_MAX_M or (STREAM if STREAM is not None else use_stream(m, n, k)):
         _stream(x2, w, scales, zeros, g, y, sms)
         return out
     plan = plan_gemv_mma(n, k // 4, sms)  # (the plan counts 32-wide chunks; an int4 chunk is 128 k)
@@ -96,12 +97,33 @@ def _cuda(x, w_packed, scales, zeros=None, group_size=128):
     return out
 
 
-def _stream(x2, w, scales, zeros, g, y, sms):
+def dequantize(w_packed, scales, zeros, g):
+    """The dequantized weight (N, K) in the scales' dtype by the one-pass kernel (`unpack_int4`'s values)."""
+    from cute_kernels.w4a16 import DEQUANT_TUNED, W4A16_DEQUANT
+
+    n, kw = w_packed.shape
+    k = 8 * kw
+    w = w_packed if w_packed.stride(-1) == 1 and w_packed.stride(0) % 4 == 0 and w_packed.data_ptr() % 16 == 0 \
+        else w_packed.contiguous()
+    out = torch.empty((n, k), dtype=scales.dtype, device=w.device)
+    if n * k > INDEX32_LIMIT:  # (the kernel indexes in 32 bits)
+        return unpack_int4(w_packed, scales, zeros, g)
+    fn = W4A16_DEQUANT.compiled(DEQUANT_TUNED, dtype=dtypes.name_of(scales.dtype), group=0 if g == k else g,
+                                zeros=zeros is not None)
+    fn(w, scales, zeros if zeros is not None else scales, out, DEQUANT_TUNED.grid(n * k // 32, num_sms(w.get_device())))
+    return out
+
+
+def _stream(x2, w, scales, zeros, g, y, sms, plan=None):
+    """The streaming kernel into y (M, N); `plan`: a `W4A16Plan` instead of the op's (benchmarks, the lab)."""
     from cute_kernels.w4a16 import W4A16_STREAM
 
     m, k = x2.shape
     n = w.shape[0]
-    plan, splits, per = plan_w4a16(m, n, k, sms)
+    if plan is None:
+        plan, splits, per = plan_w4a16(m, n, k, sms)
+    else:
+        splits, per = splits_for(plan, m, n, k, sms)
     if splits * m * n > INDEX32_LIMIT:
         raise ValueError(f"gemm_w4a16: x of {m} rows and W of {n} rows exceed the kernel's 32-bit indexing")
     if splits > 1:

@@ -34,3 +34,18 @@ for m, n, k in shapes:
           "  ".join(f"{c} {v * 1e3:7.1f} us ({wb / v / 1e9 / read * 100:5.1f} %)" for c, v in t.items()) +
           f"  stream/cuBLAS {t['cuBLAS bf16'] / t['stream']:.2f}x  stream/gemv {t['gemv-mma'] / t['stream']:.2f}x")
     sys.stdout.flush()
+
+# the dense mode (gemv.stream) against the GEMM op's small-M path and cuBLAS, at the decode layer's projections
+from cute_kernels.gemv import ops as G  # noqa: E402
+
+for m, n, k in [(1, 6144, 4096), (1, 4096, 4096), (1, 28672, 4096), (1, 4096, 14336), (4, 6144, 4096),
+                (16, 4096, 14336), (1, 8192, 8192)]:
+    x, w = H.randn(m, k, seed=1), H.randn(n, k, seed=2)
+    err = ((G.skinny(x, w).float() - x.float() @ w.float().t()).norm() / (x.float() @ w.float().t()).norm()).item()
+    res = H.do_bench_interleaved({"stream": lambda: G.skinny(x, w), "ck.gemm": lambda: ck.gemm(x, w.t()),
+                                  "cuBLAS": lambda: x @ w.t()}, rep_ms=60)
+    t = {c: r["median_ms"] for c, r in res.items()}
+    wb = n * k * 2 + m * k * 2 + m * n * 2
+    print(f"dense {m}x{n}x{k}: rel err {err:.1e}  " +
+          "  ".join(f"{c} {v * 1e3:7.1f} us ({wb / v / 1e9 / read * 100:5.1f} %)" for c, v in t.items()))
+    sys.stdout.flush()

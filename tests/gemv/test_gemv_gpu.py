@@ -4,7 +4,7 @@ x's layouts and determinism, the register tiles of unaligned and strided inputs.
 import pytest
 import torch
 
-from tests.helpers import EPS, randn
+from tests.helpers import EPS, poison_empty, randn, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -71,3 +71,23 @@ def test_gemv_row_blocks_unaligned_and_strided(cols):
     check(randn(769, 8192, dtype=torch.float16)[:, 8:4104], randn(cols, 4096, dtype=torch.float16).t())
     check(randn(1000, 4100, dtype=torch.float32), randn(cols, 4100, dtype=torch.float32).t())
     assert (ck.gemv(torch.empty(4, 0, device="cuda"), torch.empty(0, device="cuda")) == 0).all()
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 16])
+def test_stream_skinny_gemm(m, monkeypatch):
+    """The streaming kernel's dense mode: y = x W^T against fp32 at split counts 1 to 8, K off the 256-k stage, every
+    output written; deterministic; and `gemm` routes x @ W.t() to it with STREAM on."""
+    import cute_kernels as ck
+    from cute_kernels.gemv import ops as gv
+
+    poison_empty(monkeypatch)
+    for n, k in ((1000, 4096), (6144, 1032), (4096, 14336 + 8), (28672, 512)):
+        x, w = randn(m, k), randn(n, k)
+        assert gv.stream_ok(x, w)
+        y = gv.skinny(x, w)
+        ref = x.float() @ w.float().t()
+        assert torch.isfinite(y).all() and rel_err(y, ref) < 8e-3, (n, k)
+        assert torch.equal(y, gv.skinny(x, w))
+    monkeypatch.setattr(gv, "STREAM", True)
+    x, w = randn(m, 4096), randn(6144, 4096)
+    assert torch.equal(ck.gemm(x, w.t()), gv.skinny(x, w))

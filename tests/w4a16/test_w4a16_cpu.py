@@ -90,14 +90,14 @@ def test_fake_mode_and_named_errors():
 def test_stream_plan_fills_one_wave():
     """The streaming kernel's plan: tiles x splits fit the co-resident CTAs, splits divide K's 256-k tiles evenly
     enough, and the stage ring fits shared memory."""
-    from schedules.w4a16 import TILE_K, plan_w4a16
+    from schedules.w4a16 import col_tiles_of, plan_w4a16
 
     for m in (1, 8, 16, 24, 64):
         for n, k in ((28672, 8192), (8192, 28672), (4096, 14336), (6144, 4096), (4096, 4096), (1000, 4128)):
             plan, splits, per = plan_w4a16(m, n, k, 132)
-            ct = -(-m // 8)
+            ct = col_tiles_of(m)
             tiles = -(-n // plan.tile_n)
-            k_tiles = -(-k // TILE_K)
+            k_tiles = -(-k // plan.tile_k)
             assert splits * per >= k_tiles > (splits - 1) * per
             assert tiles * splits <= max(tiles, plan.ctas_per_sm(ct) * 132)
             assert plan.smem_bytes(ct) <= 227 * 1024

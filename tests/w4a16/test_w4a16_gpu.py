@@ -96,7 +96,7 @@ def test_paths_and_splits(m, stream, monkeypatch):
 
     poison_empty(monkeypatch)
     monkeypatch.setattr(ops, "STREAM", stream)
-    for n, k, g in ((1000, 4096, 128), (4096, 2048 + 32, 64), (28672, 1024, 128)):
+    for n, k, g in ((1000, 4096, 128), (4096, 2048 + 64, 64), (28672, 1024, 128)):
         x, p, s, z = _case(m, n, k, g, symmetric=n != 4096)
         y = ck.gemm_w4a16(x, p, s, z, g)
         ref = x.float() @ unpack_int4(p, s, z, g).float().t()
@@ -118,3 +118,17 @@ def test_dense_mainloop_at_16_columns(cols):
     ph = torch.zeros(1, 1, dtype=torch.bfloat16, device="cuda")
     fn(w, x, y, ph, ph)
     assert rel_err(y, w.float() @ x.float().t()) < 8e-3
+
+
+@pytest.mark.parametrize("group", [32, 128, -1])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dequantize_kernel_is_unpack(group, symmetric, dtype, monkeypatch):
+    """The prefill path's one-pass dequantization: bit-identical to unpack_int4, every element written."""
+    from cute_kernels.w4a16.ops import dequantize
+
+    poison_empty(monkeypatch)
+    n, k = 1031, 4096 + 128 * 3
+    g = k if group == -1 else group
+    _, p, s, z = _case(1, n, k, g, symmetric, dtype)
+    assert torch.equal(dequantize(p, s, z, g), unpack_int4(p, s, z, g))
