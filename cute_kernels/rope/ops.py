@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.rope import ROPE_TUNED, rope_vec, tables_fit
+from cute_kernels.rope import ROPE_TUNED, ROPE_TUNED_INTERLEAVED, rope_vec, tables_fit
 from cute_kernels.torch_ops import (
     INDEX32_LIMIT,
     UNCAPPED,
@@ -120,7 +120,7 @@ def _launch(q4, k4, qo4, ko4, cos, sin, positions, interleaved: bool, r: int, in
         return False
     pos = _pos2(positions, q4)
     wide = max(max(_span(t) for t in ts), q4.numel() + k4.numel()) > INDEX32_LIMIT - (1 << 20)
-    sched = ROPE_TUNED
+    sched = ROPE_TUNED_INTERLEAVED if interleaved else ROPE_TUNED
     fn = catalog.get("rope.apply").compiled(
         sched, dtype=dtypes.name_of(q4.dtype), head_dim=d, rotary_dim=r, interleaved=interleaved, vec=vec,
         positions="none" if positions is None else ("int64" if pos.dtype == torch.int64 else "int32"),
