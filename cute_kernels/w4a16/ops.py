@@ -6,8 +6,9 @@ zeros (N, K / group_size) integer values in x's dtype, or None (symmetric weight
 (q - z) * s rounded once to x's dtype, i.e. x @ unpack_int4(...).T.
 M = x's rows: up to 64 in one pass of the streaming kernel (`kernels.py`: W by TMA, each weight byte read once,
 mma.sync on the dequantized weight; for groups of 128 or more the scale multiplies the group's fp32 partial sums, so
-y = x @ ((q - z) s)^T without the weight's rounding); above that the weight is dequantized in torch and multiplied
-by `gemm` (correct, not yet fast: the prefill path with the dequantization in front of WGMMA is still to come).
+y = x @ ((q - z) s)^T without the weight's rounding); above that the weight is dequantized in one pass
+(`dequantize`, `unpack_int4`'s values) and multiplied by `gemm` (0.62-0.85x cuBLAS bf16 at M 1024-4096: a mainloop
+with the dequantization in front of WGMMA is still to come).
 Up to 16 rows on weights under `schedules.w4a16.STREAM_MIN_WEIGHTS` the tensor-core GEMV mainloop
 (`cute_kernels.gemv.mma`) runs instead (ahead there: both are latency-bound); `STREAM` forces either.
 """
@@ -24,7 +25,7 @@ from schedules.hardware import num_sms
 from schedules.w4a16 import col_tiles_of, plan_w4a16, splits_for, use_stream
 
 MMA_MAX_M = 16  # rows of x one pass of the tensor-core GEMV mainloop takes
-PASSES_MAX_M = 64  # up to here one pass of the streaming kernel (or passes of the GEMV's); above, dequantize + `gemm`
+STREAM_MAX_M = 64  # up to here one pass of the streaming kernel; above, dequantize + `gemm`
 STREAM = None  # None: by shape (`schedules.w4a16.use_stream`); True / False: always / never (up to 16 rows)
 
 
@@ -69,7 +70,7 @@ def _cuda(x, w_packed, scales, zeros=None, group_size=128):
     if m == 0 or n == 0:
         return out
     y = out.view(m, n)
-    if m > PASSES_MAX_M:
+    if m > STREAM_MAX_M:
         from cute_kernels.gemm.ops import gemm
 
         y.copy_(gemm(x2, dequantize(w_packed, scales, zeros, g).t()))
@@ -88,12 +89,9 @@ def _cuda(x, w_packed, scales, zeros=None, group_size=128):
     wide = max(n * k // 8, m * k) > INDEX32_LIMIT
     from cute_kernels.w4a16 import W4A16_MMA
 
-    z = zeros if zeros is not None else scales
-    for r0 in range(0, m, MMA_MAX_M):
-        rows = min(MMA_MAX_M, m - r0)
-        fn = W4A16_MMA.compiled(plan, dtype=dtypes.name_of(x.dtype), cols=rows, group=0 if g == k else g,
-                                zeros=zeros is not None, index64=wide)
-        fn(w, x2[r0:r0 + rows], y[r0:r0 + rows].t(), scales, z)
+    fn = W4A16_MMA.compiled(plan, dtype=dtypes.name_of(x.dtype), cols=m, group=0 if g == k else g,
+                            zeros=zeros is not None, index64=wide)
+    fn(w, x2, y.t(), scales, zeros if zeros is not None else scales)
     return out
 
 
