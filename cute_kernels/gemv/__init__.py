@@ -139,7 +139,7 @@ class GemvStreamSpec(KernelSpec):
         return self.schedule_of(p).smem_bytes(p["col_tiles"], dense=True)
 
     def representative(self):
-        return [self.resolve(), self.resolve({"col_tiles": 2, "dtype": "fp16", "stages": 2})]
+        return [self.resolve(), self.resolve({"col_tiles": 2, "dtype": "fp16", "consumer_warps": 4, "stages": 3})]
 
 
 GEMV_STREAM = GemvStreamSpec(
@@ -150,9 +150,10 @@ GEMV_STREAM = GemvStreamSpec(
     params={
         "dtype": Param("bf16", ("bf16", "fp16"), "signature", "element type of W, x and y"),
         "col_tiles": Param(1, COL_TILES, "signature", "n8 tiles of x's rows (M <= 8 x this)"),
-        "consumer_warps": Param(4, (2, 4, 8), help="MMA warps per CTA (plus one TMA producer warp)"),
+        # (defaults: the op's plan at M <= 16, `schedules.w4a16.plan_w4a16(dense=True)`)
+        "consumer_warps": Param(8, (2, 4, 8), help="MMA warps per CTA (plus one TMA producer warp)"),
         "m_tiles": Param(1, (1, 2), help="16-row MMA tiles of W per consumer warp"),
-        "stages": Param(3, (2, 3, 4), help="stages of the TMA ring (256 k of W and x each)"),
+        "stages": Param(2, (2, 3, 4), help="stages of the TMA ring (256 k of W and x each)"),
         "k_boxes": Param(1, (1, 2), help="256-k boxes of W a stage"),
     },
 )

@@ -91,7 +91,8 @@ class W4A16StreamSpec(KernelSpec):
         return self.schedule_of(p).smem_bytes(p["col_tiles"])
 
     def representative(self):
-        return [self.resolve(), self.resolve({"col_tiles": 2, "zeros": True, "group": 32}),
+        return [self.resolve(), self.resolve({"col_tiles": 2, "zeros": True, "group": 32, "consumer_warps": 4,
+                                              "m_tiles": 2, "stages": 3}),
                 self.resolve({"col_tiles": 8, "dtype": "fp16", "group": 0, "consumer_warps": 8, "m_tiles": 1,
                               "stages": 3})]
 
@@ -111,8 +112,9 @@ W4A16_STREAM = W4A16StreamSpec(
         "col_tiles": Param(1, COL_TILES, "signature", "n8 tiles of x's rows (M <= 8 x this)"),
         "group": Param(128, GROUPS, "signature", "group size along K (0: per channel)"),
         "zeros": Param(False, (True, False), "signature", "zero points (else symmetric, zero point 8)"),
-        "consumer_warps": Param(4, (2, 4, 8), help="MMA warps per CTA (plus one TMA producer warp)"),
-        "m_tiles": Param(2, (1, 2, 4), help="16-row MMA tiles of W per consumer warp"),
+        # (defaults: the op's plan at M <= 8, `schedules.w4a16.plan_w4a16`)
+        "consumer_warps": Param(8, (2, 4, 8), help="MMA warps per CTA (plus one TMA producer warp)"),
+        "m_tiles": Param(1, (1, 2, 4), help="16-row MMA tiles of W per consumer warp"),
         "stages": Param(4, (2, 3, 4, 5, 6), help="stages of the TMA ring (256 k of W and x each)"),
         "k_boxes": Param(1, (1, 2, 4), help="256-k boxes of W a stage"),
     },

@@ -22,7 +22,7 @@ def test_census(over, tmp_path):
         assert "HMMA.16816.F32" in sass and "LOP3.LUT" in sass and mul in sass
 
 
-STREAM_CASES = [{}, {"col_tiles": 2, "zeros": True, "group": 32},
+STREAM_CASES = [{}, {"col_tiles": 2, "zeros": True, "group": 32, "consumer_warps": 4, "m_tiles": 2, "stages": 3},
                 {"col_tiles": 8, "dtype": "fp16", "group": 0, "consumer_warps": 8, "m_tiles": 1, "stages": 3}]
 
 
