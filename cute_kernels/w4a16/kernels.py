@@ -4,8 +4,8 @@ multiplied by warp-level `mma.sync.m16n8k16` with the weight as the A operand.
 Roofline: at M <= 16 the weight bytes (N K / 2) are the whole cost; floor = those bytes / read bandwidth.
 
 Data flow (schedule: `schedules.w4a16`). A CTA owns `tile_n` rows of W and a split of K. Its producer warp fills a
-ring of stages on mbarriers: a stage is one TMA box of W (tile_n rows x 32 packed words = 256 k, 128-byte
-swizzle) and four boxes of x (8 * col_tiles rows x 64 k, zero-filled past M and past K). Each consumer warp owns
+ring of stages on mbarriers: a stage is `k_boxes` TMA boxes of W (tile_n rows x 32 packed words = 256 k each, 128-byte
+swizzle) and four boxes of x per W box (8 * col_tiles rows x 64 k, zero-filled past M and past K). Each consumer warp owns
 `m_tiles` 16-row MMA tiles of W and all of x's columns (`col_tiles` n8 tiles), and per 128-k chunk of a stage:
 - loads, per MMA row it holds (g and g + 8 of each tile), its 16-byte unit of the packed row: lane c of the chunk
   takes span c (32 k), the unit `cute_kernels.w4a16.pack` lays out for these fragments;
@@ -71,7 +71,7 @@ class W4A16Stream:
                  part: cute.Tensor, counter: cute.Tensor, per_split: Int32, splits: Int32, stream):
         """w (N, K / 8) int32 packed; x (M, K); y (M, N); scales / zeros (N, K / group) (zeros read only with
         `zeros`); part (splits, M, N) fp32 and counter (W tiles,) int32 (zero before and after) read only with
-        splits > 1; per_split: 256-k tiles a split."""
+        splits > 1; per_split: stages of K (`plan.tile_k` each) a split."""
         p, dt = self.plan, self.dtype
         xr = 8 * self.col_tiles
         swz = swizzle_128b()
