@@ -58,19 +58,26 @@ def col_tiles_of(m: int) -> int:
     return next(c for c in COL_TILES if c >= t)
 
 
+# The plans the op picks (the H200 sweep, perf/lab/w4a16_sweep.py): int4 at M <= 8 best or within 3 % at 8 warps of
+# one tile, 4 stages on the five shapes; M 9-16 on wide W at 4 warps of two tiles, 3 stages (two 16-row tiles a warp
+# at 3-4 column tiles hold 168 registers and spill: above 16 rows one tile, 8 warps); dense W at 8 warps, 2 stages.
+INT4_PLAN = W4A16Plan(8, 1, 4)
+INT4_WIDE_PLAN = W4A16Plan(4, 2, 3)
+INT4_MANY_COLS_PLAN = W4A16Plan(8, 1, 3)
+DENSE_PLAN = W4A16Plan(8, 1, 2)
+DENSE_MANY_COLS_PLAN = W4A16Plan(4, 1, 2)
+
+
 @functools.lru_cache(maxsize=4096)
 def plan_w4a16(m: int, n: int, k: int, num_sms: int, dense: bool = False) -> tuple[W4A16Plan, int, int]:
-    """(plan, splits, k tiles per split) for x (m, k) and W (n, k), m <= 64; `dense`: W in 16 bits (four times the
-    bytes a row: 64-row tiles of one 16-row MMA tile a warp, 3 stages = 96 KiB of W in flight a CTA, two CTAs an SM)."""
+    """(plan, splits, stages of K a split) for x (m, k) and W (n, k), m <= 64; `dense`: W in 16 bits (four times the
+    bytes a row: 128-row tiles of 2 stages = 128 KiB of W a CTA, one CTA an SM)."""
     ct = col_tiles_of(m)
-    # (two 16-row tiles a warp at 3-4 column tiles hold 168 registers and spill: one tile, twice the warps)
-    # (the H200 sweep, perf/lab/w4a16_sweep.py: int4 M = 1 best or within 3 % at 8 warps of one tile, 4 stages on the
-    # five shapes; M = 16 at 4 warps of two tiles, 3 stages; dense W at 8 warps, 2 stages)
     if dense:
-        plan = W4A16Plan(8, 1, 2) if ct <= 2 else W4A16Plan(4, 1, 2)
+        plan = DENSE_PLAN if ct <= 2 else DENSE_MANY_COLS_PLAN
     else:
         wide = ct == 2 and n >= 128 * num_sms  # (16 x 4096 x 14336: one tile a warp 23.6 us, two 35.6)
-        plan = W4A16Plan(4, 2, 3) if wide else W4A16Plan(8, 1, 4) if ct <= 2 else W4A16Plan(8, 1, 3)
+        plan = INT4_WIDE_PLAN if wide else INT4_PLAN if ct <= 2 else INT4_MANY_COLS_PLAN
     return (plan, *splits_for(plan, m, n, k, num_sms, dense))
 
 

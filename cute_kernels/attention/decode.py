@@ -60,6 +60,7 @@ from collectives.online_softmax import (
     update_rows,
 )
 from collectives.reduce import column_smem_slots, warpgroup_column_reduce
+from collectives.split_counter import last_split
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout
 from collectives.wgmma_mainloop import (
     acc_as_a_operand,
@@ -793,22 +794,9 @@ class FlashDecode:
     def merge_if_last(self, mO: cute.Tensor, mLSE: cute.Tensor, fin: SimpleNamespace, b: Int32, hk: Int32, g: Int32,
                       m_tile: Int32, packed: Int32, tid: Int32):
         """The last split of this (row tile, KV head, batch) to finish merges every split's partial into the final O
-        and LSE (`merge.MergeStates.merge_row`, D / 4 threads a row). Each thread's partial stores are released at
-        gpu scope before one thread's add on the counter; the thread that takes the count to splits - 1 resets it to
-        0 (for the next launch, in stream order), and the warpgroup, told through smem, acquires the others' stores
-        before reading them."""
+        and LSE (`merge.MergeStates.merge_row`, D / 4 threads a row); which split is last: `collectives.split_counter`."""
         bar = pipeline.NamedBarrier(barrier_id=_Q_BAR, num_threads=128)
-        cute.arch.fence_acq_rel_gpu()
-        bar.arrive_and_wait()
-        if tid == 0:
-            ptr = fin.counter.iterator + cute.crd2idx((b, hk, m_tile), fin.counter.layout)
-            old = cute.arch.atomic_add(ptr.llvm_ptr, Int32(1), sem="relaxed", scope="gpu")
-            if old == fin.splits - 1:
-                fin.counter[(b, hk, m_tile)] = Int32(0)
-            fin.slot[0] = old
-        bar.arrive_and_wait()
-        if fin.slot[0] == fin.splits - 1:
-            cute.arch.fence_acq_rel_gpu()
+        if last_split(fin.counter, (b, hk, m_tile), fin.splits, fin.slot, bar, tid == 0):
             self.merge_rows(mO, mLSE, fin, b, hk, g, m_tile, packed, tid)
 
     @cute.jit

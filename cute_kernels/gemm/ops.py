@@ -18,9 +18,11 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import dtypes
+from cute_kernels.gemv import ops as gv
 from cute_kernels.torch_ops import call, check_tensor, register_op
 from schedules.gemm import GemmSchedule, adapted, call_schedule, launch_clusters
 from schedules.hardware import num_sms
+from schedules.w4a16 import use_stream
 
 AB_TORCH = (torch.bfloat16, torch.float16)
 OUT_TORCH = AB_TORCH + (torch.float32,)  # fp32 outputs: plain 64-bit smem stores before the TMA store (no stmatrix)
@@ -125,9 +127,6 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
 
     if (schedule is None and not source and not scale and bias is None and activation == "none"
             and out_dtype == a.dtype and a.dim() == 2 and b.dim() == 2):
-        from cute_kernels.gemv import ops as gv
-        from schedules.w4a16 import use_stream
-
         want = gv.STREAM if gv.STREAM is not None else use_stream(m, n, k, dense=True)
         if want and m <= gv.STREAM_MAX_M and gv.stream_ok(a, b.t()):  # decode-shaped x @ W^T, W (N, K) rows
             return gv.skinny(a, b.t())

@@ -13,10 +13,11 @@ from cute_kernels import dtypes
 from cute_kernels.catalog import SIG_COMMON, KernelSpec, Param
 from cute_kernels.fake import fake_stream, fake_tensor, index_sym
 from cute_kernels.lazy import cutlass
+from cute_kernels.w4a16 import stream_fakes, stream_plan_params
 from schedules.gemv import TUNED as GEMV_SCHEDULES
 from schedules.gemv import GemvMmaPlan
 from schedules.row_tiling import RowTiling
-from schedules.w4a16 import COL_TILES, W4A16Plan
+from schedules.w4a16 import COL_TILES, DENSE_PLAN, W4A16Plan
 
 GEMV_TUNED = {k: GEMV_SCHEDULES[1][k] for k in ("threads", "unroll")}  # defaults: the B = 1 schedule
 
@@ -125,14 +126,9 @@ class GemvStreamSpec(KernelSpec):
 
         dt = dtypes.cutlass_of(p["dtype"])
         kernel = W4A16Stream(dt, p["col_tiles"], 128, False, self.schedule_of(p), dense=True)
-        sym = lambda d=1: index_sym(False, d)  # noqa: E731
-        n, m, k = sym(), sym(), sym(8)
-        w = fake_tensor(dt, (n, k), (sym(8), 1), 16)
-        x = fake_tensor(dt, (m, k), (sym(8), 1), 16)
-        y = fake_tensor(dt, (m, n), (sym(), sym()), dt.width // 8)
+        w, x, y, part, counter = stream_fakes(dt, dt, 8)
+        sym = lambda: index_sym(False)  # noqa: E731
         unread = fake_tensor(dt, (sym(), sym()), (sym(), sym()), dt.width // 8)
-        part = fake_tensor(cutlass.Float32, (sym(), sym(), sym()), (sym(), sym(), 1), 4)
-        counter = fake_tensor(cutlass.Int32, (sym(),), (1,), 4)
         return kernel, (w, x, y, unread, unread, part, counter, cutlass.Int32(1), cutlass.Int32(1), fake_stream())
 
     def dynamic_smem_bytes(self, p):
@@ -150,11 +146,7 @@ GEMV_STREAM = GemvStreamSpec(
     params={
         "dtype": Param("bf16", ("bf16", "fp16"), "signature", "element type of W, x and y"),
         "col_tiles": Param(1, COL_TILES, "signature", "n8 tiles of x's rows (M <= 8 x this)"),
-        # (defaults: the op's plan at M <= 16, `schedules.w4a16.plan_w4a16(dense=True)`)
-        "consumer_warps": Param(8, (2, 4, 8), help="MMA warps per CTA (plus one TMA producer warp)"),
-        "m_tiles": Param(1, (1, 2), help="16-row MMA tiles of W per consumer warp"),
-        "stages": Param(2, (2, 3, 4), help="stages of the TMA ring (256 k of W and x each)"),
-        "k_boxes": Param(1, (1, 2), help="256-k boxes of W a stage"),
+        **stream_plan_params(DENSE_PLAN),
     },
 )
 

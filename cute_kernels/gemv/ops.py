@@ -110,28 +110,13 @@ def skinny(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, pl
     """y = x @ w.T (M, N) for x (M, K), w (N, K) with `stream_ok`; fp32 accumulation, split K reduced in a fixed
     order (deterministic), one rounding. `plan`: a `W4A16Plan` instead of the op's (benchmarks, the lab)."""
     from cute_kernels.gemv import GEMV_STREAM
-    from cute_kernels.torch_ops import split_counters
-    from schedules.w4a16 import col_tiles_of, plan_w4a16, splits_for
+    from cute_kernels.w4a16.ops import launch_stream
 
     m, k = x.shape
-    n = w.shape[0]
-    y = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
+    y = out if out is not None else torch.empty((m, w.shape[0]), dtype=x.dtype, device=x.device)
     if m == 1 and x.stride(0) % 8:
         x = x.as_strided((1, k), (-(-k // 8) * 8, 1))
-    sms = num_sms(x.device.index or 0)
-    if plan is None:
-        plan, splits, per = plan_w4a16(m, n, k, sms, dense=True)
-    else:
-        splits, per = splits_for(plan, m, n, k, sms, dense=True)
-    if splits > 1:
-        part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-        counter = split_counters(x.device, -(-n // plan.tile_n))
-    else:
-        part = placeholder(x.device, (1, 1, 1), torch.float32)
-        counter = placeholder(x.device, (1,), torch.int32)
-    fn = GEMV_STREAM.compiled(plan, dtype=dtypes.name_of(x.dtype), col_tiles=col_tiles_of(m))
-    ph = placeholder(x.device, (1, 1), x.dtype)
-    fn(w, x, y, ph, ph, part, counter, per, splits)
+    launch_stream(GEMV_STREAM, x, w, y, num_sms(x.device.index or 0), plan, dense=True)
     return y
 
 

@@ -17,7 +17,7 @@ from cute_kernels.fake import fake_stream, fake_tensor, index_sym
 from cute_kernels.lazy import cutlass
 from schedules.gemv import GemvMmaPlan
 from schedules.grid_stride import GridStride
-from schedules.w4a16 import COL_TILES, W4A16Plan
+from schedules.w4a16 import COL_TILES, INT4_PLAN, W4A16Plan
 
 GROUPS = (0, 32, 64, 128)  # 0: per channel (one group of K)
 
@@ -69,6 +69,32 @@ W4A16_MMA = W4A16Spec(
 
 
 
+def stream_plan_params(default: W4A16Plan) -> dict:
+    """The `W4A16Plan` fields as config parameters of a streaming-kernel spec (int4 here, dense in `gemv.stream`),
+    defaulting to the op's plan `default`."""
+    return {
+        "consumer_warps": Param(default.consumer_warps, (2, 4, 8), help="MMA warps per CTA (plus one TMA producer warp)"),
+        "m_tiles": Param(default.m_tiles, (1, 2, 4), help="16-row MMA tiles of W per consumer warp"),
+        "stages": Param(default.stages, (2, 3, 4, 5, 6), help="stages of the TMA ring"),
+        "k_boxes": Param(default.k_boxes, (1, 2, 4), help="256-k boxes of W a stage"),
+    }
+
+
+def stream_fakes(dt, w_dt, k_div: int):
+    """Fake (w, x, y, part, counter) of a streaming-kernel compile: W (N, its K / 8 packed words, or K) of `w_dt`
+    (int32 / `dt`), x (M, K) with K a multiple of `k_div`, y (M, N), the split workspace and counters with their own
+    symbols (one split passes placeholders of other shapes); rows 16-byte aligned."""
+    sym = lambda d=1: index_sym(False, d)  # noqa: E731
+    n, m, k = sym(), sym(), sym(k_div)
+    vec = 16 // (w_dt.width // 8)  # elements of 16 bytes
+    w = fake_tensor(w_dt, (n, sym(vec if w_dt.width == 16 else k_div // 8)), (sym(vec), 1), 16)
+    x = fake_tensor(dt, (m, k), (sym(8), 1), 16)
+    y = fake_tensor(dt, (m, n), (sym(), sym()), dt.width // 8)
+    part = fake_tensor(cutlass.Float32, (sym(), sym(), sym()), (sym(), sym(), 1), 4)
+    counter = fake_tensor(cutlass.Int32, (sym(),), (1,), 4)
+    return w, x, y, part, counter
+
+
 @dataclass(frozen=True, eq=False)
 class W4A16StreamSpec(KernelSpec):
     def build(self, p):
@@ -76,15 +102,10 @@ class W4A16StreamSpec(KernelSpec):
 
         dt = dtypes.cutlass_of(p["dtype"])
         kernel = W4A16Stream(dt, p["col_tiles"], p["group"], p["zeros"], self.schedule_of(p))
-        sym = lambda d=1: index_sym(False, d)  # noqa: E731
-        n, m, k = sym(), sym(), sym(32)
-        w = fake_tensor(cutlass.Int32, (n, sym(4)), (sym(4), 1), 16)
-        x = fake_tensor(dt, (m, k), (sym(8), 1), 16)
-        y = fake_tensor(dt, (m, n), (sym(), sym()), dt.width // 8)
-        scales, zeros = (fake_tensor(dt, (n, sym()), (sym(), sym()), dt.width // 8) for _ in range(2))
-        # (own symbols: with one split the workspace is a placeholder of another shape)
-        part = fake_tensor(cutlass.Float32, (sym(), sym(), sym()), (sym(), sym(), 1), 4)
-        counter = fake_tensor(cutlass.Int32, (sym(),), (1,), 4)
+        w, x, y, part, counter = stream_fakes(dt, cutlass.Int32, 32)
+        n = w.shape[0]
+        scales, zeros = (fake_tensor(dt, (n, index_sym(False)), (index_sym(False), index_sym(False)), dt.width // 8)
+                         for _ in range(2))
         return kernel, (w, x, y, scales, zeros, part, counter, cutlass.Int32(1), cutlass.Int32(1), fake_stream())
 
     def dynamic_smem_bytes(self, p):
@@ -112,11 +133,7 @@ W4A16_STREAM = W4A16StreamSpec(
         "col_tiles": Param(1, COL_TILES, "signature", "n8 tiles of x's rows (M <= 8 x this)"),
         "group": Param(128, GROUPS, "signature", "group size along K (0: per channel)"),
         "zeros": Param(False, (True, False), "signature", "zero points (else symmetric, zero point 8)"),
-        # (defaults: the op's plan at M <= 8, `schedules.w4a16.plan_w4a16`)
-        "consumer_warps": Param(8, (2, 4, 8), help="MMA warps per CTA (plus one TMA producer warp)"),
-        "m_tiles": Param(1, (1, 2, 4), help="16-row MMA tiles of W per consumer warp"),
-        "stages": Param(4, (2, 3, 4, 5, 6), help="stages of the TMA ring (256 k of W and x each)"),
-        "k_boxes": Param(1, (1, 2, 4), help="256-k boxes of W a stage"),
+        **stream_plan_params(INT4_PLAN),
     },
 )
 

@@ -21,9 +21,8 @@ Shared-memory banks: MMA row g of a tile reads smem row (g // 2) + 4 (g % 2) of 
 of a quarter-warp differ in bit 2 of the swizzle's XOR and their 16-byte units hit disjoint bank groups (four
 wavefronts per 512-byte warp load, the minimum).
 
-Split K: with `splits` > 1 each CTA stores its fp32 partials (splits, M, N) and the last CTA of its W tile (an
-int32 counter per tile, released / acquired at gpu scope and reset by that CTA) adds them in split order: the same
-bits on every run.
+Split K: with `splits` > 1 each CTA stores its fp32 partials (splits, M, N) and the last CTA of its W tile
+(`collectives.split_counter`) adds them in split order: the same bits on every run.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from cutlass.cute.nvgpu import warp as warp_mma
 
 from collectives.int4 import dequant_pair, magic_of, pair_of
 from collectives.smem_tiles import swizzle_128b
+from collectives.split_counter import last_split
 from collectives.tma_pipeline import make_pipeline
 from collectives.vector_io import extent
 from schedules.w4a16 import MAX_SPLITS, TILE_K, W4A16Plan  # (TILE_K: k of one W box)
@@ -266,7 +266,7 @@ class W4A16Stream:
                                 accs[mt][nt][e] = accs[mt][nt][e] + sums[mt][nt][e] * sz[jj][mt][e // 2][1]
             pipe.consumer_release(state)
             state.advance()
-        self.epilogue(accs, mY, mP, mC, last, tile, split, srow, m, n, g, c, tidx)
+        self.epilogue(accs, mY, mP, mC, last, tile, split, srow, m, n, c, tidx)
 
     @cute.jit
     def load_scales(self, mS: cute.Tensor, mZ: cute.Tensor, s_out: cute.Tensor, z_out: cute.Tensor, kt: Int32, grow,
@@ -299,53 +299,33 @@ class W4A16Stream:
 
     @cute.jit
     def epilogue(self, accs, mY: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, last: cute.Tensor, tile: Int32,
-                 split: Int32, srow, m: Int32, n: Int32, g: Int32, c: Int32, tidx: Int32):
+                 split: Int32, srow, m: Int32, n: Int32, c: Int32, tidx: Int32):
         """C value e of (m tile, n8 tile): W row srow[mt][e // 2], x row 8 nt + 2c + e % 2."""
         p = self.plan
-        MT, NT = p.m_tiles, self.col_tiles
         splits = cute.arch.grid_dim()[1]
         base = tile * p.tile_n
+        # the thread's cells: (accumulator, W row, x row), the same walk for the store, the partials and the sum
+        cells = [(accs[mt][nt], e, base + srow[mt][e // 2], 8 * nt + 2 * c + e % 2)
+                 for mt in range(p.m_tiles) for nt in range(self.col_tiles) for e in range(4)]
         if splits == 1:
-            for mt in cutlass.range_constexpr(MT):
-                for nt in cutlass.range_constexpr(NT):
-                    for e in cutlass.range_constexpr(4):
-                        row = base + srow[mt][e // 2]
-                        col = 8 * nt + 2 * c + e % 2
-                        if row < n and col < m:
-                            mY[col, row] = accs[mt][nt][e].to(self.dtype)
+            for acc, e, row, col in cells:
+                if row < n and col < m:
+                    mY[col, row] = acc[e].to(self.dtype)
         else:
-            for mt in cutlass.range_constexpr(MT):
-                for nt in cutlass.range_constexpr(NT):
-                    for e in cutlass.range_constexpr(4):
-                        row = base + srow[mt][e // 2]
-                        col = 8 * nt + 2 * c + e % 2
-                        if row < n and col < m:
-                            mP[split, col, row] = accs[mt][nt][e]
+            for acc, e, row, col in cells:
+                if row < n and col < m:
+                    mP[split, col, row] = acc[e]
             bar = pipeline.NamedBarrier(barrier_id=_EPI_BAR, num_threads=32 * p.consumer_warps)
-            cute.arch.fence_acq_rel_gpu()
-            bar.arrive_and_wait()
-            if tidx == 0:
-                ptr = mC.iterator + tile
-                old = cute.arch.atomic_add(ptr.llvm_ptr, Int32(1), sem="relaxed", scope="gpu")
-                if old == splits - 1:
-                    mC[tile] = Int32(0)
-                last[0] = old
-            bar.arrive_and_wait()
-            if last[0] == splits - 1:
-                cute.arch.fence_acq_rel_gpu()
-                for mt in cutlass.range_constexpr(MT):
-                    for nt in cutlass.range_constexpr(NT):
-                        for e in cutlass.range_constexpr(4):
-                            row = base + srow[mt][e // 2]
-                            col = 8 * nt + 2 * c + e % 2
-                            if row < n and col < m:
-                                # every split's partial loaded at once (one round trip), added in split order
-                                parts = [mP[cutlass.min(s, splits - 1), col, row] for s in range(MAX_SPLITS)]
-                                total = parts[0]
-                                for s in cutlass.range_constexpr(1, MAX_SPLITS):
-                                    if s < splits:
-                                        total = total + parts[s]
-                                mY[col, row] = total.to(self.dtype)
+            if last_split(mC, tile, splits, last, bar, tidx == 0):
+                for _, _, row, col in cells:
+                    if row < n and col < m:
+                        # every split's partial loaded at once (one round trip), added in split order
+                        parts = [mP[cutlass.min(s, splits - 1), col, row] for s in range(MAX_SPLITS)]
+                        total = parts[0]
+                        for s in cutlass.range_constexpr(1, MAX_SPLITS):
+                            if s < splits:
+                                total = total + parts[s]
+                        mY[col, row] = total.to(self.dtype)
 
 
 class Int4Dequant:

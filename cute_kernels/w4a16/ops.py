@@ -79,8 +79,7 @@ def _cuda(x, w_packed, scales, zeros=None, group_size=128):
         x2 = x2.contiguous()
     if m == 1 and x2.stride(0) % 8:  # (a single row's stride is never used; TMA wants it 16-byte aligned)
         x2 = x2.as_strided((1, k), (-(-k // 8) * 8, 1))
-    w = w_packed if w_packed.stride(-1) == 1 and w_packed.stride(0) % 4 == 0 and w_packed.data_ptr() % 16 == 0 \
-        else w_packed.contiguous()
+    w = _packed_rows(w_packed)
     sms = num_sms(x.get_device())
     if m > MMA_MAX_M or (STREAM if STREAM is not None else use_stream(m, n, k)):
         _stream(x2, w, scales, zeros, g, y, sms)
@@ -95,17 +94,23 @@ def _cuda(x, w_packed, scales, zeros=None, group_size=128):
     return out
 
 
+def _packed_rows(w_packed):
+    """w_packed as the kernels read it: unit inner stride, 16-byte aligned rows (else a contiguous copy)."""
+    if w_packed.stride(-1) == 1 and w_packed.stride(0) % 4 == 0 and w_packed.data_ptr() % 16 == 0:
+        return w_packed
+    return w_packed.contiguous()
+
+
 def dequantize(w_packed, scales, zeros, g):
     """The dequantized weight (N, K) in the scales' dtype by the one-pass kernel (`unpack_int4`'s values)."""
     from cute_kernels.w4a16 import DEQUANT_TUNED, W4A16_DEQUANT
 
     n, kw = w_packed.shape
     k = 8 * kw
-    w = w_packed if w_packed.stride(-1) == 1 and w_packed.stride(0) % 4 == 0 and w_packed.data_ptr() % 16 == 0 \
-        else w_packed.contiguous()
-    out = torch.empty((n, k), dtype=scales.dtype, device=w.device)
     if n * k > INDEX32_LIMIT:  # (the kernel indexes in 32 bits)
         return unpack_int4(w_packed, scales, zeros, g)
+    w = _packed_rows(w_packed)
+    out = torch.empty((n, k), dtype=scales.dtype, device=w.device)
     fn = W4A16_DEQUANT.compiled(DEQUANT_TUNED, dtype=dtypes.name_of(scales.dtype), group=0 if g == k else g,
                                 zeros=zeros is not None)
     fn(w, scales, zeros if zeros is not None else scales, out, DEQUANT_TUNED.grid(n * k // 32, num_sms(w.get_device())))
@@ -116,22 +121,30 @@ def _stream(x2, w, scales, zeros, g, y, sms, plan=None):
     """The streaming kernel into y (M, N); `plan`: a `W4A16Plan` instead of the op's (benchmarks, the lab)."""
     from cute_kernels.w4a16 import W4A16_STREAM
 
+    launch_stream(W4A16_STREAM, x2, w, y, sms, plan, False, scales, zeros, group=0 if g == x2.shape[1] else g,
+                  zeros=zeros is not None)
+
+
+def launch_stream(spec, x2, w, y, sms, plan=None, dense=False, scales=None, zeros=None, **signature):
+    """One launch of a streaming-kernel spec (`w4a16.stream`, or `gemv.stream` with `dense`) for x2 (M, K) and W into
+    y (M, N): the plan and split of K (`plan` given: only the split), the split workspace and counters, the compiled
+    variant for x2's dtype, M's column tiles and `signature`. Unread scales / zeros pass placeholders."""
     m, k = x2.shape
     n = w.shape[0]
     if plan is None:
-        plan, splits, per = plan_w4a16(m, n, k, sms)
+        plan, splits, per = plan_w4a16(m, n, k, sms, dense)
     else:
-        splits, per = splits_for(plan, m, n, k, sms)
+        splits, per = splits_for(plan, m, n, k, sms, dense)
     if splits * m * n > INDEX32_LIMIT:
-        raise ValueError(f"gemm_w4a16: x of {m} rows and W of {n} rows exceed the kernel's 32-bit indexing")
+        raise ValueError(f"{spec.name}: x of {m} rows and W of {n} rows exceed the kernel's 32-bit indexing")
     if splits > 1:
         part = torch.empty((splits, m, n), dtype=torch.float32, device=x2.device)
         counter = split_counters(x2.device, -(-n // plan.tile_n))
     else:
         part = placeholder(x2.device, (1, 1, 1), torch.float32)
         counter = placeholder(x2.device, (1,), torch.int32)
-    fn = W4A16_STREAM.compiled(plan, dtype=dtypes.name_of(x2.dtype), col_tiles=col_tiles_of(m),
-                               group=0 if g == k else g, zeros=zeros is not None)
+    fn = spec.compiled(plan, dtype=dtypes.name_of(x2.dtype), col_tiles=col_tiles_of(m), **signature)
+    scales = scales if scales is not None else placeholder(x2.device, (1, 1), x2.dtype)
     fn(w, x2, y, scales, zeros if zeros is not None else scales, part, counter, per, splits)
 
 
