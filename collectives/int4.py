@@ -38,16 +38,27 @@ def pair_of(value, dtype) -> cutlass.Int32:
     return cute.recast_tensor(r, cutlass.Int32)[0]
 
 
+def biased_pair(word, j: int, dtype) -> cutlass.Int32:
+    """Pair j (0-3) of packed `word` as the 16-bit pair (M + n, ...), exact: a shift (j > 0) and one `lop3`. A kernel
+    that takes these into its MMAs removes M + z on its fp32 sums: sum (M + n) x - (M + z) sum x."""
+    bits, _ = magic_of(dtype)
+    shifted = word if j == 0 else cutlass.Int32(word) >> (4 * j)  # (arithmetic: the masked bits are the same)
+    return _asm(f"{{.reg .b32 k, c; mov.b32 k, 0x000F000F; mov.b32 c, {bits | bits << 16}; "
+                f"lop3.b32 $0, $1, k, c, 0xEA;}}", "=r,r", shifted)
+
+
+def ones_pair(dtype) -> cutlass.Int32:
+    """The 16-bit pair (1, 1) as a word: an A fragment of ones makes an MMA sum its B operand over k."""
+    return cutlass.Int32(0x3F803F80 if dtype is cutlass.BFloat16 else 0x3C003C00)
+
+
 def dequant_pair(word, j: int, neg_offset2, scale2, dtype) -> cutlass.Int32:
     """Pair j (0-3) of packed `word` as a 16-bit pair ((n - z) s, ...): `neg_offset2` holds -(M + z) twice,
     `scale2` s twice (words from `pair_of`); with `scale2` None the integers (n - z) themselves (exact), for a kernel
     that applies the group's scale to its fp32 partial sums instead."""
-    bits, _ = magic_of(dtype)
     ty = "bf16x2" if dtype is cutlass.BFloat16 else "f16x2"
     one = 0x3F803F80 if dtype is cutlass.BFloat16 else 0x3C003C00
-    shifted = word if j == 0 else cutlass.Int32(word) >> (4 * j)  # (arithmetic: the masked bits are the same)
-    m = _asm(f"{{.reg .b32 k, c; mov.b32 k, 0x000F000F; mov.b32 c, {bits | bits << 16}; "
-             f"lop3.b32 $0, $1, k, c, 0xEA;}}", "=r,r", shifted)
+    m = biased_pair(word, j, dtype)
     d = _asm(f"{{.reg .b32 o; mov.b32 o, {one}; fma.rn.{ty} $0, $1, o, $2;}}", "=r,r,r", m, neg_offset2)
     if scale2 is None:
         return d

@@ -83,13 +83,14 @@ def plan_w4a16(m: int, n: int, k: int, num_sms: int, dense: bool = False) -> tup
 
 def splits_for(plan: W4A16Plan, m: int, n: int, k: int, num_sms: int, dense: bool = False) -> tuple[int, int]:
     """(splits, 256-k tiles a split): as many splits as keep W tiles x splits within the CTAs resident at once (at
-    most MAX_SPLITS), every split non-empty."""
+    most MAX_SPLITS), every split non-empty, an even number of tiles a split (the kernel runs stages in pairs)."""
     ct = col_tiles_of(m)
     tiles = -(-n // plan.tile_n)
     k_tiles = max(1, -(-k // plan.tile_k))
     resident = plan.ctas_per_sm(ct, dense) * num_sms
     splits = max(1, min(k_tiles, resident // tiles, MAX_SPLITS))
     per = -(-k_tiles // splits)
+    per += per % 2
     return -(-k_tiles // per), per
 
 

@@ -34,7 +34,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 from cutlass.cute.nvgpu import warp as warp_mma
 
-from collectives.int4 import dequant_pair, magic_of, pair_of
+from collectives.int4 import biased_pair, dequant_pair, magic_of, ones_pair, pair_of
 from collectives.smem_tiles import swizzle_128b
 from collectives.split_counter import last_split
 from collectives.tma_pipeline import make_pipeline
@@ -65,6 +65,11 @@ class W4A16Stream:
         self.dtype, self.col_tiles, self.group, self.zeros, self.plan = dtype, col_tiles, group, zeros, plan
         self.dense = dense
         self.fold = not dense and (group == 0 or group >= CHUNK)  # a chunk inside one group: scales on fp32 sums
+        # bf16 folded, up to 16 columns: the MMAs take M + q as the lop3 makes it (no subtraction a weight pair) and
+        # the chunk's fp32 sums lose (M + z) sum x, sum x from MMAs on a ones fragment: 8 MMAs a column tile and chunk
+        # for 32 packed subtractions a lane (a win at 1-2 column tiles). M = 128: the cancellation costs ~7 of fp32's
+        # 24 bits; fp16's M = 1024 would cost 10, so fp16 subtracts.
+        self.biased = self.fold and dtype is cutlass.BFloat16 and col_tiles <= 2
 
     @cute.jit
     def __call__(self, w: cute.Tensor, x: cute.Tensor, y: cute.Tensor, scales: cute.Tensor, zeros: cute.Tensor,
@@ -116,7 +121,7 @@ class W4A16Stream:
             4 * kb * cute.size_in_bytes(self.dtype, cute.slice_(x_layout, (None, None, 0)))
         pipe = make_pipeline(st.bars.data_ptr(), p.stages, tx, (1, 1), p.consumer_warps)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
-        sW = st.sW.get_tensor(w_layout.outer, swizzle=w_layout.inner)
+        sW = st.sW.get_tensor(w_layout.outer, swizzle=w_layout.inner)  # (TMA writes the swizzled boxes)
         sX = st.sX.get_tensor(x_layout.outer, swizzle=x_layout.inner)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
@@ -124,11 +129,13 @@ class W4A16Stream:
         k_tiles = (extent(mX, 1) + p.tile_k - 1) // p.tile_k
         first = split * per_split
         count = cutlass.max(cutlass.min(first + per_split, k_tiles) - first, 0)
+        count = count + count % 2  # stages in pairs (the consumer's scale buffers alternate): per_split is even, and
+        # the last split's odd stage count takes one stage past K, which TMA fills with zeros (no bytes read)
         if warp == p.consumer_warps:
             self.produce(tma_w, mW, sW, tma_x, mX, sX, pipe, tile, first, count)
         else:
-            self.consume(sW, sX, pipe, mX, mY, mS, mZ, mP, mC, st.last.get_tensor(cute.make_layout(4)), tile, split,
-                         first, count, warp, tidx)
+            self.consume(st.sW.get_tensor(w_layout.outer), st.sX.get_tensor(x_layout.outer), pipe, mX, mY, mS, mZ,
+                         mP, mC, st.last.get_tensor(cute.make_layout(4)), tile, split, first, count, warp, tidx)
 
     # --- the producer warp --------------------------------------------------------------------------------------
     @cute.jit
@@ -163,6 +170,7 @@ class W4A16Stream:
     def consume(self, sW: cute.Tensor, sX: cute.Tensor, pipe, mX: cute.Tensor, mY: cute.Tensor, mS: cute.Tensor,
                 mZ: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, last: cute.Tensor, tile: Int32, split: Int32,
                 first: Int32, count: Int32, warp: Int32, tidx: Int32):
+        """sW / sX: the rings' plain (unswizzled) views; the lane's 16-byte units are addressed pre-swizzled."""
         p, dt = self.plan, self.dtype
         MT, NT = p.m_tiles, self.col_tiles
         lane = tidx % 32
@@ -178,101 +186,138 @@ class W4A16Stream:
         a_shape = tiled.get_slice(0).partition_A(cute.make_identity_tensor((16, 16))).shape
         b_shape = tiled.get_slice(0).partition_B(cute.make_identity_tensor((8, 16))).shape
         c_shape = tiled.get_slice(0).partition_C(cute.make_identity_tensor((16, 8))).shape
-        accs = [[tiled.make_fragment_C(c_shape) for _ in range(NT)] for _ in range(MT)]
-        sums = [[tiled.make_fragment_C(c_shape) for _ in range(NT)] for _ in range(MT)] if self.fold else accs
+        frags = {
+            "accs": [[tiled.make_fragment_C(c_shape) for _ in range(NT)] for _ in range(MT)],
+            "fa": tiled.make_fragment_A(a_shape),
+            "fbs": [tiled.make_fragment_B(b_shape) for _ in range(NT)],
+        }
         for mt in cutlass.range_constexpr(MT):
             for nt in cutlass.range_constexpr(NT):
-                accs[mt][nt].fill(0.0)
-        fa = tiled.make_fragment_A(a_shape)
-        fbs = [tiled.make_fragment_B(b_shape) for _ in range(NT)]
-        fa_w = cute.recast_tensor(fa, Int32)
-        fb_w = [cute.recast_tensor(fb, Int32) for fb in fbs]
+                frags["accs"][mt][nt].fill(0.0)
+        frags["sums"] = [[tiled.make_fragment_C(c_shape) for _ in range(NT)] for _ in range(MT)] \
+            if cutlass.const_expr(self.fold) else frags["accs"]
+        if cutlass.const_expr(self.biased):  # sum x over a chunk per x row, in C's layout: MMAs with A = ones
+            frags["xsum"] = [tiled.make_fragment_C(c_shape) for _ in range(NT)]
+            frags["ones"] = tiled.make_fragment_A(a_shape)
+            ones_w = cute.recast_tensor(frags["ones"], Int32)
+            for e in cutlass.range_constexpr(cute.size(ones_w)):
+                ones_w[e] = ones_pair(dt)
 
         # the lane's smem rows (tile-local) and global W rows: (m tile, half h) for MMA rows g + 8 h
         srow = [[16 * (MT * warp + mt) + 8 * h + perm for h in range(2)] for mt in range(MT)]
         grow = [[cutlass.min(tile * p.tile_n + srow[mt][h], n - 1) for h in range(2)] for mt in range(MT)]
-        xrow = [cutlass.min(8 * nt + g, m - 1) for nt in range(NT)]  # lanes past M re-read the last row (dropped)
+        # x's rows past M are TMA's zero fill. Under the 128-byte swizzle unit u (16 bytes) of a 128-byte smem row r
+        # sits at u ^ (r % 8) (every box starts 1024-byte aligned): r % 8 is perm for the lane's W rows, g for its x rows
+        lanes = (c, srow, perm, g)
 
-        # the scales (and zero points) of a stage are loaded one stage ahead into registers: one group per unit (per
-        # chunk when folded), for each (chunk, m tile, half)
-        chunks = p.tile_k // CHUNK  # a stage's 128-k chunks
-        nsz = 0 if self.dense else chunks * MT * 2
-        s_next = cute.make_rmem_tensor((max(nsz, 1),), dt)
-        z_next = cute.make_rmem_tensor((max(nsz, 1),), dt)
+        # the scales (and zero points) of a stage, loaded two stages ahead into alternating register buffers (a copy
+        # between buffers would wait on the load): one group per unit (per chunk when folded), for each (chunk,
+        # m tile, half)
+        nsz = 0 if self.dense else p.tile_k // CHUNK * MT * 2
+        bufs = [(cute.make_rmem_tensor((max(nsz, 1),), dt), cute.make_rmem_tensor((max(nsz, 1),), dt))
+                for _ in range(2)]
         if cutlass.const_expr(nsz > 0):
-            self.load_scales(mS, mZ, s_next, z_next, first, grow, c)
+            self.load_scales(mS, mZ, bufs[0], first, grow, c)
+            self.load_scales(mS, mZ, bufs[1], first + 1, grow, c)  # (past the split's end: unused, in range)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, p.stages)
-        for i in cutlass.range(count, unroll=1):
-            kt = first + i
-            sz = []
-            for jj in cutlass.range_constexpr(0 if self.dense else chunks):
-                sz.append([[self.group_words(s_next[(jj * MT + mt) * 2 + h], z_next[(jj * MT + mt) * 2 + h])
-                            for h in range(2)] for mt in range(MT)])
-            if cutlass.const_expr(nsz > 0):
-                self.load_scales(mS, mZ, s_next, z_next, kt + 1, grow, c)  # (past the split's end: unused, in range)
-            pipe.consumer_wait(state)
-            for jj in cutlass.range_constexpr(chunks):
-                units = []
-                for mt in cutlass.range_constexpr(0 if self.dense else MT):
-                    hs = []
-                    for h in cutlass.range_constexpr(2):
-                        row = cute.logical_divide(sW[(srow[mt][h], None, p.k_boxes * state.index + jj // 2)],
-                                                  cute.make_layout(4))
-                        u = cute.make_rmem_tensor((4,), Int32)
-                        u.store(row[(None, 4 * (jj % 2) + c)].load())
-                        hs.append(u)
-                    units.append(hs)
-                if cutlass.const_expr(self.fold):
-                    for mt in cutlass.range_constexpr(MT):
-                        for nt in cutlass.range_constexpr(NT):
-                            sums[mt][nt].fill(0.0)
-                box = 4 * p.k_boxes * state.index + 2 * jj + c // 2  # x's (and dense W's) box of the unit
-                for v in cutlass.range_constexpr(4):
-                    xs = []
-                    for nt in cutlass.range_constexpr(NT):
-                        xv = cute.logical_divide(sX[(xrow[nt], None, box)], cute.make_layout(8))
-                        r = cute.make_rmem_tensor((8,), dt)
-                        r.store(xv[(None, 4 * (c % 2) + v)].load())
-                        xs.append(cute.recast_tensor(r, Int32))
-                    wvs = []  # dense: the rows' vector v of their units, as x's
-                    for mt in cutlass.range_constexpr(MT if self.dense else 0):
-                        hs = []
-                        for h in cutlass.range_constexpr(2):
-                            wv = cute.logical_divide(sW[(srow[mt][h], None, box)], cute.make_layout(8))
-                            r = cute.make_rmem_tensor((8,), dt)
-                            r.store(wv[(None, 4 * (c % 2) + v)].load())
-                            hs.append(cute.recast_tensor(r, Int32))
-                        wvs.append(hs)
-                    for t in cutlass.range_constexpr(2 * v, 2 * v + 2):
-                        for nt in cutlass.range_constexpr(NT):  # values 4t .. 4t+3 of the unit: words 2 (t % 2), +1
-                            fb_w[nt][0] = xs[nt][2 * (t % 2)]
-                            fb_w[nt][1] = xs[nt][2 * (t % 2) + 1]
-                        for mt in cutlass.range_constexpr(MT):
-                            for e in cutlass.range_constexpr(4):  # a0a1: row g lo; a2a3: g + 8 lo; a4a5, a6a7: hi
-                                h, hi = e % 2, e // 2
-                                if cutlass.const_expr(self.dense):
-                                    fa_w[e] = wvs[mt][h][2 * (t % 2) + hi]
-                                else:
-                                    neg_off, s2 = sz[jj][mt][h]
-                                    fa_w[e] = dequant_pair(units[mt][h][t // 2], 2 * (t % 2) + hi, neg_off,
-                                                           None if cutlass.const_expr(self.fold) else s2, dt)
-                            for nt in cutlass.range_constexpr(NT):
-                                cute.gemm(atom, sums[mt][nt], fa, fbs[nt], sums[mt][nt])
-                if cutlass.const_expr(self.fold):
-                    for mt in cutlass.range_constexpr(MT):
-                        for nt in cutlass.range_constexpr(NT):
-                            for e in cutlass.range_constexpr(4):  # C values 0, 1: row g; 2, 3: row g + 8
-                                accs[mt][nt][e] = accs[mt][nt][e] + sums[mt][nt][e] * sz[jj][mt][e // 2][1]
-            pipe.consumer_release(state)
-            state.advance()
-        self.epilogue(accs, mY, mP, mC, last, tile, split, srow, m, n, c, tidx)
+        for i in cutlass.range(count // 2, unroll=1):  # (count is even)
+            for b in cutlass.range_constexpr(2):
+                pipe.consumer_wait(state)
+                self.stage(sW, sX, state.index, mS, mZ, bufs[b], first + 2 * i + b, grow, lanes, frags, atom)
+                pipe.consumer_release(state)
+                state.advance()
+        self.epilogue(frags["accs"], mY, mP, mC, last, tile, split, srow, m, n, c, tidx)
 
     @cute.jit
-    def load_scales(self, mS: cute.Tensor, mZ: cute.Tensor, s_out: cute.Tensor, z_out: cute.Tensor, kt: Int32, grow,
-                    c: Int32):
-        """Stage kt's scales (and zero points) of the lane's rows into s_out / z_out[(jj * m_tiles + mt) * 2 + h]:
-        the group of the lane's unit (of its chunk when folded), clamped into the tensor."""
+    def stage(self, sW: cute.Tensor, sX: cute.Tensor, slot: Int32, mS: cute.Tensor, mZ: cute.Tensor, buf, kt: Int32,
+              grow, lanes, frags, atom):
+        """Stage kt, full in ring slot `slot`: its scales from `buf` (then `buf` takes stage kt + 2's), its 128-k
+        chunks of MMAs."""
+        p, dt = self.plan, self.dtype
+        MT, NT = p.m_tiles, self.col_tiles
+        c, srow, wsw, xsw = lanes
+        g_ = xsw  # the lane's x row in each n8 tile
+        accs, sums, fa, fbs = frags["accs"], frags["sums"], frags["fa"], frags["fbs"]
+        fa_w = cute.recast_tensor(fa, Int32)
+        fb_w = [cute.recast_tensor(fb, Int32) for fb in fbs]
+        chunks = p.tile_k // CHUNK
+        sz = []
+        for jj in cutlass.range_constexpr(0 if self.dense else chunks):
+            sz.append([[self.group_words(buf[0][(jj * MT + mt) * 2 + h], buf[1][(jj * MT + mt) * 2 + h])
+                        for h in range(2)] for mt in range(MT)])
+        if cutlass.const_expr(not self.dense):
+            self.load_scales(mS, mZ, buf, kt + 2, grow, c)
+        for jj in cutlass.range_constexpr(chunks):
+            units = []
+            for mt in cutlass.range_constexpr(0 if self.dense else MT):
+                hs = []
+                for h in cutlass.range_constexpr(2):
+                    row = cute.logical_divide(sW[(srow[mt][h], None, p.k_boxes * slot + jj // 2)],
+                                              cute.make_layout(4))
+                    u = cute.make_rmem_tensor((4,), Int32)
+                    u.store(row[(None, (4 * (jj % 2) + c) ^ wsw)].load())
+                    hs.append(u)
+                units.append(hs)
+            if cutlass.const_expr(self.fold):
+                for mt in cutlass.range_constexpr(MT):
+                    for nt in cutlass.range_constexpr(NT):
+                        sums[mt][nt].fill(0.0)
+            if cutlass.const_expr(self.biased):
+                for nt in cutlass.range_constexpr(NT):
+                    frags["xsum"][nt].fill(0.0)
+            box = 4 * p.k_boxes * slot + 2 * jj + c // 2  # x's (and dense W's) box of the unit
+            for v in cutlass.range_constexpr(4):
+                xs = []
+                for nt in cutlass.range_constexpr(NT):
+                    xv = cute.logical_divide(sX[(8 * nt + g_, None, box)], cute.make_layout(8))
+                    r = cute.make_rmem_tensor((8,), dt)
+                    r.store(xv[(None, (4 * (c % 2) + v) ^ xsw)].load())
+                    xs.append(cute.recast_tensor(r, Int32))
+                wvs = []  # dense: the rows' vector v of their units, as x's
+                for mt in cutlass.range_constexpr(MT if self.dense else 0):
+                    hs = []
+                    for h in cutlass.range_constexpr(2):
+                        wv = cute.logical_divide(sW[(srow[mt][h], None, box)], cute.make_layout(8))
+                        r = cute.make_rmem_tensor((8,), dt)
+                        r.store(wv[(None, (4 * (c % 2) + v) ^ wsw)].load())
+                        hs.append(cute.recast_tensor(r, Int32))
+                    wvs.append(hs)
+                for t in cutlass.range_constexpr(2 * v, 2 * v + 2):
+                    for nt in cutlass.range_constexpr(NT):  # values 4t .. 4t+3 of the unit: words 2 (t % 2), +1
+                        fb_w[nt][0] = xs[nt][2 * (t % 2)]
+                        fb_w[nt][1] = xs[nt][2 * (t % 2) + 1]
+                    if cutlass.const_expr(self.biased):
+                        for nt in cutlass.range_constexpr(NT):
+                            cute.gemm(atom, frags["xsum"][nt], frags["ones"], fbs[nt], frags["xsum"][nt])
+                    for mt in cutlass.range_constexpr(MT):
+                        for e in cutlass.range_constexpr(4):  # a0a1: row g lo; a2a3: g + 8 lo; a4a5, a6a7: hi
+                            h, hi = e % 2, e // 2
+                            word, j = (units[mt][h][t // 2], 2 * (t % 2) + hi) if not self.dense else (None, 0)
+                            if cutlass.const_expr(self.dense):
+                                fa_w[e] = wvs[mt][h][2 * (t % 2) + hi]
+                            elif cutlass.const_expr(self.biased):
+                                fa_w[e] = biased_pair(word, j, dt)
+                            else:
+                                neg_off, s2 = sz[jj][mt][h]
+                                fa_w[e] = dequant_pair(word, j, neg_off, None if cutlass.const_expr(self.fold) else s2,
+                                                       dt)
+                        for nt in cutlass.range_constexpr(NT):
+                            cute.gemm(atom, sums[mt][nt], fa, fbs[nt], sums[mt][nt])
+            if cutlass.const_expr(self.fold):
+                for mt in cutlass.range_constexpr(MT):
+                    for nt in cutlass.range_constexpr(NT):
+                        for e in cutlass.range_constexpr(4):  # C values 0, 1: row g; 2, 3: row g + 8
+                            off, scale = sz[jj][mt][e // 2]
+                            part = sums[mt][nt][e]
+                            if cutlass.const_expr(self.biased):  # sum (M + q) x - (M + z) sum x
+                                part = frags["xsum"][nt][e] * off + part
+                            accs[mt][nt][e] = part * scale + accs[mt][nt][e]
+
+    @cute.jit
+    def load_scales(self, mS: cute.Tensor, mZ: cute.Tensor, buf, kt: Int32, grow, c: Int32):
+        """Stage kt's scales (and zero points) of the lane's rows into buf = (scales, zeros), entry
+        (jj * m_tiles + mt) * 2 + h: the group of the lane's unit (of its chunk when folded), clamped into the tensor."""
         MT = self.plan.m_tiles
         groups = extent(mS, 1)
         for jj in cutlass.range_constexpr(self.plan.tile_k // CHUNK):
@@ -282,18 +327,21 @@ class W4A16Stream:
             gi = 0 if cutlass.const_expr(self.group == 0) else cutlass.min(k0 // self.group, groups - 1)
             for mt in cutlass.range_constexpr(MT):
                 for h in cutlass.range_constexpr(2):
-                    s_out[(jj * MT + mt) * 2 + h] = mS[grow[mt][h], gi]
+                    buf[0][(jj * MT + mt) * 2 + h] = mS[grow[mt][h], gi]
                     if cutlass.const_expr(self.zeros):
-                        z_out[(jj * MT + mt) * 2 + h] = mZ[grow[mt][h], gi]
+                        buf[1][(jj * MT + mt) * 2 + h] = mZ[grow[mt][h], gi]
 
     @cute.jit
     def group_words(self, s, z):
-        """(-(M + z) twice, the scale) of one row's group: the scale as fp32 when folded, else twice in a word."""
+        """One row's group: (-(M + z) twice, the scale twice) as words for the 16-bit dequantization; folded, the
+        scale in fp32, and -(M + z) in fp32 too where the MMAs take the biased integers (`biased`)."""
         _, magic = magic_of(self.dtype)
         if cutlass.const_expr(self.zeros):
             off = -(z.to(Float32) + magic)
         else:
             off = Float32(-(8.0 + magic))
+        if cutlass.const_expr(self.biased):
+            return off, s.to(Float32)
         scale = s.to(Float32) if cutlass.const_expr(self.fold) else pair_of(s, self.dtype)
         return pair_of(self.dtype(off), self.dtype), scale
 

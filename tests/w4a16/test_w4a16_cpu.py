@@ -152,3 +152,30 @@ def test_stream_fragments_emulated():
                     for e in range(4):
                         y[2 * c + e % 2, srow[g][e // 2]] = acc[g + 8 * (e // 2), 2 * c + e % 2]
     assert torch.allclose(y, x @ wq.t(), atol=1e-9)
+
+
+@pytest.mark.parametrize("zeros", [False, True])
+def test_launch_stream_passes_the_tensors(zeros):
+    """The op's launcher on CPU tensors with a recording spec: the compile parameters (`zeros` among them) and the
+    tensors reach the kernel in its argument order, the plan's split with them."""
+    from cute_kernels.w4a16 import ops
+
+    class Recorder:
+        name = "w4a16.stream"
+
+        def compiled(self, plan, **signature):
+            self.plan, self.signature = plan, signature
+            return lambda *args: setattr(self, "args", args)
+
+    n, k = 28672, 8192
+    x = torch.randn(1, k, dtype=torch.bfloat16)
+    w = torch.zeros(n, k // 8, dtype=torch.int32)
+    y = torch.empty(1, n, dtype=torch.bfloat16)
+    s = torch.ones(n, k // 128, dtype=torch.bfloat16)
+    z = torch.full_like(s, 8.0) if zeros else None
+    r = Recorder()
+    ops.launch_stream(r, x, w, y, 132, None, False, s, z, group=128, zeros=zeros)
+    assert r.signature == {"dtype": "bf16", "col_tiles": 1, "group": 128, "zeros": zeros}
+    got_w, got_x, got_y, got_s, got_z, _, _, per, splits = r.args
+    assert got_w is w and got_x is x and got_y is y and got_s is s and got_z is (z if zeros else s)
+    assert splits * per * r.plan.tile_k >= k and (splits - 1) * per * r.plan.tile_k < k
