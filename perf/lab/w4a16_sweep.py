@@ -49,7 +49,7 @@ if which in ("both", "int4"):
         report(f"int4 {m}x{n}x{k}", H.do_bench_interleaved(fns, rep_ms=40), n * k / 2 + n * k / 64)
 
 if which in ("both", "dense"):
-    for m, n, k in [(1, 4096, 14336), (1, 28672, 4096)]:
+    for m, n, k in [(1, 4096, 14336), (1, 28672, 4096), (1, 6144, 4096), (1, 4096, 4096)]:
         x, w = H.randn(m, k, seed=1), H.randn(n, k, seed=2)
         ref = x.float() @ w.float().t()
         fns = {}
