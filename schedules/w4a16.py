@@ -58,9 +58,9 @@ def col_tiles_of(m: int) -> int:
     return next(c for c in COL_TILES if c >= t)
 
 
-# The plans the op picks (the H200 sweep, perf/lab/w4a16_sweep.py): int4 at M <= 8 best or within 3 % at 8 warps of
-# one tile, 4 stages on the five shapes; M 9-16 on wide W at 4 warps of two tiles, 3 stages (two 16-row tiles a warp
-# at 3-4 column tiles hold 168 registers and spill: above 16 rows one tile, 8 warps); dense W at 8 warps, 2 stages.
+# The plans the op picks (the H200 sweep, perf/lab/w4a16_sweep.py): int4 up to 16 rows of x on W of >= 128 rows an SM
+# at 4 warps of two tiles, 3 stages; on fewer rows 8 warps of one tile, 4 stages (best or within 3 %); above 16 rows one
+# tile, 8 warps (two tiles a warp at 3-4 column tiles spill); dense W at 8 warps, 2 stages.
 INT4_PLAN = W4A16Plan(8, 1, 4)
 INT4_WIDE_PLAN = W4A16Plan(4, 2, 3)
 INT4_MANY_COLS_PLAN = W4A16Plan(8, 1, 3)
@@ -76,7 +76,9 @@ def plan_w4a16(m: int, n: int, k: int, num_sms: int, dense: bool = False) -> tup
     if dense:
         plan = DENSE_PLAN if ct <= 2 else DENSE_MANY_COLS_PLAN
     else:
-        wide = ct == 2 and n >= 128 * num_sms  # (16 x 4096 x 14336: one tile a warp 23.6 us, two 35.6)
+        # W of at least 128 rows an SM: two 16-row tiles a warp, 4 warps (28672 x 8192 at M = 1 and 8: 40.0 against
+        # 42.8 us; 28672 x 4096: 23.3 against 24.7); fewer rows: one tile (16 x 4096 x 14336: 23.6 against 35.6 us)
+        wide = ct <= 2 and n >= 128 * num_sms
         plan = INT4_WIDE_PLAN if wide else INT4_PLAN if ct <= 2 else INT4_MANY_COLS_PLAN
     return (plan, *splits_for(plan, m, n, k, num_sms, dense))
 

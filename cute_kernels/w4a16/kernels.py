@@ -265,8 +265,8 @@ class W4A16Stream:
                 units.append(hs)
             if cutlass.const_expr(self.fold):
                 for q in cutlass.range_constexpr(self.chains):
-                    for mt in cutlass.range_constexpr(MT):
-                        for nt in cutlass.range_constexpr(NT):
+                    for nt in cutlass.range_constexpr(NT):
+                        for mt in cutlass.range_constexpr(MT):
                             sums[q][mt][nt].fill(0.0)
                         if cutlass.const_expr(self.biased):
                             frags["xsum"][q][nt].fill(0.0)
