@@ -70,7 +70,6 @@ class W4A16Stream:
         # for 32 packed subtractions a lane (a win at 1-2 column tiles). M = 128: the cancellation costs ~7 of fp32's
         # 24 bits; fp16's M = 1024 would cost 10, so fp16 subtracts.
         self.biased = self.fold and dtype is cutlass.BFloat16 and col_tiles <= 2
-        self.chains = 2 if self.fold and plan.m_tiles == 1 and col_tiles <= 2 else 1
 
     @cute.jit
     def __call__(self, w: cute.Tensor, x: cute.Tensor, y: cute.Tensor, scales: cute.Tensor, zeros: cute.Tensor,
@@ -195,13 +194,10 @@ class W4A16Stream:
         for mt in cutlass.range_constexpr(MT):
             for nt in cutlass.range_constexpr(NT):
                 frags["accs"][mt][nt].fill(0.0)
-        # a chunk's sums (folded) in `chains` interleaved accumulators (MMAs t of one parity each): two dependent
-        # chains of 4 MMAs instead of one of 8 where the registers allow (one tile a warp, up to 16 columns)
-        ch = self.chains
-        frags["sums"] = [[[tiled.make_fragment_C(c_shape) for _ in range(NT)] for _ in range(MT)] for _ in range(ch)] \
-            if cutlass.const_expr(self.fold) else [frags["accs"]]
+        frags["sums"] = [[tiled.make_fragment_C(c_shape) for _ in range(NT)] for _ in range(MT)] \
+            if cutlass.const_expr(self.fold) else frags["accs"]
         if cutlass.const_expr(self.biased):  # sum x over a chunk per x row, in C's layout: MMAs with A = ones
-            frags["xsum"] = [[tiled.make_fragment_C(c_shape) for _ in range(NT)] for _ in range(ch)]
+            frags["xsum"] = [tiled.make_fragment_C(c_shape) for _ in range(NT)]
             frags["ones"] = tiled.make_fragment_A(a_shape)
             ones_w = cute.recast_tensor(frags["ones"], Int32)
             for e in cutlass.range_constexpr(cute.size(ones_w)):
@@ -264,12 +260,12 @@ class W4A16Stream:
                     hs.append(u)
                 units.append(hs)
             if cutlass.const_expr(self.fold):
-                for q in cutlass.range_constexpr(self.chains):
+                for mt in cutlass.range_constexpr(MT):
                     for nt in cutlass.range_constexpr(NT):
-                        for mt in cutlass.range_constexpr(MT):
-                            sums[q][mt][nt].fill(0.0)
-                        if cutlass.const_expr(self.biased):
-                            frags["xsum"][q][nt].fill(0.0)
+                        sums[mt][nt].fill(0.0)
+            if cutlass.const_expr(self.biased):
+                for nt in cutlass.range_constexpr(NT):
+                    frags["xsum"][nt].fill(0.0)
             box = 4 * p.k_boxes * slot + 2 * jj + c // 2  # x's (and dense W's) box of the unit
             for v in cutlass.range_constexpr(4):
                 xs = []
@@ -293,8 +289,7 @@ class W4A16Stream:
                         fb_w[nt][1] = xs[nt][2 * (t % 2) + 1]
                     if cutlass.const_expr(self.biased):
                         for nt in cutlass.range_constexpr(NT):
-                            xq = frags["xsum"][t % self.chains][nt]
-                            cute.gemm(atom, xq, frags["ones"], fbs[nt], xq)
+                            cute.gemm(atom, frags["xsum"][nt], frags["ones"], fbs[nt], frags["xsum"][nt])
                     for mt in cutlass.range_constexpr(MT):
                         for e in cutlass.range_constexpr(4):  # a0a1: row g lo; a2a3: g + 8 lo; a4a5, a6a7: hi
                             h, hi = e % 2, e // 2
@@ -308,21 +303,15 @@ class W4A16Stream:
                                 fa_w[e] = dequant_pair(word, j, neg_off, None if cutlass.const_expr(self.fold) else s2,
                                                        dt)
                         for nt in cutlass.range_constexpr(NT):
-                            sq = sums[t % self.chains if cutlass.const_expr(self.fold) else 0][mt][nt]
-                            cute.gemm(atom, sq, fa, fbs[nt], sq)
+                            cute.gemm(atom, sums[mt][nt], fa, fbs[nt], sums[mt][nt])
             if cutlass.const_expr(self.fold):
                 for mt in cutlass.range_constexpr(MT):
                     for nt in cutlass.range_constexpr(NT):
                         for e in cutlass.range_constexpr(4):  # C values 0, 1: row g; 2, 3: row g + 8
                             off, scale = sz[jj][mt][e // 2]
-                            part = sums[0][mt][nt][e]
-                            for q in cutlass.range_constexpr(1, self.chains):
-                                part = part + sums[q][mt][nt][e]
+                            part = sums[mt][nt][e]
                             if cutlass.const_expr(self.biased):  # sum (M + q) x - (M + z) sum x
-                                xs_ = frags["xsum"][0][nt][e]
-                                for q in cutlass.range_constexpr(1, self.chains):
-                                    xs_ = xs_ + frags["xsum"][q][nt][e]
-                                part = xs_ * off + part
+                                part = frags["xsum"][nt][e] * off + part
                             accs[mt][nt][e] = part * scale + accs[mt][nt][e]
 
     @cute.jit
