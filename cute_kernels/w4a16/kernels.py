@@ -15,11 +15,15 @@ swizzle) and four boxes of x per W box (8 * col_tiles rows x 64 k, zero-filled p
   use the same one: MMA t's k slots (2c, 2c+1, 2c+8, 2c+9) are the unit's values 4t .. 4t + 3 on both sides.
 Scales: for groups of 128 or more (and per channel) a chunk lies in one group of every row, so the MMAs take the
 exact integers (q - z) and the chunk's fp32 partial sums are scaled by s[row] in fp32 (one FFMA per accumulator
-value a chunk instead of a multiply per weight); groups of 32 / 64 multiply each weight pair by its scale.
+value a chunk instead of a multiply per weight); groups of 32 / 64 multiply each weight pair by its scale. In bf16 at
+up to two column tiles the folded MMAs take the biased integers M + q straight from the lop3, and the chunk's sums
+lose (M + z) sum x, with sum x from MMAs on a ones fragment (`biased`). A stage's scales are loaded two stages ahead
+into one of two register buffers that alternate, so the consumer runs stages in pairs (an even count a split).
 
 Shared-memory banks: MMA row g of a tile reads smem row (g // 2) + 4 (g % 2) of its 8-row half, so the two rows
 of a quarter-warp differ in bit 2 of the swizzle's XOR and their 16-byte units hit disjoint bank groups (four
-wavefronts per 512-byte warp load, the minimum).
+wavefronts per 512-byte warp load, the minimum). The consumers read the rings through plain views with the swizzle's
+XOR applied once per lane: unit u of smem row r sits at u ^ (r % 8), and r % 8 is fixed per lane.
 
 Split K: with `splits` > 1 each CTA stores its fp32 partials (splits, M, N) and the last CTA of its W tile
 (`collectives.split_counter`) adds them in split order: the same bits on every run.
