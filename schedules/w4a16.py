@@ -6,9 +6,8 @@ a row, 16 KiB at 128 rows) plus the same 256 k of x (`8 * col_tiles` rows, zero-
 the ring, not registers: 4 stages of 16 KiB and two CTAs an SM keep 128 KiB of W in flight per SM, about three times
 the latency-bandwidth product of HBM3e at 18 B/clk/SM. Every consumer warp reads the whole x stage, so x's
 shared-memory reads per W byte fall with the rows a warp owns (`m_tiles` 16-row MMA tiles): 2 up to 16 columns,
-1 above (the accumulators of 8 column tiles). The grid is stream-K (`stream_k`): the units (W tile, pair of stages)
-are split evenly over as many CTAs as fit at once, so no SM idles for want of a whole tile; CTAs that share a tile
-add their fp32 partials through a workspace, the last of them in a fixed order.
+1 above (the accumulators of 8 column tiles). `splits` cuts K so that tiles x splits is about the CTAs that fit at
+once; a split's partial sums go through an fp32 workspace and the last CTA of a tile adds them in split order.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from dataclasses import dataclass
 TILE_K = 256  # k of one W box: a 128-byte row of packed words per W row (the TMA box's 128-byte swizzle)
 SMEM_PER_SM = 227 * 1024
 MAX_SPLITS = 16  # the last CTA of a tile loads every split's partial at once (a compile-time bound)
-ONE_SEGMENT_COL_TILES = 4  # from these column tiles of x a CTA's run of stream-K units stays inside one W tile
 # n8 tiles of x's rows (M up to 64), powers of two: the DSL aborts slicing the swizzled x ring at 24 or 40 rows (the
 # zero rows TMA fills past M cost MMAs only)
 COL_TILES = (1, 2, 4, 8)
@@ -51,14 +49,8 @@ class W4A16Plan:
     def smem_bytes(self, col_tiles: int, dense: bool = False) -> int:
         return self.stages * self.stage_bytes(col_tiles, dense) + 16 * self.stages + 64
 
-    def registers(self, col_tiles: int) -> int:
-        """A bound on the registers a thread holds (the compile census: 43-88 at one tile a warp and up to 16 columns,
-        139-168 at two tiles or more columns)."""
-        return 96 if self.m_tiles == 1 and col_tiles <= 2 else 168
-
     def ctas_per_sm(self, col_tiles: int, dense: bool = False) -> int:
-        regs = 65536 // (self.threads * self.registers(col_tiles))
-        return max(1, min(3, SMEM_PER_SM // self.smem_bytes(col_tiles, dense), 2048 // self.threads, regs))
+        return max(1, min(3, SMEM_PER_SM // self.smem_bytes(col_tiles, dense), 2048 // self.threads))
 
 
 def col_tiles_of(m: int) -> int:
@@ -78,8 +70,8 @@ DENSE_MANY_COLS_PLAN = W4A16Plan(4, 1, 2)
 
 @functools.lru_cache(maxsize=4096)
 def plan_w4a16(m: int, n: int, k: int, num_sms: int, dense: bool = False) -> tuple[W4A16Plan, int, int]:
-    """(plan, pairs of stages a W tile, CTAs) for x (m, k) and W (n, k), m <= 64; `dense`: W in 16 bits (four times
-    the bytes a row: 128-row tiles of 2 stages = 128 KiB of W a CTA, one CTA an SM)."""
+    """(plan, splits, stages of K a split) for x (m, k) and W (n, k), m <= 64; `dense`: W in 16 bits (four times the
+    bytes a row: 128-row tiles of 2 stages = 128 KiB of W a CTA, one CTA an SM)."""
     ct = col_tiles_of(m)
     if dense:
         plan = DENSE_PLAN if ct <= 2 else DENSE_MANY_COLS_PLAN
@@ -88,34 +80,20 @@ def plan_w4a16(m: int, n: int, k: int, num_sms: int, dense: bool = False) -> tup
         # 42.8 us; 28672 x 4096: 23.3 against 24.7); fewer rows: one tile (16 x 4096 x 14336: 23.6 against 35.6 us)
         wide = ct <= 2 and n >= 128 * num_sms
         plan = INT4_WIDE_PLAN if wide else INT4_PLAN if ct <= 2 else INT4_MANY_COLS_PLAN
-    return (plan, *stream_k(plan, m, n, k, num_sms, dense))
+    return (plan, *splits_for(plan, m, n, k, num_sms, dense))
 
 
-def shares(tile: int, pairs: int, units: int, ctas: int) -> int:
-    """How many CTAs' runs cover part of W tile `tile` (CTA b runs units [b U // G, (b + 1) U // G))."""
-    first = ((tile * pairs + 1) * ctas - 1) // units
-    last = ((tile + 1) * pairs * ctas - 1) // units
-    return last - first + 1
-
-
-@functools.lru_cache(maxsize=4096)
-def stream_k(plan: W4A16Plan, m: int, n: int, k: int, num_sms: int, dense: bool = False) -> tuple[int, int]:
-    """(pairs, ctas): the work is W tiles x pairs of stages (units, tile-major), split evenly over `ctas` CTAs, all
-    resident at once, every CTA with at least one unit: no tail wave, whatever tiles x splits would have left idle
-    (224 tiles of 28672 rows on 264 CTA slots). A tile shared by several CTAs adds their fp32 partials in a fixed
-    order; at most MAX_SPLITS CTAs share one."""
+def splits_for(plan: W4A16Plan, m: int, n: int, k: int, num_sms: int, dense: bool = False) -> tuple[int, int]:
+    """(splits, 256-k tiles a split): as many splits as keep W tiles x splits within the CTAs resident at once (at
+    most MAX_SPLITS), every split non-empty, an even number of tiles a split (the kernel runs stages in pairs)."""
     ct = col_tiles_of(m)
     tiles = -(-n // plan.tile_n)
     k_tiles = max(1, -(-k // plan.tile_k))
-    pairs = -(-k_tiles // 2)
-    units = tiles * pairs
-    slots = plan.ctas_per_sm(ct, dense) * num_sms
-    if ct >= ONE_SEGMENT_COL_TILES:  # a run inside one tile a CTA: tiles x splits CTAs (may exceed one wave)
-        return pairs, tiles * max(1, min(pairs, slots // tiles, MAX_SPLITS))
-    ctas = max(1, min(slots, units))
-    while ctas > tiles and max(shares(t, pairs, units, ctas) for t in range(tiles)) > MAX_SPLITS:
-        ctas -= tiles
-    return pairs, ctas
+    resident = plan.ctas_per_sm(ct, dense) * num_sms
+    splits = max(1, min(k_tiles, resident // tiles, MAX_SPLITS))
+    per = -(-k_tiles // splits)
+    per += per % 2
+    return -(-k_tiles // per), per
 
 
 # Where the op runs the streaming kernel rather than the GEMV mainloop (int4, M <= 16) or the GEMM (dense): the

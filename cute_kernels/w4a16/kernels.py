@@ -43,7 +43,7 @@ from collectives.smem_tiles import swizzle_128b
 from collectives.split_counter import last_split
 from collectives.tma_pipeline import make_pipeline
 from collectives.vector_io import extent
-from schedules.w4a16 import MAX_SPLITS, ONE_SEGMENT_COL_TILES, TILE_K, W4A16Plan  # (TILE_K: k of one W box)
+from schedules.w4a16 import MAX_SPLITS, TILE_K, W4A16Plan  # (TILE_K: k of one W box)
 
 X_BOX = 64  # k of one x box (128 bytes of 16-bit elements: the 128-byte swizzle)
 WORDS = TILE_K // 8  # packed int32 words of a W row in one box (128 bytes)
@@ -74,17 +74,13 @@ class W4A16Stream:
         # for 32 packed subtractions a lane (a win at 1-2 column tiles). M = 128: the cancellation costs ~7 of fp32's
         # 24 bits; fp16's M = 1024 would cost 10, so fp16 subtracts.
         self.biased = self.fold and dtype is cutlass.BFloat16 and col_tiles <= 2
-        # from 4 column tiles the accumulators leave no registers for a loop over W tiles (ptxas spills at 168): the
-        # host then gives every CTA a run inside one tile (`schedules.w4a16.stream_k`)
-        self.one_segment = col_tiles >= ONE_SEGMENT_COL_TILES
 
     @cute.jit
     def __call__(self, w: cute.Tensor, x: cute.Tensor, y: cute.Tensor, scales: cute.Tensor, zeros: cute.Tensor,
-                 part: cute.Tensor, counter: cute.Tensor, pairs: Int32, ctas: Int32, stream):
+                 part: cute.Tensor, counter: cute.Tensor, per_split: Int32, splits: Int32, stream):
         """w (N, K / 8) int32 packed; x (M, K); y (M, N); scales / zeros (N, K / group) (zeros read only with
-        `zeros`); part (MAX_SPLITS, M, N) fp32 and counter (W tiles,) int32 (zero before and after), read where a
-        tile is shared; pairs: pairs of stages (`plan.tile_k` of K each) a W tile; ctas: the grid (at most the
-        units, tiles x pairs, so no CTA is empty)."""
+        `zeros`); part (splits, M, N) fp32 and counter (W tiles,) int32 (zero before and after) read only with
+        splits > 1; per_split: stages of K (`plan.tile_k` each) a split."""
         p, dt = self.plan, self.dtype
         xr = 8 * self.col_tiles
         swz = swizzle_128b()
@@ -107,12 +103,13 @@ class W4A16Stream:
             sX: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(x_layout.outer)], 1024]
 
         self.storage = Storage
-        self.kernel(tma_w, gw, tma_x, gx, y, scales, zeros, part, counter, pairs, w_layout, x_layout).launch(
-            grid=[ctas, 1, 1], block=[p.threads, 1, 1], stream=stream)
+        tiles = (extent(w, 0) + p.tile_n - 1) // p.tile_n
+        self.kernel(tma_w, gw, tma_x, gx, y, scales, zeros, part, counter, per_split, w_layout, x_layout).launch(
+            grid=[tiles, splits, 1], block=[p.threads, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, tma_w: cute.CopyAtom, mW: cute.Tensor, tma_x: cute.CopyAtom, mX: cute.Tensor, mY: cute.Tensor,
-               mS: cute.Tensor, mZ: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, pairs: Int32,
+               mS: cute.Tensor, mZ: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, per_split: Int32,
                w_layout: cute.ComposedLayout, x_layout: cute.ComposedLayout):
         p = self.plan
         tidx, _, _ = cute.arch.thread_idx()
@@ -132,44 +129,22 @@ class W4A16Stream:
         sX = st.sX.get_tensor(x_layout.outer, swizzle=x_layout.inner)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        # stream-K: the units (W tile, pair of stages), tile-major, split evenly over the grid; this CTA's run of
-        # them crosses `segments` tiles
-        b, _, _ = cute.arch.block_idx()
-        g, _, _ = cute.arch.grid_dim()
-        units = (extent(mW, 0) + p.tile_n - 1) // p.tile_n * pairs
-        start = b * units // g
-        end = (b + 1) * units // g
-        segments = (end - 1) // pairs - start // pairs + 1
+        tile, split, _ = cute.arch.block_idx()
+        k_tiles = (extent(mX, 1) + p.tile_k - 1) // p.tile_k
+        first = split * per_split
+        count = cutlass.max(cutlass.min(first + per_split, k_tiles) - first, 0)
+        count = count + count % 2  # stages in pairs (the consumer's scale buffers alternate): per_split is even, and
+        # the last split's odd stage count takes one stage past K, which TMA fills with zeros (no bytes read)
         if warp == p.consumer_warps:
-            self.produce(tma_w, mW, sW, tma_x, mX, sX, pipe, start, end, segments, pairs)
+            self.produce(tma_w, mW, sW, tma_x, mX, sX, pipe, tile, first, count)
         else:
             self.consume(st.sW.get_tensor(w_layout.outer), st.sX.get_tensor(x_layout.outer), pipe, mX, mY, mS, mZ,
-                         mP, mC, st.last.get_tensor(cute.make_layout(4)), start, end, segments, pairs, warp, tidx)
-
-    @cute.jit
-    def segment(self, start: Int32, end: Int32, pairs: Int32, i: Int32):
-        """Segment i of the CTA's run [start, end) of units: (its W tile, first stage, stage count). A tile's last
-        pair may hold one stage past K: TMA fills it with zeros (no bytes read)."""
-        tile = start // pairs + i
-        lo = cutlass.max(start, tile * pairs) - tile * pairs
-        hi = cutlass.min(end, (tile + 1) * pairs) - tile * pairs
-        return tile, 2 * lo, 2 * (hi - lo)
-
-    @cute.jit
-    def sharing(self, tile: Int32, pairs: Int32, n: Int32):
-        """(this CTA's index among the CTAs whose runs cover part of `tile`, their count): CTA b's run starts at
-        floor(b U / G), so unit x lies in CTA ((x + 1) G - 1) // U."""
-        b, _, _ = cute.arch.block_idx()
-        g, _, _ = cute.arch.grid_dim()
-        units = (n + self.plan.tile_n - 1) // self.plan.tile_n * pairs
-        first = ((tile * pairs + 1) * g - 1) // units
-        last = (((tile + 1) * pairs) * g - 1) // units
-        return b - first, last - first + 1
+                         mP, mC, st.last.get_tensor(cute.make_layout(4)), tile, split, first, count, warp, tidx)
 
     # --- the producer warp --------------------------------------------------------------------------------------
     @cute.jit
     def produce(self, tma_w: cute.CopyAtom, mW: cute.Tensor, sW: cute.Tensor, tma_x: cute.CopyAtom, mX: cute.Tensor,
-                sX: cute.Tensor, pipe, start: Int32, end: Int32, segments: Int32, pairs: Int32):
+                sX: cute.Tensor, pipe, tile: Int32, first: Int32, count: Int32):
         p = self.plan
         w_cols = X_BOX if self.dense else WORDS
         kb = p.k_boxes
@@ -180,27 +155,25 @@ class W4A16Stream:
         tXsX, tXgX = cpasync.tma_partition(tma_x, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
                                            cute.group_modes(gX, 0, 2))
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, p.stages)
-        for sg in cutlass.range(1 if cutlass.const_expr(self.one_segment) else segments, unroll=1):
-            tile, first, count = self.segment(start, end, pairs, sg)
-            for i in cutlass.range(count, unroll=1):
-                kt = first + i
-                pipe.producer_acquire(state)
-                bar = pipe.producer_get_barrier(state)
-                wb = 4 * kb if cutlass.const_expr(self.dense) else kb  # W boxes a stage
-                for b in cutlass.range_constexpr(wb):
-                    cute.copy(tma_w, tWgW[(None, tile, wb * kt + b)], tWsW[(None, wb * state.index + b)], tma_bar_ptr=bar)
-                for b in cutlass.range_constexpr(4 * kb):
-                    cute.copy(tma_x, tXgX[(None, 0, 4 * kb * kt + b)], tXsX[(None, 4 * kb * state.index + b)],
-                              tma_bar_ptr=bar)
-                pipe.producer_commit(state)
-                state.advance()
+        for i in cutlass.range(count, unroll=1):
+            kt = first + i
+            pipe.producer_acquire(state)
+            bar = pipe.producer_get_barrier(state)
+            wb = 4 * kb if cutlass.const_expr(self.dense) else kb  # W boxes a stage
+            for b in cutlass.range_constexpr(wb):
+                cute.copy(tma_w, tWgW[(None, tile, wb * kt + b)], tWsW[(None, wb * state.index + b)], tma_bar_ptr=bar)
+            for b in cutlass.range_constexpr(4 * kb):
+                cute.copy(tma_x, tXgX[(None, 0, 4 * kb * kt + b)], tXsX[(None, 4 * kb * state.index + b)],
+                          tma_bar_ptr=bar)
+            pipe.producer_commit(state)
+            state.advance()
         pipe.producer_tail(state)
 
     # --- the consumer warps -------------------------------------------------------------------------------------
     @cute.jit
     def consume(self, sW: cute.Tensor, sX: cute.Tensor, pipe, mX: cute.Tensor, mY: cute.Tensor, mS: cute.Tensor,
-                mZ: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, last: cute.Tensor, start: Int32, end: Int32,
-                segments: Int32, pairs: Int32, warp: Int32, tidx: Int32):
+                mZ: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, last: cute.Tensor, tile: Int32, split: Int32,
+                first: Int32, count: Int32, warp: Int32, tidx: Int32):
         """sW / sX: the rings' plain (unswizzled) views; the lane's 16-byte units are addressed pre-swizzled."""
         p, dt = self.plan, self.dtype
         MT, NT = p.m_tiles, self.col_tiles
@@ -222,6 +195,9 @@ class W4A16Stream:
             "fa": tiled.make_fragment_A(a_shape),
             "fbs": [tiled.make_fragment_B(b_shape) for _ in range(NT)],
         }
+        for mt in cutlass.range_constexpr(MT):
+            for nt in cutlass.range_constexpr(NT):
+                frags["accs"][mt][nt].fill(0.0)
         frags["sums"] = [[tiled.make_fragment_C(c_shape) for _ in range(NT)] for _ in range(MT)] \
             if cutlass.const_expr(self.fold) else frags["accs"]
         if cutlass.const_expr(self.biased):  # sum x over a chunk per x row, in C's layout: MMAs with A = ones
@@ -233,6 +209,7 @@ class W4A16Stream:
 
         # the lane's smem rows (tile-local) and global W rows: (m tile, half h) for MMA rows g + 8 h
         srow = [[16 * (MT * warp + mt) + 8 * h + perm for h in range(2)] for mt in range(MT)]
+        grow = [[cutlass.min(tile * p.tile_n + srow[mt][h], n - 1) for h in range(2)] for mt in range(MT)]
         # x's rows past M are TMA's zero fill. Under the 128-byte swizzle unit u (16 bytes) of a 128-byte smem row r
         # sits at u ^ (r % 8) (every box starts 1024-byte aligned): r % 8 is perm for the lane's W rows, g for its x rows
         lanes = (c, srow, perm, g)
@@ -243,24 +220,18 @@ class W4A16Stream:
         nsz = 0 if self.dense else p.tile_k // CHUNK * MT * 2
         bufs = [(cute.make_rmem_tensor((max(nsz, 1),), dt), cute.make_rmem_tensor((max(nsz, 1),), dt))
                 for _ in range(2)]
+        if cutlass.const_expr(nsz > 0):
+            self.load_scales(mS, mZ, bufs[0], first, grow, c)
+            self.load_scales(mS, mZ, bufs[1], first + 1, grow, c)  # (past the split's end: unused, in range)
+
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, p.stages)
-        for sg in cutlass.range(1 if cutlass.const_expr(self.one_segment) else segments, unroll=1):
-            tile, first, count = self.segment(start, end, pairs, sg)
-            grow = [[cutlass.min(tile * p.tile_n + srow[mt][h], n - 1) for h in range(2)] for mt in range(MT)]
-            for mt in cutlass.range_constexpr(MT):
-                for nt in cutlass.range_constexpr(NT):
-                    frags["accs"][mt][nt].fill(0.0)
-            if cutlass.const_expr(nsz > 0):
-                self.load_scales(mS, mZ, bufs[0], first, grow, c)
-                self.load_scales(mS, mZ, bufs[1], first + 1, grow, c)  # (past the tile's end: unused, in range)
-            for i in cutlass.range(count // 2, unroll=1):  # (count is even)
-                for b in cutlass.range_constexpr(2):
-                    pipe.consumer_wait(state)
-                    self.stage(sW, sX, state.index, mS, mZ, bufs[b], first + 2 * i + b, grow, lanes, frags, atom)
-                    pipe.consumer_release(state)
-                    state.advance()
-            part, shares = self.sharing(tile, pairs, n)
-            self.epilogue(frags["accs"], mY, mP, mC, last, tile, part, shares, srow, m, n, c, tidx)
+        for i in cutlass.range(count // 2, unroll=1):  # (count is even)
+            for b in cutlass.range_constexpr(2):
+                pipe.consumer_wait(state)
+                self.stage(sW, sX, state.index, mS, mZ, bufs[b], first + 2 * i + b, grow, lanes, frags, atom)
+                pipe.consumer_release(state)
+                state.advance()
+        self.epilogue(frags["accs"], mY, mP, mC, last, tile, split, srow, m, n, c, tidx)
 
     @cute.jit
     def stage(self, sW: cute.Tensor, sX: cute.Tensor, slot: Int32, mS: cute.Tensor, mZ: cute.Tensor, buf, kt: Int32,
@@ -380,10 +351,10 @@ class W4A16Stream:
 
     @cute.jit
     def epilogue(self, accs, mY: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, last: cute.Tensor, tile: Int32,
-                 split: Int32, splits: Int32, srow, m: Int32, n: Int32, c: Int32, tidx: Int32):
-        """C value e of (m tile, n8 tile): W row srow[mt][e // 2], x row 8 nt + 2c + e % 2. `split` of `splits`: this
-        CTA's part of the tile (its index among the CTAs that share it)."""
+                 split: Int32, srow, m: Int32, n: Int32, c: Int32, tidx: Int32):
+        """C value e of (m tile, n8 tile): W row srow[mt][e // 2], x row 8 nt + 2c + e % 2."""
         p = self.plan
+        splits = cute.arch.grid_dim()[1]
         base = tile * p.tile_n
         # the thread's cells: (accumulator, W row, x row), the same walk for the store, the partials and the sum
         cells = [(accs[mt][nt], e, base + srow[mt][e // 2], 8 * nt + 2 * c + e % 2)

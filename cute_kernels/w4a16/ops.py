@@ -22,7 +22,7 @@ from cute_kernels.torch_ops import INDEX32_LIMIT, call, placeholder, register_op
 from cute_kernels.w4a16.pack import _check_group, pack_int4, unpack_int4  # noqa: F401  (re-exported)
 from schedules.gemv import plan_gemv_mma
 from schedules.hardware import num_sms
-from schedules.w4a16 import MAX_SPLITS, col_tiles_of, plan_w4a16, stream_k, use_stream
+from schedules.w4a16 import col_tiles_of, plan_w4a16, splits_for, use_stream
 
 MMA_MAX_M = 16  # rows of x one pass of the tensor-core GEMV mainloop takes
 STREAM_MAX_M = 64  # up to here one pass of the streaming kernel; above, dequantize + `gemm`
@@ -127,27 +127,26 @@ def _stream(x2, w, scales, zeros, g, y, sms, plan=None):
 
 def launch_stream(spec, x2, w, y, sms, plan=None, dense=False, scales=None, zero_points=None, **signature):
     """One launch of a streaming-kernel spec (`w4a16.stream`, or `gemv.stream` with `dense`) for x2 (M, K) and W into
-    y (M, N): the plan and its stream-K grid (`plan` given: only the grid), the split workspace and counters, the compiled
+    y (M, N): the plan and split of K (`plan` given: only the split), the split workspace and counters, the compiled
     variant for x2's dtype, M's column tiles and `signature` (the spec's compile parameters, `zeros` among them for
     int4: hence the tensor's other name). Unread scales / zero points pass placeholders."""
     m, k = x2.shape
     n = w.shape[0]
     if plan is None:
-        plan, pairs, ctas = plan_w4a16(m, n, k, sms, dense)
+        plan, splits, per = plan_w4a16(m, n, k, sms, dense)
     else:
-        pairs, ctas = stream_k(plan, m, n, k, sms, dense)
-    tiles = -(-n // plan.tile_n)
-    if MAX_SPLITS * m * n > INDEX32_LIMIT:
+        splits, per = splits_for(plan, m, n, k, sms, dense)
+    if splits * m * n > INDEX32_LIMIT:
         raise ValueError(f"{spec.name}: x of {m} rows and W of {n} rows exceed the kernel's 32-bit indexing")
-    if ctas > tiles or tiles % ctas:  # a tile may be shared: the split workspace and counters
-        part = torch.empty((MAX_SPLITS, m, n), dtype=torch.float32, device=x2.device)
-        counter = split_counters(x2.device, tiles)
+    if splits > 1:
+        part = torch.empty((splits, m, n), dtype=torch.float32, device=x2.device)
+        counter = split_counters(x2.device, -(-n // plan.tile_n))
     else:
         part = placeholder(x2.device, (1, 1, 1), torch.float32)
         counter = placeholder(x2.device, (1,), torch.int32)
     fn = spec.compiled(plan, dtype=dtypes.name_of(x2.dtype), col_tiles=col_tiles_of(m), **signature)
     scales = scales if scales is not None else placeholder(x2.device, (1, 1), x2.dtype)
-    fn(w, x2, y, scales, zero_points if zero_points is not None else scales, part, counter, pairs, ctas)
+    fn(w, x2, y, scales, zero_points if zero_points is not None else scales, part, counter, per, splits)
 
 
 register_op("cute_kernels::gemm_w4a16", "(Tensor x, Tensor w_packed, Tensor scales, Tensor? zeros=None, "
