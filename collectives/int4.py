@@ -47,9 +47,13 @@ def biased_pair(word, j: int, dtype) -> cutlass.Int32:
                 f"lop3.b32 $0, $1, k, c, 0xEA;}}", "=r,r", shifted)
 
 
+def _ones_bits(dtype) -> int:
+    return 0x3F803F80 if dtype is cutlass.BFloat16 else 0x3C003C00
+
+
 def ones_pair(dtype) -> cutlass.Int32:
     """The 16-bit pair (1, 1) as a word: an A fragment of ones makes an MMA sum its B operand over k."""
-    return cutlass.Int32(0x3F803F80 if dtype is cutlass.BFloat16 else 0x3C003C00)
+    return cutlass.Int32(_ones_bits(dtype))
 
 
 def dequant_pair(word, j: int, neg_offset2, scale2, dtype) -> cutlass.Int32:
@@ -57,9 +61,8 @@ def dequant_pair(word, j: int, neg_offset2, scale2, dtype) -> cutlass.Int32:
     `scale2` s twice (words from `pair_of`); with `scale2` None the integers (n - z) themselves (exact), for a kernel
     that applies the group's scale to its fp32 partial sums instead."""
     ty = "bf16x2" if dtype is cutlass.BFloat16 else "f16x2"
-    one = 0x3F803F80 if dtype is cutlass.BFloat16 else 0x3C003C00
     m = biased_pair(word, j, dtype)
-    d = _asm(f"{{.reg .b32 o; mov.b32 o, {one}; fma.rn.{ty} $0, $1, o, $2;}}", "=r,r,r", m, neg_offset2)
+    d = _asm(f"{{.reg .b32 o; mov.b32 o, {_ones_bits(dtype)}; fma.rn.{ty} $0, $1, o, $2;}}", "=r,r,r", m, neg_offset2)
     if scale2 is None:
         return d
     return _asm(f"mul.rn.{ty} $0, $1, $2;", "=r,r,r", d, scale2)

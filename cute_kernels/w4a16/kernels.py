@@ -240,8 +240,7 @@ class W4A16Stream:
         chunks of MMAs."""
         p, dt = self.plan, self.dtype
         MT, NT = p.m_tiles, self.col_tiles
-        c, srow, wsw, xsw = lanes
-        g_ = xsw  # the lane's x row in each n8 tile
+        c, srow, wsw, g = lanes  # (g: the lane's x row in each n8 tile, and its swizzle term)
         accs, sums, fa, fbs = frags["accs"], frags["sums"], frags["fa"], frags["fbs"]
         fa_w = cute.recast_tensor(fa, Int32)
         fb_w = [cute.recast_tensor(fb, Int32) for fb in fbs]
@@ -274,9 +273,9 @@ class W4A16Stream:
             for v in cutlass.range_constexpr(4):
                 xs = []
                 for nt in cutlass.range_constexpr(NT):
-                    xv = cute.logical_divide(sX[(8 * nt + g_, None, box)], cute.make_layout(8))
+                    xv = cute.logical_divide(sX[(8 * nt + g, None, box)], cute.make_layout(8))
                     r = cute.make_rmem_tensor((8,), dt)
-                    r.store(xv[(None, (4 * (c % 2) + v) ^ xsw)].load())
+                    r.store(xv[(None, (4 * (c % 2) + v) ^ g)].load())
                     xs.append(cute.recast_tensor(r, Int32))
                 wvs = []  # dense: the rows' vector v of their units, as x's
                 for mt in cutlass.range_constexpr(MT if self.dense else 0):
@@ -297,15 +296,15 @@ class W4A16Stream:
                     for mt in cutlass.range_constexpr(MT):
                         for e in cutlass.range_constexpr(4):  # a0a1: row g lo; a2a3: g + 8 lo; a4a5, a6a7: hi
                             h, hi = e % 2, e // 2
-                            word, j = (units[mt][h][t // 2], 2 * (t % 2) + hi) if not self.dense else (None, 0)
+                            j = 2 * (t % 2) + hi  # (the pair of word t // 2 of the unit)
                             if cutlass.const_expr(self.dense):
-                                fa_w[e] = wvs[mt][h][2 * (t % 2) + hi]
+                                fa_w[e] = wvs[mt][h][j]
                             elif cutlass.const_expr(self.biased):
-                                fa_w[e] = biased_pair(word, j, dt)
+                                fa_w[e] = biased_pair(units[mt][h][t // 2], j, dt)
                             else:
                                 neg_off, s2 = sz[jj][mt][h]
-                                fa_w[e] = dequant_pair(word, j, neg_off, None if cutlass.const_expr(self.fold) else s2,
-                                                       dt)
+                                fa_w[e] = dequant_pair(units[mt][h][t // 2], j, neg_off,
+                                                       None if cutlass.const_expr(self.fold) else s2, dt)
                         for nt in cutlass.range_constexpr(NT):
                             cute.gemm(atom, sums[mt][nt], fa, fbs[nt], sums[mt][nt])
             if cutlass.const_expr(self.fold):
