@@ -17,8 +17,18 @@ def vec_elems(dtype, vec_bytes: int = 16) -> int:
 
 
 @cute.jit
-def as_vectors(t: cute.Tensor, n, vec: cutlass.Constexpr[int]) -> cute.Tensor:
-    """View the first `(n // vec) * vec` elements of flat tensor `t` as (vec, n // vec) columns."""
+def as_vectors(t: cute.Tensor, n, vec: cutlass.Constexpr[int], rows_like=None) -> cute.Tensor:
+    """View the first `(n // vec) * vec` elements of flat tensor `t` as (vec, n // vec) columns.
+
+    A rank-2 `t` (rows, cols) with unit column stride and any row stride (a column slice of a wider matrix, e.g.
+    one half of a fused projection's output) is walked in row-major order instead: column j is vector
+    j % (cols / vec) of row j // (cols / vec), so `n` = rows x cols and cols % vec == 0 (the caller's
+    guarantee; no tail then). `rows_like`: a matrix of the same shape whose extents are used instead of t's, so
+    that matrices walked together share one division of the vector index."""
+    if cutlass.const_expr(cute.rank(t) == 2):
+        like = t if cutlass.const_expr(rows_like is None) else rows_like
+        return cute.make_tensor(t.iterator, cute.make_layout((vec, (extent(like, 1) // vec, extent(like, 0))),
+                                                             stride=(1, (vec, t.stride[0]))))
     return cute.make_tensor(t.iterator, cute.make_layout((vec, n // vec), stride=(1, vec)))
 
 

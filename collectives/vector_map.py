@@ -32,7 +32,9 @@ def map_vectors(ins: tuple, outs: tuple, f: Callable, vec: cutlass.Constexpr[int
                 index64: cutlass.Constexpr[bool], with_index: cutlass.Constexpr[bool] = False, full_passes=None):
     """The body of every elementwise kernel: `outs[k][i] = f(ins[0][i], ins[1][i], ...)[k]` for all i.
 
-    All tensors are flat, of one length (that of `outs[0]`), 16-byte aligned when `vec` > 1. `f`
+    All tensors are flat, of one length (that of `outs[0]`), 16-byte aligned when `vec` > 1; an input may
+    instead be a (rows, cols) matrix with unit column stride and any row stride, read in row-major order
+    (`as_vectors`; cols % vec == 0, so such a map has no tail). `f`
     takes and returns TensorSSA vectors (`vec` elements; one element for the scalar tail) and returns
     a tuple with one vector per output, already in that output's dtype. The grid walks 128-bit
     vectors under `schedule` (a `GridStride`); the `n % vec` tail is done by the last CTA.
@@ -51,7 +53,11 @@ def map_vectors(ins: tuple, outs: tuple, f: Callable, vec: cutlass.Constexpr[int
     else:
         first, stride, pass_stride = schedule.thread_walk(bidx, gdim, tidx)
 
-    in_v = [as_vectors(t, n, vec) for t in ins]
+    like = None  # the first matrix input: its extents serve every matrix input (one division per vector)
+    for t in ins:
+        if cutlass.const_expr(like is None and cute.rank(t) == 2):
+            like = t
+    in_v = [as_vectors(t, n, vec, like) for t in ins]
     out_v = [as_vectors(t, n, vec) for t in outs]
 
     def load(j):
@@ -66,7 +72,7 @@ def map_vectors(ins: tuple, outs: tuple, f: Callable, vec: cutlass.Constexpr[int
     strided_fold(n // vec, first, stride, pass_stride, schedule.unroll, load, step, Int32(0),
                  full_passes=None if cutlass.const_expr(index64) else full_passes)
 
-    if cutlass.const_expr(vec > 1):
+    if cutlass.const_expr(vec > 1 and all(cute.rank(t) == 1 for t in ins)):
         # Scalar tail: the last n % vec elements, one per thread of the last CTA.
         tail_start = (n // vec) * vec
         if bidx == gdim - 1:

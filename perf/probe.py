@@ -70,6 +70,17 @@ def target(argv):
         return ((lambda: ck.gemm(a, b)) if op == "gemm" else (lambda: torch.mm(a, b))), dt, shape
     if op in MISC or op.startswith("transpose."):
         return _misc(op, dtype, shape), dt, shape
+    if op in ("llama_prefill", "llama_prefill.fp8", "llama_prefill.w4a16", "hf_prefill"):  # shape: B S
+        return _llama(op, *shape), dt, shape
+    if op.startswith("llama_decode"):  # llama_decode[.fp8|.w4a16][.eager] B ctx: one step (graph replay, or eager)
+        return _llama_decode(op, *shape), dt, shape
+    if op in ("swiglu.halves", "torch.swiglu.halves", "compile.swiglu.halves"):  # shape: T I (halves of (T, 2I))
+        t, i = shape
+        gu = randn(t, 2 * i, dtype=dtype, seed=1)
+        if op == "swiglu.halves":
+            return (lambda: ck.swiglu(gu[:, :i], gu[:, i:])), dt, shape
+        glu = lambda z: (torch.nn.functional.silu(z[:, :i].float()) * z[:, i:].float()).to(z.dtype)  # noqa: E731
+        return ((lambda: glu(gu)) if op.startswith("torch") else (lambda c=torch.compile(glu): c(gu))), dt, shape
     if op in ("gemm_w4a16", "tinygemm_w4a16"):  # shape: M N K [group]
         return _w4a16(op, dtype, *shape), dt, shape
     if op in ("gemv", "torch.gemv"):  # shape: rows cols batch (W rows x cols, x cols x batch)
@@ -104,7 +115,7 @@ def main(argv):
         r = f()
     torch.cuda.synchronize()
     r = r[0] if isinstance(r, tuple) else r
-    print(argv[0], dt, shape, "ok", float(r.float().sum()))
+    print(argv[0], dt, shape, "ok", None if r is None else float(r.float().sum()))  # a graph replay returns None
 
 
 def _rowwise(col, case, dtype, m, n):
@@ -183,6 +194,46 @@ def schedule_with(schedule, *pairs: str):
     fields = dict(kv.split("=") for kv in pairs)
     return dataclasses.replace(schedule, **{f: (x == "True") if x in ("True", "False") else int(x) if x.isdigit() else x
                                             for f, x in fields.items()})
+
+
+def _llama(op, b, s):
+    """One prefill forward of the Llama-3-8B layer over B x S tokens: ours (bf16 / FP8 / W4A16 weights) or
+    transformers' layer under torch.compile, random weights."""
+    from cute_kernels.models.bench import _hf_layer
+    from cute_kernels.models.driver import random_state_dict
+    from cute_kernels.models.llama import LlamaConfig, LlamaDecoderLayer
+
+    cfg = LlamaConfig()
+    sd = random_state_dict(cfg)
+    x = randn(b, s, cfg.hidden, dtype=torch.bfloat16, seed=7)
+    if op == "hf_prefill":
+        hf, rot = _hf_layer(cfg, sd)
+        comp = torch.compile(hf)
+        pos = torch.arange(s, device="cuda")[None].expand(b, -1)
+        with torch.no_grad():
+            pe = rot(x, pos)
+
+        def f():
+            with torch.no_grad():
+                return comp(x, position_ids=pos, position_embeddings=pe)
+        return f
+    layer = LlamaDecoderLayer(cfg, op.partition(".")[2] or "bf16").load_hf_state_dict(sd)
+    return lambda: layer(x)
+
+
+def _llama_decode(op, b, ctx):
+    """One decode step of the Llama-3-8B layer at B sequences of `ctx` cached tokens (the benchmark's session: the
+    captured graph replayed, or with `.eager` the step run eagerly)."""
+    from cute_kernels.models.bench import _session
+    from cute_kernels.models.driver import random_state_dict
+    from cute_kernels.models.llama import LlamaConfig, LlamaDecoderLayer
+
+    parts = op.split(".")[1:]
+    w = next((p for p in parts if p in ("fp8", "w4a16")), "bf16")
+    cfg = LlamaConfig()
+    layer = LlamaDecoderLayer(cfg, w).load_hf_state_dict(random_state_dict(cfg))
+    sess = _session(layer, b, ctx)
+    return (lambda: sess._step(advance=False)) if "eager" in parts else sess.graph.replay
 
 
 def _decode(op, dtype, b, n, hq, hk, d, page=0):

@@ -2,7 +2,7 @@
 
     h1, s   = rms_norm(x, w_in)                       (a stack fuses the previous layer's residual add here)
     q, k, v = views of gemm(h1, W_qkv^T)              (q, k, v projections fused along N)
-    prefill: rope_(q, k); append k, v to the cache when one is given; o = flash_attn(q, k, v, causal)
+    prefill: q, k = rope(q, k); append k, v to the cache when one is given; o = flash_attn(q, k, v, causal)
     decode:  o = flash_attn_with_kvcache(q, cache, k, v, rotary_cos / rotary_sin): RoPE, append and attention
     a       = gemm(o, W_o^T)
     h2, s   = rms_norm(a, w_post, residual=x)         (s = x + a)
@@ -29,9 +29,9 @@ from cute_kernels.attention.decode_ops import append_kv
 
 # The ops as module globals (torch.compile traces them; it refuses `import cute_kernels` inside forward).
 cute_kernels.load_ops()
-(add, flash_attn, flash_attn_with_kvcache, fp8_gemm, gemm, gemm_w4a16, quantize_1x128, rms_norm, rope_,
+(add, flash_attn, flash_attn_with_kvcache, fp8_gemm, gemm, gemm_w4a16, quantize_1x128, rms_norm, rope,
  swiglu) = (getattr(cute_kernels, n) for n in ("add", "flash_attn", "flash_attn_with_kvcache", "fp8_gemm", "gemm",
-                                              "gemm_w4a16", "quantize_1x128", "rms_norm", "rope_", "swiglu"))
+                                              "gemm_w4a16", "quantize_1x128", "rms_norm", "rope", "swiglu"))
 
 WEIGHTS = ("bf16", "fp8", "w4a16")
 
@@ -185,12 +185,13 @@ class LlamaDecoderLayer(nn.Module):
             o = flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, block_table=table, causal=True,
                                            rotary_cos=self.cos, rotary_sin=self.sin)
         else:
-            q, k = q.contiguous(), k.contiguous()
-            rope_(q, k, self.cos, self.sin, positions=positions)
+            # rope reads the strided q / k views of qkv and writes them contiguous (one pass, no copies first);
+            # flash_attn reads v in place
+            q, k = rope(q, k, self.cos, self.sin, positions=positions)
             if kv_cache is not None:
                 kc, vc, lens, table = kv_cache
                 append_kv(kc, vc, k, v, lens, table)
-            o = flash_attn(q, k, v.contiguous(), causal=True)
+            o = flash_attn(q, k, v, causal=True)
         self._mark("o_proj")
         a = self._linear(o.reshape(b * s, hq * d), "w_o")
         self._mark("norm_post")

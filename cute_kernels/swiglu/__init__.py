@@ -29,12 +29,17 @@ class GatedSpec(KernelSpec):
         kernel = GatedActivation(self.name.split(".")[1], dt, vec, p["index64"], sched)
         n = index_sym(p["index64"])
         align = 16 if p["aligned"] else dt.width // 8
-        ts = [fake_tensor(dt, (n,), (1,), align) for _ in range(5)]
-        return kernel, (*ts, cutlass.Int32(1), fake_stream())
+        outs = [fake_tensor(dt, (n,), (1,), align) for _ in range(2)]
+        if p["strided"]:  # inputs (rows, cols) with a row stride of their own; cols and strides whole vectors
+            ins = [fake_tensor(dt, (index_sym(p["index64"]), index_sym(p["index64"], vec)),
+                               (index_sym(p["index64"], vec), 1), align) for _ in range(3)]
+        else:
+            ins = [fake_tensor(dt, (n,), (1,), align) for _ in range(3)]
+        return kernel, (*ins, *outs, cutlass.Int32(1), fake_stream())
 
     def sweep(self):
-        return [self.resolve({"dtype": d, "aligned": a, "index64": i})
-                for d, a, i in itertools.product(dtypes.FLOAT_NAMES, (True, False), (False, True))]
+        return [self.resolve({"dtype": d, "aligned": a, "index64": i, "strided": s})
+                for d, a, i, s in itertools.product(dtypes.FLOAT_NAMES, (True, False), (False, True), (False, True))]
 
 
 def _gated(op: str, summary: str) -> GatedSpec:
@@ -44,6 +49,8 @@ def _gated(op: str, summary: str) -> GatedSpec:
         schedule=GridStride,
         params={
             **SIG_COMMON,
+            "strided": Param(False, (False, True), "signature",
+                             "inputs are (rows, cols) matrices with a row stride (column slices, read in place)"),
             "threads": Param(t.threads, (128, 256, 512), help="threads per CTA"),
             "unroll": Param(t.unroll, (1, 2, 4, 8), help="128-bit vectors in flight per thread"),
             "ctas_per_sm": Param(t.ctas_per_sm, (0, 1, 2, 4, 8, 16), help="grid cap: CTAs per SM (0: none)"),

@@ -4,10 +4,11 @@
 tensors instead of the 5 of `F.silu(gate) * up`); the backward reads gate, up and dout and writes
 dgate and dup in one pass. Math is fp32 with one rounding per output (torch eager rounds silu(gate)
 to the input dtype before the multiply, so bf16 results can differ from it by an ulp).
-Outputs are contiguous, of the input's shape and dtype. Non-contiguous inputs are copied to a
-contiguous buffer first (one extra read and write); operands not 16-byte aligned take the scalar
-variant. A common layout is one (..., 2H) projection split in halves: pass `x[..., :H]` and
-`x[..., H:]`; those views are not contiguous and are copied (split the weight instead to avoid it).
+Outputs are contiguous, of the input's shape and dtype. Inputs whose rows (last dim) have unit stride
+are read in place with any row stride: a common layout is one (..., 2H) projection split in halves,
+`x[..., :H]` and `x[..., H:]`, which costs no copy. Other layouts (a strided last dim, leading dims
+that do not collapse to one row stride) are copied to a contiguous buffer first; operands not 16-byte
+aligned (base, row stride or row length) take the scalar variant.
 """
 
 from __future__ import annotations
@@ -22,21 +23,37 @@ from cute_kernels.torch_ops import (
     call,
     check_like,
     check_tensor,
-    flat,
     register_op,
+    rows_of,
 )
 from schedules.hardware import num_sms
 
 
+def _operands(ins: list[torch.Tensor]) -> tuple[list[torch.Tensor], bool]:
+    """The inputs as the kernel reads them: flat views when all are contiguous, else (rows, cols) matrices with
+    unit column stride (`rows_of`: a view where the leading dims collapse to one row stride, else a copy)."""
+    if all(t.is_contiguous() for t in ins):
+        return [t.view(-1) for t in ins], False
+    return [rows_of(t) for t in ins], True
+
+
 def _launch(op: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-    """Run `swiglu.<op>` on flat contiguous tensors of one length n >= 1."""
+    """Run `swiglu.<op>`: inputs of one shape (any layout, `_operands`), flat contiguous outputs of n >= 1
+    elements."""
+    ins, strided = _operands(ins)
     n = outs[0].numel()
     sched = SWIGLU_TUNED
+    es = outs[0].element_size()
     aligned = aligned16(*ins, *outs)
+    span = n
+    if strided:  # rows and row strides of whole 16-byte vectors, else the scalar variant
+        aligned = aligned and all((t.shape[1] * es) % 16 == 0 and (t.stride(0) * es) % 16 == 0 for t in ins)
+        span = max((t.shape[0] - 1) * t.stride(0) + t.shape[1] for t in ins)
     # 64-bit also below 2^31 elements where the 32-bit walk would wrap (`GridStride.index32_ok`)
-    wide = n > INDEX32_LIMIT or (n >= 2**24 and not sched.index32_ok(
-        n, 16 // outs[0].element_size() if aligned else 1, num_sms(outs[0].get_device())))
-    fn = catalog.get(f"swiglu.{op}").compiled(sched, dtype=dtypes.name_of(outs[0].dtype), aligned=aligned, index64=wide)
+    wide = max(n, span) > INDEX32_LIMIT or (n >= 2**24 and not sched.index32_ok(
+        n, 16 // es if aligned else 1, num_sms(outs[0].get_device())))
+    fn = catalog.get(f"swiglu.{op}").compiled(sched, dtype=dtypes.name_of(outs[0].dtype), aligned=aligned, index64=wide,
+                                              strided=strided)
     a = ins + [ins[0]] * (3 - len(ins))
     o = outs + [outs[0]] * (2 - len(outs))
     fn(*a, *o, sched.max_ctas(num_sms(outs[0].get_device())))
@@ -55,7 +72,7 @@ def _silu_fake(x):
 def _silu_cuda(x):
     y = _silu_fake(x)
     if y.numel():
-        _launch("silu_fwd", [flat(x)], [y.view(-1)])
+        _launch("silu_fwd", [x], [y.view(-1)])
     return y
 
 
@@ -68,7 +85,7 @@ def _silu_bwd_fake(x, dy):
 def _silu_bwd_cuda(x, dy):
     dx = _silu_bwd_fake(x, dy)
     if dx.numel():
-        _launch("silu_bwd", [flat(x), flat(dy)], [dx.view(-1)])
+        _launch("silu_bwd", [x, dy], [dx.view(-1)])
     return dx
 
 
@@ -82,7 +99,7 @@ def _swiglu_fake(gate, up):
 def _swiglu_cuda(gate, up):
     out = _swiglu_fake(gate, up)
     if out.numel():
-        _launch("swiglu_fwd", [flat(gate), flat(up)], [out.view(-1)])
+        _launch("swiglu_fwd", [gate, up], [out.view(-1)])
     return out
 
 
@@ -96,7 +113,7 @@ def _swiglu_bwd_fake(gate, up, dout):
 def _swiglu_bwd_cuda(gate, up, dout):
     dgate, dup = _swiglu_bwd_fake(gate, up, dout)
     if dgate.numel():
-        _launch("swiglu_bwd", [flat(gate), flat(up), flat(dout)], [dgate.view(-1), dup.view(-1)])
+        _launch("swiglu_bwd", [gate, up, dout], [dgate.view(-1), dup.view(-1)])
     return dgate, dup
 
 
@@ -106,12 +123,12 @@ def _save_inputs(ctx, inputs, output):
 
 def _silu_backward(ctx, dy):
     (x,) = ctx.saved_tensors
-    return call("cute_kernels::silu_backward", x, dy.contiguous())
+    return call("cute_kernels::silu_backward", x, dy)
 
 
 def _swiglu_backward(ctx, dout):
     gate, up = ctx.saved_tensors
-    return tuple(call("cute_kernels::swiglu_backward", gate, up, dout.contiguous()))
+    return tuple(call("cute_kernels::swiglu_backward", gate, up, dout))
 
 
 register_op("cute_kernels::silu_backward", "(Tensor x, Tensor dy) -> Tensor", _silu_bwd_cuda, _silu_bwd_fake)

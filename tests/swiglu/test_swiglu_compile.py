@@ -8,6 +8,8 @@ from tests.helpers import case_id, compile_and_check_census
 CASES = [
     ("swiglu.silu_fwd", {}), ("swiglu.silu_bwd", {}), ("swiglu.swiglu_fwd", {}), ("swiglu.swiglu_bwd", {}),
     ("swiglu.swiglu_bwd", {"dtype": "fp32"}), ("swiglu.swiglu_fwd", {"aligned": False}),
+    ("swiglu.swiglu_fwd", {"strided": True}), ("swiglu.swiglu_bwd", {"strided": True}),
+    ("swiglu.swiglu_fwd", {"strided": True, "aligned": False}), ("swiglu.swiglu_fwd", {"strided": True, "index64": True}),
 ]
 
 

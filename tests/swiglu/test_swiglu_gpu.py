@@ -82,10 +82,42 @@ def test_swiglu_non_contiguous_and_compile():
     import cute_kernels as ck
 
     h = randn(300, 2 * 1000, dtype=torch.bfloat16)
-    g, u = h[:, :1000], h[:, 1000:]  # halves of a fused projection: copied first
+    g, u = h[:, :1000], h[:, 1000:]  # halves of a fused projection: read in place
     _close(ck.swiglu(g, u), F.silu(g.double()) * u.double(), torch.bfloat16, F.silu(g) * u)
     odd = randn(10001, dtype=torch.float16)[1:]  # misaligned: scalar variant
     _close(ck.silu(odd), F.silu(odd.double()), torch.float16, F.silu(odd))
     f = torch.compile(lambda a, b: ck.swiglu(a, b) + 1, fullgraph=True)
     a, b = randn(64, 4096), randn(64, 4096)
     assert torch.equal(f(a, b), ck.swiglu(a, b) + 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,cols", [(1, 4096), (7, 769), (513, 1032), (4096, 14336)])
+def test_swiglu_strided_halves(dtype, rows, cols):
+    """The halves of a fused (rows, 2 cols) projection, read in place with their row stride: 128-bit vectors where
+    cols and the stride are whole vectors, the scalar variant otherwise (769); every output element written; the
+    backward reads the same views; 3-D halves and a contiguous operand beside a strided one."""
+    import cute_kernels as ck
+
+    h = randn(rows, 2 * cols, dtype=dtype)
+    g, u = h[:, :cols], h[:, cols:]
+    gd, ud = g.double(), u.double()
+    out = ck.swiglu(g, u)
+    assert out.is_contiguous() and not torch.isnan(out).any()
+    _close(out, F.silu(gd) * ud, dtype, F.silu(g) * u)
+    uc = u.contiguous()
+    _close(ck.swiglu(g, uc), F.silu(gd) * ud, dtype, F.silu(g) * u)
+    if rows * cols < 1 << 20:
+        h3 = randn(3, rows, 2 * cols, dtype=dtype)
+        g3, u3 = h3[..., :cols], h3[..., cols:]
+        _close(ck.swiglu(g3, u3), F.silu(g3.double()) * u3.double(), dtype, F.silu(g3) * u3)
+        hg = h.detach().clone().requires_grad_()
+        dout = randn(rows, cols, dtype=dtype)
+        ck.swiglu(hg[:, :cols], hg[:, cols:]).backward(dout)
+        ht = h.detach().clone().requires_grad_()
+        (F.silu(ht[:, :cols]) * ht[:, cols:]).backward(dout)
+        s = torch.sigmoid(gd)
+        dd = dout.double()
+        _close(hg.grad[:, :cols], dd * ud * s * (1 + gd * (1 - s)), dtype, ht.grad[:, :cols],
+               scale=(dd * ud * s * (1 + (gd * (1 - s)).abs())).abs())
+        _close(hg.grad[:, cols:], dd * gd * s, dtype, ht.grad[:, cols:])
