@@ -10,6 +10,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
+from collectives import pdl
 from collectives.vector_io import as_vectors, extent
 from schedules.walks import strided_fold
 
@@ -43,6 +44,7 @@ def map_vectors(ins: tuple, outs: tuple, f: Callable, vec: cutlass.Constexpr[int
     complete passes over the vectors when the launch computed them (`map_grid`; ignored by the
     64-bit variant).
     """
+    pdl.enter()  # the kernels built on this map are launched as programmatic dependents (collectives.pdl)
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     gdim, _, _ = cute.arch.grid_dim()

@@ -11,7 +11,8 @@ On disk the compiled module is exported as an object file (`export_to_c`) and re
 exclusive `flock` per key, compile, write to a private temp file and `os.replace` it into place;
 readers take the shared lock, so concurrent processes never see a partial file and a cold key is
 compiled once. Environment: `CUTE_KERNELS_CACHE_DIR` (default `~/.cache/cute_kernels`),
-`CUTE_KERNELS_DISK_CACHE=0` to keep the cache in memory only.
+`CUTE_KERNELS_DISK_CACHE=0` to keep the cache in memory only, `CUTE_KERNELS_PDL=0` to trace kernels without
+programmatic dependent launch (`collectives.pdl`; kept in a directory of their own).
 """
 
 from __future__ import annotations
@@ -47,6 +48,13 @@ class CacheKey:
 
     def digest(self) -> str:
         return hashlib.sha256(str(self).encode()).hexdigest()[:32]
+
+
+def pdl_launch() -> bool:
+    """Whether kernels are traced with programmatic dependent launch (`collectives.pdl.LAUNCH`, which a process may
+    set; before that module is imported, its environment default)."""
+    mod = sys.modules.get("collectives.pdl")
+    return mod.LAUNCH if mod is not None else os.environ.get("CUTE_KERNELS_PDL", "1") != "0"
 
 
 def _project_root() -> Path:
@@ -148,7 +156,8 @@ class CompileCache:
         self._lock = threading.Lock()
 
     def directory(self) -> Path:
-        d = self.root / source_fingerprint()
+        # kernels traced with programmatic dependent launch off (`collectives.pdl.LAUNCH`) live apart
+        d = self.root / (source_fingerprint() + ("" if pdl_launch() else "-plain"))
         d.mkdir(parents=True, exist_ok=True)
         return d
 

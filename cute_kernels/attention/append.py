@@ -23,6 +23,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from collectives import pdl
 from collectives.kv_append import cache_slot, row_amax, store_row_vector, token_scale
 from collectives.rotary import rotate_pairs
 from collectives.vector_io import row_vectors
@@ -56,12 +57,14 @@ class KVAppend:
         rows = hq + 2 * cute.size(k, mode=[2])
         passes = (rows + self.rows_per_pass - 1) // self.rows_per_pass
         self.kernel(q, k, v, q_out, k_cache, v_cache, k_scale, v_scale, seqlens, table, cos, sin, pos).launch(
-            grid=[cutlass.max(tokens, 1), cutlass.max(passes, 1), 1], block=[self.threads, 1, 1], stream=stream)
+            grid=[cutlass.max(tokens, 1), cutlass.max(passes, 1), 1], block=[self.threads, 1, 1], stream=stream,
+            use_pdl=pdl.LAUNCH)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQo: cute.Tensor, mKc: cute.Tensor,
                mVc: cute.Tensor, mKs: cute.Tensor, mVs: cute.Tensor, mLens: cute.Tensor, mTable: cute.Tensor,
                mCos: cute.Tensor, mSin: cute.Tensor, mPos: cute.Tensor):
+        pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
         tidx, _, _ = cute.arch.thread_idx()
         tok, part, _ = cute.arch.block_idx()
         seq = cute.size(mK, mode=[1])

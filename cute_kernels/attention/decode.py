@@ -49,6 +49,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from collectives import pdl
 from collectives.attention_mask import MaskKind, apply_softcap
 from collectives.online_softmax import (
     NEG_INF,
@@ -202,7 +203,7 @@ class FlashDecode:
                     seqlens, block_table, k_scale, v_scale,
                     seqlen_add, splits, scale_log2, scale_lse, scale_over_cap, cap, window_left, window_right,
                     sQ_layout, sK_layout, sV_layout, sK8_layout, sV8_layout, sP_layout).launch(
-                        grid=grid, block=[s.threads, 1, 1], stream=stream, use_pdl=True)
+                        grid=grid, block=[s.threads, 1, 1], stream=stream, use_pdl=pdl.LAUNCH)
 
     @cute.kernel
     def kernel(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, tma_k: cute.CopyAtom, mK: cute.Tensor,
@@ -243,8 +244,7 @@ class FlashDecode:
         # layer); nothing it wrote is read before this wait. The merge behind this kernel may launch now: its CTAs
         # wait (griddepcontrol.wait) for this grid's completion and its memory, sitting beside these CTAs meanwhile
         # (a split grid is one wave), so its launch latency is off the path.
-        cute.arch.griddepcontrol_wait()
-        cute.arch.griddepcontrol_launch_dependents()
+        pdl.enter()
 
         m_tile, by, b = cute.arch.block_idx()
         kv_heads = cute.size(mK, mode=[2])

@@ -66,6 +66,7 @@ from cutlass.cutlass_dsl import if_generate
 from cutlass.tensor_utils import LayoutEnum
 
 from collectives import epilogue as epi
+from collectives import pdl
 from collectives.attention_mask import MaskKind, apply_mask, apply_softcap, block_needs_mask, mask_split, n_block_range
 from collectives.online_softmax import (
     LAZY_RESCALE_LOG2,
@@ -212,7 +213,7 @@ class FlashAttnFwd:
         self.kernel(tiled_mma_qk, tiled_mma_pv, tma_q, tma_gq, tma_k, tma_gk, tma_v, tma_gv, tma_o, tma_go, lse,
                     counter, cu_seqlens_q, cu_seqlens_k, scale_log2, scale_lse, scale_over_cap, cap, window_left, window_right,
                     sQ_layout, sK_layout, sV_layout, sO_layout).launch(grid=grid, block=[s.threads, 1, 1],
-                                                                       stream=stream)
+                                                                       stream=stream, use_pdl=pdl.LAUNCH)
 
     @cute.kernel
     def kernel(
@@ -270,6 +271,7 @@ class FlashAttnFwd:
         sV = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+        pdl.enter()  # the set-up above overlaps the previous kernel's tail (collectives.pdl)
         pipes = SimpleNamespace(q=pipe_q, k=pipe_k, v=pipe_v)
         g = SimpleNamespace(mQ=mQ, mK=mK, mV=mV, mO=mO, mCuQ=mCuQ, mCuK=mCuK, tma_q=tma_q, tma_k=tma_k, tma_v=tma_v,
                             sQ=sQ, sK=sK, sV=sV, left=window_left, right=window_right)

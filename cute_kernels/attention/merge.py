@@ -30,6 +30,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from collectives import pdl
 from collectives.online_softmax import exp_diff
 from schedules.decode import MERGE_VEC as VEC
 from schedules.decode import MergeSchedule
@@ -51,15 +52,16 @@ class MergeStates:
         rows = cute.size(o_out, mode=[0]) * cute.size(o_out, mode=[1]) * cute.size(o_out, mode=[2])
         grid = [cutlass.max((rows + self.rows_per_cta - 1) // self.rows_per_cta, 1), 1, 1]
         self.kernel(o, lse, o_out, lse_out, rows).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
-                                                         use_pdl=True)
+                                                         use_pdl=pdl.LAUNCH)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mLSE: cute.Tensor, mOut: cute.Tensor, mLSEOut: cute.Tensor, rows: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        # launched as a programmatic dependent (flash decoding's partials): nothing is read before the previous grid
-        # has completed and flushed its writes; launched plainly this returns at once
-        cute.arch.griddepcontrol_wait()
+        # launched as a programmatic dependent (flash decoding's partials; collectives.pdl): nothing is read before
+        # the previous grid has completed and flushed its writes; launched plainly this returns at once. The
+        # release lets the output projection behind it launch in turn.
+        pdl.enter()
         lanes = self.s.lanes
         p = tidx % lanes
         col = (tidx // lanes) % self.tpr

@@ -16,6 +16,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.experimental import primitives as prims
 
+from collectives import pdl
 from collectives.vector_io import extent
 from collectives.vector_map import map_grid, map_vectors
 from schedules.bulk_chunks import BulkChunks
@@ -57,7 +58,7 @@ class Elementwise:
     ):
         ctas, passes = map_grid(extent(out, 0) // self.vec, self.schedule, max_ctas, self.index64)
         self.kernel(x, y, out, a, b, passes).launch(
-            grid=[ctas, 1, 1], block=[self.schedule.threads, 1, 1], stream=stream
+            grid=[ctas, 1, 1], block=[self.schedule.threads, 1, 1], stream=stream, use_pdl=pdl.LAUNCH
         )
 
     @cute.kernel
@@ -108,10 +109,12 @@ class BulkCopy:
         n = extent(out, 0)
         main = n - n % self.vec
         ctas = cutlass.max((main + (self.chunk - 1)) // self.chunk, 1)
-        self.kernel(x, out).launch(grid=[Int32(ctas), 1, 1], block=[self.threads, 1, 1], stream=stream)
+        self.kernel(x, out).launch(grid=[Int32(ctas), 1, 1], block=[self.threads, 1, 1], stream=stream,
+                                   use_pdl=pdl.LAUNCH)
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, out: cute.Tensor):
+        pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()

@@ -39,7 +39,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from collectives import block_scales
+from collectives import block_scales, pdl
 from collectives import epilogue as epi
 from collectives.epilogue import EpilogueOps
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma, produce_k_tiles
@@ -275,7 +275,7 @@ class Gemm:
                     sA_layout, sB_layout, sC_layout, d_major, *scale_args, sA_box_layout=sA_box_layout,
                     sS_box_layout=sS_box_layout).launch(
             grid=[s.cluster_m, s.cluster_n, clusters], block=[s.threads, 1, 1],
-            cluster=[s.cluster_m, s.cluster_n, 1], stream=stream, **self._reg_bound())
+            cluster=[s.cluster_m, s.cluster_n, 1], stream=stream, use_pdl=pdl.LAUNCH, **self._reg_bound())
 
     def _reg_bound(self) -> dict:
         """`SETMAXNREG_LAUNCH` where it is needed: `promote_halves` at 128x160 spilled 176 B without it (C7508); the
@@ -372,6 +372,12 @@ class Gemm:
         k_tiles = cute.size(gA, mode=[3])
         tiles_m = cute.size(gD, mode=[2])
         tiles_n = cute.size(gD, mode=[3])
+        if cutlass.const_expr(self.grouping == "none"):
+            if warp == 0:  # B's first K-blocks of this cluster's first unit into L2 while the previous kernel ends
+                self._prefetch_b(tma_b, tBgB, TileWalk.create(tiles_m, tiles_n, cute.size(gD, mode=[4]), s),
+                                 k_tiles, cta_m, cta_n, cute.size(sA_layout, mode=[2]))
+        pdl.enter()  # launched as a programmatic dependent (collectives.pdl): nothing an earlier kernel wrote is
+        # read before this (the masked walk below reads the expert counts)
         walk = TileWalk.create_grouped(tiles_m, tiles_n, cute.size(gD, mode=[4]), s, self.grouping, groups)
         experts = cute.size(mB, mode=[2]) if cutlass.const_expr(self.grouping == "contiguous") else None
         n_tiles = walk.count()
@@ -641,10 +647,23 @@ class Gemm:
         return counter
 
     @cute.jit
+    def _prefetch_b(self, tma_b: cute.CopyAtom, tBgB: cute.Tensor, walk, k_tiles, cta_m, cta_n, stages):
+        """TMA prefetches into L2 of the first `stages` K-blocks of B for this cluster's first unit (an L2 prefetch
+        is only a hint: issued before the PDL wait it cannot read stale data). Decode-sized GEMMs stream B, the
+        weight, and their first loads then hit L2."""
+        s = self.s
+        if walk.count() > 0:
+            _, tn, batch, _, _ = walk.tile(0, cta_m, cta_n, s)
+            k0, kn = walk.k_range(0, k_tiles, s)
+            for j in cutlass.range(cutlass.min(kn, stages), unroll=1):
+                cute.prefetch(tma_b, tBgB[(None, tn, k0 + j, batch)])
+
+    @cute.jit
     def _reduce_launch(self, ws: cute.Tensor, d: cute.Tensor, bias: cute.Tensor, alpha: Float32, n_cols,
                        ctas: Int32, stream):
         self.reduce_kernel(ws, d, bias, alpha).launch(grid=[cutlass.max(ctas, 1), 1, 1],
-                                                      block=[REDUCE_SCHEDULE.threads, 1, 1], stream=stream)
+                                                      block=[REDUCE_SCHEDULE.threads, 1, 1], stream=stream,
+                                                      use_pdl=pdl.LAUNCH)
 
     @cute.kernel
     def reduce_kernel(self, ws: cute.Tensor, d: cute.Tensor, bias: cute.Tensor, alpha: Float32):

@@ -20,6 +20,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from collectives import pdl
 from collectives.reduce import group_reduce_spread, group_smem
 from collectives.vector_io import as_vectors, extent, widen_f32
 from schedules.row_tiling import RowTiling
@@ -47,10 +48,12 @@ class Gemv:
     @cute.jit
     def __call__(self, w: cute.Tensor, xt: cute.Tensor, y: cute.Tensor, max_ctas: cutlass.Int32, stream):
         ctas = row_tile_grid(extent(w, 0), max_ctas, self.tiling, self.row_block)
-        self.kernel(w, xt, y).launch(grid=[ctas, 1, 1], block=[self.tiling.threads, 1, 1], stream=stream)
+        self.kernel(w, xt, y).launch(grid=[ctas, 1, 1], block=[self.tiling.threads, 1, 1], stream=stream,
+                                     use_pdl=pdl.LAUNCH)
 
     @cute.kernel
     def kernel(self, w: cute.Tensor, xt: cute.Tensor, y: cute.Tensor):
+        pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
         vec, B, R = self.vec, self.cols, self.row_block
         tpr = self.tiling.threads_per_row
         rows, k = extent(w, 0), extent(w, 1)

@@ -40,6 +40,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int64
 from cutlass.cute.nvgpu import warp as warp_mma
 
+from collectives import pdl
 from collectives.int4 import dequant_pair, magic_of, pair_of
 from collectives.vector_io import as_vectors, extent
 
@@ -81,10 +82,12 @@ class GemvMma:
         """`scales`, `zeros`: (N, K / group) with `int4` (zeros read only with `zeros`); else any tensors, unread."""
         rows_per_cta = 8 * self.row_blocks
         ctas = (extent(w, 0) + rows_per_cta - 1) // rows_per_cta
-        self.kernel(w, xt, y, scales, zeros).launch(grid=[ctas, 1, 1], block=[32 * self.warps, 1, 1], stream=stream)
+        self.kernel(w, xt, y, scales, zeros).launch(grid=[ctas, 1, 1], block=[32 * self.warps, 1, 1], stream=stream,
+                                                    use_pdl=pdl.LAUNCH)
 
     @cute.kernel
     def kernel(self, w: cute.Tensor, xt: cute.Tensor, y: cute.Tensor, scales: cute.Tensor, zeros: cute.Tensor):
+        pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
         R, B, U, W_ = self.row_blocks, self.cols, self.unroll, self.warps
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()

@@ -28,6 +28,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
+from collectives import pdl
 from collectives.rotary import rotate_halves, rotate_pairs
 from collectives.vector_io import row_vectors
 from schedules.grid_stride import GridStride
@@ -64,11 +65,12 @@ class RotaryEmbedding:
         ctas_k = cutlass.min((rows_k * self.rot_items + per - 1) // per, max_ctas_k)
         grid = [cutlass.max(Int32(ctas_q + ctas_k), 1), 1, 1]
         self.kernel(q, k, q_out, k_out, cos, sin, pos, Int32(ctas_q), Int32(ctas_k)).launch(
-            grid=grid, block=[self.s.threads, 1, 1], stream=stream)
+            grid=grid, block=[self.s.threads, 1, 1], stream=stream, use_pdl=pdl.LAUNCH)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mQo: cute.Tensor, mKo: cute.Tensor, mCos: cute.Tensor,
                mSin: cute.Tensor, mPos: cute.Tensor, ctas_q: Int32, ctas_k: Int32):
+        pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
         bidx, _, _ = cute.arch.block_idx()
         if bidx < ctas_q:
             self.walk(mQ, mQo, mCos, mSin, mPos, bidx, ctas_q)

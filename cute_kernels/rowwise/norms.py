@@ -22,6 +22,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from collectives import pdl
 from collectives import quantize as fp8
 from collectives.reduce import add, add_pairs, welford_merge
 from collectives.rowwise import HeldRowKernel, RowReducer, RowSlice, cluster_join, cluster_start, my_tile_count
@@ -104,11 +105,12 @@ class NormFwd(HeldRowKernel):
     def __call__(self, x: cute.Tensor, w, b, res, out: cute.Tensor, res_out, mean, rstd: cute.Tensor, scales,
                  eps: Float32, max_ctas: Int32, stream):
         self.kernel(x, w, b, res, out, res_out, mean, rstd, scales, eps).launch(
-            **self.grid(extent(x, 0), max_ctas), stream=stream)
+            **self.grid(extent(x, 0), max_ctas), stream=stream, use_pdl=pdl.LAUNCH)
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, w, b, res, out: cute.Tensor, res_out, mean, rstd: cute.Tensor, scales,
                eps: Float32):
+        pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
         layer = self.kind == "layer"
         tidx, _, _ = cute.arch.thread_idx()
         bidx, rank, _ = cute.arch.block_idx()

@@ -15,6 +15,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from collectives import pdl
 from collectives.vector_map import map_grid, map_vectors
 from schedules.grid_stride import GridStride
 
@@ -78,7 +79,7 @@ class GatedActivation:
                  max_ctas: Int32, stream):
         ctas, passes = map_grid(cute.size(o1, mode=[0]) // self.vec, self.schedule, max_ctas, self.index64)
         self.kernel(a, b, c, o1, o2, passes).launch(grid=[ctas, 1, 1], block=[self.schedule.threads, 1, 1],
-                                                    stream=stream)
+                                                    stream=stream, use_pdl=pdl.LAUNCH)
 
     @cute.kernel
     def kernel(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, o1: cute.Tensor, o2: cute.Tensor,

@@ -38,6 +38,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 from cutlass.cute.nvgpu import warp as warp_mma
 
+from collectives import pdl
 from collectives.int4 import biased_pair, dequant_pair, magic_of, ones_pair, pair_of
 from collectives.smem_tiles import swizzle_128b
 from collectives.split_counter import last_split
@@ -105,7 +106,7 @@ class W4A16Stream:
         self.storage = Storage
         tiles = (extent(w, 0) + p.tile_n - 1) // p.tile_n
         self.kernel(tma_w, gw, tma_x, gx, y, scales, zeros, part, counter, per_split, w_layout, x_layout).launch(
-            grid=[tiles, splits, 1], block=[p.threads, 1, 1], stream=stream)
+            grid=[tiles, splits, 1], block=[p.threads, 1, 1], stream=stream, use_pdl=pdl.LAUNCH)
 
     @cute.kernel
     def kernel(self, tma_w: cute.CopyAtom, mW: cute.Tensor, tma_x: cute.CopyAtom, mX: cute.Tensor, mY: cute.Tensor,
@@ -154,12 +155,19 @@ class W4A16Stream:
                                            cute.group_modes(gW, 0, 2))
         tXsX, tXgX = cpasync.tma_partition(tma_x, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
                                            cute.group_modes(gX, 0, 2))
+        wb = 4 * kb if cutlass.const_expr(self.dense) else kb  # W boxes a stage
+        # the first stages' W (the weight: no kernel of the chain writes it) into L2 while the previous kernel ends,
+        # then the wait of a programmatic dependent (collectives.pdl)
+        for i in cutlass.range_constexpr(p.stages):
+            if i < count:
+                for b in cutlass.range_constexpr(wb):
+                    cute.prefetch(tma_w, tWgW[(None, tile, wb * (first + i) + b)])
+        pdl.enter()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, p.stages)
         for i in cutlass.range(count, unroll=1):
             kt = first + i
             pipe.producer_acquire(state)
             bar = pipe.producer_get_barrier(state)
-            wb = 4 * kb if cutlass.const_expr(self.dense) else kb  # W boxes a stage
             for b in cutlass.range_constexpr(wb):
                 cute.copy(tma_w, tWgW[(None, tile, wb * kt + b)], tWsW[(None, wb * state.index + b)], tma_bar_ptr=bar)
             for b in cutlass.range_constexpr(4 * kb):
@@ -175,6 +183,7 @@ class W4A16Stream:
                 mZ: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, last: cute.Tensor, tile: Int32, split: Int32,
                 first: Int32, count: Int32, warp: Int32, tidx: Int32):
         """sW / sX: the rings' plain (unswizzled) views; the lane's 16-byte units are addressed pre-swizzled."""
+        pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
         p, dt = self.plan, self.dtype
         MT, NT = p.m_tiles, self.col_tiles
         lane = tidx % 32
