@@ -19,7 +19,7 @@ H, I, HQ, HK, D = 2048, 5632, 16, 4, 128
 @pytest.fixture(scope="module")
 def params():
     w1 = randn(2 * I, H, seed=1) * 0.02
-    w3 = randn(H, I, seed=3) * 0.02
+    w3 = randn(H, H, seed=3) * 0.02
     return {"wn": randn(H, seed=4), "w1": w1, "w2": pack_int4(randn(H, I, seed=2) * 0.02, 128, symmetric=True),
             "w3": w3, "wqkv": randn((HQ + 2 * HK) * D, H, seed=5) * 0.02, "wo": randn(H, HQ * D, seed=6) * 0.02}
 
