@@ -7,6 +7,12 @@ torch's default) / silu. The math runs in fp32 on the accumulator registers, ele
 with each element's (m, n) coordinate taken from the same partition of an identity tensor (so the
 tails of M and N are predicated without knowing the MMA's register layout).
 
+The gated activation "swiglu" halves the tile: B's columns alternate in blocks of `GLU_BLOCK` gate columns and
+`GLU_BLOCK` up columns (packed so by the caller), and output column j is silu(gate_j) * up_j. A WGMMA accumulator
+gives each thread the same two columns of every 8-column block, so gate_j and up_j sit in the same thread; `glu_pairs`
+finds their registers at trace time and `glu_fold` writes the products into the accumulator of a tile half as
+wide, which the usual store then writes.
+
 The store walks the output tile in sub-tiles: convert a sub-tile's registers to the output dtype,
 write them to one of `epi_stages` smem buffers, fence the async proxy, sync the storing warpgroups
 on a named barrier, and let one warp issue the TMA store. Buffers are reused only after the TMA
@@ -25,7 +31,9 @@ from cutlass import Float32
 from cutlass.cute.nvgpu import cpasync
 from cutlass.tensor_utils import LayoutEnum
 
-ACTIVATIONS = ("none", "relu", "gelu", "silu")
+from schedules.gemm import GLU_BLOCK
+
+ACTIVATIONS = ("none", "relu", "gelu", "silu", "swiglu")
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,13 @@ class EpilogueOps:
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.gated and (self.bias or self.source or self.scale):
+            raise ValueError("the gated activation (swiglu) fuses no bias, beta * C or alpha")
+
+    @property
+    def gated(self) -> bool:
+        """The output is half as wide as the accumulator: silu(gate) * up of interleaved column blocks."""
+        return self.activation == "swiglu"
 
     @property
     def fused(self) -> bool:
@@ -75,7 +90,7 @@ def apply_ops(
     """acc[i] = act(alpha * acc[i] + beta * C[m, n, l] + bias[n]) in place. tCcC holds each
     accumulator element's (m, n) inside the tile (the MMA partition of an identity tensor); m0, n0
     are the tile's origin. Reads outside (M, N) are skipped (the TMA store clips those elements)."""
-    if cutlass.const_expr(ops.fused):
+    if cutlass.const_expr(ops.fused and not ops.gated):
         rows = cute.size(mC, mode=[0]) if cutlass.const_expr(ops.source) else 0
         cols = cute.size(bias, mode=[0]) if cutlass.const_expr(ops.bias) else 0
         if cutlass.const_expr(ops.source):
@@ -94,6 +109,34 @@ def apply_ops(
                     if n < cols:
                         v = v + bias[n].to(Float32)
             acc[i] = activate(v, ops.activation)
+
+
+def glu_pairs(full_mma: cute.TiledMma, half_mma: cute.TiledMma, tile_m: int, tile_n: int) -> tuple:
+    """(gate, up): for each element of `half_mma`'s C partition of tile_m x tile_n/2 (output column j), the index
+    in `full_mma`'s C partition of tile_m x tile_n of its gate column (j's block 2b, b = j // GLU_BLOCK) and of its
+    up column (block 2b + 1). Trace-time, from thread 0's coordinates (the maps are the same for every thread: each
+    holds the same offsets inside every 8-column block); raises if a column has no register."""
+    full = full_mma.get_slice(0).partition_C(cute.make_identity_tensor((tile_m, tile_n)))
+    half = half_mma.get_slice(0).partition_C(cute.make_identity_tensor((tile_m, tile_n // 2)))
+    where = {}
+    for j in range(cute.size(full)):
+        m, n = full[j]
+        where[(int(m), int(n))] = j
+    gate, up = [], []
+    for i in range(cute.size(half)):
+        m, n = (int(v) for v in half[i])
+        col = 2 * GLU_BLOCK * (n // GLU_BLOCK) + n % GLU_BLOCK
+        gate.append(where[(m, col)])
+        up.append(where[(m, col + GLU_BLOCK)])
+    assert sorted(gate + up) == list(range(cute.size(full))), "the gated pairs do not cover the accumulator"
+    return tuple(gate), tuple(up)
+
+
+@cute.jit
+def glu_fold(acc: cute.Tensor, out: cute.Tensor, gate: cutlass.Constexpr, up: cutlass.Constexpr):
+    """out[i] = silu(acc[gate[i]]) * acc[up[i]] in fp32 (`glu_pairs`' maps)."""
+    for i in cutlass.range_constexpr(cute.size(out)):
+        out[i] = activate(acc[gate[i]], "silu") * acc[up[i]]
 
 
 def smem_layout(c_layout, dtype, epi_tile, buffers: int):

@@ -47,6 +47,10 @@ KINDS = ("cooperative", "pingpong")
 GROUPINGS = ("none", "contiguous", "masked")
 
 
+# The gated (SwiGLU) epilogue: B's columns alternate GLU_BLOCK gate and GLU_BLOCK up columns (the 8-column blocks of
+# a WGMMA accumulator, so that a thread holds both columns of each product).
+GLU_BLOCK = 8
+
 @dataclass(frozen=True)
 class GemmSchedule:
     kind: str = "cooperative"
@@ -197,9 +201,15 @@ class GemmSchedule:
         accumulators beside the pipeline (128 x 192 is the widest that fits; the dataclass default 256 does not)."""
         return {"tile_n": 128} if kind == "pingpong" else {}
 
-    def build_error(self, ab_bytes: int, out_bytes: int, source: bool = False, a_k_major: bool = True) -> str | None:
+    def build_error(self, ab_bytes: int, out_bytes: int, source: bool = False, a_k_major: bool = True,
+                    gated: bool = False) -> str | None:
         """Why this schedule cannot be built for `ab_bytes`-byte operands, `out_bytes`-byte outputs, a fused
-        beta * C (`source`) and A's major (None when it can): every rule beyond the fields' own checks."""
+        beta * C (`source`), A's major and a gated (half-width) epilogue (None when it can): every rule beyond the
+        fields' own checks."""
+        if gated:
+            err = self.gated_error()
+            if err:
+                return err
         if not self.fits(ab_bytes, out_bytes):  # the kernel's Storage is exactly smem_bytes
             return (f"{self.num_stages(ab_bytes, out_bytes)} stages + {self.epi_buffers} epilogue buffers need "
                     f"{self.smem_bytes(ab_bytes, out_bytes)} bytes of shared memory > {SMEM_BYTES}")
@@ -211,6 +221,16 @@ class GemmSchedule:
         if self.a_rows and (not a_k_major or self.tile_k * ab_bytes != 128):
             return (f"a_rows {self.a_rows}: A's short box needs K-major A with a 128-byte K-block "
                     f"(tile_k x {ab_bytes} bytes = {self.tile_k * ab_bytes})")
+        return None
+
+    def gated_error(self) -> str | None:
+        """Why this schedule cannot run the gated epilogue (SwiGLU over interleaved gate / up column blocks, a tile
+        half as wide stored), or None: the whole K in one unit (the split-K and k_interleave epilogues sum partials
+        first), and a half tile the store's 32-column sub-tiles divide."""
+        if self.split_k > 1 or self.k_interleave:
+            return "the gated (swiglu) epilogue needs split_k=1 and no k_interleave"
+        if self.tile_n % 64:
+            return f"the gated (swiglu) epilogue needs tile_n a multiple of 64, got {self.tile_n}"
         return None
 
     def __str__(self) -> str:
@@ -262,25 +282,30 @@ def full_a_box(s: GemmSchedule) -> GemmSchedule:
     return dataclasses.replace(s, a_rows=0)
 
 
-def adapted(s: GemmSchedule, k: int, source: bool) -> GemmSchedule:
+def adapted(s: GemmSchedule, k: int, source: bool, gated: bool = False) -> GemmSchedule:
     """A schedule adapted to one call's K and epilogue: split-K clamped to the K-blocks, and run unsplit under a
-    fused beta * C (the split-K epilogues do not read C)."""
+    fused beta * C or a gated epilogue (the split-K epilogues read no C and sum full-width partials), without
+    k_interleave under a gated one."""
     if s.split_k > 1:
         s = clamp_splits(s, k)
-        if source and s.split_k > 1:
+        if (source or gated) and s.split_k > 1:
             s = unsplit(s)
+    if gated and s.k_interleave:
+        s = dataclasses.replace(s, k_interleave=False)
     return s
 
 
 @functools.lru_cache(maxsize=4096)
-def call_schedule(m: int, n: int, k: int, ab_bytes: int, out_bytes: int, a_k_major: bool, source: bool) -> GemmSchedule:
+def call_schedule(m: int, n: int, k: int, ab_bytes: int, out_bytes: int, a_k_major: bool, source: bool,
+                  gated: bool = False) -> GemmSchedule:
     """The schedule the GEMM op runs when the caller gives none: `default_schedule(m, n, k)`, a deep default ring
-    (`deepened`) back to as many stages as fit beside wider (fp32) output buffers, `adapted` to K and C, and the
-    default's short A box (`shortened`) only for K-major A."""
+    (`deepened`) back to as many stages as fit beside wider (fp32) output buffers, `adapted` to K, C and a gated
+    epilogue, and the default's short A box (`shortened`) only for K-major A. n: the accumulator's columns (twice
+    the output's under a gated epilogue)."""
     s = default_schedule(m, n, k)
     if s.stages and not s.fits(ab_bytes, out_bytes):
         s = dataclasses.replace(s, stages=0)
-    s = adapted(s, k, source)
+    s = adapted(s, k, source, gated)
     if s.a_rows and not a_k_major:
         s = full_a_box(s)
     return s

@@ -42,7 +42,7 @@ class GemmSpec(KernelSpec):
         s = schedule_of(p)  # raises on an impossible tile/cluster/register combination
         ops_of(p)
         err = s.build_error(dtypes.elem_bytes(p["dtype"]), dtypes.elem_bytes(p["out_dtype"]), p["source"],
-                            p["a_major"] == "k")
+                            p["a_major"] == "k", p["activation"] == "swiglu")
         if err:
             raise ValueError(err)
 
@@ -65,7 +65,7 @@ class GemmSpec(KernelSpec):
 
         a = operand(ab, m, k, p["a_major"] == "m")
         b = operand(ab, n, k, p["b_major"] == "n")
-        d = operand(out, m, n, False)
+        d = operand(out, m, sym() if p["activation"] == "swiglu" else n, False)  # (gated: half of B's N)
         c = cute.runtime.make_fake_tensor(out, (m, n, batch), stride=(sym(), sym(), sym()), assumed_align=out.width // 8)
         bias = cute.runtime.make_fake_tensor(out, (sym(),), stride=(sym(),), assumed_align=out.width // 8)
         if s.split_k > 1:
@@ -82,7 +82,8 @@ class GemmSpec(KernelSpec):
         return Gemm(ab, out, s, ops_of(p)), (a, b, d, c, bias, cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(1), fake_stream())
 
     def representative(self):
-        return [self.resolve(), self.resolve({"schedule": "pingpong", "tile_n": 128})]
+        return [self.resolve(), self.resolve({"schedule": "pingpong", "tile_n": 128}),
+                self.resolve({"schedule": "pingpong", "tile_n": 192, "activation": "swiglu"})]
 
     def sweep(self):
         out = []
@@ -93,6 +94,10 @@ class GemmSpec(KernelSpec):
             out.append(self.resolve(over))
         for act, bias in itertools.product(("relu", "gelu", "silu"), (True, False)):
             out.append(self.resolve({"activation": act, "bias": bias}))
+        out.append(self.resolve({"activation": "swiglu"}))
+        out.append(self.resolve({"activation": "swiglu", "wg_epilogue": True}))
+        out.append(self.resolve({"activation": "swiglu", "schedule": "pingpong", "tile_m": 64, "tile_n": 128,
+                                 "a_rows": 16}))
         out.append(self.resolve({"source": True, "scale": True}))
         out.append(self.resolve({"dtype": "fp16", "out_dtype": "fp16"}))
         return out
@@ -104,7 +109,7 @@ GEMM = GemmSpec(
     family="gemm",
     lesson=10,
     summary="TMA + WGMMA GEMM, warp-specialized (cooperative | ping-pong), persistent, clusters, fused epilogue",
-    ops=("gemm",),
+    ops=("gemm", "gemm_swiglu"),
     status="ready",
     schedule=GemmSchedule,
     params={
@@ -112,7 +117,9 @@ GEMM = GemmSpec(
         "out_dtype": Param("bf16", AB_DTYPES + ("fp32",), "signature", "output (and C, bias) element type"),
         "a_major": Param("k", ("k", "m"), "signature", "A (M, K): unit stride along K (row-major) or M"),
         "b_major": Param("k", ("k", "n"), "signature", "B as (N, K): unit stride along K (B col-major) or N"),
-        "activation": Param("none", ("none", "relu", "gelu", "silu"), "signature", "fused activation"),
+        "activation": Param("none", ("none", "relu", "gelu", "silu", "swiglu"), "signature",
+                            "fused activation (swiglu: silu(gate) * up of B's interleaved 8-column blocks, D half as "
+                            "wide)"),
         "bias": Param(False, (True, False), "signature", "fused + bias[n]"),
         "source": Param(False, (True, False), "signature", "fused + beta * C"),
         "scale": Param(False, (True, False), "signature", "fused alpha * acc"),

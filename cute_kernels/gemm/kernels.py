@@ -114,7 +114,12 @@ class Gemm:
             raise ValueError("sb_ahead is an option of the FP8 block-scaled mode (blockwise=True) with the B scales "
                              "read from global memory: not with sb_smem or promote_halves")
         self.split = schedule.split_k > 1
-        self.fixup = schedule.split_fixup  # split-K in one launch: the last split of a tile sums and stores it
+        self.fixup = schedule.split_fixup
+        # gated epilogue (SwiGLU over interleaved gate / up column blocks): D's tile is half of the accumulator's
+        self.gated = ops.gated
+        if self.gated and (schedule.gated_error() or grouping != "none"):
+            raise ValueError(schedule.gated_error() or "the gated (swiglu) epilogue is not for the grouped modes")
+        self.out_tile_n = schedule.tile_n // 2 if self.gated else schedule.tile_n  # split-K in one launch: the last split of a tile sums and stores it
         if self.split and (grouping != "none" or blockwise and not self.fixup):
             raise ValueError("split_k > 1 is for the bf16/fp16 GEMM and the dense FP8 GEMM with split_fixup "
                              "(not the grouped modes)")
@@ -265,7 +270,7 @@ class Gemm:
                 self.acc_dtype, s.mma_atoms, tiler_mn=(64, s.tile_n // 2)) for _ in range(2))
             scale_args = scale_args + ((None,) if self.grouping == "none" else ()) + (None, half_mma, half_set)
         tiles_m = (cute.size(d, mode=[0]) + s.tile_m - 1) // s.tile_m
-        tiles_n = (cute.size(d, mode=[1]) + s.tile_n - 1) // s.tile_n
+        tiles_n = (cute.size(d, mode=[1]) + self.out_tile_n - 1) // self.out_tile_n
         batch = cute.size(d, mode=[2])
         clusters = ((tiles_m + s.cluster_m - 1) // s.cluster_m) * ((tiles_n + s.cluster_n - 1) // s.cluster_n) * batch
         if cutlass.const_expr(self.split):
@@ -351,7 +356,7 @@ class Gemm:
         # Global tiles: (tile, tile_k, tiles_m/n, tiles_k, L) for A/B, (tile_m, tile_n, tiles_m, tiles_n, L) for D.
         gA = cute.local_tile(mA, (s.tile_m, s.tile_k), (None, None, None))
         gB = cute.local_tile(mB, (s.tile_n, s.tile_k), (None, None, None))
-        gD = cute.local_tile(mD, (s.tile_m, s.tile_n), (None, None, None))
+        gD = cute.local_tile(mD, (s.tile_m, self.out_tile_n), (None, None, None))  # (gated: half of B's tile_n)
         sA_box, gA_box = sA, gA
         if cutlass.const_expr(a_step > 1):  # box i of the tile's rows is tile i * a_step of a_rows rows
             sA_box = st.sA.get_tensor(sA_box_layout.outer, swizzle=sA_box_layout.inner)
@@ -438,8 +443,21 @@ class Gemm:
             thr_mma = tiled_mma.get_slice(tid)
             tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
             tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-            acc = cute.make_rmem_tensor(thr_mma.partition_C(gD[(None, None, 0, 0, 0)]).shape, self.acc_dtype)
             tCcC = thr_mma.partition_C(cute.make_identity_tensor((s.tile_m, s.tile_n)))
+            acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+            glu = None
+            if cutlass.const_expr(self.gated):
+                # the epilogue's MMA layout at half the width (one warpgroup's 64 rows under wg_epilogue, register for
+                # register its part of the full one), the products' registers, and where each product's gate and
+                # up columns sit in the accumulator
+                wg_rows = s.wg_epilogue and s.kind == "cooperative"
+                atoms, rows = ((1, 1, 1), 64) if wg_rows else (s.mma_atoms, s.tile_m)
+                glu_mma, glu_full = (sm90_utils.make_trivial_tiled_mma(
+                    self.ab_dtype, self.ab_dtype, self.epi_majors[0], self.epi_majors[1], self.acc_dtype, atoms,
+                    tiler_mn=(64, tn_)) for tn_ in (s.tile_n // 2, s.tile_n))
+                gacc = cute.make_rmem_tensor(glu_mma.get_slice(0).partition_C(
+                    cute.make_identity_tensor((rows, s.tile_n // 2))).shape, self.acc_dtype)
+                glu = (glu_mma, gacc, epi.glu_pairs(glu_full, glu_mma, rows, s.tile_n))
             temp = temp2 = halves_args = None  # the promoted mainloops' temporaries (`_mainloop`)
             if cutlass.const_expr(self.blockwise):
                 if cutlass.const_expr(self.promote_halves):
@@ -579,10 +597,16 @@ class Gemm:
                             epi.apply_ops(self.ops, acc, tCcC, tm * s.tile_m, tn * s.tile_n, tl, mC, bias, alpha, beta)
                             gD_tile = gD[(None, None, tm, tn, tl)]
                             if cutlass.const_expr(s.wg_epilogue):  # this warpgroup's rows of the tile
-                                gD_tile = cute.local_tile(gD_tile, (64, s.tile_n), (cwg, 0))
-                            counter = epi.store_tile(epi_mma, acc, epi_tid, sC, buf0, s.epi_stages, counter, tma_d,
-                                                     gD_tile, s.epi_tile, self.out_dtype, d_major,
-                                                     epi_bar, is_store_warp, store_pipe)
+                                gD_tile = cute.local_tile(gD_tile, (64, self.out_tile_n), (cwg, 0))
+                            if cutlass.const_expr(self.gated):  # silu(gate) * up into the half-width tile
+                                epi.glu_fold(acc, glu[1], glu[2][0], glu[2][1])
+                                counter = epi.store_tile(glu[0], glu[1], epi_tid, sC, buf0, s.epi_stages, counter,
+                                                         tma_d, gD_tile, s.epi_tile, self.out_dtype, d_major,
+                                                         epi_bar, is_store_warp, store_pipe)
+                            else:
+                                counter = epi.store_tile(epi_mma, acc, epi_tid, sC, buf0, s.epi_stages, counter, tma_d,
+                                                         gD_tile, s.epi_tile, self.out_dtype, d_major,
+                                                         epi_bar, is_store_warp, store_pipe)
             store_pipe.producer_tail()
 
     def _mainloop(self, tiled_mma, acc, temp, temp2, halves_args, tCrA, tCrB, pipe, read, release, k_count, scales,

@@ -11,6 +11,13 @@ that operand, counted in the benchmarks): no unit-stride dim, a leading stride o
 16-byte aligned (e.g. K odd for a row-major bf16 A), or a 2-D operand paired with a batched one
 whose batch must be expanded. An output whose row length N is not a multiple of 8 is written into a
 padded buffer and returned as a view of it. K = 0 gives act(bias) (or zeros) without a launch.
+
+Torch op `cute_kernels::gemm_swiglu`: silu(a @ b_gate) * (a @ b_up) in one GEMM, the gated product computed on the
+fp32 accumulator in the epilogue and only the (M, I) result written (the MLP's gate / up projection and its
+activation: no (M, 2I) intermediate, no second pass). b is (K, 2I) with its columns interleaved in blocks of 8
+(gate 0-7, up 0-7, gate 8-15, ...): `pack_gate_up(w_gate, w_up)` builds that weight (2I, K) from the two (I, K)
+projection weights, and b = packed.t(). A schedule the gated epilogue cannot run (split-K, tile_n not a multiple of
+64) runs the plain GEMM and `swiglu` on its de-interleaved halves instead.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import torch
 from cute_kernels import dtypes
 from cute_kernels.gemv import ops as gv
 from cute_kernels.torch_ops import call, check_tensor, register_op
-from schedules.gemm import GemmSchedule, adapted, call_schedule, launch_clusters
+from schedules.gemm import GLU_BLOCK, GemmSchedule, adapted, call_schedule, launch_clusters
 from schedules.hardware import num_sms
 from schedules.w4a16 import use_stream
 
@@ -30,7 +37,7 @@ ACTIVATIONS = ("none", "relu", "gelu", "silu")
 _dummy_bias: dict[tuple, torch.Tensor] = {}
 
 
-def _check(a, b, bias, activation, out_dtype):
+def _check(a, b, bias, activation, out_dtype, gated: bool = False):
     for name, t in (("a", a), ("b", b)):
         check_tensor(name, t, allowed=AB_TORCH)
         if t.dim() not in (2, 3):
@@ -43,8 +50,11 @@ def _check(a, b, bias, activation, out_dtype):
         raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)}: inner dims differ ({a.shape[-1]} vs {b.shape[-2]})")
     if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
         raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)}: batch sizes differ")
-    if activation not in ACTIVATIONS:
+    if activation not in ACTIVATIONS and not (gated and activation == "swiglu"):
         raise ValueError(f"activation must be one of {ACTIVATIONS[1:]} or None, got {activation!r}")
+    if gated and b.shape[-1] % (2 * GLU_BLOCK):
+        raise ValueError(f"b {tuple(b.shape)}: its columns are gate / up blocks of {GLU_BLOCK} (pack_gate_up), so "
+                         f"N must be a multiple of {2 * GLU_BLOCK}")
     if out_dtype is not None and out_dtype not in OUT_TORCH:
         raise TypeError(f"out_dtype must be bfloat16, float16, float32 or None, got {out_dtype}")
     if bias is not None:
@@ -55,8 +65,8 @@ def _check(a, b, bias, activation, out_dtype):
             raise ValueError(f"bias is on {bias.device} but a is on {a.device}")
 
 
-def _out_shape(a, b):
-    m, n = a.shape[-2], b.shape[-1]
+def _out_shape(a, b, gated: bool = False):
+    m, n = a.shape[-2], b.shape[-1] // (2 if gated else 1)
     if a.dim() == 3 or b.dim() == 3:
         return (a.shape[0] if a.dim() == 3 else b.shape[0], m, n)
     return (m, n)
@@ -105,9 +115,10 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
     """The op's CUDA body; also the kernel's whole epilogue, act(alpha * (a @ b) + beta * c + bias), with `alpha`,
     `beta` and `c` (the output's shape, any strides, cast to the output dtype) beyond the op's signature."""
     activation = activation or "none"
-    _check(a, b, bias, activation, out_dtype)
+    gated = activation == "swiglu"  # (gemm_swiglu's body)
+    _check(a, b, bias, activation, out_dtype, gated)
     out_dtype = out_dtype or a.dtype
-    shape = _out_shape(a, b)
+    shape = _out_shape(a, b, gated)
     if c is not None and tuple(c.shape) != tuple(shape):
         raise ValueError(f"c must have the output's shape {tuple(shape)}, got {tuple(c.shape)}")
     if c is not None and c.device != a.device:
@@ -117,6 +128,8 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
     batch = shape[0] if len(shape) == 3 else 1
     if m == 0 or n == 0 or batch == 0:
         return torch.empty(shape, dtype=out_dtype, device=a.device)
+    if gated and k == 0:
+        return torch.zeros(shape, dtype=out_dtype, device=a.device)  # silu(0) * 0
     if k == 0:
         out = torch.zeros(shape, dtype=torch.float32, device=a.device)
         if source:
@@ -143,13 +156,26 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
     bv, b_major = _operand(b3, 1)
     rows = av.shape[0]
     lb = av.shape[2]
+    if gated:
+        sched = call_schedule(rows, n, k, a.element_size(), out_dtype.itemsize, a_major == "k", False, True) \
+            if schedule is None else adapted(schedule, k, False, True)
+        if sched.gated_error():  # the plain GEMM, then SwiGLU on the de-interleaved halves
+            y = _gemm_cuda(a, b, out_dtype=out_dtype, schedule=schedule)
+            from cute_kernels.swiglu.ops import swiglu
+
+            gate, up = _glu_halves(y)
+            return swiglu(gate, up)
+        schedule = sched
+        n = n // 2  # the output's columns from here on
     npad = -(-n // 8) * 8
     out_buf = torch.empty(lb, rows, npad, dtype=out_dtype, device=a.device)
     d = out_buf[:, :, :n].permute(1, 2, 0) if npad != n else out_buf.permute(1, 2, 0)
     if lb == 1:
         d = d.as_strided(d.shape, (d.stride(0), 1, 16 * (rows + npad)))
 
-    if schedule is None:
+    if gated:
+        sched = schedule
+    elif schedule is None:
         sched = call_schedule(rows, n, k, a.element_size(), out_buf.element_size(), a_major == "k", source)
     else:
         sched = adapted(schedule, k, source)
@@ -165,7 +191,7 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
             bias_t = _dummy_bias[bkey] = torch.zeros(8, dtype=out_dtype, device=a.device)
     else:
         bias_t = bias if bias.dtype == out_dtype else bias.to(out_dtype)
-    tm, tn = -(-rows // sched.tile_m), -(-n // sched.tile_n)
+    tm, tn = -(-rows // sched.tile_m), -(-n // (sched.tile_n // 2 if gated else sched.tile_n))
     max_clusters = launch_clusters(tm, tn, lb, sched, sms, a.get_device())
     c3 = d
     if source:  # c as the kernel's (rows, n, L) view, like d
@@ -302,3 +328,74 @@ def gemm_ladder(a: torch.Tensor, b: torch.Tensor, rung: str = "register", out_dt
         fn = GEMM_SIMT.compiled(dtype=dtypes.name_of(a.dtype), out_dtype=dtypes.name_of(out_dtype), **RUNGS[rung])
         fn(a, b, out)
     return out
+
+
+# --- gemm_swiglu ---------------------------------------------------------------------------------------------------
+def pack_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    """The (2I, K) weight of `gemm_swiglu` from the gate and up projections' (I, K) weights: their rows interleaved
+    in blocks of 8 (gate 0-7, up 0-7, gate 8-15, ...); I a multiple of 8. Pass its transpose as b."""
+    for name, t in (("w_gate", w_gate), ("w_up", w_up)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D (I, K) tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if w_gate.shape != w_up.shape or w_gate.shape[0] % GLU_BLOCK:
+        raise ValueError(f"w_gate {tuple(w_gate.shape)} and w_up {tuple(w_up.shape)} must have one shape (I, K) with "
+                         f"I a multiple of {GLU_BLOCK}")
+    if w_gate.dtype != w_up.dtype or w_gate.device != w_up.device:
+        raise TypeError(f"w_gate ({w_gate.dtype}, {w_gate.device}) and w_up ({w_up.dtype}, {w_up.device}) differ")
+    i, k = w_gate.shape
+    return torch.stack((w_gate.reshape(i // GLU_BLOCK, GLU_BLOCK, k), w_up.reshape(i // GLU_BLOCK, GLU_BLOCK, k)),
+                       1).reshape(2 * i, k)
+
+
+def _glu_halves(y: torch.Tensor):
+    """(gate, up) columns of an (..., 2I) product with `pack_gate_up`'s interleaved columns, each (..., I)."""
+    v = y.reshape(*y.shape[:-1], y.shape[-1] // (2 * GLU_BLOCK), 2, GLU_BLOCK)
+    return v[..., 0, :].reshape(*y.shape[:-1], -1), v[..., 1, :].reshape(*y.shape[:-1], -1)
+
+
+def _gemm_swiglu_cuda(a, b):
+    return _gemm_cuda(a, b, activation="swiglu")
+
+
+def _gemm_swiglu_fake(a, b):
+    _check(a, b, None, "swiglu", None, True)
+    return torch.empty(_out_shape(a, b, True), dtype=a.dtype, device=a.device)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _swiglu_backward(ctx, g):
+    """The gate / up product recomputed by one plain GEMM (fp32 out; nothing kept from the forward), the gradient
+    of silu(gate) * up in fp32, interleaved back into b's column order, then both operand gradients by the forward
+    GEMM with transposed (other-major) operands."""
+    a, b = ctx.saved_tensors
+    gate, up = (t.float() for t in _glu_halves(gemm(a, b, out_dtype=torch.float32)))
+    sg = torch.sigmoid(gate)
+    g = g.float()
+    d_gate = g * up * sg * (1 + gate * (1 - sg))
+    d_up = g * gate * sg
+    dy = torch.stack((d_gate.reshape(*g.shape[:-1], -1, GLU_BLOCK), d_up.reshape(*g.shape[:-1], -1, GLU_BLOCK)),
+                     -2).reshape(*g.shape[:-1], -1).to(a.dtype)
+    ga = gb = None
+    if ctx.needs_input_grad[0]:
+        ga = gemm(dy, b.transpose(-1, -2))
+        if a.dim() == 2 and ga.dim() == 3:
+            ga = ga.sum(0)
+    if ctx.needs_input_grad[1]:
+        gb = gemm(a.transpose(-1, -2), dy)
+        if b.dim() == 2 and gb.dim() == 3:
+            gb = gb.sum(0)
+    return ga, gb
+
+
+def gemm_swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(a @ b_gate) * (a @ b_up) for 2-D / 3-D bf16 / fp16 inputs, b (K, 2I) with gate / up columns interleaved
+    in blocks of 8 (`pack_gate_up(w_gate, w_up).t()`); output (M, I) in a's dtype, the product from the fp32
+    accumulator, rounded once."""
+    return call("cute_kernels::gemm_swiglu", a, b)
+
+
+register_op("cute_kernels::gemm_swiglu", "(Tensor a, Tensor b) -> Tensor", _gemm_swiglu_cuda, _gemm_swiglu_fake,
+            _swiglu_backward, _swiglu_setup)

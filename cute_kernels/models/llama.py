@@ -6,7 +6,8 @@
     decode:  o = flash_attn_with_kvcache(q, cache, k, v, rotary_cos / rotary_sin): RoPE, append and attention
     a       = gemm(o, W_o^T)
     h2, s   = rms_norm(a, w_post, residual=x)         (s = x + a)
-    m       = gemm(swiglu(gemm(h2, W_gu^T) halves), W_down^T)
+    m       = gemm(swiglu(gemm(h2, W_gu^T) halves), W_down^T)    (bf16: gemm_swiglu(h2, W_gu^T), the activation in
+                                                               the GEMM's epilogue over interleaved gate / up rows)
     out     = s + m
 
 `load_hf_state_dict` takes the state dict of Hugging Face transformers' `LlamaDecoderLayer` (its names:
@@ -29,9 +30,10 @@ from cute_kernels.attention.decode_ops import append_kv
 
 # The ops as module globals (torch.compile traces them; it refuses `import cute_kernels` inside forward).
 cute_kernels.load_ops()
-(add, flash_attn, flash_attn_with_kvcache, fp8_gemm, gemm, gemm_w4a16, quantize_1x128, rms_norm, rope,
+(add, flash_attn, flash_attn_with_kvcache, fp8_gemm, gemm, gemm_swiglu, gemm_w4a16, quantize_1x128, rms_norm, rope,
  swiglu) = (getattr(cute_kernels, n) for n in ("add", "flash_attn", "flash_attn_with_kvcache", "fp8_gemm", "gemm",
-                                              "gemm_w4a16", "quantize_1x128", "rms_norm", "rope", "swiglu"))
+                                              "gemm_swiglu", "gemm_w4a16", "quantize_1x128", "rms_norm", "rope",
+                                              "swiglu"))
 
 WEIGHTS = ("bf16", "fp8", "w4a16")
 
@@ -140,7 +142,13 @@ class LlamaDecoderLayer(nn.Module):
             self.marks.append((name, e))
 
     def load_hf_state_dict(self, sd: dict) -> LlamaDecoderLayer:
+        """The parameters of `fuse_hf_state_dict`; with bf16 weights w_gu's gate and up rows interleaved in blocks of 8
+        (`pack_gate_up`: the fused SwiGLU GEMM's layout)."""
         self.p = {k: v.to(self.dtype).contiguous() for k, v in fuse_hf_state_dict(sd, self.cfg).items()}
+        if self.weights == "bf16":
+            from cute_kernels.gemm.ops import pack_gate_up
+
+            self.p["w_gu"] = pack_gate_up(*self.p["w_gu"].chunk(2))
         self.q = {}
         for name in ("w_qkv", "w_o", "w_gu", "w_down"):
             w = self.p[name]
@@ -197,9 +205,12 @@ class LlamaDecoderLayer(nn.Module):
         self._mark("norm_post")
         h2, s1 = rms_norm(a, self.p["w_post"], cfg.eps, residual=x2)
         self._mark("gate_up")
-        gu = self._linear(h2, "w_gu")
-        self._mark("swiglu")
-        g = swiglu(gu[:, :cfg.intermediate], gu[:, cfg.intermediate:])
+        if self.weights == "bf16":  # SwiGLU in the GEMM's epilogue (one stage)
+            g = gemm_swiglu(h2, self.p["w_gu"].t())
+        else:
+            gu = self._linear(h2, "w_gu")
+            self._mark("swiglu")
+            g = swiglu(gu[:, :cfg.intermediate], gu[:, cfg.intermediate:])
         self._mark("down")
         m = self._linear(g, "w_down")
         self._mark("residual")

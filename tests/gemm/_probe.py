@@ -27,3 +27,22 @@ def probe(tile_n: cutlass.Constexpr, a_mn: cutlass.Constexpr):
         res.append((t, str(c2.shape), str(c1.shape), [tuple(c2[i]) for i in range(cute.size(c2))],
                     [tuple(c1[i]) for i in range(cute.size(c1))]))
     OUT[(tile_n, a_mn)] = res
+
+
+@cute.jit
+def glu_probe(tile_n: cutlass.Constexpr, atoms: cutlass.Constexpr, rows: cutlass.Constexpr):
+    """The gated epilogue's maps (`epilogue.glu_pairs`) for a tile, and for several threads the (row, column) of each
+    product's register in the half-width MMA beside those of its gate and up registers in the full one."""
+    from collectives.epilogue import glu_pairs
+
+    dt = cutlass.BFloat16
+    full, half = (sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, cutlass.Float32,
+                                                    atoms, tiler_mn=(64, n)) for n in (tile_n, tile_n // 2))
+    gate, up = glu_pairs(full, half, rows, tile_n)
+    res = []
+    for t in (0, 1, 6, 37, 101, 127) + ((128, 200, 255) if atoms[0] == 2 else ()):
+        cf = full.get_slice(t).partition_C(cute.make_identity_tensor((rows, tile_n)))
+        ch = half.get_slice(t).partition_C(cute.make_identity_tensor((rows, tile_n // 2)))
+        res.append((t, [tuple(ch[i]) for i in range(cute.size(ch))], [tuple(cf[g]) for g in gate],
+                    [tuple(cf[u]) for u in up]))
+    OUT[("glu", tile_n, atoms, rows)] = res
