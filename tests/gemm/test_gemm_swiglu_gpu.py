@@ -1,7 +1,7 @@
 """GPU: `gemm_swiglu` (SwiGLU in the GEMM's epilogue over interleaved gate / up columns) against fp64
 silu(a @ gate) * (a @ up), at most 2x the error of the same computation in bf16 torch (cuBLAS products rounded to
 bf16, then the activation) + 1e-4: every schedule kind with the gated epilogue, the small-M schedule of a decode
-step, sizes off the tile, operand majors, a batch, the fallback for a schedule that cannot gate (split-K),
+step, sizes off the tile, operand majors, a batch, split-K run unsplit, the fallback for a tile that cannot gate,
 poisoned outputs, autograd and torch.compile."""
 
 import pytest
@@ -21,7 +21,8 @@ SCHEDULES = {
     "cooperative_wg_epilogue": GemmSchedule(kind="cooperative", tile_m=128, tile_n=256, cluster_m=2, wg_epilogue=True),
     "pingpong_128x192": GemmSchedule(kind="pingpong", tile_m=128, tile_n=192, cluster_m=2),
     "pingpong_64x128_a16": GemmSchedule(kind="pingpong", tile_m=64, tile_n=128, cluster_n=2, a_rows=16),
-    "split_k (falls back)": GemmSchedule(kind="cooperative", tile_m=128, tile_n=128, split_k=3),
+    "split_k (run unsplit)": GemmSchedule(kind="cooperative", tile_m=128, tile_n=128, split_k=3),
+    "tile_n 96 (falls back)": GemmSchedule(kind="pingpong", tile_m=64, tile_n=96),
 }
 
 
