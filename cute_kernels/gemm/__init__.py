@@ -65,8 +65,9 @@ class GemmSpec(KernelSpec):
 
         a = operand(ab, m, k, p["a_major"] == "m")
         b = operand(ab, n, k, p["b_major"] == "n")
-        d = operand(out, m, sym() if p["activation"] == "swiglu" else n, False)  # (gated: half of B's N)
-        c = cute.runtime.make_fake_tensor(out, (m, n, batch), stride=(sym(), sym(), sym()), assumed_align=out.width // 8)
+        nd = sym() if p["activation"] == "swiglu" else n  # D's (and C's) columns: gated, half of B's N
+        d = operand(out, m, nd, False)
+        c = cute.runtime.make_fake_tensor(out, (m, nd, batch), stride=(sym(), sym(), sym()), assumed_align=out.width // 8)
         bias = cute.runtime.make_fake_tensor(out, (sym(),), stride=(sym(),), assumed_align=out.width // 8)
         if s.split_k > 1:
             # d (M, Np, L) and the fp32 workspace (M, Np, L * S), both contiguous, Np a multiple of 8.
