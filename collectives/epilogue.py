@@ -31,6 +31,7 @@ from cutlass import Float32
 from cutlass.cute.nvgpu import cpasync
 from cutlass.tensor_utils import LayoutEnum
 
+from collectives.activations import sigmoid
 from schedules.gemm import GLU_BLOCK
 
 ACTIVATIONS = ("none", "relu", "gelu", "silu", "swiglu")
@@ -133,10 +134,13 @@ def glu_pairs(full_mma: cute.TiledMma, half_mma: cute.TiledMma, tile_m: int, til
 
 
 @cute.jit
-def glu_fold(acc: cute.Tensor, out: cute.Tensor, gate: cutlass.Constexpr, up: cutlass.Constexpr):
-    """out[i] = silu(acc[gate[i]]) * acc[up[i]] in fp32 (`glu_pairs`' maps)."""
+def glu_fold(acc: cute.Tensor, out: cute.Tensor, gate: cutlass.Constexpr, up: cutlass.Constexpr,
+             fast: cutlass.Constexpr[bool]):
+    """out[i] = silu(acc[gate[i]]) * acc[up[i]] in fp32 (`glu_pairs`' maps); `fast` (16-bit outputs): the sigmoid's
+    hardware reciprocal (`collectives.activations.sigmoid`)."""
     for i in cutlass.range_constexpr(cute.size(out)):
-        out[i] = activate(acc[gate[i]], "silu") * acc[up[i]]
+        g = acc[gate[i]]
+        out[i] = g * sigmoid(g, fast) * acc[up[i]]
 
 
 def smem_layout(c_layout, dtype, epi_tile, buffers: int):

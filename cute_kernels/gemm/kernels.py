@@ -599,7 +599,7 @@ class Gemm:
                             if cutlass.const_expr(s.wg_epilogue):  # this warpgroup's rows of the tile
                                 gD_tile = cute.local_tile(gD_tile, (64, self.out_tile_n), (cwg, 0))
                             if cutlass.const_expr(self.gated):  # silu(gate) * up into the half-width tile
-                                epi.glu_fold(acc, glu[1], glu[2][0], glu[2][1])
+                                epi.glu_fold(acc, glu[1], glu[2][0], glu[2][1], self.out_dtype.width == 16)
                                 counter = epi.store_tile(glu[0], glu[1], epi_tid, sC, buf0, s.epi_stages, counter,
                                                          tma_d, gD_tile, s.epi_tile, self.out_dtype, d_major,
                                                          epi_bar, is_store_warp, store_pipe)

@@ -16,28 +16,12 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from collectives import pdl
+from collectives.activations import sigmoid
 from collectives.vector_map import map_grid, map_vectors
 from schedules.grid_stride import GridStride
 
 # op -> (inputs, outputs)
 ARITY = {"silu_fwd": (1, 1), "silu_bwd": (2, 1), "swiglu_fwd": (2, 1), "swiglu_bwd": (3, 2)}
-
-
-def _sigmoid(x, fast: bool):
-    """1 / (1 + e^-x). `fast` (16-bit outputs): the hardware reciprocal (`rcp.approx.ftz`, ~1 ulp of
-    fp32, invisible after the rounding to 16 bits but for rare ties) instead of an IEEE division,
-    which is a MUFU.RCP, Newton steps and a range check calling a slow path per element: the SiLU
-    forward issued ~20 instructions per element (91 % of copy bandwidth) and now ~7. fp32 outputs
-    keep the division (their tests allow 4 ulps over torch). Flushing to zero only touches
-    x < -87, where sigmoid(x) < 2^-126."""
-    e = 1.0 + cute.math.exp(-x, fastmath=True)
-    if not fast:
-        return 1.0 / e
-    d = cute.make_rmem_tensor(x.shape, Float32)
-    d.store(e)
-    for i in range(cute.size(d)):  # the vector's elements, unrolled as it traces
-        d[i] = cute.arch.rcp_approx(d[i])
-    return d.load()
 
 
 class GatedActivation:
@@ -62,14 +46,14 @@ class GatedActivation:
         fast = dt.width == 16
         v = [t.to(Float32) for t in vals]
         if cutlass.const_expr(self.op == "silu_fwd"):
-            return ((v[0] * _sigmoid(v[0], fast)).to(dt),)
+            return ((v[0] * sigmoid(v[0], fast)).to(dt),)
         if cutlass.const_expr(self.op == "silu_bwd"):
-            s = _sigmoid(v[0], fast)
+            s = sigmoid(v[0], fast)
             return ((v[1] * s * (1.0 + v[0] * (1.0 - s))).to(dt),)
         if cutlass.const_expr(self.op == "swiglu_fwd"):
-            return ((v[0] * _sigmoid(v[0], fast) * v[1]).to(dt),)
+            return ((v[0] * sigmoid(v[0], fast) * v[1]).to(dt),)
         g, up, dout = v
-        s = _sigmoid(g, fast)
+        s = sigmoid(g, fast)
         silu = g * s
         dgate = dout * up * (s * (1.0 + g * (1.0 - s)))
         return (dgate.to(dt), (dout * silu).to(dt))

@@ -44,6 +44,8 @@ def _check(out, a, wg, wu):
 @pytest.mark.parametrize("sched", list(SCHEDULES))
 @pytest.mark.parametrize("m,k,i", [(769, 1032, 1056), (1, 4096, 2048), (16, 2048, 5632), (2048, 1024, 2816)])
 def test_against_fp64(monkeypatch, sched, m, k, i):
+    if SCHEDULES[sched] is not None and SCHEDULES[sched].a_rows and m > SCHEDULES[sched].a_rows:
+        pytest.skip("the short A box is a schedule for M <= a_rows")
     poison_empty(monkeypatch)
     a = randn(m, k, seed=m + k)
     wg, wu, w = _weights(k, i)
@@ -73,7 +75,7 @@ def test_batched_and_edges():
 
 
 def test_bad_inputs_named():
-    k, i = 64, 24
+    k, i = 64, 20
     with pytest.raises(ValueError, match="multiple of 16"):
         ck.gemm_swiglu(randn(4, k), randn(k, 2 * i))
     with pytest.raises(ValueError, match="inner dims"):
