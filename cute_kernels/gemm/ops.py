@@ -267,6 +267,21 @@ def _setup(ctx, inputs, output):
     ctx.activation = activation or "none"
 
 
+def _operand_grads(a, b, g, needs):
+    """(dL/da, dL/db) of a @ b from dL/d(a @ b) = g (None where `needs` says no): the forward kernel with transposed
+    (free: other-major) operands, a shared 2-D operand's gradient summed over the batch."""
+    ga = gb = None
+    if needs[0]:
+        ga = gemm(g, b.transpose(-1, -2))
+        if a.dim() == 2 and ga.dim() == 3:
+            ga = ga.sum(0)
+    if needs[1]:
+        gb = gemm(a.transpose(-1, -2), g)
+        if b.dim() == 2 and gb.dim() == 3:
+            gb = gb.sum(0)
+    return ga, gb
+
+
 def _backward(ctx, g):
     """d(act(a @ b + bias)): the pre-activation is recomputed by one more GEMM when an activation is
     fused (no extra memory kept); both operand gradients reuse the forward kernel with transposed
@@ -278,15 +293,8 @@ def _backward(ctx, g):
             pre = gemm(a.detach(), b.detach(), bias.detach() if bias is not None else None).float().requires_grad_()
             (g,) = torch.autograd.grad(_act_torch(pre, ctx.activation), pre, g.float())
         g = g.to(a.dtype)
-    ga = gb = gbias = None
-    if ctx.needs_input_grad[0]:
-        ga = gemm(g, b.transpose(-1, -2))
-        if a.dim() == 2 and ga.dim() == 3:
-            ga = ga.sum(0)
-    if ctx.needs_input_grad[1]:
-        gb = gemm(a.transpose(-1, -2), g)
-        if b.dim() == 2 and gb.dim() == 3:
-            gb = gb.sum(0)
+    ga, gb = _operand_grads(a, b, g, ctx.needs_input_grad)
+    gbias = None
     if bias is not None and ctx.needs_input_grad[2]:
         gbias = g.reshape(-1, g.shape[-1]).float().sum(0).to(bias.dtype)
     return ga, gb, gbias, None, None
@@ -378,16 +386,7 @@ def _swiglu_backward(ctx, g):
     d_up = g * gate * sg
     dy = torch.stack((d_gate.reshape(*g.shape[:-1], -1, GLU_BLOCK), d_up.reshape(*g.shape[:-1], -1, GLU_BLOCK)),
                      -2).reshape(*g.shape[:-1], -1).to(a.dtype)
-    ga = gb = None
-    if ctx.needs_input_grad[0]:
-        ga = gemm(dy, b.transpose(-1, -2))
-        if a.dim() == 2 and ga.dim() == 3:
-            ga = ga.sum(0)
-    if ctx.needs_input_grad[1]:
-        gb = gemm(a.transpose(-1, -2), dy)
-        if b.dim() == 2 and gb.dim() == 3:
-            gb = gb.sum(0)
-    return ga, gb
+    return _operand_grads(a, b, dy, ctx.needs_input_grad)
 
 
 def gemm_swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
