@@ -51,6 +51,7 @@ GROUPINGS = ("none", "contiguous", "masked")
 # a WGMMA accumulator, so that a thread holds both columns of each product).
 GLU_BLOCK = 8
 
+
 @dataclass(frozen=True)
 class GemmSchedule:
     kind: str = "cooperative"

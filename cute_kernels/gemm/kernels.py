@@ -114,12 +114,12 @@ class Gemm:
             raise ValueError("sb_ahead is an option of the FP8 block-scaled mode (blockwise=True) with the B scales "
                              "read from global memory: not with sb_smem or promote_halves")
         self.split = schedule.split_k > 1
-        self.fixup = schedule.split_fixup
+        self.fixup = schedule.split_fixup  # split-K in one launch: the last split of a tile sums and stores it
         # gated epilogue (SwiGLU over interleaved gate / up column blocks): D's tile is half of the accumulator's
         self.gated = ops.gated
         if self.gated and (schedule.gated_error() or grouping != "none"):
             raise ValueError(schedule.gated_error() or "the gated (swiglu) epilogue is not for the grouped modes")
-        self.out_tile_n = schedule.tile_n // 2 if self.gated else schedule.tile_n  # split-K in one launch: the last split of a tile sums and stores it
+        self.out_tile_n = schedule.tile_n // 2 if self.gated else schedule.tile_n
         if self.split and (grouping != "none" or blockwise and not self.fixup):
             raise ValueError("split_k > 1 is for the bf16/fp16 GEMM and the dense FP8 GEMM with split_fixup "
                              "(not the grouped modes)")

@@ -156,16 +156,17 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
     bv, b_major = _operand(b3, 1)
     rows = av.shape[0]
     lb = av.shape[2]
+    if schedule is None:
+        sched = call_schedule(rows, n, k, a.element_size(), out_dtype.itemsize, a_major == "k", source, gated)
+    else:
+        sched = adapted(schedule, k, source, gated)
     if gated:
-        sched = call_schedule(rows, n, k, a.element_size(), out_dtype.itemsize, a_major == "k", False, True) \
-            if schedule is None else adapted(schedule, k, False, True)
         if sched.gated_error():  # the plain GEMM, then SwiGLU on the de-interleaved halves
             y = _gemm_cuda(a, b, out_dtype=out_dtype, schedule=schedule)
             from cute_kernels.swiglu.ops import swiglu
 
             gate, up = _glu_halves(y)
             return swiglu(gate, up)
-        schedule = sched
         n = n // 2  # the output's columns from here on
     npad = -(-n // 8) * 8
     out_buf = torch.empty(lb, rows, npad, dtype=out_dtype, device=a.device)
@@ -173,12 +174,6 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
     if lb == 1:
         d = d.as_strided(d.shape, (d.stride(0), 1, 16 * (rows + npad)))
 
-    if gated:
-        sched = schedule
-    elif schedule is None:
-        sched = call_schedule(rows, n, k, a.element_size(), out_buf.element_size(), a_major == "k", source)
-    else:
-        sched = adapted(schedule, k, source)
     if sched.a_rows and (rows > sched.a_rows or a_major != "k"):
         raise ValueError(f"schedule {sched}: a_rows {sched.a_rows} loads only A's first {sched.a_rows} rows of a "
                          f"K-major A; got {rows} rows, A {'K' if a_major == 'k' else 'M'}-major")
