@@ -240,17 +240,21 @@ class FlashDecode:
             sK8 = st.sK8.get_tensor(sK8_layout.outer, swizzle=sK8_layout.inner)
             sV8 = st.sV8.get_tensor(sV8_layout.outer, swizzle=sV8_layout.inner)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+        m_tile, by, b = cute.arch.block_idx()
+        kv_heads = cute.size(mK, mode=[2])
+        hk = by % kv_heads
+        split = by // kv_heads
+        q_len = cute.size(mQ, mode=[1])
+        if warp == 4:  # the split's first K / V tiles into L2 while the previous kernel (the append) ends
+            early_first, early_count = self.split_range(mSeqlens[b] + seqlen_add, q_len, window_left, split, splits)
+            self.prefetch_kv(tma_k, mK, sK8, tma_v, mV, sV8, mBT, b, hk, mSeqlens[b] + seqlen_add, early_first,
+                             early_count, stages)
         # programmatic dependent launch: the set-up above overlaps the previous kernel's tail (the append, the last
         # layer); nothing it wrote is read before this wait. The merge behind this kernel may launch now: its CTAs
         # wait (griddepcontrol.wait) for this grid's completion and its memory, sitting beside these CTAs meanwhile
         # (a split grid is one wave), so its launch latency is off the path.
         pdl.enter()
 
-        m_tile, by, b = cute.arch.block_idx()
-        kv_heads = cute.size(mK, mode=[2])
-        hk = by % kv_heads
-        split = by // kv_heads
-        q_len = cute.size(mQ, mode=[1])
         seqlen_k = mSeqlens[b] + seqlen_add
         first, count = self.split_range(seqlen_k, q_len, window_left, split, splits)
 
@@ -286,9 +290,9 @@ class FlashDecode:
 
     # --- the producer warp --------------------------------------------------------------------------------------
     @cute.jit
-    def produce(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor,
-                sV: cute.Tensor, pipe_k, pipe_v, mBT: cute.Tensor, b: Int32, hk: Int32, seqlen_k: Int32, first: Int32,
-                count: Int32):
+    def kv_boxes(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor,
+                 sV: cute.Tensor, hk: Int32):
+        """KV head hk's TMA partitions: (tKsK, tKgK, tVsV, tVgV), the stage ring's boxes and the cache's."""
         d = self.d
         # global: (box, D) boxes of (page rows, D, pages) / (D, box) of (D, page rows, pages); smem: the boxes of a stage
         gK = cute.flat_divide(mK[(None, None, hk, None)], (self.box, d))  # (box, D, page boxes, 1, pages)
@@ -300,6 +304,39 @@ class FlashDecode:
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sVb, 0, 2),
                                            cute.group_modes(gV, 0, 2))
+        return tKsK, tKgK, tVsV, tVgV
+
+    @cute.jit
+    def v_box(self, tVgV: cute.Tensor, pbox: Int32, page: Int32):
+        """The cache's V box `pbox` of `page` (V^T's boxes, or K's layout for an FP8 / swapped V)."""
+        if cutlass.const_expr(self.v_like_k):
+            return tVgV[(None, pbox, 0, page)]
+        return tVgV[(None, 0, pbox, page)]
+
+    @cute.jit
+    def prefetch_kv(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor, tma_v: cute.CopyAtom,
+                    mV: cute.Tensor, sV: cute.Tensor, mBT: cute.Tensor, b: Int32, hk: Int32, seqlen_k: Int32,
+                    first: Int32, count: Int32, tiles: Int32):
+        """L2 prefetches (TMA) of the split's first `tiles` K and V tiles, issued before the PDL wait so the cache's
+        bytes stream in while the previous kernel (the append) ends. A prefetch is only a hint and L2 is where every
+        write lands, so the appended rows cannot be read stale. seqlen_k may itself be stale here (written by the
+        previous kernel): box indices are clamped to the block table's columns, and TMA drops boxes outside the
+        cache."""
+        _, tKgK, _, tVgV = self.kv_boxes(tma_k, mK, sK, tma_v, mV, sV, hk)
+        last_box = cutlass.max(seqlen_k - 1, 0) // self.box
+        if cutlass.const_expr(self.page_size != 0):
+            last_box = cutlass.min(last_box, cute.size(mBT, mode=[1]) * (self.page_size // self.box) - 1)
+        for i in cutlass.range(cutlass.min(count, tiles), unroll=1):
+            for j in cutlass.range_constexpr(self.boxes):
+                page, pbox = self.box_source(mBT, b, cutlass.min((first + i) * self.boxes + j, last_box))
+                cute.prefetch(tma_k, tKgK[(None, pbox, 0, page)])
+                cute.prefetch(tma_v, self.v_box(tVgV, pbox, page))
+
+    @cute.jit
+    def produce(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor,
+                sV: cute.Tensor, pipe_k, pipe_v, mBT: cute.Tensor, b: Int32, hk: Int32, seqlen_k: Int32, first: Int32,
+                count: Int32):
+        tKsK, tKgK, tVsV, tVgV = self.kv_boxes(tma_k, mK, sK, tma_v, mV, sV, hk)
         last_box = cutlass.max(seqlen_k - 1, 0) // self.box  # the sequence's last box that holds keys
         kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cute.size(sK, mode=[2]))
         for i in cutlass.range(count, unroll=1):
@@ -314,10 +351,10 @@ class FlashDecode:
             for j in cutlass.range_constexpr(self.boxes):
                 page, pbox = self.box_source(mBT, b, cutlass.min(n * self.boxes + j, last_box))
                 if cutlass.const_expr(self.v_like_k):
-                    cute.copy(tma_v, tVgV[(None, pbox, 0, page)], tVsV[(None, j, 0, kv.index)],
+                    cute.copy(tma_v, self.v_box(tVgV, pbox, page), tVsV[(None, j, 0, kv.index)],
                               tma_bar_ptr=pipe_v.producer_get_barrier(kv))
                 else:
-                    cute.copy(tma_v, tVgV[(None, 0, pbox, page)], tVsV[(None, 0, j, kv.index)],
+                    cute.copy(tma_v, self.v_box(tVgV, pbox, page), tVsV[(None, 0, j, kv.index)],
                               tma_bar_ptr=pipe_v.producer_get_barrier(kv))
             pipe_v.producer_commit(kv)
             kv.advance()

@@ -242,6 +242,11 @@ def test_decode_ptx(over, boxes, tmp_path):
     assert count(r"atom\.global\.add") == (1 if fused else 0)
     assert count(r"fence\.acq_rel\.gpu") == (2 if fused else 0)
     assert count(r"griddepcontrol\.wait") == 1
+    # the split's first tiles prefetched into L2 (one K and one V prefetch a box) before the PDL wait
+    first_wait = ptx.find("griddepcontrol.wait")
+    early = ptx[:first_wait]
+    assert len(re.findall(r"cp\.async\.bulk\.prefetch\.tensor\.4d\.L2", early)) == 2 * boxes * (d // 64)
+    assert "cp.async.bulk.prefetch.tensor" not in ptx[first_wait:]
 
 
 @pytest.mark.parametrize("over", [{"kv_scale": "head"}, {"kv_scale": "token", "page_size": 64, "split": True},
