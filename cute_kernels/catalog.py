@@ -37,7 +37,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "rowwise": ("rms_norm", "layer_norm", "softmax", "log_softmax", "cross_entropy"),
     "transpose": ("transpose",),
     "swiglu": ("silu", "swiglu"),
-    "gemm": ("gemm", "gemm_swiglu", "pack_gate_up"),
+    "gemm": ("gemm", "addmm", "gemm_swiglu", "pack_gate_up"),
     "argmax": ("argmax",),
     "quantize": ("quantize_1x128", "quantize_128x128"),
     "fp8_gemm": ("fp8_gemm", "fp8_gemm_grouped_contiguous", "fp8_gemm_grouped_masked"),

@@ -18,6 +18,10 @@ activation: no (M, 2I) intermediate, no second pass). b is (K, 2I) with its colu
 (gate 0-7, up 0-7, gate 8-15, ...): `pack_gate_up(w_gate, w_up)` builds that weight (2I, K) from the two (I, K)
 projection weights, and b = packed.t(). A schedule the gated epilogue cannot run (split-K, tile_n not a multiple of
 64) runs the plain GEMM and `swiglu` on its de-interleaved halves instead.
+
+Torch op `cute_kernels::addmm`: beta * c + alpha * (a @ b) as torch.addmm (2-D and 3-D like `gemm`), c broadcastable
+to the output, in a's dtype: the kernel's epilogue reads c and rounds the fp32 sum once (a residual added where the
+projection is written: no second pass). Decode-shaped calls (the streaming kernel's M <= 16) fuse it too.
 """
 
 from __future__ import annotations
@@ -138,10 +142,12 @@ def _gemm_cuda(a, b, bias=None, activation="none", out_dtype=None, schedule: Gem
             out = out + bias.float()
         return _act_torch(out, activation).to(out_dtype)
 
-    if (schedule is None and not source and not scale and bias is None and activation == "none"
+    if (schedule is None and (source or not scale) and bias is None and activation == "none"
             and out_dtype == a.dtype and a.dim() == 2 and b.dim() == 2):
         want = gv.STREAM if gv.STREAM is not None else use_stream(m, n, k, dense=True)
         if want and m <= gv.STREAM_MAX_M and gv.stream_ok(a, b.t()):  # decode-shaped x @ W^T, W (N, K) rows
+            if source:  # (alpha x W^T + beta c in the kernel's epilogue)
+                return gv.skinny(a, b.t(), c=c.to(out_dtype), alpha=alpha, beta=beta)
             return gv.skinny(a, b.t())
 
     # (L, M, K) and (L, K, N). A batched A with a shared B is one big GEMM (L*M, K) @ (K, N) when A
@@ -331,6 +337,59 @@ def gemm_ladder(a: torch.Tensor, b: torch.Tensor, rung: str = "register", out_dt
         fn = GEMM_SIMT.compiled(dtype=dtypes.name_of(a.dtype), out_dtype=dtypes.name_of(out_dtype), **RUNGS[rung])
         fn(a, b, out)
     return out
+
+
+# --- addmm -------------------------------------------------------------------------------------------------------
+def _addmm_check(c, a, b):
+    _check(a, b, None, "none", None)
+    check_tensor("c", c, allowed=AB_TORCH)
+    if c.dtype != a.dtype:
+        raise TypeError(f"c has dtype {c.dtype} but a has {a.dtype} (the output's); cast it first")
+    if c.device != a.device:
+        raise ValueError(f"c is on {c.device} but a is on {a.device}")
+    shape = _out_shape(a, b)
+    try:
+        ok = torch.broadcast_shapes(tuple(c.shape), shape) == shape
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"c {tuple(c.shape)} must broadcast to the output's shape {shape}")
+    return shape
+
+
+def _addmm_cuda(c, a, b, beta=1.0, alpha=1.0):
+    shape = _addmm_check(c, a, b)
+    return _gemm_cuda(a, b, alpha=alpha, beta=beta, c=c.expand(shape))
+
+
+def _addmm_fake(c, a, b, beta=1.0, alpha=1.0):
+    return torch.empty(_addmm_check(c, a, b), dtype=a.dtype, device=a.device)
+
+
+def _addmm_setup(ctx, inputs, output):
+    c, a, b, beta, alpha = inputs
+    ctx.save_for_backward(a, b)
+    ctx.c_shape, ctx.beta, ctx.alpha = tuple(c.shape), beta, alpha
+
+
+def _addmm_backward(ctx, g):
+    """dc: beta g summed over c's broadcast dims; da, db: the GEMM's operand gradients of alpha g."""
+    a, b = ctx.saved_tensors
+    gc = None
+    if ctx.needs_input_grad[0]:
+        gc = (g if ctx.beta == 1.0 else g * ctx.beta).sum_to_size(ctx.c_shape)
+    ga, gb = _operand_grads(a, b, g if ctx.alpha == 1.0 else g * ctx.alpha, ctx.needs_input_grad[1:3])
+    return gc, ga, gb, None, None
+
+
+register_op("cute_kernels::addmm", "(Tensor c, Tensor a, Tensor b, float beta=1.0, float alpha=1.0) -> Tensor",
+            _addmm_cuda, _addmm_fake, _addmm_backward, _addmm_setup)
+
+
+def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float = 1.0, alpha: float = 1.0) -> torch.Tensor:
+    """beta * c + alpha * (a @ b) as torch.addmm, for 2-D / 3-D bf16 / fp16 a and b (`gemm`'s layouts) and c in a's
+    dtype, broadcastable to the output; fp32 accumulation, c added in the epilogue, one rounding."""
+    return call("cute_kernels::addmm", c, a, b, float(beta), float(alpha))
 
 
 # --- gemm_swiglu ---------------------------------------------------------------------------------------------------

@@ -125,17 +125,20 @@ class GemvStreamSpec(KernelSpec):
         from cute_kernels.w4a16.kernels import W4A16Stream
 
         dt = dtypes.cutlass_of(p["dtype"])
-        kernel = W4A16Stream(dt, p["col_tiles"], 128, False, self.schedule_of(p), dense=True)
+        kernel = W4A16Stream(dt, p["col_tiles"], 128, False, self.schedule_of(p), dense=True, source=p["source"])
         w, x, y, part, counter = stream_fakes(dt, dt, 8)
         sym = lambda: index_sym(False)  # noqa: E731
         unread = fake_tensor(dt, (sym(), sym()), (sym(), sym()), dt.width // 8)
-        return kernel, (w, x, y, unread, unread, part, counter, cutlass.Int32(1), cutlass.Int32(1), fake_stream())
+        src = fake_tensor(dt, (sym(), sym()), (sym(), sym()), dt.width // 8)  # (M, N), any strides
+        return kernel, (w, x, y, unread, unread, part, counter, cutlass.Int32(1), cutlass.Int32(1), src,
+                        cutlass.Float32(1.0), cutlass.Float32(1.0), fake_stream())
 
     def dynamic_smem_bytes(self, p):
         return self.schedule_of(p).smem_bytes(p["col_tiles"], dense=True)
 
     def representative(self):
-        return [self.resolve(), self.resolve({"col_tiles": 2, "dtype": "fp16", "consumer_warps": 4, "stages": 3})]
+        return [self.resolve(), self.resolve({"col_tiles": 2, "dtype": "fp16", "consumer_warps": 4, "stages": 3}),
+                self.resolve({"source": True})]
 
 
 GEMV_STREAM = GemvStreamSpec(
@@ -146,6 +149,7 @@ GEMV_STREAM = GemvStreamSpec(
     params={
         "dtype": Param("bf16", ("bf16", "fp16"), "signature", "element type of W, x and y"),
         "col_tiles": Param(1, COL_TILES, "signature", "n8 tiles of x's rows (M <= 8 x this)"),
+        "source": Param(False, (True, False), "signature", "y = alpha x W^T + beta src (addmm's input: a residual)"),
         **stream_plan_params(DENSE_PLAN),
     },
 )

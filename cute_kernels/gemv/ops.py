@@ -106,9 +106,11 @@ def stream_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0)
 
 
-def skinny(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, plan=None) -> torch.Tensor:
+def skinny(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, plan=None, c: torch.Tensor | None = None,
+           alpha: float = 1.0, beta: float = 1.0) -> torch.Tensor:
     """y = x @ w.T (M, N) for x (M, K), w (N, K) with `stream_ok`; fp32 accumulation, split K reduced in a fixed
-    order (deterministic), one rounding. `plan`: a `W4A16Plan` instead of the op's (benchmarks, the lab)."""
+    order (deterministic), one rounding. With `c` (M, N) in x's dtype, any strides: y = alpha x w^T + beta c, still
+    one rounding. `plan`: a `W4A16Plan` instead of the op's (benchmarks, the lab)."""
     from cute_kernels.gemv import GEMV_STREAM
     from cute_kernels.w4a16.ops import launch_stream
 
@@ -116,7 +118,7 @@ def skinny(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, pl
     y = out if out is not None else torch.empty((m, w.shape[0]), dtype=x.dtype, device=x.device)
     if m == 1 and x.stride(0) % 8:
         x = x.as_strided((1, k), (-(-k // 8) * 8, 1))
-    launch_stream(GEMV_STREAM, x, w, y, num_sms(x.device.index or 0), plan, dense=True)
+    launch_stream(GEMV_STREAM, x, w, y, num_sms(x.device.index or 0), plan, dense=True, src=c, alpha=alpha, beta=beta)
     return y
 
 

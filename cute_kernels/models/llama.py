@@ -8,7 +8,7 @@
     h2, s   = rms_norm(a, w_post, residual=x)         (s = x + a)
     m       = gemm(swiglu(gemm(h2, W_gu^T) halves), W_down^T)    (bf16: gemm_swiglu(h2, W_gu^T), the activation in
                                                                the GEMM's epilogue over interleaved gate / up rows)
-    out     = s + m
+    out     = s + m                                   (bf16: addmm(s, g, W_down^T), the add in down's epilogue)
 
 `load_hf_state_dict` takes the state dict of Hugging Face transformers' `LlamaDecoderLayer` (its names:
 input_layernorm.weight, self_attn.{q,k,v,o}_proj.weight, post_attention_layernorm.weight,
@@ -30,10 +30,10 @@ from cute_kernels.attention.decode_ops import append_kv
 
 # The ops as module globals (torch.compile traces them; it refuses `import cute_kernels` inside forward).
 cute_kernels.load_ops()
-(add, flash_attn, flash_attn_with_kvcache, fp8_gemm, gemm, gemm_swiglu, gemm_w4a16, quantize_1x128, rms_norm, rope,
- swiglu) = (getattr(cute_kernels, n) for n in ("add", "flash_attn", "flash_attn_with_kvcache", "fp8_gemm", "gemm",
-                                              "gemm_swiglu", "gemm_w4a16", "quantize_1x128", "rms_norm", "rope",
-                                              "swiglu"))
+(add, addmm, flash_attn, flash_attn_with_kvcache, fp8_gemm, gemm, gemm_swiglu, gemm_w4a16, quantize_1x128, rms_norm,
+ rope, swiglu) = (getattr(cute_kernels, n) for n in ("add", "addmm", "flash_attn", "flash_attn_with_kvcache",
+                                                    "fp8_gemm", "gemm", "gemm_swiglu", "gemm_w4a16", "quantize_1x128",
+                                                    "rms_norm", "rope", "swiglu"))
 
 WEIGHTS = ("bf16", "fp8", "w4a16")
 
@@ -212,8 +212,11 @@ class LlamaDecoderLayer(nn.Module):
             self._mark("swiglu")
             g = swiglu(gu[:, :cfg.intermediate], gu[:, cfg.intermediate:])
         self._mark("down")
-        m = self._linear(g, "w_down")
-        self._mark("residual")
-        out = add(s1, m).view(b, s, h)
+        if self.weights == "bf16":  # the residual added in the down projection's epilogue (one stage)
+            out = addmm(s1, g, self.p["w_down"].t()).view(b, s, h)
+        else:
+            m = self._linear(g, "w_down")
+            self._mark("residual")
+            out = add(s1, m).view(b, s, h)
         self._mark("end")
         return out

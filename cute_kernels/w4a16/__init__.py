@@ -106,7 +106,8 @@ class W4A16StreamSpec(KernelSpec):
         n = w.shape[0]
         scales, zeros = (fake_tensor(dt, (n, index_sym(False)), (index_sym(False), index_sym(False)), dt.width // 8)
                          for _ in range(2))
-        return kernel, (w, x, y, scales, zeros, part, counter, cutlass.Int32(1), cutlass.Int32(1), fake_stream())
+        return kernel, (w, x, y, scales, zeros, part, counter, cutlass.Int32(1), cutlass.Int32(1), y,
+                        cutlass.Float32(1.0), cutlass.Float32(0.0), fake_stream())
 
     def dynamic_smem_bytes(self, p):
         return self.schedule_of(p).smem_bytes(p["col_tiles"])

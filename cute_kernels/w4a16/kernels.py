@@ -31,6 +31,8 @@ Split K: with `splits` > 1 each CTA stores its fp32 partials (splits, M, N) and 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -62,13 +64,15 @@ class W4A16Stream:
     a stage like x's, each lane's unit of a row read as four 16-byte vectors like its x unit (two lanes a bank group:
     rows in order, the int4 row permutation would make it four), no scales."""
 
-    def __init__(self, dtype, col_tiles: int, group: int, zeros: bool, plan: W4A16Plan, dense: bool = False):
+    def __init__(self, dtype, col_tiles: int, group: int, zeros: bool, plan: W4A16Plan, dense: bool = False,
+                 source: bool = False):
         if dtype.width != 16:
             raise ValueError(f"W4A16 activations are bf16 / fp16, got {dtype}")
         if group % 32:
             raise ValueError(f"int4 groups must be a multiple of 32 columns, got {group}")
         self.dtype, self.col_tiles, self.group, self.zeros, self.plan = dtype, col_tiles, group, zeros, plan
         self.dense = dense
+        self.source = source  # y = alpha * (x W^T) + beta * src, in fp32 and rounded once (a residual, addmm's input)
         self.fold = not dense and (group == 0 or group >= CHUNK)  # a chunk inside one group: scales on fp32 sums
         # bf16 folded, up to 16 columns: the MMAs take M + q as the lop3 makes it (no subtraction a weight pair) and
         # the chunk's fp32 sums lose (M + z) sum x, sum x from MMAs on a ones fragment: 8 MMAs a column tile and chunk
@@ -78,10 +82,12 @@ class W4A16Stream:
 
     @cute.jit
     def __call__(self, w: cute.Tensor, x: cute.Tensor, y: cute.Tensor, scales: cute.Tensor, zeros: cute.Tensor,
-                 part: cute.Tensor, counter: cute.Tensor, per_split: Int32, splits: Int32, stream):
+                 part: cute.Tensor, counter: cute.Tensor, per_split: Int32, splits: Int32, src: cute.Tensor,
+                 alpha: Float32, beta: Float32, stream):
         """w (N, K / 8) int32 packed; x (M, K); y (M, N); scales / zeros (N, K / group) (zeros read only with
         `zeros`); part (splits, M, N) fp32 and counter (W tiles,) int32 (zero before and after) read only with
-        splits > 1; per_split: stages of K (`plan.tile_k` each) a split."""
+        splits > 1; per_split: stages of K (`plan.tile_k` each) a split; src (M, N), alpha and beta read only with
+        `source`."""
         p, dt = self.plan, self.dtype
         xr = 8 * self.col_tiles
         swz = swizzle_128b()
@@ -105,13 +111,14 @@ class W4A16Stream:
 
         self.storage = Storage
         tiles = (extent(w, 0) + p.tile_n - 1) // p.tile_n
-        self.kernel(tma_w, gw, tma_x, gx, y, scales, zeros, part, counter, per_split, w_layout, x_layout).launch(
+        self.kernel(tma_w, gw, tma_x, gx, y, scales, zeros, part, counter, per_split, src, alpha, beta, w_layout,
+                    x_layout).launch(
             grid=[tiles, splits, 1], block=[p.threads, 1, 1], stream=stream, use_pdl=pdl.LAUNCH)
 
     @cute.kernel
     def kernel(self, tma_w: cute.CopyAtom, mW: cute.Tensor, tma_x: cute.CopyAtom, mX: cute.Tensor, mY: cute.Tensor,
-               mS: cute.Tensor, mZ: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, per_split: Int32,
-               w_layout: cute.ComposedLayout, x_layout: cute.ComposedLayout):
+               mS: cute.Tensor, mZ: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, per_split: Int32, mSrc: cute.Tensor,
+               alpha: Float32, beta: Float32, w_layout: cute.ComposedLayout, x_layout: cute.ComposedLayout):
         p = self.plan
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -140,7 +147,8 @@ class W4A16Stream:
             self.produce(tma_w, mW, sW, tma_x, mX, sX, pipe, tile, first, count)
         else:
             self.consume(st.sW.get_tensor(w_layout.outer), st.sX.get_tensor(x_layout.outer), pipe, mX, mY, mS, mZ,
-                         mP, mC, st.last.get_tensor(cute.make_layout(4)), tile, split, first, count, warp, tidx)
+                         mP, mC, st.last.get_tensor(cute.make_layout(4)), tile, split, first, count, warp, tidx,
+                         SimpleNamespace(src=mSrc, alpha=alpha, beta=beta))
 
     # --- the producer warp --------------------------------------------------------------------------------------
     @cute.jit
@@ -181,7 +189,7 @@ class W4A16Stream:
     @cute.jit
     def consume(self, sW: cute.Tensor, sX: cute.Tensor, pipe, mX: cute.Tensor, mY: cute.Tensor, mS: cute.Tensor,
                 mZ: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, last: cute.Tensor, tile: Int32, split: Int32,
-                first: Int32, count: Int32, warp: Int32, tidx: Int32):
+                first: Int32, count: Int32, warp: Int32, tidx: Int32, out: SimpleNamespace):
         """sW / sX: the rings' plain (unswizzled) views; the lane's 16-byte units are addressed pre-swizzled."""
         pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
         p, dt = self.plan, self.dtype
@@ -240,7 +248,7 @@ class W4A16Stream:
                 self.stage(sW, sX, state.index, mS, mZ, bufs[b], first + 2 * i + b, grow, lanes, frags, atom)
                 pipe.consumer_release(state)
                 state.advance()
-        self.epilogue(frags["accs"], mY, mP, mC, last, tile, split, srow, m, n, c, tidx)
+        self.epilogue(frags["accs"], mY, mP, mC, last, tile, split, srow, m, n, c, tidx, out)
 
     @cute.jit
     def stage(self, sW: cute.Tensor, sX: cute.Tensor, slot: Int32, mS: cute.Tensor, mZ: cute.Tensor, buf, kt: Int32,
@@ -359,8 +367,9 @@ class W4A16Stream:
 
     @cute.jit
     def epilogue(self, accs, mY: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, last: cute.Tensor, tile: Int32,
-                 split: Int32, srow, m: Int32, n: Int32, c: Int32, tidx: Int32):
-        """C value e of (m tile, n8 tile): W row srow[mt][e // 2], x row 8 nt + 2c + e % 2."""
+                 split: Int32, srow, m: Int32, n: Int32, c: Int32, tidx: Int32, out: SimpleNamespace):
+        """C value e of (m tile, n8 tile): W row srow[mt][e // 2], x row 8 nt + 2c + e % 2; y = the sum, or with
+        `source` alpha * sum + beta * src (`out`)."""
         p = self.plan
         splits = cute.arch.grid_dim()[1]
         base = tile * p.tile_n
@@ -370,7 +379,7 @@ class W4A16Stream:
         if splits == 1:
             for acc, e, row, col in cells:
                 if row < n and col < m:
-                    mY[col, row] = acc[e].to(self.dtype)
+                    mY[col, row] = self.output(acc[e], out, col, row)
         else:
             for acc, e, row, col in cells:
                 if row < n and col < m:
@@ -385,7 +394,14 @@ class W4A16Stream:
                         for s in cutlass.range_constexpr(1, MAX_SPLITS):
                             if s < splits:
                                 total = total + parts[s]
-                        mY[col, row] = total.to(self.dtype)
+                        mY[col, row] = self.output(total, out, col, row)
+
+    @cute.jit
+    def output(self, total: Float32, out: SimpleNamespace, col: Int32, row: Int32):
+        """y's element (x row col, W row row) from its fp32 sum, rounded once."""
+        if cutlass.const_expr(self.source):
+            total = out.alpha * total + out.beta * out.src[col, row].to(Float32)
+        return total.to(self.dtype)
 
 
 class Int4Dequant:

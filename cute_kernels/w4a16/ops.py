@@ -125,11 +125,13 @@ def _stream(x2, w, scales, zeros, g, y, sms, plan=None):
                   zeros=zeros is not None)
 
 
-def launch_stream(spec, x2, w, y, sms, plan=None, dense=False, scales=None, zero_points=None, **signature):
+def launch_stream(spec, x2, w, y, sms, plan=None, dense=False, scales=None, zero_points=None, src=None, alpha=1.0,
+                  beta=0.0, **signature):
     """One launch of a streaming-kernel spec (`w4a16.stream`, or `gemv.stream` with `dense`) for x2 (M, K) and W into
     y (M, N): the plan and split of K (`plan` given: only the split), the split workspace and counters, the compiled
     variant for x2's dtype, M's column tiles and `signature` (the spec's compile parameters, `zeros` among them for
-    int4: hence the tensor's other name). Unread scales / zero points pass placeholders."""
+    int4: hence the tensor's other name). Unread scales / zero points pass placeholders. `src` (M, N) in y's dtype:
+    y = alpha x W^T + beta src (gemv.stream's `source` variant)."""
     m, k = x2.shape
     n = w.shape[0]
     if plan is None:
@@ -144,9 +146,12 @@ def launch_stream(spec, x2, w, y, sms, plan=None, dense=False, scales=None, zero
     else:
         part = placeholder(x2.device, (1, 1, 1), torch.float32)
         counter = placeholder(x2.device, (1,), torch.int32)
+    if src is not None:
+        signature["source"] = True
     fn = spec.compiled(plan, dtype=dtypes.name_of(x2.dtype), col_tiles=col_tiles_of(m), **signature)
     scales = scales if scales is not None else placeholder(x2.device, (1, 1), x2.dtype)
-    fn(w, x2, y, scales, zero_points if zero_points is not None else scales, part, counter, per, splits)
+    fn(w, x2, y, scales, zero_points if zero_points is not None else scales, part, counter, per, splits,
+       src if src is not None else y, float(alpha), float(beta))
 
 
 register_op("cute_kernels::gemm_w4a16", "(Tensor x, Tensor w_packed, Tensor scales, Tensor? zeros=None, "

@@ -176,6 +176,7 @@ def test_launch_stream_passes_the_tensors(zeros):
     r = Recorder()
     ops.launch_stream(r, x, w, y, 132, None, False, s, z, group=128, zeros=zeros)
     assert r.signature == {"dtype": "bf16", "col_tiles": 1, "group": 128, "zeros": zeros}
-    got_w, got_x, got_y, got_s, got_z, _, _, per, splits = r.args
+    got_w, got_x, got_y, got_s, got_z, _, _, per, splits, src, alpha, beta = r.args
     assert got_w is w and got_x is x and got_y is y and got_s is s and got_z is (z if zeros else s)
+    assert src is y and (alpha, beta) == (1.0, 0.0)  # (no source: y stands in, unread)
     assert splits * per * r.plan.tile_k >= k and (splits - 1) * per * r.plan.tile_k < k
