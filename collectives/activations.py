@@ -23,3 +23,8 @@ def sigmoid(x, fast: bool):
     for i in range(cute.size(d)):  # the vector's elements, unrolled as it traces
         d[i] = cute.arch.rcp_approx(d[i])
     return d.load()
+
+
+def silu_mul(gate, up, fast: bool):
+    """silu(gate) * up in fp32 (SwiGLU's product), of values or vectors; `fast` as `sigmoid`."""
+    return gate * sigmoid(gate, fast) * up

@@ -31,7 +31,7 @@ from cutlass import Float32
 from cutlass.cute.nvgpu import cpasync
 from cutlass.tensor_utils import LayoutEnum
 
-from collectives.activations import sigmoid
+from collectives.activations import silu_mul
 from schedules.gemm import GLU_BLOCK
 
 ACTIVATIONS = ("none", "relu", "gelu", "silu", "swiglu")
@@ -139,8 +139,7 @@ def glu_fold(acc: cute.Tensor, out: cute.Tensor, gate: cutlass.Constexpr, up: cu
     """out[i] = silu(acc[gate[i]]) * acc[up[i]] in fp32 (`glu_pairs`' maps); `fast` (16-bit outputs): the sigmoid's
     hardware reciprocal (`collectives.activations.sigmoid`)."""
     for i in cutlass.range_constexpr(cute.size(out)):
-        g = acc[gate[i]]
-        out[i] = g * sigmoid(g, fast) * acc[up[i]]
+        out[i] = silu_mul(acc[gate[i]], acc[up[i]], fast)
 
 
 def smem_layout(c_layout, dtype, epi_tile, buffers: int):

@@ -44,7 +44,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "attention": ("flash_attn", "flash_attn_varlen", "flash_attn_with_kvcache", "merge_attention_states",
                   "merge_attention_states_many"),
     "rope": ("rope", "rope_", "rope_kv_append", "rope_tables"),
-    "w4a16": ("gemm_w4a16", "pack_int4", "unpack_int4"),
+    "w4a16": ("gemm_w4a16", "gemm_w4a16_swiglu", "pack_int4", "unpack_int4"),
 }
 OP_FAMILY: dict[str, str] = {op: fam for fam, ops in FAMILIES.items() for op in ops}
 

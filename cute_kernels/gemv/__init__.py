@@ -125,7 +125,8 @@ class GemvStreamSpec(KernelSpec):
         from cute_kernels.w4a16.kernels import W4A16Stream
 
         dt = dtypes.cutlass_of(p["dtype"])
-        kernel = W4A16Stream(dt, p["col_tiles"], 128, False, self.schedule_of(p), dense=True, source=p["source"])
+        kernel = W4A16Stream(dt, p["col_tiles"], 128, False, self.schedule_of(p), dense=True, source=p["source"],
+                             gated=p["gated"])
         w, x, y, part, counter = stream_fakes(dt, dt, 8)
         sym = lambda: index_sym(False)  # noqa: E731
         unread = fake_tensor(dt, (sym(), sym()), (sym(), sym()), dt.width // 8)
@@ -138,7 +139,12 @@ class GemvStreamSpec(KernelSpec):
 
     def representative(self):
         return [self.resolve(), self.resolve({"col_tiles": 2, "dtype": "fp16", "consumer_warps": 4, "stages": 3}),
-                self.resolve({"source": True})]
+                self.resolve({"source": True}), self.resolve({"gated": True})]
+
+    def check(self, p):
+        super().check(p)
+        if p["source"] and p["gated"]:
+            raise ValueError(f"{self.name}: the gated epilogue takes no source")
 
 
 GEMV_STREAM = GemvStreamSpec(
@@ -150,6 +156,8 @@ GEMV_STREAM = GemvStreamSpec(
         "dtype": Param("bf16", ("bf16", "fp16"), "signature", "element type of W, x and y"),
         "col_tiles": Param(1, COL_TILES, "signature", "n8 tiles of x's rows (M <= 8 x this)"),
         "source": Param(False, (True, False), "signature", "y = alpha x W^T + beta src (addmm's input: a residual)"),
+        "gated": Param(False, (True, False), "signature", "y (M, N / 2) = silu(x W_gate^T) * (x W_up^T), W's rows "
+                       "gate / up blocks of 8 (pack_gate_up)"),
         **stream_plan_params(DENSE_PLAN),
     },
 )

@@ -6,9 +6,10 @@
     decode:  o = flash_attn_with_kvcache(q, cache, k, v, rotary_cos / rotary_sin): RoPE, append and attention
     a       = gemm(o, W_o^T)
     h2, s   = rms_norm(a, w_post, residual=x)         (s = x + a)
-    m       = gemm(swiglu(gemm(h2, W_gu^T) halves), W_down^T)    (bf16: gemm_swiglu(h2, W_gu^T), the activation in
-                                                               the GEMM's epilogue over interleaved gate / up rows)
-    out     = s + m                                   (bf16: addmm(s, g, W_down^T), the add in down's epilogue)
+    m       = gemm(swiglu(gemm(h2, W_gu^T) halves), W_down^T)    (bf16 / W4A16: gemm_swiglu / gemm_w4a16_swiglu, the
+                                                               activation in the GEMM's epilogue over interleaved
+                                                               gate / up rows)
+    out     = s + m                                   (bf16, W4A16: the add in down's epilogue)
 
 `load_hf_state_dict` takes the state dict of Hugging Face transformers' `LlamaDecoderLayer` (its names:
 input_layernorm.weight, self_attn.{q,k,v,o}_proj.weight, post_attention_layernorm.weight,
@@ -30,10 +31,10 @@ from cute_kernels.attention.decode_ops import append_kv
 
 # The ops as module globals (torch.compile traces them; it refuses `import cute_kernels` inside forward).
 cute_kernels.load_ops()
-(add, addmm, flash_attn, flash_attn_with_kvcache, fp8_gemm, gemm, gemm_swiglu, gemm_w4a16, quantize_1x128, rms_norm,
- rope, swiglu) = (getattr(cute_kernels, n) for n in ("add", "addmm", "flash_attn", "flash_attn_with_kvcache",
-                                                    "fp8_gemm", "gemm", "gemm_swiglu", "gemm_w4a16", "quantize_1x128",
-                                                    "rms_norm", "rope", "swiglu"))
+(add, addmm, flash_attn, flash_attn_with_kvcache, fp8_gemm, gemm, gemm_swiglu, gemm_w4a16, gemm_w4a16_swiglu,
+ quantize_1x128, rms_norm, rope, swiglu) = (getattr(cute_kernels, n) for n in (
+    "add", "addmm", "flash_attn", "flash_attn_with_kvcache", "fp8_gemm", "gemm", "gemm_swiglu", "gemm_w4a16",
+    "gemm_w4a16_swiglu", "quantize_1x128", "rms_norm", "rope", "swiglu"))
 
 WEIGHTS = ("bf16", "fp8", "w4a16")
 
@@ -142,10 +143,10 @@ class LlamaDecoderLayer(nn.Module):
             self.marks.append((name, e))
 
     def load_hf_state_dict(self, sd: dict) -> LlamaDecoderLayer:
-        """The parameters of `fuse_hf_state_dict`; with bf16 weights w_gu's gate and up rows interleaved in blocks of 8
-        (`pack_gate_up`: the fused SwiGLU GEMM's layout)."""
+        """The parameters of `fuse_hf_state_dict`; with bf16 and W4A16 weights w_gu's gate and up rows interleaved in
+        blocks of 8 (`pack_gate_up`: the fused SwiGLU GEMMs' layout)."""
         self.p = {k: v.to(self.dtype).contiguous() for k, v in fuse_hf_state_dict(sd, self.cfg).items()}
-        if self.weights == "bf16":
+        if self.weights in ("bf16", "w4a16"):  # the fused SwiGLU GEMMs' layout
             from cute_kernels.gemm.ops import pack_gate_up
 
             self.p["w_gu"] = pack_gate_up(*self.p["w_gu"].chunk(2))
@@ -207,6 +208,9 @@ class LlamaDecoderLayer(nn.Module):
         self._mark("gate_up")
         if self.weights == "bf16":  # SwiGLU in the GEMM's epilogue (one stage)
             g = gemm_swiglu(h2, self.p["w_gu"].t())
+        elif self.weights == "w4a16":
+            wp, sc, z = self.q["w_gu"]
+            g = gemm_w4a16_swiglu(h2, wp, sc, z, 128)
         else:
             gu = self._linear(h2, "w_gu")
             self._mark("swiglu")
@@ -214,6 +218,9 @@ class LlamaDecoderLayer(nn.Module):
         self._mark("down")
         if self.weights == "bf16":  # the residual added in the down projection's epilogue (one stage)
             out = addmm(s1, g, self.p["w_down"].t()).view(b, s, h)
+        elif self.weights == "w4a16":
+            wp, sc, z = self.q["w_down"]
+            out = gemm_w4a16(g, wp, sc, z, 128, residual=s1).view(b, s, h)
         else:
             m = self._linear(g, "w_down")
             self._mark("residual")

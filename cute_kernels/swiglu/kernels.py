@@ -16,7 +16,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from collectives import pdl
-from collectives.activations import sigmoid
+from collectives.activations import sigmoid, silu_mul
 from collectives.vector_map import map_grid, map_vectors
 from schedules.grid_stride import GridStride
 
@@ -51,7 +51,7 @@ class GatedActivation:
             s = sigmoid(v[0], fast)
             return ((v[1] * s * (1.0 + v[0] * (1.0 - s))).to(dt),)
         if cutlass.const_expr(self.op == "swiglu_fwd"):
-            return ((v[0] * sigmoid(v[0], fast) * v[1]).to(dt),)
+            return (silu_mul(v[0], v[1], fast).to(dt),)
         g, up, dout = v
         s = sigmoid(g, fast)
         silu = g * s

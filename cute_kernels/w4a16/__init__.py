@@ -101,13 +101,20 @@ class W4A16StreamSpec(KernelSpec):
         from cute_kernels.w4a16.kernels import W4A16Stream
 
         dt = dtypes.cutlass_of(p["dtype"])
-        kernel = W4A16Stream(dt, p["col_tiles"], p["group"], p["zeros"], self.schedule_of(p))
+        kernel = W4A16Stream(dt, p["col_tiles"], p["group"], p["zeros"], self.schedule_of(p), source=p["source"],
+                             gated=p["gated"])
         w, x, y, part, counter = stream_fakes(dt, cutlass.Int32, 32)
         n = w.shape[0]
-        scales, zeros = (fake_tensor(dt, (n, index_sym(False)), (index_sym(False), index_sym(False)), dt.width // 8)
-                         for _ in range(2))
-        return kernel, (w, x, y, scales, zeros, part, counter, cutlass.Int32(1), cutlass.Int32(1), y,
-                        cutlass.Float32(1.0), cutlass.Float32(0.0), fake_stream())
+        sym = lambda: index_sym(False)  # noqa: E731
+        scales, zeros = (fake_tensor(dt, (n, sym()), (sym(), sym()), dt.width // 8) for _ in range(2))
+        src = fake_tensor(dt, (sym(), sym()), (sym(), sym()), dt.width // 8)  # (M, N), any strides
+        return kernel, (w, x, y, scales, zeros, part, counter, cutlass.Int32(1), cutlass.Int32(1), src,
+                        cutlass.Float32(1.0), cutlass.Float32(1.0), fake_stream())
+
+    def check(self, p):
+        super().check(p)
+        if p["source"] and p["gated"]:
+            raise ValueError(f"{self.name}: the gated epilogue takes no source")
 
     def dynamic_smem_bytes(self, p):
         return self.schedule_of(p).smem_bytes(p["col_tiles"])
@@ -116,7 +123,9 @@ class W4A16StreamSpec(KernelSpec):
         return [self.resolve(), self.resolve({"col_tiles": 2, "zeros": True, "group": 32, "consumer_warps": 4,
                                               "m_tiles": 2, "stages": 3}),
                 self.resolve({"col_tiles": 8, "dtype": "fp16", "group": 0, "consumer_warps": 8, "m_tiles": 1,
-                              "stages": 3})]
+                              "stages": 3}),
+                self.resolve({"gated": True, "consumer_warps": 4, "m_tiles": 2, "stages": 3}),
+                self.resolve({"source": True})]
 
     def sweep(self):
         return [self.resolve({"dtype": d, "col_tiles": c, "group": g, "zeros": z})
@@ -128,12 +137,15 @@ W4A16_STREAM = W4A16StreamSpec(
     summary="y = x W^T, W int4 in groups along K, x of 1-64 rows: W and x streamed by TMA into a swizzled stage ring, "
             "the weight dequantized into mma.sync's A fragments (lop3 + packed fma; scales on the fp32 sums for "
             "groups >= 128), split K with a deterministic last-CTA reduction",
-    ops=("gemm_w4a16",), status="ready", schedule=W4A16Plan,
+    ops=("gemm_w4a16", "gemm_w4a16_swiglu"), status="ready", schedule=W4A16Plan,
     params={
         "dtype": Param("bf16", ("bf16", "fp16"), "signature", "element type of x, the scales and y"),
         "col_tiles": Param(1, COL_TILES, "signature", "n8 tiles of x's rows (M <= 8 x this)"),
         "group": Param(128, GROUPS, "signature", "group size along K (0: per channel)"),
         "zeros": Param(False, (True, False), "signature", "zero points (else symmetric, zero point 8)"),
+        "source": Param(False, (True, False), "signature", "y = x W^T + src (a residual)"),
+        "gated": Param(False, (True, False), "signature", "y (M, N / 2) = silu(x W_gate^T) * (x W_up^T), W's rows "
+                       "gate / up blocks of 8 (pack_gate_up)"),
         **stream_plan_params(INT4_PLAN),
     },
 )

@@ -41,17 +41,24 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.cute.nvgpu import warp as warp_mma
 
 from collectives import pdl
+from collectives.activations import silu_mul
 from collectives.int4 import biased_pair, dequant_pair, magic_of, ones_pair, pair_of
 from collectives.smem_tiles import swizzle_128b
 from collectives.split_counter import last_split
 from collectives.tma_pipeline import make_pipeline
 from collectives.vector_io import extent
+from schedules.gemm import GLU_BLOCK
 from schedules.w4a16 import MAX_SPLITS, TILE_K, W4A16Plan  # (TILE_K: k of one W box)
 
 X_BOX = 64  # k of one x box (128 bytes of 16-bit elements: the 128-byte swizzle)
 WORDS = TILE_K // 8  # packed int32 words of a W row in one box (128 bytes)
 CHUNK = 128  # k of one chunk: four lanes' 32-k units
 _EPI_BAR = 1  # named barrier of the consumer warps (0 is the CTA's)
+
+
+def glu_column(row):
+    """The output column of gate row `row` of a W interleaved by `pack_gate_up` (gate / up blocks of GLU_BLOCK)."""
+    return row // (2 * GLU_BLOCK) * GLU_BLOCK + row % GLU_BLOCK
 
 
 def mma_row(g: int) -> int:
@@ -65,7 +72,7 @@ class W4A16Stream:
     rows in order, the int4 row permutation would make it four), no scales."""
 
     def __init__(self, dtype, col_tiles: int, group: int, zeros: bool, plan: W4A16Plan, dense: bool = False,
-                 source: bool = False):
+                 source: bool = False, gated: bool = False):
         if dtype.width != 16:
             raise ValueError(f"W4A16 activations are bf16 / fp16, got {dtype}")
         if group % 32:
@@ -73,6 +80,9 @@ class W4A16Stream:
         self.dtype, self.col_tiles, self.group, self.zeros, self.plan = dtype, col_tiles, group, zeros, plan
         self.dense = dense
         self.source = source  # y = alpha * (x W^T) + beta * src, in fp32 and rounded once (a residual, addmm's input)
+        self.gated = gated  # y (M, N / 2) = silu(x W_gate^T) * (x W_up^T), W's rows interleaved by `pack_gate_up`
+        if gated and source:
+            raise ValueError("the streaming kernel's gated epilogue takes no source")
         self.fold = not dense and (group == 0 or group >= CHUNK)  # a chunk inside one group: scales on fp32 sums
         # bf16 folded, up to 16 columns: the MMAs take M + q as the lop3 makes it (no subtraction a weight pair) and
         # the chunk's fp32 sums lose (M + z) sum x, sum x from MMAs on a ones fragment: 8 MMAs a column tile and chunk
@@ -198,7 +208,7 @@ class W4A16Stream:
         g = lane // 4
         c = lane % 4
         m = extent(mX, 0)
-        n = extent(mY, 1)
+        n = extent(mY, 1) * (2 if self.gated else 1)  # W's rows
         perm = g if cutlass.const_expr(self.dense) else g // 2 + 4 * (g % 2)  # (`mma_row`)
 
         op = warp_mma.MmaF16BF16Op(dt, Float32, (16, 8, 16))
@@ -369,32 +379,46 @@ class W4A16Stream:
     def epilogue(self, accs, mY: cute.Tensor, mP: cute.Tensor, mC: cute.Tensor, last: cute.Tensor, tile: Int32,
                  split: Int32, srow, m: Int32, n: Int32, c: Int32, tidx: Int32, out: SimpleNamespace):
         """C value e of (m tile, n8 tile): W row srow[mt][e // 2], x row 8 nt + 2c + e % 2; y = the sum, or with
-        `source` alpha * sum + beta * src (`out`)."""
+        `source` alpha * sum + beta * src (`out`). `gated`: W's rows are gate / up blocks of 8 (`pack_gate_up`), so
+        value e < 2 (row r, a gate row) and e + 2 (row r + 8, its up row) meet in one thread: y's column
+        r // 16 * 8 + r % 8 gets silu(gate) * up."""
         p = self.plan
         splits = cute.arch.grid_dim()[1]
         base = tile * p.tile_n
         # the thread's cells: (accumulator, W row, x row), the same walk for the store, the partials and the sum
         cells = [(accs[mt][nt], e, base + srow[mt][e // 2], 8 * nt + 2 * c + e % 2)
                  for mt in range(p.m_tiles) for nt in range(self.col_tiles) for e in range(4)]
+        outs = [cell for cell in cells if cell[1] < 2] if self.gated else cells  # a gated output: its gate cell
         if splits == 1:
-            for acc, e, row, col in cells:
+            for acc, e, row, col in outs:
                 if row < n and col < m:
-                    mY[col, row] = self.output(acc[e], out, col, row)
+                    if cutlass.const_expr(self.gated):
+                        mY[col, glu_column(row)] = silu_mul(acc[e], acc[e + 2], True).to(self.dtype)
+                    else:
+                        mY[col, row] = self.output(acc[e], out, col, row)
         else:
             for acc, e, row, col in cells:
                 if row < n and col < m:
                     mP[split, col, row] = acc[e]
             bar = pipeline.NamedBarrier(barrier_id=_EPI_BAR, num_threads=32 * p.consumer_warps)
             if last_split(mC, tile, splits, last, bar, tidx == 0):
-                for _, _, row, col in cells:
+                for _, _, row, col in outs:
                     if row < n and col < m:
-                        # every split's partial loaded at once (one round trip), added in split order
-                        parts = [mP[cutlass.min(s, splits - 1), col, row] for s in range(MAX_SPLITS)]
-                        total = parts[0]
-                        for s in cutlass.range_constexpr(1, MAX_SPLITS):
-                            if s < splits:
-                                total = total + parts[s]
-                        mY[col, row] = self.output(total, out, col, row)
+                        if cutlass.const_expr(self.gated):  # (an up row is its gate row + 8 < n: n % 16 == 0)
+                            gate, up = self.split_sum(mP, splits, col, row), self.split_sum(mP, splits, col, row + 8)
+                            mY[col, glu_column(row)] = silu_mul(gate, up, True).to(self.dtype)
+                        else:
+                            mY[col, row] = self.output(self.split_sum(mP, splits, col, row), out, col, row)
+
+    @cute.jit
+    def split_sum(self, mP: cute.Tensor, splits: Int32, col: Int32, row: Int32):
+        """Every split's partial of (col, row) loaded at once (one round trip), added in split order."""
+        parts = [mP[cutlass.min(s, splits - 1), col, row] for s in range(MAX_SPLITS)]
+        total = parts[0]
+        for s in cutlass.range_constexpr(1, MAX_SPLITS):
+            if s < splits:
+                total = total + parts[s]
+        return total
 
     @cute.jit
     def output(self, total: Float32, out: SimpleNamespace, col: Int32, row: Int32):

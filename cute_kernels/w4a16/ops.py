@@ -57,23 +57,63 @@ def _check(x, w_packed, scales, zeros, group_size):
     return n, k, g
 
 
-def _fake(x, w_packed, scales, zeros=None, group_size=128):
+def _check_extras(x, n, residual, gated):
+    """The residual (x's rows x N, x's dtype and device) or the gated weight's N (gate / up blocks of 8)."""
+    if gated and n % 16:
+        raise ValueError(f"w_packed has N = {n} rows: a gated weight's rows are gate / up blocks of 8 (pack_gate_up), "
+                         "so N must be a multiple of 16")
+    if residual is not None:
+        if not isinstance(residual, torch.Tensor):
+            raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
+        if residual.dtype != x.dtype:
+            raise TypeError(f"residual has dtype {residual.dtype} but x has {x.dtype}")
+        if residual.device != x.device:
+            raise ValueError(f"residual is on {residual.device} but x is on {x.device}")
+        if tuple(residual.shape) != (*x.shape[:-1], n):
+            raise ValueError(f"residual must have the output's shape {(*x.shape[:-1], n)}, got {tuple(residual.shape)}")
+
+
+def _fake(x, w_packed, scales, zeros=None, group_size=128, residual=None):
     n, _, _ = _check(x, w_packed, scales, zeros, group_size)
+    _check_extras(x, n, residual, False)
     return torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
 
 
-def _cuda(x, w_packed, scales, zeros=None, group_size=128):
+def _swiglu_fake(x, w_packed, scales, zeros=None, group_size=128):
+    n, _, _ = _check(x, w_packed, scales, zeros, group_size)
+    _check_extras(x, n, None, True)
+    return torch.empty((*x.shape[:-1], n // 2), dtype=x.dtype, device=x.device)
+
+
+def _cuda(x, w_packed, scales, zeros=None, group_size=128, residual=None):
     n, k, g = _check(x, w_packed, scales, zeros, group_size)
-    out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    _check_extras(x, n, residual, False)
+    return _w4a16(x, w_packed, scales, zeros, n, k, g, residual=residual)
+
+
+def _swiglu_cuda(x, w_packed, scales, zeros=None, group_size=128):
+    n, k, g = _check(x, w_packed, scales, zeros, group_size)
+    _check_extras(x, n, None, True)
+    return _w4a16(x, w_packed, scales, zeros, n, k, g, gated=True)
+
+
+def _w4a16(x, w_packed, scales, zeros, n, k, g, residual=None, gated=False):
+    """y = x W^T (+ residual), or with `gated` silu(x W_gate^T) * (x W_up^T) over W's interleaved gate / up rows: in
+    the streaming kernel's epilogue, in the GEMM's past 64 rows, after the GEMV mainloop (which has no epilogue
+    options) as a second pass."""
+    out = torch.empty((*x.shape[:-1], n // 2 if gated else n), dtype=x.dtype, device=x.device)
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     if m == 0 or n == 0:
         return out
-    y = out.view(m, n)
+    y = out.view(m, out.shape[-1])
+    r2 = residual.reshape(m, n) if residual is not None else None
     if m > STREAM_MAX_M:
-        from cute_kernels.gemm.ops import gemm
+        from cute_kernels.gemm.ops import _gemm_cuda
 
-        y.copy_(gemm(x2, dequantize(w_packed, scales, zeros, g).t()))
+        wd = dequantize(w_packed, scales, zeros, g).t()
+        y.copy_(_gemm_cuda(x2, wd, activation="swiglu") if gated else
+                _gemm_cuda(x2, wd, beta=1.0, c=r2) if residual is not None else _gemm_cuda(x2, wd))
         return out
     if x2.stride(-1) != 1 or (m > 1 and x2.stride(0) % 8) or x2.data_ptr() % 16:
         x2 = x2.contiguous()
@@ -82,15 +122,23 @@ def _cuda(x, w_packed, scales, zeros=None, group_size=128):
     w = _packed_rows(w_packed)
     sms = num_sms(x.get_device())
     if m > MMA_MAX_M or (STREAM if STREAM is not None else use_stream(m, n, k)):
-        _stream(x2, w, scales, zeros, g, y, sms)
+        _stream(x2, w, scales, zeros, g, y, sms, src=r2, gated=gated)
         return out
+    full = y if not gated else torch.empty((m, n), dtype=x.dtype, device=x.device)
     plan = plan_gemv_mma(n, k // 4, sms)  # (the plan counts 32-wide chunks; an int4 chunk is 128 k)
     wide = max(n * k // 8, m * k) > INDEX32_LIMIT
     from cute_kernels.w4a16 import W4A16_MMA
 
     fn = W4A16_MMA.compiled(plan, dtype=dtypes.name_of(x.dtype), cols=m, group=0 if g == k else g,
                             zeros=zeros is not None, index64=wide)
-    fn(w, x2, y.t(), scales, zeros if zeros is not None else scales)
+    fn(w, x2, full.t(), scales, zeros if zeros is not None else scales)
+    if gated:
+        from cute_kernels.gemm.ops import _glu_halves
+        from cute_kernels.swiglu.ops import swiglu
+
+        y.copy_(swiglu(*_glu_halves(full)))
+    elif residual is not None:
+        y.add_(r2)
     return out
 
 
@@ -117,12 +165,13 @@ def dequantize(w_packed, scales, zeros, g):
     return out
 
 
-def _stream(x2, w, scales, zeros, g, y, sms, plan=None):
-    """The streaming kernel into y (M, N); `plan`: a `W4A16Plan` instead of the op's (benchmarks, the lab)."""
+def _stream(x2, w, scales, zeros, g, y, sms, plan=None, src=None, gated=False):
+    """The streaming kernel into y (M, N), or (M, N / 2) `gated`; `src`: a residual (M, N) added to the sums; `plan`: a
+    `W4A16Plan` instead of the op's (benchmarks, the lab)."""
     from cute_kernels.w4a16 import W4A16_STREAM
 
-    launch_stream(W4A16_STREAM, x2, w, y, sms, plan, False, scales, zeros, group=0 if g == x2.shape[1] else g,
-                  zeros=zeros is not None)
+    launch_stream(W4A16_STREAM, x2, w, y, sms, plan, False, scales, zeros, src=src, beta=1.0,
+                  group=0 if g == x2.shape[1] else g, zeros=zeros is not None, gated=gated)
 
 
 def launch_stream(spec, x2, w, y, sms, plan=None, dense=False, scales=None, zero_points=None, src=None, alpha=1.0,
@@ -148,6 +197,8 @@ def launch_stream(spec, x2, w, y, sms, plan=None, dense=False, scales=None, zero
         counter = placeholder(x2.device, (1,), torch.int32)
     if src is not None:
         signature["source"] = True
+    if not signature.get("gated", True):
+        del signature["gated"]  # (the compile parameter's default: the cache key as before)
     fn = spec.compiled(plan, dtype=dtypes.name_of(x2.dtype), col_tiles=col_tiles_of(m), **signature)
     scales = scales if scales is not None else placeholder(x2.device, (1, 1), x2.dtype)
     fn(w, x2, y, scales, zero_points if zero_points is not None else scales, part, counter, per, splits,
@@ -155,10 +206,21 @@ def launch_stream(spec, x2, w, y, sms, plan=None, dense=False, scales=None, zero
 
 
 register_op("cute_kernels::gemm_w4a16", "(Tensor x, Tensor w_packed, Tensor scales, Tensor? zeros=None, "
-            "int group_size=128) -> Tensor", _cuda, _fake)
+            "int group_size=128, Tensor? residual=None) -> Tensor", _cuda, _fake)
+register_op("cute_kernels::gemm_w4a16_swiglu", "(Tensor x, Tensor w_packed, Tensor scales, Tensor? zeros=None, "
+            "int group_size=128) -> Tensor", _swiglu_cuda, _swiglu_fake)
 
 
 def gemm_w4a16(x: torch.Tensor, w_packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None = None,
-               group_size: int = 128) -> torch.Tensor:
-    """y = x W^T with W int4 in groups (see the module doc); not differentiable (inference weights)."""
-    return call("cute_kernels::gemm_w4a16", x, w_packed, scales, zeros, int(group_size))
+               group_size: int = 128, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x W^T with W int4 in groups (see the module doc), + `residual` (the output's shape, x's dtype) added to the
+    fp32 sums where the kernel has an epilogue (one rounding); not differentiable (inference weights)."""
+    return call("cute_kernels::gemm_w4a16", x, w_packed, scales, zeros, int(group_size), residual)
+
+
+def gemm_w4a16_swiglu(x: torch.Tensor, w_packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None = None,
+                      group_size: int = 128) -> torch.Tensor:
+    """silu(x W_gate^T) * (x W_up^T), (..., N / 2), for W = pack_int4(pack_gate_up(w_gate, w_up), ...): gate / up rows
+    interleaved in blocks of 8, the product taken from the fp32 sums in the kernel's epilogue (`gemm_swiglu`'s
+    int4 twin); not differentiable."""
+    return call("cute_kernels::gemm_w4a16_swiglu", x, w_packed, scales, zeros, int(group_size))

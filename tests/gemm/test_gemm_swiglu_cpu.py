@@ -69,12 +69,18 @@ def test_gated_kernels_compile_clean(tmp_path):
         spec.resolve({"activation": "swiglu", "split_k": 2})
 
 
-def test_layer_packs_bf16_gate_up():
+@pytest.mark.parametrize("weights", ["bf16", "w4a16"])
+def test_layer_packs_gate_up(weights):
+    """The bf16 and W4A16 layers hold gate / up interleaved (the fused SwiGLU GEMMs' layout); W4A16 quantizes that."""
     from cute_kernels.models.driver import random_state_dict
     from cute_kernels.models.llama import LlamaConfig, LlamaDecoderLayer
+    from cute_kernels.w4a16.pack import unpack_int4
 
     cfg = LlamaConfig.tiny()
     sd = random_state_dict(cfg, device="cpu")
-    layer = LlamaDecoderLayer(cfg, "bf16", device="cpu").load_hf_state_dict(sd)
+    layer = LlamaDecoderLayer(cfg, weights, device="cpu").load_hf_state_dict(sd)
     g, u = _glu_halves(layer.p["w_gu"].t())
     assert torch.equal(g.t(), sd["mlp.gate_proj.weight"]) and torch.equal(u.t(), sd["mlp.up_proj.weight"])
+    if weights == "w4a16":
+        wq = unpack_int4(*layer.q["w_gu"], 128)
+        assert (wq.float() - layer.p["w_gu"].float()).abs().max() < 0.2 * layer.p["w_gu"].float().abs().max()

@@ -44,3 +44,40 @@ def test_stream_census(over, tmp_path):
         assert "UTMALDG" in sass and "LDS.128" in sass and "HMMA.16816.F32" in sass and "LOP3.LUT" in sass
         mul = "HMUL2.BF16" if p["dtype"] == "bf16" else "HMUL2"
         assert (mul in sass) == (p["group"] in (32, 64))
+
+
+@pytest.mark.parametrize("name,over", [("w4a16.stream", {"gated": True, "consumer_warps": 4, "m_tiles": 2,
+                                                         "stages": 3}),
+                                       ("w4a16.stream", {"source": True}), ("gemv.stream", {"gated": True}),
+                                       ("gemv.stream", {"source": True, "col_tiles": 2})])
+def test_stream_epilogue_options(name, over, tmp_path):
+    """The streaming kernels' epilogue options compile clean: the gated one takes the fast sigmoid (ex2 and the
+    hardware reciprocal, no IEEE division), the source one reads src (16-bit global loads the plain variant has
+    not); no local memory either way."""
+    import re
+
+    from cute_kernels import catalog
+    from cute_kernels.artifacts import compile_with_artifacts
+
+    spec = catalog.get(name)
+    report, files = compile_with_artifacts(spec, spec.resolve(over), str(tmp_path / "opt"))
+    plain, plain_files = compile_with_artifacts(spec, spec.resolve({k: v for k, v in over.items()
+                                                                    if k not in ("gated", "source")}),
+                                                str(tmp_path / "plain"))
+    assert not report.spills and not plain.spills, report.format()
+    ptx, plain_ptx = files["ptx"].read_text(), plain_files["ptx"].read_text()
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    if over.get("gated"):
+        assert "rcp.approx" in ptx and "ex2.approx" in ptx and "div.rn.f32" not in ptx
+    else:
+        def loads(t):
+            return len(re.findall(r"ld\.global(\.\w+)*\.(b16|u16)", t))
+        assert loads(ptx) > loads(plain_ptx)
+
+
+def test_spec_refuses_gated_with_source():
+    from cute_kernels import catalog
+
+    for name in ("w4a16.stream", "gemv.stream"):
+        with pytest.raises(ValueError, match="gated epilogue takes no source"):
+            catalog.get(name).resolve({"gated": True, "source": True})

@@ -85,6 +85,30 @@ def test_fake_mode_and_named_errors():
             ck.gemm_w4a16(x, _fake(1000, 64, dtype=torch.int64), s)
         with pytest.raises(TypeError, match="x has dtype"):
             ck.gemm_w4a16(x.float(), w, s)
+        # the residual (the output's shape and x's dtype) and the gated op (N / 2 columns, N a multiple of 16)
+        assert ck.gemm_w4a16(x, w, s, residual=_fake(3, 5, 1000)).shape == (3, 5, 1000)
+        with pytest.raises(ValueError, match="residual must have the output's shape"):
+            ck.gemm_w4a16(x, w, s, residual=_fake(5, 1000))
+        with pytest.raises(TypeError, match="residual has dtype"):
+            ck.gemm_w4a16(x, w, s, residual=_fake(3, 5, 1000, dtype=torch.float32))
+        wg = _fake(1024, 64, dtype=torch.int32)
+        assert ck.gemm_w4a16_swiglu(x, wg, _fake(1024, 4)).shape == (3, 5, 512)
+        with pytest.raises(ValueError, match="multiple of 16"):
+            ck.gemm_w4a16_swiglu(x, _fake(1000, 64, dtype=torch.int32), s)
+
+
+def test_glu_column_pairs_pack_gate_up():
+    """The gated epilogue's map: interleaved row r (a gate row: r % 16 < 8) and row r + 8 hold gate and up of output
+    column glu_column(r), as `pack_gate_up` put them."""
+    from cute_kernels.gemm.ops import pack_gate_up
+    from cute_kernels.w4a16.kernels import glu_column
+
+    i = 48
+    gate, up = torch.arange(i).view(i, 1), 1000 + torch.arange(i).view(i, 1)
+    w = pack_gate_up(gate, up)[:, 0]
+    for r in range(2 * i):
+        if r % 16 < 8:
+            assert w[r] == glu_column(r) and w[r + 8] == 1000 + glu_column(r)
 
 
 def test_stream_plan_fills_one_wave():

@@ -132,3 +132,28 @@ def test_dequantize_kernel_is_unpack(group, symmetric, dtype, monkeypatch):
     g = k if group == -1 else group
     _, p, s, z = _case(1, n, k, g, symmetric, dtype)
     assert torch.equal(dequantize(p, s, z, g), unpack_int4(p, s, z, g))
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 33, 200])
+@pytest.mark.parametrize("n,k", [(28672, 4096), (4096, 14336), (1056, 2048)])  # stream, stream, GEMV mainloop (M<=16)
+def test_fused_epilogues(m, n, k, monkeypatch):
+    """gemm_w4a16_swiglu over a pack_gate_up weight and gemm_w4a16's residual against the unfused ops on the same
+    int4 weight (fp32 reference): the streaming kernel's epilogue (M <= 64 on large weights), the GEMM's (M > 64, after
+    the dequantization) and the GEMV mainloop's second pass; every output written."""
+    import cute_kernels as ck
+    from cute_kernels.gemm.ops import pack_gate_up
+
+    poison_empty(monkeypatch)
+    wg, wu = randn(n // 2, k) * 0.02, randn(n // 2, k) * 0.02
+    p, s, z = pack_int4(pack_gate_up(wg, wu), 128, True)
+    x = randn(m, k)
+    wd = unpack_int4(p, s, z, 128).float()
+    full = x.float() @ wd.t()
+    v = full.view(m, -1, 2, 8)
+    ref = torch.nn.functional.silu(v[:, :, 0].reshape(m, -1)) * v[:, :, 1].reshape(m, -1)
+    y = ck.gemm_w4a16_swiglu(x, p, s, z, 128)
+    assert y.shape == (m, n // 2) and torch.isfinite(y).all()
+    assert rel_err(y, ref) < 8e-3
+    r = randn(m, n)
+    yr = ck.gemm_w4a16(x, p, s, z, 128, residual=r)
+    assert torch.isfinite(yr).all() and rel_err(yr, full + r.float()) < 8e-3
