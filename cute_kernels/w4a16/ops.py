@@ -11,6 +11,10 @@ y = x @ ((q - z) s)^T without the weight's rounding); above that the weight is d
 with the dequantization in front of WGMMA is still to come).
 Up to 16 rows on weights under `schedules.w4a16.STREAM_MIN_WEIGHTS` the tensor-core GEMV mainloop
 (`cute_kernels.gemv.mma`) runs instead (ahead there: both are latency-bound); `STREAM` forces either.
+`residual` (the output's shape, x's dtype) is added to the fp32 sums in the streaming kernel's and the GEMM's epilogue
+(one rounding; after the GEMV mainloop, a second pass). `cute_kernels::gemm_w4a16_swiglu` takes W =
+pack_int4(pack_gate_up(w_gate, w_up)) and returns silu(x W_gate^T) * (x W_up^T), the product formed where the kernel
+writes y: gate row r and up row r + 8 of each 16-row block meet in one thread of the streaming kernel.
 """
 
 from __future__ import annotations
