@@ -107,18 +107,22 @@ def stream_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def skinny(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, plan=None, c: torch.Tensor | None = None,
-           alpha: float = 1.0, beta: float = 1.0) -> torch.Tensor:
+           alpha: float = 1.0, beta: float = 1.0, gated: bool = False) -> torch.Tensor:
     """y = x @ w.T (M, N) for x (M, K), w (N, K) with `stream_ok`; fp32 accumulation, split K reduced in a fixed
     order (deterministic), one rounding. With `c` (M, N) in x's dtype, any strides: y = alpha x w^T + beta c, still
-    one rounding. `plan`: a `W4A16Plan` instead of the op's (benchmarks, the lab)."""
+    one rounding. `gated`: w's rows gate / up blocks of 8 (`pack_gate_up`, N a multiple of 16), y (M, N / 2) =
+    silu(x w_gate^T) * (x w_up^T). `plan`: a `W4A16Plan` instead of the op's (benchmarks, the lab)."""
     from cute_kernels.gemv import GEMV_STREAM
     from cute_kernels.w4a16.ops import launch_stream
 
     m, k = x.shape
-    y = out if out is not None else torch.empty((m, w.shape[0]), dtype=x.dtype, device=x.device)
+    n = w.shape[0] // (2 if gated else 1)
+    y = out if out is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 1 and x.stride(0) % 8:
         x = x.as_strided((1, k), (-(-k // 8) * 8, 1))
-    launch_stream(GEMV_STREAM, x, w, y, num_sms(x.device.index or 0), plan, dense=True, src=c, alpha=alpha, beta=beta)
+    extra = {"gated": True} if gated else {}
+    launch_stream(GEMV_STREAM, x, w, y, num_sms(x.device.index or 0), plan, dense=True, src=c, alpha=alpha, beta=beta,
+                  **extra)
     return y
 
 

@@ -5,7 +5,9 @@ interleaved rounds (CUDA graph replays, L2 flushed):
 - `add`: down as gemm, then `add` (the residual a kernel of its own);
 - `swiglu`: gate / up as a plain GEMM over unpacked weights, then `swiglu` on its halves;
 - `both`: both of the above (the layer before those fusions);
-- `fused_merge`: decode attention's split partials merged by the last split instead of the merge kernel.
+- `fused_merge`: decode attention's split partials merged by the last split instead of the merge kernel;
+- `stream_glu`: gate / up with SwiGLU by the streaming kernel's gated epilogue (gemv.stream) instead of the GEMM's;
+- `stream_all`: every M <= 16 projection by the streaming kernel (`gemv.ops.STREAM = True`), gate / up as `stream_glu`.
 
     python3 -m perf.lab.decode_ab [B ctx]
 """
@@ -24,6 +26,7 @@ def main(argv):
 
     from cute_kernels.attention import decode_ops
     from cute_kernels.bench import harness as H
+    from cute_kernels.gemv import ops as gv
     from cute_kernels.models import llama
     from cute_kernels.models.bench import _session
     from cute_kernels.models.driver import random_state_dict
@@ -47,15 +50,18 @@ def main(argv):
     def fused_merge(*args, **kw):
         return dataclasses.replace(sched(*args, **kw), fused_merge=True)
 
+    def stream_glu(a, packed_t):
+        return gv.skinny(a, packed_t.t(), gated=True)
+
     patches = {"now": {}, "add": {"addmm": add_after}, "swiglu": {"gemm_swiglu": unfused_swiglu},
-               "both": {"addmm": add_after, "gemm_swiglu": unfused_swiglu}, "fused_merge": {"merge": fused_merge}}
+               "both": {"addmm": add_after, "gemm_swiglu": unfused_swiglu}, "fused_merge": {"merge": fused_merge},
+               "stream_glu": {"gemm_swiglu": stream_glu}, "stream_all": {"gemm_swiglu": stream_glu, "STREAM": True}}
+    targets = {"merge": (decode_ops, "default_decode_schedule"), "STREAM": (gv, "STREAM")}
     sessions, fns = [], {}
     for name, p in patches.items():
         with ExitStack() as stack:
             for attr, fn in p.items():
-                target = decode_ops if attr == "merge" else llama
-                stack.enter_context(mock.patch.object(target, "default_decode_schedule" if attr == "merge" else attr,
-                                                      fn))
+                stack.enter_context(mock.patch.object(*targets.get(attr, (llama, attr)), fn))
             sess = _session(layer, b, ctx)
         sessions.append(sess)
         fns[name] = sess.graph.replay
