@@ -91,3 +91,22 @@ def test_stream_skinny_gemm(m, monkeypatch):
     monkeypatch.setattr(gv, "STREAM", True)
     x, w = randn(m, 4096), randn(6144, 4096)
     assert torch.equal(ck.gemm(x, w.t()), gv.skinny(x, w))
+
+
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_stream_gated_and_source(m, monkeypatch):
+    """The dense streaming kernel's epilogue options: gated over a pack_gate_up weight (silu(gate) * up from the fp32
+    sums) and a source c (y = alpha x W^T + beta c), unsplit and split K, every output written."""
+    from cute_kernels.gemm.ops import pack_gate_up
+    from cute_kernels.gemv import ops as gv
+
+    poison_empty(monkeypatch)
+    for n, k in ((28672, 4096), (4096, 14336), (1040, 512)):
+        x = randn(m, k)
+        wg, wu = randn(n // 2, k) * k ** -0.5, randn(n // 2, k) * k ** -0.5
+        y = gv.skinny(x, pack_gate_up(wg, wu), gated=True)
+        ref = torch.nn.functional.silu(x.float() @ wg.float().t()) * (x.float() @ wu.float().t())
+        assert y.shape == (m, n // 2) and torch.isfinite(y).all() and rel_err(y, ref) < 8e-3, (n, k)
+        w, c = randn(n, k) * k ** -0.5, randn(m, n)
+        y = gv.skinny(x, w, c=c, alpha=0.5, beta=2.0)
+        assert torch.isfinite(y).all() and rel_err(y, 0.5 * x.float() @ w.float().t() + 2.0 * c.float()) < 8e-3
