@@ -108,36 +108,47 @@ def route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", n_groups: 
 
 
 def _layouts(ids: torch.Tensor, weights: torch.Tensor, experts: int, max_m: int | None) -> Routing:
-    """Counts, offsets and both layouts of a (T, k) expert assignment (each token's k experts distinct)."""
+    """Counts, offsets and both layouts of a (T, k) expert assignment (each token's k experts distinct; an id of -1
+    routes that copy nowhere: expert parallelism's copies bound for other ranks)."""
     t, k = ids.shape
     dev = ids.device
     flat = ids.reshape(-1).long()  # copy c = t k + slot
-    counts = torch.bincount(flat, minlength=experts)
+    valid = flat >= 0
+    copies = torch.arange(flat.numel(), device=dev)
+    fv, cv = flat[valid], copies[valid]
+    counts = torch.bincount(fv, minlength=experts)
     offsets = torch.zeros(experts + 1, dtype=torch.long, device=dev)
     offsets[1:] = counts.cumsum(0)
     # each copy's rank inside its expert, in copy order (token order: a token sends one copy an expert)
-    order = torch.sort(flat, stable=True).indices
-    rank = torch.empty_like(flat)
-    rank[order] = torch.arange(flat.numel(), device=dev) - offsets[flat[order]]
+    order = torch.sort(fv, stable=True).indices
+    rank = torch.empty_like(fv)
+    rank[order] = torch.arange(fv.numel(), device=dev) - offsets[fv[order]]
     padded = (counts + ALIGN - 1) // ALIGN * ALIGN
     pstart = torch.zeros(experts + 1, dtype=torch.long, device=dev)
     pstart[1:] = padded.cumsum(0)
     rows = contiguous_rows(t, k, experts)
-    token_rows = pstart[flat] + rank
-    m_indices = torch.full((rows,), -1, dtype=torch.int32, device=dev)
-    row_source = torch.full((rows,), -1, dtype=torch.int32, device=dev)
-    row_source[token_rows] = torch.arange(flat.numel(), dtype=torch.int32, device=dev)
-    m_indices[token_rows] = flat.to(torch.int32)
+    i32 = torch.int32
+    token_rows = torch.full_like(flat, -1)
+    token_rows[valid] = pstart[fv] + rank
+    m_indices = torch.full((rows,), -1, dtype=i32, device=dev)
+    row_source = torch.full((rows,), -1, dtype=i32, device=dev)
+    row_source[token_rows[valid]] = cv.to(i32)
+    m_indices[token_rows[valid]] = fv.to(i32)
     mm = 0 if max_m is None else max_m
     kept = rank < mm
-    token_slots = torch.where(kept, flat * mm + rank, torch.full_like(flat, -1))
-    masked_source = torch.full((experts * mm,), -1, dtype=torch.int32, device=dev)
-    masked_source[token_slots[kept]] = torch.arange(flat.numel(), dtype=torch.int32, device=dev)[kept]
-    i32 = torch.int32
+    token_slots = torch.full_like(flat, -1)
+    token_slots[cv[kept]] = fv[kept] * mm + rank[kept]
+    masked_source = torch.full((experts * mm,), -1, dtype=i32, device=dev)
+    masked_source[token_slots[cv[kept]]] = cv[kept].to(i32)
     return Routing(ids, weights.float(), counts.to(i32), offsets.to(i32), m_indices, row_source,
                    token_rows.view(t, k).to(i32), pstart[-1:].to(i32), counts.clamp(max=mm).to(i32),
                    masked_source.view(experts, mm), token_slots.view(t, k).to(i32),
                    (~kept).sum().view(1).to(i32))
+
+
+def routing_of(ids: torch.Tensor, weights: torch.Tensor, experts: int, max_m: int | None = None) -> Routing:
+    """The layouts of a given (T, k) assignment over `experts` (ids in [0, experts) or -1: routed elsewhere)."""
+    return _layouts(ids.to(torch.int32), weights, experts, max_m)
 
 
 def dispatch(x: torch.Tensor, r: Routing, layout: str = "contiguous", quantize: str | None = None):
