@@ -64,11 +64,11 @@ def __dir__():
 
 
 class _Package(_types.ModuleType):
-    """Six families are named like their op (`gemm`, `gemv`, `transpose`, `swiglu`, `argmax`, `fp8_gemm`): when the
-    import system loads such a subpackage it would bind it over the op (`ck.gemm` would become a module). The
-    subpackage stays reachable by its import path (`from cute_kernels.gemm import ops`, `sys.modules`); the package
-    attribute stays the op. (So `import cute_kernels.gemm.ops as m`, which walks attributes, does not work for those
-    six: write `from cute_kernels.gemm import ops as m`.)"""
+    """Seven families are named like their op (`gemm`, `gemv`, `transpose`, `swiglu`, `argmax`, `fp8_gemm`, `moe`):
+    when the import system loads such a subpackage it would bind it over the op (`ck.gemm` would become a module).
+    The subpackage stays reachable by its import path (`from cute_kernels.gemm import ops`, `sys.modules`); the
+    package attribute stays the op. (So `import cute_kernels.gemm.ops as m`, which walks attributes, does not work for
+    those seven: write `from cute_kernels.gemm import ops as m`.)"""
 
     def __setattr__(self, name, value):
         if name in OP_FAMILY and isinstance(value, _types.ModuleType):

@@ -45,7 +45,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
                   "merge_attention_states_many"),
     "rope": ("rope", "rope_", "rope_kv_append", "rope_tables"),
     "w4a16": ("gemm_w4a16", "gemm_w4a16_swiglu", "pack_int4", "unpack_int4"),
-    "moe": ("moe_dispatch", "moe_combine"),
+    "moe": ("moe_route", "moe_dispatch", "moe_combine", "moe"),
 }
 OP_FAMILY: dict[str, str] = {op: fam for fam, ops in FAMILIES.items() for op in ops}
 

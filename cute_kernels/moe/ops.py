@@ -162,6 +162,50 @@ def combine_rows(y, rows, weights):
     return call("cute_kernels::moe_combine_rows", y, rows, weights)
 
 
+# --- routing ------------------------------------------------------------------------------------------------------
+def _route_cuda(logits, top_k: int, scoring: str = "softmax", n_groups=None, topk_groups=None, renormalize=True,
+                bias=None, routed_scaling_factor: float = 1.0, max_m=None):
+    from cute_kernels.moe.reference import route
+
+    if logits.device.type != "cuda":
+        raise ValueError(f"logits must be on a CUDA device, got {logits.device}")
+    return tuple(route(logits, top_k, scoring, n_groups, topk_groups, renormalize, bias, routed_scaling_factor, max_m))
+
+
+def _route_fake(logits, top_k: int, scoring: str = "softmax", n_groups=None, topk_groups=None, renormalize=True,
+                bias=None, routed_scaling_factor: float = 1.0, max_m=None):
+    from cute_kernels.moe.reference import check_route_args, contiguous_rows
+
+    check_route_args(logits, top_k, scoring, n_groups, topk_groups, bias, max_m)
+    t, e = logits.shape
+    mm = max_m or 0
+    rows = contiguous_rows(t, top_k, e)
+
+    def new(*shape, dtype=torch.int32):
+        return torch.empty(shape, dtype=dtype, device=logits.device)
+    return (new(t, top_k), new(t, top_k, dtype=torch.float32), new(e), new(e + 1), new(rows), new(rows),
+            new(t, top_k), new(1), new(e), new(e, mm), new(t, top_k), new(1))
+
+
+register_op("cute_kernels::moe_route", "(Tensor logits, int top_k, str scoring='softmax', int? n_groups=None, "
+            "int? topk_groups=None, bool renormalize=True, Tensor? bias=None, float routed_scaling_factor=1.0, "
+            "int? max_m=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+            "Tensor, Tensor)", _route_cuda, _route_fake)
+
+
+def moe_route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", n_groups: int | None = None,
+              topk_groups: int | None = None, renormalize: bool = True, bias: torch.Tensor | None = None,
+              routed_scaling_factor: float = 1.0, max_m: int | None = None):
+    """The routing of `cute_kernels.moe.reference` (softmax / sigmoid scores, DeepSeek-V3's group-limited selection
+    with the correction bias, top-k with ties to the lowest expert, renormalized and scaled weights) and both grouped
+    GEMM layouts, as a `Routing` of device tensors: fixed-size torch ops with no host synchronization (CUDA-graph
+    capturable); the routing kernel is still to come. `max_m`: the masked layout's slots an expert (None: none)."""
+    from cute_kernels.moe.reference import Routing
+
+    return Routing(*call("cute_kernels::moe_route", logits, int(top_k), scoring, n_groups, topk_groups,
+                         bool(renormalize), bias, float(routed_scaling_factor), max_m))
+
+
 def _layout_rows(r, layout: str):
     if layout == "contiguous":
         return r.token_rows, r.m_indices.shape[0]
@@ -193,3 +237,63 @@ def moe_combine(y: torch.Tensor, r, topk_weights: torch.Tensor, layout: str = "c
     layout of routing r ((rows, H), or (E, max_m, H) masked); differentiable in y and topk_weights."""
     rows, _ = _layout_rows(r, layout)
     return combine_rows(y.reshape(-1, y.shape[-1]), rows, topk_weights)
+
+
+# --- the FP8 MoE layer (inference) -------------------------------------------------------------------------------
+def moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w13_scales: torch.Tensor, w2: torch.Tensor,
+        w2_scales: torch.Tensor, top_k: int, layout: str = "contiguous", max_m: int | None = None, **route_kwargs):
+    """An FP8 MoE layer, forward only: route (logits = x router_w^T in fp32) -> dispatch with the 1x128 quantization ->
+    grouped GEMM (w13 (E, 2I, H) e4m3, gate rows first then up; scales (E, 2I / 128, H / 128)) -> SwiGLU -> 1x128
+    quantization -> grouped GEMM (w2 (E, H, I), scales (E, H / 128, I / 128)) -> combine, bf16 out (T, H).
+    `layout` "masked" (with `max_m` slots an expert; copies past it dropped) keeps every count on the device: the
+    decode-sized path, capturable in a CUDA graph; `route_kwargs` as `moe_route`. The dispatch's quantization and the
+    SwiGLU's requantization are separate passes for now."""
+    import cute_kernels as ck
+
+    if x.dim() != 2:
+        raise ValueError(f"x must be (tokens, hidden), got shape {tuple(x.shape)}")
+    e, two_i, h = w13.shape
+    if h != x.shape[1] or tuple(w2.shape) != (e, h, two_i // 2) or tuple(router_w.shape) != (e, h):
+        raise ValueError(f"x {tuple(x.shape)}, router_w {tuple(router_w.shape)} (E, H), w13 {tuple(w13.shape)} "
+                         f"(E, 2I, H) and w2 {tuple(w2.shape)} (E, H, I) disagree")
+    if layout == "masked" and max_m is None:
+        raise ValueError("the masked layout needs max_m (its slots an expert)")
+    i = two_i // 2
+    logits = ck.gemm(x, router_w.t(), out_dtype=torch.float32)
+    r = moe_route(logits, top_k, max_m=max_m if layout == "masked" else None, **route_kwargs)
+    xq, sx = moe_dispatch(x, r, layout, quantize="1x128")
+    if layout == "contiguous":
+        hh = ck.fp8_gemm_grouped_contiguous(xq, sx, w13, w13_scales, r.m_indices)
+    else:
+        hh = ck.fp8_gemm_grouped_masked(xq, sx, w13, w13_scales, r.masked_m, max(1, max_m))
+    h2 = hh.reshape(-1, two_i)
+    g = ck.swiglu(h2[:, :i], h2[:, i:])
+    gq, sg = ck.quantize_1x128(g)
+    if layout == "contiguous":
+        y = ck.fp8_gemm_grouped_contiguous(gq, sg, w2, w2_scales, r.m_indices)
+    else:
+        y = ck.fp8_gemm_grouped_masked(gq.view(e, max_m, i), sg.view(e, max_m, -1), w2, w2_scales, r.masked_m,
+                                       max(1, max_m))
+    return moe_combine(y, r, r.topk_weights, layout)
+
+
+def moe_reference(x, router_w, w13, w13_scales, w2, w2_scales, top_k: int, **route_kwargs) -> torch.Tensor:
+    """`moe` in fp32 torch over the dequantized weights and unquantized activations, one expert at a time (no
+    capacity limit); the routing from the same fp32 logits."""
+    from cute_kernels.moe.reference import route
+    from cute_kernels.quantize.ops import dequantize_128x128
+
+    logits = x.float() @ router_w.float().t()
+    r = route(logits, top_k, **route_kwargs)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    i = w13.shape[1] // 2
+    for e in range(w13.shape[0]):
+        tok, slot = (r.topk_ids == e).nonzero(as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        a = dequantize_128x128(w13[e], w13_scales[e])
+        hh = x[tok].float() @ a.t()
+        g = torch.nn.functional.silu(hh[:, :i]) * hh[:, i:]
+        y = g @ dequantize_128x128(w2[e], w2_scales[e]).t()
+        out.index_add_(0, tok, r.topk_weights[tok, slot].unsqueeze(1) * y)
+    return out

@@ -109,41 +109,42 @@ def route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", n_groups: 
 
 def _layouts(ids: torch.Tensor, weights: torch.Tensor, experts: int, max_m: int | None) -> Routing:
     """Counts, offsets and both layouts of a (T, k) expert assignment (each token's k experts distinct; an id of -1
-    routes that copy nowhere: expert parallelism's copies bound for other ranks)."""
+    routes that copy nowhere: expert parallelism's copies bound for other ranks). Fixed-size device ops only (no
+    boolean indexing, no bincount): no host synchronization, so it captures in a CUDA graph."""
     t, k = ids.shape
     dev = ids.device
+    n = t * k
+    i32, i64 = torch.int32, torch.long
     flat = ids.reshape(-1).long()  # copy c = t k + slot
     valid = flat >= 0
-    copies = torch.arange(flat.numel(), device=dev)
-    fv, cv = flat[valid], copies[valid]
-    counts = torch.bincount(fv, minlength=experts)
-    offsets = torch.zeros(experts + 1, dtype=torch.long, device=dev)
-    offsets[1:] = counts.cumsum(0)
+    key = torch.where(valid, flat, experts)  # -1 -> an extra bucket, sorted last
+    counts_all = torch.zeros(experts + 1, dtype=i64, device=dev).scatter_add_(0, key, torch.ones_like(key))
+    counts = counts_all[:experts]
+    offsets_all = torch.zeros(experts + 2, dtype=i64, device=dev)
+    offsets_all[1:] = counts_all.cumsum(0)
     # each copy's rank inside its expert, in copy order (token order: a token sends one copy an expert)
-    order = torch.sort(fv, stable=True).indices
-    rank = torch.empty_like(fv)
-    rank[order] = torch.arange(fv.numel(), device=dev) - offsets[fv[order]]
+    order = torch.sort(key, stable=True).indices
+    rank = torch.empty_like(key)
+    rank[order] = torch.arange(n, device=dev) - offsets_all[key[order]]
     padded = (counts + ALIGN - 1) // ALIGN * ALIGN
-    pstart = torch.zeros(experts + 1, dtype=torch.long, device=dev)
+    pstart = torch.zeros(experts + 1, dtype=i64, device=dev)
     pstart[1:] = padded.cumsum(0)
     rows = contiguous_rows(t, k, experts)
-    i32 = torch.int32
-    token_rows = torch.full_like(flat, -1)
-    token_rows[valid] = pstart[fv] + rank
-    m_indices = torch.full((rows,), -1, dtype=i32, device=dev)
-    row_source = torch.full((rows,), -1, dtype=i32, device=dev)
-    row_source[token_rows[valid]] = cv.to(i32)
-    m_indices[token_rows[valid]] = fv.to(i32)
+    copies = torch.arange(n, device=dev)
+    token_rows = torch.where(valid, pstart[key.clamp(max=max(experts - 1, 0))] + rank, -1)
+    dump = torch.where(valid, token_rows, rows)  # invalid copies scatter into one extra row, dropped after
+    m_indices = torch.full((rows + 1,), -1, dtype=i32, device=dev).scatter_(0, dump, flat.to(i32))[:rows]
+    row_source = torch.full((rows + 1,), -1, dtype=i32, device=dev).scatter_(0, dump, copies.to(i32))[:rows]
     mm = 0 if max_m is None else max_m
-    kept = rank < mm
-    token_slots = torch.full_like(flat, -1)
-    token_slots[cv[kept]] = fv[kept] * mm + rank[kept]
-    masked_source = torch.full((experts * mm,), -1, dtype=i32, device=dev)
-    masked_source[token_slots[cv[kept]]] = cv[kept].to(i32)
-    return Routing(ids, weights.float(), counts.to(i32), offsets.to(i32), m_indices, row_source,
+    kept = valid & (rank < mm)
+    token_slots = torch.where(kept, key * mm + rank, -1)
+    slot_dump = torch.where(kept, token_slots, experts * mm)
+    masked_source = torch.full((experts * mm + 1,), -1, dtype=i32, device=dev).scatter_(
+        0, slot_dump, copies.to(i32))[:experts * mm]
+    return Routing(ids, weights.float(), counts.to(i32), offsets_all[:experts + 1].to(i32), m_indices, row_source,
                    token_rows.view(t, k).to(i32), pstart[-1:].to(i32), counts.clamp(max=mm).to(i32),
                    masked_source.view(experts, mm), token_slots.view(t, k).to(i32),
-                   (~kept).sum().view(1).to(i32))
+                   (valid & ~kept).sum().view(1).to(i32))
 
 
 def routing_of(ids: torch.Tensor, weights: torch.Tensor, experts: int, max_m: int | None = None) -> Routing:
