@@ -272,7 +272,7 @@ def moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w13_scales: 
     if layout == "contiguous":
         y = ck.fp8_gemm_grouped_contiguous(gq, sg, w2, w2_scales, r.m_indices)
     else:
-        y = ck.fp8_gemm_grouped_masked(gq.view(e, max_m, i), sg.view(e, max_m, -1), w2, w2_scales, r.masked_m,
+        y = ck.fp8_gemm_grouped_masked(gq.view(e, max_m, i), sg.reshape(e, max_m, -1), w2, w2_scales, r.masked_m,
                                        max(1, max_m))
     return moe_combine(y, r, r.topk_weights, layout)
 
