@@ -41,7 +41,7 @@ def test_bad_requests_are_named():
     assert r.returncode != 0 and "unknown kernel" in r.stderr
     r = _run("compile", "elementwise.add", "--config", "unroll=3")
     assert r.returncode != 0 and "unroll" in r.stderr
-    r = _run("compile", "moe_dispatch")
+    r = _run("compile", "fake_quant")
     assert r.returncode != 0 and "planned" in r.stderr
 
 
