@@ -250,7 +250,8 @@ class FlashDecode:
             self.prefetch_kv(tma_k, mK, sK8, tma_v, mV, sV8, mBT, b, hk, mSeqlens[b] + seqlen_add, early_first,
                              early_count, stages)
         # programmatic dependent launch: the set-up above overlaps the previous kernel's tail (the append, the last
-        # layer); nothing it wrote is read before this wait. The merge behind this kernel may launch now: its CTAs
+        # layer); nothing it wrote is read before this wait but the prefetches' addresses (cache_seqlens, the block
+        # table: a stale value only wastes a prefetch, `prefetch_kv`). The merge behind this kernel may launch now: its CTAs
         # wait (griddepcontrol.wait) for this grid's completion and its memory, sitting beside these CTAs meanwhile
         # (a split grid is one wave), so its launch latency is off the path.
         pdl.enter()
