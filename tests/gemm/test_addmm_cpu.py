@@ -80,3 +80,35 @@ def test_stream_source_compiles(tmp_path):
     plain_loads = len(re.findall(r"ld\.global(\.\w+)*\.(b16|u16)", (tmp_path / "plain").joinpath(
         next(p.name for p in (tmp_path / "plain").iterdir() if p.suffix == ".ptx")).read_text()))
     assert loads > plain_loads
+
+
+def test_decode_shape_reaches_the_stream_kernel_with_c(monkeypatch):
+    """addmm at a decode shape (M <= 16, K >= 12288) on CPU tensors with a recording gemv.stream spec: the source
+    variant, c as the kernel's src, alpha and beta passed."""
+    import importlib
+
+    import cute_kernels.torch_ops as tops
+    from cute_kernels.gemm import ops
+    from cute_kernels.gemv import ops as gv
+
+    class Recorder:
+        name = "gemv.stream"
+
+        def compiled(self, plan, **signature):
+            self.signature = signature
+            return lambda *args: setattr(self, "args", args)
+
+    r = Recorder()
+    gfam = importlib.import_module("cute_kernels.gemv")  # (the package: `cute_kernels.gemv` the attribute is the op)
+    monkeypatch.setattr(gfam, "GEMV_STREAM", r)
+    monkeypatch.setattr(gv, "num_sms", lambda *_: 132)
+    from cute_kernels.w4a16 import ops as w4ops
+
+    monkeypatch.setattr(w4ops, "split_counters", lambda dev, n: torch.zeros(n, dtype=torch.int32))
+    for mod in (tops, ops):
+        monkeypatch.setattr(mod, "check_tensor", lambda *a, **kw: None)  # (CPU tensors stand in for CUDA ones)
+    x, w = torch.randn(1, 14336, dtype=torch.bfloat16), torch.randn(4096, 14336, dtype=torch.bfloat16)
+    c = torch.randn(1, 4096, dtype=torch.bfloat16)
+    y = ops._addmm_cuda(c, x, w.t(), 0.5, 2.0)
+    assert y.shape == (1, 4096) and r.signature["source"] is True
+    assert r.args[9].data_ptr() == c.data_ptr() and (r.args[10], r.args[11]) == (2.0, 0.5)  # src, alpha, beta

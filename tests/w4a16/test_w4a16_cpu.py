@@ -204,3 +204,38 @@ def test_launch_stream_passes_the_tensors(zeros):
     assert got_w is w and got_x is x and got_y is y and got_s is s and got_z is (z if zeros else s)
     assert src is y and (alpha, beta) == (1.0, 0.0)  # (no source: y stands in, unread)
     assert splits * per * r.plan.tile_k >= k and (splits - 1) * per * r.plan.tile_k < k
+
+
+@pytest.mark.parametrize("mode", ["gated", "residual"])
+def test_op_reaches_the_stream_kernel_with_its_epilogue(mode, monkeypatch):
+    """gemm_w4a16_swiglu / gemm_w4a16(residual=) on CPU tensors with a recording streaming spec: the compile
+    parameters carry the epilogue (gated, or source), y is (M, N / 2) or (M, N), the residual is the kernel's src."""
+    import cute_kernels.w4a16 as fam
+    from cute_kernels.w4a16 import ops
+
+    class Recorder:
+        name = "w4a16.stream"
+
+        def compiled(self, plan, **signature):
+            self.signature = signature
+            return lambda *args: setattr(self, "args", args)
+
+    import cute_kernels.torch_ops as tops
+
+    r = Recorder()
+    monkeypatch.setattr(fam, "W4A16_STREAM", r)
+    monkeypatch.setattr(ops, "num_sms", lambda *_: 132)
+    monkeypatch.setattr(tops, "check_tensor", lambda *a, **kw: None)  # (CPU tensors stand in for CUDA ones)
+    n, k = 28672, 4096
+    x = torch.randn(1, k, dtype=torch.bfloat16)
+    w = torch.zeros(n, k // 8, dtype=torch.int32)
+    s = torch.ones(n, k // 128, dtype=torch.bfloat16)
+    if mode == "gated":
+        y = ops._swiglu_cuda(x, w, s, None, 128)
+        assert y.shape == (1, n // 2) and r.signature["gated"] is True and "source" not in r.signature
+        assert r.args[2].shape == (1, n // 2)
+    else:
+        res = torch.randn(1, n, dtype=torch.bfloat16)
+        y = ops._cuda(x, w, s, None, 128, res)
+        assert y.shape == (1, n) and r.signature["source"] is True and "gated" not in r.signature
+        assert r.args[9].data_ptr() == res.data_ptr() and r.args[11] == 1.0  # src, beta
