@@ -20,6 +20,8 @@ class TokenRowsSpec(KernelSpec):
         super().check(p)
         if p["weighted"] and p["direction"] != "dispatch":
             raise ValueError(f"{self.name}: weighted is dispatch's option (combine always weighs)")
+        if p["quantize"] and (p["direction"] != "dispatch" or p["weighted"]):
+            raise ValueError(f"{self.name}: quantize is the unweighted dispatch's option")
 
     def build(self, p):
         from cute_kernels.moe.kernels import TokenRows
@@ -29,18 +31,21 @@ class TokenRowsSpec(KernelSpec):
         def sym(div=1):
             return index_sym(False, div)
 
-        def rows_of():
-            return fake_tensor(dt, (sym(), sym(8)), (sym(8), 1), 16)
+        def rows_of(t=dt, div=8):
+            return fake_tensor(t, (sym(), sym(div)), (sym(div), 1), 16)
 
         k = p["top_k"]
         rows = fake_tensor(cutlass.Int32, (sym(), k), (sym(), sym()), 4)
         weights = fake_tensor(cutlass.Float32, (sym(), k), (sym(), sym()), 4)
-        kernel = TokenRows(p["direction"], dt, k, p["weighted"], p["threads"])
-        return kernel, (rows_of(), rows_of(), rows, weights, cutlass.Int32(1), fake_stream())
+        scales = fake_tensor(cutlass.Float32, (sym(), sym()), (sym(), sym()), 4)
+        dst = rows_of(cutlass.Float8E4M3FN, 128) if p["quantize"] else rows_of()
+        kernel = TokenRows(p["direction"], dt, k, p["weighted"], p["quantize"], p["threads"])
+        return kernel, (rows_of(), dst, rows, weights, scales, cutlass.Int32(1), fake_stream())
 
     def representative(self):
         return [self.resolve(), self.resolve({"direction": "combine"}),
-                self.resolve({"direction": "dispatch", "weighted": True, "top_k": 2, "dtype": "fp16"})]
+                self.resolve({"direction": "dispatch", "weighted": True, "top_k": 2, "dtype": "fp16"}),
+                self.resolve({"quantize": True})]
 
 
 MOE_TOKEN_ROWS = TokenRowsSpec(
@@ -56,6 +61,8 @@ MOE_TOKEN_ROWS = TokenRowsSpec(
         "dtype": Param("bf16", ("bf16", "fp16"), "signature", "element type of the rows"),
         "top_k": Param(8, tuple(range(1, 17)), "signature", "slots a token"),
         "weighted": Param(False, (True, False), "signature", "dispatch: w[t, s] x[t] (combine's gradient)"),
+        "quantize": Param(False, (True, False), "signature", "dispatch: e4m3 rows with 1x128 scales (the FP8 GEMM's "
+                          "input, quantize_1x128's bits)"),
         "threads": Param(128, (64, 128, 256), help="threads per CTA"),
     },
 )

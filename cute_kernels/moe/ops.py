@@ -53,12 +53,14 @@ def _kernel_ok(t: torch.Tensor) -> bool:
     return t.shape[1] % 8 == 0 and t.stride(1) == 1 and t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0
 
 
-def _launch(direction, src, dst, rows, weights, weighted=False):
+def _launch(direction, src, dst, rows, weights, weighted=False, scales=None):
     from cute_kernels.moe import MOE_TOKEN_ROWS
 
     fn = MOE_TOKEN_ROWS.compiled(direction=direction, dtype=dtypes.name_of(src.dtype), top_k=rows.shape[1],
-                                 weighted=weighted)
-    fn(src, dst, rows, weights, MAX_CTAS_PER_SM * num_sms(src.get_device()))
+                                 weighted=weighted, quantize=scales is not None)
+    if scales is None:
+        scales = weights  # (unread)
+    fn(src, dst, rows, weights, scales, MAX_CTAS_PER_SM * num_sms(src.get_device()))
 
 
 def _dispatch_cuda(x, rows, num_rows: int, weights=None):
@@ -148,6 +150,32 @@ def _combine_backward(ctx, g):
     return gy, None, gw
 
 
+def _dispatch_fp8_fake(x, rows, num_rows: int):
+    from cute_kernels.quantize.ops import _quant_1x128_fake
+
+    _check_rows("x", x, rows)
+    return _quant_1x128_fake(x.new_empty(num_rows, x.shape[1]))
+
+
+def _dispatch_fp8_cuda(x, rows, num_rows: int):
+    """x's rows quantized once (1x128) into each slot's row: e4m3 (R, H) and fp32 scales (R, H / 128) in
+    quantize_1x128's layout (the grouped GEMM reads both without a copy); H % 128 != 0 or awkward strides: the bf16
+    dispatch, then quantize_1x128."""
+    from cute_kernels.quantize.ops import quantize_1x128
+
+    q, s = _dispatch_fp8_fake(x, rows, num_rows)
+    if x.shape[0] == 0 or num_rows == 0 or x.shape[1] == 0:
+        return q, s
+    if x.shape[1] % 128 == 0 and not _kernel_ok(x):
+        x = x.contiguous()
+    if x.shape[1] % 128 or not _kernel_ok(x):
+        return quantize_1x128(_dispatch_cuda(x, rows, num_rows))
+    _launch("dispatch", x, q, rows, torch.empty(rows.shape, dtype=torch.float32, device=x.device), scales=s)
+    return q, s
+
+
+register_op("cute_kernels::moe_dispatch_rows_fp8", "(Tensor x, Tensor rows, int num_rows) -> (Tensor, Tensor)",
+            _dispatch_fp8_cuda, _dispatch_fp8_fake)
 register_op("cute_kernels::moe_dispatch_rows", "(Tensor x, Tensor rows, int num_rows, Tensor? weights=None) -> Tensor",
             _dispatch_cuda, _dispatch_fake, _dispatch_backward, _dispatch_setup)
 register_op("cute_kernels::moe_combine_rows", "(Tensor y, Tensor rows, Tensor weights) -> Tensor",
@@ -216,20 +244,16 @@ def _layout_rows(r, layout: str):
 
 def moe_dispatch(x: torch.Tensor, r, layout: str = "contiguous", quantize: str | None = None):
     """x (T, H) into the layout of routing r: (T k + E 127, H) contiguous or (E, max_m, H) masked; with
-    quantize="1x128" the e4m3 rows and their 1x128 scales (`quantize_1x128`; the fused quantizing dispatch is still
-    to come)."""
+    quantize="1x128" the e4m3 rows and their 1x128 scales (quantize_1x128's values and scale layout, quantized once
+    a token in the dispatch kernel; masked: (E, max_m, H) and (E, max_m, H / 128))."""
     rows, n = _layout_rows(r, layout)
-    out = dispatch_rows(x, rows, n)
-    if layout == "masked":
-        out = out.view(*r.masked_source.shape, x.shape[1])
+    shape = (*r.masked_source.shape, x.shape[1]) if layout == "masked" else (n, x.shape[1])
     if quantize is None:
-        return out
+        return dispatch_rows(x, rows, n).view(shape)
     if quantize != "1x128":
         raise ValueError(f"quantize must be None or '1x128', got {quantize!r}")
-    from cute_kernels.quantize.ops import quantize_1x128
-
-    q, s = quantize_1x128(out.reshape(-1, x.shape[1]))
-    return q.view(out.shape), s.reshape(*out.shape[:-1], -1)
+    q, s = call("cute_kernels::moe_dispatch_rows_fp8", x, rows, int(n))
+    return q.view(shape), s.reshape(*shape[:-1], -1)
 
 
 def moe_combine(y: torch.Tensor, r, topk_weights: torch.Tensor, layout: str = "contiguous") -> torch.Tensor:

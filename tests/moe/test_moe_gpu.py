@@ -125,3 +125,19 @@ def test_route_captures_in_a_graph():
     torch.cuda.synchronize()
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("t,e,k,h", [(7, 16, 2, 7168), (300, 64, 8, 2048), (5, 8, 2, 2112 - 64)])
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+def test_quantizing_dispatch_bitwise(t, e, k, h, layout):
+    """The fused 1x128 quantization in the dispatch kernel: every named row's e4m3 values and scales are
+    quantize_1x128's bits on the same rows (H not a multiple of 128: the unfused path, same bits)."""
+    from cute_kernels.quantize.ops import quantize_1x128
+
+    r = _routing(t, e, k, max_m=max(1, t // 2))
+    x = randn(t, h)
+    q, s = ck.moe_dispatch(x, r, layout, quantize="1x128")
+    src = (r.row_source if layout == "contiguous" else r.masked_source.reshape(-1)) >= 0
+    wq, ws = quantize_1x128(R.dispatch(x, r, layout).reshape(-1, h))
+    assert torch.equal(q.reshape(-1, h)[src].view(torch.uint8), wq[src].view(torch.uint8))
+    assert torch.equal(s.reshape(-1, s.shape[-1])[src], ws[src])
