@@ -67,4 +67,56 @@ MOE_TOKEN_ROWS = TokenRowsSpec(
     },
 )
 
-SPECS = (MOE_TOKEN_ROWS,)
+@dataclass(frozen=True, eq=False)
+class RouteSpec(KernelSpec):
+    def check(self, p):
+        super().check(p)
+        if p["top_k"] > p["experts"]:
+            raise ValueError(f"{self.name}: top_k {p['top_k']} > experts {p['experts']}")
+        g = p["groups"]
+        if g and (p["experts"] % g or not 1 <= p["topk_groups"] <= g):
+            raise ValueError(f"{self.name}: groups {g} must divide experts {p['experts']} and topk_groups lie in "
+                             f"[1, {g}]")
+
+    def build(self, p):
+        from cute_kernels.moe.kernels import MoeRoute
+
+        dt = dtypes.cutlass_of(p["logits"])
+
+        def sym(div=1):
+            return index_sym(False, div)
+
+        e, k = p["experts"], p["top_k"]
+        logits = fake_tensor(dt, (sym(), e), (sym(), 1), dt.width // 8)
+        bias = fake_tensor(cutlass.Float32, (e,), (1,), 4)
+        ids = fake_tensor(cutlass.Int32, (sym(), k), (sym(), 1), 4)
+        weights = fake_tensor(cutlass.Float32, (sym(), k), (sym(), 1), 4)
+        kernel = MoeRoute(e, k, p["scoring"], p["groups"], p["topk_groups"], p["bias"], p["renormalize"])
+        return kernel, (logits, bias, ids, weights, cutlass.Float32(1.0), cutlass.Int32(1), fake_stream())
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"scoring": "sigmoid", "experts": 256, "top_k": 8, "groups": 8,
+                                              "topk_groups": 4, "bias": True})]
+
+
+MOE_ROUTE = RouteSpec(
+    name="moe.route",
+    family="moe",
+    lesson=14,
+    summary="MoE routing, a warp a token: softmax / sigmoid scores, the correction bias, group-limited selection, "
+            "top-k by warp arg-max rounds (ties to the lower expert), renormalized and scaled weights",
+    ops=("moe_route",),
+    status="ready",
+    params={
+        "logits": Param("fp32", ("fp32", "bf16"), "signature", "the logits' dtype"),
+        "experts": Param(64, tuple(range(1, 257)), "signature", "experts E (a warp holds E / 32 a lane)"),
+        "top_k": Param(6, tuple(range(1, 17)), "signature", "experts a token"),
+        "scoring": Param("softmax", ("softmax", "sigmoid"), "signature", "scores from the logits"),
+        "groups": Param(0, tuple(range(0, 33)), "signature", "expert groups (0: no group limit)"),
+        "topk_groups": Param(1, tuple(range(1, 33)), "signature", "groups kept (with groups)"),
+        "bias": Param(False, (True, False), "signature", "the selection's correction bias"),
+        "renormalize": Param(True, (True, False), "signature", "weights renormalized to sum 1"),
+    },
+)
+
+SPECS = (MOE_TOKEN_ROWS, MOE_ROUTE)

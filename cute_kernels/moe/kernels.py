@@ -17,11 +17,14 @@ Roofline: dispatch reads H once a token and writes it k times; combine reads it 
 
 from __future__ import annotations
 
+import math
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from collectives import pdl
+from collectives.arg_reduce import key_index, max_key, pack_key, scan_update, select
 from collectives.quantize import BLOCK, E4M3, fmax, inverse, scale_of, vector_amax
 from collectives.reduce import warp_reduce
 from collectives.vector_io import as_vectors, extent
@@ -110,3 +113,127 @@ class TokenRows:
                         if row[s] >= 0:
                             acc.store(acc.load() + w[s] * vals[s].to(Float32))
                     dst[None, j].store(acc.load().to(self.dtype))
+
+
+class MoeRoute:
+    """Routing, a warp a token: lane l holds experts l, l + 32, ... (ceil(E / 32) slots). Scores (softmax over the
+    warp: max and sum by butterflies; or sigmoid) in fp32; the selection adds the bias; with groups, each group's
+    score (its two best selections with a bias, its best without) merged across lanes by a top-2 butterfly, the
+    `topk_groups` best groups kept (ties to the lower group) and the rest masked; then k rounds of the warp's arg-max
+    (`collectives.arg_reduce`'s keys: the larger value, ties to the lower expert), the winner's unbiased score
+    broadcast from its lane. Lane r keeps round r's expert and weight; the weights are renormalized (sum + 1e-20) and
+    scaled. The layouts (counts, ranks, rows) are built after it (`cute_kernels.moe.reference._layouts`)."""
+
+    def __init__(self, experts: int, top_k: int, scoring: str, groups: int, topk_groups: int, bias: bool,
+                 renormalize: bool, threads: int = 128):
+        if not 1 <= experts <= 256 or not 1 <= top_k <= min(16, experts):
+            raise ValueError(f"experts must be 1-256 and top_k 1-min(16, experts), got {experts}, {top_k}")
+        if groups and (experts % groups or not 1 <= topk_groups <= groups or groups > 32):
+            raise ValueError(f"groups ({groups}) must divide experts ({experts}), be <= 32, and topk_groups "
+                             f"({topk_groups}) lie in [1, groups]")
+        self.e, self.k, self.scoring, self.groups, self.topk_groups = experts, top_k, scoring, groups, topk_groups
+        self.bias, self.renormalize, self.threads = bias, renormalize, threads
+        self.slots = -(-experts // 32)
+
+    @cute.jit
+    def __call__(self, logits: cute.Tensor, bias: cute.Tensor, ids: cute.Tensor, weights: cute.Tensor,
+                 scale: Float32, max_ctas: Int32, stream):
+        warps = self.threads // 32
+        ctas = cutlass.max(cutlass.min((extent(logits, 0) + warps - 1) // warps, max_ctas), 1)
+        self.kernel(logits, bias, ids, weights, scale).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1],
+                                                              stream=stream, use_pdl=pdl.LAUNCH)
+
+    @cute.kernel
+    def kernel(self, mL: cute.Tensor, mB: cute.Tensor, mIds: cute.Tensor, mW: cute.Tensor, scale: Float32):
+        pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        warps = self.threads // 32
+        lane = tidx % 32
+        tokens = extent(mL, 0)
+        ninf = Float32(-math.inf)
+        for t0 in cutlass.range(bidx * warps, tokens, gdim * warps, unroll=1):
+            t = t0 + tidx // 32
+            live = t < tokens  # (a warp past the last token runs along with a clamped token and writes nothing)
+            tc = cutlass.min(t, tokens - 1)
+            ex = [i * 32 + lane for i in range(self.slots)]
+            x = [mL[tc, cutlass.min(ex[i], self.e - 1)].to(Float32) for i in range(self.slots)]
+            x = [select(ex[i] < self.e, x[i], ninf) for i in range(self.slots)]
+            if cutlass.const_expr(self.scoring == "softmax"):
+                m = x[0]
+                for i in cutlass.range_constexpr(1, self.slots):
+                    m = cute.arch.fmax(m, x[i])
+                m = warp_reduce(m, fmax)
+                p = [cute.math.exp(x[i] - m) for i in range(self.slots)]
+                total = p[0]
+                for i in cutlass.range_constexpr(1, self.slots):
+                    total = total + p[i]
+                total = warp_reduce(total, lambda a, b: a + b)
+                score = [p[i] / total for i in range(self.slots)]
+            else:
+                score = [Float32(1.0) / (Float32(1.0) + cute.math.exp(-x[i])) for i in range(self.slots)]
+            sel = [score[i] + mB[cutlass.min(ex[i], self.e - 1)].to(Float32) if self.bias else score[i]
+                   for i in range(self.slots)]
+            sel = [select(ex[i] < self.e, sel[i], ninf) for i in range(self.slots)]
+            if cutlass.const_expr(self.groups > 0):
+                sel = self.keep_groups(sel, ex, ninf)
+            my_id = Int32(0)
+            my_w = Float32(0.0)
+            total_w = Float32(0.0)
+            for r in cutlass.range_constexpr(self.k):
+                best, idx = ninf, Int32(0)
+                for i in cutlass.range_constexpr(self.slots):
+                    best, idx = scan_update(best, idx, sel[i], ex[i])
+                key = warp_reduce(pack_key(best, idx, best > ninf), max_key)
+                win = Int32(key_index(key))
+                mine = score[0]
+                for i in cutlass.range_constexpr(1, self.slots):
+                    mine = select(win // 32 == i, score[i], mine)
+                w = cute.arch.shuffle_sync(mine, win % 32)
+                sel = [select(ex[i] == win, ninf, sel[i]) for i in range(self.slots)]
+                total_w = total_w + w
+                my_id = select(lane == r, win, my_id)
+                my_w = select(lane == r, w, my_w)
+            if cutlass.const_expr(self.renormalize):
+                my_w = my_w / (total_w + Float32(1e-20))
+            if live & (lane < self.k):
+                mIds[t, lane] = my_id
+                mW[t, lane] = my_w * scale
+
+    @cute.jit
+    def keep_groups(self, sel, ex, ninf):
+        """sel with the experts outside the `topk_groups` best groups masked to -inf."""
+        per = self.e // self.groups
+        gs = []
+        for g in cutlass.range_constexpr(self.groups):
+            a1, a2 = ninf, ninf  # this lane's two best of group g
+            for i in cutlass.range_constexpr(self.slots):
+                inside = ex[i] // per == g
+                v = select(inside, sel[i], ninf)
+                a2 = cute.arch.fmax(a2, cute.arch.fmin(a1, v))
+                a1 = cute.arch.fmax(a1, v)
+            for j in cutlass.range_constexpr(5):  # merge (a1, a2) pairs across the warp
+                off = 16 >> j
+                b1 = cute.arch.shuffle_sync_bfly(a1, offset=off)
+                b2 = cute.arch.shuffle_sync_bfly(a2, offset=off)
+                a2 = cute.arch.fmax(cute.arch.fmin(a1, b1), cute.arch.fmax(a2, b2))
+                a1 = cute.arch.fmax(a1, b1)
+            gs.append(a1 + a2 if self.bias else a1)
+        keep = []
+        for g in cutlass.range_constexpr(self.groups):
+            rank = Int32(0)
+            for h in cutlass.range_constexpr(self.groups):
+                # a group above g: a larger score, or an equal one at a lower index
+                if cutlass.const_expr(h < g):
+                    rank = rank + select(gs[h] >= gs[g], Int32(1), Int32(0))
+                if cutlass.const_expr(h > g):
+                    rank = rank + select(gs[h] > gs[g], Int32(1), Int32(0))
+            keep.append(rank < self.topk_groups)
+        out = []
+        for i in cutlass.range_constexpr(self.slots):
+            kept = keep[0] & (ex[i] // per == 0)
+            for g in cutlass.range_constexpr(1, self.groups):
+                kept = kept | (keep[g] & (ex[i] // per == g))
+            out.append(select(kept, sel[i], ninf))
+        return out

@@ -193,11 +193,29 @@ def combine_rows(y, rows, weights):
 # --- routing ------------------------------------------------------------------------------------------------------
 def _route_cuda(logits, top_k: int, scoring: str = "softmax", n_groups=None, topk_groups=None, renormalize=True,
                 bias=None, routed_scaling_factor: float = 1.0, max_m=None):
-    from cute_kernels.moe.reference import route
+    """The routing kernel (`moe.route`: ids and weights) where it applies (E <= 256, k <= 16, fp32 / bf16 logits),
+    else the reference's torch ops; then the layouts (`reference._layouts`: fixed-size torch ops)."""
+    from cute_kernels.moe.reference import _layouts, check_route_args, route
 
     if logits.device.type != "cuda":
         raise ValueError(f"logits must be on a CUDA device, got {logits.device}")
-    return tuple(route(logits, top_k, scoring, n_groups, topk_groups, renormalize, bias, routed_scaling_factor, max_m))
+    check_route_args(logits, top_k, scoring, n_groups, topk_groups, bias, max_m)
+    t, e = logits.shape
+    if t == 0 or e > 256 or top_k > 16 or (n_groups or 0) > 32 or logits.dtype not in (torch.float32, torch.bfloat16):
+        return tuple(route(logits, top_k, scoring, n_groups, topk_groups, renormalize, bias, routed_scaling_factor,
+                           max_m))
+    from cute_kernels.moe import MOE_ROUTE
+
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    ids = torch.empty(t, top_k, dtype=torch.int32, device=logits.device)
+    w = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
+    b = bias.float().contiguous() if bias is not None else torch.zeros(e, dtype=torch.float32, device=logits.device)
+    fn = MOE_ROUTE.compiled(logits=dtypes.name_of(logits.dtype), experts=e, top_k=top_k, scoring=scoring,
+                            groups=n_groups or 0, topk_groups=topk_groups or 1, bias=bias is not None,
+                            renormalize=bool(renormalize))
+    fn(logits, b, ids, w, float(routed_scaling_factor), MAX_CTAS_PER_SM * num_sms(logits.get_device()))
+    return tuple(_layouts(ids, w, e, max_m))
 
 
 def _route_fake(logits, top_k: int, scoring: str = "softmax", n_groups=None, topk_groups=None, renormalize=True,
@@ -226,8 +244,9 @@ def moe_route(logits: torch.Tensor, top_k: int, scoring: str = "softmax", n_grou
               routed_scaling_factor: float = 1.0, max_m: int | None = None):
     """The routing of `cute_kernels.moe.reference` (softmax / sigmoid scores, DeepSeek-V3's group-limited selection
     with the correction bias, top-k with ties to the lowest expert, renormalized and scaled weights) and both grouped
-    GEMM layouts, as a `Routing` of device tensors: fixed-size torch ops with no host synchronization (CUDA-graph
-    capturable); the routing kernel is still to come. `max_m`: the masked layout's slots an expert (None: none)."""
+    GEMM layouts, as a `Routing` of device tensors: the routing kernel (`moe.route`, a warp a token) for the ids and
+    weights, fixed-size torch ops for the layouts; no host synchronization (CUDA-graph capturable). `max_m`: the
+    masked layout's slots an expert (None: none)."""
     from cute_kernels.moe.reference import Routing
 
     return Routing(*call("cute_kernels::moe_route", logits, int(top_k), scoring, n_groups, topk_groups,

@@ -141,3 +141,23 @@ def test_quantizing_dispatch_bitwise(t, e, k, h, layout):
     wq, ws = quantize_1x128(R.dispatch(x, r, layout).reshape(-1, h))
     assert torch.equal(q.reshape(-1, h)[src].view(torch.uint8), wq[src].view(torch.uint8))
     assert torch.equal(s.reshape(-1, s.shape[-1])[src], ws[src])
+
+
+@pytest.mark.parametrize("cfg", [dict(e=64, k=6), dict(e=256, k=8, scoring="sigmoid", n_groups=8, topk_groups=4,
+                                                        bias=True, scale=2.5),
+                                 dict(e=8, k=1, dtype=torch.bfloat16), dict(e=16, k=2, renormalize=False),
+                                 dict(e=40, k=3, n_groups=4, topk_groups=2)])
+def test_route_kernel_against_reference(cfg):
+    """The routing kernel's experts and weights against the reference's (fp32 scores: the same experts on random
+    logits; weights within fp32 rounding), and the layouts built on them."""
+    t, e, k = 1000, cfg["e"], cfg["k"]
+    logits = torch.randn(t, e, device="cuda").to(cfg.get("dtype", torch.float32))
+    bias = 0.1 * torch.randn(e, device="cuda") if cfg.get("bias") else None
+    kw = dict(scoring=cfg.get("scoring", "softmax"), n_groups=cfg.get("n_groups"), topk_groups=cfg.get("topk_groups"),
+              renormalize=cfg.get("renormalize", True), bias=bias, routed_scaling_factor=cfg.get("scale", 1.0))
+    got = ck.moe_route(logits, k, max_m=64, **kw)
+    want = R.route(logits, k, max_m=64, **kw)
+    assert torch.equal(got.topk_ids, want.topk_ids)
+    assert torch.allclose(got.topk_weights, want.topk_weights, rtol=1e-5, atol=1e-7)
+    for a, b in zip(got[2:], want[2:]):
+        assert torch.equal(a, b)

@@ -66,3 +66,21 @@ def test_fake_shapes_and_errors():
             _dispatch_fake(_t(5, 256), _t(5, 17, dtype=torch.int32), 10)
         with pytest.raises(TypeError, match="x"):
             _dispatch_fake(_t(5, 256, dtype=torch.float32), rows, 10)
+
+
+@pytest.mark.parametrize("over", [{}, {"scoring": "sigmoid", "experts": 256, "top_k": 8, "groups": 8, "topk_groups": 4,
+                                       "bias": True},
+                                  {"experts": 8, "top_k": 1, "logits": "bf16", "renormalize": False},
+                                  {"experts": 40, "top_k": 3, "groups": 4, "topk_groups": 2}])
+def test_route_kernel_compiles_clean(over, tmp_path):
+    """The routing kernel: a warp a token (butterfly shuffles for the softmax, the group scores and each top-k
+    round), no local memory, no spills."""
+    spec = catalog.get("moe.route")
+    report, files = compile_with_artifacts(spec, spec.resolve(over), str(tmp_path))
+    assert not report.spills, report.format()
+    ptx = files["ptx"].read_text()
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    k = spec.resolve(over)["top_k"]
+    assert len(re.findall(r"shfl\.sync\.bfly", ptx)) >= 5 * k  # a 5-step arg-max a round
+    with pytest.raises(ValueError, match="groups 3 must divide"):
+        spec.resolve({"experts": 64, "groups": 3, "topk_groups": 1})
