@@ -219,7 +219,7 @@ class MoeRoute:
                 b2 = cute.arch.shuffle_sync_bfly(a2, offset=off)
                 a2 = cute.arch.fmax(cute.arch.fmin(a1, b1), cute.arch.fmax(a2, b2))
                 a1 = cute.arch.fmax(a1, b1)
-            gs.append(a1 + a2 if self.bias else a1)
+            gs.append(a1 + a2 if self.bias and per > 1 else a1)  # (one expert a group: its own score)
         keep = []
         for g in cutlass.range_constexpr(self.groups):
             rank = Int32(0)
