@@ -54,6 +54,19 @@ def send_plan(topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts_per_ra
     return send_index, counts, send_ids, send_w
 
 
+def _ops(x: torch.Tensor):
+    """(route, dispatch, combine): the MoE ops for CUDA tensors, the references otherwise."""
+    if x.is_cuda:
+        import cute_kernels as ck
+
+        def combine_op(y, r, w, dtype):
+            if y.dtype not in (torch.bfloat16, torch.float16):
+                return combine(y, r, w, out_dtype=dtype)
+            return ck.moe_combine(y, r, w).to(dtype)
+        return ck.moe_route, ck.moe_dispatch, combine_op
+    return route, dispatch, lambda y, r, w, dtype: combine(y, r, w, out_dtype=dtype)
+
+
 def _exchange(t: torch.Tensor, send_counts: list[int], recv_counts: list[int], group) -> torch.Tensor:
     out = t.new_empty((sum(recv_counts), *t.shape[1:]))
     dist.all_to_all_single(out, t.contiguous(), recv_counts, send_counts, group=group)
@@ -76,8 +89,10 @@ class EPMoE:
         self.route_kwargs = route_kwargs
 
     def forward(self, x: torch.Tensor, logits: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        """x (T, H) and logits (T, E) of this rank's tokens -> (T, H) in `out_dtype`."""
-        r = route(logits, self.top_k, **self.route_kwargs)
+        """x (T, H) and logits (T, E) of this rank's tokens -> (T, H) in `out_dtype`. On CUDA tensors the routing,
+        dispatch and combine are the MoE ops; elsewhere (the gloo tests) their torch references."""
+        route_fn, dispatch_fn, combine_fn = _ops(x)
+        r = route_fn(logits, self.top_k, **self.route_kwargs)
         send_index, counts, send_ids, send_w = send_plan(r.topk_ids, r.topk_weights, self.per_rank, self.world)
         recv = torch.empty_like(counts)
         dist.all_to_all_single(recv, counts, group=self.group)
@@ -86,8 +101,8 @@ class EPMoE:
         ids = _exchange(send_ids, sc, rc, self.group)
         w = _exchange(send_w, sc, rc, self.group)
         local = routing_of(ids, w, self.per_rank)
-        y = self.expert_fn(dispatch(rows, local), local)
-        partial = combine(y, local, w, out_dtype=self.combine_dtype)
+        y = self.expert_fn(dispatch_fn(rows, local), local)
+        partial = combine_fn(y, local, w, self.combine_dtype)
         back = _exchange(partial, rc, sc, self.group)
         out = torch.zeros(x.shape[0], x.shape[1] if y.dim() < 2 else y.shape[-1], dtype=torch.float32,
                           device=x.device)
