@@ -36,7 +36,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "gemv": ("gemv",),
     "rowwise": ("rms_norm", "layer_norm", "softmax", "log_softmax", "cross_entropy"),
     "transpose": ("transpose",),
-    "swiglu": ("silu", "swiglu"),
+    "swiglu": ("silu", "swiglu", "swiglu_quantize"),
     "gemm": ("gemm", "addmm", "gemm_swiglu", "pack_gate_up"),
     "argmax": ("argmax",),
     "quantize": ("quantize_1x128", "quantize_128x128"),

@@ -286,11 +286,11 @@ def moe_combine(y: torch.Tensor, r, topk_weights: torch.Tensor, layout: str = "c
 def moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w13_scales: torch.Tensor, w2: torch.Tensor,
         w2_scales: torch.Tensor, top_k: int, layout: str = "contiguous", max_m: int | None = None, **route_kwargs):
     """An FP8 MoE layer, forward only: route (logits = x router_w^T in fp32) -> dispatch with the 1x128 quantization ->
-    grouped GEMM (w13 (E, 2I, H) e4m3, gate rows first then up; scales (E, 2I / 128, H / 128)) -> SwiGLU -> 1x128
-    quantization -> grouped GEMM (w2 (E, H, I), scales (E, H / 128, I / 128)) -> combine, bf16 out (T, H).
+    grouped GEMM (w13 (E, 2I, H) e4m3, gate rows first then up; scales (E, 2I / 128, H / 128)) -> SwiGLU with the
+    1x128 quantization -> grouped GEMM (w2 (E, H, I), scales (E, H / 128, I / 128)) -> combine, bf16 out (T, H).
     `layout` "masked" (with `max_m` slots an expert; copies past it dropped) keeps every count on the device: the
-    decode-sized path, capturable in a CUDA graph; `route_kwargs` as `moe_route`. The dispatch's quantization and the
-    SwiGLU's requantization are separate passes for now."""
+    decode-sized path, capturable in a CUDA graph; `route_kwargs` as `moe_route`. The dispatch quantizes once a
+    token; the SwiGLU requantizes in the same pass (`swiglu_quantize`)."""
     import cute_kernels as ck
 
     if x.dim() != 2:
@@ -310,8 +310,7 @@ def moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w13_scales: 
     else:
         hh = ck.fp8_gemm_grouped_masked(xq, sx, w13, w13_scales, r.masked_m, max(1, max_m))
     h2 = hh.reshape(-1, two_i)
-    g = ck.swiglu(h2[:, :i], h2[:, i:])
-    gq, sg = ck.quantize_1x128(g)
+    gq, sg = ck.swiglu_quantize(h2[:, :i], h2[:, i:])  # SwiGLU and the 1x128 requantization in one pass
     if layout == "contiguous":
         y = ck.fp8_gemm_grouped_contiguous(gq, sg, w2, w2_scales, r.m_indices)
     else:

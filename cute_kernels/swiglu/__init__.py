@@ -65,4 +65,31 @@ SWIGLU_FWD = _gated("swiglu_fwd", "out = silu(gate) * up, fused (3 tensors moved
 SWIGLU_BWD = _gated("swiglu_bwd", "dgate, dup from gate, up, dout in one pass (5 tensors)")
 
 
-SPECS = (SILU_FWD, SILU_BWD, SWIGLU_FWD, SWIGLU_BWD,)
+@dataclass(frozen=True, eq=False)
+class SwigluQuantSpec(KernelSpec):
+    def build(self, p):
+        from cute_kernels.swiglu.kernels import SwigluQuant
+
+        dt = dtypes.cutlass_of(p["dtype"])
+
+        def sym(div=1):
+            return index_sym(False, div)
+
+        gate, up = (fake_tensor(dt, (sym(), sym(128)), (sym(8), 1), 16) for _ in range(2))
+        q = fake_tensor(cutlass.Float8E4M3FN, (sym(), sym(128)), (sym(16), 1), 16)
+        s = fake_tensor(cutlass.Float32, (sym(), sym()), (sym(), sym()), 4)
+        return SwigluQuant(dt, p["threads"]), (gate, up, q, s, cutlass.Int32(1), fake_stream())
+
+
+SWIGLU_QUANT = SwigluQuantSpec(
+    name="swiglu.quantize", family="swiglu", lesson=13,
+    summary="(e4m3, 1x128 scales) of silu(gate) * up from the fp32 product: the FP8 MLP's activation and the next "
+            "GEMM's quantization in one pass",
+    ops=("swiglu_quantize",), status="ready",
+    params={
+        "dtype": Param("bf16", ("bf16", "fp16"), "signature", "gate / up element type"),
+        "threads": Param(128, (64, 128, 256), help="threads per CTA (a row each)"),
+    },
+)
+
+SPECS = (SILU_FWD, SILU_BWD, SWIGLU_FWD, SWIGLU_BWD, SWIGLU_QUANT)

@@ -17,6 +17,9 @@ from cutlass import Float32, Int32
 
 from collectives import pdl
 from collectives.activations import sigmoid, silu_mul
+from collectives.quantize import BLOCK, E4M3, fmax, inverse, scale_of, vector_amax
+from collectives.reduce import warp_reduce
+from collectives.vector_io import as_vectors, extent
 from collectives.vector_map import map_grid, map_vectors
 from schedules.grid_stride import GridStride
 
@@ -72,3 +75,49 @@ class GatedActivation:
         ins = (a, b, c)[:n_in]
         outs = (o1, o2)[:n_out]
         map_vectors(ins, outs, self._f, self.vec, self.schedule, self.index64, full_passes=passes)
+
+
+class SwigluQuant:
+    """(q, s) = the 1x128 e4m3 quantization of silu(gate) * up, taken from the fp32 product (no 16-bit rounding
+    between): the FP8 MLP's activation feeding the next FP8 GEMM. A CTA a row (grid-stride past the cap), the row's
+    16-byte vectors over its threads; a 128-column block's 16 vectors sit on 16 consecutive lanes, whose butterfly
+    gives the block's amax (`collectives.quantize`: scale, reciprocal, e4m3 as `quantize_1x128`). Every lane runs
+    every step (the shuffles need the whole warp); a vector past the row reads vector 0 and stores nothing."""
+
+    def __init__(self, dtype, threads: int = 128):
+        if threads % 16:
+            raise ValueError(f"threads must be a multiple of 16, got {threads}")
+        self.dtype, self.threads = dtype, threads
+        self.vec = 128 // dtype.width
+
+    @cute.jit
+    def __call__(self, gate: cute.Tensor, up: cute.Tensor, q: cute.Tensor, s: cute.Tensor, max_ctas: Int32, stream):
+        """gate, up (M, I) with unit column stride, I a multiple of 128; q (M, I) e4m3; s (M, I / 128) fp32."""
+        ctas = cutlass.max(cutlass.min(extent(gate, 0), max_ctas), 1)
+        self.kernel(gate, up, q, s).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream,
+                                           use_pdl=pdl.LAUNCH)
+
+    @cute.kernel
+    def kernel(self, mG: cute.Tensor, mU: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
+        pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        rows, n = extent(mG, 0), extent(mG, 1)
+        nvec = n // self.vec
+        per_block = BLOCK // self.vec
+        for r in cutlass.range(bidx, rows, gdim, unroll=1):
+            g_row = as_vectors(mG[r, None], n, self.vec)
+            u_row = as_vectors(mU[r, None], n, self.vec)
+            q_row = as_vectors(mQ[r, None], n, self.vec)
+            for i in cutlass.range((nvec + self.threads - 1) // self.threads, unroll=1):
+                j = i * self.threads + tidx
+                jc = cutlass.min(j, nvec - 1)
+                y = silu_mul(g_row[None, jc].load().to(Float32), u_row[None, jc].load().to(Float32), True)
+                scale = scale_of(warp_reduce(vector_amax(y), fmax, per_block), False)
+                qv = cute.make_rmem_tensor((self.vec,), E4M3)
+                qv.store((y * inverse(scale)).to(E4M3))
+                if j < nvec:
+                    q_row[None, j].store(qv.load())
+                    if j % per_block == 0:
+                        mS[r, j // per_block] = scale

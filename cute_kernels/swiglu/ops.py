@@ -147,3 +147,48 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, fused, differentiable (gate and up: same shape and dtype)."""
     return call("cute_kernels::swiglu", gate, up)
+
+
+# --- SwiGLU with the 1x128 FP8 quantization fused -----------------------------------------------------------------
+def _swiglu_quantize_fake(gate, up):
+    from cute_kernels.quantize.ops import _quant_1x128_fake
+
+    for name, t in (("gate", gate), ("up", up)):
+        check_tensor(name, t, allowed=(torch.bfloat16, torch.float16))
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be 2-D (rows, I), got shape {tuple(t.shape)}")
+    if up.dtype != gate.dtype or up.shape != gate.shape or up.device != gate.device:
+        raise ValueError(f"up ({up.dtype}, {tuple(up.shape)}, {up.device}) must match gate ({gate.dtype}, "
+                         f"{tuple(gate.shape)}, {gate.device})")
+    return _quant_1x128_fake(gate)
+
+
+def _swiglu_quantize_cuda(gate, up):
+    """The kernel reads rows with unit column stride, I a multiple of 128 and 16-byte aligned rows; other layouts
+    copy first, and I off the 128-column block runs swiglu then quantize_1x128 (the bf16 product rounded between)."""
+    from cute_kernels.quantize.ops import quantize_1x128
+    from cute_kernels.swiglu import SWIGLU_QUANT
+
+    q, s = _swiglu_quantize_fake(gate, up)
+    if q.numel() == 0:
+        return q, s
+    if gate.shape[1] % 128:
+        return quantize_1x128(swiglu(gate, up))
+    ins = []
+    for t in (gate, up):
+        if t.stride(1) != 1 or t.stride(0) % 8 or t.data_ptr() % 16:
+            t = t.contiguous()
+        ins.append(t)
+    fn = SWIGLU_QUANT.compiled(dtype=dtypes.name_of(gate.dtype))
+    fn(*ins, q, s, 16 * num_sms(gate.get_device()))
+    return q, s
+
+
+register_op("cute_kernels::swiglu_quantize", "(Tensor gate, Tensor up) -> (Tensor, Tensor)", _swiglu_quantize_cuda,
+            _swiglu_quantize_fake)
+
+
+def swiglu_quantize(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, s): silu(gate) * up quantized 1x128 to e4m3 from the fp32 product, in `quantize_1x128`'s layouts (the FP8
+    GEMM reads both directly); gate, up (rows, I) bf16 / fp16, row-strided halves welcome. Not differentiable."""
+    return call("cute_kernels::swiglu_quantize", gate, up)

@@ -121,3 +121,21 @@ def test_swiglu_strided_halves(dtype, rows, cols):
         _close(hg.grad[:, :cols], dd * ud * s * (1 + gd * (1 - s)), dtype, ht.grad[:, :cols],
                scale=(dd * ud * s * (1 + (gd * (1 - s)).abs())).abs())
         _close(hg.grad[:, cols:], dd * gd * s, dtype, ht.grad[:, cols:])
+
+
+@pytest.mark.parametrize("m,i", [(1, 2048), (300, 1024), (4096, 2048), (33, 1000)])
+def test_swiglu_quantize(m, i):
+    """swiglu_quantize against the fp32 product quantized by the torch reference: the scales within fp32 rounding of
+    the reference's (the fast sigmoid), the dequantized values within calc_diff 1e-3 (I off 128: the unfused path)."""
+    import cute_kernels as ck
+    from cute_kernels.quantize.ops import dequantize_1x128, quantize_1x128_reference
+
+    h = torch.randn(m, 2 * i, device="cuda").bfloat16()
+    gate, up = h[:, :i], h[:, i:]
+    q, s = ck.swiglu_quantize(gate, up)
+    ref = torch.nn.functional.silu(gate.float()) * up.float()
+    _, rs = quantize_1x128_reference(ref)
+    assert torch.allclose(s, rs, rtol=1e-5, atol=0) if i % 128 == 0 else True
+    d = dequantize_1x128(q, s).double()
+    r = ref.double()
+    assert (1 - 2 * (d * r).sum() / (d * d + r * r).sum()).item() < 1e-3
