@@ -45,8 +45,32 @@ def moe(shapes=None, quick=False, ceilings=None):
         ours = H.do_bench(lambda: ck.moe_combine(y, r, w))["median_ms"]
         rows.append(H.Row("combine", "bf16", f"T{t} H{h} E{e} k{k}", nbytes, 0, ours,
                           {"torch": H.do_bench(torch_combine)["median_ms"]}, "copy", copy_bw))
+        # routing: ours (kernel + layouts) against a torch implementation (softmax, topk, sort, bincount, cumsum,
+        # index), bytes: the logits read and the ids / weights written
+        def torch_route():
+            sc = torch.softmax(logits, -1)
+            w_, ids = sc.topk(k, -1)
+            w_ = w_ / w_.sum(-1, keepdim=True)
+            flat = ids.flatten()
+            order = torch.sort(flat, stable=True).indices
+            counts = torch.bincount(flat, minlength=e)
+            offs = torch.cumsum(counts, 0) - counts
+            rank = torch.empty_like(flat)
+            rank[order] = torch.arange(flat.numel(), device="cuda") - offs[flat[order]]
+            return ids, w_, counts, rank
+
+        H.progress(f"  moe route T={t} E={e} k={k}")
+        ours = H.do_bench(lambda: ck.moe_route(logits, k))["median_ms"]
+        rows.append(H.Row("route", "fp32", f"T{t} H{h} E{e} k{k}", t * e * 4 + t * k * 8, 0, ours,
+                          {"torch": H.do_bench(torch_route)["median_ms"]}, "copy", copy_bw))
     checks = []
-    big = H.worst(rows, lambda r: int(r.shape.split(" ")[0][1:]) >= 4096)
+    rt = [r for r in rows if r.case == "route" and int(r.shape.split(" ")[0][1:]) >= 4096]
+    if rt:
+        worst = min(rt, key=lambda r: r.refs_ms["torch"] / r.ours_ms)
+        checks.append({"target": "routing >= 3x a torch implementation at 4096-32768 tokens",
+                       "measured": f"min {worst.refs_ms['torch'] / worst.ours_ms:.2f}x ({worst.shape})",
+                       "ok": worst.refs_ms["torch"] / worst.ours_ms >= 3.0})
+    big = H.worst(rows, lambda r: r.case != "route" and int(r.shape.split(" ")[0][1:]) >= 4096)
     if big:
         checks.append({"target": "dispatch and combine >= 85 % of copy bandwidth from 4096 tokens",
                        "measured": f"min {big.pct_ceiling:.1f}% ({big.case} {big.shape})",
