@@ -119,4 +119,41 @@ MOE_ROUTE = RouteSpec(
     },
 )
 
-SPECS = (MOE_TOKEN_ROWS, MOE_ROUTE)
+@dataclass(frozen=True, eq=False)
+class LayoutsSpec(KernelSpec):
+    def build(self, p):
+        from cute_kernels.moe.kernels import MoeLayouts
+
+        e = p["experts"]
+
+        def sym(div=1):
+            return index_sym(False, div)
+
+        def flat(n=None):
+            return fake_tensor(cutlass.Int32, (n if n is not None else sym(),), (1,), 4)
+
+        chunk_counts = fake_tensor(cutlass.Int32, (sym(), e), (e, 1), 4)
+        kernel = MoeLayouts(e, p["warps"], p["rounds"])
+        return kernel, (flat(), chunk_counts, flat(e), flat(e + 1), flat(e + 1), flat(e), flat(), flat(), flat(),
+                        flat(), flat(), flat(1), cutlass.Int32(1), fake_stream())
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"experts": 8, "warps": 2, "rounds": 2})]
+
+
+MOE_LAYOUTS = LayoutsSpec(
+    name="moe.layouts",
+    family="moe",
+    lesson=14,
+    summary="both grouped-GEMM layouts of an expert assignment: a counting sort by expert that keeps copy order "
+            "(per-warp counts by match.any, a chunk scan, placement), no atomics but the drop count",
+    ops=("moe_route",),
+    status="ready",
+    params={
+        "experts": Param(64, tuple(range(1, 1025)), "signature", "experts E"),
+        "warps": Param(4, (1, 2, 4, 8), help="warps a CTA (a chunk is warps x rounds x 32 copies)"),
+        "rounds": Param(8, (1, 2, 4, 8, 16, 32), help="32-copy rounds a warp walks in order"),
+    },
+)
+
+SPECS = (MOE_TOKEN_ROWS, MOE_ROUTE, MOE_LAYOUTS)

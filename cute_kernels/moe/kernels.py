@@ -237,3 +237,161 @@ class MoeRoute:
                 kept = kept | (keep[g] & (ex[i] // per == g))
             out.append(select(kept, sel[i], ninf))
         return out
+
+
+class MoeLayouts:
+    """Both grouped-GEMM layouts of a (T, k) expert assignment, on the device and deterministic (the semantics of
+    `cute_kernels.moe.reference._layouts`): a counting sort by expert that keeps copy order. Copies c = t k + s are cut
+    into chunks of `warps` x `rounds` x 32 (one CTA each, a warp a run of `rounds` x 32 consecutive copies):
+
+    1. count: each warp counts its copies per expert (`match.any` finds a round's lanes of one expert; their lowest
+       lane adds the popcount into the warp's own shared row: no atomics); the CTA's sums go to chunk_counts (C, E);
+    2. scan (one CTA, a thread an expert): each chunk's base per expert (a running sum over the chunks in order), the
+       counts, the offsets, the 128-aligned starts of the contiguous layout, rows_used and masked_m;
+    3. place: the counts again, each warp's base (the warps before it), then the warps walk their rounds in order: a
+       copy's rank is chunk base + warp base + the warp's running count + its lanes of the same expert below it; it
+       lands in row start[e] + rank, and in masked slot e max_m + rank while rank < max_m (else dropped, counted).
+    Rows and slots no copy takes keep the -1 they were filled with."""
+
+    def __init__(self, experts: int, warps: int = 4, rounds: int = 8):
+        if not 1 <= experts <= 1024:
+            raise ValueError(f"experts must be 1-1024, got {experts}")
+        self.e, self.warps, self.rounds = experts, warps, rounds
+        self.chunk = warps * rounds * 32
+        self.scan_threads = max(32, -(-experts // 32) * 32)
+
+    @cute.jit
+    def __call__(self, ids: cute.Tensor, chunk_counts: cute.Tensor, counts: cute.Tensor, offsets: cute.Tensor,
+                 starts: cute.Tensor, masked_m: cute.Tensor, token_rows: cute.Tensor, m_indices: cute.Tensor,
+                 row_source: cute.Tensor, masked_source: cute.Tensor, token_slots: cute.Tensor, dropped: cute.Tensor,
+                 max_m: Int32, stream):
+        """ids, token_rows, token_slots: (T k,) int32 (flat); chunk_counts (C, E); counts, masked_m (E,); offsets,
+        starts (E + 1,) (starts[E]: rows_used); m_indices, row_source (R,) and masked_source (E max_m,) filled with -1;
+        dropped (1,) zero. All int32."""
+        chunks = cutlass.max((extent(ids, 0) + self.chunk - 1) // self.chunk, 1)
+        self.count_kernel(ids, chunk_counts).launch(grid=[chunks, 1, 1], block=[32 * self.warps, 1, 1],
+                                                    stream=stream, use_pdl=pdl.LAUNCH)
+        self.scan_kernel(chunk_counts, counts, offsets, starts, masked_m, max_m).launch(
+            grid=[1, 1, 1], block=[self.scan_threads, 1, 1], stream=stream, use_pdl=pdl.LAUNCH)
+        self.place_kernel(ids, chunk_counts, starts, token_rows, m_indices, row_source, masked_source, token_slots,
+                          dropped, max_m).launch(grid=[chunks, 1, 1], block=[32 * self.warps, 1, 1], stream=stream,
+                                                 use_pdl=pdl.LAUNCH)
+
+    @cute.jit
+    def warp_counts(self, ids: cute.Tensor, cnt: cute.Tensor, chunk: Int32, warp: Int32, lane: Int32):
+        """This warp's copies counted per expert into its row of `cnt` (warps, E) in shared memory."""
+        n = extent(ids, 0)
+        for e in cutlass.range(lane, self.e, 32, unroll=1):
+            cnt[warp, e] = Int32(0)
+        cute.arch.sync_warp()
+        first = chunk * self.chunk + warp * self.rounds * 32
+        for r in cutlass.range(self.rounds, unroll=1):
+            c = first + r * 32 + lane
+            x = Int32(-1)
+            if c < n:
+                x = ids[c]
+            peers = cute.arch.match_sync(0xFFFFFFFF, x)
+            lower = peers & cute.arch.lanemask_lt()
+            if (x >= 0) & (lower == 0):  # the lowest lane of its expert's lanes
+                cnt[warp, x] = cnt[warp, x] + Int32(cute.arch.popc(peers))
+            cute.arch.sync_warp()
+
+    @cute.kernel
+    def count_kernel(self, ids: cute.Tensor, chunk_counts: cute.Tensor):
+        pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
+        tidx, _, _ = cute.arch.thread_idx()
+        chunk, _, _ = cute.arch.block_idx()
+        warp, lane = tidx // 32, tidx % 32
+        smem = cutlass.memory.SmemAllocator()
+        cnt = smem.allocate_tensor(Int32, cute.make_layout((self.warps, self.e), stride=(self.e, 1)),
+                                   byte_alignment=16)
+        self.warp_counts(ids, cnt, chunk, warp, lane)
+        cute.arch.sync_threads()
+        for e in cutlass.range(tidx, self.e, 32 * self.warps, unroll=1):
+            total = Int32(0)
+            for w in cutlass.range_constexpr(self.warps):
+                total = total + cnt[w, e]
+            chunk_counts[chunk, e] = total
+
+    @cute.kernel
+    def scan_kernel(self, chunk_counts: cute.Tensor, counts: cute.Tensor, offsets: cute.Tensor, starts: cute.Tensor,
+                    masked_m: cute.Tensor, max_m: Int32):
+        pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
+        tidx, _, _ = cute.arch.thread_idx()
+        chunks = extent(chunk_counts, 0)
+        smem = cutlass.memory.SmemAllocator()
+        tot = smem.allocate_tensor(Int32, cute.make_layout(self.scan_threads), byte_alignment=16)
+        if tidx < self.e:
+            running = Int32(0)
+            for c in cutlass.range(chunks, unroll=1):  # each chunk's base: the copies of the chunks before it
+                here = chunk_counts[c, tidx]
+                chunk_counts[c, tidx] = running
+                running = running + here
+            counts[tidx] = running
+            masked_m[tidx] = cutlass.min(running, max_m)
+            tot[tidx] = running
+        cute.arch.sync_threads()
+        if tidx == 0:  # the experts' offsets and 128-aligned starts, in expert order
+            off = Int32(0)
+            start = Int32(0)
+            for e in cutlass.range(self.e, unroll=1):
+                offsets[e] = off
+                starts[e] = start
+                off = off + tot[e]
+                start = start + (tot[e] + 127) // 128 * 128
+            offsets[self.e] = off
+            starts[self.e] = start
+
+    @cute.kernel
+    def place_kernel(self, ids: cute.Tensor, chunk_base: cute.Tensor, starts: cute.Tensor, token_rows: cute.Tensor,
+                     m_indices: cute.Tensor, row_source: cute.Tensor, masked_source: cute.Tensor,
+                     token_slots: cute.Tensor, dropped: cute.Tensor, max_m: Int32):
+        pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
+        tidx, _, _ = cute.arch.thread_idx()
+        chunk, _, _ = cute.arch.block_idx()
+        warp, lane = tidx // 32, tidx % 32
+        n = extent(ids, 0)
+        smem = cutlass.memory.SmemAllocator()
+        cnt = smem.allocate_tensor(Int32, cute.make_layout((self.warps, self.e), stride=(self.e, 1)),
+                                   byte_alignment=16)
+        base = smem.allocate_tensor(Int32, cute.make_layout((self.warps, self.e), stride=(self.e, 1)),
+                                    byte_alignment=16)
+        self.warp_counts(ids, cnt, chunk, warp, lane)
+        cute.arch.sync_threads()
+        for e in cutlass.range(tidx, self.e, 32 * self.warps, unroll=1):
+            run = chunk_base[chunk, e]
+            for w in cutlass.range_constexpr(self.warps):
+                base[w, e] = run
+                run = run + cnt[w, e]
+        cute.arch.sync_threads()
+        drops = Int32(0)
+        first = chunk * self.chunk + warp * self.rounds * 32
+        for r in cutlass.range(self.rounds, unroll=1):
+            c = first + r * 32 + lane
+            x = Int32(-1)
+            if c < n:
+                x = ids[c]
+            peers = cute.arch.match_sync(0xFFFFFFFF, x)
+            lower = peers & cute.arch.lanemask_lt()
+            xs = cutlass.max(x, 0)
+            rank = base[warp, xs] + Int32(cute.arch.popc(lower))
+            cute.arch.sync_warp()
+            if (x >= 0) & (lower == 0):
+                base[warp, xs] = base[warp, xs] + Int32(cute.arch.popc(peers))
+            cute.arch.sync_warp()
+            if c < n:
+                row = Int32(-1)
+                slot = Int32(-1)
+                if x >= 0:
+                    row = starts[x] + rank
+                    m_indices[row] = x
+                    row_source[row] = c
+                    if rank < max_m:
+                        slot = x * max_m + rank
+                        masked_source[slot] = c
+                    else:
+                        drops = drops + Int32(1)
+                token_rows[c] = row
+                token_slots[c] = slot
+        if drops > 0:
+            cute.arch.atomic_add(dropped.iterator, drops)

@@ -215,7 +215,46 @@ def _route_cuda(logits, top_k: int, scoring: str = "softmax", n_groups=None, top
                             groups=n_groups or 0, topk_groups=topk_groups or 1, bias=bias is not None,
                             renormalize=bool(renormalize))
     fn(logits, b, ids, w, float(routed_scaling_factor), MAX_CTAS_PER_SM * num_sms(logits.get_device()))
+    if LAYOUT_KERNEL:
+        return tuple(layouts(ids, w, e, max_m))
     return tuple(_layouts(ids, w, e, max_m))
+
+
+# The layouts by the `moe.layouts` kernels (a counting sort keeping copy order) instead of the reference's torch ops;
+# off until its GPU test and the suite have run (`tests/moe/test_moe_gpu.py::test_layout_kernel_against_reference`)
+LAYOUT_KERNEL = False
+
+
+def layouts(ids: torch.Tensor, weights: torch.Tensor, experts: int, max_m: int | None = None):
+    """`reference._layouts` by the `moe.layouts` kernels: ids (T, k) int32 (-1: routed nowhere) -> a `Routing`."""
+    from cute_kernels.moe import MOE_LAYOUTS
+    from cute_kernels.moe.reference import Routing, contiguous_rows
+
+    t, k = ids.shape
+    dev = ids.device
+    mm = max_m or 0
+    i32 = torch.int32
+    ids = ids.to(i32).contiguous()
+    rows = contiguous_rows(t, k, experts)
+    kern = MOE_LAYOUTS.compiled(experts=experts)
+    p = MOE_LAYOUTS.resolve({"experts": experts})
+    chunk = p["warps"] * p["rounds"] * 32
+    chunks = max(1, -(-(t * k) // chunk))
+    chunk_counts = torch.empty(chunks, experts, dtype=i32, device=dev)
+    counts, masked_m = (torch.empty(experts, dtype=i32, device=dev) for _ in range(2))
+    offsets, starts = (torch.empty(experts + 1, dtype=i32, device=dev) for _ in range(2))
+    token_rows, token_slots = (torch.empty(t, k, dtype=i32, device=dev) for _ in range(2))
+    m_indices, row_source = (torch.full((rows,), -1, dtype=i32, device=dev) for _ in range(2))
+    masked_source = torch.full((experts, mm), -1, dtype=i32, device=dev)
+    dropped = torch.zeros(1, dtype=i32, device=dev)
+    if t * k:
+        kern(ids.view(-1), chunk_counts, counts, offsets, starts, masked_m, token_rows.view(-1), m_indices, row_source,
+             masked_source.view(-1), token_slots.view(-1), dropped, mm)
+    else:
+        for z in (counts, offsets, starts, masked_m):
+            z.zero_()
+    return Routing(ids, weights.float(), counts, offsets, m_indices, row_source, token_rows, starts[-1:], masked_m,
+                   masked_source, token_slots, dropped)
 
 
 def _route_fake(logits, top_k: int, scoring: str = "softmax", n_groups=None, topk_groups=None, renormalize=True,

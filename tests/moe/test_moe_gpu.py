@@ -161,3 +161,19 @@ def test_route_kernel_against_reference(cfg):
     assert torch.allclose(got.topk_weights, want.topk_weights, rtol=1e-5, atol=1e-7)
     for a, b in zip(got[2:], want[2:]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("t,e,k,max_m", [(1, 8, 1, 4), (7, 16, 2, None), (4096, 64, 8, 300), (65536, 256, 8, 2048),
+                                         (5000, 40, 6, 10)])
+def test_layout_kernel_against_reference(t, e, k, max_m):
+    """The `moe.layouts` kernels (`ops.layouts`) give the reference's layouts bit for bit: skewed routing, an expert
+    with none, copies routed nowhere (-1, as expert parallelism's), capacity drops."""
+    from cute_kernels.moe.ops import layouts
+
+    r = _routing(t, e, k, max_m=max_m)
+    ids = r.topk_ids.clone()
+    ids[::7, 0] = -1  # some copies served elsewhere
+    want = R.routing_of(ids, r.topk_weights, e, max_m)
+    got = layouts(ids, r.topk_weights, e, max_m)
+    for name, a, b in zip(want._fields, got, want):
+        assert torch.equal(a.cpu(), b.cpu()), name

@@ -84,3 +84,15 @@ def test_route_kernel_compiles_clean(over, tmp_path):
     assert len(re.findall(r"shfl\.sync\.bfly", ptx)) >= 5 * k  # a 5-step arg-max a round
     with pytest.raises(ValueError, match="groups 3 must divide"):
         spec.resolve({"experts": 64, "groups": 3, "topk_groups": 1})
+
+
+@pytest.mark.parametrize("over", [{}, {"experts": 256}, {"experts": 8, "warps": 2, "rounds": 2}])
+def test_layout_kernels_compile_clean(over, tmp_path):
+    """The layouts' three kernels (count, scan, place): match.any for a round's lanes of one expert, no local memory,
+    one atomic (the drop count)."""
+    spec = catalog.get("moe.layouts")
+    report, files = compile_with_artifacts(spec, spec.resolve(over), str(tmp_path))
+    assert not report.spills, report.format()
+    ptx = files["ptx"].read_text()
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assert "match.any.sync" in ptx and len(re.findall(r"atom\.global", ptx)) == 1
