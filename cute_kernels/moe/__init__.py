@@ -132,10 +132,13 @@ class LayoutsSpec(KernelSpec):
         def flat(n=None):
             return fake_tensor(cutlass.Int32, (n if n is not None else sym(),), (1,), 4)
 
-        chunk_counts = fake_tensor(cutlass.Int32, (sym(), e), (e, 1), 4)
+        chunk_counts = fake_tensor(cutlass.Int32, (sym(), e), (sym(), 1), 4)
         kernel = MoeLayouts(e, p["warps"], p["rounds"])
         return kernel, (flat(), chunk_counts, flat(e), flat(e + 1), flat(e + 1), flat(e), flat(), flat(), flat(),
                         flat(), flat(), flat(1), cutlass.Int32(1), fake_stream())
+
+    def static_extents(self, p):
+        return {p["experts"] + 1, 1}  # the offsets' and starts' E + 1 entries, the one drop count
 
     def representative(self):
         return [self.resolve(), self.resolve({"experts": 8, "warps": 2, "rounds": 2})]
