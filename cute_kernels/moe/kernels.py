@@ -1,4 +1,7 @@
-"""MoE dispatch and combine: one kernel, the two directions of one map between token rows and layout rows.
+"""The MoE kernels: routing (`MoeRoute`, a warp a token), the grouped-GEMM layouts (`MoeLayouts`, a counting sort
+keeping copy order), and dispatch / combine (`TokenRows`, below).
+
+Dispatch and combine: one kernel, the two directions of one map between token rows and layout rows.
 
 A CTA per token t (grid-stride over tokens past the grid's cap), its threads over the row's 16-byte vectors. The
 token's k slots name their layout rows (`rows[t, s]`: the contiguous layout's row, or e max_m + i of the masked
@@ -122,7 +125,7 @@ class MoeRoute:
     `topk_groups` best groups kept (ties to the lower group) and the rest masked; then k rounds of the warp's arg-max
     (`collectives.arg_reduce`'s keys: the larger value, ties to the lower expert), the winner's unbiased score
     broadcast from its lane. Lane r keeps round r's expert and weight; the weights are renormalized (sum + 1e-20) and
-    scaled. The layouts (counts, ranks, rows) are built after it (`cute_kernels.moe.reference._layouts`)."""
+    scaled. The layouts (counts, ranks, rows) are built after it (`MoeLayouts`, or the reference's torch ops)."""
 
     def __init__(self, experts: int, top_k: int, scoring: str, groups: int, topk_groups: int, bias: bool,
                  renormalize: bool, threads: int = 128):
