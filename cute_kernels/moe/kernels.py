@@ -281,6 +281,16 @@ class MoeLayouts:
                                                  use_pdl=pdl.LAUNCH)
 
     @cute.jit
+    def round_of(self, ids: cute.Tensor, c: Int32, n: Int32):
+        """A lane's copy c of a round: (c, its expert or -1 past the copies, the lanes of its expert, those below
+        it)."""
+        x = Int32(-1)
+        if c < n:
+            x = ids[c]
+        peers = cute.arch.match_sync(0xFFFFFFFF, x)
+        return c, x, peers, peers & cute.arch.lanemask_lt()
+
+    @cute.jit
     def warp_counts(self, ids: cute.Tensor, cnt: cute.Tensor, chunk: Int32, warp: Int32, lane: Int32):
         """This warp's copies counted per expert into its row of `cnt` (warps, E) in shared memory."""
         n = extent(ids, 0)
@@ -289,12 +299,7 @@ class MoeLayouts:
         cute.arch.sync_warp()
         first = chunk * self.chunk + warp * self.rounds * 32
         for r in cutlass.range(self.rounds, unroll=1):
-            c = first + r * 32 + lane
-            x = Int32(-1)
-            if c < n:
-                x = ids[c]
-            peers = cute.arch.match_sync(0xFFFFFFFF, x)
-            lower = peers & cute.arch.lanemask_lt()
+            c, x, peers, lower = self.round_of(ids, first + r * 32 + lane, n)
             if (x >= 0) & (lower == 0):  # the lowest lane of its expert's lanes
                 cnt[warp, x] = cnt[warp, x] + Int32(cute.arch.popc(peers))
             cute.arch.sync_warp()
@@ -370,12 +375,7 @@ class MoeLayouts:
         drops = Int32(0)
         first = chunk * self.chunk + warp * self.rounds * 32
         for r in cutlass.range(self.rounds, unroll=1):
-            c = first + r * 32 + lane
-            x = Int32(-1)
-            if c < n:
-                x = ids[c]
-            peers = cute.arch.match_sync(0xFFFFFFFF, x)
-            lower = peers & cute.arch.lanemask_lt()
+            c, x, peers, lower = self.round_of(ids, first + r * 32 + lane, n)
             xs = cutlass.max(x, 0)
             rank = base[warp, xs] + Int32(cute.arch.popc(lower))
             cute.arch.sync_warp()
