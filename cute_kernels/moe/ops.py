@@ -3,7 +3,7 @@
     rows = ck.moe_dispatch(x, r, layout="contiguous")      # (T k + E 127, H) or (E, max_m, H)
     out = ck.moe_combine(y, r, r.topk_weights, layout="contiguous")   # (T, H)
 
-r is a `Routing` (`cute_kernels.moe.reference.route`, the routing kernel still to come): each token's k slots name
+r is a `Routing` (`moe_route`): each token's k slots name
 their row of the contiguous layout (`token_rows`) or their masked slot (`token_slots`), -1 for none. The ops under
 them, `cute_kernels::moe_dispatch_rows(x, rows, num_rows, weights=None)` and `cute_kernels::moe_combine_rows(y, rows,
 weights)`, take that (T, k) int32 map directly. Layout rows no slot names are left unwritten (the grouped GEMM skips
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import dtypes
-from cute_kernels.torch_ops import call, check_tensor, register_op
+from cute_kernels.torch_ops import call, check_tensor, placeholder, register_op
 from schedules.hardware import num_sms
 
 ROW_TORCH = (torch.bfloat16, torch.float16)
@@ -70,7 +70,7 @@ def _dispatch_cuda(x, rows, num_rows: int, weights=None):
     out = torch.empty(num_rows, x.shape[1], dtype=x.dtype, device=x.device)
     if x.shape[0] == 0 or x.shape[1] == 0 or num_rows == 0:
         return out
-    w = weights.float() if weights is not None else torch.empty(rows.shape, dtype=torch.float32, device=x.device)
+    w = weights.float() if weights is not None else placeholder(x.device, (1, rows.shape[1]), torch.float32)
     if not _kernel_ok(x):
         x = x.contiguous()
     if not _kernel_ok(x) or not _kernel_ok(out):  # H not a multiple of 8: torch
@@ -99,17 +99,11 @@ def _combine_cuda(y, rows, weights):
     if not _kernel_ok(y):
         y = y.contiguous()
     if not _kernel_ok(y):
-        return _combine_torch(y, rows, weights).to(y.dtype)
+        from cute_kernels.moe.reference import combine_rows as combine_torch
+
+        return combine_torch(y, rows, weights).to(y.dtype)
     _launch("combine", y, out, rows, weights.float())
     return out
-
-
-def _combine_torch(y, rows, weights):
-    acc = torch.zeros(rows.shape[0], y.shape[1], dtype=torch.float32, device=y.device)
-    for s in range(rows.shape[1]):
-        r = rows[:, s].long()
-        acc += torch.where((r >= 0).unsqueeze(1), weights[:, s].float().unsqueeze(1) * y[r.clamp(min=0)].float(), 0.0)
-    return acc
 
 
 def _combine_fake(y, rows, weights):
@@ -170,7 +164,7 @@ def _dispatch_fp8_cuda(x, rows, num_rows: int):
         x = x.contiguous()
     if x.shape[1] % 128 or not _kernel_ok(x):
         return quantize_1x128(_dispatch_cuda(x, rows, num_rows))
-    _launch("dispatch", x, q, rows, torch.empty(rows.shape, dtype=torch.float32, device=x.device), scales=s)
+    _launch("dispatch", x, q, rows, placeholder(x.device, (1, rows.shape[1]), torch.float32), scales=s)
     return q, s
 
 

@@ -176,11 +176,15 @@ def combine(y: torch.Tensor, r: Routing, topk_weights: torch.Tensor, layout: str
     """out[t] = sum over slots s (in order) of topk_weights[t, s] * y[row of (t, s)], fp32, rounded once; a dropped
     copy (masked layout) adds nothing."""
     rows = r.token_rows if layout == "contiguous" else r.token_slots
-    yf = y.reshape(-1, y.shape[-1]).float()
-    t, k = rows.shape
-    acc = torch.zeros(t, y.shape[-1], dtype=torch.float32, device=y.device)
-    for s in range(k):
+    return combine_rows(y.reshape(-1, y.shape[-1]), rows, topk_weights).to(out_dtype)
+
+
+def combine_rows(y: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`combine` on the (T, k) row map itself, in fp32 (T, H): slot by slot in order, a slot with row -1 adds
+    nothing. Fixed-size ops (no boolean indexing): also the op's fallback for rows the kernel cannot read."""
+    acc = torch.zeros(rows.shape[0], y.shape[-1], dtype=torch.float32, device=y.device)
+    for s in range(rows.shape[1]):
         row = rows[:, s].long()
-        ok = row >= 0
-        acc[ok] += topk_weights[ok, s].float().unsqueeze(1) * yf[row[ok]]
-    return acc.to(out_dtype)
+        picked = weights[:, s].float().unsqueeze(1) * y[row.clamp(min=0)].float()
+        acc += torch.where((row >= 0).unsqueeze(1), picked, 0.0)
+    return acc
