@@ -129,10 +129,6 @@ class TimestepEmbeddingSpec(KernelSpec):
         f = cutlass.Float32
         return kernel, (t, out, f(9.2), f(1.0), f(1.0), cutlass.Int32(1), fake_stream())
 
-    def local_memory_note(self, p):
-        return ("the accurate sincos reduces arguments past ~1e5 radians by Payne-Hanek, whose table of partial "
-                "products lives in local memory; smaller arguments never touch it")
-
     def sweep(self):
         return [self.resolve({"flip": f, "out_dtype": d}) for f in (False, True) for d in dtypes.FLOAT_NAMES]
 

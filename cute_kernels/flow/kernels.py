@@ -24,6 +24,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from collectives import pdl
+from collectives.trig import sincos
 from collectives.vector_io import extent
 from collectives.vector_map import map_grid, map_vectors
 from schedules.grid_stride import GridStride
@@ -158,9 +159,9 @@ class DiffusionStep:
 class TimestepEmbedding:
     """out (B, dim) from t (B,) fp32, as diffusers' `get_timestep_embedding`: with half = dim // 2,
     f_i = exp(-ln(max_period) i / (half - shift)), args = scale t f_i; the row is [sin(args), cos(args)] ([cos, sin]
-    with `flip`), a zero last column when dim is odd. exp, sin and cos are the accurate (not the MUFU approximate)
-    functions, the arguments rounded as torch rounds them, so the result tracks torch's fp32 to an ulp of the
-    argument. A thread per output element, grid-stride."""
+    with `flip`), a zero last column when dim is odd. exp is the accurate expf, sin and cos `collectives.trig`'s
+    (about an ulp, no local memory), the arguments rounded as torch rounds them, so the result tracks torch's fp32 to
+    an ulp of the argument. A thread per output element, grid-stride."""
 
     def __init__(self, flip: bool, out_dtype, threads: int = 256):
         self.flip, self.out_dtype, self.threads = flip, out_dtype, threads
@@ -188,7 +189,7 @@ class TimestepEmbedding:
             i = j if j < half else j - half
             arg = mT[b] * cute.math.exp(-log_period * Float32(i) / denom)
             arg = scale * arg
-            first, second = cute.math.sincos(arg)
+            first, second = sincos(arg)
             if cutlass.const_expr(self.flip):
                 first, second = second, first
             v = Float32(0.0)

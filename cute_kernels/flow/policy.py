@@ -5,7 +5,8 @@ the action expert of a small VLA policy: hidden 512, 4 pre-norm SwiGLU blocks of
 `ActionFlowNet` runs on our ops (`timestep_embedding`, `gemm` with bias and SiLU, `addmm` with the time conditioning
 broadcast over the chunk and with each block's residual, `rms_norm`, `gemm_swiglu`); `TorchActionFlowNet` is the
 same network in plain `torch.nn` (the eager baseline of the sampler benchmark), built from the first's weights so
-both compute the same function. Per sampler step ours launches 6 + 3 x blocks kernels, all capturable.
+both compute the same function. Per sampler step ours launches `kernels_per_step` kernels (7 + 3 x blocks with the
+update), all capturable.
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ class ActionFlowNet(nn.Module):
         self._gate_up = [pack_gate_up(a, b).t() for a, b in zip(self.w_gate, self.w_up)]
         self._down = [d.t() for d in self.w_down]
         self.dtype = dtype
+
+    @staticmethod
+    def kernels_per_step(blocks: int = 4, cast_input: bool = True) -> int:
+        """Kernels of one Euler step: the embedding, the two time-MLP GEMMs, the input's cast (an fp32 state), the
+        input projection, three per block (norm, gate / up GEMM with SwiGLU, down GEMM with the residual), the last
+        norm and projection, the update."""
+        return 1 + 2 + int(cast_input) + 1 + 3 * blocks + 2 + 1
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         import cute_kernels as ck

@@ -37,3 +37,21 @@ def test_pages_reference_figures():
             assert f"../figures/{f}" in text, f"{page} does not show {f}"
             assert (ROOT / "docs" / "figures" / f).is_file(), f
         assert "make_kernel_figures.py" in text, f"{page} does not say how to regenerate its figures"
+
+
+LESSONS = ROOT / "docs" / "figures" / "make_lesson_figures.py"
+LESSON_FIGURES = {"flow.md": ("flow_sampler_timeline.png",)}
+
+
+def test_lesson_figures_written(tmp_path):
+    """Lessons 15-17: the script writes each page's pictures, and each page shows them and names the script."""
+    res = subprocess.run([sys.executable, str(LESSONS), "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for page, figs in LESSON_FIGURES.items():
+        text = (ROOT / "docs" / "kernels" / page).read_text()
+        assert "make_lesson_figures.py" in text, page
+        for name in figs:
+            data = (tmp_path / name).read_bytes()
+            assert data[:8] == b"\x89PNG\r\n\x1a\n" and 5_000 < len(data) < 300 * 1024, name
+            assert f"../figures/{name}" in text and (ROOT / "docs" / "figures" / name).is_file(), (page, name)
