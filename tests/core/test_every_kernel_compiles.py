@@ -69,6 +69,9 @@ def test_representative_compiles(reports, spec, p):
         assert report.ptx_census["ld/st.local"] == 0 and report.ptx_census["shfl.sync"] + files["ptx"].read_text(
         ).count("match.any") > 0
         return
+    if spec.name == "flow.timestep_embedding":  # a thread an output element: one scalar t load, one store
+        assert report.ptx_census["ld/st.local"] == 0 and report.ptx_census["st.global (all)"] >= 1
+        return
     if spec.name == "gemm.simt":  # scalar, predicated loads by design; smem tiles behind barriers
         assert report.ptx_census["bar.sync"] > 0 and report.ptx_census["ld/st.local"] == 0
         return
