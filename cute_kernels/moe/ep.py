@@ -16,13 +16,20 @@ Rank r of W owns the E / W experts [r E / W, (r + 1) E / W). One forward (`EPMoE
    token's partials in rank order, in fp32, rounded once.
 
 Every order is fixed (ranks, tokens, slots), so a forward is bitwise reproducible for a given world size; against the
-one-rank layer it differs only by the partials' grouping and rounding (calc_diff, not bits). The chunked exchange
-overlapped with the grouped GEMMs (a second stream) belongs to the GPU path; this module is its logic, which the CPU
-tests run in 2-4 gloo processes.
+one-rank layer it differs only by the partials' grouping and rounding (calc_diff, not bits).
+
+With `chunks` > 1 the tokens are split into that many consecutive ranges and the exchanges overlap the experts' work:
+the counts of every chunk go in one all_to_all (still one host synchronization), then chunk i + 1's rows travel
+(asynchronous collectives: NCCL runs them on its own stream, so on the GPU they overlap the grouped GEMMs of chunk i)
+while chunk i is computed, and each chunk's partials go back while the next is computed. A token lives in one chunk
+and its partials are still added in rank order, so the result equals the unchunked forward's wherever the experts
+compute a row independently of the others in its batch (bitwise in the CPU tests). The CPU tests run all of this in
+2-4 gloo processes.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import torch
@@ -67,48 +74,127 @@ def _ops(x: torch.Tensor):
     return route, dispatch, lambda y, r, w, dtype: combine(y, r, w, out_dtype=dtype)
 
 
-def _exchange(t: torch.Tensor, send_counts: list[int], recv_counts: list[int], group) -> torch.Tensor:
+def _exchange(t: torch.Tensor, send_counts: list[int], recv_counts: list[int], group, async_op: bool = False):
+    """`t`'s rows sent by `send_counts` per rank; returns the received rows, with the work handle if `async_op`."""
     out = t.new_empty((sum(recv_counts), *t.shape[1:]))
-    dist.all_to_all_single(out, t.contiguous(), recv_counts, send_counts, group=group)
-    return out
+    work = dist.all_to_all_single(out, t.contiguous(), recv_counts, send_counts, group=group, async_op=async_op)
+    return (out, work) if async_op else out
 
 
 class EPMoE:
     """One rank's share of an expert-parallel MoE layer. `expert_fn(rows, routing)` computes the rank's experts on
-    rows in the contiguous layout of `routing` (local expert ids) and returns their outputs in that layout."""
+    rows in the contiguous layout of `routing` (local expert ids) and returns their outputs in that layout. With
+    `dispatch_dtype="fp8"` the sender quantizes its rows 1x128 to e4m3 and sends them with their scales (DeepEP's FP8
+    dispatch; the receiver does not requantize), and `rows` is the pair (e4m3 rows, (rows, H / 128) fp32 scales) in
+    that layout: `cute_kernels.moe.ops.moe_experts_fp8` takes it as it is."""
 
     def __init__(self, experts: int, top_k: int, expert_fn: Callable[[torch.Tensor, Routing], torch.Tensor],
-                 group=None, combine_dtype: torch.dtype = torch.bfloat16, **route_kwargs):
+                 group=None, combine_dtype: torch.dtype = torch.bfloat16, dispatch_dtype: str | None = None,
+                 **route_kwargs):
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if experts % self.world:
             raise ValueError(f"experts = {experts} must divide over the {self.world} ranks")
         self.experts, self.top_k, self.expert_fn, self.group = experts, top_k, expert_fn, group
         self.per_rank = experts // self.world
-        self.combine_dtype = combine_dtype
+        if dispatch_dtype not in (None, "fp8"):
+            raise ValueError(f"dispatch_dtype must be None (rows as they are) or 'fp8', got {dispatch_dtype!r}")
+        self.combine_dtype, self.dispatch_dtype = combine_dtype, dispatch_dtype
         self.route_kwargs = route_kwargs
 
-    def forward(self, x: torch.Tensor, logits: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, logits: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16,
+                chunks: int = 1, marks: dict | None = None) -> torch.Tensor:
         """x (T, H) and logits (T, E) of this rank's tokens -> (T, H) in `out_dtype`. On CUDA tensors the routing,
-        dispatch and combine are the MoE ops; elsewhere (the gloo tests) their torch references."""
+        dispatch and combine are the MoE ops; elsewhere (the gloo tests) their torch references. `chunks`: the
+        token ranges whose exchanges overlap the experts' work (module doc); every rank must pass the same.
+        `marks`: a dict that receives a CUDA event (on CPU tensors a host time) at "start", "routed", "dispatched"
+        (the rows in the experts' layout on the receiver), "computed" and "combined", the phases of a benchmark
+        (with chunks = 1; chunked phases interleave)."""
+        if chunks < 1:
+            raise ValueError(f"chunks must be >= 1, got {chunks}")
+
+        def mark(name):
+            if marks is not None:
+                if x.is_cuda:
+                    marks[name] = torch.cuda.Event(enable_timing=True)
+                    marks[name].record()
+                else:
+                    marks[name] = time.perf_counter()
+
+        mark("start")
         route_fn, dispatch_fn, combine_fn = _ops(x)
         r = route_fn(logits, self.top_k, **self.route_kwargs)
-        send_index, counts, send_ids, send_w = send_plan(r.topk_ids, r.topk_weights, self.per_rank, self.world)
+        mark("routed")
+        t = x.shape[0]
+        bounds = [(c * t // chunks, (c + 1) * t // chunks) for c in range(chunks)]
+        plans = [send_plan(r.topk_ids[a:b], r.topk_weights[a:b], self.per_rank, self.world) for a, b in bounds]
+        counts = torch.stack([p[1] for p in plans], 1).reshape(-1)  # (W, chunks): destination-major for all_to_all
         recv = torch.empty_like(counts)
         dist.all_to_all_single(recv, counts, group=self.group)
-        sc, rc = counts.tolist(), recv.tolist()  # the host synchronization of the split sizes
-        rows = _exchange(x[send_index], sc, rc, self.group)
-        ids = _exchange(send_ids, sc, rc, self.group)
-        w = _exchange(send_w, sc, rc, self.group)
-        local = routing_of(ids, w, self.per_rank)
-        y = self.expert_fn(dispatch_fn(rows, local), local)
-        partial = combine_fn(y, local, w, self.combine_dtype)
-        back = _exchange(partial, rc, sc, self.group)
-        out = torch.zeros(x.shape[0], x.shape[1] if y.dim() < 2 else y.shape[-1], dtype=torch.float32,
-                          device=x.device)
-        start = 0
-        for n in sc:  # rank order: a token's partials added in a fixed order
-            seg = send_index[start:start + n]
-            out[seg] += back[start:start + n].float()
-            start += n
-        return out.to(out_dtype)
+        sc = counts.view(self.world, chunks).t().tolist()  # the host synchronization of every split size
+        rc = recv.view(self.world, chunks).t().tolist()
+        fp8 = self.dispatch_dtype == "fp8"
+
+        def send(c):  # chunk c's rows (and their scales) and routing, asynchronously
+            index, _, ids, w = plans[c]
+            rows = x[bounds[c][0] + index]
+            payload = list(_quantize_rows(rows)) if fp8 else [rows]
+            return [_exchange(v, sc[c], rc[c], self.group, True) for v in (*payload, ids, w)]
+
+        def received(c, inflight):
+            for _, work in inflight:
+                work.wait()
+            got = [v for v, _ in inflight]
+            ids, w = got[-2], got[-1]
+            local = routing_of(ids, w, self.per_rank)
+            if fp8:
+                q, sq = got[0].view(torch.float8_e4m3fn), got[1]
+                return (_layout(q, local), _layout(sq, local)), local, w
+            return dispatch_fn(got[0], local), local, w
+
+        out = None
+        inflight = send(0)
+        backs = []
+        for c in range(chunks):
+            rows, local, w = received(c, inflight)
+            if c == 0:
+                mark("dispatched")
+            if c + 1 < chunks:
+                inflight = send(c + 1)
+            y = self.expert_fn(rows, local)
+            if c == 0:
+                mark("computed")
+            if out is None:
+                out = torch.zeros(t, x.shape[1] if y.dim() < 2 else y.shape[-1], dtype=torch.float32, device=x.device)
+            partial = combine_fn(y, local, w, self.combine_dtype)
+            backs.append(_exchange(partial, rc[c], sc[c], self.group, True))
+        for c, (back, work) in enumerate(backs):
+            work.wait()
+            index, a, start = plans[c][0], bounds[c][0], 0
+            for n in sc[c]:  # rank order: a token's partials added in a fixed order
+                out[a + index[start:start + n]] += back[start:start + n].float()
+                start += n
+        out = out.to(out_dtype)
+        mark("combined")
+        return out
+
+
+def _quantize_rows(rows: torch.Tensor):
+    """(e4m3 rows viewed as uint8 for the collective, their 1x128 fp32 scales): the FP8 dispatch's payload."""
+    if rows.is_cuda:
+        from cute_kernels.quantize.ops import quantize_1x128
+
+        q, s = quantize_1x128(rows)
+    else:
+        from cute_kernels.quantize.ops import quantize_1x128_reference
+
+        q, s = quantize_1x128_reference(rows)
+    return q.view(torch.uint8), s
+
+
+def _layout(t: torch.Tensor, local: Routing) -> torch.Tensor:
+    """Received rows of any dtype gathered into the contiguous layout of `local` (padding rows zero bytes): the FP8
+    rows and their scales, which arrive quantized."""
+    flat = t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+    out = dispatch(flat, local)
+    return out.view(t.dtype) if t.dtype == torch.float8_e4m3fn else out

@@ -334,10 +334,21 @@ def moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w13_scales: 
                          f"(E, 2I, H) and w2 {tuple(w2.shape)} (E, H, I) disagree")
     if layout == "masked" and max_m is None:
         raise ValueError("the masked layout needs max_m (its slots an expert)")
-    i = two_i // 2
     logits = ck.gemm(x, router_w.t(), out_dtype=torch.float32)
     r = moe_route(logits, top_k, max_m=max_m if layout == "masked" else None, **route_kwargs)
     xq, sx = moe_dispatch(x, r, layout, quantize="1x128")
+    return moe_combine(moe_experts_fp8(xq, sx, r, w13, w13_scales, w2, w2_scales, layout, max_m), r, r.topk_weights,
+                       layout)
+
+
+def moe_experts_fp8(xq, sx, r, w13, w13_scales, w2, w2_scales, layout: str = "contiguous", max_m: int | None = None):
+    """The experts of `moe` on rows already in routing r's layout: e4m3 rows xq with their 1x128 scales sx -> grouped
+    GEMM (w13) -> SwiGLU with the 1x128 requantization -> grouped GEMM (w2); bf16 rows in the same layout. Also the
+    expert-parallel layer's per-rank work (`cute_kernels.moe.ep`), on the rows it received."""
+    import cute_kernels as ck
+
+    e, two_i, _ = w13.shape
+    i = two_i // 2
     if layout == "contiguous":
         hh = ck.fp8_gemm_grouped_contiguous(xq, sx, w13, w13_scales, r.m_indices)
     else:
@@ -345,11 +356,9 @@ def moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w13_scales: 
     h2 = hh.reshape(-1, two_i)
     gq, sg = ck.swiglu_quantize(h2[:, :i], h2[:, i:])  # SwiGLU and the 1x128 requantization in one pass
     if layout == "contiguous":
-        y = ck.fp8_gemm_grouped_contiguous(gq, sg, w2, w2_scales, r.m_indices)
-    else:
-        y = ck.fp8_gemm_grouped_masked(gq.view(e, max_m, i), sg.reshape(e, max_m, -1), w2, w2_scales, r.masked_m,
-                                       max(1, max_m))
-    return moe_combine(y, r, r.topk_weights, layout)
+        return ck.fp8_gemm_grouped_contiguous(gq, sg, w2, w2_scales, r.m_indices)
+    return ck.fp8_gemm_grouped_masked(gq.view(e, max_m, i), sg.reshape(e, max_m, -1), w2, w2_scales, r.masked_m,
+                                      max(1, max_m))
 
 
 def moe_reference(x, router_w, w13, w13_scales, w2, w2_scales, top_k: int, **route_kwargs) -> torch.Tensor:
