@@ -133,6 +133,7 @@ class EPMoE:
         dist.all_to_all_single(recv, counts, group=self.group)
         sc = counts.view(self.world, chunks).t().tolist()  # the host synchronization of every split size
         rc = recv.view(self.world, chunks).t().tolist()
+        self.last_counts = (sc, rc)  # rows sent to / received from each rank, per chunk (the benchmark's bytes)
         fp8 = self.dispatch_dtype == "fp8"
 
         def send(c):  # chunk c's rows (and their scales) and routing, asynchronously
