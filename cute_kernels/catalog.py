@@ -46,6 +46,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "rope": ("rope", "rope_", "rope_kv_append", "rope_tables"),
     "w4a16": ("gemm_w4a16", "gemm_w4a16_swiglu", "pack_int4", "unpack_int4"),
     "moe": ("moe_route", "moe_dispatch", "moe_combine", "moe"),
+    "qat": ("fake_quant", "fake_quant_learnable", "fake_quant_observed"),
+    "voxel": ("voxelize", "voxel_scatter", "voxel_trim"),
     "flow": ("flow_update", "ddim_step", "ddpm_step", "timestep_embedding", "sample_flow"),
 }
 OP_FAMILY: dict[str, str] = {op: fam for fam, ops in FAMILIES.items() for op in ops}
@@ -203,7 +205,6 @@ class KernelSpec:
 # ---------------------------------------------------------------------------------------------
 # The rest of the curriculum: listed with its status so `cute-kernels list` shows the whole map.
 _PLANNED = [
-    ("voxelize", "pointcloud", 16, "point-cloud voxelization (described only)"),
     ("fake_quant", "quant", 17, "QAT fake-quant with STE (described only)"),
 ]
 
