@@ -15,10 +15,10 @@ from cute_kernels import dtypes
 from cute_kernels.catalog import SIG_COMMON, KernelSpec, Param
 from cute_kernels.fake import fake_stream, fake_tensor, index_sym
 from cute_kernels.lazy import cutlass
-from schedules.grid_stride import GridStride
+from schedules.grid_stride import TUNED, GridStride
 
-# The map's schedule: swiglu's (a few inputs, one output, one pass of CTA-contiguous vectors, no grid cap).
-FLOW_TUNED = GridStride(threads=128, unroll=4, ctas_per_sm=0, order="cta")
+# The catalogue's default schedule: the elementwise add's tuned one (the ops pick by size, `grid_stride.pick("add")`).
+FLOW_TUNED = TUNED["add"]
 
 _GRID_PARAMS = {
     "threads": Param(FLOW_TUNED.threads, (128, 256, 512), help="threads per CTA"),

@@ -23,7 +23,7 @@ import math
 import torch
 
 from cute_kernels import catalog, dtypes
-from cute_kernels.flow import FLOW_TUNED, vec_for
+from cute_kernels.flow import vec_for
 from cute_kernels.flow.kernels import MAX_TERMS, PREDICTIONS
 from cute_kernels.flow.sampler import FlowSampler, sample_flow  # noqa: F401  (the family's public sampler)
 from cute_kernels.torch_ops import (
@@ -35,6 +35,7 @@ from cute_kernels.torch_ops import (
     direct_call_ok,
     register_op,
 )
+from schedules.grid_stride import pick
 from schedules.hardware import num_sms
 
 
@@ -42,9 +43,15 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return (t if t.is_contiguous() else t.contiguous()).view(-1)
 
 
-def _wide(n: int, vec: int, dev: int) -> bool:
+def _schedule(out: torch.Tensor):
+    """The grid-stride schedule for tensors of out's size: the elementwise family's, measured for add (two inputs, one
+    output, as the Euler update and a noiseless step; its large-size config is `FLOW_TUNED`)."""
+    return pick("add", out.numel() * out.element_size())
+
+
+def _wide(n: int, vec: int, dev: int, sched) -> bool:
     """64-bit indexing past 2^31 elements, and below where the 32-bit grid walk would wrap (`GridStride.index32_ok`)."""
-    return n > INDEX32_LIMIT or (n >= 2**24 and not FLOW_TUNED.index32_ok(n, vec, num_sms(dev)))
+    return n > INDEX32_LIMIT or (n >= 2**24 and not sched.index32_ok(n, vec, num_sms(dev)))
 
 
 # --- flow_update ----------------------------------------------------------------------------------------------------
@@ -76,12 +83,12 @@ def _update_pass(x, ks, coeffs, dt, cfg_scale, out):
     xn, kn = dtypes.name_of(x.dtype), dtypes.name_of(ks[0].dtype)
     aligned = aligned16(x, out, *ks)
     vec = vec_for((xn, kn), aligned)
-    n, dev = out.numel(), out.get_device()
-    fn = catalog.get("flow.update").compiled(FLOW_TUNED, dtype=xn, k_dtype=kn, terms=terms, cfg=cfg, aligned=aligned,
-                                             index64=_wide(n, vec, dev))
+    n, dev, sched = out.numel(), out.get_device(), _schedule(out)
+    fn = catalog.get("flow.update").compiled(sched, dtype=xn, k_dtype=kn, terms=terms, cfg=cfg, aligned=aligned,
+                                             index64=_wide(n, vec, dev, sched))
     k8 = list(ks) + [ks[0]] * (8 - len(ks))
     c4 = [float(c) for c in coeffs] + [0.0] * (MAX_TERMS - terms)
-    fn(x, *k8, out, *c4, float(dt), float(cfg_scale or 0.0), FLOW_TUNED.max_ctas(num_sms(dev)))
+    fn(x, *k8, out, *c4, float(dt), float(cfg_scale or 0.0), sched.max_ctas(num_sms(dev)))
 
 
 def _flow_update_cuda(x, ks, coeffs, dt, cfg_scale=None):
@@ -199,14 +206,14 @@ def _diffusion(kind, x, m, alpha_t, alpha_prev, eta, noise, prediction_type, cli
     vec = dtypes.vec_of(name)
     aligned = aligned16(out, *ins) and (not batched or per_row % vec == 0)
     vec = vec if aligned else 1
-    dev = out.get_device()
-    wide = _wide(n, vec, dev)
+    dev, sched = out.get_device(), _schedule(out)
+    wide = _wide(n, vec, dev, sched)
     fn = catalog.get("flow.diffusion_step").compiled(
-        FLOW_TUNED, dtype=name, kind=kind, prediction=prediction_type, clip=clip_sample is not None, noisy=noisy,
+        sched, dtype=name, kind=kind, prediction=prediction_type, clip=clip_sample is not None, noisy=noisy,
         batched=batched, aligned=aligned, index64=wide)
     of = out.view(-1)
     fn(ins[0], ins[1], ins[2] if noisy else ins[0], of, at, ap, per_row, float(eta),
-       float(clip_sample or 0.0), FLOW_TUNED.max_ctas(num_sms(dev)))
+       float(clip_sample or 0.0), sched.max_ctas(num_sms(dev)))
     return out
 
 
