@@ -6,6 +6,10 @@
 flow_sampler_timeline: the sampler's host and GPU lanes, eager against one graph replay. The kernel counts per
 step come from the code (the plain-torch twin's aten ops counted by a dispatch mode on CPU; ours from the network's
 structure); the durations are typical values, labelled as such (the page's table has the measured latencies).
+
+voxel_grid_order: a 2-D slice of a cloud on its voxel grid, computed by `cute_kernels.voxel.reference`: each voxel's
+hard-mode number (order of its first point, with points past max_points and voxels past max_voxels dropped), the
+scatter's order (ascending linear index), and the points out of range.
 """
 
 from __future__ import annotations
@@ -106,7 +110,66 @@ def flow_sampler_timeline(out: Path, steps: int = 3) -> Path:
     return _save(fig, out, "flow_sampler_timeline.png")
 
 
-FIGURES = [flow_sampler_timeline]
+def voxel_grid_order(out: Path) -> Path:
+    import numpy as np
+    import torch
+
+    from cute_kernels.voxel import reference as V
+
+    g = torch.Generator().manual_seed(3)
+    n = 60
+    pts = torch.zeros(n, 4)
+    pts[:, 0] = torch.rand(n, generator=g) * 4.4 - 2.2  # x over [-2.2, 2.2): some out of [-2, 2)
+    pts[:, 1] = torch.rand(n, generator=g) * 4.2 - 1.1  # y over [-1.1, 3.1): some out of [-1, 3)
+    pts[:8, :2] = torch.tensor([0.6, 0.7]) + 0.08 * torch.randn(8, 2, generator=g)  # a dense cluster
+    pts[:, 2] = 0.5
+    size, rng = (0.5, 0.5, 1.0), (-2.0, -1.0, 0.0, 2.0, 3.0, 1.0)
+    max_points, max_voxels = 4, 14
+    hard = V.voxelize_hard(pts, size, rng, max_points, max_voxels)
+    coords = V.voxelize(pts, size, rng, mode="dynamic")
+    sc, _ = V.voxel_scatter(pts[:, :1].contiguous(), coords, "sum")
+    num = int(hard.voxel_num.reshape(-1)[0])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
+    for ax, title in zip(axes, ("hard mode: voxels numbered by their first point (max_points 4, max_voxels 14)",
+                                "scatter: voxels in ascending linear index (torch.unique's order)")):
+        for x in np.arange(-2.0, 2.01, 0.5):
+            ax.axvline(x, color="#ccc", lw=0.6)
+        for y in np.arange(-1.0, 3.01, 0.5):
+            ax.axhline(y, color="#ccc", lw=0.6)
+        ax.add_patch(Rectangle((-2, -1), 4, 4, fill=False, lw=1.2, color="#555"))
+        ax.set_xlim(-2.3, 2.3)
+        ax.set_ylim(-1.2, 3.2)
+        ax.set_aspect("equal")
+        ax.set_title(title, fontsize=8.5)
+    inside = (coords[:, 0] >= 0).numpy()
+    kept = torch.zeros(n, dtype=torch.bool)
+    ax = axes[0]
+    for v in range(num):
+        z, y, x = hard.coords[v].tolist()
+        ax.add_patch(Rectangle((-2 + 0.5 * x, -1 + 0.5 * y), 0.5, 0.5, color="#cfe3f7", lw=0))
+        ax.text(-2 + 0.5 * x + 0.25, -1 + 0.5 * y + 0.25, str(v), ha="center", va="center", fontsize=8)
+        for p in hard.voxels[v, : int(hard.num_points[v])]:
+            kept |= (pts[:, :2] == p[:2]).all(1)
+    xy = pts[:, :2].numpy()
+    for ax in axes:
+        ax.scatter(xy[~inside, 0], xy[~inside, 1], marker="x", s=14, color="#c44", label="out of range")
+    axes[0].scatter(xy[inside & kept.numpy(), 0], xy[inside & kept.numpy(), 1], s=10, color="#235",
+                    label="kept point")
+    axes[0].scatter(xy[inside & ~kept.numpy(), 0], xy[inside & ~kept.numpy(), 1], s=10, facecolors="none",
+                    edgecolors="#235", label="dropped (past max_points / max_voxels)")
+    ax = axes[1]
+    vcount = int(sc.voxel_num.reshape(-1)[0])
+    for v in range(vcount):
+        z, y, x = sc.coords[v].tolist()
+        ax.add_patch(Rectangle((-2 + 0.5 * x, -1 + 0.5 * y), 0.5, 0.5, color="#d9f0d9", lw=0))
+        ax.text(-2 + 0.5 * x + 0.25, -1 + 0.5 * y + 0.25, str(v), ha="center", va="center", fontsize=8)
+    ax.scatter(xy[inside, 0], xy[inside, 1], s=10, color="#253")
+    axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.05), ncol=3, fontsize=7, frameon=False)
+    fig.tight_layout()
+    return _save(fig, out, "voxel_grid_order.png")
+
+
+FIGURES = [flow_sampler_timeline, voxel_grid_order]
 
 
 def main(argv=None) -> list[Path]:
