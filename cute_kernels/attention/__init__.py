@@ -665,3 +665,116 @@ KV_APPEND = KVAppendSpec(
 )
 
 SPECS = SPECS + (KV_APPEND,)
+
+
+# --- FP8 attention's quantization side: the Hadamard transform and the Q / K / V quantizer (`fp8_quant.py`) -----------
+FP8_QUANT_DIMS = (64, 128, 256)  # head dims of the Hadamard transform (powers of two a warp's lanes can split)
+
+
+@dataclass(frozen=True, eq=False)
+class HadamardSpec(KernelSpec):
+    def check(self, p):
+        from cute_kernels.dtypes import elem_bytes
+
+        tpr = p["head_dim"] // max(16 // elem_bytes(p["dtype"]), p["head_dim"] // 32)
+        if p["threads"] % tpr:
+            raise ValueError(f"{self.name}: threads must be a multiple of the {tpr} lanes a row takes")
+
+    def build(self, p):
+        from cute_kernels.attention.fp8_quant import Hadamard
+        from cute_kernels.fake import fake_tensor, index_sym
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        d, i64 = p["head_dim"], p["index64"]
+        vec = 16 // (dt.width // 8)
+        x, y = (fake_tensor(dt, (index_sym(i64), d), (index_sym(i64, vec), 1), 16) for _ in range(2))
+        signs = fake_tensor(cutlass.Float32, (d,), (1,), 16)
+        return Hadamard(dt, d, p["signed"], p["threads"], p["unroll"]), (x, y, signs, fake_stream())
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"dtype": "fp32", "head_dim": 256, "signed": False}),
+                self.resolve({"head_dim": 64, "dtype": "fp16", "index64": True})]
+
+    def sweep(self):
+        return [self.resolve({"dtype": t, "head_dim": d, "signed": s}) for t in dtypes.FLOAT_NAMES
+                for d in FP8_QUANT_DIMS for s in (True, False)]
+
+
+HADAMARD = HadamardSpec(
+    name="hadamard",
+    family="attention",
+    lesson=0,
+    summary="Walsh-Hadamard transform of head rows (D 64 / 128 / 256), optionally of x * signs, orthogonal (1 / "
+            "sqrt(D)): in-register butterflies, then xor shuffles across a row's lanes; 128-bit loads and stores",
+    ops=("hadamard", "quantize_attention_fp8"),
+    status="ready",
+    params={
+        "dtype": Param("bf16", dtypes.FLOAT_NAMES, "signature", "x / y element type"),
+        "head_dim": Param(128, FP8_QUANT_DIMS, "signature", "transform length D (the last dim)"),
+        "signed": Param(True, (True, False), "signature", "multiply by a (D,) +-1 signs vector first"),
+        "index64": Param(False, (True, False), "signature", "64-bit indexing (>= 2^31 elements)"),
+        "threads": Param(256, (128, 256, 512), help="threads per CTA (D / e lanes a row, e = max(8, D / 32) "
+                         "elements a lane in 16 bits)"),
+        "unroll": Param(2, (1, 2, 4), help="rows per row group in flight (every load issued before the shuffles)"),
+    },
+)
+
+
+@dataclass(frozen=True, eq=False)
+class FP8AttnQuantSpec(KernelSpec):
+    def check(self, p):
+        tpr = p["head_dim"] // max(8, p["head_dim"] // 32)
+        rows = p["threads"] // tpr
+        if rows > 128 or 128 % rows:
+            raise ValueError(f"{self.name}: threads / {tpr} (rows a pass) must divide 128, got threads={p['threads']}")
+
+    def build(self, p):
+        from cute_kernels.attention.fp8_quant import AttnQuantFP8
+        from cute_kernels.fake import fake_tensor, index_sym
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        d, i64 = p["head_dim"], p["index64"]
+
+        def seq_major(t, div):  # (B, S, H, D), unit stride along D
+            return fake_tensor(t, (index_sym(i64), index_sym(i64), index_sym(i64), d),
+                               (index_sym(i64, div), index_sym(i64, div), index_sym(i64, div), 1), 16)
+
+        x, q = seq_major(dt, 8), seq_major(cutlass.Float8E4M3FN, 16)
+        scales, amax = (fake_tensor(cutlass.Float32, (index_sym(False),) * 3, (index_sym(False),) * 3, 4)
+                        for _ in range(2))
+        signs = fake_tensor(cutlass.Float32, (d,), (1,), 16)
+        kernel = AttnQuantFP8(dt, d, p["mode"], p["hadamard"], p["threads"])
+        return kernel, (x, q, scales, amax, signs, fake_stream())
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"mode": "amax", "head_dim": 64}),
+                self.resolve({"mode": "head", "hadamard": False, "head_dim": 256, "dtype": "fp16"})]
+
+    def sweep(self):
+        return [self.resolve({"dtype": t, "head_dim": d, "mode": m, "hadamard": h}) for t in DTYPES
+                for d in FP8_QUANT_DIMS for m in ("block", "amax", "head") for h in (True, False)]
+
+
+FP8_ATTN_QUANT = FP8AttnQuantSpec(
+    name="fp8_attn_quant",
+    family="attention",
+    lesson=0,
+    summary="Q / K / V to e4m3 for FP8 attention: a CTA per (128-row block, head, batch), the block held in registers, "
+            "optionally rotated by H diag(s) first; per-block scales in one pass, per-head in two (block amaxes, "
+            "then each block folds its head's and quantizes)",
+    ops=("quantize_attention_fp8",),
+    status="ready",
+    params={
+        "dtype": Param("bf16", DTYPES, "signature", "input element type"),
+        "head_dim": Param(128, FP8_QUANT_DIMS, "signature", "head dimension D"),
+        "mode": Param("block", ("block", "amax", "head"), "signature", "block: quantize with a scale per 128-row "
+                      "block; amax: only the blocks' amaxes (per-head pass 1); head: quantize with the head's scale "
+                      "from those amaxes (pass 2)"),
+        "hadamard": Param(True, (True, False), "signature", "rotate the rows by H diag(signs) before quantizing"),
+        "index64": Param(False, (True, False), "signature", "64-bit indexing of x and q (>= 2^31 elements)"),
+        "threads": Param(512, (128, 256, 512), help="threads per CTA (a block's 128 rows in 128 / (threads / "
+                         "lanes a row) passes, all held)"),
+    },
+)
+
+SPECS = SPECS + (HADAMARD, FP8_ATTN_QUANT)

@@ -387,5 +387,40 @@ def attention_decode(shapes=None, quick=False, ceilings=None, q_lens=None):
     return rows, ["SDPA cuDNN", "FA4", "torch.sum same bytes", "ours bf16"], checks, extra, {}
 
 
-SUITES = {"attention": attention, "attention_bwd": attention_bwd, "attention_decode": attention_decode}
-PEERS = {"attention": ("flash_attn",), "attention_bwd": ("flash_attn",), "attention_decode": ("flash_attn",)}
+def attention_fp8_quant(shapes=None, quick=False, ceilings=None):
+    """FP8 attention's quantization side (`ck.quantize_attention_fp8`, `ck.hadamard`): bf16 (B, S, H, D) q, k and v
+    of one shape (MHA), TB/s over the bytes each op must move, % of the copy bandwidth measured in the same run.
+    Bytes: block scales read each input once and write e4m3 (3 bytes an element); per-head scales read the inputs
+    twice (5 bytes); the transform reads and writes bf16 (4 bytes). The issue's bar: the block quantization with the
+    Hadamard rotation >= 85 % of copy."""
+    import cute_kernels as ck
+
+    MiB = 1 << 20
+    shapes = shapes or ([(4, 4096, 32, 128)] if quick else [(4, 4096, 32, 128), (1, 16384, 32, 128),
+                                                            (8, 4096, 16, 64), (2, 8192, 8, 256)])
+    copy_bw = ceilings["copy"] if ceilings else H.copy_bandwidth()
+    rows = []
+    for b, s, h, d in shapes:
+        q, k, v = (H.randn(b, s, h, d, dtype=torch.bfloat16, seed=i) for i in (21, 22, 23))
+        n = q.numel()
+        shape = f"{b}x{s}x{h}x{d}"
+        cases = [("fp8_quant.block.hadamard", 3 * 3 * n, lambda: ck.quantize_attention_fp8(q, k, v, "block", True)),
+                 ("fp8_quant.block", 3 * 3 * n, lambda: ck.quantize_attention_fp8(q, k, v, "block")),
+                 ("fp8_quant.head.hadamard", 3 * 5 * n, lambda: ck.quantize_attention_fp8(q, k, v, "head", True)),
+                 ("hadamard", 4 * n, lambda: ck.hadamard(q))]
+        for case, nbytes, fn in cases:
+            H.progress(f"  {case} {shape}")
+            t = H.do_bench(fn)["median_ms"]
+            rows.append(H.Row(case, "bfloat16", shape, nbytes, 0, t, {}, "copy", copy_bw))
+    checks = []
+    w = H.worst(rows, lambda r: r.case == "fp8_quant.block.hadamard" and r.bytes >= 64 * MiB)
+    if w:
+        checks.append({"target": "block quantization with Hadamard >= 85 % of copy bandwidth",
+                       "measured": f"min {w.pct_ceiling:.1f} % ({w.shape})", "ok": w.pct_ceiling >= 85.0})
+    return rows, [], checks, "", {}
+
+
+SUITES = {"attention": attention, "attention_bwd": attention_bwd, "attention_decode": attention_decode,
+          "attention_fp8_quant": attention_fp8_quant}
+PEERS = {"attention": ("flash_attn",), "attention_bwd": ("flash_attn",), "attention_decode": ("flash_attn",),
+         "attention_fp8_quant": ()}

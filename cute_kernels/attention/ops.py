@@ -512,3 +512,6 @@ from cute_kernels.attention.decode_ops import (  # noqa: E402,F401  (exported wi
     merge_attention_states,
     merge_attention_states_many,
 )
+
+# --- FP8 attention's quantization side: the Hadamard transform and the Q / K / V quantizer (`fp8_ops.py`) ------------
+from cute_kernels.attention.fp8_ops import hadamard, quantize_attention_fp8  # noqa: E402,F401  (exported likewise)

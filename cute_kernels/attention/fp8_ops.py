@@ -1,0 +1,224 @@
+"""Torch ops of FP8 attention's quantization side: `cute_kernels::hadamard` and `cute_kernels::quantize_attention_fp8`
+(kernels: `fp8_quant.py`; torch references and the FP8 forward's emulation: `fp8_reference.py`).
+
+`hadamard(x, signs=None)`: the orthogonal Walsh-Hadamard transform along x's last dim (D in {64, 128, 256}, any
+leading dims, bf16/fp16/fp32), of x * signs when a (D,) +-1 vector is given (any float dtype or int8; its values are
+trusted, not checked: that would sync). fp32 math, one rounding to x's dtype; bitwise `hadamard_reference`.
+Differentiable: the transform is linear and H symmetric, so dx = signs * hadamard(dy).
+
+`quantize_attention_fp8(q, k, v, granularity="head", hadamard=False, signs=None)`: q (B, S, H_q, D), k and v
+(B, S_k, H_k, D) bf16/fp16, FlashAttention's layout (GQA: H_q a multiple of H_k), any strides with a unit-stride
+last dim. Returns (q8, k8, v8, q_scale, k_scale, v_scale): contiguous e4m3 tensors of the inputs' shapes and fp32
+dequant multipliers (x ~= x8 * scale), per head (B, H) or per 128-row block of a head (B, H, ceil(S / 128)); the
+rule is the FP8 GEMM quantizers' (scale = max(amax, 1e-4) / 448). With `hadamard=True` q and k (not v) are rotated
+by H diag(signs) first (signs default: `fp8_reference.default_signs`, seed `DEFAULT_SIGNS_SEED`) and quantized from
+the fp32 rotation. Bitwise `quantize_attention_fp8_reference`. Not differentiable.
+
+Inputs whose strides are not multiples of 8 elements or whose base is not 16-byte aligned are copied first (the
+kernels read 128-bit vectors). No host synchronization.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import dtypes
+from cute_kernels.attention.fp8_reference import (
+    DEFAULT_SIGNS_SEED,  # noqa: F401  (documented beside the op)
+    E4M3,
+    GRANULARITIES,
+    HADAMARD_DIMS,
+    blocks,
+    check_signs,
+    default_signs,
+)
+from cute_kernels.torch_ops import (
+    INDEX32_LIMIT,
+    call,
+    check_tensor,
+    placeholder,
+    register_op,
+    rows_of,
+    tidy_unit_strides,
+)
+
+QKV_DTYPES = (torch.bfloat16, torch.float16)
+MAX_GRID_YZ = 65535  # the quantizer's grid is (blocks, heads, batch)
+
+
+def _check_signs_for(signs, x, name="x") -> None:
+    if signs is None:
+        return
+    check_signs(signs, x.shape[-1])
+    if signs.device != x.device:
+        raise ValueError(f"signs is on {signs.device} but {name} is on {x.device}")
+
+
+def _signs32(signs: torch.Tensor) -> torch.Tensor:
+    """The kernels' (D,) fp32 contiguous 16-byte aligned signs (a cast or copy on the device when they are not)."""
+    if signs.dtype != torch.float32 or not signs.is_contiguous() or signs.data_ptr() % 16:
+        signs = signs.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+    return signs
+
+
+_default_signs: dict = {}
+
+
+def _default_signs32(d: int, device) -> torch.Tensor:
+    """`default_signs(d)` on `device`, copied there once per device and kept (a CUDA graph may capture later calls)."""
+    key = (d, device)
+    t = _default_signs.get(key)
+    if t is None:
+        t = _default_signs[key] = default_signs(d, device)
+    return t
+
+
+def _index64(t: torch.Tensor) -> bool:
+    span = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+    return max(span, t.numel()) > INDEX32_LIMIT
+
+
+def _readable(t: torch.Tensor, vec: int) -> torch.Tensor:
+    """t with 16-byte aligned base and every stride but the last a multiple of `vec` elements, else a copy."""
+    t = tidy_unit_strides(t, vec)
+    if t.data_ptr() % 16 or any(s % vec for s in t.stride()[:-1]):
+        t = t.contiguous()
+    return t
+
+
+# --- hadamard ----------------------------------------------------------------------------------------------------
+def _hadamard_fake(x, signs=None):
+    check_tensor("x", x, min_ndim=1)
+    d = x.shape[-1]
+    if d not in HADAMARD_DIMS:
+        raise ValueError(f"x.shape[-1] (the transform length D) must be one of {HADAMARD_DIMS}, got {d}")
+    _check_signs_for(signs, x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _hadamard_cuda(x, signs=None):
+    from cute_kernels.attention import HADAMARD
+
+    y = _hadamard_fake(x, signs)
+    if y.numel() == 0:
+        return y
+    d = x.shape[-1]
+    vec = 16 // x.element_size()
+    x2 = _readable(rows_of(x), vec)
+    y2 = y.view(-1, d)
+    s = placeholder(x.device, (d,), torch.float32) if signs is None else _signs32(signs)
+    fn = HADAMARD.compiled(dtype=dtypes.name_of(x.dtype), head_dim=d, signed=signs is not None,
+                           index64=_index64(x2) or _index64(y2))
+    fn(x2, y2, s)
+    return y
+
+
+def _hadamard_setup(ctx, inputs, output):
+    ctx.signs = inputs[1] if len(inputs) > 1 else None
+
+
+def _hadamard_backward(ctx, dy):
+    dx = call("cute_kernels::hadamard", dy.contiguous(), None)
+    if ctx.signs is not None:
+        dx = dx * ctx.signs.to(dx.dtype)
+    return dx, None
+
+
+register_op("cute_kernels::hadamard", "(Tensor x, Tensor? signs=None) -> Tensor", _hadamard_cuda, _hadamard_fake,
+            _hadamard_backward, _hadamard_setup)
+
+
+def hadamard(x: torch.Tensor, signs: torch.Tensor | None = None) -> torch.Tensor:
+    """(x * signs) H / sqrt(D) along the last dim (D 64 / 128 / 256), orthogonal; differentiable."""
+    return call("cute_kernels::hadamard", x, signs)
+
+
+# --- quantize_attention_fp8 ----------------------------------------------------------------------------------------
+def _check_qkv(q, k, v, granularity, hadamard, signs) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, allowed=QKV_DTYPES)
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {tuple(t.stride())}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; cast one of them first")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    d = q.shape[-1]
+    if d not in HADAMARD_DIMS:
+        raise ValueError(f"head dim (q.shape[3]) must be one of {HADAMARD_DIMS}, got {d}")
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    if k.shape[-1] != d:
+        raise ValueError(f"head dims differ: q {d}, k {k.shape[-1]}")
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
+    hq, hk = q.shape[2], k.shape[2]
+    if hk == 0 or hq % hk:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk}) (GQA/MQA)")
+    if q.shape[0] > MAX_GRID_YZ or hq > MAX_GRID_YZ:
+        raise ValueError(f"batch ({q.shape[0]}) and heads ({hq}) must be at most {MAX_GRID_YZ} each")
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+    if signs is not None and not hadamard:
+        raise ValueError("signs is given but hadamard=False (the signs randomize the Hadamard rotation)")
+    _check_signs_for(signs, q, "q")
+
+
+def _scales_like(x, granularity):
+    b, s, h, _ = x.shape
+    shape = (b, h) if granularity == "head" else (b, h, blocks(s))
+    return torch.empty(shape, dtype=torch.float32, device=x.device)
+
+
+def _quantize_fake(q, k, v, granularity="head", hadamard=False, signs=None):
+    _check_qkv(q, k, v, granularity, hadamard, signs)
+    outs = [torch.empty(t.shape, dtype=E4M3, device=t.device) for t in (q, k, v)]
+    return (*outs, *(_scales_like(t, granularity) for t in (q, k, v)))
+
+
+def _quantize_one(x, x8, scale, granularity, rotate, signs32):
+    """Quantize x (B, S, H, D) into x8 and scale (both allocated) with the kernels of `fp8_attn_quant`."""
+    from cute_kernels.attention import FP8_ATTN_QUANT
+
+    b, s, h, d = x.shape
+    if x.numel() == 0:
+        if scale.numel():  # no rows: every block's amax is 0 -> the floor's scale (as the reference)
+            from cute_kernels.quantize.ops import _scale_of
+
+            scale.copy_(_scale_of(torch.zeros_like(scale), False))
+        return
+    x = _readable(x, 8)
+    sig = dict(dtype=dtypes.name_of(x.dtype), head_dim=d, hadamard=rotate, index64=_index64(x) or _index64(x8))
+    if granularity == "block":
+        FP8_ATTN_QUANT.compiled(mode="block", **sig)(x, x8, scale, scale, signs32)
+        return
+    amax = torch.empty(b, h, blocks(s), dtype=torch.float32, device=x.device)  # every entry written by pass 1
+    FP8_ATTN_QUANT.compiled(mode="amax", **sig)(x, x8, amax, amax, signs32)
+    FP8_ATTN_QUANT.compiled(mode="head", **sig)(x, x8, scale[:, :, None], amax, signs32)
+
+
+def _quantize_cuda(q, k, v, granularity="head", hadamard=False, signs=None):
+    outs = _quantize_fake(q, k, v, granularity, hadamard, signs)
+    d = q.shape[-1]
+    if hadamard:
+        signs32 = _default_signs32(d, q.device) if signs is None else _signs32(signs)
+    else:
+        signs32 = placeholder(q.device, (d,), torch.float32)
+    for i, (x, rotate) in enumerate(((q, hadamard), (k, hadamard), (v, False))):
+        _quantize_one(x, outs[i], outs[3 + i], granularity, rotate, signs32)
+    return outs
+
+
+register_op("cute_kernels::quantize_attention_fp8", "(Tensor q, Tensor k, Tensor v, str granularity='head', "
+            "bool hadamard=False, Tensor? signs=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+            _quantize_cuda, _quantize_fake)
+
+
+def quantize_attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: str = "head",
+                           hadamard: bool = False, signs: torch.Tensor | None = None):
+    """(q8, k8, v8, q_scale, k_scale, v_scale) for FP8 attention (module docstring); not differentiable."""
+    return tuple(call("cute_kernels::quantize_attention_fp8", q, k, v, granularity, hadamard, signs))
+
