@@ -740,8 +740,8 @@ class FP8AttnQuantSpec(KernelSpec):
                                (index_sym(i64, div), index_sym(i64, div), index_sym(i64, div), 1), 16)
 
         x, q = seq_major(dt, 8), seq_major(cutlass.Float8E4M3FN, 16)
-        scales, amax = (fake_tensor(cutlass.Float32, (index_sym(False),) * 3, (index_sym(False),) * 3, 4)
-                        for _ in range(2))
+        scales, amax = (fake_tensor(cutlass.Float32, tuple(index_sym(False) for _ in range(3)),
+                                    tuple(index_sym(False) for _ in range(3)), 4) for _ in range(2))
         signs = fake_tensor(cutlass.Float32, (d,), (1,), 16)
         kernel = AttnQuantFP8(dt, d, p["mode"], p["hadamard"], p["threads"])
         return kernel, (x, q, scales, amax, signs, fake_stream())
@@ -778,3 +778,84 @@ FP8_ATTN_QUANT = FP8AttnQuantSpec(
 )
 
 SPECS = SPECS + (HADAMARD, FP8_ATTN_QUANT)
+
+
+# --- the FP8 forward (`fp8_forward.py`): e4m3 Q / K / V, descales folded in, V transposed in the kernel ----------------
+FP8_FWD_DIMS = (64, 128, 256)
+
+
+@dataclass(frozen=True, eq=False)
+class FlashAttnFP8Spec(KernelSpec):
+    def check(self, p):
+        from cute_kernels.attention.fp8_forward import default_tile_n, max_stages, smem_bytes
+
+        tile_n = p["tile_n"] or default_tile_n(p["head_dim"])
+        stages = p["stages"] or max_stages(p["head_dim"], tile_n)
+        if 128 % tile_n:
+            raise ValueError(f"{self.name}: tile_n must divide the 128-key scale block, got {tile_n}")
+        if smem_bytes(p["head_dim"], tile_n, stages) > 227 * 1024:
+            raise ValueError(f"{self.name}: {stages} stages of {tile_n} keys at D {p['head_dim']} need "
+                             f"{smem_bytes(p['head_dim'], tile_n, stages)} B of smem")
+
+    def build(self, p):
+        from cute_kernels.attention.fp8_forward import FlashAttnFwdFP8
+
+        d = p["head_dim"]
+        e4m3, out = cutlass.Float8E4M3FN, dtypes.cutlass_of(p["out_dtype"])
+
+        def sym(div=1):
+            return cute.sym_int32(divisibility=div)
+
+        sq, sk, hq, hk, b = sym(), sym(), sym(), sym(), sym()
+
+        def seq_major(dt, rows, heads, div):  # (S, D, H, B), unit stride along D, 16-byte strides
+            return cute.runtime.make_fake_tensor(dt, (rows, d, heads, b), stride=(sym(div), 1, sym(div), sym(div)),
+                                                 assumed_align=16)
+
+        q, k, v = seq_major(e4m3, sq, hq, 16), seq_major(e4m3, sk, hk, 16), seq_major(e4m3, sk, hk, 16)
+        o = seq_major(out, sq, hq, 8)
+        lse = cute.runtime.make_fake_tensor(cutlass.Float32, (sq, hq, b), stride=(1, sym(), sym()), assumed_align=4)
+        scales = [cute.runtime.make_fake_tensor(cutlass.Float32, (sym(), h, b), stride=(sym(), sym(), sym()),
+                                                assumed_align=4) for h in (hq, hk, hk)]
+        kernel = FlashAttnFwdFP8(d, out, mask_kind(p["mask"]), p["softcap"], p["scales"] == "block", p["tile_n"],
+                                 p["stages"])
+        scalars = (cutlass.Float32(1.0),) * 4 + (cutlass.Int32(-1), cutlass.Int32(-1), fake_stream())
+        return kernel, (q, k, v, o, lse, *scales, *scalars)
+
+    def dynamic_smem_bytes(self, p):
+        from cute_kernels.attention.fp8_forward import default_tile_n, max_stages, smem_bytes
+
+        tile_n = p["tile_n"] or default_tile_n(p["head_dim"])
+        return smem_bytes(p["head_dim"], tile_n, p["stages"] or max_stages(p["head_dim"], tile_n))
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"mask": "causal", "scales": "head"})]
+
+    def sweep(self):
+        return [self.resolve({"head_dim": d, "mask": m, "scales": s}) for d in FP8_FWD_DIMS for m in MASKS
+                for s in ("head", "block")] + [self.resolve({"softcap": True, "out_dtype": "fp16"})]
+
+
+FLASH_ATTN_FP8 = FlashAttnFP8Spec(
+    name="flash_attn_fp8",
+    family="attention",
+    lesson=0,
+    summary="FlashAttention forward with e4m3 Q / K / V (FA3's FP8 path): FP8 WGMMAs, per-head or per-128-block "
+            "descales folded into the softmax and O's rescale, V transposed in smem by the producer warpgroup in "
+            "P's key order (P from registers without shuffles); causal/window/softcap, GQA, LSE",
+    ops=("flash_attn_fp8",),
+    status="ready",
+    params={
+        "head_dim": Param(128, FP8_FWD_DIMS, "signature", "head dimension D"),
+        "out_dtype": Param("bf16", DTYPES, "signature", "O element type"),
+        "mask": Param("none", MASKS, "signature", "bounded sides of the key window: none, causal (right), "
+                      "window (left), band (both)"),
+        "softcap": Param(False, (True, False), "signature", "logit softcap: cap * tanh(scale * s / cap)"),
+        "scales": Param("block", ("head", "block"), "signature", "q / k / v scales per head (B, H) or per 128-row "
+                        "block (B, H, ceil(S / 128))"),
+        "tile_n": Param(0, (0, 32, 64, 128), help="keys per K/V block (0: 128, 64 at D = 256); divides 128"),
+        "stages": Param(0, (0, 1, 2, 3, 4), help="K / V / V^T smem stages (0: as many as fit, at most 4)"),
+    },
+)
+
+SPECS = SPECS + (FLASH_ATTN_FP8,)

@@ -82,7 +82,8 @@ def _readable(t: torch.Tensor, vec: int) -> torch.Tensor:
     """t with 16-byte aligned base and every stride but the last a multiple of `vec` elements, else a copy."""
     t = tidy_unit_strides(t, vec)
     if t.data_ptr() % 16 or any(s % vec for s in t.stride()[:-1]):
-        t = t.contiguous()
+        # a fresh buffer (`contiguous` would hand back a misaligned view whose strides already count as contiguous)
+        t = tidy_unit_strides(t.clone(memory_format=torch.contiguous_format), vec)
     return t
 
 

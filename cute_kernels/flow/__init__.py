@@ -45,9 +45,8 @@ class FlowUpdateSpec(KernelSpec):
         xt, kt = dtypes.cutlass_of(p["dtype"]), dtypes.cutlass_of(p["k_dtype"])
         vec = vec_for((p["dtype"], p["k_dtype"]), p["aligned"])
         kernel = FlowUpdate(p["terms"], p["cfg"], xt, kt, vec, p["index64"], self.schedule_of(p))
-        align = 16 if p["aligned"] else 2
-        x, out = _flat(xt, p, align), _flat(xt, p, align)
-        ks = [_flat(kt, p, align) for _ in range(8)]
+        x, out = (_flat(xt, p, 16 if p["aligned"] else xt.width // 8) for _ in range(2))
+        ks = [_flat(kt, p, 16 if p["aligned"] else kt.width // 8) for _ in range(8)]
         f = cutlass.Float32
         return kernel, (x, *ks, out, f(1.0), f(1.0), f(1.0), f(1.0), f(1.0), f(1.0), cutlass.Int32(1), fake_stream())
 

@@ -4,8 +4,8 @@
 - `flow_update(x, ks, coeffs, dt, cfg_scale=None)`: x + dt * sum_i coeffs[i] * k_i in one pass, fp32 math, one
   rounding to x's dtype; with `cfg_scale` each k_i is a pair (uncond, cond) combined first as u + s (c - u). The k
   share one float dtype, which may differ from x's (a bf16 network's velocity updating an fp32 state). Terms with a
-  zero coefficient are not read; past four terms the update runs in passes of four (the partial sum rounded to x's
-  dtype between them). Differentiable (the update is linear).
+  zero coefficient are not read; past four terms the update runs in passes of four over an fp32 partial sum (still
+  one rounding to x's dtype). Differentiable (the update is linear).
 - `ddim_step` / `ddpm_step`: one reverse step of diffusers' DDIM / DDPM schedulers (`kernels.DiffusionStep` has the
   formulas) from x_t and the network's output. The cumulative alphas are tensors (one value, or one per batch row
   of x) read by the kernel, and the noise is an argument: no RNG and no host sync inside, so a captured graph replays
@@ -103,12 +103,17 @@ def _flow_update_cuda(x, ks, coeffs, dt, cfg_scale=None):
         of.copy_(xf)
         return out
     kf = [_flat(k) for k in ks]
-    src = xf
-    for s in range(0, len(live), MAX_TERMS):
-        part = live[s:s + MAX_TERMS]
+    passes = [live[s:s + MAX_TERMS] for s in range(0, len(live), MAX_TERMS)]
+    # past four terms the partial sums stay in fp32 (one rounding to x's dtype, at the end)
+    acc = of if len(passes) == 1 or of.dtype == torch.float32 else torch.empty(of.shape, dtype=torch.float32,
+                                                                               device=of.device)
+    src = xf if acc is of else xf.float()
+    for part in passes:
         _update_pass(src, [kf[i * per + j] for i in part for j in range(per)], [coeffs[i] for i in part], dt,
-                     cfg_scale, of)
-        src = of
+                     cfg_scale, acc)
+        src = acc
+    if acc is not of:
+        of.copy_(acc)
     return out
 
 

@@ -42,10 +42,10 @@ class FlowSampler:
 
     `velocity_fn(x, t)` returns the velocity like x (or, with `cfg_scale`, the pair (uncond, cond)); t is a 0-d fp32
     CUDA tensor (a view into a table of the grid's stage times, filled before capture). With `graph` (default), the
-    first call for a shape / dtype / device runs the loop twice on a side stream (compiling every kernel), then
-    captures the whole loop into one CUDA graph; later calls copy x0 in and replay it. If the capture fails (a
-    velocity function that syncs with the host or allocates outside the graph's pool), the sampler warns once and
-    runs that shape eagerly from then on. The result is a new tensor unless `copy_out=False`, which hands back the
+    first call for a shape / dtype / device runs the loop twice on a side stream (compiling every kernel; the second
+    time with host synchronizations turned into errors), then captures the whole loop into one CUDA graph; later
+    calls copy x0 in and replay it. If that fails (a velocity function that syncs with the host or allocates outside
+    the graph's pool), the sampler warns once and runs that shape eagerly from then on. The result is a new tensor unless `copy_out=False`, which hands back the
     graph's output buffer (overwritten by the next call). Runs under `torch.no_grad()`."""
 
     def __init__(self, velocity_fn, steps: int, method: str = "euler", cfg_scale: float | None = None, t0: float = 0.0,
@@ -95,8 +95,16 @@ class FlowSampler:
         side = torch.cuda.Stream(device=x0.device)
         side.wait_stream(torch.cuda.current_stream(x0.device))
         with torch.cuda.stream(side):
-            for _ in range(2):  # compiles every kernel and settles lazy state before capture
+            self.loop(static_in)  # compiles every kernel and settles lazy state before capture
+            # A second run with host synchronizations made errors: a velocity function that syncs (.item(), a
+            # data-dependent shape) fails here, not inside the capture, whose failure can leave CUDA's RNG state
+            # registered to a dead graph ("Offset increment outside graph capture" in later random draws).
+            previous = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
                 self.loop(static_in)
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
         torch.cuda.current_stream(x0.device).wait_stream(side)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):

@@ -127,7 +127,7 @@ class GemvStreamSpec(KernelSpec):
         dt = dtypes.cutlass_of(p["dtype"])
         kernel = W4A16Stream(dt, p["col_tiles"], 128, False, self.schedule_of(p), dense=True, source=p["source"],
                              gated=p["gated"])
-        w, x, y, part, counter = stream_fakes(dt, dt, 8)
+        w, x, y, part, counter = stream_fakes(dt, dt, 8, p["gated"])
         sym = lambda: index_sym(False)  # noqa: E731
         unread = fake_tensor(dt, (sym(), sym()), (sym(), sym()), dt.width // 8)
         src = fake_tensor(dt, (sym(), sym()), (sym(), sym()), dt.width // 8)  # (M, N), any strides

@@ -214,9 +214,10 @@ def _route_cuda(logits, top_k: int, scoring: str = "softmax", n_groups=None, top
     return tuple(_layouts(ids, w, e, max_m))
 
 
-# The layouts by the `moe.layouts` kernels (a counting sort keeping copy order) instead of the reference's torch ops;
-# off until its GPU test and the suite have run (`tests/moe/test_moe_gpu.py::test_layout_kernel_against_reference`)
-LAYOUT_KERNEL = False
+# The layouts by the `moe.layouts` kernels (a counting sort keeping copy order; bit for bit the reference's on the
+# H100, `tests/moe/test_moe_gpu.py::test_layout_kernel_against_reference`) instead of the reference's torch ops (the
+# fallback, False); its time beside them is the `moe` suite's to show
+LAYOUT_KERNEL = True
 
 
 def layouts(ids: torch.Tensor, weights: torch.Tensor, experts: int, max_m: int | None = None):
@@ -361,11 +362,17 @@ def moe_experts_fp8(xq, sx, r, w13, w13_scales, w2, w2_scales, layout: str = "co
                                       max(1, max_m))
 
 
-def moe_reference(x, router_w, w13, w13_scales, w2, w2_scales, top_k: int, **route_kwargs) -> torch.Tensor:
-    """`moe` in fp32 torch over the dequantized weights and unquantized activations, one expert at a time (no
-    capacity limit); the routing from the same fp32 logits."""
+def moe_reference(x, router_w, w13, w13_scales, w2, w2_scales, top_k: int, quantize_activations: bool = False,
+                  **route_kwargs) -> torch.Tensor:
+    """`moe` in fp32 torch over the dequantized weights, one expert at a time (no capacity limit); the routing from the
+    same fp32 logits. Activations unquantized, or with `quantize_activations` rounded as the layer rounds them (x and
+    the SwiGLU output 1x128 to e4m3 and back): then only the GEMMs' and combine's arithmetic differs from the layer's
+    (DeepGEMM's calc_diff bound applies)."""
     from cute_kernels.moe.reference import route
-    from cute_kernels.quantize.ops import dequantize_128x128
+    from cute_kernels.quantize.ops import dequantize_1x128, dequantize_128x128, quantize_1x128_reference
+
+    def act(t):
+        return dequantize_1x128(*quantize_1x128_reference(t)) if quantize_activations else t
 
     logits = x.float() @ router_w.float().t()
     r = route(logits, top_k, **route_kwargs)
@@ -376,8 +383,8 @@ def moe_reference(x, router_w, w13, w13_scales, w2, w2_scales, top_k: int, **rou
         if tok.numel() == 0:
             continue
         a = dequantize_128x128(w13[e], w13_scales[e])
-        hh = x[tok].float() @ a.t()
-        g = torch.nn.functional.silu(hh[:, :i]) * hh[:, i:]
+        hh = act(x[tok].float()) @ a.t()
+        g = act(torch.nn.functional.silu(hh[:, :i]) * hh[:, i:])
         y = g @ dequantize_128x128(w2[e], w2_scales[e]).t()
         out.index_add_(0, tok, r.topk_weights[tok, slot].unsqueeze(1) * y)
     return out

@@ -232,9 +232,9 @@ def voxel_scatter(features: torch.Tensor, coords: torch.Tensor, reduce: str = "m
         nan = torch.isnan(x)
         ninf = torch.full((v, f), -math.inf, dtype=torch.float32, device=dev)
         best = ninf.scatter_reduce(0, inv.unsqueeze(1).expand(-1, f), x.masked_fill(nan, -math.inf), "amax")
-        has_nan = torch.zeros(v, f, dtype=torch.bool, device=dev).scatter_reduce(
-            0, inv.unsqueeze(1).expand(-1, f), nan, "amax"
-        )
+        has_nan = torch.zeros(v, f, dtype=torch.uint8, device=dev).scatter_reduce(  # (CUDA's has no bool variant)
+            0, inv.unsqueeze(1).expand(-1, f), nan.to(torch.uint8), "amax"
+        ).bool()
         acc = torch.where(has_nan, math.nan, best)
         hit = (x == acc[inv]) | (nan & has_nan[inv])
         cand = torch.where(hit, idx.unsqueeze(1), n)

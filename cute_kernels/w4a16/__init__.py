@@ -80,16 +80,17 @@ def stream_plan_params(default: W4A16Plan) -> dict:
     }
 
 
-def stream_fakes(dt, w_dt, k_div: int):
+def stream_fakes(dt, w_dt, k_div: int, gated: bool = False):
     """Fake (w, x, y, part, counter) of a streaming-kernel compile: W (N, its K / 8 packed words, or K) of `w_dt`
-    (int32 / `dt`), x (M, K) with K a multiple of `k_div`, y (M, N), the split workspace and counters with their own
-    symbols (one split passes placeholders of other shapes); rows 16-byte aligned."""
+    (int32 / `dt`), x (M, K) with K a multiple of `k_div`, y (M, N) (the gated epilogue's (M, N / 2): a width of its
+    own), the split workspace and counters with their own symbols (one split passes placeholders of other shapes);
+    rows 16-byte aligned."""
     sym = lambda d=1: index_sym(False, d)  # noqa: E731
     n, m, k = sym(), sym(), sym(k_div)
     vec = 16 // (w_dt.width // 8)  # elements of 16 bytes
     w = fake_tensor(w_dt, (n, sym(vec if w_dt.width == 16 else k_div // 8)), (sym(vec), 1), 16)
     x = fake_tensor(dt, (m, k), (sym(8), 1), 16)
-    y = fake_tensor(dt, (m, n), (sym(), sym()), dt.width // 8)
+    y = fake_tensor(dt, (m, sym() if gated else n), (sym(), sym()), dt.width // 8)
     part = fake_tensor(cutlass.Float32, (sym(), sym(), sym()), (sym(), sym(), 1), 4)
     counter = fake_tensor(cutlass.Int32, (sym(),), (1,), 4)
     return w, x, y, part, counter
@@ -103,7 +104,7 @@ class W4A16StreamSpec(KernelSpec):
         dt = dtypes.cutlass_of(p["dtype"])
         kernel = W4A16Stream(dt, p["col_tiles"], p["group"], p["zeros"], self.schedule_of(p), source=p["source"],
                              gated=p["gated"])
-        w, x, y, part, counter = stream_fakes(dt, cutlass.Int32, 32)
+        w, x, y, part, counter = stream_fakes(dt, cutlass.Int32, 32, p["gated"])
         n = w.shape[0]
         sym = lambda: index_sym(False)  # noqa: E731
         scales, zeros = (fake_tensor(dt, (n, sym()), (sym(), sym()), dt.width // 8) for _ in range(2))

@@ -56,6 +56,10 @@ def test_prefill_against_reference(weights):
 
         for name, (wp, s, z) in layer.q.items():
             p[name] = unpack_int4(wp, s, z, 128)
+        # w_gu was packed with gate / up rows interleaved in blocks of 8 (`pack_gate_up`): back to [gate; up]
+        w = p["w_gu"]
+        blocks = w.reshape(w.shape[0] // 16, 2, 8, w.shape[1])
+        p["w_gu"] = torch.cat([blocks[:, 0].reshape(-1, w.shape[1]), blocks[:, 1].reshape(-1, w.shape[1])])
     ref = reference_forward(p, x, CFG)
     bound = {"bf16": 1e-2, "fp8": 4e-2, "w4a16": 1e-2}[weights]
     assert torch.isfinite(got).all() and rel_err(got, ref) < bound

@@ -39,8 +39,9 @@ def test_against_reference(t, e, k, h, layout, monkeypatch):
     out = ck.moe_combine(y, r, r.topk_weights, layout)
     want = R.combine(y, r, r.topk_weights, layout)
     assert out.shape == (t, h) and torch.isfinite(out).all()
-    # fp32 in slot order, one rounding: the reference's value up to one rounding step (an FMA may fuse a product)
-    assert ((out.float() - want.float()).abs() <= 2 ** -8 * want.float().abs() + 1e-6).all()
+    # fp32 in slot order, one rounding: the reference's value up to one bf16 step (an FMA may fuse a product; a bf16
+    # ulp is 2^-8 to 2^-7 of the value)
+    assert ((out.float() - want.float()).abs() <= 2 ** -7 * want.float().abs() + 1e-6).all()
     assert torch.equal(out, ck.moe_combine(y, r, r.topk_weights, layout))
 
 
@@ -94,8 +95,8 @@ def _fp8_experts(e, h, i, seed=1):
 @pytest.mark.parametrize("t", [1, 7, 300])
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 def test_fp8_moe_layer(t, layout):
-    """ck.moe against the fp32 per-expert loop over the dequantized weights: DeepGEMM's calc_diff < 1e-3; and the
-    masked path in a CUDA graph."""
+    """ck.moe against the fp32 per-expert loop over the dequantized weights and the same e4m3 activations: DeepGEMM's
+    calc_diff < 1e-3; and the masked path in a CUDA graph."""
     e, h, i, k = 8, 512, 256, 2
     w13, s13, w2, s2 = _fp8_experts(e, h, i)
     x = randn(t, h)
@@ -103,9 +104,11 @@ def test_fp8_moe_layer(t, layout):
     out = ck.moe(x, router, w13, s13, w2, s2, k, layout=layout, max_m=t)
     from cute_kernels.moe.ops import moe_reference
 
-    ref = moe_reference(x, router, w13, s13, w2, s2, k)
+    ref = moe_reference(x, router, w13, s13, w2, s2, k, quantize_activations=True)
     assert out.shape == (t, h) and torch.isfinite(out).all()
-    assert _calc_diff(out, ref) < 1e-3
+    assert _calc_diff(out, ref) < 1e-3  # the GEMMs against fp32 on the same e4m3 activations
+    # against unquantized activations: the two 1x128 roundings on top (1.04e-3 seen at one token)
+    assert _calc_diff(out, moe_reference(x, router, w13, s13, w2, s2, k)) < 3e-3
     if layout == "masked":
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
