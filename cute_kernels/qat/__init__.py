@@ -1,0 +1,359 @@
+"""QAT family (lesson 17): fake-quant with the straight-through estimator (per-tensor, per-channel, per-group;
+integer grids and e4m3 emulation), its learnable form (LSQ / LSQ+ scale and zero-point gradients) and the fused
+moving-average observer; `QATLinear`, a linear layer with fake-quantized weight and activation around `ck.gemm`.
+
+Files: this catalogue entry, `kernels.py` (the DSL kernels), `reference.py` (the rules in torch), `ops.py` (the
+torch ops), `linear.py` (`QATLinear`), `bench.py` (the suite). `cute_kernels.qat.QATLinear` loads torch on first use
+(the catalogue's metadata loads neither torch nor cutlass).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from cute_kernels import dtypes
+from cute_kernels.catalog import KernelSpec, Param
+from cute_kernels.fake import fake_stream, fake_tensor, index_sym
+from cute_kernels.lazy import cutlass
+from schedules.grid_stride import GridStride
+from schedules.row_tiling import RowTiling
+
+# The elementwise kernels' schedule: the elementwise family's tuned shape (128 threads, 4 items in flight, uncapped
+# grid, CTA-contiguous passes), not yet tuned for these kernels.
+QAT_MAP = GridStride(threads=128, unroll=4, ctas_per_sm=0, order="cta")
+MASK_VEC = 8  # (kernels.MASK_VEC, without importing the DSL)
+# `schedules.row_tiling.plan_rows` settings of the two row kernels (not yet tuned): the learnable backward holds two
+# vectors an item and ~25 fp32 operations an element (256 threads x 4 in flight: ~100 registers at 512 x 8); the
+# observer only reads (512 x 8, the row reductions' tuned shape).
+LEARNABLE_PLAN = dict(threads=256, unroll=4, ctas_per_sm=4)
+OBSERVER_PLAN = dict(threads=256, unroll=8, ctas_per_sm=8)
+
+
+def _map_params(extra: dict) -> dict:
+    t = QAT_MAP
+    return {
+        "dtype": Param("bf16", dtypes.FLOAT_NAMES, "signature", "x / y element type"),
+        "index64": Param(False, (True, False), "signature", "64-bit indexing (>= 2^31 elements)"),
+        **extra,
+        "threads": Param(t.threads, (128, 256, 512), help="threads per CTA"),
+        "unroll": Param(t.unroll, (1, 2, 4, 8), help="8-element items in flight per thread"),
+        "ctas_per_sm": Param(t.ctas_per_sm, (0, 1, 2, 4, 8, 16), help="grid cap: CTAs per SM (0: none)"),
+        "order": Param(t.order, ("grid", "cta"), help="items of a pass: a grid apart, or CTA-contiguous"),
+    }
+
+
+def _sym(p, div=1):
+    return index_sym(p["index64"], div)
+
+
+@dataclass(frozen=True, eq=False)
+class FakeQuantSpec(KernelSpec):
+    def check(self, p):
+        super().check(p)
+        if p["qtype"] == "e4m3" and p["zp"] != "int":
+            raise ValueError(f"{self.name}: e4m3 has no zero point (zp=int, unused)")
+        if p["mode"] == "scalar" and p["zp"] != "int":
+            raise ValueError(f"{self.name}: the scalar mode's zero point is an integer argument (zp=int)")
+
+    def build(self, p):
+        from cute_kernels.qat.kernels import FakeQuant
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        kernel = FakeQuant(dt, p["qtype"], p["zp"], p["mode"], p["mask"], p["gated"], p["index64"], self.schedule_of(p))
+
+        def flat(t, align):
+            return fake_tensor(t, (_sym(p),), (1,), align)
+
+        zp_t = cutlass.Int32 if p["zp"] == "int" else cutlass.Float32
+        args = (
+            flat(dt, 16),
+            flat(dt, 16),
+            flat(cutlass.Uint8, 1),
+            flat(cutlass.Float32, 4),
+            flat(zp_t, 4),
+            flat(cutlass.Int64, 8),
+            cutlass.Float32(1.0),
+            cutlass.Float32(0.0),
+            cutlass.Int32(1),
+            cutlass.Int32(1),
+            cutlass.Float32(-128.0),
+            cutlass.Float32(127.0),
+            cutlass.Int32(1),
+            fake_stream(),
+        )
+        return kernel, args
+
+    def representative(self):
+        return [
+            self.resolve(),
+            self.resolve({"mode": "vector", "zp": "float"}),
+            self.resolve({"qtype": "e4m3", "mode": "tensor", "dtype": "fp16"}),
+            self.resolve({"mode": "element", "dtype": "fp32", "mask": False, "zp": "round"}),
+            self.resolve({"mode": "tensor", "gated": True}),
+        ]
+
+    def sweep(self):
+        out = []
+        for d, q, z, mode, mask, gated, i64 in itertools.product(
+            dtypes.FLOAT_NAMES,
+            ("int", "e4m3"),
+            ("int", "round", "float"),
+            ("scalar", "tensor", "vector", "element"),
+            (True, False),
+            (False, True),
+            (False, True),
+        ):
+            if (q == "e4m3" or mode == "scalar") and z != "int":
+                continue
+            out.append(
+                self.resolve(
+                    {"dtype": d, "qtype": q, "zp": z, "mode": mode, "mask": mask, "gated": gated, "index64": i64}
+                )
+            )
+        return out
+
+
+FAKE_QUANT = FakeQuantSpec(
+    name="qat.fake_quant",
+    family="qat",
+    lesson=17,
+    summary="y = (clamp(rint(x / s) + z) - z) s (or the e4m3 grid) per tensor / channel / group, with the STE mask "
+    "packed 8 elements a byte; grid-stride over 8-element items",
+    ops=("fake_quant", "fake_quant_learnable", "fake_quant_observed"),
+    status="ready",
+    schedule=GridStride,
+    params=_map_params(
+        {
+            "qtype": Param("int", ("int", "e4m3"), "signature", "the grid: integers [qmin, qmax], or e4m3 emulation"),
+            "zp": Param(
+                "int",
+                ("int", "round", "float"),
+                "signature",
+                "zero point: int32; float rounded and clamped (learnable forward); float, fused rint(fma)",
+            ),
+            "mode": Param(
+                "scalar",
+                ("scalar", "tensor", "vector", "element"),
+                "signature",
+                "scale source: kernel arguments, element 0, one per 8-element item, one per element",
+            ),
+            "mask": Param(True, (True, False), "signature", "store the packed STE mask"),
+            "gated": Param(False, (True, False), "signature", "an int64 fake_quant_on flag (0: y = x, mask all 1)"),
+        }
+    ),
+)
+
+
+@dataclass(frozen=True, eq=False)
+class SteBackwardSpec(KernelSpec):
+    def build(self, p):
+        from cute_kernels.qat.kernels import SteBackward
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        kernel = SteBackward(dt, p["index64"], self.schedule_of(p))
+        args = (
+            fake_tensor(dt, (_sym(p),), (1,), 16),
+            fake_tensor(dt, (_sym(p),), (1,), 16),
+            fake_tensor(cutlass.Uint8, (_sym(p),), (1,), 1),
+            cutlass.Int32(1),
+            fake_stream(),
+        )
+        return kernel, args
+
+    def sweep(self):
+        return [
+            self.resolve({"dtype": d, "index64": i}) for d, i in itertools.product(dtypes.FLOAT_NAMES, (False, True))
+        ]
+
+
+STE_BWD = SteBackwardSpec(
+    name="qat.ste_bwd",
+    family="qat",
+    lesson=17,
+    summary="dx = dy * mask from the packed STE bits (8 elements a byte)",
+    ops=("fake_quant", "fake_quant_observed"),
+    status="ready",
+    schedule=GridStride,
+    params=_map_params({}),
+)
+
+
+def _row_params(extra: dict, plan: dict) -> dict:
+    return {
+        "dtype": Param("bf16", dtypes.FLOAT_NAMES, "signature", "x element type"),
+        "aligned": Param(True, (True, False), "signature", "rows of whole 16-byte vectors (else scalar accesses)"),
+        "index64": Param(False, (True, False), "signature", "64-bit indexing (>= 2^31 elements)"),
+        **extra,
+        "merge": Param(
+            True,
+            (True, False),
+            "signature",
+            "the last CTA combines the partials (False: one row a channel, one split, finished in place)",
+        ),
+        "threads": Param(plan["threads"], (128, 256, 512, 1024), help="threads per CTA"),
+        "threads_per_row": Param(
+            plan["threads"], (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), help="threads sharing one row"
+        ),
+        "unroll": Param(plan["unroll"], (1, 2, 4, 8), help="vectors in flight per thread"),
+    }
+
+
+@dataclass(frozen=True, eq=False)
+class RowSpec(KernelSpec):
+    def check(self, p):
+        super().check(p)
+
+    def dynamic_smem_bytes(self, p):
+        from collectives.reduce import group_smem_slots
+
+        width = 3 if self.name == "qat.learnable_bwd" else 2  # (kernels.LearnableBackward.width / Observer's)
+        return 4 * group_smem_slots(p["threads"], p["threads_per_row"], width) + (16 if p["merge"] else 0)
+
+    def _rows_args(self, p, dt):
+        vec = dtypes.vec_of(p["dtype"], p["aligned"])
+        align = 16 if p["aligned"] else dt.width // 8
+
+        def rows():
+            return fake_tensor(dt, (_sym(p), _sym(p)), (_sym(p, vec), 1), align)
+
+        def vec1(t, align=4):
+            return fake_tensor(t, (_sym(p),), (1,), align)
+
+        partial = fake_tensor(cutlass.Float32, (_sym(p), _sym(p), 2), (_sym(p, 2), 2, 1), 8)
+        return vec, rows, vec1, partial
+
+
+@dataclass(frozen=True, eq=False)
+class LearnableBackwardSpec(RowSpec):
+    def build(self, p):
+        from cute_kernels.qat.kernels import LearnableBackward
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        vec, rows, vec1, partial = self._rows_args(p, dt)
+        f32 = cutlass.Float32
+        kernel = LearnableBackward(dt, vec, p["index64"], p["zp"], p["merge"], self.schedule_of(p))
+        args = (
+            rows(),
+            rows(),
+            rows(),
+            vec1(f32),
+            vec1(f32),
+            partial,
+            vec1(f32),
+            vec1(f32),
+            vec1(cutlass.Int32),
+            cutlass.Int32(1),
+            cutlass.Int32(1),
+            f32(-128.0),
+            f32(127.0),
+            f32(1.0),
+            cutlass.Int32(1),
+            fake_stream(),
+        )
+        return kernel, args
+
+    def representative(self):
+        return [
+            self.resolve(),
+            self.resolve({"zp": "round", "merge": False, "threads_per_row": 64, "dtype": "fp32"}),
+            self.resolve({"dtype": "fp16", "threads_per_row": 8}),
+        ]
+
+    def sweep(self):
+        return [
+            self.resolve({"dtype": d, "aligned": a, "zp": z, "merge": m, "threads_per_row": t})
+            for d, a, z, m, t in itertools.product(
+                dtypes.FLOAT_NAMES,
+                (True, False),
+                ("half_up", "round"),
+                (True, False),
+                (8, 64, LEARNABLE_PLAN["threads"]),
+            )
+        ] + [self.resolve({"index64": True, "dtype": d}) for d in dtypes.FLOAT_NAMES]
+
+
+LEARNABLE_BWD = LearnableBackwardSpec(
+    name="qat.learnable_bwd",
+    family="qat",
+    lesson=17,
+    summary="LSQ / LSQ+ backward: dx = dy * mask and the per-scale sums of the scale and zero-point gradient terms, "
+    "rows split over CTAs, the last CTA combining the partials (deterministic)",
+    ops=("fake_quant_learnable",),
+    status="ready",
+    schedule=RowTiling,
+    params=_row_params(
+        {
+            "zp": Param(
+                "half_up",
+                ("half_up", "round"),
+                "signature",
+                "the backward's zero point: trunc(zp + 0.5) (torch per-tensor) or rint(zp)",
+            )
+        },
+        LEARNABLE_PLAN,
+    ),
+)
+
+
+@dataclass(frozen=True, eq=False)
+class ObserverSpec(RowSpec):
+    def build(self, p):
+        from cute_kernels.qat.kernels import Observer
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        vec, rows, vec1, partial = self._rows_args(p, dt)
+        f32, i32, i64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
+        kernel = Observer(dt, vec, p["index64"], p["symmetric"], p["merge"], self.schedule_of(p))
+        args = (
+            rows(),
+            vec1(i64, 8),
+            vec1(i64, 8),
+            vec1(f32),
+            vec1(f32),
+            vec1(f32),
+            vec1(i32),
+            partial,
+            vec1(i32),
+            i32(1),
+            f32(0.01),
+            i32(0),
+            i32(255),
+            i32(1),
+            fake_stream(),
+        )
+        return kernel, args
+
+    def representative(self):
+        return [self.resolve(), self.resolve({"symmetric": True, "merge": False, "threads_per_row": 64})]
+
+    def sweep(self):
+        return [
+            self.resolve({"dtype": d, "aligned": a, "symmetric": s, "merge": m, "threads_per_row": t})
+            for d, a, s, m, t in itertools.product(
+                dtypes.FLOAT_NAMES, (True, False), (False, True), (True, False), (8, 64, OBSERVER_PLAN["threads"])
+            )
+        ] + [self.resolve({"index64": True, "dtype": d}) for d in dtypes.FLOAT_NAMES]
+
+
+OBSERVE = ObserverSpec(
+    name="qat.observe",
+    family="qat",
+    lesson=17,
+    summary="the fused observer's reduce pass: per-tensor / per-channel min and max, the moving average and the "
+    "qparams (torch's ChooseQuantizationParams) in the same launch, by the rows' owners or the last CTA",
+    ops=("fake_quant_observed",),
+    status="ready",
+    schedule=RowTiling,
+    params=_row_params({"symmetric": Param(False, (True, False), "signature", "symmetric qparams")}, OBSERVER_PLAN),
+)
+
+SPECS = (FAKE_QUANT, STE_BWD, LEARNABLE_BWD, OBSERVE)
+
+
+def __getattr__(name):
+    if name == "QATLinear":
+        from cute_kernels.qat.linear import QATLinear
+
+        return QATLinear
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
