@@ -204,9 +204,7 @@ class KernelSpec:
 # The registry
 # ---------------------------------------------------------------------------------------------
 # The rest of the curriculum: listed with its status so `cute-kernels list` shows the whole map.
-_PLANNED = [
-    ("fake_quant", "quant", 17, "QAT fake-quant with STE (described only)"),
-]
+_PLANNED: list[tuple[str, str, int, str]] = []  # (name, family, lesson, summary); every lesson is built now
 
 _KERNELS: dict[str, KernelSpec] = {}
 
