@@ -31,6 +31,7 @@ def _same(a, b, what="output"):
 
 def _x(shape, dtype, seed=0, spread=3.0):
     g = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
     return (torch.randn(*shape, generator=g, device="cuda") * spread).to(dtype)
 
 
