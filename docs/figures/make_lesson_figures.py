@@ -10,6 +10,9 @@ structure); the durations are typical values, labelled as such (the page's table
 voxel_grid_order: a 2-D slice of a cloud on its voxel grid, computed by `cute_kernels.voxel.reference`: each voxel's
 hard-mode number (order of its first point, with points past max_points and voxels past max_voxels dropped), the
 scatter's order (ascending linear index), and the points out of range.
+
+qat_grid_ste: the fake-quant staircase of `cute_kernels.qat.reference.fake_quant` (int4 asymmetric and e4m3), its STE
+mask (the gradient passed where the value was in range, zero outside), and the LSQ scale gradient's sawtooth.
 """
 
 from __future__ import annotations
@@ -169,7 +172,46 @@ def voxel_grid_order(out: Path) -> Path:
     return _save(fig, out, "voxel_grid_order.png")
 
 
-FIGURES = [flow_sampler_timeline, voxel_grid_order]
+def qat_grid_ste(out: Path) -> Path:
+    import torch
+
+    from cute_kernels.qat import reference as Q
+
+    x = torch.linspace(-1.2, 2.4, 2001)
+    s, z, qmin, qmax = torch.tensor([0.15]), torch.tensor([3]), 0, 15  # uint4 asymmetric: [-0.45, 1.8] represented
+    y, mask = Q.fake_quant(x, s, z, qmin, qmax)
+    ye, me = Q.fake_quant(x, torch.tensor([1.2 / 448]), None, 0, 0, qtype="e4m3")
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    ax = axes[0]
+    ax.plot(x, x, color="#bbb", lw=0.8, label="x")
+    ax.plot(x, y, color="#235", lw=1.4, label="fake_quant, uint4 (s 0.15, z 3)")
+    ax.plot(x, ye, color="#c60", lw=1.0, label="e4m3 (amax 1.2)")
+    lo, hi = float((qmin - z) * s), float((qmax - z) * s)
+    for v in (lo, hi):
+        ax.axvline(v, color="#c44", lw=0.8, ls="--")
+    ax.set_title("the quantization grid (q - z) s; dashed: its ends", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    ax = axes[1]
+    ax.fill_between(x, 0, mask.float(), color="#7fcf9f", step="mid", label="int4: dx = dy where in range")
+    ax.plot(x, me.float() * 0.5, color="#c60", lw=1.0, label="e4m3 mask (x 0.5)")
+    for v in (lo, hi):
+        ax.axvline(v, color="#c44", lw=0.8, ls="--")
+    ax.set_ylim(-0.05, 1.1)
+    ax.set_title("the straight-through estimator's mask", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    ax = axes[2]
+    _, g_s, _ = Q.learnable_grads(torch.ones_like(x), x, s, z.float(), qmin, qmax)
+    ax.plot(x, g_s, color="#235", lw=1.0)
+    for v in (lo, hi):
+        ax.axvline(v, color="#c44", lw=0.8, ls="--")
+    ax.set_title("LSQ: d y / d scale (per element, dy = 1)", fontsize=9)
+    for a in axes:
+        a.set_xlabel("x")
+    fig.tight_layout()
+    return _save(fig, out, "qat_grid_ste.png")
+
+
+FIGURES = [flow_sampler_timeline, voxel_grid_order, qat_grid_ste]
 
 
 def main(argv=None) -> list[Path]:

@@ -40,7 +40,8 @@ def test_pages_reference_figures():
 
 
 LESSONS = ROOT / "docs" / "figures" / "make_lesson_figures.py"
-LESSON_FIGURES = {"flow.md": ("flow_sampler_timeline.png",), "voxel.md": ("voxel_grid_order.png",)}
+LESSON_FIGURES = {"flow.md": ("flow_sampler_timeline.png",), "voxel.md": ("voxel_grid_order.png",),
+                  "qat.md": ("qat_grid_ste.png",)}
 
 
 def test_lesson_figures_written(tmp_path):
