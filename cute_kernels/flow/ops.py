@@ -119,7 +119,7 @@ def _flow_update_cuda(x, ks, coeffs, dt, cfg_scale=None):
 
 def _flow_update_setup(ctx, inputs, output):
     x, ks, coeffs, dt, cfg_scale = inputs
-    ctx.k_dtype, ctx.n_k = ks[0].dtype if ks else x.dtype, len(ks)
+    ctx.k_dtype = ks[0].dtype if ks else x.dtype
     ctx.coeffs, ctx.dt, ctx.cfg_scale = list(coeffs), dt, cfg_scale
 
 
