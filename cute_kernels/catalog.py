@@ -42,7 +42,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "quantize": ("quantize_1x128", "quantize_128x128"),
     "fp8_gemm": ("fp8_gemm", "fp8_gemm_grouped_contiguous", "fp8_gemm_grouped_masked"),
     "attention": ("flash_attn", "flash_attn_varlen", "flash_attn_with_kvcache", "merge_attention_states",
-                  "merge_attention_states_many", "hadamard", "quantize_attention_fp8"),
+                  "merge_attention_states_many", "hadamard", "quantize_attention_fp8", "flash_attn_fp8"),
     "rope": ("rope", "rope_", "rope_kv_append", "rope_tables"),
     "w4a16": ("gemm_w4a16", "gemm_w4a16_swiglu", "pack_int4", "unpack_int4"),
     "moe": ("moe_route", "moe_dispatch", "moe_combine", "moe"),

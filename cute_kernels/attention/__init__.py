@@ -740,8 +740,8 @@ class FP8AttnQuantSpec(KernelSpec):
                                (index_sym(i64, div), index_sym(i64, div), index_sym(i64, div), 1), 16)
 
         x, q = seq_major(dt, 8), seq_major(cutlass.Float8E4M3FN, 16)
-        scales, amax = (fake_tensor(cutlass.Float32, tuple(index_sym(False) for _ in range(3)),
-                                    tuple(index_sym(False) for _ in range(3)), 4) for _ in range(2))
+        scales, amax = (fake_tensor(cutlass.Float32, tuple(index_sym(i64) for _ in range(3)),
+                                    tuple(index_sym(i64) for _ in range(3)), 4) for _ in range(2))
         signs = fake_tensor(cutlass.Float32, (d,), (1,), 16)
         kernel = AttnQuantFP8(dt, d, p["mode"], p["hadamard"], p["threads"])
         return kernel, (x, q, scales, amax, signs, fake_stream())

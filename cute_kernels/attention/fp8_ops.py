@@ -223,3 +223,123 @@ def quantize_attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gr
     """(q8, k8, v8, q_scale, k_scale, v_scale) for FP8 attention (module docstring); not differentiable."""
     return tuple(call("cute_kernels::quantize_attention_fp8", q, k, v, granularity, hadamard, signs))
 
+
+
+# --- flash_attn_fp8: the FP8 forward (kernel `fp8_forward.FlashAttnFwdFP8`) ---------------------------------------
+FP8_FWD_DIMS = (64, 128, 256)
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _check_fp8_attn(q, k, v, q_scale, k_scale, v_scale, window_left, window_right, softmax_scale, softcap,
+                    out_dtype) -> str:
+    """The named errors of `flash_attn_fp8`; returns the scales' granularity ("head" or "block")."""
+    from cute_kernels.attention.ops import _check_options
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, allowed=(E4M3,))
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {tuple(t.stride())}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    d = q.shape[-1]
+    if d not in FP8_FWD_DIMS:
+        raise ValueError(f"head dim (q.shape[3]) must be one of {FP8_FWD_DIMS}, got {d}")
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    if k.shape[-1] != d:
+        raise ValueError(f"head dims differ: q {d}, k {k.shape[-1]}")
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
+    b, sq, hq, _ = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    if hk == 0 or hq % hk:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk}) (GQA/MQA)")
+    if b > MAX_GRID_YZ or hq > MAX_GRID_YZ:
+        raise ValueError(f"batch ({b}) and heads ({hq}) must be at most {MAX_GRID_YZ} each")
+    grans = set()
+    for name, t, h, s in (("q_scale", q_scale, hq, sq), ("k_scale", k_scale, hk, sk), ("v_scale", v_scale, hk, sk)):
+        check_tensor(name, t, allowed=(torch.float32,))
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+        if tuple(t.shape) == (b, h):
+            grans.add("head")
+        elif tuple(t.shape) == (b, h, blocks(s)):
+            grans.add("block")
+        else:
+            raise ValueError(f"{name} must be fp32 of shape (B, H) = {(b, h)} per head or (B, H, ceil(S / 128)) = "
+                             f"{(b, h, blocks(s))} per 128-row block, got {tuple(t.shape)}")
+    if len(grans) > 1:
+        raise ValueError("q_scale, k_scale and v_scale must have the same granularity (all per head or all per "
+                         "128-row block)")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
+    _check_options(window_left, window_right, softmax_scale, softcap)
+    return grans.pop()
+
+
+def _scales_view(t: torch.Tensor) -> torch.Tensor:
+    """A (B, H) or (B, H, blocks) fp32 scale as the kernel's (blocks, H, B) (per head: one block)."""
+    t = t.contiguous()
+    if t.dim() == 2:
+        t = t[:, :, None]
+    return t.permute(2, 1, 0)
+
+
+def _flash_attn_fp8_fake(q, k, v, q_scale, k_scale, v_scale, causal=False, window_left=-1, window_right=-1,
+                         softcap=0.0, out_dtype=torch.bfloat16, softmax_scale=None):
+    _check_fp8_attn(q, k, v, q_scale, k_scale, v_scale, window_left, window_right, softmax_scale, softcap, out_dtype)
+    b, sq, hq, d = q.shape
+    return (torch.empty(b, sq, hq, d, dtype=out_dtype, device=q.device),
+            torch.empty(b, hq, sq, dtype=torch.float32, device=q.device))
+
+
+def _flash_attn_fp8_cuda(q, k, v, q_scale, k_scale, v_scale, causal=False, window_left=-1, window_right=-1,
+                         softcap=0.0, out_dtype=torch.bfloat16, softmax_scale=None):
+    from cute_kernels.attention import FLASH_ATTN_FP8, mask_name
+    from cute_kernels.attention.ops import _bounds, _kernel_view, _scalars
+
+    gran = _check_fp8_attn(q, k, v, q_scale, k_scale, v_scale, window_left, window_right, softmax_scale, softcap,
+                           out_dtype)
+    b, sq, hq, d = q.shape
+    sk = k.shape[1]
+    out = torch.empty(b, sq, hq, d, dtype=out_dtype, device=q.device)
+    lse = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    if sk == 0:
+        out.zero_()
+        lse.fill_(float("inf"))
+        return out, lse
+    left, right = _bounds(causal, window_left, window_right, sq + sk)
+    fn = FLASH_ATTN_FP8.compiled(head_dim=d, out_dtype=dtypes.name_of(out_dtype), mask=mask_name(left, right),
+                                 softcap=softcap > 0, scales=gran)
+    fn(_kernel_view(q), _kernel_view(k), _kernel_view(v), _kernel_view(out), lse.permute(2, 1, 0),
+       _scales_view(q_scale), _scales_view(k_scale), _scales_view(v_scale), *_scalars(d, softmax_scale, softcap),
+       left, right)
+    return out, lse
+
+
+register_op("cute_kernels::flash_attn_fp8", "(Tensor q, Tensor k, Tensor v, Tensor q_scale, Tensor k_scale, "
+            "Tensor v_scale, bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
+            "ScalarType out_dtype=bfloat16, float? softmax_scale=None) -> (Tensor, Tensor)",
+            _flash_attn_fp8_cuda, _flash_attn_fp8_fake)
+
+
+def flash_attn_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor,
+                   v_scale: torch.Tensor, causal: bool = False, window: tuple[int, int] = (-1, -1),
+                   softcap: float = 0.0, out_dtype: torch.dtype = torch.bfloat16, return_lse: bool = False,
+                   softmax_scale: float | None = None):
+    """FlashAttention forward of e4m3 q (B, S_q, H_q, D), k, v (B, S_k, H_kv, D) (GQA; D 64 / 128 / 256) with fp32
+    dequant scales per head (B, H) or per 128-row block (B, H, ceil(S / 128)), as `quantize_attention_fp8` makes
+    them: softmax(softmax_scale (q8 q_scale)(k8 k_scale)^T [softcap] [mask]) (v8 v_scale), P rounded to e4m3
+    (`fp8_reference.fp8_attention_reference`). Masks as `flash_attn` (causal bottom-right aligned, window (left,
+    right), -1 unbounded). Returns O in `out_dtype` (bf16 / fp16), and with `return_lse` also the fp32 LSE
+    (B, H_q, S_q), natural log. Not differentiable."""
+    if not (isinstance(window, (tuple, list)) and len(window) == 2):
+        raise ValueError(f"window must be a pair (left, right) of ints, -1 for unbounded, got {window!r}")
+    out, lse = call("cute_kernels::flash_attn_fp8", q, k, v, q_scale, k_scale, v_scale, bool(causal),
+                    int(window[0]), int(window[1]), float(softcap), out_dtype, softmax_scale)
+    return (out, lse) if return_lse else out
+

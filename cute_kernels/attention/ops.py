@@ -513,5 +513,9 @@ from cute_kernels.attention.decode_ops import (  # noqa: E402,F401  (exported wi
     merge_attention_states_many,
 )
 
-# --- FP8 attention's quantization side: the Hadamard transform and the Q / K / V quantizer (`fp8_ops.py`) ------------
-from cute_kernels.attention.fp8_ops import hadamard, quantize_attention_fp8  # noqa: E402,F401  (exported likewise)
+# --- FP8 attention (`fp8_ops.py`): the Hadamard transform, the Q / K / V quantizer and the FP8 forward -----------------
+from cute_kernels.attention.fp8_ops import (  # noqa: E402,F401  (exported likewise)
+    flash_attn_fp8,
+    hadamard,
+    quantize_attention_fp8,
+)

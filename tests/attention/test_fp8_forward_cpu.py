@@ -1,0 +1,242 @@
+"""CPU: the FP8 FlashAttention forward (`cute_kernels/attention/fp8_forward.py`, `collectives/fp8_attention.py`).
+
+- P's permutation: every register of the P V WGMMA's 8-bit A operand, built from the S accumulator by
+  `acc_a_view_fp8`, holds the (row, key) that operand's slot stands for, key = pi(slot) (layout algebra, all 128
+  threads of a warpgroup);
+- V^T: the transposing step, replayed in Python on the DSL's own smem offsets (bytes and the 32-bit word view with its
+  recast swizzle) and a model of `prmt`, writes slot k of row e = V[pi(k), e], every byte of a stage once;
+- compile census of representative variants (FP8 WGMMAs, TMA, setmaxnreg 40 / 232, the transpose's 32-bit shared
+  accesses and prmt, P's e4m3x2 conversions, no local memory, registers under the consumers' budget, smem);
+- the op's named errors under FakeTensorMode."""
+
+import random
+import re
+
+import pytest
+import torch
+
+from cute_kernels import catalog
+from cute_kernels.artifacts import compile_with_artifacts
+from tests.helpers import highest_register
+
+
+def _prmt(a, b, sel):
+    """PTX prmt.b32 (default mode): byte k of the result is byte (sel >> 4k) & 7 of the 8 bytes b:a."""
+    src = (a & 0xFFFFFFFF).to_bytes(4, "little") + (b & 0xFFFFFFFF).to_bytes(4, "little")
+    return int.from_bytes(bytes(src[(sel >> (4 * k)) & 7] for k in range(4)), "little")
+
+
+def test_slot_key_is_a_permutation_of_each_32_key_slice():
+    from collectives.fp8_attention import slot_key
+
+    for base in (0, 32, 96):
+        keys = [slot_key(base + k) for k in range(32)]
+        assert sorted(keys) == list(range(base, base + 32))
+    # lane c's A slots 4c..4c+3, 16+4c..16+4c+3 hold its own accumulator columns 2c, 2c+1, 8+2c, ... 25+2c
+    for c in range(4):
+        slots = [4 * c + i for i in range(4)] + [16 + 4 * c + i for i in range(4)]
+        assert [slot_key(s) for s in slots] == [2 * c, 2 * c + 1, 8 + 2 * c, 9 + 2 * c, 16 + 2 * c, 17 + 2 * c,
+                                                 24 + 2 * c, 25 + 2 * c]
+
+
+@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128)])
+def test_p_permutation(tile_n, d):
+    """Element i of `acc_a_view_fp8(acc)` is the accumulator value at (row, key); the P V WGMMA's A operand element i
+    is (row, slot): same row, key = pi(slot), for every thread and element; the view has the operand's shape."""
+    import cutlass.cute as cute
+
+    from collectives.fp8_attention import slot_key
+    from cute_kernels.jit import compile_fn  # noqa: F401  (sets up the DSL target)
+    from tests.attention import _fp8_probe as probe
+
+    cute.compile(probe.p_probe, tile_n, d)
+    res = probe.OUT[("p", tile_n, d)]
+    assert len(res) == 128
+    seen = set()
+    for t, a, cv, a_shape, v_shape in res:
+        assert len(a) == len(cv) == 64 * tile_n // 128
+        assert a_shape.replace(" ", "") == "((4,2,2),1,%d)" % (tile_n // 32), a_shape
+        for (ra, slot), (rc, key) in zip(a, cv):
+            assert ra == rc and key == slot_key(slot), (t, (ra, slot), (rc, key))
+            seen.add((rc, key))
+    assert len(seen) == 64 * tile_n  # every (row, key) of the tile once
+
+
+@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64)])
+def test_v_transpose(tile_n, d):
+    """`transpose_v_stage`'s units, replayed: 96 threads (warps 1-3) in its loop order cover every unit once; each
+    reads four 32-bit words of V through the word view, transposes them with the kernel's prmt selectors and writes
+    four words of V^T; every byte of V^T is written once and slot k of row e holds V[pi(k), e]. Also: the word view
+    (`word_layouts`: recast layout and swizzle S<b, m-2, s>) names the same bytes as the byte layout."""
+    import cutlass.cute as cute
+
+    from collectives.fp8_attention import slot_key, transpose_words, unit_coords, unit_keys
+    from cute_kernels.attention.fp8_forward import TRANSPOSE_WARPS
+    from cute_kernels.jit import compile_fn  # noqa: F401
+    from tests.attention import _fp8_probe as probe
+
+    cute.compile(probe.smem_probe, tile_n, d)
+    lays = probe.OUT[("smem", tile_n, d)]
+    for name, (byte, word, swz, wswz) in lays.items():
+        for r in range(len(byte)):
+            for w in range(len(word[r])):
+                for e in range(4):
+                    assert 4 * int(word[r][w]) + e == int(byte[r][4 * w + e]), (name, r, w, e, swz, wswz)
+    vb, vw, _, _ = lays["v"]
+    tb, tw, _, _ = lays["vt"]
+    rng = random.Random(0)
+    v = [[rng.randrange(256) for _ in range(d)] for _ in range(tile_n)]
+    size = max(max(int(x) for x in row) for row in vb) + 1
+    src = bytearray(size)
+    for key in range(tile_n):
+        for e in range(d):
+            src[int(vb[key][e])] = v[key][e]
+    dst = bytearray(max(max(int(x) for x in row) for row in tb) + 4)
+    writes = [0] * len(dst)
+    threads = 32 * TRANSPOSE_WARPS
+    units = (tile_n // 4) * (d // 4)
+    done = sorted(u for t in range(threads) for u in range(t, units, threads))
+    assert done == list(range(units))
+
+    def load(r, w):
+        o = 4 * int(vw[r][w])
+        return int.from_bytes(src[o:o + 4], "little")
+
+    for u in done:
+        q, j, c, dq = unit_coords(u, d)
+        keys = unit_keys(q, j, c)
+        x = transpose_words(*(load(k, dq) for k in keys), prmt=_prmt)
+        for e in range(4):
+            o = 4 * int(tw[4 * dq + e][8 * q + 4 * j + c])
+            dst[o:o + 4] = x[e].to_bytes(4, "little")
+            for i in range(4):
+                writes[o + i] += 1
+    for e in range(d):
+        for k in range(tile_n):
+            o = int(tb[e][k])
+            assert writes[o] == 1
+            assert dst[o] == v[slot_key(k)][e], (e, k)
+
+
+VARIANTS = [
+    {},  # D = 128, block scales, no mask
+    {"mask": "causal", "scales": "head"},
+    {"head_dim": 64, "mask": "window"},
+    {"head_dim": 256, "mask": "band", "softcap": True, "out_dtype": "fp16"},
+]
+
+
+def _id(v):
+    return ",".join(f"{k}={x}" for k, x in v.items()) or "default"
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=[_id(v) for v in VARIANTS])
+def compiled(request, tmp_path_factory):
+    spec = catalog.get("flash_attn_fp8")
+    p = spec.resolve(request.param)
+    report, files = compile_with_artifacts(spec, p, str(tmp_path_factory.mktemp("fa8")))
+    sass = files["sass"].read_text() if "sass" in files else None
+    return p, report, files["ptx"].read_text(), sass
+
+
+def test_compile_census(compiled):
+    from cute_kernels.attention.fp8_forward import CONSUMER_REGS, PRODUCER_REGS, default_tile_n, max_stages, smem_bytes
+
+    p, report, ptx, sass = compiled
+    d = p["head_dim"]
+    tile_n = p["tile_n"] or default_tile_n(d)
+    census = report.ptx_census
+    # S = Q K^T: D / 32 e4m3 WGMMAs (both operands from smem); O += P V: tile_n / 32 (A from registers)
+    mmas = re.findall(r"wgmma\.mma_async\S*", ptx)
+    assert len(mmas) == d // 32 + tile_n // 32, mmas
+    assert all(".e4m3.e4m3" in m and ".f32" in m for m in mmas), mmas
+    assert census["cp.async.bulk.tensor"] >= 3  # Q, K, V loads (O is stored from registers)
+    assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{PRODUCER_REGS}\b", ptx)
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{CONSUMER_REGS}\b", ptx)
+    assert PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536
+    # the V transpose: four 32-bit shared loads, eight prmt, four 32-bit shared stores, the async-proxy fence
+    assert len(re.findall(r"ld\.shared\.(?:b|u)32", ptx)) == 4
+    assert len(re.findall(r"prmt\.b32", ptx)) == 8
+    assert len(re.findall(r"st\.shared\.(?:b|u)32", ptx)) >= 4
+    assert "fence.proxy.async.shared::cta" in ptx
+    # P: one e4m3x2 conversion per column pair (tile_n / 4 a thread), saturating, nearest even
+    assert len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)) == tile_n // 4
+    # ping-pong turns (named barriers 4, 5 of 256 threads)
+    assert len(re.findall(r"bar\.arrive\s+%r\d+, 256;", ptx)) >= 2 and re.search(r"bar\.sync\s+%r\d+, 256;", ptx)
+    if p["softcap"]:
+        assert "tanh.approx.f32" in ptx
+    assert census["ld/st.local"] == 0 and not report.spills, report.format()
+    if sass is not None:
+        assert report.sass_census["LDL/STL (spills)"] == 0
+        top = highest_register(sass)
+        assert top < CONSUMER_REGS, top
+    assert smem_bytes(d, tile_n, p["stages"] or max_stages(d, tile_n)) <= 227 * 1024
+
+
+def _fake_inputs(b=2, sq=300, sk=500, hq=8, hk=2, d=128, gran="block"):
+    e = torch.float8_e4m3fn
+    q = torch.empty(b, sq, hq, d, dtype=e, device="cuda")
+    k = torch.empty(b, sk, hk, d, dtype=e, device="cuda")
+    v = torch.empty(b, sk, hk, d, dtype=e, device="cuda")
+    if gran == "block":
+        sc = [torch.empty(b, h, (s + 127) // 128, device="cuda") for h, s in ((hq, sq), (hk, sk), (hk, sk))]
+    else:
+        sc = [torch.empty(b, h, device="cuda") for h in (hq, hk, hk)]
+    return q, k, v, *sc
+
+
+@pytest.mark.parametrize("gran", ["block", "head"])
+def test_fake_shapes(gran):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import cute_kernels as ck
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        args = _fake_inputs(gran=gran)
+        o, lse = ck.flash_attn_fp8(*args, causal=True, return_lse=True)
+        assert o.shape == (2, 300, 8, 128) and o.dtype == torch.bfloat16 and lse.shape == (2, 8, 300)
+        o = ck.flash_attn_fp8(*args, window=(64, 0), out_dtype=torch.float16)
+        assert o.dtype == torch.float16
+
+
+def test_named_errors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import cute_kernels as ck
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        q, k, v, qs, ks, vs = _fake_inputs()
+        qh, kh, vh = (torch.empty(2, h, device="cuda") for h in (8, 2, 2))
+        e4m3 = torch.float8_e4m3fn
+        q_bf16 = torch.empty(2, 300, 8, 128, dtype=torch.bfloat16, device="cuda")
+        k3, v3 = (torch.empty(2, 500, 3, 128, dtype=e4m3, device="cuda") for _ in range(2))
+        v_short = torch.empty(2, 400, 2, 128, dtype=e4m3, device="cuda")
+        ks16 = torch.empty(2, 2, 4, dtype=torch.float16, device="cuda")
+        cases = [
+            ((q_bf16, k, v, qs, ks, vs), {}, TypeError, "q has dtype bfloat16"),
+            ((q, k, v, torch.empty(2, 8, 2, device="cuda"), ks, vs), {}, ValueError, "q_scale must be fp32 of shape"),
+            ((q, k, v, qh, ks, vs), {}, ValueError, "same granularity"),
+            ((q, k, v, qs, ks16, vs), {}, TypeError, "k_scale has dtype float16"),
+            ((q, k, v, qs, ks, vs), {"out_dtype": torch.float32}, TypeError, "out_dtype"),
+            ((q, k, v, qs, ks, vs), {"window": (-2, 0)}, ValueError, "window"),
+            ((q, k3, v3, qs, torch.empty(2, 3, 4, device="cuda"), torch.empty(2, 3, 4, device="cuda")), {}, ValueError,
+             "multiple"),
+            ((torch.empty(2, 300, 8, 96, dtype=torch.float8_e4m3fn, device="cuda"), k, v, qs, ks, vs), {}, ValueError,
+             "head dim"),
+            ((q, k, v_short, qs, ks, vs), {}, ValueError, "same shape"),
+        ]
+        for args, kw, exc, msg in cases:
+            with pytest.raises(exc, match=msg):
+                ck.flash_attn_fp8(*args, **kw)
+        # per-head scales against block scales of another shape, and with the right ones
+        ck.flash_attn_fp8(q, k, v, qh, kh, vh)
+
+
+def test_catalogue_entry():
+    spec = catalog.get("flash_attn_fp8")
+    assert "flash_attn_fp8" in catalog.FAMILIES["attention"]
+    for d in (64, 128, 256):
+        p = spec.resolve({"head_dim": d})
+        assert spec.dynamic_smem_bytes(p) <= 227 * 1024
+    with pytest.raises(ValueError):
+        spec.resolve({"tile_n": 128, "head_dim": 256, "stages": 4})
