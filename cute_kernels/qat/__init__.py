@@ -204,6 +204,9 @@ class RowSpec(KernelSpec):
     def check(self, p):
         super().check(p)
 
+    def static_extents(self, p):
+        return {2}  # the split partials' pair of sums (partial (rows, splits, 2)), a constant of the kernels
+
     def dynamic_smem_bytes(self, p):
         from collectives.reduce import group_smem_slots
 
