@@ -33,14 +33,11 @@ from cute_kernels.torch_ops import (
     call,
     check_tensor,
     direct_call_ok,
+    flat,
     register_op,
 )
 from schedules.grid_stride import pick
 from schedules.hardware import num_sms
-
-
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    return (t if t.is_contiguous() else t.contiguous()).view(-1)
 
 
 def _schedule(out: torch.Tensor):
@@ -98,11 +95,11 @@ def _flow_update_cuda(x, ks, coeffs, dt, cfg_scale=None):
     cfg = cfg_scale is not None
     per = 2 if cfg else 1
     live = [i for i, c in enumerate(coeffs) if c != 0.0 and dt != 0.0]
-    xf, of = _flat(x), out.view(-1)
+    xf, of = flat(x), out.view(-1)
     if not live:
         of.copy_(xf)
         return out
-    kf = [_flat(k) for k in ks]
+    kf = [flat(k) for k in ks]
     passes = [live[s:s + MAX_TERMS] for s in range(0, len(live), MAX_TERMS)]
     # past four terms the partial sums stay in fp32 (one rounding to x's dtype, at the end)
     acc = of if len(passes) == 1 or of.dtype == torch.float32 else torch.empty(of.shape, dtype=torch.float32,
@@ -206,7 +203,7 @@ def _diffusion(kind, x, m, alpha_t, alpha_prev, eta, noise, prediction_type, cli
         at, ap = at.expand(rows).contiguous(), ap.expand(rows).contiguous()
     per_row = n // x.shape[0] if batched else n
     noisy = noise is not None and (kind == "ddpm" or eta > 0)
-    ins = [_flat(x), _flat(m)] + ([_flat(noise)] if noisy else [])
+    ins = [flat(x), flat(m)] + ([flat(noise)] if noisy else [])
     name = dtypes.name_of(x.dtype)
     vec = dtypes.vec_of(name)
     aligned = aligned16(out, *ins) and (not batched or per_row % vec == 0)
