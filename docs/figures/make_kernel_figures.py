@@ -14,7 +14,6 @@ exchange timeline is a schematic with unit costs, labelled as such.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 import cutlass  # noqa: E402
+from figure_io import cli, save  # noqa: E402
 from make_figures import _walk, order_grid  # noqa: E402
 
 from collectives import smem_tiles  # noqa: E402
@@ -44,21 +44,6 @@ from schedules.tile_order import TileOrder, tile_list  # noqa: E402
 
 SMS = 132  # H200
 BF16_VEC = 8  # elements per 16-byte vector
-DPI = 110
-
-
-def _save(fig, out: Path, name: str) -> Path:
-    path = out / name
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    try:  # palette PNG: flat fills need few colours (as cute_kernels.study.draw does)
-        from PIL import Image
-
-        with Image.open(path) as im:
-            im.convert("RGB").quantize(colors=128).save(path, optimize=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return path
 
 
 def _arrow(ax, xy_from, xy_to, text="", color="#444", fontsize=7, rad=0.0):
@@ -127,7 +112,7 @@ def rowwise_plans(out: Path, families=(("rms_fwd", "RMSNorm forward"), ("fwd", "
                  "coalesced; element (rank, k, lane, e) = ((rank*vpt + k)*tpr + lane)*8 + e); grey = capacity past N",
                  fontsize=8.5)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
-    return _save(fig, out, "rowwise_plans.png")
+    return save(fig, out, "rowwise_plans.png")
 
 
 def rowwise_cluster_exchange(out: Path) -> Path:
@@ -199,7 +184,7 @@ def rowwise_cluster_exchange(out: Path) -> Path:
     axes[1].set_xlabel("time (unit costs: a schematic of collectives.reduce.cluster_reduce as called by "
                        "RowReducer.reduce, not a measurement)", fontsize=8)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    return _save(fig, out, "rowwise_cluster_exchange.png")
+    return save(fig, out, "rowwise_cluster_exchange.png")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,7 +233,7 @@ def gemv_register_tile(out: Path, n_rows: int = 4096, k: int = 4096, cols=(1, 4,
     fig.suptitle(f"schedules.gemv.plan_gemv({n_rows}, {nv}, B, {SMS}) for W {n_rows} x {k} bf16: the rows of the CTA's "
                  "first row tile (at most two groups shown) and x, by owning thread", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    return _save(fig, out, "gemv_register_tile.png")
+    return save(fig, out, "gemv_register_tile.png")
 
 
 def gemv_mma_chunk(out: Path) -> Path:
@@ -294,7 +279,7 @@ def gemv_mma_chunk(out: Path) -> Path:
     fig.suptitle("kernels.gemv_mma: mma.sync.m16n8k16 with x^T as A and 8 rows of W as B; the K permutation "
                  "memory k = 8c + 4t + e", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
-    return _save(fig, out, "gemv_mma_chunk.png")
+    return save(fig, out, "gemv_mma_chunk.png")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,7 +352,7 @@ def transpose_banks(out: Path, rows_shown: int = 16) -> Path:
                  "(collectives.smem_tiles.padded_tile / swizzled_tile, evaluated by the DSL; conflicts counted by "
                  "cute_kernels.study.banks)", fontsize=8.5)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
-    return _save(fig, out, "transpose_banks.png")
+    return save(fig, out, "transpose_banks.png")
 
 
 def transpose_orders_tma(out: Path, tiles: int = 8) -> Path:
@@ -415,7 +400,7 @@ def transpose_orders_tma(out: Path, tiles: int = 8) -> Path:
     fig.suptitle("schedules.tile_order.tile_list: the launch index of each tile (8 x 8 tiles; nearby numbers run "
                  "together), and the TMA variant's path", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
-    return _save(fig, out, "transpose_orders_tma.png")
+    return save(fig, out, "transpose_orders_tma.png")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -498,7 +483,7 @@ def argmax_two_level(out: Path) -> Path:
     fig.suptitle("ArgMax (cute_kernels/argmax/kernels.py, collectives/arg_reduce.py): the two-level vector scan and "
                  "the split row's two launches", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
-    return _save(fig, out, "argmax_two_level.png")
+    return save(fig, out, "argmax_two_level.png")
 
 
 def swiglu_fusion(out: Path, n_vectors: int = 1536 + 256) -> Path:
@@ -555,7 +540,7 @@ def swiglu_fusion(out: Path, n_vectors: int = 1536 + 256) -> Path:
     fig.suptitle("SwiGLU forward (cute_kernels/swiglu/kernels.py via elementwise.map_vectors): out = silu(gate) * up "
                  "in one pass", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
-    return _save(fig, out, "swiglu_fusion.png")
+    return save(fig, out, "swiglu_fusion.png")
 
 
 FIGURES = (rowwise_plans, rowwise_cluster_exchange, gemv_register_tile, gemv_mma_chunk, transpose_banks,
@@ -563,16 +548,7 @@ FIGURES = (rowwise_plans, rowwise_cluster_exchange, gemv_register_tile, gemv_mma
 
 
 def main(argv=None) -> list[Path]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=HERE, help="directory for the PNGs (default: docs/figures)")
-    ap.add_argument("--only", default="", help="comma-separated figure functions to draw (default: all)")
-    args = ap.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    only = {s for s in args.only.split(",") if s}
-    written = [f(args.out) for f in FIGURES if not only or f.__name__ in only]
-    for p in written:
-        print(f"{p}  {p.stat().st_size / 1024:.0f} KiB")
-    return written
+    return cli(FIGURES, __doc__.splitlines()[0], HERE, argv)
 
 
 if __name__ == "__main__":

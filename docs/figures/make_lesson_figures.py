@@ -17,7 +17,6 @@ mask (the gradient passed where the value was in range, zero outside), and the L
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -30,22 +29,9 @@ from matplotlib.patches import Rectangle  # noqa: E402
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
 
-DPI = 110
-
-
-def _save(fig, out: Path, name: str) -> Path:
-    path = out / name
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    try:  # palette PNG: flat fills need few colours
-        from PIL import Image
-
-        with Image.open(path) as im:
-            im.convert("RGB").quantize(colors=64).save(path, optimize=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return path
+from figure_io import cli, save  # noqa: E402
 
 
 def twin_ops_per_step() -> int:
@@ -110,7 +96,7 @@ def flow_sampler_timeline(out: Path, steps: int = 3) -> Path:
     for s in ("top", "right"):
         ax.spines[s].set_visible(False)
     fig.tight_layout()
-    return _save(fig, out, "flow_sampler_timeline.png")
+    return save(fig, out, "flow_sampler_timeline.png", colors=64)
 
 
 def voxel_grid_order(out: Path) -> Path:
@@ -169,7 +155,7 @@ def voxel_grid_order(out: Path) -> Path:
     ax.scatter(xy[inside, 0], xy[inside, 1], s=10, color="#253")
     axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.05), ncol=3, fontsize=7, frameon=False)
     fig.tight_layout()
-    return _save(fig, out, "voxel_grid_order.png")
+    return save(fig, out, "voxel_grid_order.png", colors=64)
 
 
 def qat_grid_ste(out: Path) -> Path:
@@ -208,23 +194,14 @@ def qat_grid_ste(out: Path) -> Path:
     for a in axes:
         a.set_xlabel("x")
     fig.tight_layout()
-    return _save(fig, out, "qat_grid_ste.png")
+    return save(fig, out, "qat_grid_ste.png", colors=64)
 
 
 FIGURES = [flow_sampler_timeline, voxel_grid_order, qat_grid_ste]
 
 
 def main(argv=None) -> list[Path]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=HERE, help="directory for the PNGs (default: docs/figures)")
-    ap.add_argument("--only", default="", help="comma-separated figure functions to draw (default: all)")
-    args = ap.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    only = {s for s in args.only.split(",") if s}
-    written = [f(args.out) for f in FIGURES if not only or f.__name__ in only]
-    for p in written:
-        print(f"{p}  {p.stat().st_size / 1024:.0f} KiB")
-    return written
+    return cli(FIGURES, __doc__.splitlines()[0], HERE, argv)
 
 
 if __name__ == "__main__":

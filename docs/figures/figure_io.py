@@ -1,0 +1,44 @@
+"""What the figure scripts share: writing a figure as a palette PNG, and their command line (`--out`, `--only`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+DPI = 110
+
+
+def save(fig, out: Path, name: str, colors: int = 128) -> Path:
+    """`fig` written to out/name and closed; as a palette PNG of `colors` colours (flat fills need few, as
+    `cute_kernels.study.draw` does) when Pillow is there."""
+    path = out / name
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    try:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            im.convert("RGB").quantize(colors=colors).save(path, optimize=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return path
+
+
+def cli(figures, description: str, default_out: Path, argv=None) -> list[Path]:
+    """Draw `figures` (functions of the output folder returning the path written) into --out, or the ones --only
+    names; print each file's size."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", type=Path, default=default_out, help="directory for the PNGs (default: docs/figures)")
+    ap.add_argument("--only", default="", help="comma-separated figure functions to draw (default: all)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    only = {s for s in args.only.split(",") if s}
+    written = [f(args.out) for f in figures if not only or f.__name__ in only]
+    for p in written:
+        print(f"{p}  {p.stat().st_size / 1024:.0f} KiB")
+    return written
