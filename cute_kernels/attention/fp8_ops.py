@@ -135,9 +135,12 @@ def hadamard(x: torch.Tensor, signs: torch.Tensor | None = None) -> torch.Tensor
 
 
 # --- quantize_attention_fp8 ----------------------------------------------------------------------------------------
-def _check_qkv(q, k, v, granularity, hadamard, signs) -> None:
+def _check_qkv_layout(q, k, v, allowed, dims) -> None:
+    """The named errors both FP8 attention ops share: q (B, S_q, H_q, D), k and v (B, S_k, H_k, D) of one dtype in
+    `allowed` and one device, unit-stride last dims, D in `dims`, H_q a multiple of H_k, batch and heads within
+    the grid."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, allowed=QKV_DTYPES)
+        check_tensor(name, t, allowed=allowed)
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
         if t.stride(-1) != 1 and t.shape[-1] > 1:
@@ -148,8 +151,8 @@ def _check_qkv(q, k, v, granularity, hadamard, signs) -> None:
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
     d = q.shape[-1]
-    if d not in HADAMARD_DIMS:
-        raise ValueError(f"head dim (q.shape[3]) must be one of {HADAMARD_DIMS}, got {d}")
+    if d not in dims:
+        raise ValueError(f"head dim (q.shape[3]) must be one of {dims}, got {d}")
     if k.shape != v.shape:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
     if k.shape[-1] != d:
@@ -161,6 +164,10 @@ def _check_qkv(q, k, v, granularity, hadamard, signs) -> None:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk}) (GQA/MQA)")
     if q.shape[0] > MAX_GRID_YZ or hq > MAX_GRID_YZ:
         raise ValueError(f"batch ({q.shape[0]}) and heads ({hq}) must be at most {MAX_GRID_YZ} each")
+
+
+def _check_qkv(q, k, v, granularity, hadamard, signs) -> None:
+    _check_qkv_layout(q, k, v, QKV_DTYPES, HADAMARD_DIMS)
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
     if signs is not None and not hadamard:
@@ -235,29 +242,9 @@ def _check_fp8_attn(q, k, v, q_scale, k_scale, v_scale, window_left, window_righ
     """The named errors of `flash_attn_fp8`; returns the scales' granularity ("head" or "block")."""
     from cute_kernels.attention.ops import _check_options
 
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, allowed=(E4M3,))
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
-        if t.stride(-1) != 1 and t.shape[-1] > 1:
-            raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {tuple(t.stride())}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    d = q.shape[-1]
-    if d not in FP8_FWD_DIMS:
-        raise ValueError(f"head dim (q.shape[3]) must be one of {FP8_FWD_DIMS}, got {d}")
-    if k.shape != v.shape:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
-    if k.shape[-1] != d:
-        raise ValueError(f"head dims differ: q {d}, k {k.shape[-1]}")
-    if k.shape[0] != q.shape[0]:
-        raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
+    _check_qkv_layout(q, k, v, (E4M3,), FP8_FWD_DIMS)
     b, sq, hq, _ = q.shape
     sk, hk = k.shape[1], k.shape[2]
-    if hk == 0 or hq % hk:
-        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk}) (GQA/MQA)")
-    if b > MAX_GRID_YZ or hq > MAX_GRID_YZ:
-        raise ValueError(f"batch ({b}) and heads ({hq}) must be at most {MAX_GRID_YZ} each")
     grans = set()
     for name, t, h, s in (("q_scale", q_scale, hq, sq), ("k_scale", k_scale, hk, sk), ("v_scale", v_scale, hk, sk)):
         check_tensor(name, t, allowed=(torch.float32,))
