@@ -115,6 +115,13 @@ def aligned16(*ts: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in ts)
 
 
+def fresh_copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of t in a new (allocator-aligned) buffer. `t.contiguous()` is no substitute when t's base is
+    misaligned or a size-1 dim has an odd stride: a view whose strides already count as contiguous comes back
+    unchanged, misaligned as it was."""
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def register_op(qualname: str, schema: str, cuda_impl, fake_impl, backward=None, setup_context=None,
                 materialize_grads: bool = True) -> None:
     """Define `qualname` with its CUDA implementation and its fake (meta) implementation.

@@ -36,6 +36,7 @@ from cute_kernels.torch_ops import (
     INDEX32_LIMIT,
     call,
     check_tensor,
+    fresh_copy,
     placeholder,
     register_op,
     rows_of,
@@ -82,8 +83,7 @@ def _readable(t: torch.Tensor, vec: int) -> torch.Tensor:
     """t with 16-byte aligned base and every stride but the last a multiple of `vec` elements, else a copy."""
     t = tidy_unit_strides(t, vec)
     if t.data_ptr() % 16 or any(s % vec for s in t.stride()[:-1]):
-        # a fresh buffer (`contiguous` would hand back a misaligned view whose strides already count as contiguous)
-        t = tidy_unit_strides(t.clone(memory_format=torch.contiguous_format), vec)
+        t = tidy_unit_strides(fresh_copy(t), vec)
     return t
 
 

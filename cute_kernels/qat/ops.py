@@ -39,7 +39,15 @@ from cute_kernels.qat import (
     STE_BWD,
 )
 from cute_kernels.qat import reference as R
-from cute_kernels.torch_ops import INDEX32_LIMIT, call, check_tensor, placeholder, register_op, split_counters
+from cute_kernels.torch_ops import (
+    INDEX32_LIMIT,
+    call,
+    check_tensor,
+    fresh_copy,
+    placeholder,
+    register_op,
+    split_counters,
+)
 from schedules.hardware import num_sms
 from schedules.row_tiling import plan_rows
 
@@ -121,7 +129,7 @@ def _layout(x, axis, group_size) -> R.Layout:
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """t as a flat contiguous tensor with a 16-byte aligned base (a view when it already is, else a copy)."""
     if not t.is_contiguous() or t.data_ptr() % 16:
-        t = t.clone(memory_format=torch.contiguous_format)
+        t = fresh_copy(t)
     return t.view(-1)
 
 

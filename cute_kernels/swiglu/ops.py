@@ -23,6 +23,7 @@ from cute_kernels.torch_ops import (
     call,
     check_like,
     check_tensor,
+    fresh_copy,
     register_op,
     rows_of,
 )
@@ -177,7 +178,7 @@ def _swiglu_quantize_cuda(gate, up):
     ins = []
     for t in (gate, up):
         if t.stride(1) != 1 or t.stride(0) % 8 or t.data_ptr() % 16:
-            t = t.contiguous()
+            t = fresh_copy(t)
         ins.append(t)
     fn = SWIGLU_QUANT.compiled(dtype=dtypes.name_of(gate.dtype))
     fn(*ins, q, s, 16 * num_sms(gate.get_device()))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import dtypes
-from cute_kernels.torch_ops import INDEX32_LIMIT, call, placeholder, register_op, split_counters
+from cute_kernels.torch_ops import INDEX32_LIMIT, call, fresh_copy, placeholder, register_op, split_counters
 from cute_kernels.w4a16.pack import _check_group, pack_int4, unpack_int4  # noqa: F401  (re-exported)
 from schedules.gemv import plan_gemv_mma
 from schedules.hardware import num_sms
@@ -120,7 +120,7 @@ def _w4a16(x, w_packed, scales, zeros, n, k, g, residual=None, gated=False):
                 _gemm_cuda(x2, wd, beta=1.0, c=r2) if residual is not None else _gemm_cuda(x2, wd))
         return out
     if x2.stride(-1) != 1 or (m > 1 and x2.stride(0) % 8) or x2.data_ptr() % 16:
-        x2 = x2.contiguous()
+        x2 = fresh_copy(x2)
     if m == 1 and x2.stride(0) % 8:  # (a single row's stride is never used; TMA wants it 16-byte aligned)
         x2 = x2.as_strided((1, k), (-(-k // 8) * 8, 1))
     w = _packed_rows(w_packed)

@@ -60,3 +60,19 @@ def test_make_fx_traces_the_custom_ops():
         gm = make_fx(f, tracing_mode="fake")(x, x)
     targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
     assert {"cute_kernels.add.default", "cute_kernels.axpby.default", "cute_kernels.row_sum.default"} <= targets
+
+
+def test_fresh_copy_realigns_what_contiguous_hands_back():
+    """A contiguous view with a misaligned base: `contiguous()` returns it as it is, `fresh_copy` a new aligned
+    buffer with the same values (the ops copy misaligned operands with it before a 16-byte-aligned kernel)."""
+    import torch
+
+    from cute_kernels.torch_ops import fresh_copy
+
+    flat = torch.arange(1 + 4 * 64, dtype=torch.bfloat16)
+    odd = flat[1:].view(4, 64)
+    row = flat[1:65].view(1, 64)
+    for t in (odd, row):
+        assert t.is_contiguous() and t.data_ptr() % 16 and t.contiguous().data_ptr() == t.data_ptr()
+        c = fresh_copy(t)
+        assert c.data_ptr() % 16 == 0 and c.is_contiguous() and torch.equal(c, t)
