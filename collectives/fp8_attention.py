@@ -84,8 +84,10 @@ def acc_as_a_operand_fp8(acc: cute.Tensor, out: cute.Tensor) -> cute.Tensor:
 
 # --- V^T in shared memory ---------------------------------------------------------------------------------------
 def _word_swizzle(inner):
-    """The byte swizzle S<b, m, s> of an 8-bit smem layout as the swizzle of its 32-bit words, S<b, m - 2, s>
-    (a recast pointer keeps no swizzle: `cute.recast_tensor` drops it)."""
+    """The byte swizzle S<b, m, s> of an 8-bit smem layout as a swizzle of 32-bit word offsets, S<b, m - 2, s>: the
+    one that layout algebra (`crd2idx` of a composed word layout) needs. A swizzle on a pointer acts on byte
+    addresses whatever the element type (`collectives.smem_tiles.swizzle_128b`), so `smem_words` keeps the byte
+    swizzle on its word pointer; this one is for replaying the offsets (tests/attention/_fp8_probe.py)."""
     b, m, s = (int(x) for x in re.fullmatch(r"S<(\d+),(\d+),(\d+)>", str(inner)).groups())
     if m < 2:
         raise ValueError(f"swizzle {inner} moves bytes inside a 32-bit word")
@@ -93,15 +95,17 @@ def _word_swizzle(inner):
 
 
 def word_layouts(layout: cute.ComposedLayout):
-    """(word swizzle, word layout) of a swizzled 8-bit smem layout (rows, cols, stages), cols contiguous: word
-    (r, w, stage) is bytes (r, 4w .. 4w + 3, stage)."""
+    """(word-offset swizzle, word layout) of a swizzled 8-bit smem layout (rows, cols, stages), cols contiguous:
+    word (r, w, stage) is bytes (r, 4w .. 4w + 3, stage)."""
     return _word_swizzle(layout.inner), cute.recast_layout(32, 8, layout.outer)
 
 
 def smem_words(ptr: cute.Pointer, layout: cute.ComposedLayout) -> cute.Tensor:
-    """The 8-bit swizzled smem tensor at `ptr` (its unswizzled byte pointer) as 32-bit words (`word_layouts`)."""
-    swz, outer = word_layouts(layout)
-    return cute.make_tensor(cute.recast_ptr(ptr, swz, Int32), outer)
+    """The 8-bit swizzled smem tensor at `ptr` (its unswizzled byte pointer) as 32-bit words: the word layout of
+    `word_layouts` on a pointer that carries the byte swizzle itself (a pointer's swizzle acts on byte addresses).
+    `_word_swizzle`'s first check still applies: no byte may move inside its word."""
+    _word_swizzle(layout.inner)
+    return cute.make_tensor(cute.recast_ptr(ptr, layout.inner, Int32), cute.recast_layout(32, 8, layout.outer))
 
 
 def unit_coords(u, d: int):
