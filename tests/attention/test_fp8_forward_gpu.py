@@ -1,10 +1,12 @@
-"""GPU (not run yet: written beside the kernel, compile-checked only on CPU): `ck.flash_attn_fp8` against
-`fp8_attention_reference`'s semantics, generalized here to windows and softcap (`_reference`).
+"""GPU: `ck.flash_attn_fp8` against `fp8_attention_reference`'s semantics, generalized here to windows and softcap
+(`_reference`).
 
 The bound: the kernel rounds P to e4m3 at each block's running max (then rescales), the reference at the row's final
 max, so the two differ by e4m3's rounding of P, not bit for bit. The tolerance is twice the error the reference's own
 P rounding causes (fp64 reference with P rounded against P unrounded), plus twice the output dtype's rounding of the
-reference; LSE (which rounding of P does not touch) within 1e-3. Cases: causal / window / band, GQA and MQA, edge
+reference. LSE (which rounding of P does not touch) carries the error of S itself: FP8 WGMMA accumulates with about
+14 significant bits, not fp32's 24, so each row's bound is 2^-12 of its largest |q| . |k| (the dot product of
+absolute values, scaled as S), plus 1e-4. Cases: causal / window / band, GQA and MQA, edge
 lengths (1, 127, 129, 1000, 4096), S_q != S_k, per-head and block scales, D 64 / 128 / 256, softcap, fp16 output,
 NaN-poisoned outputs (every element written), torch.compile and CUDA-graph capture."""
 
@@ -33,6 +35,7 @@ def _reference(q8, k8, v8, qs, ks, vs, window=(-1, -1), causal=False, softcap=0.
     vsr = scale_rows(vs.to(f64), sk).repeat_interleave(g, dim=1)
     qq, kk, vv = q8.to(f64).permute(0, 2, 1, 3), _heads_first(k8, g, f64), _heads_first(v8, g, f64)
     s = (qq @ kk.transpose(-1, -2)) * qsr[..., :, None] * ksr[..., None, :] * scale
+    absdot = (qq.abs() @ kk.abs().transpose(-1, -2)) * qsr[..., :, None] * ksr[..., None, :] * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
     left, right = window
@@ -55,7 +58,8 @@ def _reference(q8, k8, v8, qs, ks, vs, window=(-1, -1), causal=False, softcap=0.
     o = (p * vsr[..., None, :]) @ vv
     o = o / torch.where(rowsum > 0, rowsum, torch.ones_like(rowsum))
     lse = torch.where(rowsum[..., 0] > 0, m[..., 0] + torch.log(rowsum[..., 0]), torch.full_like(m[..., 0], math.inf))
-    return o.permute(0, 2, 1, 3), lse
+    lse_tol = 1e-4 + 2.0**-12 * absdot.masked_fill(masked, 0).amax(dim=-1)
+    return o.permute(0, 2, 1, 3), (lse, lse_tol)
 
 
 def _inputs(b, sq, sk, hq, hk, d, gran, seed=0):
@@ -68,7 +72,7 @@ def _inputs(b, sq, sk, hq, hk, d, gran, seed=0):
 
 
 def _check(args, out, lse, out_dtype=torch.bfloat16, **kw):
-    ref, ref_lse = _reference(*args, **kw)
+    ref, (ref_lse, lse_tol) = _reference(*args, **kw)
     ref_exact, _ = _reference(*args, round_p=False, **kw)
     tol = 2 * (ref - ref_exact).abs().max().item() + 2 * (ref.to(out_dtype).double() - ref).abs().max().item() + 1e-6
     assert out.dtype == out_dtype and torch.isfinite(out).all()
@@ -76,7 +80,8 @@ def _check(args, out, lse, out_dtype=torch.bfloat16, **kw):
     assert err <= tol, f"max error {err:.3e} > bound {tol:.3e}"
     fin = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), fin)
-    torch.testing.assert_close(lse[fin].double(), ref_lse[fin], rtol=0, atol=1e-3)
+    lse_err = (lse[fin].double() - ref_lse[fin]).abs()
+    assert (lse_err <= lse_tol[fin]).all(), f"LSE error {lse_err.max().item():.3e}, bound there {lse_tol[fin][lse_err.argmax()].item():.3e}"
 
 
 CASES = [
