@@ -5,7 +5,7 @@
     python3 -m perf.probe torch.add bf16 524288      (torch's kernel, for comparison)
     python3 -m perf.probe gemm bf16 8192 8192 8192   (torch.mm for cuBLAS, quack.gemm for QuACK)
     python3 -m perf.probe fp8_gemm e4m3 4096 7168 16384   (torch.fp8_gemm: cuBLAS blockwise)
-    python3 -m perf.probe flash_attn bf16 2 8192 16 128 [causal]   (fa4.flash_attn, sdpa.flash_attn,
+    python3 -m perf.probe flash_attn bf16 2 8192 16 128 [causal]   (fa4.flash_attn, sdpa.flash_attn, flash_attn_fp8[.head],
                                                                      flash_attn.double_p,
                                                                      flash_attn.with:stages=2,pingpong=False)
     python3 -m perf.probe flash_attn_bwd bf16 2 8192 16 128 [causal]   (the backward op on a forward's O / LSE;
@@ -279,6 +279,9 @@ def _attention(op, dtype, causal, b, s, h, d):
     q, k, v = (randn(b, s, h, d, dtype=dtype, seed=i) for i in (1, 2, 3))
     if op == "flash_attn":
         return lambda: ck.flash_attn(q, k, v, causal=causal)
+    if op in ("flash_attn_fp8", "flash_attn_fp8.head"):  # e4m3 operands with block (or per-head) scales
+        args = ck.quantize_attention_fp8(q, k, v, "head" if op.endswith(".head") else "block")
+        return lambda: ck.flash_attn_fp8(*args, causal=causal)
     if op == "flash_attn.double_p":  # the schedule option under test (docs/kernels/attention.md)
         from cute_kernels.attention.ops import _flash_attn_cuda
         from schedules.attention import AttentionSchedule, default_schedule
