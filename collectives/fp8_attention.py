@@ -7,7 +7,10 @@ K-major bytes. For O += P V that means:
 1. **V^T with keys contiguous.** V arrives by TMA as (keys, D), D contiguous (the K operand's layout). A
    transposing step rewrites each stage as V^T (D, keys), keys contiguous, in the WGMMA's 128-byte-swizzled
    K-major layout (`transpose_v_stage`): 4 x 4 byte blocks, four 32-bit shared loads (four keys, four d) ->
-   eight `prmt` -> four 32-bit shared stores (four d, four keys).
+   eight `prmt` -> four 32-bit shared stores (four d, four keys). The swizzled addresses are closed forms
+   (`KMajorBytes`), computed once per lane and 16-d group: each 32-key slice then adds a constant to the loads'
+   addresses and flips one bit of the stores', so a block costs about 25 instructions a unit, not the ~200 of
+   generic swizzled-tensor indexing (which decomposes every runtime coordinate).
 
 2. **P's key order.** Within each 32-key slice, thread lane % 4 = c of a warp holds, per row, these S
    accumulator columns (fp32 C fragment: column pairs 8 n + 2c, 8 n + 2c + 1):
@@ -83,44 +86,41 @@ def acc_as_a_operand_fp8(acc: cute.Tensor, out: cute.Tensor) -> cute.Tensor:
 
 
 # --- V^T in shared memory ---------------------------------------------------------------------------------------
-def _word_swizzle(inner):
-    """The byte swizzle S<b, m, s> of an 8-bit smem layout as a swizzle of 32-bit word offsets, S<b, m - 2, s>: the
-    one that layout algebra (`crd2idx` of a composed word layout) needs. A swizzle on a pointer acts on byte
-    addresses whatever the element type (`collectives.smem_tiles.swizzle_128b`), so `smem_words` keeps the byte
-    swizzle on its word pointer; this one is for replaying the offsets (tests/attention/_fp8_probe.py)."""
-    b, m, s = (int(x) for x in re.fullmatch(r"S<(\d+),(\d+),(\d+)>", str(inner)).groups())
-    if m < 2:
-        raise ValueError(f"swizzle {inner} moves bytes inside a 32-bit word")
-    return cute.make_swizzle(b, m - 2, s)
+class KMajorBytes:
+    """An 8-bit K-major swizzled smem layout as `operand_smem_layout` makes it, ((8, R/8), (W, C/W), (1, stages)) :
+    ((W, 8W), (1, R W), (0, stage bytes)) under the byte swizzle S<b, 4, 3> (W = 16 * 2^b bytes per atom row), as
+    closed-form byte offsets: plain integer arithmetic on Python or DSL ints (the CPU tests replay it against the
+    layout's own `crd2idx`). Built at trace time from the layout; the form is checked there."""
+
+    def __init__(self, width: int, rows: int, cols: int, stage_bytes: int, swizzle_bits: int):
+        self.width, self.rows, self.cols, self.stage_bytes, self.bits = width, rows, cols, stage_bytes, swizzle_bits
+        if width != 16 << swizzle_bits or cols % width or rows % 8:
+            raise ValueError(f"not a K-major {width}-byte swizzled tile: rows {rows}, cols {cols}, S<{swizzle_bits},4,3>")
+        self.mask = ((1 << swizzle_bits) - 1) << 4  # the 16-byte chunk bits the swizzle flips
+
+    @staticmethod
+    def of(layout: cute.ComposedLayout) -> "KMajorBytes":
+        b, m, sh = (int(x) for x in re.fullmatch(r"S<(\d+),(\d+),(\d+)>", str(layout.inner)).groups())
+        (r8, rb), (w, cb), (_, st) = layout.outer.shape
+        (w1, w8), (one, rw), (_, sb) = layout.outer.stride
+        if (m, sh, r8, w1, one) != (4, 3, 8, w, 1) or w8 != 8 * w or (cb > 1 and rw != 8 * rb * w):
+            raise ValueError(f"unexpected smem layout {layout}")
+        return KMajorBytes(w, 8 * rb, w * cb, sb if st > 1 else 8 * rb * w * cb, b)
+
+    def offset(self, row, col):
+        """Byte offset of (row, col) in stage 0, swizzled. The swizzle XORs chunk bits 4.. with bits 7.. of the
+        offset, which only row * W holds (col % W < W <= 128 and the column block's R W >= 8 W are clear of them)."""
+        w = self.width
+        lw = w.bit_length() - 1
+        hi = row * w if self.cols == w else row * w + (col >> lw) * (self.rows * w)
+        return hi + ((col & (w - 1)) ^ (((row * w) >> 3) & self.mask))
 
 
-def word_layouts(layout: cute.ComposedLayout):
-    """(word-offset swizzle, word layout) of a swizzled 8-bit smem layout (rows, cols, stages), cols contiguous:
-    word (r, w, stage) is bytes (r, 4w .. 4w + 3, stage)."""
-    return _word_swizzle(layout.inner), cute.recast_layout(32, 8, layout.outer)
-
-
-def smem_words(ptr: cute.Pointer, layout: cute.ComposedLayout) -> cute.Tensor:
-    """The 8-bit swizzled smem tensor at `ptr` (its unswizzled byte pointer) as 32-bit words: the word layout of
-    `word_layouts` on a pointer that carries the byte swizzle itself (a pointer's swizzle acts on byte addresses).
-    `_word_swizzle`'s first check still applies: no byte may move inside its word."""
-    _word_swizzle(layout.inner)
-    return cute.make_tensor(cute.recast_ptr(ptr, layout.inner, Int32), cute.recast_layout(32, 8, layout.outer))
-
-
-def unit_coords(u, d: int):
-    """Transpose unit u (of tile_n / 4 x D / 4) of a stage: (key slice q, half j, lane quad c, d-quad dq). A warp's
-    32 consecutive units are 4 c x 4 d-quads x 2 halves: its loads touch 8 rows' 16-byte chunks, its stores 4 rows'
-    chunks in two halves, each at most two to a bank (128-byte swizzle)."""
-    lane = u % 32
-    grp = u // 32
-    c = lane % 4
-    dq_lo = (lane // 4) % 4
-    j = lane // 16
-    dq_groups = d // 16
-    dq = (grp % dq_groups) * 4 + dq_lo
-    q = grp // dq_groups
-    return q, j, c, dq
+def transpose_lane_roles(lane):
+    """(c, dq_lo, j) of a transposing lane: its units' lane quad, d-quad within its 16-d group, and 16-key half.
+    Under the 128-byte swizzle a warp's 32-bit loads and stores each meet two lanes to a bank (the two halves j);
+    no choice of five lane bits clears both (loads want d-chunks across lanes, stores key-chunks)."""
+    return lane & 3, (lane >> 2) & 3, lane >> 4
 
 
 def unit_keys(q, j, c):
@@ -139,18 +139,45 @@ def transpose_words(w0, w1, w2, w3, prmt=permute_bytes):
     return prmt(lo01, lo23, 0x5410), prmt(lo01, lo23, 0x7632), prmt(hi01, hi23, 0x5410), prmt(hi01, hi23, 0x7632)
 
 
+def group_addresses(v: KMajorBytes, vt: KMajorBytes, g, c, dq_lo, j):
+    """A lane's word addresses for d-group g (16 d): the four source words (keys unit_keys(0, j, c), d-quad
+    dq = 4 g + dq_lo) of key slice 0, and the four destination words (rows 4 dq + e, slot word 4 j + c). Key slice
+    q adds q * 8 W_v words to a source (32 rows: whole swizzle atoms) and flips bits of a destination's byte offset:
+    `slice_words`."""
+    dq = 4 * g + dq_lo
+    src = tuple(v.offset(k, 4 * dq) >> 2 for k in unit_keys(0, j, c))
+    dst = tuple(vt.offset(4 * dq + e, 16 * j + 4 * c) for e in range(4))
+    return src, dst
+
+
+def slice_words(v: KMajorBytes, src, dst, q: int):
+    """Key slice q's word addresses from `group_addresses`' (q a Python int): sources shifted by 32 rows, and each
+    destination byte offset XOR 32 q (slot byte 32 q + 16 j + 4 c stays inside the W-byte row, and the swizzle's XOR
+    commutes with it: (rowpart + (col ^ x)) ^ 32 q = rowpart + ((col + 32 q) ^ x) while 32 q < W)."""
+    return tuple(s + q * 8 * v.width for s in src), tuple((t ^ (32 * q)) >> 2 for t in dst)
+
+
 @cute.jit
-def transpose_v_stage(src: cute.Tensor, dst: cute.Tensor, stage: Int32, t: Int32, threads: cutlass.Constexpr[int],
+def transpose_v_stage(src: cute.Tensor, dst: cute.Tensor, stage: Int32, warp: Int32, lane: Int32,
+                      warps: cutlass.Constexpr[int], v: cutlass.Constexpr, vt: cutlass.Constexpr,
                       tile_n: cutlass.Constexpr[int], d: cutlass.Constexpr[int]):
     """V (tile_n, D) of smem stage `stage` -> V^T (D, tile_n) with P's key order (slot k of row e holds
-    V[pi(k), e]); `src`, `dst`: the two staged layouts as 32-bit words (`smem_words`). Thread t of `threads`
-    (a multiple of 32) takes units t, t + threads, ...; the caller fences (async proxy) and signals."""
-    units = (tile_n // 4) * (d // 4)
-    for u in cutlass.range(t, units, threads, unroll=1):
-        q, j, c, dq = unit_coords(u, d)
-        k0, k1, k2, k3 = unit_keys(q, j, c)
-        x = transpose_words(src[(k0, dq, stage)], src[(k1, dq, stage)], src[(k2, dq, stage)],
-                            src[(k3, dq, stage)])
-        slot_word = 8 * q + 4 * j + c  # slots 32 q + 16 j + 4 c .. + 3
-        for e in cutlass.range_constexpr(4):
-            dst[(4 * dq + e, slot_word, stage)] = x[e]
+    V[pi(k), e]); `src`, `dst`: the two buffers as flat unswizzled 32-bit words, `v`, `vt` their `KMajorBytes`.
+    Warp `warp` of `warps` takes the d-groups warp, warp + warps, ...; each lane four key-quads x four d of every
+    key slice there. The caller fences (async proxy) and signals."""
+    c, dq_lo, j = transpose_lane_roles(lane)
+    s0 = stage * (v.stage_bytes // 4)
+    t0 = stage * (vt.stage_bytes // 4)
+    for g in cutlass.range(warp, d // 16, warps, unroll=1):
+        src0, dst0 = group_addresses(v, vt, g, c, dq_lo, j)
+        for q in cutlass.range_constexpr(tile_n // 32):
+            sw, dw = slice_words(v, src0, dst0, q)
+            x = transpose_words(src[s0 + sw[0]], src[s0 + sw[1]], src[s0 + sw[2]], src[s0 + sw[3]])
+            for e in cutlass.range_constexpr(4):
+                dst[t0 + dw[e]] = x[e]
+
+
+def flat_words(ptr: cute.Pointer, layout: cute.ComposedLayout) -> cute.Tensor:
+    """The smem buffer of an 8-bit staged `layout` at `ptr` (unswizzled) as flat 32-bit words: `transpose_v_stage`
+    computes swizzled offsets itself (`KMajorBytes`)."""
+    return cute.make_tensor(cute.recast_ptr(ptr, None, Int32), cute.make_layout(cute.cosize(layout.outer) // 4))

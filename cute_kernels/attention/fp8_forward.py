@@ -44,7 +44,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from collectives import pdl
 from collectives.attention_mask import MaskKind, apply_mask, apply_softcap, block_needs_mask, n_block_range
-from collectives.fp8_attention import E4M3, acc_as_a_operand_fp8, smem_words, transpose_v_stage
+from collectives.fp8_attention import E4M3, KMajorBytes, acc_as_a_operand_fp8, flat_words, transpose_v_stage
 from collectives.online_softmax import acc_rows_view, empty_rows, finalize_rows, rescale_rows, softmax_rows
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma
 from collectives.vector_io import extent
@@ -201,7 +201,7 @@ class FlashAttnFwdFP8:
                     self.loader(tma_q, tQgQ, tQsQ, tma_k, tKgK, tKsK, tma_v, tVgV, tVsV,
                                 SimpleNamespace(q=pipe_q, k=pipe_k, v=pipe_v), m_block, n_max, n_count)
                 else:
-                    self.transposer(tidx - 32, warp, sV, sVt, st.sV.data_ptr(), st.sVt.data_ptr(), sK_layout,
+                    self.transposer(warp - 1, sV, sVt, st.sV.data_ptr(), st.sVt.data_ptr(), sK_layout,
                                     sVt_layout, SimpleNamespace(v=pipe_v, vt=pipe_vt), n_count)
             else:
                 cute.arch.setmaxregister_increase(CONSUMER_REGS)
@@ -241,19 +241,21 @@ class FlashAttnFwdFP8:
             kv.advance()
 
     @cute.jit
-    def transposer(self, t: Int32, warp: Int32, sV: cute.Tensor, sVt: cute.Tensor, sV_ptr: cute.Pointer,
+    def transposer(self, warp: Int32, sV: cute.Tensor, sVt: cute.Tensor, sV_ptr: cute.Pointer,
                    sVt_ptr: cute.Pointer, sV_layout: cute.ComposedLayout, sVt_layout: cute.ComposedLayout,
                    pipes: SimpleNamespace, n_count: Int32):
         """Warps 1-3: each V block (keys, D) into V^T (D, keys) in P's key order, stage for stage."""
-        src = smem_words(sV_ptr, sV_layout)
-        dst = smem_words(sVt_ptr, sVt_layout)
+        src = flat_words(sV_ptr, sV_layout)
+        dst = flat_words(sVt_ptr, sVt_layout)
+        v_bytes, vt_bytes = KMajorBytes.of(sV_layout), KMajorBytes.of(sVt_layout)
         raw = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         out = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         lane = cute.arch.lane_idx()
         for _ in cutlass.range(n_count, unroll=1):
             pipes.v.consumer_wait(raw)
             pipes.vt.producer_acquire(out)
-            transpose_v_stage(src, dst, raw.index, t, 32 * TRANSPOSE_WARPS, self.tile_n, self.d)
+            transpose_v_stage(src, dst, raw.index, warp, lane, TRANSPOSE_WARPS, v_bytes, vt_bytes, self.tile_n,
+                              self.d)
             # the stores are read by WGMMA (the async proxy); every lane fences its own before the warp's arrive
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.sync_warp()

@@ -1,6 +1,6 @@
 """Trace-time probes for tests/attention/test_fp8_forward_cpu.py (cute.compile needs functions from a real file): the
 (row, column) each register of P's FP8 A operand holds against the S accumulator's regrouping
-(`acc_a_view_fp8`), and the byte offsets of V's and V^T's swizzled smem layouts, bytes and 32-bit words."""
+(`acc_a_view_fp8`), and the byte offsets of V's and V^T's swizzled smem layouts with their closed forms."""
 
 import cutlass
 import cutlass.cute as cute
@@ -8,7 +8,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from collectives.fp8_attention import E4M3, acc_a_view_fp8, word_layouts
+from collectives.fp8_attention import E4M3, KMajorBytes, acc_a_view_fp8
 from collectives.tma_pipeline import operand_smem_layout
 
 OUT: dict = {}
@@ -32,14 +32,11 @@ def p_probe(tile_n: cutlass.Constexpr, d: cutlass.Constexpr):
 
 @cute.jit
 def smem_probe(tile_n: cutlass.Constexpr, d: cutlass.Constexpr):
-    """Byte offsets of V (tile_n, D) and V^T (D, tile_n) as the kernel lays them out (one stage), and each 32-bit
-    word's offset through `word_layouts` (the word swizzle the kernel's 32-bit accesses use)."""
+    """Byte offsets of V (tile_n, D) and V^T (D, tile_n) as the kernel lays them out (stage 1 of 2), and their
+    `KMajorBytes` (the closed forms the transposing step computes its addresses with)."""
     res = {}
     for name, rows, cols in (("v", tile_n, d), ("vt", d, tile_n)):
         lay = operand_smem_layout(LayoutEnum.ROW_MAJOR, E4M3, rows, cols, 2)
-        swz, outer = word_layouts(lay)
-        words = cute.make_composed_layout(swz, 0, outer)
         byte = [[cute.crd2idx((r, c, 1), lay) for c in range(cols)] for r in range(rows)]
-        word = [[cute.crd2idx((r, w, 1), words) for w in range(cols // 4)] for r in range(rows)]
-        res[name] = (byte, word, str(lay.inner), str(swz))
+        res[name] = (byte, KMajorBytes.of(lay))
     OUT[("smem", tile_n, d)] = res

@@ -3,8 +3,8 @@
 - P's permutation: every register of the P V WGMMA's 8-bit A operand, built from the S accumulator by
   `acc_a_view_fp8`, holds the (row, key) that operand's slot stands for, key = pi(slot) (layout algebra, all 128
   threads of a warpgroup);
-- V^T: the transposing step, replayed in Python on the DSL's own smem offsets (bytes and the 32-bit word view with its
-  recast swizzle) and a model of `prmt`, writes slot k of row e = V[pi(k), e], every byte of a stage once;
+- V^T: the transposing step's closed-form swizzled offsets against the DSL's own smem offsets, and the step replayed
+  in Python with a model of `prmt`: slot k of row e = V[pi(k), e], every byte of a stage once;
 - compile census of representative variants (FP8 WGMMAs, TMA, setmaxnreg 40 / 232, the transpose's 32-bit shared
   accesses and prmt, P's e4m3x2 conversions, no local memory, registers under the consumers' budget, smem);
 - the op's named errors under FakeTensorMode."""
@@ -62,55 +62,54 @@ def test_p_permutation(tile_n, d):
     assert len(seen) == 64 * tile_n  # every (row, key) of the tile once
 
 
-@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64)])
+@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128)])
 def test_v_transpose(tile_n, d):
-    """`transpose_v_stage`'s units, replayed: 96 threads (warps 1-3) in its loop order cover every unit once; each
-    reads four 32-bit words of V through the word view, transposes them with the kernel's prmt selectors and writes
-    four words of V^T; every byte of V^T is written once and slot k of row e holds V[pi(k), e]. Also: the word view
-    (`word_layouts`: recast layout and swizzle S<b, m-2, s>) names the same bytes as the byte layout."""
+    """`transpose_v_stage`, replayed: its closed-form offsets (`KMajorBytes`) equal the DSL layouts' own swizzled
+    byte offsets at every (row, column); the three warps' lanes in its loop order, with `group_addresses` /
+    `slice_words`, read four 32-bit words of V, transpose them with the kernel's prmt selectors and write four words
+    of V^T, every byte of a V^T stage once, slot k of row e holding V[pi(k), e]."""
     import cutlass.cute as cute
 
-    from collectives.fp8_attention import slot_key, transpose_words, unit_coords, unit_keys
+    from collectives.fp8_attention import group_addresses, slice_words, slot_key, transpose_lane_roles, transpose_words
     from cute_kernels.attention.fp8_forward import TRANSPOSE_WARPS
     from cute_kernels.jit import compile_fn  # noqa: F401
     from tests.attention import _fp8_probe as probe
 
     cute.compile(probe.smem_probe, tile_n, d)
     lays = probe.OUT[("smem", tile_n, d)]
-    for name, (byte, word, swz, wswz) in lays.items():
+    for name, (byte, kb) in lays.items():
         for r in range(len(byte)):
-            for w in range(len(word[r])):
-                for e in range(4):
-                    assert 4 * int(word[r][w]) + e == int(byte[r][4 * w + e]), (name, r, w, e, swz, wswz)
-    vb, vw, _, _ = lays["v"]
-    tb, tw, _, _ = lays["vt"]
+            for c in range(len(byte[r])):
+                assert kb.offset(r, c) + kb.stage_bytes == int(byte[r][c]), (name, r, c)
+    (vb, vk), (tb, tk) = lays["v"], lays["vt"]
     rng = random.Random(0)
     v = [[rng.randrange(256) for _ in range(d)] for _ in range(tile_n)]
-    size = max(max(int(x) for x in row) for row in vb) + 1
-    src = bytearray(size)
+    src = bytearray(2 * vk.stage_bytes)
     for key in range(tile_n):
         for e in range(d):
             src[int(vb[key][e])] = v[key][e]
-    dst = bytearray(max(max(int(x) for x in row) for row in tb) + 4)
+    dst = bytearray(2 * tk.stage_bytes)
     writes = [0] * len(dst)
-    threads = 32 * TRANSPOSE_WARPS
-    units = (tile_n // 4) * (d // 4)
-    done = sorted(u for t in range(threads) for u in range(t, units, threads))
-    assert done == list(range(units))
+    stage = 1
 
-    def load(r, w):
-        o = 4 * int(vw[r][w])
+    def load(word):
+        o = 4 * (stage * vk.stage_bytes // 4 + word)
         return int.from_bytes(src[o:o + 4], "little")
 
-    for u in done:
-        q, j, c, dq = unit_coords(u, d)
-        keys = unit_keys(q, j, c)
-        x = transpose_words(*(load(k, dq) for k in keys), prmt=_prmt)
-        for e in range(4):
-            o = 4 * int(tw[4 * dq + e][8 * q + 4 * j + c])
-            dst[o:o + 4] = x[e].to_bytes(4, "little")
-            for i in range(4):
-                writes[o + i] += 1
+    for warp in range(TRANSPOSE_WARPS):
+        for lane in range(32):
+            c, dq_lo, j = transpose_lane_roles(lane)
+            for g in range(warp, d // 16, TRANSPOSE_WARPS):
+                src0, dst0 = group_addresses(vk, tk, g, c, dq_lo, j)
+                for q in range(tile_n // 32):
+                    sw, dw = slice_words(vk, src0, dst0, q)
+                    x = transpose_words(*(load(w) for w in sw), prmt=_prmt)
+                    for e in range(4):
+                        o = 4 * (stage * tk.stage_bytes // 4 + dw[e])
+                        dst[o:o + 4] = x[e].to_bytes(4, "little")
+                        for i in range(4):
+                            writes[o + i] += 1
+    assert sum(writes) == d * tile_n and max(writes) == 1
     for e in range(d):
         for k in range(tile_n):
             o = int(tb[e][k])
@@ -154,10 +153,12 @@ def test_compile_census(compiled):
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{PRODUCER_REGS}\b", ptx)
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{CONSUMER_REGS}\b", ptx)
     assert PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536
-    # the V transpose: four 32-bit shared loads, eight prmt, four 32-bit shared stores, the async-proxy fence
-    assert len(re.findall(r"ld\.shared\.(?:b|u)32", ptx)) == 4
-    assert len(re.findall(r"prmt\.b32", ptx)) == 8
-    assert len(re.findall(r"st\.shared\.(?:b|u)32", ptx)) >= 4
+    # the V transpose, a 32-key slice unrolled: four 32-bit shared loads, eight prmt, four 32-bit shared stores each;
+    # the async-proxy fence
+    slices = tile_n // 32
+    assert len(re.findall(r"ld\.shared\.(?:b|u)32", ptx)) == 4 * slices
+    assert len(re.findall(r"prmt\.b32", ptx)) == 8 * slices
+    assert len(re.findall(r"st\.shared\.(?:b|u)32", ptx)) >= 4 * slices
     assert "fence.proxy.async.shared::cta" in ptx
     # P: one e4m3x2 conversion per column pair (tile_n / 4 a thread), saturating, nearest even
     assert len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)) == tile_n // 4
