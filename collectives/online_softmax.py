@@ -205,7 +205,7 @@ def row_max(s_rows: cute.Tensor, r: int, init: Float32):
 def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: cute.Tensor, scale_log2: Float32,
                  row_threads: cutlass.Constexpr[int] = 4, lazy_threshold: cutlass.Constexpr[float] = 0.0,
                  o_rows=None, sum_from_corr: cutlass.Constexpr[bool] = False,
-                 exact_one: cutlass.Constexpr[bool] = False, reduce_max=None):
+                 exact_one: cutlass.Constexpr[bool] = False, reduce_max=None, block_scale=None):
     """Fold one block of logits into the row states, leaving O alone: m = max(m, rowmax(S)); S
     becomes the unnormalized probabilities exp(scale * (S - m)); corr[r] = exp(scale * (m_old - m))
     is the factor the row's earlier O and l are to be multiplied by (l here, O by `rescale_rows`,
@@ -233,11 +233,19 @@ def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: c
     default up to those ulps of corr (a more exact factor, not a stale reference like `lazy_threshold`).
     `reduce_max`: a row held by threads other than `row_threads` neighbouring lanes (swapped operands: a column of
     the accumulator, `acc_cols_view`); called with the thread's partial maxima (rows,), it leaves each row's
-    maximum over all its threads in place (`collectives.reduce.warpgroup_column_reduce`)."""
+    maximum over all its threads in place (`collectives.reduce.warpgroup_column_reduce`).
+    `block_scale` (a positive Float32, this block's): the logits are block_scale * S (FP8 attention's per-block key
+    descale) without a multiply per element: m stays in scaled units, the block's raw maximum is scaled once a row,
+    and the exponent's per-element factor becomes scale_log2 * block_scale."""
     rows = cute.size(s_rows, mode=[0])
     m_new = cute.make_rmem_tensor((rows,), Float32)
     for r in cutlass.range_constexpr(rows):
-        if cutlass.const_expr(reduce_max is None):
+        if cutlass.const_expr(block_scale is not None):
+            raw = row_max(s_rows, r, Float32(-math.inf))
+            if cutlass.const_expr(reduce_max is None):
+                raw = cute.arch.warp_reduction_max(raw, threads_in_group=row_threads)
+            m_new[r] = cute.arch.fmax(m[r], raw * block_scale)
+        elif cutlass.const_expr(reduce_max is None):
             m_new[r] = cute.arch.warp_reduction_max(row_max(s_rows, r, m[r]), threads_in_group=row_threads)
         else:
             m_new[r] = row_max(s_rows, r, m[r])
@@ -265,6 +273,7 @@ def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: c
         # O rescaled here, before the exponentials: no fp32 probability is live across the
         # rescale's branch (LLVM recomputes ~half of them after it when one is: 100 ex2 for 66)
         rescale_rows(o_rows, corr, keep if cutlass.const_expr(lazy_threshold > 0.0) else None)
+    elem_scale = scale_log2 if cutlass.const_expr(block_scale is None) else scale_log2 * block_scale
     for r in cutlass.range_constexpr(rows):
         c = corr[r]
         ref = finite_ref(m[r]) * scale_log2
@@ -272,7 +281,7 @@ def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: c
         if cutlass.const_expr(sum_from_corr):
             total = lsum[r] * c
         for col in cutlass.range_constexpr(cute.size(s_rows, mode=[1])):
-            p = cute.math.exp2(s_rows[r, col] * scale_log2 - ref, fastmath=True)
+            p = cute.math.exp2(s_rows[r, col] * elem_scale - ref, fastmath=True)
             s_rows[r, col] = p
             total = total + p
         if cutlass.const_expr(sum_from_corr):

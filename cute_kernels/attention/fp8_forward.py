@@ -15,10 +15,12 @@ CTA per (128-row q tile, query head, batch), 384 threads:
                 fence.proxy.async, release v[s], arrive on vt[s]
   warpgroups 1, 2 (consumers, setmaxnreg 232): 64 q rows each, per block
     wait k; S = Q K^T (D / 32 e4m3 WGMMAs, both operands K-major in smem); [pass the turn]; wait; release k
-    S *= k_scale[block] (block scales); softcap; mask; online softmax (scale_log2 * q_scale [* k_scale per head])
+    [softcap: S *= k_scale[block], cap]; mask; online softmax (scale_log2 * q_scale [* k_scale per head]; block
+    k scales fold into the row maxima and the exponent's factor, `softmax_rows(block_scale=)`)
     corr *= v_scale[prev block] / v_scale[block] (block scales: O stays in units of the current block's v scale)
     O *= corr; P = e4m3(S) in A-operand order (`acc_as_a_operand_fp8`: no shuffle, V^T carries the key order)
-    wait vt; [wait for the turn]; O += P V (tile_n / 32 WGMMAs, A from registers); wait; release vt
+    wait vt; [wait for the turn]; O += P V (tile_n / 32 WGMMAs, A from registers), not waited for: the next
+    block's S wait covers it, then its vt stage is released
   epilogue: O *= v_scale[last block]; O /= l; LSE = scale q_scale [k_scale] m + ln l; O stored from registers
   (two columns a 32-bit store, rows < S_q), LSE rows likewise.
 
@@ -326,12 +328,14 @@ class FlashAttnFwdFP8:
             my_turn.arrive()  # warpgroup 1 goes first
         my_turn.arrive_and_wait()
         kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
+        vt_prev = Int32(0)  # the V^T stage of the P V GEMM in flight, released once the next wait covers it
         for i in cutlass.range(n_count, unroll=1):
             n = n_max - 1 - i
             ks = Float32(1.0)
             vs = Float32(1.0)
             if cutlass.const_expr(self.block_scales):
-                ks = mKs[n // per_block, hk, b]  # issued before the GEMM's wait
+                # issued before the GEMM's wait; k's scale floored above 0 (the softmax scales a row's maximum by it)
+                ks = cute.arch.fmax(mKs[n // per_block, hk, b], Float32(1e-30))
                 vs = mVs[n // per_block, hk, b]
             # S = Q K^T
             # (the GEMM sets the atom's ACCUMULATE field, a new IR value: on a copy made in this loop body)
@@ -341,13 +345,18 @@ class FlashAttnFwdFP8:
             mma_blocks(qk, acc_s, tSrQ, stage_of(tSrK, kv.index), zero_first=True)
             warpgroup.commit_group()
             their_turn.arrive()
-            warpgroup.wait_group(0)
+            warpgroup.wait_group(0)  # this S, and the previous block's P V (issued before it)
             pipes.k.consumer_release(kv)
-            if cutlass.const_expr(self.block_scales):
-                for e in cutlass.range_constexpr(cute.size(acc_s)):
+            if i > 0:
+                pipes.vt.sync_object_empty.arrive(vt_prev, pipes.vt.consumer_mask)  # the previous P V's V^T
+            if cutlass.const_expr(self.block_scales and self.softcap):
+                for e in cutlass.range_constexpr(cute.size(acc_s)):  # the cap sees the descaled logits
                     acc_s[e] = acc_s[e] * ks
             self.scores(acc_s, tScS, n, row0, tile, soc, cap)
-            softmax_rows(s_rows, row_max, row_sum, corr, sl2)
+            if cutlass.const_expr(self.block_scales and not self.softcap):
+                softmax_rows(s_rows, row_max, row_sum, corr, sl2, block_scale=ks)
+            else:
+                softmax_rows(s_rows, row_max, row_sum, corr, sl2)
             if cutlass.const_expr(self.block_scales):
                 ratio = vs_prev / vs  # O so far is in units of v_scale[prev]; from here on in v_scale[n]'s
                 for r in cutlass.range_constexpr(rows):
@@ -361,9 +370,13 @@ class FlashAttnFwdFP8:
             warpgroup.fence()
             mma_blocks(tiled_mma_pv, acc_o, p, stage_of(tOrV, kv.index))
             warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            pipes.vt.consumer_release(kv)
+            # no wait here: the next block's S GEMM is issued behind this one (its wait covers both), so the turn
+            # passes without the round trip of this GEMM's completion
+            vt_prev = kv.index
             kv.advance()
+        warpgroup.wait_group(0)
+        if n_count > 0:
+            pipes.vt.sync_object_empty.arrive(vt_prev, pipes.vt.consumer_mask)
         # a warpgroup's last turn (its last P V) passes no turn on: warpgroup 0 hands warpgroup 1 its last here
         if cwg < CONSUMER_WGS - 1:
             their_turn.arrive()
