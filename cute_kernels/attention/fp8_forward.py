@@ -327,56 +327,59 @@ class FlashAttnFwdFP8:
         if cwg == 0:
             my_turn.arrive()  # warpgroup 1 goes first
         my_turn.arrive_and_wait()
+        # FA3's intra-warpgroup overlap (as the bf16 forward's default): step j issues S_{j+1} = Q K^T and P_j V_j
+        # together, runs S_{j+1}'s softmax under P_j V_j, then (P_j V_j done) rescales O and writes P_{j+1} over
+        # P_j's registers. Blocks walk from the last (n_max - 1) down.
         kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, stages)
-        vt_prev = Int32(0)  # the V^T stage of the P V GEMM in flight, released once the next wait covers it
-        for i in cutlass.range(n_count, unroll=1):
-            n = n_max - 1 - i
-            ks = Float32(1.0)
-            vs = Float32(1.0)
-            if cutlass.const_expr(self.block_scales):
-                # issued before the GEMM's wait; k's scale floored above 0 (the softmax scales a row's maximum by it)
-                ks = cute.arch.fmax(mKs[n // per_block, hk, b], Float32(1e-30))
-                vs = mVs[n // per_block, hk, b]
-            # S = Q K^T
-            # (the GEMM sets the atom's ACCUMULATE field, a new IR value: on a copy made in this loop body)
-            qk = cutlass.new_from_mlir_values(tiled_mma_qk, cutlass.extract_mlir_values(tiled_mma_qk))
+        if n_count > 0:
+            n = n_max - 1
+            ks, vs = self.block_scales_at(mKs, mVs, n, per_block, hk, b)
             pipes.k.consumer_wait(kv)
             warpgroup.fence()
-            mma_blocks(qk, acc_s, tSrQ, stage_of(tSrK, kv.index), zero_first=True)
+            mma_blocks(tiled_mma_qk, acc_s, tSrQ, stage_of(tSrK, kv.index), zero_first=True)
             warpgroup.commit_group()
             their_turn.arrive()
-            warpgroup.wait_group(0)  # this S, and the previous block's P V (issued before it)
+            warpgroup.wait_group(0)
             pipes.k.consumer_release(kv)
-            if i > 0:
-                pipes.vt.sync_object_empty.arrive(vt_prev, pipes.vt.consumer_mask)  # the previous P V's V^T
-            if cutlass.const_expr(self.block_scales and self.softcap):
-                for e in cutlass.range_constexpr(cute.size(acc_s)):  # the cap sees the descaled logits
-                    acc_s[e] = acc_s[e] * ks
-            self.scores(acc_s, tScS, n, row0, tile, soc, cap)
-            if cutlass.const_expr(self.block_scales and not self.softcap):
-                softmax_rows(s_rows, row_max, row_sum, corr, sl2, block_scale=ks)
-            else:
-                softmax_rows(s_rows, row_max, row_sum, corr, sl2)
-            if cutlass.const_expr(self.block_scales):
-                ratio = vs_prev / vs  # O so far is in units of v_scale[prev]; from here on in v_scale[n]'s
-                for r in cutlass.range_constexpr(rows):
-                    corr[r] = corr[r] * ratio
-                vs_prev = vs
-            rescale_rows(o_rows, corr)
+            self.block_softmax(acc_s, s_rows, tScS, n, row0, tile, row_max, row_sum, corr, sl2, soc, cap, ks,
+                               Float32(1.0))  # O is still 0: no rescale
             acc_as_a_operand_fp8(acc_s, p)
-            # O += P V^T'
-            pipes.vt.consumer_wait(kv)
+            vs_prev = vs
+            kv_v = kv.clone()
+            kv.advance()
+            for i in cutlass.range(1, n_count, unroll=1):
+                n = n_max - 1 - i
+                ks, vs = self.block_scales_at(mKs, mVs, n, per_block, hk, b)
+                # (the GEMM sets the atom's ACCUMULATE field, a new IR value: on a copy made in this loop body)
+                qk = cutlass.new_from_mlir_values(tiled_mma_qk, cutlass.extract_mlir_values(tiled_mma_qk))
+                pipes.k.consumer_wait(kv)
+                my_turn.arrive_and_wait()
+                warpgroup.fence()
+                mma_blocks(qk, acc_s, tSrQ, stage_of(tSrK, kv.index), zero_first=True)
+                warpgroup.commit_group()
+                pipes.vt.consumer_wait(kv_v)
+                mma_blocks(tiled_mma_pv, acc_o, p, stage_of(tOrV, kv_v.index))
+                warpgroup.commit_group()
+                their_turn.arrive()
+                warpgroup.wait_group(1)  # S_{j+1} done, P_j V_j may still run
+                pipes.k.consumer_release(kv)
+                # O holds v_scale[block j] units; from P_{j+1} V_{j+1} on, v_scale[n]'s
+                self.block_softmax(acc_s, s_rows, tScS, n, row0, tile, row_max, row_sum, corr, sl2, soc, cap, ks,
+                                   vs_prev / vs)
+                vs_prev = vs
+                warpgroup.wait_group(0)
+                pipes.vt.consumer_release(kv_v)
+                rescale_rows(o_rows, corr)
+                acc_as_a_operand_fp8(acc_s, p)
+                kv_v.advance()
+                kv.advance()
+            pipes.vt.consumer_wait(kv_v)
             my_turn.arrive_and_wait()
             warpgroup.fence()
-            mma_blocks(tiled_mma_pv, acc_o, p, stage_of(tOrV, kv.index))
+            mma_blocks(tiled_mma_pv, acc_o, p, stage_of(tOrV, kv_v.index))
             warpgroup.commit_group()
-            # no wait here: the next block's S GEMM is issued behind this one (its wait covers both), so the turn
-            # passes without the round trip of this GEMM's completion
-            vt_prev = kv.index
-            kv.advance()
-        warpgroup.wait_group(0)
-        if n_count > 0:
-            pipes.vt.sync_object_empty.arrive(vt_prev, pipes.vt.consumer_mask)
+            warpgroup.wait_group(0)
+            pipes.vt.consumer_release(kv_v)
         # a warpgroup's last turn (its last P V) passes no turn on: warpgroup 0 hands warpgroup 1 its last here
         if cwg < CONSUMER_WGS - 1:
             their_turn.arrive()
@@ -402,6 +405,37 @@ class FlashAttnFwdFP8:
             if row0 + c_rows[r, 0][0] < tile.seqlen_q:
                 for c in cutlass.range_constexpr(cute.size(out_rows, mode=[1])):
                     g_rows[r, c] = out_rows[r, c]
+
+    @cute.jit
+    def block_scales_at(self, mKs: cute.Tensor, mVs: cute.Tensor, n: Int32, per_block: cutlass.Constexpr[int],
+                        hk: Int32, b: Int32):
+        """(k scale, v scale) of K/V block n with block scales (k's floored above 0: the softmax scales a row's
+        maximum by it), else (1, 1): per-head scales are folded in once."""
+        ks = Float32(1.0)
+        vs = Float32(1.0)
+        if cutlass.const_expr(self.block_scales):
+            ks = cute.arch.fmax(mKs[n // per_block, hk, b], Float32(1e-30))
+            vs = mVs[n // per_block, hk, b]
+        return ks, vs
+
+    @cute.jit
+    def block_softmax(self, acc_s: cute.Tensor, s_rows: cute.Tensor, tScS: cute.Tensor, n: Int32, row0: Int32,
+                      tile: SimpleNamespace, row_max: cute.Tensor, row_sum: cute.Tensor, corr: cute.Tensor,
+                      sl2: Float32, soc: Float32, cap: Float32, ks: Float32, v_ratio: Float32):
+        """Block n's S (fp32, in registers) into probabilities: k's block scale (a multiply before the softcap, else
+        folded into the softmax), softcap, mask, online softmax; corr (O's factor) also carries `v_ratio`, the
+        change of O's v-scale units (block scales)."""
+        if cutlass.const_expr(self.block_scales and self.softcap):
+            for e in cutlass.range_constexpr(cute.size(acc_s)):  # the cap sees the descaled logits
+                acc_s[e] = acc_s[e] * ks
+        self.scores(acc_s, tScS, n, row0, tile, soc, cap)
+        if cutlass.const_expr(self.block_scales and not self.softcap):
+            softmax_rows(s_rows, row_max, row_sum, corr, sl2, block_scale=ks)
+        else:
+            softmax_rows(s_rows, row_max, row_sum, corr, sl2)
+        if cutlass.const_expr(self.block_scales):
+            for r in cutlass.range_constexpr(cute.size(corr)):
+                corr[r] = corr[r] * v_ratio
 
     @cute.jit
     def scores(self, acc_s: cute.Tensor, tScS: cute.Tensor, n: Int32, row0: Int32, tile: SimpleNamespace,

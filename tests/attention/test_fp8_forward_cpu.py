@@ -145,9 +145,10 @@ def test_compile_census(compiled):
     d = p["head_dim"]
     tile_n = p["tile_n"] or default_tile_n(d)
     census = report.ptx_census
-    # S = Q K^T: D / 32 e4m3 WGMMAs (both operands from smem); O += P V: tile_n / 32 (A from registers)
+    # S = Q K^T: D / 32 e4m3 WGMMAs (both operands from smem); O += P V: tile_n / 32 (A from registers); each twice
+    # (the overlapped loop, and its first S / last P V outside it)
     mmas = re.findall(r"wgmma\.mma_async\S*", ptx)
-    assert len(mmas) == d // 32 + tile_n // 32, mmas
+    assert len(mmas) == 2 * (d // 32 + tile_n // 32), mmas
     assert all(".e4m3.e4m3" in m and ".f32" in m for m in mmas), mmas
     assert census["cp.async.bulk.tensor"] >= 3  # Q, K, V loads (O is stored from registers)
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{PRODUCER_REGS}\b", ptx)
@@ -160,8 +161,9 @@ def test_compile_census(compiled):
     assert len(re.findall(r"prmt\.b32", ptx)) == 8 * slices
     assert len(re.findall(r"st\.shared\.(?:b|u)32", ptx)) >= 4 * slices
     assert "fence.proxy.async.shared::cta" in ptx
-    # P: one e4m3x2 conversion per column pair (tile_n / 4 a thread), saturating, nearest even
-    assert len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)) == tile_n // 4
+    # P: one e4m3x2 conversion per column pair (tile_n / 4 a thread), saturating, nearest even; twice (the first block
+    # and the loop)
+    assert len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)) == 2 * (tile_n // 4)
     # ping-pong turns (named barriers 4, 5 of 256 threads)
     assert len(re.findall(r"bar\.arrive\s+%r\d+, 256;", ptx)) >= 2 and re.search(r"bar\.sync\s+%r\d+, 256;", ptx)
     if p["softcap"]:
