@@ -344,7 +344,8 @@ class FlashAttnFwdFP8:
             self.block_softmax(acc_s, s_rows, tScS, n, row0, tile, row_max, row_sum, corr, sl2, soc, cap, ks,
                                Float32(1.0))  # O is still 0: no rescale
             acc_as_a_operand_fp8(acc_s, p)
-            vs_prev = vs
+            if cutlass.const_expr(self.block_scales):
+                vs_prev = vs  # (per head, vs_prev is the head's v scale, applied once at the end)
             kv_v = kv.clone()
             kv.advance()
             for i in cutlass.range(1, n_count, unroll=1):
@@ -366,7 +367,8 @@ class FlashAttnFwdFP8:
                 # O holds v_scale[block j] units; from P_{j+1} V_{j+1} on, v_scale[n]'s
                 self.block_softmax(acc_s, s_rows, tScS, n, row0, tile, row_max, row_sum, corr, sl2, soc, cap, ks,
                                    vs_prev / vs)
-                vs_prev = vs
+                if cutlass.const_expr(self.block_scales):
+                    vs_prev = vs
                 warpgroup.wait_group(0)
                 pipes.vt.consumer_release(kv_v)
                 rescale_rows(o_rows, corr)
