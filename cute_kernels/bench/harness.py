@@ -320,6 +320,8 @@ def plot(name: str, path: Path, rows: list[Row], refs: list[str], meta: dict) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from cute_kernels.figures import save_png
+
     if rows and rows[0].ceiling == "tflops":
         return _plot_bars(name, path, rows, refs, meta, plt)
     groups: dict[str, list[Row]] = {}
@@ -346,14 +348,15 @@ def plot(name: str, path: Path, rows: list[Row], refs: list[str], meta: dict) ->
     axes.flat[0].legend(fontsize=8)
     fig.suptitle(f"{name} on {meta.get('gpu')} ({meta.get('date')}, {meta.get('commit')})", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_png(fig, path)
     return path
 
 
 def _plot_bars(name, path, rows, refs, meta, plt):
     """Compute-bound suites: TFLOP/s per case, ours beside each reference."""
     import numpy as np
+
+    from cute_kernels.figures import save_png
 
     labels = [f"{r.case}\n{r.shape}" for r in rows]
     series = [("cute-kernels", [r.ours_tbs for r in rows])]
@@ -370,6 +373,5 @@ def _plot_bars(name, path, rows, refs, meta, plt):
     ax.grid(axis="y", alpha=0.3)
     ax.set_title(f"{name} on {meta.get('gpu')} ({meta.get('date')}, {meta.get('commit')})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_png(fig, path)
     return path

@@ -45,6 +45,8 @@ def _rank(title: str, shape_tag: str, shape: list, ref_name: str, t_ref: float, 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
+        from cute_kernels.figures import save_png
+
         fig, ax = plt.subplots(figsize=(8, 0.28 * len(rows) + 1.5))
         ax.barh([str(s) for s, _ in rows][::-1], [flops / t / 1e9 for _, t in rows][::-1])
         ax.axvline(flops / t_ref / 1e9, color="k", ls=":", label=ref_name)
@@ -53,8 +55,7 @@ def _rank(title: str, shape_tag: str, shape: list, ref_name: str, t_ref: float, 
         ax.legend()
         ax.set_title(title, fontsize=10)
         fig.tight_layout()
-        fig.savefig(stem + ".png", dpi=100)
-        plt.close(fig)
+        save_png(fig, stem + ".png", dpi=100)
     except ImportError as e:
         H.progress(f"plot skipped: {e}")
 

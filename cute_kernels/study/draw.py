@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 
+from cute_kernels.figures import save_png
 from cute_kernels.study import banks as _banks
 from cute_kernels.study.layout import Grid, Layout, TVGrid, grid, tv_grid
 
@@ -324,17 +325,9 @@ def png(panels: list[Panel], path: str | Path, title: str | None = None, dpi: in
         for r0, c0, r1, c1 in p.tile_edges():
             ax.plot([c0, c1], [y + r0, y + r1], color="black", linewidth=1.6, solid_capstyle="butt")
         y += p.rows + 0.6
-    fig.savefig(str(path), dpi=dpi)
-    plt.close(fig)
-    try:  # a palette PNG: flat cells and text need few colors, and the file shrinks several-fold
-        from PIL import Image
-
-        fills = len({cell.fill for p in panels for row in p.cells for cell in row if cell is not None})
-        with Image.open(path) as im:  # every fill kept apart (128 threads: 128 colors) beside text's greys
-            small = im.convert("RGB").quantize(colors=min(256, max(96, fills + 64)))
-        small.save(path, optimize=True)
-    except ImportError:  # pragma: no cover - pillow comes with matplotlib
-        pass
+    # every fill kept apart in the palette (128 threads: 128 colors) beside text's greys
+    fills = len({cell.fill for p in panels for row in p.cells for cell in row if cell is not None})
+    save_png(fig, path, dpi=dpi, colors=min(256, max(96, fills + 64)))
 
 
 def save(panels: list[Panel], path: str | Path, title: str | None = None) -> Path:

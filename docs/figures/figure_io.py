@@ -8,25 +8,15 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+
+from cute_kernels.figures import save_png  # noqa: E402  (the scripts put the project root on sys.path first)
 
 DPI = 110
 
 
 def save(fig, out: Path, name: str, colors: int = 128) -> Path:
-    """`fig` written to out/name and closed; as a palette PNG of `colors` colours (flat fills need few, as
-    `cute_kernels.study.draw` does) when Pillow is there."""
-    path = out / name
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    try:
-        from PIL import Image
-
-        with Image.open(path) as im:
-            im.convert("RGB").quantize(colors=colors).save(path, optimize=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return path
+    """`fig` written to out/name and closed, a palette PNG of `colors` colours (flat fills need few)."""
+    return save_png(fig, out / name, dpi=DPI, colors=colors)
 
 
 def cli(figures, description: str, default_out: Path, argv=None) -> list[Path]:

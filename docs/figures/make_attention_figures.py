@@ -25,6 +25,7 @@ from matplotlib.patches import Rectangle  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from cute_kernels.figures import save_png  # noqa: E402
 from schedules.attention import AttentionSchedule  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
@@ -188,8 +189,7 @@ def attention_timelines():
                          "mask + online softmax (CUDA cores, MUFU ex2)"], fontsize=8, loc="upper center", ncol=4)
     axes[-1].set_xlabel(f"time (unit costs {COST}; a replay of the schedule rules, not a measurement)", fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.965))
-    fig.savefig(OUT / "attention_timelines.png", dpi=120)
-    plt.close(fig)
+    save_png(fig, OUT / "attention_timelines.png", dpi=120)
 
 
 def _orders(q_tiles: int, heads: int, group: int):
@@ -243,8 +243,7 @@ def attention_tile_orders():
     fig.suptitle(f"Causal tiles ({q_tiles} q tiles x {heads} heads; q tile m needs m + 1 K/V blocks): the number "
                  "is each tile's launch position (`schedules.attention`)", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
-    fig.savefig(OUT / "attention_tile_orders.png", dpi=120)
-    plt.close(fig)
+    save_png(fig, OUT / "attention_tile_orders.png", dpi=120)
 
 
 def attention_causal_tail():
@@ -284,8 +283,7 @@ def attention_causal_tail():
                  loc="left")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(OUT / "attention_causal_tail.png", dpi=120)
-    plt.close(fig)
+    save_png(fig, OUT / "attention_causal_tail.png", dpi=120)
 
 
 if __name__ == "__main__":

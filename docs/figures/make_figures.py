@@ -20,6 +20,7 @@ from matplotlib.patches import Rectangle  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from cute_kernels.figures import save_png  # noqa: E402
 from schedules.gemm import GemmSchedule, tile_order  # noqa: E402
 from schedules.grid_stride import GridStride  # noqa: E402
 from schedules.row_tiling import plan_rows  # noqa: E402
@@ -63,8 +64,7 @@ def grid_stride_orders():
         ax.set_title(f'order="{order}": {grid} CTAs x {threads} threads, unroll {unroll}\n'
                      "colour = CTA, pale = odd pass, hatched = 2nd item of a pass", fontsize=8.5)
     fig.tight_layout()
-    fig.savefig(OUT / "grid_stride_orders.png", dpi=130)
-    plt.close(fig)
+    save_png(fig, OUT / "grid_stride_orders.png", dpi=130)
 
 
 def row_tiling():
@@ -93,8 +93,7 @@ def row_tiling():
         ax.set_title(text, fontsize=7.5, loc="left")
     fig.suptitle("row tiling chosen by plan_rows on an H200 (colour = which CTA owns the block)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(OUT / "row_tiling.png", dpi=130)
-    plt.close(fig)
+    save_png(fig, OUT / "row_tiling.png", dpi=130)
 
 
 def reduction_tree():
@@ -119,8 +118,7 @@ def reduction_tree():
     ax.set_title("collectives.reduce.group_reduce: each lane adds its partner's value (lane ^ offset); after 5 steps "
                  "every lane holds the warp's sum,\nthen one shared-memory stage combines the warps of a row", fontsize=9)
     fig.tight_layout()
-    fig.savefig(OUT / "group_reduce.png", dpi=130)
-    plt.close(fig)
+    save_png(fig, OUT / "group_reduce.png", dpi=130)
 
 
 def gemm_timelines(k_tiles: int = 4, tiles: int = 4):
@@ -179,8 +177,7 @@ def gemm_timelines(k_tiles: int = 4, tiles: int = 4):
                    fontsize=8, loc="upper right", ncol=3)
     axes[1].set_xlabel("time (unit costs; a schematic replay of the schedule rules, not a measurement)")
     fig.tight_layout()
-    fig.savefig(OUT / "gemm_timelines.png", dpi=120)
-    plt.close(fig)
+    save_png(fig, OUT / "gemm_timelines.png", dpi=120)
 
 
 def order_grid(ax, cells, rows: int, cols: int, fontsize: float = 7):
@@ -212,8 +209,7 @@ def gemm_raster(tiles_m: int = 12, tiles_n: int = 6):
     fig.suptitle("schedules.gemm.tile_order: the number is when a (cluster) tile is handed out; with 132 SMs "
                  "busy at once,\nneighbours in time share A rows and B columns in L2", fontsize=9)
     fig.tight_layout()
-    fig.savefig(OUT / "gemm_raster.png", dpi=120)
-    plt.close(fig)
+    save_png(fig, OUT / "gemm_raster.png", dpi=120)
 
 
 if __name__ == "__main__":
