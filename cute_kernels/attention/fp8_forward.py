@@ -83,8 +83,9 @@ def max_stages(d: int, tile_n: int) -> int:
 
 class FlashAttnFwdFP8:
     def __init__(self, head_dim: int, out_dtype, mask: MaskKind = MaskKind(), softcap: bool = False,
-                 block_scales: bool = True, tile_n: int = 0, stages: int = 0):
+                 block_scales: bool = True, tile_n: int = 0, stages: int = 0, exp2_poly: int = 0):
         self.d, self.out_dtype, self.mask, self.softcap = head_dim, out_dtype, mask, softcap
+        self.exp2_poly = exp2_poly  # every k-th column's exponential on the FMA pipe (`exp2_fma`); 0: none
         self.block_scales = block_scales
         self.tile_n = tile_n or default_tile_n(head_dim)
         self.stages = stages or max_stages(head_dim, self.tile_n)
@@ -432,9 +433,9 @@ class FlashAttnFwdFP8:
                 acc_s[e] = acc_s[e] * ks
         self.scores(acc_s, tScS, n, row0, tile, soc, cap)
         if cutlass.const_expr(self.block_scales and not self.softcap):
-            softmax_rows(s_rows, row_max, row_sum, corr, sl2, block_scale=ks)
+            softmax_rows(s_rows, row_max, row_sum, corr, sl2, block_scale=ks, poly_every=self.exp2_poly)
         else:
-            softmax_rows(s_rows, row_max, row_sum, corr, sl2)
+            softmax_rows(s_rows, row_max, row_sum, corr, sl2, poly_every=self.exp2_poly)
         if cutlass.const_expr(self.block_scales):
             for r in cutlass.range_constexpr(cute.size(corr)):
                 corr[r] = corr[r] * v_ratio

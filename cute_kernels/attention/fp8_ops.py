@@ -283,7 +283,8 @@ def _flash_attn_fp8_fake(q, k, v, q_scale, k_scale, v_scale, causal=False, windo
 
 
 def _flash_attn_fp8_cuda(q, k, v, q_scale, k_scale, v_scale, causal=False, window_left=-1, window_right=-1,
-                         softcap=0.0, out_dtype=torch.bfloat16, softmax_scale=None):
+                         softcap=0.0, out_dtype=torch.bfloat16, softmax_scale=None, config=None):
+    """The op's CUDA body; `config`: catalogue config fields (tile_n, stages, exp2_poly) for the lab's A/B runs."""
     from cute_kernels.attention import FLASH_ATTN_FP8, mask_name
     from cute_kernels.attention.ops import _bounds, _kernel_view, _scalars
 
@@ -301,7 +302,7 @@ def _flash_attn_fp8_cuda(q, k, v, q_scale, k_scale, v_scale, causal=False, windo
         return out, lse
     left, right = _bounds(causal, window_left, window_right, sq + sk)
     fn = FLASH_ATTN_FP8.compiled(head_dim=d, out_dtype=dtypes.name_of(out_dtype), mask=mask_name(left, right),
-                                 softcap=softcap > 0, scales=gran)
+                                 softcap=softcap > 0, scales=gran, **(config or {}))
     fn(_kernel_view(q), _kernel_view(k), _kernel_view(v), _kernel_view(out), lse.permute(2, 1, 0),
        _scales_view(q_scale), _scales_view(k_scale), _scales_view(v_scale), *_scalars(d, softmax_scale, softcap),
        left, right)

@@ -243,3 +243,29 @@ def test_catalogue_entry():
         assert spec.dynamic_smem_bytes(p) <= 227 * 1024
     with pytest.raises(ValueError):
         spec.resolve({"tile_n": 128, "head_dim": 256, "stages": 4})
+
+
+def test_exp2_fma_model():
+    """`collectives.online_softmax.exp2_fma`'s PTX, step for step in numpy float32 (round by 1.5 * 2^23, degree-3
+    polynomial, j added to the exponent bits, below -126 -> 0): within 1e-4 relative of 2^x over [-125, 0] (below, where the
+    result's exponent field reaches 0, 2e-4), exactly 0 for -inf and below -126, never negative."""
+    import numpy as np
+
+    from collectives.online_softmax import EXP2_POLY
+
+    x = np.concatenate([np.linspace(-126, 0, 200001, dtype=np.float32), np.float32([-np.inf, -126.5, -300.0, 0.0])])
+    f32 = np.float32
+    xc = np.maximum(x, f32(-126.0))
+    t = (xc + f32(12582912.0)).astype(np.float32)
+    f = (xc - (t - f32(12582912.0))).astype(np.float32)
+    c0, c1, c2, c3 = (f32(c) for c in EXP2_POLY)
+    p = ((f * c3 + c2) * f + c1) * f + c0
+    bits = (p.astype(np.float32).view(np.uint32) + (t.view(np.uint32) << np.uint32(23))).astype(np.uint32)
+    y = np.where(x < f32(-126.0), f32(0.0), bits.view(np.float32))
+    ref = np.exp2(x.astype(np.float64))
+    ok = x >= -125
+    rel = np.abs(y[ok] - ref[ok]) / ref[ok]
+    assert rel.max() < 1e-4, rel.max()
+    low = (x < -125) & (x >= -126)
+    assert (np.abs(y[low] - ref[low]) / ref[low]).max() < 2e-4
+    assert (y >= 0).all() and (y[x < -126] == 0).all() and (x < -126).sum() == 3

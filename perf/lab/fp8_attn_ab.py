@@ -1,0 +1,74 @@
+"""FP8 forward variants side by side (catalogue config fields of `flash_attn_fp8`): each checked against
+`fp8_attention_reference` on a small case (max |O - ref|, LSE), then timed in interleaved rounds (CUDA-event medians,
+L2 flushed) at the bench's headline shapes, as TFLOP/s.
+
+    python3 -m perf.lab.fp8_attn_ab [--full] ["exp2_poly=4" "stages=3" ...]   (no variant: exp2_poly 2 / 4 / 8)
+
+Default: D 128, S 8k, not causal (one compile a variant); `--full` adds causal and D 256.
+"""
+
+import sys
+
+import torch
+
+import cute_kernels as ck
+from cute_kernels.attention.fp8_ops import _flash_attn_fp8_cuda
+from cute_kernels.attention.fp8_reference import fp8_attention_reference
+
+
+def parse(spec: str) -> dict:
+    return {k: int(v) for k, v in (kv.split("=") for kv in spec.split(",") if kv)}
+
+
+def check(cfg: dict) -> str:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 1000, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    args = ck.quantize_attention_fp8(q, k, v, "block")
+    out, lse = _flash_attn_fp8_cuda(*args, config=cfg)
+    ref = fp8_attention_reference(*args)
+    base, _ = _flash_attn_fp8_cuda(*args, config={})
+    return (f"max|O-ref| {(out.double() - ref).abs().max().item():.2e} (default {(base.double() - ref).abs().max().item():.2e}), "
+            f"finite {bool(torch.isfinite(out).all() and torch.isfinite(lse).all())}")
+
+
+def time_round(fns, reps=20):
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    times = {k: [] for k in fns}
+    for _ in range(reps):
+        for name, f in fns.items():
+            flush.zero_()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            f()
+            b.record()
+            torch.cuda.synchronize()
+            times[name].append(a.elapsed_time(b))
+    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
+def main(argv):
+    full = "--full" in argv
+    argv = [a for a in argv if a != "--full"]
+    cfgs = [parse(a) for a in argv] or [{"exp2_poly": p} for p in (2, 4, 8)]
+    cfgs = [{}] + cfgs
+    names = [",".join(f"{k}={v}" for k, v in c.items()) or "default" for c in cfgs]
+    for n, c in zip(names, cfgs):
+        print(f"{n}: {check(c)}", flush=True)
+    print("| shape | causal | " + " | ".join(names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    for b, s, h, d in ((2, 8192, 16, 128), (2, 8192, 8, 256))[:2 if full else 1]:
+        for causal in (False, True)[:2 if full else 1]:
+            g = torch.Generator(device="cuda").manual_seed(1)
+            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+            args = ck.quantize_attention_fp8(q, k, v, "block")
+            fns = {n: (lambda c=c: _flash_attn_fp8_cuda(*args, causal=causal, config=c)) for n, c in zip(names, cfgs)}
+            for f in fns.values():
+                f()
+            ms = time_round(fns)
+            flops = 4 * b * h * s * s * d / (2 if causal else 1)
+            print(f"| {b}x{s}x{h}x{d} | {causal} | " + " | ".join(f"{flops / ms[n] / 1e9:.0f}" for n in names) + " |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
