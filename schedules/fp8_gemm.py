@@ -57,9 +57,10 @@ def promoted_error(s: GemmSchedule) -> str | None:
     if s.tile_k != SCALE_BLOCK:
         return f"tile_k must be {SCALE_BLOCK} (one scale block per stage), got {s.tile_k}"
     if s.tile_n in WIDE_TILE_N:
-        if (s.kind, s.tile_m) != ("cooperative", 128):
+        if (s.kind, s.tile_m) not in (("cooperative", 128), ("pingpong", 64)):
             return (f"tile_n {s.tile_n} (a tile spanning two B-scale blocks) is built for the cooperative "
-                    f"128-row tile only, got {s.kind} {s.tile_m}x{s.tile_n}")
+                    f"128-row tile and the ping-pong 64-row tile (one warpgroup's 64 rows either way), got "
+                    f"{s.kind} {s.tile_m}x{s.tile_n}")
         if 2 * acc_per_thread(s) > MAX_WIDE_ACC:
             return f"{s.kind} {s.tile_m}x{s.tile_n}: 2 x {acc_per_thread(s)} fp32 accumulators > {MAX_WIDE_ACC}"
         return None

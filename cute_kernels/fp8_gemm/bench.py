@@ -34,7 +34,11 @@ WIDE_DEEP = "ours 128x192 5 stages"
 # The default with the two consumer warpgroups issuing each K-block's WGMMAs in turn (`wg_turns`; measured 0.982x the
 # default at M = 4096: an option only): one warpgroup's promotion under the other's WGMMAs (cooperative defaults only)
 TURNS = "ours wg_turns"
-OPTIONS = (HALVES, OVERLAP, SB_SMEM, NARROW, WIDE_DEEP, TURNS)  # large-M, each vs "ours"
+# Ping-pong 64-row wide tiles (issue 41): each consumer warpgroup owns a whole 64 x 192 (64 x 160) tile and promotes it
+# while the other warpgroup's WGMMAs run, the promotion wait the cooperative tiles show in PC sampling hidden under the
+# other tile. Unmeasured.
+PINGPONG_WIDE = ("ours ping-pong 64x192", "ours ping-pong 64x160")
+OPTIONS = (HALVES, OVERLAP, SB_SMEM, NARROW, WIDE_DEEP, TURNS) + PINGPONG_WIDE  # large-M, each vs "ours"
 # Small M, measured and settled (geomean over the 12 M <= 128 shapes): `sb_ahead` alone 1.008x, `promote_overlap` +
 # `sb_ahead` 1.091x (now the default there: `schedules.fp8_gemm.small_m_promotion`), split-K in one launch 0.540x, with
 # overlap + sb_ahead 0.607x.
@@ -123,7 +127,8 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
             if default_fp8_schedule(m, n, k).kind == "cooperative":
                 cols.append((TURNS, lambda: _fp8_gemm_cuda(a, sa, b, sb, wg_turns=True)))
             for name, sched in ((NARROW, default_fp8_schedule(m, n, k, wide=False)),
-                                (WIDE_DEEP, _variant(wide_s, epi_stages=2))):
+                                (WIDE_DEEP, _variant(wide_s, epi_stages=2)),
+                                *((nm, fp8_schedule("pingpong", 64, tn)) for nm, tn in zip(PINGPONG_WIDE, (192, 160)))):
                 cols.append((name, (lambda sc: lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=sc))(sched)))
         if m <= SMALL_M:
             cols.append((PLAIN_SMALL, lambda: _fp8_gemm_cuda(a, sa, b, sb, promote_overlap=False, sb_ahead=False)))

@@ -1,4 +1,5 @@
-"""CPU: the FP8 GEMM's `sb_smem` option and wide tiles (128x192, 128x160) compile for sm_90a and
+"""CPU: the FP8 GEMM's `sb_smem` option and wide tiles (128x192, 128x160, ping-pong 64x192 / 64x160) compile for
+sm_90a and
 do what they claim in SASS.
 
 * sb_smem: the tile's B-scale rows are copied into shared memory during the first K-block (LDG
@@ -43,6 +44,9 @@ CONFIGS = {
     "wide192": {"tile_n": 192},
     "wide192_sb_smem": {"tile_n": 192, "sb_smem": True},
     "wide160": {"tile_n": 160},
+    # ping-pong 64-row tiles of the same widths: each warpgroup promotes its own tile while the other's WGMMAs run
+    "pingpong_wide192": {"schedule": "pingpong", "tile_m": 64, "tile_n": 192},
+    "pingpong_wide160": {"schedule": "pingpong", "tile_m": 64, "tile_n": 160},
 }
 CONSUMER_REGS = 232
 
@@ -179,8 +183,9 @@ def test_schedules_and_errors():
     assert default_fp8_schedule(4096, 4096, 7168).tile_n == 128
     assert default_fp8_schedule(4096, 2112, 7168, wide=False).tile_n in (64, 128)
     assert default_fp8_schedule(WIDE_MIN_M, 7168, 16384) == default_fp8_schedule(WIDE_MIN_M, 7168, 16384, wide=True)
-    with pytest.raises(ValueError, match="cooperative 128-row"):
-        fp8_schedule("pingpong", 64, 192)
+    assert fp8_schedule("pingpong", 64, 192).tile_n == 192  # a warpgroup's 64 rows, as the cooperative 128-row tile
+    with pytest.raises(ValueError, match="cooperative 128-row tile and the ping-pong 64-row tile"):
+        fp8_schedule("cooperative", 256, 192)
     with pytest.raises(ValueError, match="tile_n must divide"):
         fp8_schedule("cooperative", 128, 176)
     err = overlap_error(fp8_schedule("cooperative", 128, 192))

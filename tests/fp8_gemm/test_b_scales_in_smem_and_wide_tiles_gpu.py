@@ -1,5 +1,5 @@
 """GPU: the FP8 GEMM's `sb_smem` option (B scales staged in shared memory once per tile) and the
-wide cooperative tiles 128x192 / 128x160 (B-scale block chosen per 8-column group from the tile's
+wide tiles, cooperative 128x192 / 128x160 and ping-pong 64x192 / 64x160 (B-scale block chosen per 8-column group from the tile's
 offset in its scale block), against the fp32 reference on the dequantized inputs (DeepGEMM's metric
 < 1e-3) with poisoned outputs; sb_smem bitwise equal to the option off (same FMULs and FFMAs in
 the same order) on every cooperative schedule, odd shapes and K-block counts."""
@@ -25,7 +25,8 @@ COOP = {
     "coop128x160": fp8_schedule("cooperative", 128, 160),
 }
 WIDE = {"coop128x192": COOP["coop128x192"], "coop128x160": COOP["coop128x160"],
-        "coop128x192_1x1": fp8_schedule("cooperative", 128, 192, cluster_m=1)}
+        "coop128x192_1x1": fp8_schedule("cooperative", 128, 192, cluster_m=1),
+        "pingpong64x192": fp8_schedule("pingpong", 64, 192), "pingpong64x160": fp8_schedule("pingpong", 64, 160)}
 ODD = [(1, 128, 128), (5125, 96, 200), (33, 17, 9), (300, 2112, 7168), (128, 256, 16), (769, 2112, 1040)]
 
 
@@ -98,7 +99,7 @@ def test_wide_tiles(sched, m, n, k):
 
 
 @pytest.mark.parametrize("m,n,k", ODD)
-@pytest.mark.parametrize("sched", ["coop128x192", "coop128x160"])
+@pytest.mark.parametrize("sched", ["coop128x192", "coop128x160", "pingpong64x192", "pingpong64x160"])
 def test_wide_odd_shapes(sched, m, n, k):
     a, sa, b, sb = _inputs(m, n, k)
     _run(a, sa, b, sb, WIDE[sched])
@@ -122,6 +123,8 @@ def test_wide_scale_block_per_column():
     for sched in ("coop128x192", "coop128x160"):
         out = _run(a, sa, b, sb, WIDE[sched])
         assert torch.equal(out, _run(a, sa, b, sb, WIDE[sched], sb_smem=True))
+    for sched in ("pingpong64x192", "pingpong64x160"):  # (sb_smem is cooperative-only)
+        _run(a, sa, b, sb, WIDE[sched])
 
 
 def test_wide_refuses_promote_overlap():

@@ -25,7 +25,10 @@ from schedules.fp8_gemm import fp8_schedule  # noqa: E402
 DENSE = {"coop128x128": fp8_schedule("cooperative", 128, 128), "pingpong64x128": fp8_schedule("pingpong", 64, 128),
          "coop128x64": fp8_schedule("cooperative", 128, 64), "pingpong64x64": fp8_schedule("pingpong", 64, 64),
          "coop_1x2": fp8_schedule("cooperative", 128, 128, cluster_m=1, cluster_n=2),
-         "nonpersistent": fp8_schedule("cooperative", 128, 128, cluster_m=1, persistent=False)}
+         "nonpersistent": fp8_schedule("cooperative", 128, 128, cluster_m=1, persistent=False),
+         # wide tiles (a tile spanning two B-scale blocks), cooperative and ping-pong
+         "coop128x192": fp8_schedule("cooperative", 128, 192), "pingpong64x192": fp8_schedule("pingpong", 64, 192),
+         "pingpong64x160": fp8_schedule("pingpong", 64, 160)}
 CONTIGUOUS = {"coop_1x2": fp8_schedule(cluster_m=1, cluster_n=2), "coop_128x64": fp8_schedule(tile_n=64, cluster_m=1)}
 MASKED = {"coop_2x1": fp8_schedule(), "pingpong64x128": fp8_schedule("pingpong", 64, 128),
           "pingpong64x64": fp8_schedule("pingpong", 64, 64)}
