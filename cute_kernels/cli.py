@@ -5,7 +5,7 @@
   cute-kernels compile --all [--jobs N]              fill the compile cache for every ready kernel
   cute-kernels bench KERNEL|FAMILY|all [--shape ...] [--out DIR] [--quick]   (GPU)
   cute-kernels schedules gemm --shape M N K [--out DIR]  rank candidate schedules (GPU)
-  cute-kernels schedules attention --shape B S H D [--causal] [--backward]   attention schedules (GPU)
+  cute-kernels schedules attention --shape B S H D [--causal] [--backward | --fp8]   attention schedules (GPU)
   cute-kernels main [--out DIR]                      compile + report everything; on a GPU also bench
   cute-kernels layout|algebra|swizzle|atoms ...      study CuTe layouts, swizzles and banks (CPU; see study/cli.py)
 """
@@ -92,19 +92,27 @@ def cmd_schedules(args) -> int:
     if len(args.shape) != len(want):
         raise SystemExit(f"schedules {args.kernel}: --shape takes {len(want)} sizes {' '.join(want)}, "
                          f"got {len(args.shape)}")
-    if args.backward and args.kernel != "attention":
-        raise SystemExit("schedules: --backward is for attention")
+    if (args.backward or args.fp8) and args.kernel != "attention":
+        raise SystemExit("schedules: --backward and --fp8 are for attention")
+    if args.backward and args.fp8:
+        raise SystemExit("schedules attention: the FP8 forward has no backward (--fp8 without --backward)")
     if args.kernel == "attention":
         from schedules import attention, attention_bwd
 
         bwd = args.backward
-        dims = attention_bwd.HEAD_DIMS_BWD if bwd else attention.HEAD_DIMS
+        dims = attention_bwd.HEAD_DIMS_BWD if bwd else attention.FP8_HEAD_DIMS if args.fp8 else attention.HEAD_DIMS
         b, s, h, d = args.shape
+        flag = " --backward" if bwd else " --fp8" if args.fp8 else ""
         if d not in dims:
-            raise SystemExit(f"schedules attention{' --backward' if bwd else ''}: D must be one of {dims}, got {d}")
+            raise SystemExit(f"schedules attention{flag}: D must be one of {dims}, got {d}")
         limit = min(args.limit, 24)
         if not torch.cuda.is_available():
             what = f"B={b} S={s} H={h} D={d}{' causal' if args.causal else ''}"
+            if args.fp8:
+                print(f"no GPU here: the FP8 forward's configs that would be timed for {what} (default first):")
+                for c in attention.fp8_candidates(d, limit):
+                    print(f"  {c}")
+                return 0
             if bwd:
                 cands = attention_bwd.candidates_bwd(d, args.causal)[:limit]
                 default = attention_bwd.default_bwd_schedule(d, args.causal)
@@ -116,9 +124,9 @@ def cmd_schedules(args) -> int:
             for c in cands:
                 print(f"  {c}{'  (default)' if c == default else ''}")
             return 0
-        from cute_kernels.bench.schedule_search import search_attention, search_attention_bwd
+        from cute_kernels.bench.schedule_search import search_attention, search_attention_bwd, search_attention_fp8
 
-        search = search_attention_bwd if bwd else search_attention
+        search = search_attention_bwd if bwd else search_attention_fp8 if args.fp8 else search_attention
         return search(b, s, h, d, args.causal, out_dir=args.out, limit=limit)
     if not torch.cuda.is_available():
         from schedules.gemm import candidates, default_schedule
@@ -262,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "[PAGE] (every sequence at L keys)")
     s.add_argument("--causal", action="store_true", help="attention: a causal mask")
     s.add_argument("--backward", action="store_true", help="attention: the backward's schedules")
+    s.add_argument("--fp8", action="store_true", help="attention: the FP8 forward's configs (flash_attn_fp8)")
     s.add_argument("--out", default=None, metavar="DIR")
     s.add_argument("--limit", type=int, default=32, help="at most this many candidates (attention: 24)")
     s.set_defaults(fn=cmd_schedules)

@@ -517,3 +517,45 @@ def tile_coords(mi, h, b, q_tiles, reverse_m: bool):
     (the causal longest-first order). Works on Python and DSL ints."""
     m = q_tiles - 1 - mi if reverse_m else mi
     return m, h, b
+
+
+# --- the FP8 forward (`cute_kernels.attention.fp8_forward`): its config fields and their candidates ----------------
+FP8_TILE_M = 128  # two consumer warpgroups of 64 rows: one 128-row scale block of Q per tile
+FP8_SCALE_BLOCK = 128  # rows / keys per block scale
+FP8_HEAD_DIMS = (64, 128, 256)
+FP8_EXP2_POLY = (0, 2, 4, 8)  # every k-th column's exponential on the FMA pipe (0: none)
+
+
+def fp8_default_tile_n(d: int) -> int:
+    """Keys per K/V block: 128 (one scale block), 64 at D = 256 (O's 128 fp32 registers a thread)."""
+    return 64 if d == 256 else 128
+
+
+def fp8_smem_bytes(d: int, tile_n: int, stages: int) -> int:
+    """Q (128 x D) + per stage K, V and V^T (tile_n x D each), e4m3, plus the barriers."""
+    return FP8_TILE_M * d + stages * 3 * tile_n * d + BARRIER_BYTES
+
+
+def fp8_max_stages(d: int, tile_n: int) -> int:
+    """Stages that fit (at most 4)."""
+    s = 4
+    while s > 1 and fp8_smem_bytes(d, tile_n, s) > SMEM_BYTES:
+        s -= 1
+    return s
+
+
+def fp8_candidates(d: int, limit: int = 24) -> list[dict]:
+    """The FP8 forward's configs worth timing at head dim d, the default first: K/V block (dividing the 128-key
+    scale block, at most 64 at D = 256 for O's registers), stages (2 up to what fits), `exp2_poly`. Dicts of the
+    catalogue entry's config fields (tile_n, stages, exp2_poly)."""
+    if d not in FP8_HEAD_DIMS:
+        raise ValueError(f"FP8 attention head_dim must be one of {FP8_HEAD_DIMS}, got {d}")
+    default = {"tile_n": fp8_default_tile_n(d), "stages": fp8_max_stages(d, fp8_default_tile_n(d)), "exp2_poly": 0}
+    out = [default]
+    for tile_n in ((64,) if d == 256 else (128, 64)):
+        for stages in range(fp8_max_stages(d, tile_n), 1, -1):
+            for poly in FP8_EXP2_POLY:
+                c = {"tile_n": tile_n, "stages": stages, "exp2_poly": poly}
+                if c not in out:
+                    out.append(c)
+    return out[:limit]

@@ -51,34 +51,19 @@ from collectives.online_softmax import acc_rows_view, empty_rows, finalize_rows,
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma
 from collectives.vector_io import extent
 from collectives.wgmma_mainloop import mma_blocks, stage_of
+from schedules.attention import FP8_SCALE_BLOCK as SCALE_BLOCK
+from schedules.attention import FP8_TILE_M as TILE_M
 from schedules.attention import block_coords, tile_coords
+from schedules.attention import fp8_default_tile_n as default_tile_n
+from schedules.attention import fp8_max_stages as max_stages
+from schedules.attention import fp8_smem_bytes as smem_bytes
 
-TILE_M = 128  # two consumer warpgroups of 64 rows: one 128-row scale block of Q per tile
-SCALE_BLOCK = 128  # rows / keys per block scale
 CONSUMER_WGS = 2
 PRODUCER_REGS = 40  # warp 0's TMA and warps 1-3's transposes
 CONSUMER_REGS = 232  # 40 + 2 x 232 = 504 of 512 per thread slot
 TRANSPOSE_WARPS = 3
 _TURN_BAR = 4  # ping-pong: consumer warpgroup w may issue its GEMMs: 4 + w (the bf16 forward's ids)
 SMEM_LIMIT = 227 * 1024
-
-
-def default_tile_n(d: int) -> int:
-    """Keys per K/V block: 128 (one scale block), 64 at D = 256 (O's 128 fp32 registers a thread)."""
-    return 64 if d == 256 else 128
-
-
-def smem_bytes(d: int, tile_n: int, stages: int) -> int:
-    """Q (128 x D) + per stage K, V and V^T (tile_n x D each), e4m3, plus the barriers."""
-    return TILE_M * d + stages * 3 * tile_n * d + 1024
-
-
-def max_stages(d: int, tile_n: int) -> int:
-    """Stages that fit (at most 4)."""
-    s = 4
-    while s > 1 and smem_bytes(d, tile_n, s) > SMEM_LIMIT:
-        s -= 1
-    return s
 
 
 class FlashAttnFwdFP8:

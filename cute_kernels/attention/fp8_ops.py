@@ -42,6 +42,7 @@ from cute_kernels.torch_ops import (
     rows_of,
     tidy_unit_strides,
 )
+from schedules.attention import FP8_HEAD_DIMS
 
 QKV_DTYPES = (torch.bfloat16, torch.float16)
 MAX_GRID_YZ = 65535  # the quantizer's grid is (blocks, heads, batch)
@@ -233,7 +234,8 @@ def quantize_attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gr
 
 
 # --- flash_attn_fp8: the FP8 forward (kernel `fp8_forward.FlashAttnFwdFP8`) ---------------------------------------
-FP8_FWD_DIMS = (64, 128, 256)
+FP8_FWD_DIMS = FP8_HEAD_DIMS  # (the schedules module lists the kernel's head dims)
+
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 

@@ -125,6 +125,31 @@ def search_attention(b: int, s: int, h: int, d: int, causal: bool = False, out_d
     return 0
 
 
+def search_attention_fp8(b: int, s: int, h: int, d: int, causal: bool = False, out_dir: str | None = None,
+                         limit: int = 24, jobs: int | None = None) -> int:
+    """The FP8 forward (`flash_attn_fp8`, block scales from `quantize_attention_fp8` of bf16 randn inputs): its
+    configs (`schedules.attention.fp8_candidates`: K/V block, stages, exp2 on the FMA pipe) ranked beside our bf16
+    forward on the same inputs, TFLOP/s counted as the bf16 forward's."""
+    import cute_kernels as ck
+    from cute_kernels.attention.fp8_ops import _flash_attn_fp8_cuda
+    from cute_kernels.precompile import item
+    from schedules.attention import fp8_candidates
+
+    cands = fp8_candidates(d, limit)
+    base = {"head_dim": d, "out_dtype": "bf16", "mask": "causal" if causal else "none", "softcap": False,
+            "scales": "block"}
+    _compile_ahead([item("flash_attn_fp8", {**base, **c}) for c in cands], jobs)
+    q, k, v = (H.randn(b, s, h, d, seed=i) for i in range(3))
+    args = ck.quantize_attention_fp8(q, k, v, "block")
+    flops = 4 * b * h * s * s * d // (2 if causal else 1)
+    t_ref, timed = _timed("ours bf16", lambda: ck.flash_attn(q, k, v, causal=causal), cands,
+                          lambda c: _flash_attn_fp8_cuda(*args, causal=causal, config=c), flops)
+    tag = f"attention_fp8_{b}x{s}x{h}x{d}" + ("_causal" if causal else "")
+    _rank(f"FP8 FlashAttention configs for B={b} S={s} H={h} D={d}{' causal' if causal else ''} (e4m3, block "
+          "scales)", tag, [b, s, h, d, causal], "ours bf16", t_ref, flops, timed, cands[0], out_dir)
+    return 0
+
+
 def search_attention_bwd(b: int, s: int, h: int, d: int, causal: bool = False, out_dir: str | None = None,
                          limit: int = 24, jobs: int | None = None) -> int:
     """FlashAttention backward, (B, S, H, D) bf16 self-attention: the `schedules.attention_bwd.candidates_bwd` (tiles,

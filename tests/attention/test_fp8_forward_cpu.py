@@ -269,3 +269,19 @@ def test_exp2_fma_model():
     low = (x < -125) & (x >= -126)
     assert (np.abs(y[low] - ref[low]) / ref[low]).max() < 2e-4
     assert (y >= 0).all() and (y[x < -126] == 0).all() and (x < -126).sum() == 3
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_fp8_candidates_resolve(d):
+    """`schedules.attention.fp8_candidates`: the kernel's defaults first, no duplicates, every config accepted by the
+    catalogue entry (smem within the limit, tile_n dividing the scale block), exp2_poly among the kernel's choices."""
+    from schedules.attention import FP8_EXP2_POLY, fp8_candidates, fp8_default_tile_n, fp8_max_stages
+
+    spec = catalog.get("flash_attn_fp8")
+    cands = fp8_candidates(d)
+    assert cands[0] == {"tile_n": fp8_default_tile_n(d), "stages": fp8_max_stages(d, fp8_default_tile_n(d)),
+                        "exp2_poly": 0}
+    assert len({tuple(sorted(c.items())) for c in cands}) == len(cands) <= 24
+    for c in cands:
+        assert c["exp2_poly"] in FP8_EXP2_POLY
+        spec.check(spec.resolve({"head_dim": d, **c}))

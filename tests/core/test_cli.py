@@ -99,3 +99,23 @@ def test_schedule_search_times_candidates_in_one_interleaved_run(monkeypatch):
     t_ref, timed = S._timed("ref", lambda: None, cands, lambda c: None, 1e12)
     assert len(seen) == 1 and seen[0][0] == "ref" and len(set(seen[0])) == 4
     assert t_ref == 1.0 and timed == [("a", 2.0), ("b", 3.0), ("a", 4.0)]
+
+
+def test_schedules_attention_fp8_lists_configs_without_a_gpu(capsys):
+    """`cute-kernels schedules attention --fp8` on a machine without a GPU lists the FP8 forward's configs (the
+    default first); a head dim it lacks and --fp8 with --backward or with gemm are named errors."""
+    import pytest
+
+    from cute_kernels import cli
+    from schedules.attention import fp8_candidates
+
+    run = cli.main
+    assert run(["schedules", "attention", "--shape", "2", "4096", "8", "128", "--fp8"]) == 0
+    out = capsys.readouterr().out
+    assert "FP8 forward's configs" in out and str(fp8_candidates(128)[0]) in out
+    for argv, msg in ((["--shape", "2", "4096", "8", "96", "--fp8"], "D must be one of"),
+                      (["--shape", "2", "4096", "8", "128", "--fp8", "--backward"], "has no backward")):
+        with pytest.raises(SystemExit, match=msg):
+            run(["schedules", "attention", *argv])
+    with pytest.raises(SystemExit, match="are for attention"):
+        run(["schedules", "gemm", "--shape", "1", "2", "3", "--fp8"])
