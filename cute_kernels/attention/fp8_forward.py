@@ -13,14 +13,16 @@ CTA per (128-row q tile, query head, batch), 384 threads:
     warps 1-3   per block: wait v[s], transpose V (keys, D) -> V^T (D, keys) in P's key order into ring vt
                 (`collectives.fp8_attention.transpose_v_stage`: 32-bit shared loads, prmt, 32-bit shared stores),
                 fence.proxy.async, release v[s], arrive on vt[s]
-  warpgroups 1, 2 (consumers, setmaxnreg 232): 64 q rows each, per block
-    wait k; S = Q K^T (D / 32 e4m3 WGMMAs, both operands K-major in smem); [pass the turn]; wait; release k
+  warpgroups 1, 2 (consumers, setmaxnreg 232): 64 q rows each; FA3's intra-warpgroup overlap, step j (the first
+  block's S and the last block's P V outside the loop):
+    wait k; [wait for the turn]; S_{j+1} = Q K^T (D / 32 e4m3 WGMMAs, both operands K-major in smem); wait vt;
+    O += P_j V_j (tile_n / 32 WGMMAs, A from registers); [pass the turn]; wait for S; release k
     [softcap: S *= k_scale[block], cap]; mask; online softmax (scale_log2 * q_scale [* k_scale per head]; block
-    k scales fold into the row maxima and the exponent's factor, `softmax_rows(block_scale=)`)
-    corr *= v_scale[prev block] / v_scale[block] (block scales: O stays in units of the current block's v scale)
-    O *= corr; P = e4m3(S) in A-operand order (`acc_as_a_operand_fp8`: no shuffle, V^T carries the key order)
-    wait vt; [wait for the turn]; O += P V (tile_n / 32 WGMMAs, A from registers), not waited for: the next
-    block's S wait covers it, then its vt stage is released
+    k scales fold into the row maxima and the exponent's factor, `softmax_rows(block_scale=)`; every `exp2_poly`-th
+    column's exponential on the FMA pipe); corr *= v_scale[j] / v_scale[j+1] (block scales: O stays in units of
+    the current block's v scale)
+    wait for P_j V_j; release vt; O *= corr; P_{j+1} = e4m3(S) in A-operand order (`acc_as_a_operand_fp8`: no
+    shuffle, V^T carries the key order)
   epilogue: O *= v_scale[last block]; O /= l; LSE = scale q_scale [k_scale] m + ln l; O stored from registers
   (two columns a 32-bit store, rows < S_q), LSE rows likewise.
 
