@@ -92,8 +92,9 @@ def cmd_schedules(args) -> int:
     if len(args.shape) != len(want):
         raise SystemExit(f"schedules {args.kernel}: --shape takes {len(want)} sizes {' '.join(want)}, "
                          f"got {len(args.shape)}")
-    if (args.backward or args.fp8) and args.kernel != "attention":
-        raise SystemExit("schedules: --backward and --fp8 are for attention")
+    for flag in ("backward", "fp8"):
+        if getattr(args, flag) and args.kernel != "attention":
+            raise SystemExit(f"schedules: --{flag} is for attention")
     if args.backward and args.fp8:
         raise SystemExit("schedules attention: the FP8 forward has no backward (--fp8 without --backward)")
     if args.kernel == "attention":

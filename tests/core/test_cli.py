@@ -117,5 +117,5 @@ def test_schedules_attention_fp8_lists_configs_without_a_gpu(capsys):
                       (["--shape", "2", "4096", "8", "128", "--fp8", "--backward"], "has no backward")):
         with pytest.raises(SystemExit, match=msg):
             run(["schedules", "attention", *argv])
-    with pytest.raises(SystemExit, match="are for attention"):
+    with pytest.raises(SystemExit, match="--fp8 is for attention"):
         run(["schedules", "gemm", "--shape", "1", "2", "3", "--fp8"])
