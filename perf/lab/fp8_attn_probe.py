@@ -1,7 +1,8 @@
 """Structured probes of `ck.flash_attn_fp8` that split its error by stage (one head, per-head scales of 1):
 
   uniform  Q = 0: every P is 1, so O is the mean of V's rows: only the V^T path (TMA, transpose, P V) counts.
-  onehot   V[key, e] = (key == e): O[r, e] = P[r, e] / l: P's key order in the A operand, column by column.
+  onehot   V[key, e] = (key == e): O[r, e] = P[r, e] / l: P's key order in the A operand, column by column (the
+           printed key of a column is the reference column nearest in value: a hint, ambiguous where P values tie).
   random   randn-like e4m3 operands against `fp8_attention_reference` (O and LSE).
 
     python -m perf.lab.fp8_attn_probe [D] [S_k]
