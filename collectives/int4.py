@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T
+
+from collectives.ptx import asm_b32
 
 
 def magic_of(dtype) -> tuple[int, float]:
@@ -23,11 +23,6 @@ def magic_of(dtype) -> tuple[int, float]:
     if dtype is cutlass.Float16:
         return 0x6400, 1024.0
     raise ValueError(f"int4 dequantization is for bf16 / fp16 weights, got {dtype}")
-
-
-def _asm(text: str, constraints: str, *args) -> cutlass.Int32:
-    return cutlass.Int32(llvm.inline_asm(T.i32(), [cutlass.Int32(a).ir_value() for a in args], text, constraints,
-                                         has_side_effects=False, is_align_stack=False))
 
 
 def pair_of(value, dtype) -> cutlass.Int32:
@@ -43,7 +38,7 @@ def biased_pair(word, j: int, dtype) -> cutlass.Int32:
     that takes these into its MMAs removes M + z on its fp32 sums: sum (M + n) x - (M + z) sum x."""
     bits, _ = magic_of(dtype)
     shifted = word if j == 0 else cutlass.Int32(word) >> (4 * j)  # (arithmetic: the masked bits are the same)
-    return _asm(f"{{.reg .b32 k, c; mov.b32 k, 0x000F000F; mov.b32 c, {bits | bits << 16}; "
+    return asm_b32(f"{{.reg .b32 k, c; mov.b32 k, 0x000F000F; mov.b32 c, {bits | bits << 16}; "
                 f"lop3.b32 $0, $1, k, c, 0xEA;}}", "=r,r", shifted)
 
 
@@ -62,7 +57,7 @@ def dequant_pair(word, j: int, neg_offset2, scale2, dtype) -> cutlass.Int32:
     that applies the group's scale to its fp32 partial sums instead."""
     ty = "bf16x2" if dtype is cutlass.BFloat16 else "f16x2"
     m = biased_pair(word, j, dtype)
-    d = _asm(f"{{.reg .b32 o; mov.b32 o, {_ones_bits(dtype)}; fma.rn.{ty} $0, $1, o, $2;}}", "=r,r,r", m, neg_offset2)
+    d = asm_b32(f"{{.reg .b32 o; mov.b32 o, {_ones_bits(dtype)}; fma.rn.{ty} $0, $1, o, $2;}}", "=r,r,r", m, neg_offset2)
     if scale2 is None:
         return d
-    return _asm(f"mul.rn.{ty} $0, $1, $2;", "=r,r,r", d, scale2)
+    return asm_b32(f"mul.rn.{ty} $0, $1, $2;", "=r,r,r", d, scale2)

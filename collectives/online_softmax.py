@@ -20,19 +20,12 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T
 
+from collectives.ptx import asm_f32, f32_literal
 from collectives.vector_io import widen_f32
 
 # 2^f on [-0.5, 0.5], degree 3 (least squares on the relative error at Chebyshev nodes): relative error 7.7e-5
 EXP2_POLY = (0.999928891658783, 0.6932762861251831, 0.24260465800762177, 0.05508876591920853)
-
-
-def _f32_hex(x: float) -> str:
-    import struct
-
-    return "0f%08X" % struct.unpack("<I", struct.pack("<f", x))[0]
 
 
 def exp2_fma(x) -> Float32:
@@ -40,7 +33,7 @@ def exp2_fma(x) -> Float32:
     cores): j = round(x) by the 1.5 * 2^23 trick, f = x - j in [-0.5, 0.5], 2^f by a degree-3 polynomial
     (`EXP2_POLY`, relative error 7.7e-5), j added to the exponent field. Arguments below -126 (masked logits, -inf)
     give exactly 0, as the MUFU's exp2 does for -inf. 9 instructions, none on the XU pipe."""
-    c0, c1, c2, c3 = (_f32_hex(c) for c in EXP2_POLY)
+    c0, c1, c2, c3 = (f32_literal(c) for c in EXP2_POLY)
     text = ("{ .reg .f32 xc, t, r, f, p; .reg .b32 tb, pb; .reg .pred lo;\n"
             "max.f32 xc, $1, 0fC2FC0000;\n"            # -126
             "add.rn.f32 t, xc, 0f4B400000;\n"          # + 1.5 * 2^23: round(x) in the low mantissa bits
@@ -52,8 +45,7 @@ def exp2_fma(x) -> Float32:
             "mov.b32 tb, t;\n shl.b32 tb, tb, 23;\n mov.b32 pb, p;\n add.s32 pb, pb, tb;\n"
             "setp.lt.f32 lo, $1, 0fC2FC0000;\n"
             "selp.b32 $0, 0, pb, lo; }")
-    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value()], text, "=f,f", has_side_effects=False,
-                                   is_align_stack=False))
+    return asm_f32(text, x)
 
 
 LOG2E = math.log2(math.e)

@@ -23,6 +23,8 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.cutlass_dsl import T
 
+from collectives.ptx import asm_b32
+
 
 def accumulate_mode(tiled_mma: cute.TiledMma) -> None:
     """Make every WGMMA add into the accumulator (which `mma_k_tiles` zeroes per tile). Call it
@@ -493,21 +495,16 @@ def acc_as_a_operand(acc: cute.Tensor, dtype, out: cute.Tensor | None = None, pi
 
 
 # --- register A operands built from shared memory (swapped-operand decode: K and V^T as A) --------------------
-def _asm_word(text: str, constraints: str, *args) -> cutlass.Int32:
-    return cutlass.Int32(llvm.inline_asm(T.i32(), [cutlass.Int32(a).ir_value() for a in args], text, constraints,
-                                         has_side_effects=False, is_align_stack=False))
-
-
 def e4m3x2_to_f16x2(word, high: bool) -> cutlass.Int32:
     """The two e4m3 values of `word`'s low (or high) 16 bits as one packed f16x2 word, the first in the low half
     (exact: every e4m3 value is an fp16 value)."""
     half = "h" if high else "l"
-    return _asm_word(f"{{.reg .b16 l, h; mov.b32 {{l, h}}, $1; cvt.rn.f16x2.e4m3x2 $0, {half};}}", "=r,r", word)
+    return asm_b32(f"{{.reg .b16 l, h; mov.b32 {{l, h}}, $1; cvt.rn.f16x2.e4m3x2 $0, {half};}}", "=r,r", word)
 
 
 def permute_bytes(a, b, selector: int) -> cutlass.Int32:
     """`prmt.b32`: byte k of the result is byte (selector >> 4 k) & 7 of the pair (a = bytes 0-3, b = 4-7)."""
-    return _asm_word(f"prmt.b32 $0, $1, $2, {selector};", "=r,r,r", a, b)
+    return asm_b32(f"prmt.b32 $0, $1, $2, {selector};", "=r,r,r", a, b)
 
 
 def fence_operand(t: cute.Tensor) -> None:

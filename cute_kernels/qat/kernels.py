@@ -27,6 +27,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T
 
 from collectives import pdl
+from collectives.ptx import asm_f32
 from collectives.quantize import E4M3, E4M3_MAX, inverse
 from collectives.reduce import add_pairs, group_smem, warp_reduce
 from collectives.reduce import group_reduce as _group_reduce
@@ -46,26 +47,13 @@ _MERGE_BAR = 1  # named barrier of the last CTA's hand-off (barrier 0 is the row
 
 
 # --- the per-element rules -------------------------------------------------------------------------------------------
-def _f32_asm(text: str, *args) -> Float32:
-    return Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [Float32(a).ir_value() for a in args],
-            text,
-            "=f" + ",f" * len(args),
-            has_side_effects=False,
-            is_align_stack=False,
-        )
-    )
-
-
 def min_nan(a, b) -> Float32:
     """min.NaN.f32: a NaN operand gives NaN (torch's aminmax propagates NaN)."""
-    return _f32_asm("min.NaN.f32 $0, $1, $2;", a, b)
+    return asm_f32("min.NaN.f32 $0, $1, $2;", a, b)
 
 
 def max_nan(a, b) -> Float32:
-    return _f32_asm("max.NaN.f32 $0, $1, $2;", a, b)
+    return asm_f32("max.NaN.f32 $0, $1, $2;", a, b)
 
 
 def clamp(v, lo, hi):
