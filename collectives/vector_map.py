@@ -28,6 +28,21 @@ def map_grid(n_vectors, schedule, max_ctas, index64: bool):
     return ctas, passes
 
 
+def thread_walk(schedule, n, index64: bool):
+    """This thread's grid-stride walk over `n` items of `schedule`: (first, stride, pass_stride, (tidx, bidx, gdim)),
+    in 64-bit indices for the 64-bit variants (whose size `n` must then be an Int64). A plain helper called while a
+    kernel traces."""
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    gdim, _, _ = cute.arch.grid_dim()
+    if index64:
+        assert n.dtype is Int64, "64-bit variant traced with a 32-bit size"
+        walk = schedule.thread_walk(Int64(bidx), Int64(gdim), Int64(tidx))
+    else:
+        walk = schedule.thread_walk(bidx, gdim, tidx)
+    return (*walk, (tidx, bidx, gdim))
+
+
 @cute.jit
 def map_vectors(ins: tuple, outs: tuple, f: Callable, vec: cutlass.Constexpr[int], schedule: cutlass.Constexpr,
                 index64: cutlass.Constexpr[bool], with_index: cutlass.Constexpr[bool] = False, full_passes=None):
@@ -45,15 +60,8 @@ def map_vectors(ins: tuple, outs: tuple, f: Callable, vec: cutlass.Constexpr[int
     64-bit variant).
     """
     pdl.enter()  # the kernels built on this map are launched as programmatic dependents (collectives.pdl)
-    tidx, _, _ = cute.arch.thread_idx()
-    bidx, _, _ = cute.arch.block_idx()
-    gdim, _, _ = cute.arch.grid_dim()
     n = extent(outs[0], 0)
-    if cutlass.const_expr(index64):
-        assert n.dtype is Int64, "64-bit variant traced with a 32-bit size"
-        first, stride, pass_stride = schedule.thread_walk(Int64(bidx), Int64(gdim), Int64(tidx))
-    else:
-        first, stride, pass_stride = schedule.thread_walk(bidx, gdim, tidx)
+    first, stride, pass_stride, (tidx, bidx, gdim) = thread_walk(schedule, n, index64)
 
     like = None  # the first matrix input: its extents serve every matrix input (one division per vector)
     for t in ins:

@@ -33,7 +33,7 @@ from collectives.reduce import add_pairs, group_smem, warp_reduce
 from collectives.reduce import group_reduce as _group_reduce
 from collectives.split_counter import last_split
 from collectives.vector_io import as_vectors, extent
-from collectives.vector_map import map_grid
+from collectives.vector_map import map_grid, thread_walk
 from schedules.grid_stride import GridStride
 from schedules.row_tiling import RowTiling
 from schedules.walks import SplitRowWalk, row_tile_grid, strided_fold
@@ -181,16 +181,11 @@ class FakeQuant:
         pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
         vec, sched, mode = self.vec, self.schedule, self.mode
         fused = self.zp_rule == "float"
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
         n = extent(x, 0)
+        first, stride, pass_stride, (tidx, bidx, gdim) = thread_walk(sched, n, self.index64)
         if cutlass.const_expr(self.index64):
-            assert n.dtype is Int64, "64-bit variant traced with a 32-bit size"
-            first, stride, pass_stride = sched.thread_walk(Int64(bidx), Int64(gdim), Int64(tidx))
             inner_i, chan_i, zero_i = Int64(inner), Int64(channels), Int64(0)
         else:
-            first, stride, pass_stride = sched.thread_walk(bidx, gdim, tidx)
             inner_i, chan_i, zero_i = inner, channels, Int32(0)
         on = Int32(1)
         if cutlass.const_expr(self.gated):
@@ -302,15 +297,8 @@ class SteBackward:
     def kernel(self, dy: cute.Tensor, dx: cute.Tensor, m: cute.Tensor, passes: Int32):
         pdl.enter()
         vec, sched = self.vec, self.schedule
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
         n = extent(dy, 0)
-        if cutlass.const_expr(self.index64):
-            assert n.dtype is Int64, "64-bit variant traced with a 32-bit size"
-            first, stride, pass_stride = sched.thread_walk(Int64(bidx), Int64(gdim), Int64(tidx))
-        else:
-            first, stride, pass_stride = sched.thread_walk(bidx, gdim, tidx)
+        first, stride, pass_stride, (tidx, bidx, gdim) = thread_walk(sched, n, self.index64)
         gv = as_vectors(dy, n, vec)
         dv = as_vectors(dx, n, vec)
 
