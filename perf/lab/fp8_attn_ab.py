@@ -1,6 +1,6 @@
 """FP8 forward variants side by side (catalogue config fields of `flash_attn_fp8`): each checked against
-`fp8_attention_reference` on a small case (max |O - ref|, LSE), then timed in interleaved rounds (CUDA-event medians,
-L2 flushed) at the bench's headline shapes, as TFLOP/s.
+`fp8_attention_reference` on a small case (max |O - ref|, LSE), then timed in interleaved rounds
+(`harness.do_bench_interleaved`: CUDA-event medians, L2 flushed) at the bench's headline shapes, as TFLOP/s.
 
     python3 -m perf.lab.fp8_attn_ab [--full] ["exp2_poly=4" "stages=3" ...]   (no variant: exp2_poly 2 / 4 / 8)
 
@@ -14,6 +14,7 @@ import torch
 import cute_kernels as ck
 from cute_kernels.attention.fp8_ops import _flash_attn_fp8_cuda
 from cute_kernels.attention.fp8_reference import fp8_attention_reference
+from cute_kernels.bench import harness as H
 
 
 def parse(spec: str) -> dict:
@@ -29,21 +30,6 @@ def check(cfg: dict) -> str:
     base, _ = _flash_attn_fp8_cuda(*args, config={})
     return (f"max|O-ref| {(out.double() - ref).abs().max().item():.2e} (default {(base.double() - ref).abs().max().item():.2e}), "
             f"finite {bool(torch.isfinite(out).all() and torch.isfinite(lse).all())}")
-
-
-def time_round(fns, reps=20):
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    times = {k: [] for k in fns}
-    for _ in range(reps):
-        for name, f in fns.items():
-            flush.zero_()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            f()
-            b.record()
-            torch.cuda.synchronize()
-            times[name].append(a.elapsed_time(b))
-    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
 
 
 def main(argv):
@@ -62,9 +48,7 @@ def main(argv):
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
             args = ck.quantize_attention_fp8(q, k, v, "block")
             fns = {n: (lambda c=c: _flash_attn_fp8_cuda(*args, causal=causal, config=c)) for n, c in zip(names, cfgs)}
-            for f in fns.values():
-                f()
-            ms = time_round(fns)
+            ms = {k: r["median_ms"] for k, r in H.do_bench_interleaved(fns).items()}
             flops = 4 * b * h * s * s * d / (2 if causal else 1)
             print(f"| {b}x{s}x{h}x{d} | {causal} | " + " | ".join(f"{flops / ms[n] / 1e9:.0f}" for n in names) + " |",
                   flush=True)
