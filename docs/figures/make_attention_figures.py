@@ -247,7 +247,7 @@ def attention_tile_orders():
 
 
 def attention_causal_tail():
-    """Session 23: per-SM busy time of D = 256 causal, B2 S8k H8 (16 (b, h), 64 q tiles of 128 rows, 80-key blocks;
+    """Per-SM busy time of D = 256 causal, B2 S8k H8 (16 (b, h), 64 q tiles of 128 rows, 80-key blocks;
     a tile's work is its blocks + 1.5 for its prologue and epilogue), the tiles handed in order to the first free
     SM, under the plain order, L2 groups of 3 heads (24 MiB / 8 MiB, the rule before 9b459cb) and the power-of-two
     groups of `l2_group_heads` (2 heads). The same model as tests/test_attention_cpu.py."""

@@ -46,7 +46,7 @@ def test_bad_requests_are_named():
 
 
 def test_bench_takes_several_shapes(monkeypatch):
-    """`bench SUITE --shape ... --shape ...`: one table over the given shapes (session 18: the row-wise suite, whose
+    """`bench SUITE --shape ... --shape ...`: one table over the given shapes (the row-wise suite, whose
     per-shape torch.compile column compiles once per shape, runs in parts)."""
     from cute_kernels.cli import build_parser
 
@@ -82,7 +82,7 @@ def test_bench_takes_several_shapes(monkeypatch):
 
 def test_schedule_search_times_candidates_in_one_interleaved_run(monkeypatch):
     """`cute-kernels schedules`: every candidate and the torch reference go to one `do_bench_interleaved` call
-    (session 22: timed one after another, the clock moved the ranks), each under its own key even when two
+    (timed one after another, the clock moved the ranks), each under its own key even when two
     candidates print alike, and each time comes back to its candidate."""
     from cute_kernels.bench import harness as H
     from cute_kernels.bench import schedule_search as S

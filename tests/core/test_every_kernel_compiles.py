@@ -134,15 +134,15 @@ def test_misaligned_variants_use_scalar_accesses(name, tmp_path):
 
 
 def known_spill(spec, p) -> int:
-    """Local memory (bytes) a sweep configuration is known to spill, each with its reason (the triage of session 21;
-    0: none allowed). Every one is a production plan; the GPU tests check their results."""
+    """Local memory (bytes) a sweep configuration is known to spill, each with its reason (0: none
+    allowed). Every one is a production plan; the GPU tests check their results."""
     slow_row = spec.family == "rowwise" and (not p.get("aligned", True) or p.get("dtype") == "fp32")
     if slow_row and spec.name in ("rmsnorm.bwd", "layernorm.bwd", "layernorm.fwd"):
         # the norms' slower paths (scalar rows: N not a multiple of 8; fp32 rows) at 512 threads x 32 values a
         # thread, x and dy held: 8-24 B
         return 24
     if spec.name == "layernorm.bwd" and p["threads_per_row"] == 64 and p["vpt"] == 2:
-        return 8  # the 1k default's register plan (64 threads x 16 elements a row, 4 rows a CTA; measured, session 12)
+        return 8  # the 1k default's register plan (64 threads x 16 elements a row, 4 rows a CTA; measured)
     if spec.name == "gemm" and p["activation"] == "gelu":
         return 16  # erf (libdevice) over the 128 fp32 accumulators a consumer thread holds at 128 x 256
     if p.get("hold", False):
