@@ -27,6 +27,7 @@ import torch
 from cutlass import Float32
 
 import cute_kernels as ck
+from collectives.online_softmax import finite_ref, row_max
 from cute_kernels import catalog
 from cute_kernels.attention import fp8_forward as F
 from cute_kernels.attention import mask_name
@@ -34,7 +35,6 @@ from cute_kernels.attention.fp8_ops import _flash_attn_fp8_cuda, _scales_view
 from cute_kernels.attention.ops import _bounds, _kernel_view, _scalars
 from cute_kernels.bench import harness as H
 from cute_kernels.jit import compile_fn
-from collectives.online_softmax import finite_ref, row_max
 
 VARIANTS = ("no_transpose", "no_rescale", "no_exp", "no_poly_sum", "no_convert", "no_softmax")
 
@@ -77,8 +77,8 @@ def _cheap_softmax(exp: bool, total: bool):
 class _NoTranspose(F.FlashAttnFwdFP8):
     @cute.jit
     def transposer(self, warp, sV, sVt, sV_ptr, sVt_ptr, sV_layout, sVt_layout, pipes, n_count):
-        from cutlass.cutlass_dsl import if_generate
         import cutlass.pipeline as pipeline
+        from cutlass.cutlass_dsl import if_generate
         raw = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         out = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         lane = cute.arch.lane_idx()
