@@ -231,7 +231,7 @@ def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: c
                  row_threads: cutlass.Constexpr[int] = 4, lazy_threshold: cutlass.Constexpr[float] = 0.0,
                  o_rows=None, sum_from_corr: cutlass.Constexpr[bool] = False,
                  exact_one: cutlass.Constexpr[bool] = False, reduce_max=None, block_scale=None,
-                 poly_every: cutlass.Constexpr[int] = 0):
+                 poly_every: cutlass.Constexpr[int] = 0, p_log2_bias=None, sum_scale=None):
     """Fold one block of logits into the row states, leaving O alone: m = max(m, rowmax(S)); S
     becomes the unnormalized probabilities exp(scale * (S - m)); corr[r] = exp(scale * (m_old - m))
     is the factor the row's earlier O and l are to be multiplied by (l here, O by `rescale_rows`,
@@ -263,7 +263,13 @@ def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: c
     `block_scale` (a positive Float32, this block's): the logits are block_scale * S (FP8 attention's per-block key
     descale) without a multiply per element: m stays in scaled units, the block's raw maximum is scaled once a row,
     and the exponent's per-element factor becomes scale_log2 * block_scale.
-    `poly_every` = k > 0: every k-th column's exponential by `exp2_fma` (FMA pipe) instead of the MUFU."""
+    `poly_every` = k > 0: every k-th column's exponential by `exp2_fma` (FMA pipe) instead of the MUFU.
+    `p_log2_bias` (a Float32 b, the same for every row): the probabilities left in s_rows are 2^b times the
+    softmax's, p' = exp2(scale (S - m) + b) (FP8 attention folds the block's v scale into P this way, in O's units),
+    while l still sums the unbiased ones: the block's sum of p' is multiplied by `sum_scale` (= 2^-b) before it is
+    added. The row maxima and corr ignore b."""
+    if cutlass.const_expr(sum_from_corr and sum_scale is not None):
+        raise ValueError("softmax_rows: sum_scale needs the default sum order (not sum_from_corr)")
     rows = cute.size(s_rows, mode=[0])
     m_new = cute.make_rmem_tensor((rows,), Float32)
     for r in cutlass.range_constexpr(rows):
@@ -304,6 +310,8 @@ def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: c
     for r in cutlass.range_constexpr(rows):
         c = corr[r]
         ref = finite_ref(m[r]) * scale_log2
+        if cutlass.const_expr(p_log2_bias is not None):
+            ref = ref - p_log2_bias
         total = Float32(0.0)
         if cutlass.const_expr(sum_from_corr):
             total = lsum[r] * c
@@ -316,6 +324,8 @@ def softmax_rows(s_rows: cute.Tensor, m: cute.Tensor, lsum: cute.Tensor, corr: c
             total = total + p
         if cutlass.const_expr(sum_from_corr):
             lsum[r] = total
+        elif cutlass.const_expr(sum_scale is not None):
+            lsum[r] = lsum[r] * c + total * sum_scale
         else:
             lsum[r] = lsum[r] * c + total
     return keep

@@ -818,7 +818,7 @@ class FlashAttnFP8Spec(KernelSpec):
         scales = [cute.runtime.make_fake_tensor(cutlass.Float32, (sym(), h, b), stride=(sym(), sym(), sym()),
                                                 assumed_align=4) for h in (hq, hk, hk)]
         kernel = FlashAttnFwdFP8(d, out, mask_kind(p["mask"]), p["softcap"], p["scales"] == "block", p["tile_n"],
-                                 p["stages"], p["exp2_poly"])
+                                 p["stages"], p["exp2_poly"], p["lazy_rescale"])
         scalars = (cutlass.Float32(1.0),) * 4 + (cutlass.Int32(-1), cutlass.Int32(-1), fake_stream())
         return kernel, (q, k, v, o, lse, *scales, *scalars)
 
@@ -857,6 +857,10 @@ FLASH_ATTN_FP8 = FlashAttnFP8Spec(
         "stages": Param(0, (0, 1, 2, 3, 4), help="K / V / V^T smem stages (0: as many as fit, at most 4)"),
         "exp2_poly": Param(0, (0, 2, 3, 4, 8), help="every k-th column's exponential on the FMA pipe (a degree-3 "
                            "polynomial, FA4's trick) instead of the MUFU; 0: none"),
+        "lazy_rescale": Param(0, (0, 4, 7), help="keep a row's exponent reference while its max grows by <= 2^t "
+                              "and O's v-scale unit while a block's v scale stays within 2x of it (the block's "
+                              "v scale / unit folded into P's exponent): O's rescale skipped on warps where both "
+                              "hold; 0: rescale every block"),
     },
 )
 

@@ -66,13 +66,20 @@ CONSUMER_REGS = 232  # 40 + 2 x 232 = 504 of 512 per thread slot
 TRANSPOSE_WARPS = 3
 _TURN_BAR = 4  # ping-pong: consumer warpgroup w may issue its GEMMs: 4 + w (the bf16 forward's ids)
 SMEM_LIMIT = 227 * 1024
+LAZY_MAX = 7  # a lazily kept reference lets P reach 2^t, times 2 for O's v unit: 2^8 = 256 < 448 (e4m3's max)
 
 
 class FlashAttnFwdFP8:
     def __init__(self, head_dim: int, out_dtype, mask: MaskKind = MaskKind(), softcap: bool = False,
-                 block_scales: bool = True, tile_n: int = 0, stages: int = 0, exp2_poly: int = 0):
+                 block_scales: bool = True, tile_n: int = 0, stages: int = 0, exp2_poly: int = 0,
+                 lazy_rescale: int = 0):
         self.d, self.out_dtype, self.mask, self.softcap = head_dim, out_dtype, mask, softcap
         self.exp2_poly = exp2_poly  # every k-th column's exponential on the FMA pipe (`exp2_fma`); 0: none
+        # keep a row's exponent reference while its max grows by <= 2^lazy_rescale (0: never), and O's v-scale unit
+        # while the block's v scale stays within 2x of it: O's rescale is skipped on the warps where both hold
+        if not 0 <= lazy_rescale <= LAZY_MAX:
+            raise ValueError(f"lazy_rescale must be in [0, {LAZY_MAX}] (P' <= 2^(t + 1) must fit e4m3), got {lazy_rescale}")
+        self.lazy = lazy_rescale
         self.block_scales = block_scales
         self.tile_n = tile_n or default_tile_n(head_dim)
         self.stages = stages or max_stages(head_dim, self.tile_n)
@@ -307,6 +314,9 @@ class FlashAttnFwdFP8:
             slse = scale_lse * f
         # v's scale of the block whose units O is in (block scales; per head it is applied once at the end)
         vs_prev = self.scale_at(mVs, cutlass.max(n_max - 1, 0) // per_block, hk, b)
+        # lazy with block scales: O's unit u (log2 in lu) moves only when a block's v scale leaves [u / 2, 2 u]; each
+        # block's v scale / u is folded into P's exponent instead of into O's rescale
+        lu = cute.math.log2(vs_prev, fastmath=True)
 
         my_turn = pipeline.NamedBarrier(barrier_id=_TURN_BAR + cwg, num_threads=256)
         their_turn = pipeline.NamedBarrier(barrier_id=_TURN_BAR + (cwg + 1) % CONSUMER_WGS, num_threads=256)
@@ -330,7 +340,7 @@ class FlashAttnFwdFP8:
             warpgroup.wait_group(0)
             pipes.k.consumer_release(kv)
             self.block_softmax(acc_s, s_rows, tScS, n, row0, tile, row_max, row_sum, corr, sl2, soc, cap, ks,
-                               Float32(1.0))  # O is still 0: no rescale
+                               Float32(1.0), lu)  # O is still 0: no rescale
             acc_as_a_operand_fp8(acc_s, p)
             if cutlass.const_expr(self.block_scales):
                 vs_prev = vs  # (per head, vs_prev is the head's v scale, applied once at the end)
@@ -352,15 +362,20 @@ class FlashAttnFwdFP8:
                 their_turn.arrive()
                 warpgroup.wait_group(1)  # S_{j+1} done, P_j V_j may still run
                 pipes.k.consumer_release(kv)
-                # O holds v_scale[block j] units; from P_{j+1} V_{j+1} on, v_scale[n]'s
-                self.block_softmax(acc_s, s_rows, tScS, n, row0, tile, row_max, row_sum, corr, sl2, soc, cap, ks,
-                                   vs_prev / vs)
+                # O holds v_scale[block j] units; from P_{j+1} V_{j+1} on, v_scale[n]'s (lazy: u's, lu updated)
+                keep, lu = self.block_softmax(acc_s, s_rows, tScS, n, row0, tile, row_max, row_sum, corr, sl2, soc,
+                                              cap, ks, vs_prev / vs, lu, vs)
                 if cutlass.const_expr(self.block_scales):
                     vs_prev = vs
                 warpgroup.wait_group(0)
                 pipes.vt.consumer_release(kv_v)
-                rescale_rows(o_rows, corr)
-                acc_as_a_operand_fp8(acc_s, p)
+                if cutlass.const_expr(self.lazy > 0):
+                    # (P first: no fp32 probability live across the rescale's branch)
+                    acc_as_a_operand_fp8(acc_s, p)
+                    rescale_rows(o_rows, corr, keep)
+                else:
+                    rescale_rows(o_rows, corr)
+                    acc_as_a_operand_fp8(acc_s, p)
                 kv_v.advance()
                 kv.advance()
             pipes.vt.consumer_wait(kv_v)
@@ -375,8 +390,11 @@ class FlashAttnFwdFP8:
             their_turn.arrive()
 
         # ---- epilogue: O *= v_scale (the last block's, or the head's), O /= l, LSE, O and LSE from registers ----
+        u = vs_prev
+        if cutlass.const_expr(self.lazy > 0 and self.block_scales):
+            u = cute.math.exp2(lu, fastmath=True)
         for r in cutlass.range_constexpr(rows):
-            corr[r] = vs_prev
+            corr[r] = u
         rescale_rows(o_rows, corr)
         lse = cute.make_rmem_tensor((rows,), Float32)
         finalize_rows(o_rows, row_max, row_sum, lse, slse)
@@ -411,21 +429,44 @@ class FlashAttnFwdFP8:
     @cute.jit
     def block_softmax(self, acc_s: cute.Tensor, s_rows: cute.Tensor, tScS: cute.Tensor, n: Int32, row0: Int32,
                       tile: SimpleNamespace, row_max: cute.Tensor, row_sum: cute.Tensor, corr: cute.Tensor,
-                      sl2: Float32, soc: Float32, cap: Float32, ks: Float32, v_ratio: Float32):
+                      sl2: Float32, soc: Float32, cap: Float32, ks: Float32, v_ratio: Float32, lu: Float32,
+                      vs: Float32 = None):
         """Block n's S (fp32, in registers) into probabilities: k's block scale (a multiply before the softcap, else
         folded into the softmax), softcap, mask, online softmax; corr (O's factor) also carries `v_ratio`, the
-        change of O's v-scale units (block scales)."""
+        change of O's v-scale units (block scales).
+
+        Lazy (`lazy_rescale` t > 0): rows keep their exponent reference while the max grows by <= 2^t (a warp
+        vote); with block scales O stays in a unit u = 2^lu while the block's v scale vs is within [u / 2, 2 u]:
+        P' = P vs / u (the log2 of it added to the exponent; l sums P), else u becomes vs and corr carries u / vs.
+        Returns (keep: O's rescale may be skipped on this warp, lu); `vs` None: the first block (O is 0)."""
         if cutlass.const_expr(self.block_scales and self.softcap):
             for e in cutlass.range_constexpr(cute.size(acc_s)):  # the cap sees the descaled logits
                 acc_s[e] = acc_s[e] * ks
         self.scores(acc_s, tScS, n, row0, tile, soc, cap)
-        if cutlass.const_expr(self.block_scales and not self.softcap):
-            softmax_rows(s_rows, row_max, row_sum, corr, sl2, block_scale=ks, poly_every=self.exp2_poly)
+        bscale = ks if cutlass.const_expr(self.block_scales and not self.softcap) else None
+        keep = cutlass.Boolean(False)
+        if cutlass.const_expr(self.lazy == 0):
+            softmax_rows(s_rows, row_max, row_sum, corr, sl2, block_scale=bscale, poly_every=self.exp2_poly)
+            if cutlass.const_expr(self.block_scales):
+                for r in cutlass.range_constexpr(cute.size(corr)):
+                    corr[r] = corr[r] * v_ratio
+        elif cutlass.const_expr(not self.block_scales or vs is None):
+            keep = softmax_rows(s_rows, row_max, row_sum, corr, sl2, lazy_threshold=float(self.lazy),
+                                block_scale=bscale, poly_every=self.exp2_poly)
         else:
-            softmax_rows(s_rows, row_max, row_sum, corr, sl2, poly_every=self.exp2_poly)
-        if cutlass.const_expr(self.block_scales):
+            bias = cute.math.log2(vs, fastmath=True) - lu  # the same on every thread of the CTA
+            keep_u = cute.arch.fmax(bias, -bias) <= Float32(1.0)
+            back = cute.math.exp2(-bias, fastmath=True)  # u / vs
+            lu = Float32(cutlass.select_(keep_u, lu, lu + bias))
+            corr_u = Float32(cutlass.select_(keep_u, Float32(1.0), back))
+            bias = Float32(cutlass.select_(keep_u, bias, Float32(0.0)))
+            keep = softmax_rows(s_rows, row_max, row_sum, corr, sl2, lazy_threshold=float(self.lazy),
+                                block_scale=bscale, poly_every=self.exp2_poly, p_log2_bias=bias,
+                                sum_scale=Float32(cutlass.select_(keep_u, back, Float32(1.0))))
             for r in cutlass.range_constexpr(cute.size(corr)):
-                corr[r] = corr[r] * v_ratio
+                corr[r] = corr[r] * corr_u
+            keep = keep & keep_u
+        return keep, lu
 
     @cute.jit
     def scores(self, acc_s: cute.Tensor, tScS: cute.Tensor, n: Int32, row0: Int32, tile: SimpleNamespace,

@@ -122,6 +122,8 @@ VARIANTS = [
     {"mask": "causal", "scales": "head"},
     {"head_dim": 64, "mask": "window"},
     {"head_dim": 256, "mask": "band", "softcap": True, "out_dtype": "fp16"},
+    {"lazy_rescale": 7},  # lazy references and O's v unit (block scales)
+    {"lazy_rescale": 4, "mask": "causal", "scales": "head"},
 ]
 
 
@@ -168,6 +170,8 @@ def test_compile_census(compiled):
     assert len(re.findall(r"bar\.arrive\s+%r\d+, 256;", ptx)) >= 2 and re.search(r"bar\.sync\s+%r\d+, 256;", ptx)
     if p["softcap"]:
         assert "tanh.approx.f32" in ptx
+    if p["lazy_rescale"]:  # the warp's vote on keeping its references (the loop and the first block)
+        assert len(re.findall(r"vote\.sync\.all\.pred", ptx)) == 2, re.findall(r"vote\S*", ptx)
     assert census["ld/st.local"] == 0 and not report.spills, report.format()
     if sass is not None:
         assert report.sass_census["LDL/STL (spills)"] == 0

@@ -155,3 +155,40 @@ def test_empty_and_keyless():
     # window (0, -1) with S_q = S_k: row i sees keys >= i; a band that lets no key through is left to test_against
     out, lse = ck.flash_attn_fp8(*args, window=(0, 0), return_lse=True)
     _check(args, out, lse, window=(0, 0))
+
+
+LAZY_CASES = [CASES[0], CASES[2], CASES[8], CASES[9], CASES[10]]
+
+
+@pytest.mark.parametrize("gran", ["head", "block"])
+@pytest.mark.parametrize("case", LAZY_CASES, ids=lambda c: "x".join(str(x) for x in c[:6]) + f"-c{int(c[6])}-w{c[7]}")
+def test_lazy_rescale(case, gran):
+    """`lazy_rescale`: stale exponent references (P up to 2^7) and, with block scales, O kept in a v unit that moves
+    only when a block's v scale leaves [u / 2, 2 u]: the same bound as the default."""
+    from cute_kernels.attention.fp8_ops import _flash_attn_fp8_cuda
+
+    b, sq, sk, hq, hk, d, causal, window = case
+    args = _inputs(b, sq, sk, hq, hk, d, gran, seed=4)
+    left, right = window
+    out, lse = _flash_attn_fp8_cuda(*args, causal=causal, window_left=left, window_right=right,
+                                    config={"lazy_rescale": 7})
+    _check(args, out, lse, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("mags", [(0.01, 1.0, 30.0, 0.3, 5.0), (1.0, 1.6, 0.7, 1.9, 1.1)], ids=["far", "near"])
+def test_lazy_rescale_v_units(mags):
+    """Value blocks whose scales jump far apart (O's unit moves, corr carries it) or stay within 2x (folded into P's
+    exponent), keys with growing magnitudes (the max moves by more than 2^7 now and then)."""
+    from cute_kernels.attention.fp8_ops import _flash_attn_fp8_cuda
+
+    g = torch.Generator(device="cuda")
+    g.manual_seed(5)
+    q = torch.randn(1, 512, 2, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    k = torch.randn(1, 640, 2, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    v = torch.randn(1, 640, 2, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    mag = torch.tensor(mags, device="cuda").repeat_interleave(128)[None, :, None, None]
+    kmag = torch.tensor([4.0, 2.0, 1.0, 0.5, 0.25], device="cuda").repeat_interleave(128)[None, :, None, None]
+    args = ck.quantize_attention_fp8(q, k * kmag.to(k.dtype), v * mag.to(v.dtype), granularity="block")
+    for causal in (False, True):
+        out, lse = _flash_attn_fp8_cuda(*args, causal=causal, config={"lazy_rescale": 7})
+        _check(args, out, lse, causal=causal)
