@@ -47,6 +47,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
+from collectives.ptx import ldmatrix_x4_trans, stmatrix_x4
 from collectives.wgmma_mainloop import permute_bytes
 
 E4M3 = cutlass.Float8E4M3FN
@@ -175,6 +176,51 @@ def transpose_v_stage(src: cute.Tensor, dst: cute.Tensor, stage: Int32, warp: In
             x = transpose_words(src[s0 + sw[0]], src[s0 + sw[1]], src[s0 + sw[2]], src[s0 + sw[3]])
             for e in cutlass.range_constexpr(4):
                 dst[t0 + dw[e]] = x[e]
+
+
+# --- V^T by ldmatrix.trans / stmatrix (FA3's way: 512 bytes a warp instruction, not 128) ---------------------------
+# A unit is a 32-key slice q x 16-d chunk g. ldmatrix.x4.trans reads four 8 x 16-byte matrices, keys 8 i .. 8 i + 7
+# (i < 4) of the slice x d bytes 16 g .. 16 g + 15, as b16 elements transposed: thread t = 4 r + c gets, in register
+# i, bytes (V[k, e], V[k, e + 1], V[k + 1, e], V[k + 1, e + 1]) with k = 8 i + 2 c, e = 16 g + 2 r. Its registers 0
+# and 1 hold keys 2c, 2c + 1, 8 + 2c, 9 + 2c of d e and e + 1: exactly P's slots 4c .. 4c + 3 (pi), two prmt away
+# from V^T's words of rows e and e + 1; registers 2, 3 likewise for slots 16 + 4c ... stmatrix.x4 then writes the
+# four words as matrices (rows 16 g + 2 r [+ 1], slot chunk 0 or 1 of the slice): thread t's register j is row r of
+# matrix j, bytes 4c .. 4c + 3, which is where its word belongs.
+LDSM_EVEN, LDSM_ODD = 0x6420, 0x7531  # prmt: bytes 0, 2 of a and b (d = e), bytes 1, 3 (d = e + 1)
+
+
+def ldsm_lane_offsets(v: KMajorBytes, vt: KMajorBytes, g, lane):
+    """A lane's byte offsets (stage 0, key slice 0) for d-chunk g: its ldmatrix row (V: key 8 (lane // 8) + lane % 8,
+    d bytes 16 g ..) and its stmatrix row (V^T: row 16 g + 2 (lane % 8) + (lane // 8) % 2, slot chunk lane // 16)."""
+    i, r = lane >> 3, lane & 7
+    return v.offset(8 * i + r, 16 * g), vt.offset(16 * g + 2 * r + (i & 1), 16 * (i >> 1))
+
+
+def ldsm_slice(v: KMajorBytes, src, dst, q: int):
+    """Key slice q's offsets from `ldsm_lane_offsets`' (as `slice_words`: sources 32 rows on, destinations XOR 32 q)."""
+    return src + q * 32 * v.width, dst ^ (32 * q)
+
+
+def ldsm_words(r0, r1, r2, r3, prmt=permute_bytes):
+    """ldmatrix.trans's four registers -> stmatrix's four: V^T words (row e, slots 4c..), (e + 1, 4c..), (e, 16 +
+    4c..), (e + 1, 16 + 4c..)."""
+    return prmt(r0, r1, LDSM_EVEN), prmt(r0, r1, LDSM_ODD), prmt(r2, r3, LDSM_EVEN), prmt(r2, r3, LDSM_ODD)
+
+
+@cute.jit
+def transpose_v_stage_ldsm(v_base: Int32, vt_base: Int32, stage: Int32, warp: Int32, lane: Int32,
+                           warps: cutlass.Constexpr[int], v: cutlass.Constexpr, vt: cutlass.Constexpr,
+                           tile_n: cutlass.Constexpr[int], d: cutlass.Constexpr[int]):
+    """`transpose_v_stage` by ldmatrix.trans / prmt / stmatrix: `v_base`, `vt_base` the buffers' 32-bit shared
+    addresses; warp `warp` of `warps` takes the d-chunks warp, warp + warps, ... The caller fences and signals."""
+    s0 = v_base + stage * v.stage_bytes
+    t0 = vt_base + stage * vt.stage_bytes
+    for g in cutlass.range(warp, d // 16, warps, unroll=1):
+        src, dst = ldsm_lane_offsets(v, vt, g, lane)
+        for q in cutlass.range_constexpr(tile_n // 32):
+            a, b = ldsm_slice(v, src, dst, q)
+            w = ldsm_words(*ldmatrix_x4_trans(s0 + a))
+            stmatrix_x4(t0 + b, *w)
 
 
 def flat_words(ptr: cute.Pointer, layout: cute.ComposedLayout) -> cute.Tensor:

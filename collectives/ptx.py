@@ -26,3 +26,24 @@ def asm_f32(text: str, *args) -> Float32:
 def f32_literal(x: float) -> str:
     """`x` rounded to fp32 as a PTX hexadecimal float literal (0fXXXXXXXX)."""
     return "0f%08X" % struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def ldmatrix_x4_trans(addr) -> tuple:
+    """`ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16` at the 32-bit shared address `addr` (lanes 8 i .. 8 i + 7
+    give the row addresses of matrix i): four Int32, register i holding matrix i's transposed fragment (thread t:
+    b16 elements (row 2 (t % 4), column t // 4) low and (row 2 (t % 4) + 1, column t // 4) high). A read of shared
+    memory: kept in order with the barriers around it (volatile)."""
+    st = llvm.StructType.get_literal([T.i32()] * 4)
+    r = llvm.inline_asm(st, [cutlass.Int32(addr).ir_value()],
+                        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
+                        has_side_effects=True, is_align_stack=False)
+    return tuple(cutlass.Int32(llvm.extractvalue(T.i32(), r, [i])) for i in range(4))
+
+
+def stmatrix_x4(addr, r0, r1, r2, r3) -> None:
+    """`stmatrix.sync.aligned.m8n8.x4.shared.b16` at the 32-bit shared address `addr` (lanes 8 i .. 8 i + 7 give the
+    row addresses of matrix i): register i of thread t is row t // 4, b16 columns 2 (t % 4), 2 (t % 4) + 1 of
+    matrix i."""
+    llvm.inline_asm(None, [cutlass.Int32(x).ir_value() for x in (addr, r0, r1, r2, r3)],
+                    "stmatrix.sync.aligned.m8n8.x4.shared.b16 [$0], {$1, $2, $3, $4};", "r,r,r,r,r",
+                    has_side_effects=True, is_align_stack=False)

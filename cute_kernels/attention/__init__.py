@@ -818,7 +818,7 @@ class FlashAttnFP8Spec(KernelSpec):
         scales = [cute.runtime.make_fake_tensor(cutlass.Float32, (sym(), h, b), stride=(sym(), sym(), sym()),
                                                 assumed_align=4) for h in (hq, hk, hk)]
         kernel = FlashAttnFwdFP8(d, out, mask_kind(p["mask"]), p["softcap"], p["scales"] == "block", p["tile_n"],
-                                 p["stages"], p["exp2_poly"], p["lazy_rescale"])
+                                 p["stages"], p["exp2_poly"], p["lazy_rescale"], p["vt_ldsm"])
         scalars = (cutlass.Float32(1.0),) * 4 + (cutlass.Int32(-1), cutlass.Int32(-1), fake_stream())
         return kernel, (q, k, v, o, lse, *scales, *scalars)
 
@@ -861,6 +861,8 @@ FLASH_ATTN_FP8 = FlashAttnFP8Spec(
                               "and O's v-scale unit while a block's v scale stays within 2x of it (the block's "
                               "v scale / unit folded into P's exponent): O's rescale skipped on warps where both "
                               "hold; 0: rescale every block"),
+        "vt_ldsm": Param(False, (False, True), help="V^T by ldmatrix.trans / prmt / stmatrix (512 bytes a warp "
+                         "instruction) instead of 32-bit shared loads and stores (128)"),
     },
 )
 

@@ -48,7 +48,14 @@ from cutlass.tensor_utils import LayoutEnum
 
 from collectives import pdl
 from collectives.attention_mask import MaskKind, apply_mask, apply_softcap, block_needs_mask, n_block_range
-from collectives.fp8_attention import E4M3, KMajorBytes, acc_as_a_operand_fp8, flat_words, transpose_v_stage
+from collectives.fp8_attention import (
+    E4M3,
+    KMajorBytes,
+    acc_as_a_operand_fp8,
+    flat_words,
+    transpose_v_stage,
+    transpose_v_stage_ldsm,
+)
 from collectives.online_softmax import acc_rows_view, empty_rows, finalize_rows, rescale_rows, softmax_rows
 from collectives.tma_pipeline import make_pipeline, operand_smem_layout, operand_tma
 from collectives.vector_io import extent
@@ -72,7 +79,7 @@ LAZY_MAX = 7  # a lazily kept reference lets P reach 2^t, times 2 for O's v unit
 class FlashAttnFwdFP8:
     def __init__(self, head_dim: int, out_dtype, mask: MaskKind = MaskKind(), softcap: bool = False,
                  block_scales: bool = True, tile_n: int = 0, stages: int = 0, exp2_poly: int = 0,
-                 lazy_rescale: int = 0):
+                 lazy_rescale: int = 0, vt_ldsm: bool = False):
         self.d, self.out_dtype, self.mask, self.softcap = head_dim, out_dtype, mask, softcap
         self.exp2_poly = exp2_poly  # every k-th column's exponential on the FMA pipe (`exp2_fma`); 0: none
         # keep a row's exponent reference while its max grows by <= 2^lazy_rescale (0: never), and O's v-scale unit
@@ -80,6 +87,7 @@ class FlashAttnFwdFP8:
         if not 0 <= lazy_rescale <= LAZY_MAX:
             raise ValueError(f"lazy_rescale must be in [0, {LAZY_MAX}] (P' <= 2^(t + 1) must fit e4m3), got {lazy_rescale}")
         self.lazy = lazy_rescale
+        self.vt_ldsm = vt_ldsm  # V^T by ldmatrix.trans / stmatrix (`transpose_v_stage_ldsm`), else 32-bit words
         self.block_scales = block_scales
         self.tile_n = tile_n or default_tile_n(head_dim)
         self.stages = stages or max_stages(head_dim, self.tile_n)
@@ -251,8 +259,12 @@ class FlashAttnFwdFP8:
         for _ in cutlass.range(n_count, unroll=1):
             pipes.v.consumer_wait(raw)
             pipes.vt.producer_acquire(out)
-            transpose_v_stage(src, dst, raw.index, warp, lane, TRANSPOSE_WARPS, v_bytes, vt_bytes, self.tile_n,
-                              self.d)
+            if cutlass.const_expr(self.vt_ldsm):
+                transpose_v_stage_ldsm(Int32(sV_ptr.toint()), Int32(sVt_ptr.toint()), raw.index, warp, lane,
+                                       TRANSPOSE_WARPS, v_bytes, vt_bytes, self.tile_n, self.d)
+            else:
+                transpose_v_stage(src, dst, raw.index, warp, lane, TRANSPOSE_WARPS, v_bytes, vt_bytes, self.tile_n,
+                                  self.d)
             # the stores are read by WGMMA (the async proxy); every lane fences its own before the warp's arrive
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.sync_warp()

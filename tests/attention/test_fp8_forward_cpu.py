@@ -117,6 +117,59 @@ def test_v_transpose(tile_n, d):
             assert dst[o] == v[slot_key(k)][e], (e, k)
 
 
+
+@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128)])
+def test_v_transpose_ldsm(tile_n, d):
+    """`transpose_v_stage_ldsm`, replayed with models of ldmatrix.x4.trans and stmatrix.x4 (each lane's row address
+    per matrix, each thread's registers as PTX defines them) and of prmt: every byte of a V^T stage written once,
+    slot k of row e holding V[pi(k), e]."""
+    import cutlass.cute as cute
+
+    from collectives.fp8_attention import ldsm_lane_offsets, ldsm_slice, ldsm_words, slot_key
+    from cute_kernels.attention.fp8_forward import TRANSPOSE_WARPS
+    from cute_kernels.jit import compile_fn  # noqa: F401
+    from tests.attention import _fp8_probe as probe
+
+    cute.compile(probe.smem_probe, tile_n, d)
+    lays = probe.OUT[("smem", tile_n, d)]
+    (vb, vk), (tb, tk) = lays["v"], lays["vt"]
+    rng = random.Random(1)
+    v = [[rng.randrange(256) for _ in range(d)] for _ in range(tile_n)]
+    stage = 1
+    src = bytearray(2 * vk.stage_bytes)
+    for key in range(tile_n):
+        for e in range(d):
+            src[int(vb[key][e])] = v[key][e]
+    dst = bytearray(2 * tk.stage_bytes)
+    writes = [0] * len(dst)
+
+    def b16(buf, row_addr, col):  # the b16 element `col` of the 16-byte matrix row at row_addr
+        return int.from_bytes(buf[row_addr + 2 * col:row_addr + 2 * col + 2], "little")
+
+    for warp in range(TRANSPOSE_WARPS):
+        for g in range(warp, d // 16, TRANSPOSE_WARPS):
+            for q in range(tile_n // 32):
+                # every lane's row address of the load (matrix lane // 8, row lane % 8) and of the store
+                addr = [ldsm_slice(vk, *ldsm_lane_offsets(vk, tk, g, lane), q) for lane in range(32)]
+                ld = [stage * vk.stage_bytes + a for a, _ in addr]
+                st = [stage * tk.stage_bytes + b for _, b in addr]
+                assert all(a % 16 == 0 for a in ld + st)
+                for t in range(32):
+                    r, c = t // 4, t % 4
+                    regs = [b16(src, ld[8 * i + 2 * c], r) | b16(src, ld[8 * i + 2 * c + 1], r) << 16 for i in range(4)]
+                    words = ldsm_words(*regs, prmt=_prmt)
+                    for j in range(4):  # stmatrix: register j is row r of matrix j, bytes 4c .. 4c + 3
+                        o = st[8 * j + r] + 4 * c
+                        dst[o:o + 4] = words[j].to_bytes(4, "little")
+                        for i in range(4):
+                            writes[o + i] += 1
+    assert sum(writes) == d * tile_n and max(writes) == 1
+    for e in range(d):
+        for k in range(tile_n):
+            o = int(tb[e][k])
+            assert writes[o] == 1
+            assert dst[o] == v[slot_key(k)][e], (e, k)
+
 VARIANTS = [
     {},  # D = 128, block scales, no mask
     {"mask": "causal", "scales": "head"},
@@ -124,6 +177,8 @@ VARIANTS = [
     {"head_dim": 256, "mask": "band", "softcap": True, "out_dtype": "fp16"},
     {"lazy_rescale": 7},  # lazy references and O's v unit (block scales)
     {"lazy_rescale": 4, "mask": "causal", "scales": "head"},
+    {"vt_ldsm": True},  # V^T by ldmatrix.trans / stmatrix
+    {"vt_ldsm": True, "head_dim": 256, "lazy_rescale": 7},
 ]
 
 
@@ -159,9 +214,14 @@ def test_compile_census(compiled):
     # the V transpose, a 32-key slice unrolled: four 32-bit shared loads, eight prmt, four 32-bit shared stores each;
     # the async-proxy fence
     slices = tile_n // 32
-    assert len(re.findall(r"ld\.shared\.(?:b|u)32", ptx)) == 4 * slices
-    assert len(re.findall(r"prmt\.b32", ptx)) == 8 * slices
-    assert len(re.findall(r"st\.shared\.(?:b|u)32", ptx)) >= 4 * slices
+    if p["vt_ldsm"]:  # a slice: one ldmatrix.x4.trans, four prmt, one stmatrix.x4
+        assert len(re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16", ptx)) == slices
+        assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == slices
+        assert len(re.findall(r"prmt\.b32", ptx)) == 4 * slices
+    else:
+        assert len(re.findall(r"ld\.shared\.(?:b|u)32", ptx)) == 4 * slices
+        assert len(re.findall(r"prmt\.b32", ptx)) == 8 * slices
+        assert len(re.findall(r"st\.shared\.(?:b|u)32", ptx)) >= 4 * slices
     assert "fence.proxy.async.shared::cta" in ptx
     # P: one e4m3x2 conversion per column pair (tile_n / 4 a thread), saturating, nearest even; twice (the first block
     # and the loop)

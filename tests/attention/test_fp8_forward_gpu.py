@@ -160,18 +160,22 @@ def test_empty_and_keyless():
 LAZY_CASES = [CASES[0], CASES[2], CASES[8], CASES[9], CASES[10]]
 
 
+CONFIGS = [{"lazy_rescale": 7}, {"vt_ldsm": True}, {"vt_ldsm": True, "lazy_rescale": 7}]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 @pytest.mark.parametrize("gran", ["head", "block"])
 @pytest.mark.parametrize("case", LAZY_CASES, ids=lambda c: "x".join(str(x) for x in c[:6]) + f"-c{int(c[6])}-w{c[7]}")
-def test_lazy_rescale(case, gran):
-    """`lazy_rescale`: stale exponent references (P up to 2^7) and, with block scales, O kept in a v unit that moves
-    only when a block's v scale leaves [u / 2, 2 u]: the same bound as the default."""
+def test_configs(case, gran, config):
+    """`lazy_rescale` (stale exponent references, P up to 2^7, and with block scales O kept in a v unit that moves
+    only when a block's v scale leaves [u / 2, 2 u]) and `vt_ldsm` (V^T by ldmatrix.trans / stmatrix): the same
+    bound as the default."""
     from cute_kernels.attention.fp8_ops import _flash_attn_fp8_cuda
 
     b, sq, sk, hq, hk, d, causal, window = case
     args = _inputs(b, sq, sk, hq, hk, d, gran, seed=4)
     left, right = window
-    out, lse = _flash_attn_fp8_cuda(*args, causal=causal, window_left=left, window_right=right,
-                                    config={"lazy_rescale": 7})
+    out, lse = _flash_attn_fp8_cuda(*args, causal=causal, window_left=left, window_right=right, config=config)
     _check(args, out, lse, causal=causal, window=window)
 
 
