@@ -326,9 +326,9 @@ class FlashAttnFwdFP8:
             slse = scale_lse * f
         # v's scale of the block whose units O is in (block scales; per head it is applied once at the end)
         vs_prev = self.scale_at(mVs, cutlass.max(n_max - 1, 0) // per_block, hk, b)
-        # lazy with block scales: O's unit u (log2 in lu) moves only when a block's v scale leaves [u / 2, 2 u]; each
-        # block's v scale / u is folded into P's exponent instead of into O's rescale
-        lu = cute.math.log2(vs_prev, fastmath=True)
+        # lazy with block scales: O's unit u moves only when a block's v scale leaves [u / 2, 2 u]; each block's
+        # v scale / u is folded into P's exponent instead of into O's rescale
+        unit = self.unit_of(vs_prev)
 
         my_turn = pipeline.NamedBarrier(barrier_id=_TURN_BAR + cwg, num_threads=256)
         their_turn = pipeline.NamedBarrier(barrier_id=_TURN_BAR + (cwg + 1) % CONSUMER_WGS, num_threads=256)
@@ -352,7 +352,7 @@ class FlashAttnFwdFP8:
             warpgroup.wait_group(0)
             pipes.k.consumer_release(kv)
             self.block_softmax(acc_s, s_rows, tScS, n, row0, tile, row_max, row_sum, corr, sl2, soc, cap, ks,
-                               Float32(1.0), lu)  # O is still 0: no rescale
+                               Float32(1.0), unit)  # O is still 0: no rescale
             acc_as_a_operand_fp8(acc_s, p)
             if cutlass.const_expr(self.block_scales):
                 vs_prev = vs  # (per head, vs_prev is the head's v scale, applied once at the end)
@@ -374,9 +374,9 @@ class FlashAttnFwdFP8:
                 their_turn.arrive()
                 warpgroup.wait_group(1)  # S_{j+1} done, P_j V_j may still run
                 pipes.k.consumer_release(kv)
-                # O holds v_scale[block j] units; from P_{j+1} V_{j+1} on, v_scale[n]'s (lazy: u's, lu updated)
-                keep, lu = self.block_softmax(acc_s, s_rows, tScS, n, row0, tile, row_max, row_sum, corr, sl2, soc,
-                                              cap, ks, vs_prev / vs, lu, vs)
+                # O holds v_scale[block j] units; from P_{j+1} V_{j+1} on, v_scale[n]'s (lazy: the unit's, updated)
+                keep, unit = self.block_softmax(acc_s, s_rows, tScS, n, row0, tile, row_max, row_sum, corr, sl2,
+                                                soc, cap, ks, vs_prev / vs, unit, vs)
                 if cutlass.const_expr(self.block_scales):
                     vs_prev = vs
                 warpgroup.wait_group(0)
@@ -402,9 +402,7 @@ class FlashAttnFwdFP8:
             their_turn.arrive()
 
         # ---- epilogue: O *= v_scale (the last block's, or the head's), O /= l, LSE, O and LSE from registers ----
-        u = vs_prev
-        if cutlass.const_expr(self.lazy > 0 and self.block_scales):
-            u = cute.math.exp2(lu, fastmath=True)
+        u = unit if cutlass.const_expr(self.lazy > 0 and self.block_scales) else vs_prev
         for r in cutlass.range_constexpr(rows):
             corr[r] = u
         rescale_rows(o_rows, corr)
@@ -441,16 +439,17 @@ class FlashAttnFwdFP8:
     @cute.jit
     def block_softmax(self, acc_s: cute.Tensor, s_rows: cute.Tensor, tScS: cute.Tensor, n: Int32, row0: Int32,
                       tile: SimpleNamespace, row_max: cute.Tensor, row_sum: cute.Tensor, corr: cute.Tensor,
-                      sl2: Float32, soc: Float32, cap: Float32, ks: Float32, v_ratio: Float32, lu: Float32,
+                      sl2: Float32, soc: Float32, cap: Float32, ks: Float32, v_ratio: Float32, unit: Float32,
                       vs: Float32 = None):
         """Block n's S (fp32, in registers) into probabilities: k's block scale (a multiply before the softcap, else
         folded into the softmax), softcap, mask, online softmax; corr (O's factor) also carries `v_ratio`, the
         change of O's v-scale units (block scales).
 
         Lazy (`lazy_rescale` t > 0): rows keep their exponent reference while the max grows by <= 2^t (a warp
-        vote); with block scales O stays in a unit u = 2^lu while the block's v scale vs is within [u / 2, 2 u]:
-        P' = P vs / u (the log2 of it added to the exponent; l sums P), else u becomes vs and corr carries u / vs.
-        Returns (keep: O's rescale may be skipped on this warp, lu); `vs` None: the first block (O is 0)."""
+        vote); with block scales O stays in the unit `unit` while the block's v scale vs is within [unit / 2,
+        2 unit]: P' = P vs / unit (its log2 added to the exponent; l sums P), else the unit becomes vs and corr
+        carries unit / vs (any sign; |vs| floored at 1e-30). Returns (keep: O's rescale may be skipped on this
+        warp, the unit); `vs` None: the first block (O is 0)."""
         if cutlass.const_expr(self.block_scales and self.softcap):
             for e in cutlass.range_constexpr(cute.size(acc_s)):  # the cap sees the descaled logits
                 acc_s[e] = acc_s[e] * ks
@@ -466,19 +465,26 @@ class FlashAttnFwdFP8:
             keep = softmax_rows(s_rows, row_max, row_sum, corr, sl2, lazy_threshold=float(self.lazy),
                                 block_scale=bscale, poly_every=self.exp2_poly)
         else:
-            bias = cute.math.log2(vs, fastmath=True) - lu  # the same on every thread of the CTA
-            keep_u = cute.arch.fmax(bias, -bias) <= Float32(1.0)
-            back = cute.math.exp2(-bias, fastmath=True)  # u / vs
-            lu = Float32(cutlass.select_(keep_u, lu, lu + bias))
-            corr_u = Float32(cutlass.select_(keep_u, Float32(1.0), back))
-            bias = Float32(cutlass.select_(keep_u, bias, Float32(0.0)))
+            ratio = self.unit_of(vs) * cute.arch.rcp_approx(unit)  # the same on every thread of the CTA
+            keep_u = (ratio >= Float32(0.5)) & (ratio <= Float32(2.0))
+            inv = cute.arch.rcp_approx(ratio)  # unit / vs
+            bias = cute.math.log2(Float32(cutlass.select_(keep_u, ratio, Float32(1.0))), fastmath=True)
             keep = softmax_rows(s_rows, row_max, row_sum, corr, sl2, lazy_threshold=float(self.lazy),
                                 block_scale=bscale, poly_every=self.exp2_poly, p_log2_bias=bias,
-                                sum_scale=Float32(cutlass.select_(keep_u, back, Float32(1.0))))
+                                sum_scale=Float32(cutlass.select_(keep_u, inv, Float32(1.0))))
+            corr_u = Float32(cutlass.select_(keep_u, Float32(1.0), inv))
             for r in cutlass.range_constexpr(cute.size(corr)):
                 corr[r] = corr[r] * corr_u
+            unit = Float32(cutlass.select_(keep_u, unit, self.unit_of(vs)))
             keep = keep & keep_u
-        return keep, lu
+        return keep, unit
+
+    @cute.jit
+    def unit_of(self, vs: Float32) -> Float32:
+        """A v scale as O's unit: |vs| floored at 1e-30, its sign kept (a zero scale would make the unit's ratios
+        infinite)."""
+        tiny = Float32(1e-30)
+        return Float32(cutlass.select_(cute.arch.fmax(vs, -vs) >= tiny, vs, tiny))
 
     @cute.jit
     def scores(self, acc_s: cute.Tensor, tScS: cute.Tensor, n: Int32, row0: Int32, tile: SimpleNamespace,

@@ -196,3 +196,10 @@ def test_lazy_rescale_v_units(mags):
     for causal in (False, True):
         out, lse = _flash_attn_fp8_cuda(*args, causal=causal, config={"lazy_rescale": 7})
         _check(args, out, lse, causal=causal)
+    # caller-made v scales: a zero block (the unit is floored, never 0) and a negative one (the unit's sign flips)
+    vs = args[5].clone()
+    vs[:, :, 2] = 0.0
+    vs[:, :, 3] = -vs[:, :, 3]
+    args = (*args[:5], vs)
+    out, lse = _flash_attn_fp8_cuda(*args, config={"lazy_rescale": 7})
+    _check(args, out, lse)
