@@ -2,7 +2,9 @@
 are wrong on purpose), timed against the intact kernel in interleaved rounds. Each variant's gain bounds what
 making that piece free could buy; the pieces' gains need not add up (they overlap).
 
-    python3 -m perf.lab.fp8_attn_ablate [--causal] [B S H D] [variant ...]
+    python3 -m perf.lab.fp8_attn_ablate [--causal] [--config k=v,...] [B S H D] [variant ...]
+
+`--config`: catalogue config fields of the kernel every variant starts from (e.g. lazy_rescale=7,vt_ldsm=1).
 
 Variants (default: all):
   no_transpose   the transposer warps keep the ring protocol but move no data (V^T stays as it was)
@@ -131,6 +133,11 @@ def compile_variant(variant: str, p: dict):
 def main(argv):
     causal = "--causal" in argv
     argv = [a for a in argv if a != "--causal"]
+    cfg = {}
+    if "--config" in argv:
+        i = argv.index("--config")
+        cfg = {k: int(v) for k, v in (kv.split("=") for kv in argv[i + 1].split(",") if kv)}
+        argv = argv[:i] + argv[i + 2:]
     dims = [int(a) for a in argv if a.isdigit()]
     b, s, h, d = dims if dims else (2, 8192, 16, 128)
     variants = [a for a in argv if not a.isdigit()] or list(VARIANTS)
@@ -141,17 +148,18 @@ def main(argv):
     lse = torch.empty(b, h, s, dtype=torch.float32, device="cuda")
     left, right = _bounds(causal, -1, -1, 2 * s)
     spec = catalog.get("flash_attn_fp8")
-    p = spec.resolve({"head_dim": d, "mask": mask_name(left, right), "scales": "block"})
+    p = spec.resolve({"head_dim": d, "mask": mask_name(left, right), "scales": "block", **cfg})
     args = (_kernel_view(q8), _kernel_view(k8), _kernel_view(v8), _kernel_view(out), lse.permute(2, 1, 0),
             _scales_view(qs), _scales_view(ks), _scales_view(vs), *_scalars(d, None, 0.0), left, right)
-    fns = {"cached": lambda: _flash_attn_fp8_cuda(q8, k8, v8, qs, ks, vs, causal=causal)}
+    fns = {"cached": lambda: _flash_attn_fp8_cuda(q8, k8, v8, qs, ks, vs, causal=causal, config=cfg)}
     for name in ["intact"] + variants:
         fn = compile_variant(name, p)
         fns[name] = lambda fn=fn: fn(*args)
         print(f"compiled {name}", flush=True)
     ms = {n: r["median_ms"] for n, r in H.do_bench_interleaved(fns).items()}
     flops = 4 * b * h * s * s * d / (2 if causal else 1)
-    print(f"\n{b}x{s}x{h}x{d} causal={causal}, block scales; gain = intact time / variant time")
+    print(f"\n{b}x{s}x{h}x{d} causal={causal}, block scales, config {cfg or 'default'}; gain = intact time / variant "
+          "time")
     print("| variant | ms | TFLOP/s | gain |\n|---|---|---|---|")
     for n in fns:
         print(f"| {n} | {ms[n]:.4f} | {flops / ms[n] / 1e9:.0f} | {ms['intact'] / ms[n]:.3f} |", flush=True)
