@@ -102,8 +102,9 @@ class _NoTranspose(F.FlashAttnFwdFP8):
 
 class _NoSoftmax(F.FlashAttnFwdFP8):
     @cute.jit
-    def block_softmax(self, acc_s, s_rows, tScS, n, row0, tile, row_max, row_sum, corr, sl2, soc, cap, ks, v_ratio):
-        pass
+    def block_softmax(self, acc_s, s_rows, tScS, n, row0, tile, row_max, row_sum, corr, sl2, soc, cap, ks, v_ratio,
+                      unit, vs=None):
+        return cutlass.Boolean(False), unit
 
 
 def compile_variant(variant: str, p: dict):
