@@ -725,8 +725,10 @@ class FP8AttnQuantSpec(KernelSpec):
     def check(self, p):
         tpr = p["head_dim"] // max(8, p["head_dim"] // 32)
         rows = p["threads"] // tpr
-        if rows > 128 or 128 % rows:
-            raise ValueError(f"{self.name}: threads / {tpr} (rows a pass) must divide 128, got threads={p['threads']}")
+        held = 128 // p["cluster"]
+        if rows > held or held % rows:
+            raise ValueError(f"{self.name}: threads / {tpr} (rows a pass) must divide the {held} rows a CTA holds, got "
+                             f"threads={p['threads']}, cluster={p['cluster']}")
 
     def build(self, p):
         from cute_kernels.attention.fp8_quant import AttnQuantFP8
@@ -743,7 +745,7 @@ class FP8AttnQuantSpec(KernelSpec):
         scales, amax = (fake_tensor(cutlass.Float32, tuple(index_sym(i64) for _ in range(3)),
                                     tuple(index_sym(i64) for _ in range(3)), 4) for _ in range(2))
         signs = fake_tensor(cutlass.Float32, (d,), (1,), 16)
-        kernel = AttnQuantFP8(dt, d, p["mode"], p["hadamard"], p["threads"])
+        kernel = AttnQuantFP8(dt, d, p["mode"], p["hadamard"], p["threads"], p["cluster"])
         return kernel, (x, q, scales, amax, signs, fake_stream())
 
     def representative(self):
@@ -774,6 +776,9 @@ FP8_ATTN_QUANT = FP8AttnQuantSpec(
         "index64": Param(False, (True, False), "signature", "64-bit indexing of x and q (>= 2^31 elements)"),
         "threads": Param(512, (128, 256, 512), help="threads per CTA (a block's 128 rows in 128 / (threads / "
                          "lanes a row) passes, all held)"),
+        "cluster": Param(1, (1, 2, 4), help="CTAs sharing a 128-row block, each holding 128 / cluster rows (fewer "
+                         "registers a thread, so more CTAs an SM overlap their load and compute phases); the block's "
+                         "amax folded over the cluster in distributed shared memory"),
     },
 )
 

@@ -38,7 +38,7 @@ from cutlass import Float32
 
 from collectives import pdl
 from collectives.quantize import BLOCK, E4M3, fmax, inverse, scale_of, vector_amax
-from collectives.reduce import group_reduce, group_smem_slots
+from collectives.reduce import cluster_reduce, cluster_smem_slots, group_reduce, group_smem_slots
 from collectives.vector_io import extent, row_vectors
 
 MODES = ("block", "amax", "head")
@@ -170,35 +170,50 @@ class AttnQuantFP8:
     scales (B, H, blocks) fp32 ("block": every entry written; "head": a (B, H, 1) view, entry 0 written by the
     block-0 CTA); amax (B, H, blocks) fp32 ("amax" writes it, "head" reads it); signs (D,) fp32."""
 
-    def __init__(self, dtype, d: int, mode: str, hadamard: bool, threads: int = 512):
+    def __init__(self, dtype, d: int, mode: str, hadamard: bool, threads: int = 512, cluster: int = 1):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.dtype, self.d, self.mode, self.hadamard, self.threads = dtype, d, mode, hadamard, threads
+        self.cluster = cluster  # CTAs sharing a 128-row block (its amax folded over the cluster in shared memory)
+        if cluster not in (1, 2, 4):
+            raise ValueError(f"fp8_attn_quant: cluster must be 1, 2 or 4, got {cluster}")
         self.vec, self.e, self.tpr = row_geometry(d, dtype.width)
         self.rows_per_pass = threads // self.tpr
-        if threads % 32 or not 1 <= self.rows_per_pass <= BLOCK or BLOCK % self.rows_per_pass:
-            raise ValueError(f"fp8_attn_quant: threads / {self.tpr} lanes a row must divide {BLOCK} rows, got "
-                             f"threads={threads}")
-        self.passes = BLOCK // self.rows_per_pass
+        self.rows = BLOCK // cluster  # rows a CTA holds
+        if threads % 32 or not 1 <= self.rows_per_pass <= self.rows or self.rows % self.rows_per_pass:
+            raise ValueError(f"fp8_attn_quant: threads / {self.tpr} lanes a row must divide the {self.rows} rows a "
+                             f"CTA holds, got threads={threads}, cluster={cluster}")
+        self.passes = self.rows // self.rows_per_pass
         self.slots = max(group_smem_slots(threads, threads), 1)
+        self.cslots = cluster_smem_slots(1, cluster)
 
     @cute.jit
     def __call__(self, x: cute.Tensor, q: cute.Tensor, scales: cute.Tensor, amax: cute.Tensor, signs: cute.Tensor,
                  stream):
         blocks = (extent(x, 1) + BLOCK - 1) // BLOCK
-        self.kernel(x, q, scales, amax, signs).launch(grid=[blocks, extent(x, 2), extent(x, 0)],
-                                                      block=[self.threads, 1, 1], stream=stream, use_pdl=pdl.LAUNCH)
+        if cutlass.const_expr(self.cluster > 1):
+            self.kernel(x, q, scales, amax, signs).launch(grid=[blocks * self.cluster, extent(x, 2), extent(x, 0)],
+                                                          block=[self.threads, 1, 1], cluster=[self.cluster, 1, 1],
+                                                          stream=stream, use_pdl=pdl.LAUNCH)
+        else:
+            self.kernel(x, q, scales, amax, signs).launch(grid=[blocks, extent(x, 2), extent(x, 0)],
+                                                          block=[self.threads, 1, 1], stream=stream,
+                                                          use_pdl=pdl.LAUNCH)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, mA: cute.Tensor, mSigns: cute.Tensor):
         pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
         tidx, _, _ = cute.arch.thread_idx()
-        blk, h, b = cute.arch.block_idx()
+        bx, h, b = cute.arch.block_idx()
+        blk, rank = bx // self.cluster, bx % self.cluster  # (the cluster's CTAs are consecutive along x)
         smem = cutlass.memory.SmemAllocator()
         buf = smem.allocate_tensor(Float32, cute.make_layout(self.slots), byte_alignment=16)
+        cbuf = None
+        if cutlass.const_expr(self.cluster > 1):
+            cbuf = smem.allocate_tensor(Float32, cute.make_layout(self.cslots), byte_alignment=16)
         seq = extent(mX, 1)
         lane = tidx % self.tpr
-        first = blk * BLOCK + tidx // self.tpr
+        first = blk * BLOCK + rank * self.rows + tidx // self.tpr
         held = []
         for p in cutlass.range_constexpr(self.passes):  # every load in flight before the first shuffle
             row = first + p * self.rows_per_pass
@@ -224,8 +239,10 @@ class AttnQuantFP8:
             for i in cutlass.range(tidx, nblocks, self.threads, unroll=1):
                 m = cute.arch.fmax(m, mA[b, h, i])
         amax = group_reduce(m, fmax, self.threads, buf)
+        if cutlass.const_expr(self.cluster > 1 and self.mode != "head"):  # the block's amax over the cluster
+            amax = cluster_reduce(amax, fmax, self.cluster, cbuf, 0, tidx, rank)
         if cutlass.const_expr(self.mode == "amax"):
-            if tidx == 0:
+            if tidx == 0 and rank == 0:
                 mA[b, h, blk] = amax
         else:
             scale = scale_of(amax, False)
@@ -236,7 +253,7 @@ class AttnQuantFP8:
                 qv.store((to_vector(vals[p]) * inv).to(E4M3))
                 if row < seq:
                     row_vectors(mQ[b, row, h, None], self.e)[None, lane].store(qv.load())
-            if tidx == 0:
+            if tidx == 0 and rank == 0:
                 if cutlass.const_expr(self.mode == "block"):
                     mS[b, h, blk] = scale
                 else:

@@ -174,3 +174,27 @@ def test_end_to_end_accuracy_on_the_kernels_operands():
     rot = R.rmse(R.fp8_attention_reference(*ck.quantize_attention_fp8(q, k, v, "block", True)), ref)
     head = R.rmse(R.fp8_attention_reference(*ck.quantize_attention_fp8(q, k, v, "head")), ref)
     assert rot <= 1.2e-2 and rot < 0.65 * head
+
+
+@pytest.mark.parametrize("mode", ["block", "amax"])
+@pytest.mark.parametrize("d,threads,cluster", [(256, 512, 2), (256, 256, 4), (128, 256, 2), (64, 512, 2)])
+@pytest.mark.parametrize("s", [1, 129, 1000])
+def test_quantize_cluster_bitwise(mode, d, threads, cluster, s):
+    """`cluster` > 1 (a 128-row block over several CTAs, its amax folded in distributed shared memory) writes the same
+    bits as one CTA a block: e4m3 values and scales (block), block amaxes (amax)."""
+    from cute_kernels.attention import FP8_ATTN_QUANT
+
+    x = randn(2, s, 3, d) * 3
+    x[0, s // 2, 1, : d // 2] = 40.0  # one block's outlier: the amax must come from the right CTA
+    signs = R.default_signs(d, "cuda")
+    nb = (s + 127) // 128
+    outs = []
+    for c, t in ((1, 512), (cluster, threads)):
+        x8 = torch.full(x.shape, float("nan"), device="cuda").to(torch.float8_e4m3fn)
+        sc = torch.full((2, 3, nb), float("nan"), device="cuda")
+        FP8_ATTN_QUANT.compiled(dtype="bf16", head_dim=d, mode=mode, hadamard=True, index64=False, threads=t,
+                                cluster=c)(x, x8, sc, sc, signs)
+        outs.append((x8, sc))
+    assert _same(outs[0][1], outs[1][1])
+    if mode == "block":
+        assert _same(outs[0][0].view(torch.uint8), outs[1][0].view(torch.uint8))
