@@ -750,7 +750,8 @@ class FP8AttnQuantSpec(KernelSpec):
 
     def representative(self):
         return [self.resolve(), self.resolve({"mode": "amax", "head_dim": 64}),
-                self.resolve({"mode": "head", "hadamard": False, "head_dim": 256, "dtype": "fp16"})]
+                self.resolve({"mode": "head", "hadamard": False, "head_dim": 256, "dtype": "fp16"}),
+                self.resolve({"head_dim": 256, "cluster": 2})]
 
     def sweep(self):
         return [self.resolve({"dtype": t, "head_dim": d, "mode": m, "hadamard": h}) for t in DTYPES
