@@ -11,20 +11,23 @@ CTA per (128-row q tile, query head, batch), 384 threads:
   warpgroup 0 (producer, setmaxnreg 40):
     warp 0      TMA: Q (two 64-row halves, once), then per K/V block (last first) K -> ring k, V (keys, D) -> ring v
     warps 1-3   per block: wait v[s], transpose V (keys, D) -> V^T (D, keys) in P's key order into ring vt
-                (`collectives.fp8_attention.transpose_v_stage`: 32-bit shared loads, prmt, 32-bit shared stores),
-                fence.proxy.async, release v[s], arrive on vt[s]
+                (`vt_ldsm`, the default: `transpose_v_stage_ldsm`, ldmatrix.trans, prmt, stmatrix; else
+                `transpose_v_stage`: 32-bit shared loads, prmt, 32-bit shared stores), fence.proxy.async, release
+                v[s], arrive on vt[s]
   warpgroups 1, 2 (consumers, setmaxnreg 232): 64 q rows each; FA3's intra-warpgroup overlap, step j (the first
   block's S and the last block's P V outside the loop):
     wait k; [wait for the turn]; S_{j+1} = Q K^T (D / 32 e4m3 WGMMAs, both operands K-major in smem); wait vt;
     O += P_j V_j (tile_n / 32 WGMMAs, A from registers); [pass the turn]; wait for S; release k
     [softcap: S *= k_scale[block], cap]; mask; online softmax (scale_log2 * q_scale [* k_scale per head]; block
     k scales fold into the row maxima and the exponent's factor, `softmax_rows(block_scale=)`; every `exp2_poly`-th
-    column's exponential on the FMA pipe); corr *= v_scale[j] / v_scale[j+1] (block scales: O stays in units of
-    the current block's v scale)
-    wait for P_j V_j; release vt; O *= corr; P_{j+1} = e4m3(S) in A-operand order (`acc_as_a_operand_fp8`: no
-    shuffle, V^T carries the key order)
-  epilogue: O *= v_scale[last block]; O /= l; LSE = scale q_scale [k_scale] m + ln l; O stored from registers
-  (two columns a 32-bit store, rows < S_q), LSE rows likewise.
+    column's exponential on the FMA pipe); with block scales O is kept in a v-scale unit: `lazy_rescale` t > 0
+    (the default, 7): the unit u moves only when the block's v scale leaves [u / 2, 2 u] (its ratio to u folded into
+    P's exponent meanwhile) and rows keep their exponent reference while the max grows by <= 2^t, so corr is 1 on
+    most warps; t = 0: the unit is the current block's v scale, corr *= v_scale[j] / v_scale[j+1]
+    wait for P_j V_j; release vt; P_{j+1} = e4m3(S) in A-operand order (`acc_as_a_operand_fp8`: no shuffle, V^T
+    carries the key order); O *= corr (lazy: skipped on the warps whose rows all kept their references and unit)
+  epilogue: O *= the unit (or the head's v scale); O /= l; LSE = scale q_scale [k_scale] m + ln l; O stored from
+  registers (two columns a 32-bit store, rows < S_q), LSE rows likewise.
 
 Named barriers: 4 + w, the ping-pong turns of consumer w (as the bf16 forward). The three rings share one stage
 count and one block sequence.
@@ -79,7 +82,7 @@ LAZY_MAX = 7  # a lazily kept reference lets P reach 2^t, times 2 for O's v unit
 class FlashAttnFwdFP8:
     def __init__(self, head_dim: int, out_dtype, mask: MaskKind = MaskKind(), softcap: bool = False,
                  block_scales: bool = True, tile_n: int = 0, stages: int = 0, exp2_poly: int = 0,
-                 lazy_rescale: int = 0, vt_ldsm: bool = False):
+                 lazy_rescale: int = 7, vt_ldsm: bool = True):
         self.d, self.out_dtype, self.mask, self.softcap = head_dim, out_dtype, mask, softcap
         self.exp2_poly = exp2_poly  # every k-th column's exponential on the FMA pipe (`exp2_fma`); 0: none
         # keep a row's exponent reference while its max grows by <= 2^lazy_rescale (0: never), and O's v-scale unit

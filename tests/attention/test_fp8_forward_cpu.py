@@ -175,10 +175,9 @@ VARIANTS = [
     {"mask": "causal", "scales": "head"},
     {"head_dim": 64, "mask": "window"},
     {"head_dim": 256, "mask": "band", "softcap": True, "out_dtype": "fp16"},
-    {"lazy_rescale": 7},  # lazy references and O's v unit (block scales)
+    {"lazy_rescale": 0, "vt_ldsm": False},  # every O rescale done; V^T by 32-bit words
     {"lazy_rescale": 4, "mask": "causal", "scales": "head"},
-    {"vt_ldsm": True},  # V^T by ldmatrix.trans / stmatrix
-    {"vt_ldsm": True, "head_dim": 256, "lazy_rescale": 7},
+    {"vt_ldsm": False, "head_dim": 256},
 ]
 
 
