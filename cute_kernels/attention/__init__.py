@@ -863,7 +863,8 @@ FLASH_ATTN_FP8 = FlashAttnFP8Spec(
         "stages": Param(0, (0, 1, 2, 3, 4), help="K / V / V^T smem stages (0: as many as fit, at most 4)"),
         "exp2_poly": Param(0, (0, 2, 3, 4, 8), help="every k-th column's exponential on the FMA pipe (a degree-3 "
                            "polynomial, FA4's trick) instead of the MUFU; 0: none"),
-        "lazy_rescale": Param(7, (0, 4, 7), help="keep a row's exponent reference while its max grows by <= 2^t "
+        "lazy_rescale": Param(-1, (-1, 0, 4, 7), help="(-1: 7 at D = 256, else 0) keep a row's exponent reference "
+                              "while its max grows by <= 2^t "
                               "and O's v-scale unit while a block's v scale stays within 2x of it (the block's "
                               "v scale / unit folded into P's exponent): O's rescale skipped on warps where both "
                               "hold; 0: rescale every block"),

@@ -21,7 +21,7 @@ CTA per (128-row q tile, query head, batch), 384 threads:
     [softcap: S *= k_scale[block], cap]; mask; online softmax (scale_log2 * q_scale [* k_scale per head]; block
     k scales fold into the row maxima and the exponent's factor, `softmax_rows(block_scale=)`; every `exp2_poly`-th
     column's exponential on the FMA pipe); with block scales O is kept in a v-scale unit: `lazy_rescale` t > 0
-    (the default, 7): the unit u moves only when the block's v scale leaves [u / 2, 2 u] (its ratio to u folded into
+    (the default at D = 256: 7): the unit u moves only when the block's v scale leaves [u / 2, 2 u] (its ratio to u folded into
     P's exponent meanwhile) and rows keep their exponent reference while the max grows by <= 2^t, so corr is 1 on
     most warps; t = 0: the unit is the current block's v scale, corr *= v_scale[j] / v_scale[j+1]
     wait for P_j V_j; release vt; P_{j+1} = e4m3(S) in A-operand order (`acc_as_a_operand_fp8`: no shuffle, V^T
@@ -66,6 +66,7 @@ from collectives.wgmma_mainloop import mma_blocks, stage_of
 from schedules.attention import FP8_SCALE_BLOCK as SCALE_BLOCK
 from schedules.attention import FP8_TILE_M as TILE_M
 from schedules.attention import block_coords, tile_coords
+from schedules.attention import fp8_default_lazy as default_lazy
 from schedules.attention import fp8_default_tile_n as default_tile_n
 from schedules.attention import fp8_max_stages as max_stages
 from schedules.attention import fp8_smem_bytes as smem_bytes
@@ -82,11 +83,13 @@ LAZY_MAX = 7  # a lazily kept reference lets P reach 2^t, times 2 for O's v unit
 class FlashAttnFwdFP8:
     def __init__(self, head_dim: int, out_dtype, mask: MaskKind = MaskKind(), softcap: bool = False,
                  block_scales: bool = True, tile_n: int = 0, stages: int = 0, exp2_poly: int = 0,
-                 lazy_rescale: int = 7, vt_ldsm: bool = True):
+                 lazy_rescale: int = -1, vt_ldsm: bool = True):
         self.d, self.out_dtype, self.mask, self.softcap = head_dim, out_dtype, mask, softcap
         self.exp2_poly = exp2_poly  # every k-th column's exponential on the FMA pipe (`exp2_fma`); 0: none
         # keep a row's exponent reference while its max grows by <= 2^lazy_rescale (0: never), and O's v-scale unit
         # while the block's v scale stays within 2x of it: O's rescale is skipped on the warps where both hold
+        if lazy_rescale < 0:
+            lazy_rescale = default_lazy(head_dim)
         if not 0 <= lazy_rescale <= LAZY_MAX:
             raise ValueError(f"lazy_rescale must be in [0, {LAZY_MAX}] (P' <= 2^(t + 1) must fit e4m3), got {lazy_rescale}")
         self.lazy = lazy_rescale

@@ -195,6 +195,6 @@ def test_quantize_cluster_bitwise(mode, d, threads, cluster, s):
         FP8_ATTN_QUANT.compiled(dtype="bf16", head_dim=d, mode=mode, hadamard=True, index64=False, threads=t,
                                 cluster=c)(x, x8, sc, sc, signs)
         outs.append((x8, sc))
-    assert _same(outs[0][1], outs[1][1])
+    _same(outs[0][1], outs[1][1])  # (asserts)
     if mode == "block":
-        assert _same(outs[0][0].view(torch.uint8), outs[1][0].view(torch.uint8))
+        _same(outs[0][0].view(torch.uint8), outs[1][0].view(torch.uint8))
