@@ -526,6 +526,15 @@ FP8_HEAD_DIMS = (64, 128, 256)
 FP8_EXP2_POLY = (0, 2, 4, 8)  # every k-th column's exponential on the FMA pipe (0: none)
 
 
+def fp8_quant_cta(d: int) -> dict:
+    """The FP8 attention quantizer's CTA shape by head dim (`fp8_attn_quant` config: threads, cluster). At D = 256 one
+    512-thread CTA a 128-row block holds 64 fp32 values a thread, one CTA an SM, its load / reduce / store phases in
+    series: four 256-thread CTAs a block (32 rows each, the amax folded over the cluster) measured 72.3 % of copy
+    against 60.5 % (H100, `perf/lab/fp8_quant_ab.py`, block + Hadamard, 2x8192x8x256). At D = 64 / 128 the
+    clusters did not pay (D 64: 82.8 % one CTA, 56.8-77.3 % clustered; D 128: 79.3 % against 74.4-80.1 %)."""
+    return {"threads": 256, "cluster": 4} if d == 256 else {"threads": 512, "cluster": 1}
+
+
 def fp8_default_lazy(d: int) -> int:
     """The FP8 forward's `lazy_rescale` threshold by head dim: 7 at D = 256, where O's rescale is 128 multiplies a
     64-key block (H100, D 256 S 8k: 874 -> 954 TFLOP/s), 0 below (D 128: 842 -> 797, the vote and the folded unit

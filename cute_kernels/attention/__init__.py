@@ -10,7 +10,7 @@ from cute_kernels import dtypes
 from cute_kernels.catalog import KernelSpec, Param
 from cute_kernels.fake import fake_stream
 from cute_kernels.lazy import cute, cutlass
-from schedules.attention import HEAD_DIMS, KINDS, AttentionSchedule, default_schedule
+from schedules.attention import HEAD_DIMS, KINDS, AttentionSchedule, default_schedule, fp8_quant_cta
 from schedules.attention_bwd import DQ_SPLITS, HEAD_DIMS_BWD, AttentionBwdSchedule
 from schedules.decode import DECODE_HEAD_DIMS, PAGE_SIZES, DecodeSchedule, MergeSchedule
 
@@ -751,7 +751,7 @@ class FP8AttnQuantSpec(KernelSpec):
     def representative(self):
         return [self.resolve(), self.resolve({"mode": "amax", "head_dim": 64}),
                 self.resolve({"mode": "head", "hadamard": False, "head_dim": 256, "dtype": "fp16"}),
-                self.resolve({"head_dim": 256, "cluster": 2})]
+                self.resolve({"head_dim": 256, **fp8_quant_cta(256)})]
 
     def sweep(self):
         return [self.resolve({"dtype": t, "head_dim": d, "mode": m, "hadamard": h}) for t in DTYPES

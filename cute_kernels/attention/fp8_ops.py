@@ -42,7 +42,7 @@ from cute_kernels.torch_ops import (
     rows_of,
     tidy_unit_strides,
 )
-from schedules.attention import FP8_HEAD_DIMS
+from schedules.attention import FP8_HEAD_DIMS, fp8_quant_cta
 
 QKV_DTYPES = (torch.bfloat16, torch.float16)
 MAX_GRID_YZ = 65535  # the quantizer's grid is (blocks, heads, batch)
@@ -200,7 +200,8 @@ def _quantize_one(x, x8, scale, granularity, rotate, signs32):
             scale.copy_(_scale_of(torch.zeros_like(scale), False))
         return
     x = _readable(x, 8)
-    sig = dict(dtype=dtypes.name_of(x.dtype), head_dim=d, hadamard=rotate, index64=_index64(x) or _index64(x8))
+    sig = dict(dtype=dtypes.name_of(x.dtype), head_dim=d, hadamard=rotate, index64=_index64(x) or _index64(x8),
+               **fp8_quant_cta(d))
     if granularity == "block":
         FP8_ATTN_QUANT.compiled(mode="block", **sig)(x, x8, scale, scale, signs32)
         return
