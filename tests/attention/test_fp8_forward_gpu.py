@@ -160,15 +160,16 @@ def test_empty_and_keyless():
 LAZY_CASES = [CASES[0], CASES[2], CASES[8], CASES[9], CASES[10]]
 
 
-CONFIGS = [{"lazy_rescale": 0, "vt_ldsm": False}, {"lazy_rescale": 0}, {"vt_ldsm": False}, {"lazy_rescale": 4}]
+CONFIGS = [{"lazy_rescale": 0, "vt_ldsm": False}, {"lazy_rescale": 0}, {"vt_ldsm": False}, {"lazy_rescale": 4},
+           {"lazy_rescale": 7}]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 @pytest.mark.parametrize("gran", ["head", "block"])
 @pytest.mark.parametrize("case", LAZY_CASES, ids=lambda c: "x".join(str(x) for x in c[:6]) + f"-c{int(c[6])}-w{c[7]}")
 def test_configs(case, gran, config):
-    """The configs beside the default (lazy_rescale 7, vt_ldsm): every rescale done, V^T by 32-bit words, a lower lazy
-    threshold: the same bound."""
+    """The configs beside the defaults (vt_ldsm; lazy_rescale 7 at D 256, 0 below): every rescale done, V^T by 32-bit
+    words, lazy thresholds 4 and 7 at every D: the same bound."""
     from cute_kernels.attention.fp8_ops import _flash_attn_fp8_cuda
 
     b, sq, sk, hq, hk, d, causal, window = case
