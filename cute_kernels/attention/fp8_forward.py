@@ -21,9 +21,9 @@ CTA per (128-row q tile, query head, batch), 384 threads:
     [softcap: S *= k_scale[block], cap]; mask; online softmax (scale_log2 * q_scale [* k_scale per head]; block
     k scales fold into the row maxima and the exponent's factor, `softmax_rows(block_scale=)`; every `exp2_poly`-th
     column's exponential on the FMA pipe); with block scales O is kept in a v-scale unit: `lazy_rescale` t > 0
-    (the default at D = 256: 7): the unit u moves only when the block's v scale leaves [u / 2, 2 u] (its ratio to u folded into
-    P's exponent meanwhile) and rows keep their exponent reference while the max grows by <= 2^t, so corr is 1 on
-    most warps; t = 0: the unit is the current block's v scale, corr *= v_scale[j] / v_scale[j+1]
+    (the default at D = 256: 7): the unit u moves only when the block's v scale leaves [u / 2, 2 u] (its ratio to u
+    folded into P's exponent meanwhile) and rows keep their exponent reference while the max grows by <= 2^t, so
+    corr is 1 on most warps; t = 0: the unit is the current block's v scale, corr *= v_scale[j] / v_scale[j+1]
     wait for P_j V_j; release vt; P_{j+1} = e4m3(S) in A-operand order (`acc_as_a_operand_fp8`: no shuffle, V^T
     carries the key order); O *= corr (lazy: skipped on the warps whose rows all kept their references and unit)
   epilogue: O *= the unit (or the head's v scale); O /= l; LSE = scale q_scale [k_scale] m + ln l; O stored from
@@ -91,7 +91,8 @@ class FlashAttnFwdFP8:
         if lazy_rescale < 0:
             lazy_rescale = default_lazy(head_dim)
         if not 0 <= lazy_rescale <= LAZY_MAX:
-            raise ValueError(f"lazy_rescale must be in [0, {LAZY_MAX}] (P' <= 2^(t + 1) must fit e4m3), got {lazy_rescale}")
+            raise ValueError(f"lazy_rescale must be in [0, {LAZY_MAX}] (P' <= 2^(t + 1) must fit e4m3), "
+                             f"got {lazy_rescale}")
         self.lazy = lazy_rescale
         self.vt_ldsm = vt_ldsm  # V^T by ldmatrix.trans / stmatrix (`transpose_v_stage_ldsm`), else 32-bit words
         self.block_scales = block_scales

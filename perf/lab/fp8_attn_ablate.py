@@ -4,7 +4,8 @@ making that piece free could buy; the pieces' gains need not add up (they overla
 
     python3 -m perf.lab.fp8_attn_ablate [--causal] [--config k=v,...] [B S H D] [variant ...]
 
-`--config`: catalogue config fields of the kernel every variant starts from (e.g. lazy_rescale=0,vt_ldsm=0: the kernel before those two).
+`--config`: catalogue config fields of the kernel every variant starts from (e.g. lazy_rescale=0,vt_ldsm=0: the
+kernel before those two).
 
 Variants (default: all):
   no_transpose   the transposer warps keep the ring protocol but move no data (V^T stays as it was)
