@@ -18,9 +18,11 @@ the same order, so the results are bitwise equal.
 `Hadamard` (the op `hadamard`): a CTA of `threads` lanes covers threads / tpr rows per pass, `unroll` passes (all
 loads issued first), rows past the end load the last row and store nothing.
 
-`AttnQuantFP8` (the op `quantize_attention_fp8`): a CTA per (128-row block, head, batch) of x (B, S, H, D); the
-block's 128 x D values are held in registers (fp32, after the optional rotation), its amax reduced over the CTA
-(`collectives.reduce.group_reduce`, NaN ignored), and the e4m3 values written with `collectives.quantize`'s scale
+`AttnQuantFP8` (the op `quantize_attention_fp8`): a CTA per (128-row block, head, batch) of x (B, S, H, D), or
+with `cluster` = c a cluster of c CTAs of 128 / c rows each (at D = 256: fewer registers a thread, several CTAs an
+SM); the block's 128 x D values are held in registers (fp32, after the optional rotation), its amax reduced over the
+CTA (`collectives.reduce.group_reduce`, NaN ignored) and over the cluster (`cluster_reduce`, distributed shared
+memory), and the e4m3 values written with `collectives.quantize`'s scale
 rule (scale = max(amax, 1e-4) / 448, q = e4m3(x * (1 / scale))). Modes: "block" does it in one pass (a scale per
 block); per-head scales take two launches, "amax" (each block's amax into a (B, H, blocks) workspace, nothing
 else written) then "head" (every CTA folds its head's block amaxes, in a fixed order, into the head's amax, and
