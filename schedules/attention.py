@@ -561,13 +561,14 @@ def fp8_max_stages(d: int, tile_n: int) -> int:
 
 
 def fp8_candidates(d: int, limit: int = 24) -> list[dict]:
-    """The FP8 forward's configs worth timing at head dim d, the default first: K/V block (dividing the 128-key
-    scale block, at most 64 at D = 256 for O's registers), stages (2 up to what fits), `exp2_poly`. Dicts of the
-    catalogue entry's config fields (tile_n, stages, exp2_poly)."""
+    """The FP8 forward's configs worth timing at head dim d, the default first, then the default with the other
+    `lazy_rescale` (7 where the default is 0 and back), then K/V block (dividing the 128-key scale block, at most 64
+    at D = 256 for O's registers), stages (2 up to what fits), `exp2_poly`. Dicts of the catalogue entry's config
+    fields (tile_n, stages, exp2_poly[, lazy_rescale])."""
     if d not in FP8_HEAD_DIMS:
         raise ValueError(f"FP8 attention head_dim must be one of {FP8_HEAD_DIMS}, got {d}")
     default = {"tile_n": fp8_default_tile_n(d), "stages": fp8_max_stages(d, fp8_default_tile_n(d)), "exp2_poly": 0}
-    out = [default]
+    out = [default, {**default, "lazy_rescale": 0 if fp8_default_lazy(d) else 7}]
     for tile_n in ((64,) if d == 256 else (128, 64)):
         for stages in range(fp8_max_stages(d, tile_n), 1, -1):
             for poly in FP8_EXP2_POLY:

@@ -128,8 +128,8 @@ def search_attention(b: int, s: int, h: int, d: int, causal: bool = False, out_d
 def search_attention_fp8(b: int, s: int, h: int, d: int, causal: bool = False, out_dir: str | None = None,
                          limit: int = 24, jobs: int | None = None) -> int:
     """The FP8 forward (`flash_attn_fp8`, block scales from `quantize_attention_fp8` of bf16 randn inputs): its
-    configs (`schedules.attention.fp8_candidates`: K/V block, stages, exp2 on the FMA pipe) ranked beside our bf16
-    forward on the same inputs, TFLOP/s counted as the bf16 forward's."""
+    configs (`schedules.attention.fp8_candidates`: lazy rescale, K/V block, stages, exp2 on the FMA pipe) ranked
+    beside our bf16 forward on the same inputs, TFLOP/s counted as the bf16 forward's."""
     import cute_kernels as ck
     from cute_kernels.attention.fp8_ops import _flash_attn_fp8_cuda
     from cute_kernels.precompile import item
