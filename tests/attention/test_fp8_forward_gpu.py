@@ -4,7 +4,8 @@
 The bound: the kernel rounds P to e4m3 at each block's running max (then rescales), the reference at the row's final
 max, so the two differ by e4m3's rounding of P, not bit for bit. The tolerance is twice the error the reference's own
 P rounding causes (fp64 reference with P rounded against P unrounded), plus twice the output dtype's rounding of the
-reference. LSE (which rounding of P does not touch) carries the error of S itself: FP8 WGMMA accumulates with about
+reference; paths that round P at other points by design (`lazy_rescale`: stale references, the v-scale ratio in P's
+exponent) are held to that tolerance from the unrounded result instead. LSE (which rounding of P does not touch) carries the error of S itself: FP8 WGMMA accumulates with about
 14 significant bits, not fp32's 24, so each row's bound is 2^-12 of its largest |q| . |k| (the dot product of
 absolute values, scaled as S), plus 1e-4. Cases: causal / window / band, GQA and MQA, edge
 lengths (1, 127, 129, 1000, 4096), S_q != S_k, per-head and block scales, D 64 / 128 / 256, softcap, fp16 output,
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.gpu
 
 ck = pytest.importorskip("cute_kernels")
 from cute_kernels.attention.fp8_reference import E4M3, _heads_first, scale_rows  # noqa: E402
+from schedules.attention import fp8_default_lazy  # noqa: E402
 
 
 def _reference(q8, k8, v8, qs, ks, vs, window=(-1, -1), causal=False, softcap=0.0, round_p=True):
@@ -71,13 +73,17 @@ def _inputs(b, sq, sk, hq, hk, d, gran, seed=0):
     return ck.quantize_attention_fp8(q, k, v, granularity=gran)
 
 
-def _check(args, out, lse, out_dtype=torch.bfloat16, **kw):
+def _check(args, out, lse, out_dtype=torch.bfloat16, lazy=False, **kw):
+    """O within twice the reference's own P-rounding error (plus the output dtype's rounding), measured from the
+    reference (the kernel rounds P at the same points, up to the running max) or, for `lazy` paths, which round P
+    at other points by design (stale exponent references, the v-scale ratio folded into P), from the unrounded
+    computation: no worse than twice the reference semantics' own error. LSE within `lse_tol`."""
     ref, (ref_lse, lse_tol) = _reference(*args, **kw)
     ref_exact, _ = _reference(*args, round_p=False, **kw)
     tol = 2 * (ref - ref_exact).abs().max().item() + 2 * (ref.to(out_dtype).double() - ref).abs().max().item() + 1e-6
     assert out.dtype == out_dtype and torch.isfinite(out).all()
-    err = (out.double() - ref).abs().max().item()
-    assert err <= tol, f"max error {err:.3e} > bound {tol:.3e}"
+    err = (out.double() - (ref_exact if lazy else ref)).abs().max().item()
+    assert err <= tol, f"max error {err:.3e} > bound {tol:.3e}{' (from the unrounded result)' if lazy else ''}"
     fin = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), fin)
     lse_err = (lse[fin].double() - ref_lse[fin]).abs()
@@ -108,7 +114,7 @@ def test_against_reference(case, gran, monkeypatch):
     b, sq, sk, hq, hk, d, causal, window = case
     args = _inputs(b, sq, sk, hq, hk, d, gran)
     out, lse = ck.flash_attn_fp8(*args, causal=causal, window=window, return_lse=True)
-    _check(args, out, lse, causal=causal, window=window)
+    _check(args, out, lse, lazy=fp8_default_lazy(d) > 0, causal=causal, window=window)
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
@@ -176,7 +182,7 @@ def test_configs(case, gran, config):
     args = _inputs(b, sq, sk, hq, hk, d, gran, seed=4)
     left, right = window
     out, lse = _flash_attn_fp8_cuda(*args, causal=causal, window_left=left, window_right=right, config=config)
-    _check(args, out, lse, causal=causal, window=window)
+    _check(args, out, lse, lazy=config.get("lazy_rescale", fp8_default_lazy(d)) > 0, causal=causal, window=window)
 
 
 @pytest.mark.parametrize("mags", [(0.01, 1.0, 30.0, 0.3, 5.0), (1.0, 1.6, 0.7, 1.9, 1.1)], ids=["far", "near"])
@@ -195,11 +201,11 @@ def test_lazy_rescale_v_units(mags):
     args = ck.quantize_attention_fp8(q, k * kmag.to(k.dtype), v * mag.to(v.dtype), granularity="block")
     for causal in (False, True):
         out, lse = _flash_attn_fp8_cuda(*args, causal=causal, config={"lazy_rescale": 7})
-        _check(args, out, lse, causal=causal)
+        _check(args, out, lse, lazy=True, causal=causal)
     # caller-made v scales: a zero block (the unit is floored, never 0) and a negative one (the unit's sign flips)
     vs = args[5].clone()
     vs[:, :, 2] = 0.0
     vs[:, :, 3] = -vs[:, :, 3]
     args = (*args[:5], vs)
     out, lse = _flash_attn_fp8_cuda(*args, config={"lazy_rescale": 7})
-    _check(args, out, lse)
+    _check(args, out, lse, lazy=True)
