@@ -5,9 +5,9 @@ The bound: the kernel rounds P to e4m3 at each block's running max (then rescale
 max, so the two differ by e4m3's rounding of P, not bit for bit. The tolerance is twice the error the reference's own
 P rounding causes (fp64 reference with P rounded against P unrounded), plus twice the output dtype's rounding of the
 reference; paths that round P at other points by design (`lazy_rescale`: stale references, the v-scale ratio in P's
-exponent) are held to that tolerance from the unrounded result instead. LSE (which rounding of P does not touch) carries the error of S itself: FP8 WGMMA accumulates with about
-14 significant bits, not fp32's 24, so each row's bound is 2^-12 of its largest |q| . |k| (the dot product of
-absolute values, scaled as S), plus 1e-4. Cases: causal / window / band, GQA and MQA, edge
+exponent) are held to that tolerance from the unrounded result instead. LSE (which rounding of P does not touch)
+carries the error of S itself: FP8 WGMMA accumulates with about 14 significant bits, not fp32's 24, so each row's
+bound is 2^-12 of its largest |q| . |k| (the dot product of absolute values, scaled as S), plus 1e-4. Cases: causal / window / band, GQA and MQA, edge
 lengths (1, 127, 129, 1000, 4096), S_q != S_k, per-head and block scales, D 64 / 128 / 256, softcap, fp16 output,
 NaN-poisoned outputs (every element written), torch.compile and CUDA-graph capture."""
 
