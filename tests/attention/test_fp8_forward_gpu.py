@@ -7,9 +7,10 @@ P rounding causes (fp64 reference with P rounded against P unrounded), plus twic
 reference; paths that round P at other points by design (`lazy_rescale`: stale references, the v-scale ratio in P's
 exponent) are held to that tolerance from the unrounded result instead. LSE (which rounding of P does not touch)
 carries the error of S itself: FP8 WGMMA accumulates with about 14 significant bits, not fp32's 24, so each row's
-bound is 2^-12 of its largest |q| . |k| (the dot product of absolute values, scaled as S), plus 1e-4. Cases: causal / window / band, GQA and MQA, edge
-lengths (1, 127, 129, 1000, 4096), S_q != S_k, per-head and block scales, D 64 / 128 / 256, softcap, fp16 output,
-NaN-poisoned outputs (every element written), torch.compile and CUDA-graph capture."""
+bound is 2^-12 of its largest |q| . |k| (the dot product of absolute values, scaled as S), plus 1e-4. Cases:
+causal / window / band, GQA and MQA, edge lengths (1, 127, 129, 1000, 4096), S_q != S_k, per-head and block scales,
+D 64 / 128 / 256, softcap, fp16 output, NaN-poisoned outputs (every element written), torch.compile and CUDA-graph
+capture."""
 
 import math
 
