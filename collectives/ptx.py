@@ -1,5 +1,6 @@
 """Inline PTX snippets as DSL values: pure (side-effect free, so CSE and scheduling apply) `llvm.inline_asm` on 32-bit
-registers, and fp32 constants written as PTX literals."""
+registers, fp32 constants written as PTX literals, and the two shared-memory matrix moves ldmatrix.x4.trans /
+stmatrix.x4 (volatile: they stay in order with the barriers around them)."""
 
 from __future__ import annotations
 

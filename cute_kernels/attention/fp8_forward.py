@@ -257,21 +257,16 @@ class FlashAttnFwdFP8:
                    sVt_ptr: cute.Pointer, sV_layout: cute.ComposedLayout, sVt_layout: cute.ComposedLayout,
                    pipes: SimpleNamespace, n_count: Int32):
         """Warps 1-3: each V block (keys, D) into V^T (D, keys) in P's key order, stage for stage."""
-        src = flat_words(sV_ptr, sV_layout)
-        dst = flat_words(sVt_ptr, sVt_layout)
-        v_bytes, vt_bytes = KMajorBytes.of(sV_layout), KMajorBytes.of(sVt_layout)
+        bufs = SimpleNamespace(src=flat_words(sV_ptr, sV_layout), dst=flat_words(sVt_ptr, sVt_layout),
+                               v_base=Int32(sV_ptr.toint()), vt_base=Int32(sVt_ptr.toint()),
+                               v=KMajorBytes.of(sV_layout), vt=KMajorBytes.of(sVt_layout))
         raw = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         out = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         lane = cute.arch.lane_idx()
         for _ in cutlass.range(n_count, unroll=1):
             pipes.v.consumer_wait(raw)
             pipes.vt.producer_acquire(out)
-            if cutlass.const_expr(self.vt_ldsm):
-                transpose_v_stage_ldsm(Int32(sV_ptr.toint()), Int32(sVt_ptr.toint()), raw.index, warp, lane,
-                                       TRANSPOSE_WARPS, v_bytes, vt_bytes, self.tile_n, self.d)
-            else:
-                transpose_v_stage(src, dst, raw.index, warp, lane, TRANSPOSE_WARPS, v_bytes, vt_bytes, self.tile_n,
-                                  self.d)
+            self.transpose_stage(bufs, raw.index, warp, lane)
             # the stores are read by WGMMA (the async proxy); every lane fences its own before the warp's arrive
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.sync_warp()
@@ -284,6 +279,18 @@ class FlashAttnFwdFP8:
         for _ in cutlass.range_constexpr(self.stages):
             pipes.vt.sync_object_empty.wait(out.index, out.phase)
             out.advance()
+
+    @cute.jit
+    def transpose_stage(self, bufs: SimpleNamespace, stage: Int32, warp: Int32, lane: Int32):
+        """One V stage into V^T (the transposer's work between its ring waits and signals): ldmatrix.trans /
+        stmatrix with `vt_ldsm`, else 32-bit words. `bufs`: the two buffers as flat words and as shared addresses,
+        their `KMajorBytes`."""
+        if cutlass.const_expr(self.vt_ldsm):
+            transpose_v_stage_ldsm(bufs.v_base, bufs.vt_base, stage, warp, lane, TRANSPOSE_WARPS, bufs.v, bufs.vt,
+                                   self.tile_n, self.d)
+        else:
+            transpose_v_stage(bufs.src, bufs.dst, stage, warp, lane, TRANSPOSE_WARPS, bufs.v, bufs.vt, self.tile_n,
+                              self.d)
 
     @cute.jit
     def scale_at(self, m: cute.Tensor, block: Int32, head: Int32, b: Int32) -> Float32:

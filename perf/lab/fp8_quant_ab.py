@@ -12,13 +12,14 @@ import torch
 from cute_kernels.attention import FP8_ATTN_QUANT
 from cute_kernels.attention import fp8_reference as R
 from cute_kernels.bench import harness as H
+from perf.lab.fp8_attn_ab import parse
 
 SHAPES = ((4, 4096, 32, 128), (8, 4096, 16, 64), (2, 8192, 8, 256))
 DEFAULT = ({}, {"cluster": 2}, {"threads": 256, "cluster": 2}, {"threads": 256, "cluster": 4})
 
 
 def main(argv):
-    cfgs = [{k: int(v) for k, v in (kv.split("=") for kv in a.split(","))} for a in argv] or list(DEFAULT)
+    cfgs = [parse(a) for a in argv] or list(DEFAULT)
     cfgs = [{}] + [c for c in cfgs if c]
     names = [",".join(f"{k}={v}" for k, v in c.items()) or "default" for c in cfgs]
     print("| shape | copy TB/s | " + " | ".join(f"{n} % copy" for n in names) + " |")

@@ -62,39 +62,68 @@ def test_p_permutation(tile_n, d):
     assert len(seen) == 64 * tile_n  # every (row, key) of the tile once
 
 
+class _VStage:
+    """A V stage's smem layouts (the DSL's own, from `_fp8_probe.smem_probe`), random V bytes written at stage 1 of a
+    two-stage V buffer, and an empty V^T buffer with a write count a byte: what the transpose replays start from."""
+
+    STAGE = 1
+
+    def __init__(self, tile_n: int, d: int, seed: int):
+        import cutlass.cute as cute
+
+        from cute_kernels.jit import compile_fn  # noqa: F401  (sets up the DSL target)
+        from tests.attention import _fp8_probe as probe
+
+        cute.compile(probe.smem_probe, tile_n, d)
+        self.tile_n, self.d = tile_n, d
+        self.lays = probe.OUT[("smem", tile_n, d)]
+        (vb, self.vk), (self.tb, self.tk) = self.lays["v"], self.lays["vt"]
+        rng = random.Random(seed)
+        self.v = [[rng.randrange(256) for _ in range(d)] for _ in range(tile_n)]
+        self.src = bytearray(2 * self.vk.stage_bytes)
+        for key in range(tile_n):
+            for e in range(d):
+                self.src[int(vb[key][e])] = self.v[key][e]
+        self.dst = bytearray(2 * self.tk.stage_bytes)
+        self.writes = [0] * len(self.dst)
+
+    def store(self, o: int, word: int):
+        """A 32-bit store into V^T at byte offset o, counted."""
+        self.dst[o:o + 4] = word.to_bytes(4, "little")
+        for i in range(4):
+            self.writes[o + i] += 1
+
+    def assert_transposed(self):
+        """Every byte of the V^T stage written once, slot k of row e holding V[pi(k), e]."""
+        from collectives.fp8_attention import slot_key
+
+        assert sum(self.writes) == self.d * self.tile_n and max(self.writes) == 1
+        for e in range(self.d):
+            for k in range(self.tile_n):
+                o = int(self.tb[e][k])
+                assert self.writes[o] == 1
+                assert self.dst[o] == self.v[slot_key(k)][e], (e, k)
+
+
 @pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128)])
 def test_v_transpose(tile_n, d):
     """`transpose_v_stage`, replayed: its closed-form offsets (`KMajorBytes`) equal the DSL layouts' own swizzled
     byte offsets at every (row, column); the three warps' lanes in its loop order, with `group_addresses` /
     `slice_words`, read four 32-bit words of V, transpose them with the kernel's prmt selectors and write four words
     of V^T, every byte of a V^T stage once, slot k of row e holding V[pi(k), e]."""
-    import cutlass.cute as cute
-
-    from collectives.fp8_attention import group_addresses, slice_words, slot_key, transpose_lane_roles, transpose_words
+    from collectives.fp8_attention import group_addresses, slice_words, transpose_lane_roles, transpose_words
     from cute_kernels.attention.fp8_forward import TRANSPOSE_WARPS
-    from cute_kernels.jit import compile_fn  # noqa: F401
-    from tests.attention import _fp8_probe as probe
 
-    cute.compile(probe.smem_probe, tile_n, d)
-    lays = probe.OUT[("smem", tile_n, d)]
-    for name, (byte, kb) in lays.items():
+    st = _VStage(tile_n, d, seed=0)
+    for name, (byte, kb) in st.lays.items():
         for r in range(len(byte)):
             for c in range(len(byte[r])):
                 assert kb.offset(r, c) + kb.stage_bytes == int(byte[r][c]), (name, r, c)
-    (vb, vk), (tb, tk) = lays["v"], lays["vt"]
-    rng = random.Random(0)
-    v = [[rng.randrange(256) for _ in range(d)] for _ in range(tile_n)]
-    src = bytearray(2 * vk.stage_bytes)
-    for key in range(tile_n):
-        for e in range(d):
-            src[int(vb[key][e])] = v[key][e]
-    dst = bytearray(2 * tk.stage_bytes)
-    writes = [0] * len(dst)
-    stage = 1
+    vk, tk, stage = st.vk, st.tk, st.STAGE
 
     def load(word):
         o = 4 * (stage * vk.stage_bytes // 4 + word)
-        return int.from_bytes(src[o:o + 4], "little")
+        return int.from_bytes(st.src[o:o + 4], "little")
 
     for warp in range(TRANSPOSE_WARPS):
         for lane in range(32):
@@ -105,17 +134,8 @@ def test_v_transpose(tile_n, d):
                     sw, dw = slice_words(vk, src0, dst0, q)
                     x = transpose_words(*(load(w) for w in sw), prmt=_prmt)
                     for e in range(4):
-                        o = 4 * (stage * tk.stage_bytes // 4 + dw[e])
-                        dst[o:o + 4] = x[e].to_bytes(4, "little")
-                        for i in range(4):
-                            writes[o + i] += 1
-    assert sum(writes) == d * tile_n and max(writes) == 1
-    for e in range(d):
-        for k in range(tile_n):
-            o = int(tb[e][k])
-            assert writes[o] == 1
-            assert dst[o] == v[slot_key(k)][e], (e, k)
-
+                        st.store(4 * (stage * tk.stage_bytes // 4 + dw[e]), x[e])
+    st.assert_transposed()
 
 
 @pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128)])
@@ -123,28 +143,14 @@ def test_v_transpose_ldsm(tile_n, d):
     """`transpose_v_stage_ldsm`, replayed with models of ldmatrix.x4.trans and stmatrix.x4 (each lane's row address
     per matrix, each thread's registers as PTX defines them) and of prmt: every byte of a V^T stage written once,
     slot k of row e holding V[pi(k), e]."""
-    import cutlass.cute as cute
-
-    from collectives.fp8_attention import ldsm_lane_offsets, ldsm_slice, ldsm_words, slot_key
+    from collectives.fp8_attention import ldsm_lane_offsets, ldsm_slice, ldsm_words
     from cute_kernels.attention.fp8_forward import TRANSPOSE_WARPS
-    from cute_kernels.jit import compile_fn  # noqa: F401
-    from tests.attention import _fp8_probe as probe
 
-    cute.compile(probe.smem_probe, tile_n, d)
-    lays = probe.OUT[("smem", tile_n, d)]
-    (vb, vk), (tb, tk) = lays["v"], lays["vt"]
-    rng = random.Random(1)
-    v = [[rng.randrange(256) for _ in range(d)] for _ in range(tile_n)]
-    stage = 1
-    src = bytearray(2 * vk.stage_bytes)
-    for key in range(tile_n):
-        for e in range(d):
-            src[int(vb[key][e])] = v[key][e]
-    dst = bytearray(2 * tk.stage_bytes)
-    writes = [0] * len(dst)
+    st = _VStage(tile_n, d, seed=1)
+    vk, tk, stage = st.vk, st.tk, st.STAGE
 
-    def b16(buf, row_addr, col):  # the b16 element `col` of the 16-byte matrix row at row_addr
-        return int.from_bytes(buf[row_addr + 2 * col:row_addr + 2 * col + 2], "little")
+    def b16(row_addr, col):  # the b16 element `col` of the 16-byte V row at row_addr
+        return int.from_bytes(st.src[row_addr + 2 * col:row_addr + 2 * col + 2], "little")
 
     for warp in range(TRANSPOSE_WARPS):
         for g in range(warp, d // 16, TRANSPOSE_WARPS):
@@ -152,23 +158,16 @@ def test_v_transpose_ldsm(tile_n, d):
                 # every lane's row address of the load (matrix lane // 8, row lane % 8) and of the store
                 addr = [ldsm_slice(vk, *ldsm_lane_offsets(vk, tk, g, lane), q) for lane in range(32)]
                 ld = [stage * vk.stage_bytes + a for a, _ in addr]
-                st = [stage * tk.stage_bytes + b for _, b in addr]
-                assert all(a % 16 == 0 for a in ld + st)
+                sto = [stage * tk.stage_bytes + b for _, b in addr]
+                assert all(a % 16 == 0 for a in ld + sto)
                 for t in range(32):
                     r, c = t // 4, t % 4
-                    regs = [b16(src, ld[8 * i + 2 * c], r) | b16(src, ld[8 * i + 2 * c + 1], r) << 16 for i in range(4)]
+                    regs = [b16(ld[8 * i + 2 * c], r) | b16(ld[8 * i + 2 * c + 1], r) << 16 for i in range(4)]
                     words = ldsm_words(*regs, prmt=_prmt)
                     for j in range(4):  # stmatrix: register j is row r of matrix j, bytes 4c .. 4c + 3
-                        o = st[8 * j + r] + 4 * c
-                        dst[o:o + 4] = words[j].to_bytes(4, "little")
-                        for i in range(4):
-                            writes[o + i] += 1
-    assert sum(writes) == d * tile_n and max(writes) == 1
-    for e in range(d):
-        for k in range(tile_n):
-            o = int(tb[e][k])
-            assert writes[o] == 1
-            assert dst[o] == v[slot_key(k)][e], (e, k)
+                        st.store(sto[8 * j + r] + 4 * c, words[j])
+    st.assert_transposed()
+
 
 VARIANTS = [
     {},  # D = 128, block scales, no mask
