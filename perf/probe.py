@@ -18,6 +18,8 @@
                                                             torch.argmax, compile.argmax; gemv bf16 R C B)
     python3 -m perf.probe rmsnorm.bwd bf16 32768 4096   (any cute_kernels.rowwise.bench case, as the suite times
                                                          it; quack:rmsnorm.bwd, torch:..., torch.compile:...)
+    python3 -m perf.probe voxelize.hard fp32 2000000 5   (voxelize.dynamic, voxel_scatter.mean|max|sum N C;
+                                       moe_layer e4m3 T H I E k; qat_linear bf16 M K N, qat_linear.gemm)
 """
 
 import os
@@ -68,6 +70,8 @@ def target(argv):
 
             return (lambda: qg(a, b)), dt, shape
         return ((lambda: ck.gemm(a, b)) if op == "gemm" else (lambda: torch.mm(a, b))), dt, shape
+    if op in LESSON_OPS:
+        return _lesson(op, *shape), dt, shape
     if op in MISC or op.startswith("transpose."):
         return _misc(op, dtype, shape), dt, shape
     if op in ("llama_prefill", "llama_prefill.fp8", "llama_prefill.w4a16", "hf_prefill"):  # shape: B S
@@ -127,6 +131,45 @@ def _rowwise(col, case, dtype, m, n):
     t = torch.randint(0, n, (m,), device="cuda") if fam == "cross_entropy" else None
     dy = randn(m, n, dtype=dtype, seed=22) if direction == "bwd" else None
     return _call(case, _fns(case, n, dtype)[col], x, t, dy)
+
+
+LESSON_OPS = ("voxelize.hard", "voxelize.dynamic", "voxel_scatter.mean", "voxel_scatter.max", "voxel_scatter.sum",
+              "moe_layer", "qat_linear", "qat_linear.gemm")
+
+
+def _lesson(op, *shape):
+    """The voxel, MoE-layer and QAT targets as their suites build them: voxelize.* N C (the suite's lidar cloud),
+    voxel_scatter.<reduce> N C (64 features), moe_layer T H I E k (the contiguous layout), qat_linear M K N (training
+    mode; qat_linear.gemm: its GEMM alone)."""
+    if op.startswith("voxel"):
+        from cute_kernels.voxel.bench import MAX_POINTS, MAX_VOXELS, POINT_RANGE, VOXEL_SIZE, lidar_cloud
+
+        n, c = shape
+        pts = lidar_cloud(n, c)
+        if op == "voxelize.hard":
+            return lambda: ck.voxelize(pts, VOXEL_SIZE, POINT_RANGE, MAX_POINTS, MAX_VOXELS)[0]
+        coords = ck.voxelize(pts, VOXEL_SIZE, POINT_RANGE, mode="dynamic")
+        if op == "voxelize.dynamic":
+            return lambda: ck.voxelize(pts, VOXEL_SIZE, POINT_RANGE, mode="dynamic")
+        feats = randn(n, 64, dtype=torch.float32, seed=3)
+        return lambda: ck.voxel_scatter(feats, coords, op.split(".")[1])[0]
+    if op == "moe_layer":
+        from cute_kernels.moe.bench import _experts
+
+        t, h, i, e, k = shape
+        w13, s13, w2, s2 = _experts(e, h, i)
+        router = (randn(e, h, seed=4) * 0.05).bfloat16()
+        x = randn(t, h, seed=5)
+        return lambda: ck.moe(x, router, w13, s13, w2, s2, k)
+    from cute_kernels.qat import QATLinear
+
+    m, k, n = shape
+    lin = QATLinear(k, n, bias=True, device="cuda", dtype=torch.bfloat16).train()
+    x = randn(m, k, dtype=torch.bfloat16, seed=5).requires_grad_()
+    if op == "qat_linear.gemm":
+        w, b, xd = lin.weight.detach(), lin.bias.detach(), x.detach()
+        return lambda: ck.gemm(xd, w.t(), b)
+    return lambda: lin(x)
 
 
 def _misc(op, dtype, shape):
