@@ -32,6 +32,12 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.tensor_utils import LayoutEnum
 
 from collectives.activations import silu_mul
+from collectives.arg_reduce import select
+from collectives.ptx import pack_bf16x2, st_async_f32, st_async_v4, unpack_bf16x2
+from collectives.quantize import E4M3, inverse, scale_of
+from collectives.reduce import warp_reduce
+from collectives.vector_io import as_vectors
+from schedules.fp8_gemm import GQ_STAGE_STRIDE, GQ_THREADS, GQ_TILE, GQ_XCH_WORDS, glu_quant_bytes
 from schedules.gemm import GLU_BLOCK
 
 ACTIVATIONS = ("none", "relu", "gelu", "silu", "swiglu")
@@ -280,3 +286,119 @@ def store_partial(acc: cute.Tensor, tCcC: cute.Tensor, mW: cute.Tensor, m0, n0, 
         n = n0 + tCcC[i][1]
         if m < rows and n < cols:
             mW[m, n, slot] = acc[i]
+
+
+# --- SwiGLU + 1x128 e4m3 quantization across a CTA pair -------------------------------------------------------------
+# A 1x2 cluster computes one 128-column block of silu(gate) * up: CTA 0 the gate columns' tile, CTA 1 the up columns'
+# tile of the same rows (B read through a view that pairs them, `Gemm(glu_quant=True)`). Each CTA keeps one half of
+# the block's output columns and sends the other half of its accumulator, rounded to bf16 as a 16-bit GEMM output is,
+# to its peer (`st.async` into the peer's shared memory, completing on the peer's mbarrier); the row amax of the
+# 128 columns is two halves exchanged the same way. The outputs are then bit for bit what the unfused pair writes
+# (the bf16 GEMM output, then `swiglu_quantize`).
+def glu_quant_regs(tiled_mma: cute.TiledMma, tile_m: int, tile_n: int) -> tuple:
+    """(low, high, slot, rows): the accumulator registers of output columns [0, tile_n / 2) (`low`, in register
+    order), for each the register of the column tile_n / 2 to its right (`high`), and which of the thread's `rows`
+    rows each sits on (`slot`). Trace-time, from thread 0's coordinates (every thread holds the same pattern)."""
+    c = tiled_mma.get_slice(0).partition_C(cute.make_identity_tensor((tile_m, tile_n)))
+    coords = [(int(c[i][0]), int(c[i][1])) for i in range(cute.size(c))]
+    where = {xy: i for i, xy in enumerate(coords)}
+    half = tile_n // 2
+    low = [i for i, (_, n) in enumerate(coords) if n < half]
+    high = [where[(coords[i][0], coords[i][1] + half)] for i in low]
+    rows = sorted({coords[i][0] for i in low})
+    assert sorted(low + high) == list(range(len(coords))), "the column halves do not cover the accumulator"
+    assert len(low) == 2 * GQ_XCH_WORDS, f"{len(low)} registers a half: the exchange is sized for {2 * GQ_XCH_WORDS}"
+    return tuple(low), tuple(high), tuple(rows.index(coords[i][0]) for i in low), len(rows)
+
+
+@cute.jit
+def glu_quant_store(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr, half, peer, tid, region,
+                    xbar, abar, phase, mQ: cute.Tensor, mQS: cute.Tensor, m0, q_vec0, s_col, barrier):
+    """One 128 x 128 tile's epilogue under `Gemm(glu_quant=True)`: this CTA (`half` 0: the gate tile, 1: the up tile)
+    and its `peer` make 64 output columns each of mQ (M, I) e4m3, rows from m0, this CTA's from 16-byte vector
+    `q_vec0` of the row on, and CTA 0 the rows' scales in column `s_col` of mQS (M, I / 128). `region`: the exchange
+    region (a Uint8 shared-memory pointer, `glu_quant_bytes`), `xbar` / `abar` this CTA's mbarriers of the two
+    exchanges (one arrival each), `phase` their parity this tile, `barrier` the 256 consumer threads' named barrier.
+    Every consumer thread (`tid` 0..255) calls it."""
+    low, high, slot, nrows = regs
+    n = len(low)
+    amax_off, stage_off, _ = glu_quant_bytes()
+    gate_here = half == 0
+    # 1. bf16 words: the half this CTA keeps and the half its peer needs (the same register order on both CTAs)
+    own = cute.make_rmem_tensor((n,), Float32)
+    words = []
+    for p in cutlass.range_constexpr(n // 2):
+        a0 = select(gate_here, acc[low[2 * p]], acc[high[2 * p]])
+        a1 = select(gate_here, acc[low[2 * p + 1]], acc[high[2 * p + 1]])
+        s0 = select(gate_here, acc[high[2 * p]], acc[low[2 * p]])
+        s1 = select(gate_here, acc[high[2 * p + 1]], acc[low[2 * p + 1]])
+        own[2 * p], own[2 * p + 1] = unpack_bf16x2(pack_bf16x2(a1, a0))
+        words.append(pack_bf16x2(s1, s0))
+    if tid == 0:
+        cute.arch.mbarrier_arrive_and_expect_tx(xbar, GQ_XCH_WORDS * GQ_THREADS * 4)
+        cute.arch.mbarrier_arrive_and_expect_tx(abar, GQ_TILE * 4)
+    remote = cutlass.Int32(cute.arch.map_dsmem_ptr(region, peer).toint())
+    remote_x = cutlass.Int32(cute.arch.map_dsmem_ptr(xbar, peer).toint())
+    remote_a = cutlass.Int32(cute.arch.map_dsmem_ptr(abar, peer).toint())
+    for q in cutlass.range_constexpr(GQ_XCH_WORDS // 4):
+        st_async_v4(remote + (q * GQ_THREADS + tid) * 16, words[4 * q], words[4 * q + 1], words[4 * q + 2],
+                    words[4 * q + 3], remote_x)
+    # 2. the peer's half, the products, the row amax halves
+    done = cute.arch.mbarrier_try_wait(xbar, phase)
+    while not done:
+        done = cute.arch.mbarrier_try_wait(xbar, phase)
+    xv = cute.make_tensor(cute.recast_ptr(region, dtype=cutlass.Int32),
+                          cute.make_layout((4, GQ_THREADS, GQ_XCH_WORDS // 4), stride=(1, 4, 4 * GQ_THREADS)))
+    y = cute.make_rmem_tensor((n,), Float32)
+    for q in cutlass.range_constexpr(GQ_XCH_WORDS // 4):
+        got = xv[None, tid, q].load()
+        for e in cutlass.range_constexpr(4):
+            p = 4 * q + e
+            r0, r1 = unpack_bf16x2(got[e])
+            for j, r in ((2 * p, r0), (2 * p + 1, r1)):
+                y[j] = silu_mul(select(gate_here, own[j], r), select(gate_here, r, own[j]), True)
+    lane = tid % 32
+    amax = []
+    rows_local = []
+    for s_ in cutlass.range_constexpr(nrows):
+        mine = [k for k in range(n) if slot[k] == s_]
+        a = cute.math.absf(y[mine[0]])
+        for k in mine[1:]:
+            a = cute.arch.fmax(a, cute.math.absf(y[k]))
+        a = warp_reduce(a, cute.arch.fmax, 4)  # the quad holding the row's columns
+        r_loc = tCcC[low[mine[0]]][0]
+        if lane % 4 == 0:
+            st_async_f32(remote + amax_off + r_loc * 4, a, remote_a)
+        rows_local.append(r_loc)
+        amax.append(a)
+    done = cute.arch.mbarrier_try_wait(abar, phase)
+    while not done:
+        done = cute.arch.mbarrier_try_wait(abar, phase)
+    av = cute.make_tensor(cute.recast_ptr(region + amax_off, dtype=Float32), cute.make_layout(GQ_TILE))
+    stage_ptr = cute.recast_ptr(region + stage_off, dtype=E4M3)
+    stage = cute.make_tensor(stage_ptr, cute.make_layout((GQ_TILE, GQ_TILE // 2), stride=(GQ_STAGE_STRIDE, 1)))
+    rows = cute.size(mQ, mode=[0])
+    scaled = cute.make_rmem_tensor((n,), Float32)
+    for s_ in cutlass.range_constexpr(nrows):
+        scale = scale_of(cute.arch.fmax(amax[s_], av[rows_local[s_]]), False)
+        inv = inverse(scale)
+        for k in cutlass.range_constexpr(n):
+            if cutlass.const_expr(slot[k] == s_):
+                scaled[k] = y[k] * inv
+        if half == 0 and lane % 4 == 0 and m0 + rows_local[s_] < rows:
+            mQS[m0 + rows_local[s_], s_col] = scale
+    qv = cute.make_rmem_tensor((n,), E4M3)
+    qv.store(scaled.load().to(E4M3))
+    for k in cutlass.range_constexpr(n):
+        stage[tCcC[low[k]][0], tCcC[low[k]][1]] = qv[k]
+    barrier.arrive_and_wait()
+    # 3. the staged tile out in 16-byte row vectors (4 a row)
+    vecs = cute.make_tensor(stage_ptr, cute.make_layout((16, 4, GQ_TILE), stride=(1, 16, GQ_STAGE_STRIDE)))
+    cols = cute.size(mQ, mode=[1])
+    for v in cutlass.range_constexpr(GQ_TILE * 4 // GQ_THREADS):
+        idx = v * GQ_THREADS + tid
+        r = idx // 4
+        c = idx % 4
+        if m0 + r < rows:
+            as_vectors(mQ[m0 + r, None], cols, 16)[None, q_vec0 + c].store(vecs[None, c, r].load())
+    barrier.arrive_and_wait()  # the staging tile is free for the next tile

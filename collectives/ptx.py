@@ -48,3 +48,33 @@ def stmatrix_x4(addr, r0, r1, r2, r3) -> None:
     llvm.inline_asm(None, [cutlass.Int32(x).ir_value() for x in (addr, r0, r1, r2, r3)],
                     "stmatrix.sync.aligned.m8n8.x4.shared.b16 [$0], {$1, $2, $3, $4};", "r,r,r,r,r",
                     has_side_effects=True, is_align_stack=False)
+
+
+def pack_bf16x2(hi, lo) -> cutlass.Int32:
+    """`cvt.rn.bf16x2.f32`: two fp32 values rounded to bf16 (nearest even, as a 16-bit GEMM output is) in one 32-bit
+    word, `lo` in the low half."""
+    return cutlass.Int32(llvm.inline_asm(T.i32(), [Float32(hi).ir_value(), Float32(lo).ir_value()],
+                                         "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False,
+                                         is_align_stack=False))
+
+
+def unpack_bf16x2(w) -> tuple:
+    """(lo, hi) fp32 values of a `pack_bf16x2` word (exact: a bf16 is the top half of its fp32)."""
+    w = cutlass.Int32(w)
+    return (w << 16).bitcast(Float32), (w & cutlass.Int32(-65536)).bitcast(Float32)
+
+
+def st_async_v4(remote_addr, r0, r1, r2, r3, remote_mbar) -> None:
+    """`st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32`: 16 bytes into a peer CTA's shared memory at the
+    32-bit cluster address `remote_addr`, completing 16 bytes on the peer's mbarrier at `remote_mbar`."""
+    llvm.inline_asm(None, [cutlass.Int32(x).ir_value() for x in (remote_addr, r0, r1, r2, r3, remote_mbar)],
+                    "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [$0], {$1, $2, $3, $4}, [$5];",
+                    "r,r,r,r,r,r", has_side_effects=True, is_align_stack=False)
+
+
+def st_async_f32(remote_addr, v, remote_mbar) -> None:
+    """`st.async` of one fp32 value into a peer CTA's shared memory, completing 4 bytes on its mbarrier."""
+    llvm.inline_asm(None, [cutlass.Int32(remote_addr).ir_value(), Float32(v).ir_value(),
+                           cutlass.Int32(remote_mbar).ir_value()],
+                    "st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [$0], $1, [$2];", "r,f,r",
+                    has_side_effects=True, is_align_stack=False)

@@ -41,6 +41,8 @@ def target(argv):
     shape = [int(s) for s in shape if s != "causal"]
     if op in ("fp8_gemm", "torch.fp8_gemm"):
         return _fp8(op, *shape), "e4m3", shape
+    if op in LESSON_OPS:
+        return _lesson(op, *shape), dt, shape
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
     col, _, case = op.rpartition(":")
     from cute_kernels.rowwise.bench import CASES
@@ -70,8 +72,6 @@ def target(argv):
 
             return (lambda: qg(a, b)), dt, shape
         return ((lambda: ck.gemm(a, b)) if op == "gemm" else (lambda: torch.mm(a, b))), dt, shape
-    if op in LESSON_OPS:
-        return _lesson(op, *shape), dt, shape
     if op in MISC or op.startswith("transpose."):
         return _misc(op, dtype, shape), dt, shape
     if op in ("llama_prefill", "llama_prefill.fp8", "llama_prefill.w4a16", "hf_prefill"):  # shape: B S
@@ -134,12 +134,12 @@ def _rowwise(col, case, dtype, m, n):
 
 
 LESSON_OPS = ("voxelize.hard", "voxelize.dynamic", "voxel_scatter.mean", "voxel_scatter.max", "voxel_scatter.sum",
-              "moe_layer", "qat_linear", "qat_linear.gemm")
+              "moe_layer", "moe_layer.unfused", "qat_linear", "qat_linear.gemm")
 
 
 def _lesson(op, *shape):
     """The voxel, MoE-layer and QAT targets as their suites build them: voxelize.* N C (the suite's lidar cloud),
-    voxel_scatter.<reduce> N C (64 features), moe_layer T H I E k (the contiguous layout), qat_linear M K N (training
+    voxel_scatter.<reduce> N C (64 features), moe_layer[.unfused] T H I E k (the contiguous layout), qat_linear M K N (training
     mode; qat_linear.gemm: its GEMM alone)."""
     if op.startswith("voxel"):
         from cute_kernels.voxel.bench import MAX_POINTS, MAX_VOXELS, POINT_RANGE, VOXEL_SIZE, lidar_cloud
@@ -153,8 +153,11 @@ def _lesson(op, *shape):
             return lambda: ck.voxelize(pts, VOXEL_SIZE, POINT_RANGE, mode="dynamic")
         feats = randn(n, 64, dtype=torch.float32, seed=3)
         return lambda: ck.voxel_scatter(feats, coords, op.split(".")[1])[0]
-    if op == "moe_layer":
+    if op.startswith("moe_layer"):
+        from cute_kernels.moe import ops as moe_ops
         from cute_kernels.moe.bench import _experts
+
+        moe_ops.FUSED_GLU = op == "moe_layer"  # .unfused: the first GEMM's bf16 output, then swiglu_quantize
 
         t, h, i, e, k = shape
         w13, s13, w2, s2 = _experts(e, h, i)

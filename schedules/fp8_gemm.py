@@ -52,6 +52,41 @@ def acc_per_thread(s: GemmSchedule) -> int:
     return s.tile_m // s.consumers_per_tile * s.tile_n // 128
 
 
+# The SwiGLU + 1x128 quantization epilogue (`Gemm(glu_quant=True)`, `collectives.epilogue.glu_quant_store`): a 1x2
+# cluster's CTAs compute the gate and the up tile (128 x 128) of the same rows and swap halves through shared memory.
+GQ_TILE, GQ_THREADS = 128, 256  # the CTA tile and its two consumer warpgroups
+GQ_XCH_WORDS = 16  # bf16x2 words a thread sends: half of its 64 accumulator registers, paired
+GQ_STAGE_STRIDE = 80  # bytes a staged output row takes (64 e4m3 + 16: a 16-byte multiple, rows on distinct banks)
+
+
+def glu_quant_bytes() -> tuple[int, int, int]:
+    """(offset of the row-amax slots, offset of the staged output tile, total bytes) of the exchange region, which
+    takes the epilogue buffers' place: the peer's words [word / 4][thread][word % 4], GQ_TILE fp32 amax halves, then
+    GQ_TILE staged rows of e4m3."""
+    xch = GQ_XCH_WORDS * GQ_THREADS * 4
+    stage = xch + GQ_TILE * 4
+    return xch, stage, stage + GQ_TILE * GQ_STAGE_STRIDE
+
+
+def glu_quant_error(s: GemmSchedule, blockwise: bool = True, grouping: str = "none", gated: bool = False,
+                    promote_halves: bool = False) -> str | None:
+    """Why schedule `s` cannot run the FP8 SwiGLU + 1x128 quantization epilogue (None when it can): the FP8 mode, no
+    grouping or the contiguous one, cooperative 128 x 128 tiles in 1x2 clusters (the pair: gate and up), one split,
+    the exchange region within the epilogue buffers' bytes."""
+    if not blockwise or grouping not in ("none", "contiguous") or gated or promote_halves:
+        return ("glu_quant is an epilogue of the FP8 block-scaled GEMM, dense or grouped contiguous, without another "
+                "gated epilogue or promote_halves")
+    if (s.kind, s.tile_m, s.tile_n, s.cluster_m, s.cluster_n) != ("cooperative", GQ_TILE, GQ_TILE, 1, 2):
+        return (f"glu_quant needs cooperative {GQ_TILE}x{GQ_TILE} tiles in 1x2 clusters (a gate and an up tile a "
+                f"cluster), got {s.kind} {s.tile_m}x{s.tile_n} in {s.cluster_m}x{s.cluster_n}")
+    if s.split_k > 1 or s.k_interleave or s.wg_epilogue:
+        return "glu_quant needs split_k=1, no k_interleave and no wg_epilogue"
+    if s.epi_bytes(2) < glu_quant_bytes()[2]:
+        return (f"glu_quant's exchange region ({glu_quant_bytes()[2]} bytes) takes the epilogue buffers' place: "
+                f"{s.epi_stages} buffers give {s.epi_bytes(2)} (epi_stages=4 gives enough)")
+    return None
+
+
 def promoted_error(s: GemmSchedule) -> str | None:
     """Why schedule `s` cannot run the promoted FP8 mainloop (None when it can)."""
     if s.tile_k != SCALE_BLOCK:

@@ -14,6 +14,7 @@ from cute_kernels.lazy import cute, cutlass
 from schedules.fp8_gemm import (
     EPI_STAGES,
     fp8_schedule,
+    glu_quant_error,
     grouped_error,
     halves_error,
     kind_defaults,
@@ -83,6 +84,10 @@ class Fp8GemmSpec(KernelSpec):
             err = s.exchange_error(dtypes.cutlass_of(p["out_dtype"]).width // 8)
             if err:
                 raise ValueError(err)
+        if p["glu_quant"]:
+            err = glu_quant_error(s, True, p["grouping"], False, p["promote_halves"])
+            if err:
+                raise ValueError(err)
         if p["sb_ahead"] and (p["sb_smem"] or p["promote_halves"]):
             raise ValueError("sb_ahead=True reads the B scales from global one K-block ahead: not with sb_smem "
                              "or promote_halves")
@@ -104,6 +109,19 @@ class Fp8GemmSpec(KernelSpec):
         f32 = cutlass.Float32
         sa = cute.runtime.make_fake_tensor(f32, (m, kb, batch), stride=(1, sym(4), sym(4)), assumed_align=16)
         sb = cute.runtime.make_fake_tensor(f32, (nb, kb, batch), stride=(sym(), sym(), sym()), assumed_align=4)
+        if p["glu_quant"]:  # (q, scales) of silu(gate) * up: q (M, I, L) e4m3, the scales (M, I / 128) M-major
+            ih, ib = sym(128), sym()
+            q = cute.runtime.make_fake_tensor(ab, (m, ih, batch), stride=(sym(16), 1, sym(16)), assumed_align=16)
+            qs = cute.runtime.make_fake_tensor(f32, (m, ib), stride=(1, sym(4)), assumed_align=16)
+            groups = cute.runtime.make_fake_tensor(cutlass.Int32, (sym(),), stride=(1,), assumed_align=4)
+            if p["grouping"] == "contiguous":
+                experts = sym()
+                b = cute.runtime.make_fake_tensor(ab, (n, k, experts), stride=(sym(16), 1, sym(16)), assumed_align=16)
+                sb = cute.runtime.make_fake_tensor(f32, (nb, kb, experts), stride=(sym(), sym(), sym()),
+                                                   assumed_align=4)
+            kernel = Gemm(ab, out, s, blockwise=True, grouping=p["grouping"], promote_overlap=p["promote_overlap"],
+                          sb_smem=p["sb_smem"], wg_turns=p["wg_turns"], sb_ahead=p["sb_ahead"], glu_quant=True)
+            return kernel.fp8_glu, (a, b, q, sa, sb, qs, groups, cutlass.Int32(1), fake_stream())
         if p["grouping"] == "none":
             kernel = Gemm(ab, out, s, blockwise=True, promote_overlap=p["promote_overlap"], sb_smem=p["sb_smem"],
                           wg_turns=p["wg_turns"], promote_halves=p["promote_halves"], sb_ahead=p["sb_ahead"])
@@ -147,8 +165,8 @@ FP8_GEMM = Fp8GemmSpec(
     lesson=13,
     summary="FP8 e4m3 GEMM with 1x128 / 128x128 fp32 block scales, two-level (promoted) accumulation, "
             "on the Hopper GEMM's TMA pipeline and warp roles",
-    ops=("fp8_gemm", "fp8_gemm_grouped_contiguous", "fp8_gemm_grouped_masked", "quantize_1x128",
-         "quantize_128x128"),
+    ops=("fp8_gemm", "fp8_gemm_grouped_contiguous", "fp8_gemm_grouped_contiguous_swiglu", "fp8_gemm_grouped_masked",
+         "quantize_1x128", "quantize_128x128"),
     status="ready",
     schedule=GemmSchedule,
     params={
@@ -183,6 +201,9 @@ FP8_GEMM = Fp8GemmSpec(
         "promote_halves": Param(False, (False, True), help="each K-block's WGMMAs in two column halves: one half is "
                                                            "promoted while the other runs (the overlap without a "
                                                            "second full temporary; default off)"),
+        "glu_quant": Param(False, (False, True), help="the SwiGLU + 1x128 e4m3 quantization epilogue: B's row halves "
+                                                      "are gate and up, a 1x2 cluster takes a gate and an up tile "
+                                                      "(cooperative 128x128) and writes (q, scales) of their product"),
         "sb_ahead": Param(False, (False, True), help="B scales read from global one K-block ahead (their L2 latency "
                                                      "off the promotion's path; also with promote_overlap; not with "
                                                      "sb_smem or promote_halves; default off)"),

@@ -360,6 +360,61 @@ def fp8_gemm_grouped_contiguous(a: torch.Tensor, sa: torch.Tensor, b: torch.Tens
     return call("cute_kernels::fp8_gemm_grouped_contiguous", a, sa, b, sb, m_indices, out_dtype)
 
 
+# --- contiguous, SwiGLU + 1x128 quantization fused ------------------------------------------------
+def _glu_outputs(m, i, device):
+    """q (M, I) e4m3 and its scales (M, ceil(I/128)) fp32 in `quantize_1x128`'s layout (unit stride along M, the
+    column stride M rounded up to 4)."""
+    mp = -(-m // 4) * 4
+    return (torch.empty(m, i, dtype=torch.float8_e4m3fn, device=device),
+            torch.empty_strided((m, _blocks(i)), (1, mp), dtype=torch.float32, device=device))
+
+
+def _glu_contiguous_fake(a, sa, b, sb, m_indices):
+    m, n, _, _ = _check_contiguous(a, sa, b, sb, m_indices, None)
+    if n % 2:
+        raise ValueError(f"b's rows must be an even count (gate rows, then as many up rows), got N = {n}")
+    return _glu_outputs(m, n // 2, a.device)
+
+
+def _glu_contiguous_cuda(a, sa, b, sb, m_indices):
+    """The fused kernel where I (N / 2) is a multiple of 128 and K > 0: a 1x2 cluster's CTAs compute a gate and an
+    up tile of the same rows (`Gemm(glu_quant=True)`); elsewhere the two ops it fuses, with the same bits."""
+    from cute_kernels.swiglu.ops import swiglu_quantize
+    from schedules.fp8_gemm import GQ_TILE, fp8_schedule
+    from schedules.gemm import launch_clusters
+
+    m, n, k, e = _check_contiguous(a, sa, b, sb, m_indices, None)
+    i = n // 2
+    if n % (2 * GQ_TILE) or k == 0 or e == 0 or m == 0:
+        if n % 2:
+            raise ValueError(f"b's rows must be an even count (gate rows, then as many up rows), got N = {n}")
+        h = _contiguous_cuda(a, sa, b, sb, m_indices)
+        return swiglu_quantize(h[:, :i], h[:, i:])
+    q, qs = _glu_outputs(m, i, a.device)
+    a, b = _k_major(a), _k_major3(b)
+    sa = tma_aligned_scales(sa)
+    sched = fp8_schedule("cooperative", GQ_TILE, GQ_TILE, cluster_m=1, cluster_n=2, epi_stages=4)
+    fn, sms = _compiled(torch.bfloat16, sched, a.get_device(), grouping="contiguous", glu_quant=True,
+                        sb_smem=_sb_smem(sched, m, k, None))
+    max_clusters = launch_clusters(-(-m // GQ_TILE), n // GQ_TILE, 1, sched, sms, a.get_device())
+    fn(_as3(a), _per_expert(b), _as3(q), _as3(sa), _per_expert(sb), qs, m_indices.contiguous(), max_clusters)
+    return q, qs
+
+
+register_op("cute_kernels::fp8_gemm_grouped_contiguous_swiglu",
+            "(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor m_indices) -> (Tensor, Tensor)",
+            _glu_contiguous_cuda, _glu_contiguous_fake)
+
+
+def fp8_gemm_grouped_contiguous_swiglu(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                                       m_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An MoE expert's first GEMM with its SwiGLU and the next GEMM's 1x128 quantization fused: with h the
+    `fp8_gemm_grouped_contiguous` product (bf16, (M, N)) of b (E, N, K) whose rows are the gate rows then the up
+    rows (N = 2I), returns `swiglu_quantize(h[:, :I], h[:, I:])` bit for bit: q (M, I) float8_e4m3fn and its
+    scales (M, ceil(I/128)) float32 in `quantize_1x128`'s layout, without h going through memory."""
+    return call("cute_kernels::fp8_gemm_grouped_contiguous_swiglu", a, sa, b, sb, m_indices)
+
+
 # --- masked -------------------------------------------------------------------------------------
 def _masked_cuda(a, sa, b, sb, masked_m, expected_m=None, out_dtype=None, schedule=None, sb_smem=None):
     from schedules.fp8_gemm import default_grouped_schedule

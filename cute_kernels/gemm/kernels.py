@@ -52,6 +52,7 @@ from collectives.wgmma_mainloop import (
     mma_k_tiles_promoted_halves,
     mma_k_tiles_promoted_overlap,
 )
+from schedules.fp8_gemm import glu_quant_error
 from schedules.gemm import GemmSchedule
 from schedules.grid_stride import GridStride
 from schedules.hardware import SETMAXNREG_LAUNCH
@@ -79,7 +80,7 @@ class Gemm:
     def __init__(self, ab_dtype, out_dtype, schedule: GemmSchedule, ops: EpilogueOps = EpilogueOps(),
                  blockwise: bool = False, grouping: str = "none", promote_overlap: bool = False,
                  sb_smem: bool = False, wg_turns: bool = False, promote_halves: bool = False,
-                 sb_ahead: bool = False):
+                 sb_ahead: bool = False, glu_quant: bool = False):
         self.ab_dtype, self.out_dtype = ab_dtype, out_dtype
         self.s, self.ops = schedule, ops
         self.acc_dtype = Float32
@@ -119,7 +120,13 @@ class Gemm:
         self.gated = ops.gated
         if self.gated and (schedule.gated_error() or grouping != "none"):
             raise ValueError(schedule.gated_error() or "the gated (swiglu) epilogue is not for the grouped modes")
-        self.out_tile_n = schedule.tile_n // 2 if self.gated else schedule.tile_n
+        # FP8 SwiGLU + 1x128 quantization over a gate / up CTA pair (`glu_quant_error`, `collectives.epilogue`)
+        self.glu_quant = glu_quant
+        if glu_quant:
+            err = glu_quant_error(schedule, blockwise, grouping, ops.gated, promote_halves)
+            if err:
+                raise ValueError(err)
+        self.out_tile_n = schedule.tile_n // 2 if self.gated or glu_quant else schedule.tile_n
         if self.split and (grouping != "none" or blockwise and not self.fixup):
             raise ValueError("split_k > 1 is for the bf16/fp16 GEMM and the dense FP8 GEMM with split_fixup "
                              "(not the grouped modes)")
@@ -195,12 +202,34 @@ class Gemm:
         self._launch(a, b, d, d, d, Float32(1.0), Float32(0.0), max_clusters, stream, sa, sb, groups)
 
     @cute.jit
+    def fp8_glu(self, a: cute.Tensor, b: cute.Tensor, q: cute.Tensor, sa: cute.Tensor, sb: cute.Tensor,
+                qs: cute.Tensor, groups: cute.Tensor, max_clusters: Int32, stream):
+        """`glu_quant=True`: (q, qs) = the 1x128 e4m3 quantization of silu(gate) * up, gate and up the two row halves
+        of B's product, `fp8` (grouping "none", groups ignored) or `fp8_grouped` ("contiguous"): b (2I, K, E) with
+        the gate rows first, sb (2I / 128, KB, E), q (M, I, 1) e4m3, qs (M, I / 128) fp32 with unit stride along M
+        (`quantize_1x128`'s layouts). Bit for bit the bf16 output of the plain GEMM through `swiglu_quantize`."""
+        self._launch(a, b, q, q, q, Float32(1.0), Float32(0.0), max_clusters, stream, sa, sb, groups, qs=qs)
+
+    @cute.jit
     def _launch(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, c: cute.Tensor, bias: cute.Tensor,
                 alpha: Float32, beta: Float32, max_clusters: Int32, stream, sa: cute.Tensor = None,
                 sb: cute.Tensor = None, groups: cute.Tensor = None, ws: cute.Tensor = None,
-                flags: cute.Tensor = None):
+                flags: cute.Tensor = None, qs: cute.Tensor = None):
         """Host side of the entry points (runs while they are traced): layouts, TMA atoms, launch."""
         s = self.s
+        if cutlass.const_expr(self.glu_quant):
+            # B's rows seen in gate / up pairs: N tile 2 j + h is rows [h I + 128 j, + 128) (h 0: gate, 1: up), and
+            # its scale block h I / 128 + j; a 1x2 cluster's two CTAs take the pair
+            tn = s.tile_n
+            pairs = cute.size(b, mode=[0]) // (2 * tn)
+            rs = b.stride[0]
+            b = cute.make_tensor(b.iterator, cute.make_layout(
+                ((tn, 2, pairs), cute.size(b, mode=[1]), cute.size(b, mode=[2])),
+                stride=((rs, pairs * tn * rs, tn * rs), b.stride[1], b.stride[2])))
+            bs = sb.stride[0]
+            sb = cute.make_tensor(sb.iterator, cute.make_layout(
+                ((2, pairs), cute.size(sb, mode=[1]), cute.size(sb, mode=[2])),
+                stride=((pairs * bs, bs), sb.stride[1], sb.stride[2])))
         a_major, b_major, d_major = LayoutEnum.from_tensor(a), LayoutEnum.from_tensor(b), LayoutEnum.from_tensor(d)
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype, self.ab_dtype, a_major.sm90_mma_major_mode(), b_major.sm90_mma_major_mode(),
@@ -213,7 +242,9 @@ class Gemm:
         self.epi_majors = (a_major.sm90_mma_major_mode(), b_major.sm90_mma_major_mode())
         sA_layout = operand_smem_layout(a_major, self.ab_dtype, s.tile_m, s.tile_k, stages)
         sB_layout = operand_smem_layout(b_major, self.ab_dtype, s.tile_n, s.tile_k, stages)
-        sC_layout = epi.smem_layout(d_major, self.out_dtype, s.epi_tile, epi_buffers)
+        sC_layout = None
+        if cutlass.const_expr(not self.glu_quant):  # (glu_quant: its exchange region in the buffers' place)
+            sC_layout = epi.smem_layout(d_major, self.out_dtype, s.epi_tile, epi_buffers)
         # `a_rows` (small M): A's box is the stage's first a_rows rows, a (a_rows, tile_k, stages * a_step) view of the
         # same ring (one swizzle atom along K: the short box's stage a_step * i is the first rows of stage i)
         a_step = s.a_step
@@ -223,8 +254,8 @@ class Gemm:
         tma_a, tma_ga = operand_tma(a, sA_box_layout, s.tile_m // a_step, s.tile_k, s.cluster_n)
         tma_b, tma_gb = operand_tma(b, sB_layout, s.tile_n, s.tile_k, s.cluster_m)
         tma_d = None
-        if cutlass.const_expr(not self.split or self.fixup):  # split-K stores fp32 partials from registers
-            tma_d, tma_gd = epi.store_tma(d, sC_layout, s.epi_tile)
+        if cutlass.const_expr((not self.split or self.fixup) and not self.glu_quant):  # split-K stores fp32 partials
+            tma_d, tma_gd = epi.store_tma(d, sC_layout, s.epi_tile)  # from registers; glu_quant its own vectors
         else:
             tma_gd = d
 
@@ -246,7 +277,11 @@ class Gemm:
             last: cute.struct.MemRange[Int32, 2]  # split_fixup's per-group "arrived last" (in the barrier pad)
             sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
-            sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 1024]
+            if cutlass.const_expr(self.glu_quant):  # the pair's exchange, row amax halves, staged output tile
+                gq: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, s.epi_bytes(2)], 1024]
+                gq_bars: cute.struct.MemRange[cutlass.Int64, 2]
+            else:
+                sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 1024]
             if cutlass.const_expr(self.blockwise):  # the A scales' ring
                 sS: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sS_layout)], 128]
             if cutlass.const_expr(sb_elems > 0):  # `sb_smem`: the B scales staged
@@ -278,7 +313,7 @@ class Gemm:
         clusters = cutlass.max(cutlass.min(clusters, max_clusters), 1)
         self.kernel(tiled_mma, tma_a, tma_ga, tma_b, tma_gb, tma_d, tma_gd, c, bias, alpha, beta,
                     sA_layout, sB_layout, sC_layout, d_major, *scale_args, sA_box_layout=sA_box_layout,
-                    sS_box_layout=sS_box_layout).launch(
+                    sS_box_layout=sS_box_layout, mQS=qs).launch(
             grid=[s.cluster_m, s.cluster_n, clusters], block=[s.threads, 1, 1],
             cluster=[s.cluster_m, s.cluster_n, 1], stream=stream, use_pdl=pdl.LAUNCH, **self._reg_bound())
 
@@ -316,6 +351,7 @@ class Gemm:
         flags: cute.Tensor = None,
         sA_box_layout: cute.ComposedLayout = None,
         sS_box_layout: cute.Layout = None,
+        mQS: cute.Tensor = None,
     ):
         s = self.s
         a_step = s.a_step  # (`a_rows`: A's short box, see `_launch`)
@@ -325,7 +361,7 @@ class Gemm:
         if warp == 0:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
-            if cutlass.const_expr(not self.split or self.fixup):
+            if cutlass.const_expr((not self.split or self.fixup) and not self.glu_quant):
                 cpasync.prefetch_descriptor(tma_d)
             if cutlass.const_expr(self.blockwise):
                 cpasync.prefetch_descriptor(tma_s)
@@ -347,11 +383,21 @@ class Gemm:
             tx_bytes += cute.size_in_bytes(Float32, cute.slice_(sS_box_layout, (None, None, 0)))
         pipe = make_pipeline(st.bars.data_ptr(), cute.size(sA_layout, mode=[2]), tx_bytes,
                              (s.cluster_m, s.cluster_n), 4 * s.consumers_per_tile)
+        gq_bars = None
+        if cutlass.const_expr(self.glu_quant):  # the pair's two exchanges (one arrival each, bytes from the peer)
+            gq_bars = st.gq_bars.data_ptr()
+            if warp == 0:
+                if tidx == 0:
+                    cute.arch.mbarrier_init(gq_bars, 1)
+                    cute.arch.mbarrier_init(gq_bars + 1, 1)
+                cute.arch.mbarrier_init_fence()
         pipeline.pipeline_init_arrive(cluster_shape_mn=(s.cluster_m, s.cluster_n), is_relaxed=True)
 
         sA = st.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = st.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
-        sC = st.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
+        sC = None
+        if cutlass.const_expr(not self.glu_quant):
+            sC = st.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
 
         # Global tiles: (tile, tile_k, tiles_m/n, tiles_k, L) for A/B, (tile_m, tile_n, tiles_m, tiles_n, L) for D.
         gA = cute.local_tile(mA, (s.tile_m, s.tile_k), (None, None, None))
@@ -523,6 +569,9 @@ class Gemm:
                 if cwg == 0:
                     my_turn.arrive()
             counter = Int32(0)
+            gq_regs = None
+            if cutlass.const_expr(self.glu_quant):
+                gq_regs = epi.glu_quant_regs(tiled_mma, s.tile_m, s.tile_n)
             for i in cutlass.range(first, n_tiles, step, unroll=1):
                 # valid is False only for padding tiles of the contiguous grouping (cooperative only:
                 # the ping-pong turn-taking assumes every tile is computed).
@@ -598,7 +647,13 @@ class Gemm:
                             gD_tile = gD[(None, None, tm, tn, tl)]
                             if cutlass.const_expr(s.wg_epilogue):  # this warpgroup's rows of the tile
                                 gD_tile = cute.local_tile(gD_tile, (64, self.out_tile_n), (cwg, 0))
-                            if cutlass.const_expr(self.gated):  # silu(gate) * up into the half-width tile
+                            if cutlass.const_expr(self.glu_quant):  # with the peer CTA: (q, scales) of the pair
+                                epi.glu_quant_store(acc, tCcC, gq_regs, cta_n, 1 - cta_n, tid, st.gq.data_ptr(),
+                                                    gq_bars, gq_bars + 1, counter % 2, mD[None, None, tl], mQS,
+                                                    tm * s.tile_m,
+                                                    tn * (self.out_tile_n // 16), tn // 2, epi_bar)
+                                counter = counter + 1
+                            elif cutlass.const_expr(self.gated):  # silu(gate) * up into the half-width tile
                                 epi.glu_fold(acc, glu[1], glu[2][0], glu[2][1], self.out_dtype.width == 16)
                                 counter = epi.store_tile(glu[0], glu[1], epi_tid, sC, buf0, s.epi_stages, counter,
                                                          tma_d, gD_tile, s.epi_tile, self.out_dtype, d_major,

@@ -342,6 +342,11 @@ def moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w13_scales: 
                        layout)
 
 
+# The contiguous layout's first GEMM writes the SwiGLU output already quantized (`fp8_gemm_grouped_contiguous_swiglu`,
+# bit for bit the unfused pair); False: the bf16 GEMM output, then `swiglu_quantize`.
+FUSED_GLU = True
+
+
 def moe_experts_fp8(xq, sx, r, w13, w13_scales, w2, w2_scales, layout: str = "contiguous", max_m: int | None = None):
     """The experts of `moe` on rows already in routing r's layout: e4m3 rows xq with their 1x128 scales sx -> grouped
     GEMM (w13) -> SwiGLU with the 1x128 requantization -> grouped GEMM (w2); bf16 rows in the same layout. Also the
@@ -350,6 +355,9 @@ def moe_experts_fp8(xq, sx, r, w13, w13_scales, w2, w2_scales, layout: str = "co
 
     e, two_i, _ = w13.shape
     i = two_i // 2
+    if layout == "contiguous" and FUSED_GLU:  # the SwiGLU and its quantization in the first GEMM's epilogue
+        gq, sg = ck.fp8_gemm_grouped_contiguous_swiglu(xq, sx, w13, w13_scales, r.m_indices)
+        return ck.fp8_gemm_grouped_contiguous(gq, sg, w2, w2_scales, r.m_indices)
     if layout == "contiguous":
         hh = ck.fp8_gemm_grouped_contiguous(xq, sx, w13, w13_scales, r.m_indices)
     else:
