@@ -33,6 +33,7 @@ from collectives.reduce import warp_reduce
 from collectives.vector_io import as_vectors, extent
 
 DIRECTIONS = ("dispatch", "combine")
+QUANT_LOADS = 4  # the quantizing dispatch's 16-byte loads in flight a thread
 
 
 class TokenRows:
@@ -77,20 +78,27 @@ class TokenRows:
                 # token t's row quantized once (1x128 blocks: amax over the block's 16 lanes, scale, e4m3) and stored
                 # into each slot's row with its scales; every lane runs every step (the shuffles need the whole warp):
                 # a vector past the row reads vector 0 and stores nothing
+                # The row's vectors are loaded QUANT_LOADS at a time before any is quantized: the k stores of each
+                # may alias them for all the compiler knows, so a load-quantize-store loop keeps one 16-byte load in
+                # flight a thread, half the bandwidth at 7168 columns.
                 per_block = BLOCK // self.vec
                 src = as_vectors(mSrc[t, None], h, self.vec)
-                for i in cutlass.range((nvec + self.threads - 1) // self.threads, unroll=1):
-                    j = i * self.threads + tidx
-                    v = src[None, cutlass.min(j, nvec - 1)].load().to(Float32)
-                    scale = scale_of(warp_reduce(vector_amax(v), fmax, per_block), False)
-                    q = cute.make_rmem_tensor((self.vec,), E4M3)  # (held in registers: the stores below sit in
-                    q.store((v * inverse(scale)).to(E4M3))  # branches the converted value may not cross)
-                    if j < nvec:
-                        for s in cutlass.range_constexpr(self.k):
-                            if row[s] >= 0:
-                                as_vectors(mDst[row[s], None], h, self.vec)[None, j].store(q.load())
-                                if j % per_block == 0:
-                                    mS[row[s], j // per_block] = scale
+                span = self.threads * QUANT_LOADS
+                for i in cutlass.range((nvec + span - 1) // span, unroll=1):
+                    vs = [src[None, cutlass.min(i * span + u * self.threads + tidx, nvec - 1)].load()
+                          for u in range(QUANT_LOADS)]
+                    for u in cutlass.range_constexpr(QUANT_LOADS):
+                        j = i * span + u * self.threads + tidx
+                        v = vs[u].to(Float32)
+                        scale = scale_of(warp_reduce(vector_amax(v), fmax, per_block), False)
+                        q = cute.make_rmem_tensor((self.vec,), E4M3)  # (held in registers: the stores below sit in
+                        q.store((v * inverse(scale)).to(E4M3))  # branches the converted value may not cross)
+                        if j < nvec:
+                            for s in cutlass.range_constexpr(self.k):
+                                if row[s] >= 0:
+                                    as_vectors(mDst[row[s], None], h, self.vec)[None, j].store(q.load())
+                                    if j % per_block == 0:
+                                        mS[row[s], j // per_block] = scale
             elif cutlass.const_expr(self.direction == "dispatch"):
                 src = as_vectors(mSrc[t, None], h, self.vec)
                 w = [mW[t, s] for s in range(self.k)] if self.weighted else None
