@@ -37,7 +37,7 @@ from collectives.ptx import pack_bf16x2, st_async_f32, st_async_v4, unpack_bf16x
 from collectives.quantize import E4M3, inverse, scale_of
 from collectives.reduce import warp_reduce
 from collectives.vector_io import as_vectors
-from schedules.fp8_gemm import GQ_STAGE_STRIDE, GQ_THREADS, GQ_TILE, GQ_XCH_WORDS, glu_quant_bytes
+from schedules.fp8_gemm import GQ_THREADS, GQ_TILE, GQ_XCH_WORDS, glu_quant_bytes
 from schedules.gemm import GLU_BLOCK
 
 ACTIVATIONS = ("none", "relu", "gelu", "silu", "swiglu")
@@ -313,16 +313,17 @@ def glu_quant_regs(tiled_mma: cute.TiledMma, tile_m: int, tile_n: int) -> tuple:
 
 @cute.jit
 def glu_quant_store(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr, half, peer, tid, region,
-                    xbar, abar, phase, mQ: cute.Tensor, mQS: cute.Tensor, m0, q_vec0, s_col, barrier):
+                    xbar, abar, phase, mQ: cute.Tensor, mQS: cute.Tensor, m0, q_col0, s_col):
     """One 128 x 128 tile's epilogue under `Gemm(glu_quant=True)`: this CTA (`half` 0: the gate tile, 1: the up tile)
-    and its `peer` make 64 output columns each of mQ (M, I) e4m3, rows from m0, this CTA's from 16-byte vector
-    `q_vec0` of the row on, and CTA 0 the rows' scales in column `s_col` of mQS (M, I / 128). `region`: the exchange
-    region (a Uint8 shared-memory pointer, `glu_quant_bytes`), `xbar` / `abar` this CTA's mbarriers of the two
-    exchanges (one arrival each), `phase` their parity this tile, `barrier` the 256 consumer threads' named barrier.
-    Every consumer thread (`tid` 0..255) calls it."""
+    and its `peer` make 64 output columns each of mQ (M, I) e4m3, rows from m0, this CTA's from column `q_col0`,
+    and CTA 0 the rows' scales in column `s_col` of mQS (M, I / 128). `region`: the exchange region (a Uint8
+    shared-memory pointer, `glu_quant_bytes`), `xbar` / `abar` this CTA's mbarriers of the two exchanges (one
+    arrival each), `phase` their parity this tile. Every consumer thread (`tid` 0..255) calls it; the two mbarriers
+    are the only synchronization (a peer writes tile i + 1's words into this CTA only after it has every row's amax
+    half of tile i, each sent after its quad read the words of tile i)."""
     low, high, slot, nrows = regs
     n = len(low)
-    amax_off, stage_off, _ = glu_quant_bytes()
+    amax_off, _ = glu_quant_bytes()
     gate_here = half == 0
     # 1. bf16 words: the half this CTA keeps and the half its peer needs (the same register order on both CTAs)
     own = cute.make_rmem_tensor((n,), Float32)
@@ -375,9 +376,8 @@ def glu_quant_store(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr
     while not done:
         done = cute.arch.mbarrier_try_wait(abar, phase)
     av = cute.make_tensor(cute.recast_ptr(region + amax_off, dtype=Float32), cute.make_layout(GQ_TILE))
-    stage_ptr = cute.recast_ptr(region + stage_off, dtype=E4M3)
-    stage = cute.make_tensor(stage_ptr, cute.make_layout((GQ_TILE, GQ_TILE // 2), stride=(GQ_STAGE_STRIDE, 1)))
     rows = cute.size(mQ, mode=[0])
+    cols = cute.size(mQ, mode=[1])
     scaled = cute.make_rmem_tensor((n,), Float32)
     for s_ in cutlass.range_constexpr(nrows):
         scale = scale_of(cute.arch.fmax(amax[s_], av[rows_local[s_]]), False)
@@ -389,16 +389,12 @@ def glu_quant_store(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr
             mQS[m0 + rows_local[s_], s_col] = scale
     qv = cute.make_rmem_tensor((n,), E4M3)
     qv.store(scaled.load().to(E4M3))
-    for k in cutlass.range_constexpr(n):
-        stage[tCcC[low[k]][0], tCcC[low[k]][1]] = qv[k]
-    barrier.arrive_and_wait()
-    # 3. the staged tile out in 16-byte row vectors (4 a row)
-    vecs = cute.make_tensor(stage_ptr, cute.make_layout((16, 4, GQ_TILE), stride=(1, 16, GQ_STAGE_STRIDE)))
-    cols = cute.size(mQ, mode=[1])
-    for v in cutlass.range_constexpr(GQ_TILE * 4 // GQ_THREADS):
-        idx = v * GQ_THREADS + tid
-        r = idx // 4
-        c = idx % 4
-        if m0 + r < rows:
-            as_vectors(mQ[m0 + r, None], cols, 16)[None, q_vec0 + c].store(vecs[None, c, r].load())
-    barrier.arrive_and_wait()  # the staging tile is free for the next tile
+    # 3. straight to global, a column pair (two bytes) a store: a warp's store covers 8 rows x 8 bytes, the tile's
+    # other stores the rest of those sectors while they sit in L2; no staging, no barrier between the CTA's threads
+    for k in cutlass.range_constexpr(0, n, 2):
+        m = m0 + tCcC[low[k]][0]
+        if m < rows:
+            pair = cute.make_rmem_tensor((2,), E4M3)
+            pair[0] = qv[k]
+            pair[1] = qv[k + 1]
+            as_vectors(mQ[m, None], cols, 2)[None, (q_col0 + tCcC[low[k]][1]) // 2].store(pair.load())

@@ -56,16 +56,13 @@ def acc_per_thread(s: GemmSchedule) -> int:
 # cluster's CTAs compute the gate and the up tile (128 x 128) of the same rows and swap halves through shared memory.
 GQ_TILE, GQ_THREADS = 128, 256  # the CTA tile and its two consumer warpgroups
 GQ_XCH_WORDS = 16  # bf16x2 words a thread sends: half of its 64 accumulator registers, paired
-GQ_STAGE_STRIDE = 80  # bytes a staged output row takes (64 e4m3 + 16: a 16-byte multiple, rows on distinct banks)
 
 
-def glu_quant_bytes() -> tuple[int, int, int]:
-    """(offset of the row-amax slots, offset of the staged output tile, total bytes) of the exchange region, which
-    takes the epilogue buffers' place: the peer's words [word / 4][thread][word % 4], GQ_TILE fp32 amax halves, then
-    GQ_TILE staged rows of e4m3."""
+def glu_quant_bytes() -> tuple[int, int]:
+    """(offset of the row-amax slots, total bytes) of the exchange region, which takes the epilogue buffers' place:
+    the peer's words [word / 4][thread][word % 4], then GQ_TILE fp32 amax halves."""
     xch = GQ_XCH_WORDS * GQ_THREADS * 4
-    stage = xch + GQ_TILE * 4
-    return xch, stage, stage + GQ_TILE * GQ_STAGE_STRIDE
+    return xch, xch + GQ_TILE * 4
 
 
 def glu_quant_error(s: GemmSchedule, blockwise: bool = True, grouping: str = "none", gated: bool = False,
@@ -81,9 +78,9 @@ def glu_quant_error(s: GemmSchedule, blockwise: bool = True, grouping: str = "no
                 f"cluster), got {s.kind} {s.tile_m}x{s.tile_n} in {s.cluster_m}x{s.cluster_n}")
     if s.split_k > 1 or s.k_interleave or s.wg_epilogue:
         return "glu_quant needs split_k=1, no k_interleave and no wg_epilogue"
-    if s.epi_bytes(2) < glu_quant_bytes()[2]:
-        return (f"glu_quant's exchange region ({glu_quant_bytes()[2]} bytes) takes the epilogue buffers' place: "
-                f"{s.epi_stages} buffers give {s.epi_bytes(2)} (epi_stages=4 gives enough)")
+    if s.epi_bytes(2) < glu_quant_bytes()[1]:
+        return (f"glu_quant's exchange region ({glu_quant_bytes()[1]} bytes) takes the epilogue buffers' place: "
+                f"{s.epi_stages} buffers give {s.epi_bytes(2)} (epi_stages=3 gives enough)")
     return None
 
 

@@ -393,7 +393,7 @@ def _glu_contiguous_cuda(a, sa, b, sb, m_indices):
     q, qs = _glu_outputs(m, i, a.device)
     a, b = _k_major(a), _k_major3(b)
     sa = tma_aligned_scales(sa)
-    sched = fp8_schedule("cooperative", GQ_TILE, GQ_TILE, cluster_m=1, cluster_n=2, epi_stages=4)
+    sched = fp8_schedule("cooperative", GQ_TILE, GQ_TILE, cluster_m=1, cluster_n=2, epi_stages=3)  # 6 stages
     fn, sms = _compiled(torch.bfloat16, sched, a.get_device(), grouping="contiguous", glu_quant=True,
                         sb_smem=_sb_smem(sched, m, k, None))
     max_clusters = launch_clusters(-(-m // GQ_TILE), n // GQ_TILE, 1, sched, sms, a.get_device())

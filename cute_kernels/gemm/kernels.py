@@ -650,8 +650,7 @@ class Gemm:
                             if cutlass.const_expr(self.glu_quant):  # with the peer CTA: (q, scales) of the pair
                                 epi.glu_quant_store(acc, tCcC, gq_regs, cta_n, 1 - cta_n, tid, st.gq.data_ptr(),
                                                     gq_bars, gq_bars + 1, counter % 2, mD[None, None, tl], mQS,
-                                                    tm * s.tile_m,
-                                                    tn * (self.out_tile_n // 16), tn // 2, epi_bar)
+                                                    tm * s.tile_m, tn * self.out_tile_n, tn // 2)
                                 counter = counter + 1
                             elif cutlass.const_expr(self.gated):  # silu(gate) * up into the half-width tile
                                 epi.glu_fold(acc, glu[1], glu[2][0], glu[2][1], self.out_dtype.width == 16)
