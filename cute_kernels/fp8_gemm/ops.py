@@ -376,7 +376,7 @@ def _glu_contiguous_fake(a, sa, b, sb, m_indices):
     return _glu_outputs(m, n // 2, a.device)
 
 
-def _glu_contiguous_cuda(a, sa, b, sb, m_indices):
+def _glu_contiguous_cuda(a, sa, b, sb, m_indices, schedule=None):
     """The fused kernel where I (N / 2) is a multiple of 128 and K > 0: a 1x2 cluster's CTAs compute a gate and an
     up tile of the same rows (`Gemm(glu_quant=True)`); elsewhere the two ops it fuses, with the same bits."""
     from cute_kernels.swiglu.ops import swiglu_quantize
@@ -393,7 +393,7 @@ def _glu_contiguous_cuda(a, sa, b, sb, m_indices):
     q, qs = _glu_outputs(m, i, a.device)
     a, b = _k_major(a), _k_major3(b)
     sa = tma_aligned_scales(sa)
-    sched = fp8_schedule("cooperative", GQ_TILE, GQ_TILE, cluster_m=1, cluster_n=2, epi_stages=3)  # 6 stages
+    sched = schedule or fp8_schedule("cooperative", GQ_TILE, GQ_TILE, cluster_m=1, cluster_n=2, epi_stages=3)
     fn, sms = _compiled(torch.bfloat16, sched, a.get_device(), grouping="contiguous", glu_quant=True,
                         sb_smem=_sb_smem(sched, m, k, None))
     max_clusters = launch_clusters(-(-m // GQ_TILE), n // GQ_TILE, 1, sched, sms, a.get_device())

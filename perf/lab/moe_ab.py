@@ -1,0 +1,75 @@
+"""The FP8 MoE layer's pieces timed in one interleaved run: the layer with and without the fused first GEMM
+(`fp8_gemm_grouped_contiguous_swiglu`), the fused GEMM under its schedules, the unfused GEMM (default wide tile and
+the fused one's 128 x 128 1x2) with `swiglu_quantize`, the second GEMM, the quantizing dispatch and the combine.
+
+    python3 -m perf.lab.moe_ab [T H I E k ...]   (default: 4096 7168 2048 256 8 and 16384 ... 256 8, 4096 ... 64 8)
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import torch
+
+from cute_kernels.bench import harness as H
+
+
+def study(t, h, i, e, k):
+    import cute_kernels as ck
+    from cute_kernels.moe.bench import _experts
+    from schedules.fp8_gemm import fp8_schedule
+
+    fo = importlib.import_module("cute_kernels.fp8_gemm.ops")
+    mo = importlib.import_module("cute_kernels.moe.ops")
+    w13, s13, w2, s2 = _experts(e, h, i)
+    router = (H.randn(e, h, seed=4) * 0.05).bfloat16()
+    x = H.randn(t, h, seed=5)
+    logits = ck.gemm(x, router.t(), out_dtype=torch.float32)
+    r = ck.moe_route(logits, k)
+    xq, sx = ck.moe_dispatch(x, r, quantize="1x128")
+    idx = r.m_indices
+    hh = ck.fp8_gemm_grouped_contiguous(xq, sx, w13, s13, idx)
+    gq, sg = ck.swiglu_quantize(hh[:, :i], hh[:, i:])
+    y = ck.fp8_gemm_grouped_contiguous(gq, sg, w2, s2, idx)
+    sq = fp8_schedule("cooperative", 128, 128, cluster_m=1, cluster_n=2)
+
+    def layer(fused):
+        def f():
+            mo.FUSED_GLU = fused
+            return ck.moe(x, router, w13, s13, w2, s2, k)
+        return f
+
+    fns = {
+        "layer fused": layer(True),
+        "layer unfused": layer(False),
+        "gemm1 fused (6 stages)": lambda: fo._glu_contiguous_cuda(xq, sx, w13, s13, idx),
+        "gemm1 fused (5 stages)": lambda: fo._glu_contiguous_cuda(
+            xq, sx, w13, s13, idx, fp8_schedule("cooperative", 128, 128, cluster_m=1, cluster_n=2, epi_stages=4)),
+        "gemm1 (default tile)": lambda: fo._contiguous_cuda(xq, sx, w13, s13, idx),
+        "gemm1 (128x128 1x2)": lambda: fo._contiguous_cuda(xq, sx, w13, s13, idx, None, sq),
+        "swiglu_quantize": lambda: ck.swiglu_quantize(hh[:, :i], hh[:, i:]),
+        "gemm2": lambda: fo._contiguous_cuda(gq, sg, w2, s2, idx),
+        "dispatch (quantizing)": lambda: ck.moe_dispatch(x, r, quantize="1x128"),
+        "combine": lambda: ck.moe_combine(y, r, r.topk_weights),
+        "route": lambda: ck.moe_route(logits, k),
+        "router gemm": lambda: ck.gemm(x, router.t(), out_dtype=torch.float32),
+    }
+    res = H.do_bench_interleaved(fns, rep_ms=60, max_reps=60)
+    mo.FUSED_GLU = True
+    lines = [f"T{t} H{h} I{i} E{e} k{k}: " + ", ".join(f"{n} {v['median_ms'] * 1e3:.0f}" for n, v in res.items())]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    vals = [int(v) for v in argv]
+    shapes = [tuple(vals[j:j + 5]) for j in range(0, len(vals), 5)] or [
+        (4096, 7168, 2048, 256, 8), (16384, 7168, 2048, 256, 8), (4096, 7168, 2048, 64, 8)]
+    for s in shapes:
+        print(study(*s), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
