@@ -33,7 +33,8 @@ from collectives.reduce import warp_reduce
 from collectives.vector_io import as_vectors, extent
 
 DIRECTIONS = ("dispatch", "combine")
-QUANT_LOADS = 4  # the quantizing dispatch's 16-byte loads in flight a thread
+QUANT_VEC, QUANT_LOADS = 16, 2  # the quantizing dispatch: elements a thread quantizes at once (one 16-byte e4m3
+# store a copy), such vectors loaded together
 
 
 class TokenRows:
@@ -45,11 +46,11 @@ class TokenRows:
             raise ValueError(f"top_k must be in [1, 16], got {top_k}")
         self.direction, self.dtype, self.k, self.threads = direction, dtype, top_k, threads
         self.weighted = weighted  # dispatch: each slot's row gets w[t, s] * x[t] (combine's backward to y)
-        # dispatch: the rows in e4m3 with 1x128 scales (`collectives.quantize`: quantize_1x128's bits); a block's 16
-        # vectors are 16 consecutive lanes
+        # dispatch: the rows in e4m3 with 1x128 scales (`collectives.quantize`: quantize_1x128's bits); a block's 8
+        # vectors of QUANT_VEC elements are 8 consecutive lanes
         self.vec = 128 // dtype.width
         self.quantize = quantize
-        if quantize and (direction != "dispatch" or weighted or threads % (BLOCK // self.vec)):
+        if quantize and (direction != "dispatch" or weighted or threads % (BLOCK // QUANT_VEC)):
             raise ValueError("quantize is the unweighted dispatch's option, with threads a multiple of 16")
 
     @cute.jit
@@ -75,28 +76,31 @@ class TokenRows:
         for t in cutlass.range(bidx, tokens, gdim, unroll=1):
             row = [mRows[t, s] for s in range(self.k)]
             if cutlass.const_expr(self.quantize):
-                # token t's row quantized once (1x128 blocks: amax over the block's 16 lanes, scale, e4m3) and stored
+                # token t's row quantized once (1x128 blocks: amax over the block's 8 lanes, scale, e4m3) and stored
                 # into each slot's row with its scales; every lane runs every step (the shuffles need the whole warp):
                 # a vector past the row reads vector 0 and stores nothing
-                # The row's vectors are loaded QUANT_LOADS at a time before any is quantized: the k stores of each
-                # may alias them for all the compiler knows, so a load-quantize-store loop keeps one 16-byte load in
-                # flight a thread, half the bandwidth at 7168 columns.
-                per_block = BLOCK // self.vec
-                src = as_vectors(mSrc[t, None], h, self.vec)
+                # A thread takes QUANT_VEC elements (two 16-byte loads) so that each of the k copies is one 16-byte
+                # store: the stores, not the bytes, bound this kernel (8-byte stores ran it no faster than the bf16
+                # dispatch, which writes twice the bytes); the row's loads are issued QUANT_LOADS vectors at a time
+                # before any is quantized (the copies' stores may alias them for all the compiler knows).
+                qvec = QUANT_VEC
+                nq = h // qvec
+                per_block = BLOCK // qvec
+                src = as_vectors(mSrc[t, None], h, qvec)
                 span = self.threads * QUANT_LOADS
-                for i in cutlass.range((nvec + span - 1) // span, unroll=1):
-                    vs = [src[None, cutlass.min(i * span + u * self.threads + tidx, nvec - 1)].load()
+                for i in cutlass.range((nq + span - 1) // span, unroll=1):
+                    vs = [src[None, cutlass.min(i * span + u * self.threads + tidx, nq - 1)].load()
                           for u in range(QUANT_LOADS)]
                     for u in cutlass.range_constexpr(QUANT_LOADS):
                         j = i * span + u * self.threads + tidx
                         v = vs[u].to(Float32)
                         scale = scale_of(warp_reduce(vector_amax(v), fmax, per_block), False)
-                        q = cute.make_rmem_tensor((self.vec,), E4M3)  # (held in registers: the stores below sit in
+                        q = cute.make_rmem_tensor((qvec,), E4M3)  # (held in registers: the stores below sit in
                         q.store((v * inverse(scale)).to(E4M3))  # branches the converted value may not cross)
-                        if j < nvec:
+                        if j < nq:
                             for s in cutlass.range_constexpr(self.k):
                                 if row[s] >= 0:
-                                    as_vectors(mDst[row[s], None], h, self.vec)[None, j].store(q.load())
+                                    as_vectors(mDst[row[s], None], h, qvec)[None, j].store(q.load())
                                     if j % per_block == 0:
                                         mS[row[s], j // per_block] = scale
             elif cutlass.const_expr(self.direction == "dispatch"):
