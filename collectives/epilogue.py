@@ -28,6 +28,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32
+from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import cpasync
 from cutlass.tensor_utils import LayoutEnum
 
@@ -376,11 +377,24 @@ def glu_quant_store(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr
     while not done:
         done = cute.arch.mbarrier_try_wait(abar, phase)
     av = cute.make_tensor(cute.recast_ptr(region + amax_off, dtype=Float32), cute.make_layout(GQ_TILE))
+    full = [cute.arch.fmax(amax[s_], av[rows_local[s_]]) for s_ in range(nrows)]
+    _glu_quant_write(y, full, regs, rows_local, half, lane, tCcC, mQ, mQS, m0, q_col0, s_col)
+
+
+@cute.jit
+def _glu_quant_write(y: cute.Tensor, amax: list, regs: cutlass.Constexpr, rows_local: list, half, lane,
+                     tCcC: cute.Tensor, mQ: cute.Tensor, mQS: cute.Tensor, m0, q_col0, s_col):
+    """The end of both exchanges: the stored half's products `y` (in `low`'s register order) scaled by their rows'
+    block amax (`scale_of`, `inverse`: swiglu_quantize's arithmetic), e4m3 column pairs straight to global (a warp's
+    store covers 8 rows x 8 bytes, the tile's other stores the rest of those sectors while they sit in L2: no
+    staging, no barrier between the CTA's threads), CTA 0's scales."""
+    low, _, slot, nrows = regs
+    n = len(low)
     rows = cute.size(mQ, mode=[0])
     cols = cute.size(mQ, mode=[1])
     scaled = cute.make_rmem_tensor((n,), Float32)
     for s_ in cutlass.range_constexpr(nrows):
-        scale = scale_of(cute.arch.fmax(amax[s_], av[rows_local[s_]]), False)
+        scale = scale_of(amax[s_], False)
         inv = inverse(scale)
         for k in cutlass.range_constexpr(n):
             if cutlass.const_expr(slot[k] == s_):
@@ -389,8 +403,6 @@ def glu_quant_store(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr
             mQS[m0 + rows_local[s_], s_col] = scale
     qv = cute.make_rmem_tensor((n,), E4M3)
     qv.store(scaled.load().to(E4M3))
-    # 3. straight to global, a column pair (two bytes) a store: a warp's store covers 8 rows x 8 bytes, the tile's
-    # other stores the rest of those sectors while they sit in L2; no staging, no barrier between the CTA's threads
     for k in cutlass.range_constexpr(0, n, 2):
         m = m0 + tCcC[low[k]][0]
         if m < rows:
@@ -398,3 +410,64 @@ def glu_quant_store(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr
             pair[0] = qv[k]
             pair[1] = qv[k + 1]
             as_vectors(mQ[m, None], cols, 2)[None, (q_col0 + tCcC[low[k]][1]) // 2].store(pair.load())
+
+
+@cute.jit
+def glu_quant_store_full(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr, half, peer, tid, region,
+                         xbar, fbar, phase, mQ: cute.Tensor, mQS: cute.Tensor, m0, q_col0, s_col):
+    """`glu_quant_store` with one exchange instead of two: each CTA sends its whole accumulator (bf16, 32 words a
+    thread, `glu_quant_bytes("full")`), so both hold gate and up of all 128 columns and take the row amax locally (a
+    quad's butterfly over 32 products a row); each then stores its 64 columns. One round trip a tile instead of two,
+    at twice the exchanged bytes and products. The peer's region is reused only after the peer has read it: each warp
+    arrives on this CTA's `fbar` in the peer (8 arrivals a phase) after its reads, and a CTA waits on its own `fbar`
+    (phase `phase` + 1: open at the first tile) before sending. The kernel ends with a cluster barrier (the last
+    tile's arrivals land before the peer exits)."""
+    low, high, slot, nrows = regs
+    n = len(low)
+    words = 2 * GQ_XCH_WORDS
+    gate_here = half == 0
+    own = cute.make_rmem_tensor((2 * n,), Float32)
+    w = []
+    for p in cutlass.range_constexpr(n):
+        w.append(pack_bf16x2(acc[2 * p + 1], acc[2 * p]))
+        own[2 * p], own[2 * p + 1] = unpack_bf16x2(w[p])
+    if tid == 0:
+        cute.arch.mbarrier_arrive_and_expect_tx(xbar, words * GQ_THREADS * 4)
+    remote = cutlass.Int32(cute.arch.map_dsmem_ptr(region, peer).toint())
+    remote_x = cutlass.Int32(cute.arch.map_dsmem_ptr(xbar, peer).toint())
+    done = cute.arch.mbarrier_try_wait(fbar, (phase + 1) % 2)  # the peer has read the previous tile's words
+    while not done:
+        done = cute.arch.mbarrier_try_wait(fbar, (phase + 1) % 2)
+    for q in cutlass.range_constexpr(words // 4):
+        st_async_v4(remote + (q * GQ_THREADS + tid) * 16, w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3],
+                    remote_x)
+    done = cute.arch.mbarrier_try_wait(xbar, phase)
+    while not done:
+        done = cute.arch.mbarrier_try_wait(xbar, phase)
+    xv = cute.make_tensor(cute.recast_ptr(region, dtype=cutlass.Int32),
+                          cute.make_layout((4, GQ_THREADS, words // 4), stride=(1, 4, 4 * GQ_THREADS)))
+    y = cute.make_rmem_tensor((2 * n,), Float32)
+    for q in cutlass.range_constexpr(words // 4):
+        got = xv[None, tid, q].load()
+        for e in cutlass.range_constexpr(4):
+            p = 4 * q + e
+            r0, r1 = unpack_bf16x2(got[e])
+            for j, r in ((2 * p, r0), (2 * p + 1, r1)):
+                y[j] = silu_mul(select(gate_here, own[j], r), select(gate_here, r, own[j]), True)
+    cute.arch.sync_warp()
+    lane = tid % 32
+    if lane == 0:
+        cute.arch.mbarrier_arrive(fbar, peer, scope=nvvm.MemScopeKind.CLUSTER)  # (release: the reads before it)
+    amax = []
+    rows_local = []
+    for s_ in cutlass.range_constexpr(nrows):
+        mine = [k for k in range(n) if slot[k] == s_]
+        a = cute.math.absf(y[low[mine[0]]])
+        for k in mine:
+            a = cute.arch.fmax(a, cute.arch.fmax(cute.math.absf(y[low[k]]), cute.math.absf(y[high[k]])))
+        amax.append(warp_reduce(a, cute.arch.fmax, 4))
+        rows_local.append(tCcC[low[mine[0]]][0])
+    kept = cute.make_rmem_tensor((n,), Float32)
+    for k in cutlass.range_constexpr(n):
+        kept[k] = select(gate_here, y[low[k]], y[high[k]])
+    _glu_quant_write(kept, amax, regs, rows_local, half, lane, tCcC, mQ, mQS, m0, q_col0, s_col)

@@ -58,15 +58,22 @@ GQ_TILE, GQ_THREADS = 128, 256  # the CTA tile and its two consumer warpgroups
 GQ_XCH_WORDS = 16  # bf16x2 words a thread sends: half of its 64 accumulator registers, paired
 
 
-def glu_quant_bytes() -> tuple[int, int]:
+GLU_EXCHANGES = ("halves", "full")  # what the pair swaps: half the accumulator and then row amax halves, or all of it
+
+
+def glu_quant_bytes(exchange: str = "halves") -> tuple[int, int]:
     """(offset of the row-amax slots, total bytes) of the exchange region, which takes the epilogue buffers' place:
-    the peer's words [word / 4][thread][word % 4], then GQ_TILE fp32 amax halves."""
+    the peer's words [word / 4][thread][word % 4], then ("halves") GQ_TILE fp32 amax halves; "full": twice the
+    words, no amax slots."""
+    if exchange == "full":
+        xch = 2 * GQ_XCH_WORDS * GQ_THREADS * 4
+        return xch, xch
     xch = GQ_XCH_WORDS * GQ_THREADS * 4
     return xch, xch + GQ_TILE * 4
 
 
 def glu_quant_error(s: GemmSchedule, blockwise: bool = True, grouping: str = "none", gated: bool = False,
-                    promote_halves: bool = False) -> str | None:
+                    promote_halves: bool = False, exchange: str = "halves") -> str | None:
     """Why schedule `s` cannot run the FP8 SwiGLU + 1x128 quantization epilogue (None when it can): the FP8 mode, no
     grouping or the contiguous one, cooperative 128 x 128 tiles in 1x2 clusters (the pair: gate and up), one split,
     the exchange region within the epilogue buffers' bytes."""
@@ -78,9 +85,13 @@ def glu_quant_error(s: GemmSchedule, blockwise: bool = True, grouping: str = "no
                 f"cluster), got {s.kind} {s.tile_m}x{s.tile_n} in {s.cluster_m}x{s.cluster_n}")
     if s.split_k > 1 or s.k_interleave or s.wg_epilogue:
         return "glu_quant needs split_k=1, no k_interleave and no wg_epilogue"
-    if s.epi_bytes(2) < glu_quant_bytes()[1]:
-        return (f"glu_quant's exchange region ({glu_quant_bytes()[1]} bytes) takes the epilogue buffers' place: "
-                f"{s.epi_stages} buffers give {s.epi_bytes(2)} (epi_stages=3 gives enough)")
+    if exchange not in GLU_EXCHANGES:
+        return f"glu_exchange must be one of {GLU_EXCHANGES}, got {exchange!r}"
+    need = glu_quant_bytes(exchange)[1]
+    if s.epi_bytes(2) < need:
+        return (f"glu_quant's {exchange} exchange region ({need} bytes) takes the epilogue buffers' place: "
+                f"{s.epi_stages} buffers give {s.epi_bytes(2)} (epi_stages={3 if exchange == 'halves' else 4} gives "
+                f"enough)")
     return None
 
 

@@ -85,7 +85,7 @@ class Fp8GemmSpec(KernelSpec):
             if err:
                 raise ValueError(err)
         if p["glu_quant"]:
-            err = glu_quant_error(s, True, p["grouping"], False, p["promote_halves"])
+            err = glu_quant_error(s, True, p["grouping"], False, p["promote_halves"], p["glu_exchange"])
             if err:
                 raise ValueError(err)
         if p["sb_ahead"] and (p["sb_smem"] or p["promote_halves"]):
@@ -120,7 +120,8 @@ class Fp8GemmSpec(KernelSpec):
                 sb = cute.runtime.make_fake_tensor(f32, (nb, kb, experts), stride=(sym(), sym(), sym()),
                                                    assumed_align=4)
             kernel = Gemm(ab, out, s, blockwise=True, grouping=p["grouping"], promote_overlap=p["promote_overlap"],
-                          sb_smem=p["sb_smem"], wg_turns=p["wg_turns"], sb_ahead=p["sb_ahead"], glu_quant=True)
+                          sb_smem=p["sb_smem"], wg_turns=p["wg_turns"], sb_ahead=p["sb_ahead"], glu_quant=True,
+                          glu_exchange=p["glu_exchange"])
             return kernel.fp8_glu, (a, b, q, sa, sb, qs, groups, cutlass.Int32(1), fake_stream())
         if p["grouping"] == "none":
             kernel = Gemm(ab, out, s, blockwise=True, promote_overlap=p["promote_overlap"], sb_smem=p["sb_smem"],
@@ -204,6 +205,9 @@ FP8_GEMM = Fp8GemmSpec(
         "glu_quant": Param(False, (False, True), help="the SwiGLU + 1x128 e4m3 quantization epilogue: B's row halves "
                                                       "are gate and up, a 1x2 cluster takes a gate and an up tile "
                                                       "(cooperative 128x128) and writes (q, scales) of their product"),
+        "glu_exchange": Param("halves", ("halves", "full"), help="glu_quant: what the gate / up pair swaps: half "
+                                                                   "its accumulator, then row amax halves (two round "
+                                                                   "trips), or all of it (one; epi_stages 4)"),
         "sb_ahead": Param(False, (False, True), help="B scales read from global one K-block ahead (their L2 latency "
                                                      "off the promotion's path; also with promote_overlap; not with "
                                                      "sb_smem or promote_halves; default off)"),

@@ -361,6 +361,10 @@ def fp8_gemm_grouped_contiguous(a: torch.Tensor, sa: torch.Tensor, b: torch.Tens
 
 
 # --- contiguous, SwiGLU + 1x128 quantization fused ------------------------------------------------
+# The gate / up pair's exchange (`schedules.fp8_gemm.GLU_EXCHANGES`): "halves" (two round trips, 6 stages) until the
+# A/B (`perf/lab/moe_ab.py`) has timed "full" (one round trip, 5 stages).
+GLU_EXCHANGE_DEFAULT = "halves"
+
 def _glu_outputs(m, i, device):
     """q (M, I) e4m3 and its scales (M, ceil(I/128)) fp32 in `quantize_1x128`'s layout (unit stride along M, the
     column stride M rounded up to 4)."""
@@ -376,7 +380,7 @@ def _glu_contiguous_fake(a, sa, b, sb, m_indices):
     return _glu_outputs(m, n // 2, a.device)
 
 
-def _glu_contiguous_cuda(a, sa, b, sb, m_indices, schedule=None):
+def _glu_contiguous_cuda(a, sa, b, sb, m_indices, schedule=None, exchange=None):
     """The fused kernel where I (N / 2) is a multiple of 128 and K > 0: a 1x2 cluster's CTAs compute a gate and an
     up tile of the same rows (`Gemm(glu_quant=True)`); elsewhere the two ops it fuses, with the same bits."""
     from cute_kernels.swiglu.ops import swiglu_quantize
@@ -393,9 +397,11 @@ def _glu_contiguous_cuda(a, sa, b, sb, m_indices, schedule=None):
     q, qs = _glu_outputs(m, i, a.device)
     a, b = _k_major(a), _k_major3(b)
     sa = tma_aligned_scales(sa)
-    sched = schedule or fp8_schedule("cooperative", GQ_TILE, GQ_TILE, cluster_m=1, cluster_n=2, epi_stages=3)
+    exchange = exchange or GLU_EXCHANGE_DEFAULT
+    sched = schedule or fp8_schedule("cooperative", GQ_TILE, GQ_TILE, cluster_m=1, cluster_n=2,
+                                     epi_stages=3 if exchange == "halves" else 4)
     fn, sms = _compiled(torch.bfloat16, sched, a.get_device(), grouping="contiguous", glu_quant=True,
-                        sb_smem=_sb_smem(sched, m, k, None))
+                        sb_smem=_sb_smem(sched, m, k, None), glu_exchange=exchange if exchange != "halves" else None)
     max_clusters = launch_clusters(-(-m // GQ_TILE), n // GQ_TILE, 1, sched, sms, a.get_device())
     fn(_as3(a), _per_expert(b), _as3(q), _as3(sa), _per_expert(sb), qs, m_indices.contiguous(), max_clusters)
     return q, qs

@@ -80,7 +80,7 @@ class Gemm:
     def __init__(self, ab_dtype, out_dtype, schedule: GemmSchedule, ops: EpilogueOps = EpilogueOps(),
                  blockwise: bool = False, grouping: str = "none", promote_overlap: bool = False,
                  sb_smem: bool = False, wg_turns: bool = False, promote_halves: bool = False,
-                 sb_ahead: bool = False, glu_quant: bool = False):
+                 sb_ahead: bool = False, glu_quant: bool = False, glu_exchange: str = "halves"):
         self.ab_dtype, self.out_dtype = ab_dtype, out_dtype
         self.s, self.ops = schedule, ops
         self.acc_dtype = Float32
@@ -121,9 +121,9 @@ class Gemm:
         if self.gated and (schedule.gated_error() or grouping != "none"):
             raise ValueError(schedule.gated_error() or "the gated (swiglu) epilogue is not for the grouped modes")
         # FP8 SwiGLU + 1x128 quantization over a gate / up CTA pair (`glu_quant_error`, `collectives.epilogue`)
-        self.glu_quant = glu_quant
+        self.glu_quant, self.glu_exchange = glu_quant, glu_exchange
         if glu_quant:
-            err = glu_quant_error(schedule, blockwise, grouping, ops.gated, promote_halves)
+            err = glu_quant_error(schedule, blockwise, grouping, ops.gated, promote_halves, glu_exchange)
             if err:
                 raise ValueError(err)
         self.out_tile_n = schedule.tile_n // 2 if self.gated or glu_quant else schedule.tile_n
@@ -388,8 +388,9 @@ class Gemm:
             gq_bars = st.gq_bars.data_ptr()
             if warp == 0:
                 if tidx == 0:
-                    cute.arch.mbarrier_init(gq_bars, 1)
-                    cute.arch.mbarrier_init(gq_bars + 1, 1)
+                    cute.arch.mbarrier_init(gq_bars, 1)  # the peer's words: one arrival + their bytes
+                    # "halves": the amax halves (one arrival + bytes); "full": the peer has read (a warp each)
+                    cute.arch.mbarrier_init(gq_bars + 1, 1 if self.glu_exchange == "halves" else 8)
                 cute.arch.mbarrier_init_fence()
         pipeline.pipeline_init_arrive(cluster_shape_mn=(s.cluster_m, s.cluster_n), is_relaxed=True)
 
@@ -648,7 +649,9 @@ class Gemm:
                             if cutlass.const_expr(s.wg_epilogue):  # this warpgroup's rows of the tile
                                 gD_tile = cute.local_tile(gD_tile, (64, self.out_tile_n), (cwg, 0))
                             if cutlass.const_expr(self.glu_quant):  # with the peer CTA: (q, scales) of the pair
-                                epi.glu_quant_store(acc, tCcC, gq_regs, cta_n, 1 - cta_n, tid, st.gq.data_ptr(),
+                                store = epi.glu_quant_store if self.glu_exchange == "halves" else \
+                                    epi.glu_quant_store_full
+                                store(acc, tCcC, gq_regs, cta_n, 1 - cta_n, tid, st.gq.data_ptr(),
                                                     gq_bars, gq_bars + 1, counter % 2, mD[None, None, tl], mQS,
                                                     tm * s.tile_m, tn * self.out_tile_n, tn // 2)
                                 counter = counter + 1
@@ -662,6 +665,10 @@ class Gemm:
                                                          gD_tile, s.epi_tile, self.out_dtype, d_major,
                                                          epi_bar, is_store_warp, store_pipe)
             store_pipe.producer_tail()
+        if cutlass.const_expr(self.glu_quant and self.glu_exchange == "full"):
+            # the last tile's "read" arrivals land in the peer before either CTA exits
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
 
     def _mainloop(self, tiled_mma, acc, temp, temp2, halves_args, tCrA, tCrB, pipe, read, release, k_count, scales,
                   turns, k_step: int = 1):

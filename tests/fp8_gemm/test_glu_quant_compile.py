@@ -1,6 +1,6 @@
 """CPU: the FP8 GEMM's SwiGLU + 1x128 quantization epilogue (`glu_quant`) compiles for sm_90a, dense and grouped
 contiguous, without spills and within the consumers' registers; its exchange is 16-byte `st.async` stores into the
-peer CTA (four a thread) and one fp32 amax half a row, its output two-byte global stores straight from registers (no staging, no CTA barrier) and fp32 scales; the
+peer CTA (four a thread) and one fp32 amax half a row ("full": eight, no amax, a warp's arrival when it has read), its output two-byte global stores straight from registers (no staging, no CTA barrier) and fp32 scales; the
 schedule rules name what they refuse; the op's fake gives `quantize_1x128`'s layouts."""
 
 import pytest
@@ -15,7 +15,8 @@ SPEC = catalog.get("fp8_gemm")
 BASE = {"cluster_m": 1, "cluster_n": 2, "glu_quant": True, "epi_stages": 3}
 CONFIGS = {"contiguous": {**BASE, "grouping": "contiguous"}, "contiguous_sb_smem": {**BASE, "grouping": "contiguous",
                                                                                   "sb_smem": True},
-           "dense": BASE}
+           "dense": BASE, "contiguous_full": {**BASE, "grouping": "contiguous", "glu_exchange": "full",
+                                              "epi_stages": 4}}
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +30,11 @@ def test_exchange_in_ptx(artifacts, name):
     report, files = artifacts[name]
     assert not report.spills, report.format()
     ptx = files["ptx"].read_text()
-    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32") == 4
-    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32") == 2  # a thread's two rows
+    full = CONFIGS[name].get("glu_exchange") == "full"
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32") == (8 if full else 4)
+    # "halves": a thread's two rows' amax halves; "full": none, a warp's "read" arrival in the peer instead
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32") == (0 if full else 2)
+    assert ("mbarrier.arrive.release.cluster.shared::cluster" in ptx) == full
     assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 16  # 32 outputs a thread
     assert ptx.count("st.global.v2.b8") == 16  # 32 outputs a thread, a column pair a store
     assert "bar.sync" not in ptx.split("st.async")[-1], "a CTA barrier after the exchange"
@@ -52,6 +56,8 @@ def test_schedule_rules():
     assert "1x2 clusters" in glu_quant_error(fp8_schedule("cooperative", 128, 128, cluster_m=2), True, "contiguous")
     assert "1x2 clusters" in glu_quant_error(fp8_schedule("cooperative", 128, 192, cluster_m=1, cluster_n=2))
     assert "dense or grouped contiguous" in glu_quant_error(ok, True, "masked")
+    assert "epi_stages=4" in glu_quant_error(ok, exchange="full")
+    assert glu_quant_error(fp8_schedule("cooperative", 128, 128, cluster_m=1, cluster_n=2), exchange="full") is None
     small = fp8_schedule("cooperative", 128, 128, cluster_m=1, cluster_n=2, epi_stages=2)
     assert "epilogue buffers" in glu_quant_error(small)
     assert glu_quant_bytes()[1] <= ok.epi_bytes(2)

@@ -1,8 +1,9 @@
 """GPU: `fp8_gemm_grouped_contiguous_swiglu` (the grouped FP8 GEMM with SwiGLU and the 1x128 e4m3 quantization in
 its epilogue, a gate and an up CTA a cluster) bit for bit against the two ops it fuses: the bf16 grouped GEMM, then
 `swiglu_quantize` of its halves. Every valid row compared (q as bytes, the scales exactly): experts with 0 rows,
-odd counts, whole padding blocks, one and several column pairs, B scales staged in smem and read from global, the
-fallback where I is off the 128-column block; the MoE layer's output unchanged by the fusion."""
+odd counts, whole padding blocks, one and several column pairs, K = 128, both exchanges ("halves", "full"), B
+scales staged in smem and read from global, the fallback where I is off the 128-column block; the MoE layer's output
+unchanged by the fusion."""
 
 import pytest
 import torch
@@ -41,11 +42,13 @@ def _same(got, want, idx):
     assert bad == 0, f"{bad} of {qb.numel()} e4m3 bytes differ"
 
 
+@pytest.mark.parametrize("exchange", ["halves", "full"])
 @pytest.mark.parametrize("rows,i,k", [([256, 128], 128, 512), ([130, 0, 257, 64], 256, 1024),
-                                      ([1024] * 2, 2048, 7168), ([1, 3, 500], 384, 384)])
-def test_bitwise_against_unfused(rows, i, k):
+                                      ([1024] * 2, 2048, 7168), ([1, 3, 500], 384, 384), ([700] * 3, 256, 128)])
+def test_bitwise_against_unfused(rows, i, k, exchange):
+    """K = 128 (one K-block a tile) included: the shortest time between a peer's reuse of the exchange region."""
     a, sa, b, sb, idx = _inputs(rows, i, k)
-    _same(_glu_contiguous_cuda(a, sa, b, sb, idx), _unfused(a, sa, b, sb, idx), idx)
+    _same(_glu_contiguous_cuda(a, sa, b, sb, idx, exchange=exchange), _unfused(a, sa, b, sb, idx), idx)
 
 
 @pytest.mark.parametrize("sb_smem", [False, True])
