@@ -34,7 +34,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from collectives.activations import silu_mul
 from collectives.arg_reduce import select
-from collectives.ptx import pack_bf16x2, st_async_f32, st_async_v4, unpack_bf16x2
+from collectives.ptx import mbarrier_wait, pack_bf16x2, st_async_f32, st_async_v4, unpack_bf16x2
 from collectives.quantize import E4M3, inverse, scale_of
 from collectives.reduce import warp_reduce
 from collectives.vector_io import as_vectors
@@ -346,9 +346,7 @@ def glu_quant_store(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr
         st_async_v4(remote + (q * GQ_THREADS + tid) * 16, words[4 * q], words[4 * q + 1], words[4 * q + 2],
                     words[4 * q + 3], remote_x)
     # 2. the peer's half, the products, the row amax halves
-    done = cute.arch.mbarrier_try_wait(xbar, phase)
-    while not done:
-        done = cute.arch.mbarrier_try_wait(xbar, phase)
+    mbarrier_wait(xbar, phase)
     xv = cute.make_tensor(cute.recast_ptr(region, dtype=cutlass.Int32),
                           cute.make_layout((4, GQ_THREADS, GQ_XCH_WORDS // 4), stride=(1, 4, 4 * GQ_THREADS)))
     y = cute.make_rmem_tensor((n,), Float32)
@@ -373,9 +371,7 @@ def glu_quant_store(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr
             st_async_f32(remote + amax_off + r_loc * 4, a, remote_a)
         rows_local.append(r_loc)
         amax.append(a)
-    done = cute.arch.mbarrier_try_wait(abar, phase)
-    while not done:
-        done = cute.arch.mbarrier_try_wait(abar, phase)
+    mbarrier_wait(abar, phase)
     av = cute.make_tensor(cute.recast_ptr(region + amax_off, dtype=Float32), cute.make_layout(GQ_TILE))
     full = [cute.arch.fmax(amax[s_], av[rows_local[s_]]) for s_ in range(nrows)]
     _glu_quant_write(y, full, regs, rows_local, half, lane, tCcC, mQ, mQS, m0, q_col0, s_col)
@@ -435,15 +431,11 @@ def glu_quant_store_full(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Cons
         cute.arch.mbarrier_arrive_and_expect_tx(xbar, words * GQ_THREADS * 4)
     remote = cutlass.Int32(cute.arch.map_dsmem_ptr(region, peer).toint())
     remote_x = cutlass.Int32(cute.arch.map_dsmem_ptr(xbar, peer).toint())
-    done = cute.arch.mbarrier_try_wait(fbar, (phase + 1) % 2)  # the peer has read the previous tile's words
-    while not done:
-        done = cute.arch.mbarrier_try_wait(fbar, (phase + 1) % 2)
+    mbarrier_wait(fbar, (phase + 1) % 2)  # the peer has read the previous tile's words
     for q in cutlass.range_constexpr(words // 4):
         st_async_v4(remote + (q * GQ_THREADS + tid) * 16, w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3],
                     remote_x)
-    done = cute.arch.mbarrier_try_wait(xbar, phase)
-    while not done:
-        done = cute.arch.mbarrier_try_wait(xbar, phase)
+    mbarrier_wait(xbar, phase)
     xv = cute.make_tensor(cute.recast_ptr(region, dtype=cutlass.Int32),
                           cute.make_layout((4, GQ_THREADS, words // 4), stride=(1, 4, 4 * GQ_THREADS)))
     y = cute.make_rmem_tensor((2 * n,), Float32)

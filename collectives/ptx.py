@@ -1,12 +1,14 @@
 """Inline PTX snippets as DSL values: pure (side-effect free, so CSE and scheduling apply) `llvm.inline_asm` on 32-bit
-registers, fp32 constants written as PTX literals, and the two shared-memory matrix moves ldmatrix.x4.trans /
-stmatrix.x4 (volatile: they stay in order with the barriers around them)."""
+registers, fp32 constants written as PTX literals, the two shared-memory matrix moves ldmatrix.x4.trans /
+stmatrix.x4 (volatile: they stay in order with the barriers around them), bf16x2 packing, `st.async` into a peer
+CTA's shared memory, and an mbarrier phase wait."""
 
 from __future__ import annotations
 
 import struct
 
 import cutlass
+import cutlass.cute as cute
 from cutlass import Float32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T
@@ -78,3 +80,12 @@ def st_async_f32(remote_addr, v, remote_mbar) -> None:
                            cutlass.Int32(remote_mbar).ir_value()],
                     "st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [$0], $1, [$2];", "r,f,r",
                     has_side_effects=True, is_align_stack=False)
+
+
+@cute.jit
+def mbarrier_wait(mbar, phase) -> None:
+    """Spin until mbarrier `mbar` has completed the phase of parity `phase`: a loop the compiler sees
+    (`cute.arch.mbarrier_wait`'s asm loop made ptxas spill in `collectives.reduce.cluster_reduce`)."""
+    done = cute.arch.mbarrier_try_wait(mbar, phase)
+    while not done:
+        done = cute.arch.mbarrier_try_wait(mbar, phase)

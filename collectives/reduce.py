@@ -19,6 +19,8 @@ from typing import Callable
 import cutlass
 import cutlass.cute as cute
 
+from collectives.ptx import mbarrier_wait
+
 WARP = 32
 
 
@@ -221,9 +223,7 @@ def cluster_reduce(val, op: Callable, cluster_n: cutlass.Constexpr[int], smem: c
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
     else:
-        done = cute.arch.mbarrier_try_wait(mbar, phase)
-        while not done:  # a loop the compiler sees (cute.arch.mbarrier_wait's asm loop made ptxas spill)
-            done = cute.arch.mbarrier_try_wait(mbar, phase)
+        mbarrier_wait(mbar, phase)
     first = row_in_cta * cluster_n * width
     if cutlass.const_expr(tree):
         assert row_threads >= cluster_n, "the butterfly spans cluster_n lanes of a row"
