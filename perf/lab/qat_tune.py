@@ -2,7 +2,10 @@
 schedules, against torch's fused ops, all columns in one interleaved run per case: picks `cute_kernels.qat.QAT_MAP`
 (the fp32 per-tensor forward ran at 84-87 % of copy with the elementwise family's tuned shape, bf16 at 98 %).
 
-    python3 -m perf.lab.qat_tune [--shapes 4096x8192,8192x8192] [--jobs 16]
+    python3 -m perf.lab.qat_tune [--shapes 4096x8192,8192x8192] [--jobs 16] [--observer]
+
+`--observer`: the fused observer (reduce pass + quantize pass, per tensor) under a grid of reduce plans
+(`OBSERVER_PLAN`) instead.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from cute_kernels.bench import harness as H
 from schedules.grid_stride import GridStride
 
 GRID = dict(threads=(128, 256), unroll=(1, 2, 4), ctas_per_sm=(0, 16), order=("cta",))
+# the observer's reduce pass (`OBSERVER_PLAN`, `schedules.row_tiling.plan_rows` settings)
+OBS_GRID = dict(threads=(256, 512), unroll=(4, 8), ctas_per_sm=(4, 8, 16))
 
 
 def configs():
@@ -77,13 +82,69 @@ def study(shapes, dtypes=(torch.float32, torch.bfloat16), jobs=16):
     return "\n".join(lines)
 
 
+def observer_study(shapes, dtypes=(torch.float32, torch.bfloat16)):
+    """The fused moving-average observer + fake-quant, per tensor (`fake_quant_observed`: a reduce pass, then the
+    quantize pass), under each reduce plan of OBS_GRID, against torch's fused op (fp32 only) and the current plan."""
+    import cute_kernels as ck
+    from cute_kernels import dtypes as D
+
+    ops = importlib.import_module("cute_kernels.qat.ops")
+    saved = dict(ops.OBSERVER_PLAN)
+    on = torch.ones(1, dtype=torch.long, device="cuda")
+    lines = ["| case | dtype | shape | torch us | default us | best us | best plan | best x torch | default x torch |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def state():
+        return [torch.full((1,), float("inf"), device="cuda"), torch.full((1,), float("-inf"), device="cuda"),
+                torch.ones(1, device="cuda"), torch.zeros(1, dtype=torch.int32, device="cuda")]
+
+    try:
+        for dt, (r, c) in itertools.product(dtypes, shapes):
+            x = H.randn(r, c, dtype=dt, seed=1).requires_grad_()
+            fns = {}
+            if dt == torch.float32:
+                ts = state()
+                fns["torch"] = lambda: torch._fused_moving_avg_obs_fq_helper(x, on, on, *ts, 0.01, -128, 127, 0,
+                                                                             False, False)
+            for t, u, cap in itertools.product(*OBS_GRID.values()):
+                plan, st = dict(threads=t, unroll=u, ctas_per_sm=cap), state()
+
+                def run(plan=plan, st=st):
+                    ops.OBSERVER_PLAN.clear()
+                    ops.OBSERVER_PLAN.update(plan)
+                    return ck.fake_quant_observed(x, on, on, *st, 0.01, -128, 127, 0, False, False)
+                run()
+                fns[f"t{t}u{u}c{cap}"] = run
+            ds = state()
+
+            def default(st=ds):
+                ops.OBSERVER_PLAN.clear()
+                ops.OBSERVER_PLAN.update(saved)
+                return ck.fake_quant_observed(x, on, on, *st, 0.01, -128, 127, 0, False, False)
+            fns["default"] = default
+            res = {k: v["median_ms"] for k, v in H.do_bench_interleaved(fns, rep_ms=40, max_reps=200).items()}
+            t_ref, t_def = res.pop("torch", float("nan")), res.pop("default")
+            best = min(res, key=res.get)
+            lines.append(f"| observer.tensor | {D.name_of(dt)} | {r}x{c} | {t_ref*1e3:.1f} | {t_def*1e3:.1f} | "
+                         f"{res[best]*1e3:.1f} | {best} | {t_ref/res[best]:.3f} | {t_ref/t_def:.3f} |")
+            H.progress(lines[-1])
+    finally:
+        ops.OBSERVER_PLAN.clear()
+        ops.OBSERVER_PLAN.update(saved)
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="4096x8192,8192x8192")
     ap.add_argument("--jobs", type=int, default=16)
+    ap.add_argument("--observer", action="store_true", help="the fused observer's reduce plans instead")
     a = ap.parse_args(argv)
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
-    print(study(shapes, jobs=a.jobs))
+    if a.observer:
+        print(observer_study(shapes))
+    else:
+        print(study(shapes, jobs=a.jobs))
     return 0
 
 
