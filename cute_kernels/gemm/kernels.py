@@ -205,9 +205,10 @@ class Gemm:
     def fp8_glu(self, a: cute.Tensor, b: cute.Tensor, q: cute.Tensor, sa: cute.Tensor, sb: cute.Tensor,
                 qs: cute.Tensor, groups: cute.Tensor, max_clusters: Int32, stream):
         """`glu_quant=True`: (q, qs) = the 1x128 e4m3 quantization of silu(gate) * up, gate and up the two row halves
-        of B's product, `fp8` (grouping "none", groups ignored) or `fp8_grouped` ("contiguous"): b (2I, K, E) with
-        the gate rows first, sb (2I / 128, KB, E), q (M, I, 1) e4m3, qs (M, I / 128) fp32 with unit stride along M
-        (`quantize_1x128`'s layouts). Bit for bit the bf16 output of the plain GEMM through `swiglu_quantize`."""
+        of B's product, `fp8` (grouping "none", groups ignored; one batch) or `fp8_grouped` ("contiguous"): b (2I, K,
+        E) with the gate rows first, sb (2I / 128, KB, E), a and sa as `fp8`'s with L = 1, q (M, I, 1) e4m3, qs (M,
+        I / 128) fp32 with unit stride along M (`quantize_1x128`'s layouts). Bit for bit the bf16 output of the plain
+        GEMM through `swiglu_quantize`."""
         self._launch(a, b, q, q, q, Float32(1.0), Float32(0.0), max_clusters, stream, sa, sb, groups, qs=qs)
 
     @cute.jit
@@ -277,7 +278,7 @@ class Gemm:
             last: cute.struct.MemRange[Int32, 2]  # split_fixup's per-group "arrived last" (in the barrier pad)
             sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
-            if cutlass.const_expr(self.glu_quant):  # the pair's exchange, row amax halves, staged output tile
+            if cutlass.const_expr(self.glu_quant):  # the pair's exchange region (`glu_quant_bytes`), two mbarriers
                 gq: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, s.epi_bytes(2)], 1024]
                 gq_bars: cute.struct.MemRange[cutlass.Int64, 2]
             else:
@@ -649,12 +650,12 @@ class Gemm:
                             if cutlass.const_expr(s.wg_epilogue):  # this warpgroup's rows of the tile
                                 gD_tile = cute.local_tile(gD_tile, (64, self.out_tile_n), (cwg, 0))
                             if cutlass.const_expr(self.glu_quant):  # with the peer CTA: (q, scales) of the pair
-                                store = epi.glu_quant_store if self.glu_exchange == "halves" else \
+                                glu_store = epi.glu_quant_store if self.glu_exchange == "halves" else \
                                     epi.glu_quant_store_full
-                                store(acc, tCcC, gq_regs, cta_n, 1 - cta_n, tid, st.gq.data_ptr(),
-                                                    gq_bars, gq_bars + 1, counter % 2, mD[None, None, tl], mQS,
-                                                    tm * s.tile_m, tn * self.out_tile_n, tn // 2)
-                                counter = counter + 1
+                                glu_store(acc, tCcC, gq_regs, cta_n, 1 - cta_n, tid, st.gq.data_ptr(), gq_bars,
+                                          gq_bars + 1, counter % 2, mD[None, None, tl], mQS, tm * s.tile_m,
+                                          tn * self.out_tile_n, tn // 2)
+                                counter = counter + 1  # (the exchanges' phase parity)
                             elif cutlass.const_expr(self.gated):  # silu(gate) * up into the half-width tile
                                 epi.glu_fold(acc, glu[1], glu[2][0], glu[2][1], self.out_dtype.width == 16)
                                 counter = epi.store_tile(glu[0], glu[1], epi_tid, sC, buf0, s.epi_stages, counter,
