@@ -365,6 +365,7 @@ def fp8_gemm_grouped_contiguous(a: torch.Tensor, sa: torch.Tensor, b: torch.Tens
 # A/B (`perf/lab/moe_ab.py`) has timed "full" (one round trip, 5 stages).
 GLU_EXCHANGE_DEFAULT = "halves"
 
+
 def _glu_outputs(m, i, device):
     """q (M, I) e4m3 and its scales (M, ceil(I/128)) fp32 in `quantize_1x128`'s layout (unit stride along M, the
     column stride M rounded up to 4)."""

@@ -51,7 +51,7 @@ class TokenRows:
         self.vec = 128 // dtype.width
         self.quantize = quantize
         if quantize and (direction != "dispatch" or weighted or threads % (BLOCK // QUANT_VEC)):
-            raise ValueError("quantize is the unweighted dispatch's option, with threads a multiple of 16")
+            raise ValueError("quantize is the unweighted dispatch's option, with threads a multiple of 8")
 
     @cute.jit
     def __call__(self, src: cute.Tensor, dst: cute.Tensor, rows: cute.Tensor, weights: cute.Tensor,

@@ -324,7 +324,8 @@ def moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w13_scales: 
     1x128 quantization -> grouped GEMM (w2 (E, H, I), scales (E, H / 128, I / 128)) -> combine, bf16 out (T, H).
     `layout` "masked" (with `max_m` slots an expert; copies past it dropped) keeps every count on the device: the
     decode-sized path, capturable in a CUDA graph; `route_kwargs` as `moe_route`. The dispatch quantizes once a
-    token; the SwiGLU requantizes in the same pass (`swiglu_quantize`)."""
+    token; the contiguous layout's first GEMM writes the SwiGLU output already requantized
+    (`fp8_gemm_grouped_contiguous_swiglu`), the masked one requantizes in one pass after it (`swiglu_quantize`)."""
     import cute_kernels as ck
 
     if x.dim() != 2:
