@@ -157,13 +157,18 @@ def _lesson(op, *shape):
         from cute_kernels.moe import ops as moe_ops
         from cute_kernels.moe.bench import _experts
 
-        moe_ops.FUSED_GLU = op == "moe_layer"  # .unfused: the first GEMM's bf16 output, then swiglu_quantize
-
         t, h, i, e, k = shape
         w13, s13, w2, s2 = _experts(e, h, i)
         router = (randn(e, h, seed=4) * 0.05).bfloat16()
         x = randn(t, h, seed=5)
-        return lambda: ck.moe(x, router, w13, s13, w2, s2, k)
+
+        def layer():
+            moe_ops.FUSED_GLU = op == "moe_layer"  # .unfused: the first GEMM's bf16 output, then swiglu_quantize
+            try:
+                return ck.moe(x, router, w13, s13, w2, s2, k)
+            finally:
+                moe_ops.FUSED_GLU = True
+        return layer
     from cute_kernels.qat import QATLinear
 
     m, k, n = shape
