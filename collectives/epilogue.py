@@ -313,6 +313,36 @@ def glu_quant_regs(tiled_mma: cute.TiledMma, tile_m: int, tile_n: int) -> tuple:
 
 
 @cute.jit
+def _glu_send(words: list, region, peer, tid, xbar):
+    """This thread's bf16x2 `words` into the peer's exchange region as [word / 4][thread][word % 4] (16-byte
+    `st.async`s completing on the peer's `xbar`); returns the region's 32-bit cluster address in the peer."""
+    remote = cutlass.Int32(cute.arch.map_dsmem_ptr(region, peer).toint())
+    remote_x = cutlass.Int32(cute.arch.map_dsmem_ptr(xbar, peer).toint())
+    for q in cutlass.range_constexpr(len(words) // 4):
+        st_async_v4(remote + (q * GQ_THREADS + tid) * 16, words[4 * q], words[4 * q + 1], words[4 * q + 2],
+                    words[4 * q + 3], remote_x)
+    return remote
+
+
+@cute.jit
+def _glu_products(region, tid, own: cute.Tensor, gate_here) -> cute.Tensor:
+    """silu(gate) * up of this thread's `own` values (bf16-rounded, register order) and the peer's words for the same
+    registers in this CTA's exchange region (after its `xbar` phase): the gate is `own` where `gate_here`."""
+    n = cute.size(own)
+    xv = cute.make_tensor(cute.recast_ptr(region, dtype=cutlass.Int32),
+                          cute.make_layout((4, GQ_THREADS, n // 8), stride=(1, 4, 4 * GQ_THREADS)))
+    y = cute.make_rmem_tensor((n,), Float32)
+    for q in cutlass.range_constexpr(n // 8):
+        got = xv[None, tid, q].load()
+        for e in cutlass.range_constexpr(4):
+            p = 4 * q + e
+            r0, r1 = unpack_bf16x2(got[e])
+            for j, r in ((2 * p, r0), (2 * p + 1, r1)):
+                y[j] = silu_mul(select(gate_here, own[j], r), select(gate_here, r, own[j]), True)
+    return y
+
+
+@cute.jit
 def glu_quant_store(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr, half, peer, tid, region,
                     xbar, abar, phase, mQ: cute.Tensor, mQS: cute.Tensor, m0, q_col0, s_col):
     """One 128 x 128 tile's epilogue under `Gemm(glu_quant=True)`: this CTA (`half` 0: the gate tile, 1: the up tile)
@@ -339,24 +369,11 @@ def glu_quant_store(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr
     if tid == 0:
         cute.arch.mbarrier_arrive_and_expect_tx(xbar, GQ_XCH_WORDS * GQ_THREADS * 4)
         cute.arch.mbarrier_arrive_and_expect_tx(abar, GQ_TILE * 4)
-    remote = cutlass.Int32(cute.arch.map_dsmem_ptr(region, peer).toint())
-    remote_x = cutlass.Int32(cute.arch.map_dsmem_ptr(xbar, peer).toint())
+    remote = _glu_send(words, region, peer, tid, xbar)
     remote_a = cutlass.Int32(cute.arch.map_dsmem_ptr(abar, peer).toint())
-    for q in cutlass.range_constexpr(GQ_XCH_WORDS // 4):
-        st_async_v4(remote + (q * GQ_THREADS + tid) * 16, words[4 * q], words[4 * q + 1], words[4 * q + 2],
-                    words[4 * q + 3], remote_x)
     # 2. the peer's half, the products, the row amax halves
     mbarrier_wait(xbar, phase)
-    xv = cute.make_tensor(cute.recast_ptr(region, dtype=cutlass.Int32),
-                          cute.make_layout((4, GQ_THREADS, GQ_XCH_WORDS // 4), stride=(1, 4, 4 * GQ_THREADS)))
-    y = cute.make_rmem_tensor((n,), Float32)
-    for q in cutlass.range_constexpr(GQ_XCH_WORDS // 4):
-        got = xv[None, tid, q].load()
-        for e in cutlass.range_constexpr(4):
-            p = 4 * q + e
-            r0, r1 = unpack_bf16x2(got[e])
-            for j, r in ((2 * p, r0), (2 * p + 1, r1)):
-                y[j] = silu_mul(select(gate_here, own[j], r), select(gate_here, r, own[j]), True)
+    y = _glu_products(region, tid, own, gate_here)
     lane = tid % 32
     amax = []
     rows_local = []
@@ -420,7 +437,6 @@ def glu_quant_store_full(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Cons
     tile's arrivals land before the peer exits)."""
     low, high, slot, nrows = regs
     n = len(low)
-    words = 2 * GQ_XCH_WORDS
     gate_here = half == 0
     own = cute.make_rmem_tensor((2 * n,), Float32)
     w = []
@@ -428,24 +444,11 @@ def glu_quant_store_full(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Cons
         w.append(pack_bf16x2(acc[2 * p + 1], acc[2 * p]))
         own[2 * p], own[2 * p + 1] = unpack_bf16x2(w[p])
     if tid == 0:
-        cute.arch.mbarrier_arrive_and_expect_tx(xbar, words * GQ_THREADS * 4)
-    remote = cutlass.Int32(cute.arch.map_dsmem_ptr(region, peer).toint())
-    remote_x = cutlass.Int32(cute.arch.map_dsmem_ptr(xbar, peer).toint())
+        cute.arch.mbarrier_arrive_and_expect_tx(xbar, len(w) * GQ_THREADS * 4)
     mbarrier_wait(fbar, (phase + 1) % 2)  # the peer has read the previous tile's words
-    for q in cutlass.range_constexpr(words // 4):
-        st_async_v4(remote + (q * GQ_THREADS + tid) * 16, w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3],
-                    remote_x)
+    _glu_send(w, region, peer, tid, xbar)
     mbarrier_wait(xbar, phase)
-    xv = cute.make_tensor(cute.recast_ptr(region, dtype=cutlass.Int32),
-                          cute.make_layout((4, GQ_THREADS, words // 4), stride=(1, 4, 4 * GQ_THREADS)))
-    y = cute.make_rmem_tensor((2 * n,), Float32)
-    for q in cutlass.range_constexpr(words // 4):
-        got = xv[None, tid, q].load()
-        for e in cutlass.range_constexpr(4):
-            p = 4 * q + e
-            r0, r1 = unpack_bf16x2(got[e])
-            for j, r in ((2 * p, r0), (2 * p + 1, r1)):
-                y[j] = silu_mul(select(gate_here, own[j], r), select(gate_here, r, own[j]), True)
+    y = _glu_products(region, tid, own, gate_here)
     cute.arch.sync_warp()
     lane = tid % 32
     if lane == 0:
