@@ -361,8 +361,10 @@ def fp8_gemm_grouped_contiguous(a: torch.Tensor, sa: torch.Tensor, b: torch.Tens
 
 
 # --- contiguous, SwiGLU + 1x128 quantization fused ------------------------------------------------
-# The gate / up pair's exchange (`schedules.fp8_gemm.GLU_EXCHANGES`): "halves" (two round trips, 6 stages) until the
-# A/B (`perf/lab/moe_ab.py`) has timed "full" (one round trip, 5 stages).
+# The gate / up pair's exchange (`schedules.fp8_gemm.GLU_EXCHANGES`) and its ring: "halves" (two round trips) with 4
+# epilogue buffers, 5 stages. perf/lab/moe_ab.py (H100, us, T4096 E256 / T16384 E256 / T4096 E64): halves at 5
+# stages 3882 / 7775 / 1938, halves at 6 (3 buffers) 4168 / 9309 / 1937, full (one round trip, 5 stages) 3836 / 7930
+# / 1952; the plain wide-tile GEMM 4346 / 7181 / 1790 plus swiglu_quantize 224 / 569 / 141.
 GLU_EXCHANGE_DEFAULT = "halves"
 
 
@@ -400,7 +402,7 @@ def _glu_contiguous_cuda(a, sa, b, sb, m_indices, schedule=None, exchange=None):
     sa = tma_aligned_scales(sa)
     exchange = exchange or GLU_EXCHANGE_DEFAULT
     sched = schedule or fp8_schedule("cooperative", GQ_TILE, GQ_TILE, cluster_m=1, cluster_n=2,
-                                     epi_stages=3 if exchange == "halves" else 4)
+                                     epi_stages=4)
     fn, sms = _compiled(torch.bfloat16, sched, a.get_device(), grouping="contiguous", glu_quant=True,
                         sb_smem=_sb_smem(sched, m, k, None), glu_exchange=exchange if exchange != "halves" else None)
     max_clusters = launch_clusters(-(-m // GQ_TILE), n // GQ_TILE, 1, sched, sms, a.get_device())
