@@ -30,9 +30,11 @@ from collectives import pdl
 from collectives.arg_reduce import key_index, max_key, pack_key, scan_update, select
 from collectives.quantize import BLOCK, E4M3, fmax, inverse, scale_of, vector_amax
 from collectives.reduce import warp_reduce
+from collectives.scan import cta_exclusive_sum, cta_scan_slots
 from collectives.vector_io import as_vectors, extent
 
 DIRECTIONS = ("dispatch", "combine")
+SCAN_LOADS = 8  # the layouts' scan: chunk counts loaded at once (one memory round trip a batch of chunks)
 QUANT_VEC, QUANT_LOADS = 16, 2  # the quantizing dispatch: elements a thread quantizes at once (one 16-byte e4m3
 # store a copy), such vectors loaded together
 
@@ -259,11 +261,13 @@ class MoeLayouts:
     `cute_kernels.moe.reference._layouts`): a counting sort by expert that keeps copy order. Copies c = t k + s are cut
     into chunks of `warps` x `rounds` x 32 (one CTA each, a warp a run of `rounds` x 32 consecutive copies):
 
-    1. count: each warp counts its copies per expert (`match.any` finds a round's lanes of one expert; their lowest
-       lane adds the popcount into the warp's own shared row: no atomics); the CTA's sums go to chunk_counts (C, E);
-    2. scan (one CTA, a thread an expert): each chunk's base per expert (a running sum over the chunks in order), the
-       counts, the offsets, the 128-aligned starts of the contiguous layout, rows_used and masked_m;
-    3. place: the counts again, each warp's base (the warps before it), then the warps walk their rounds in order: a
+    1. count: each warp loads its rounds' experts at once (staged in shared memory), then counts its copies per
+       expert (`match.any` finds a round's lanes of one expert; their lowest lane adds the popcount into the warp's
+       own shared row: no atomics); the CTA's sums go to chunk_counts (C, E);
+    2. scan (one CTA, a thread an expert): each chunk's base per expert (a running sum over the chunks in order, the
+       counts loaded `SCAN_LOADS` chunks at a time), the counts, masked_m, and by two CTA scans the offsets and the
+       128-aligned starts of the contiguous layout (rows_used their total);
+    3. place: the counts again (the experts staged again), each warp's base (the warps before it), then the warps walk their rounds in order: a
        copy's rank is chunk base + warp base + the warp's running count + its lanes of the same expert below it; it
        lands in row start[e] + rank, and in masked slot e max_m + rank while rank < max_m (else dropped, counted).
     Rows and slots no copy takes keep the -1 they were filled with."""
@@ -293,25 +297,43 @@ class MoeLayouts:
                                                  use_pdl=pdl.LAUNCH)
 
     @cute.jit
-    def round_of(self, ids: cute.Tensor, c: Int32, n: Int32):
-        """A lane's copy c of a round: (c, its expert or -1 past the copies, the lanes of its expert, those below
-        it)."""
-        x = Int32(-1)
-        if c < n:
-            x = ids[c]
-        peers = cute.arch.match_sync(0xFFFFFFFF, x)
-        return c, x, peers, peers & cute.arch.lanemask_lt()
+    def stage_rounds(self, ids: cute.Tensor, own: cute.Tensor, first: Int32, lane: Int32, n: Int32):
+        """The experts of a warp's `rounds` x 32 copies from `first` (lane's copy first + 32 r + lane in round r; -1
+        past the copies) into the warp's shared row `own`: the loads issued together (one memory round trip, not one
+        a round), then stored (n >= 1: the clamped index stays inside)."""
+        xs = []
+        for r in cutlass.range_constexpr(self.rounds):
+            c = first + r * 32 + lane
+            v = ids[cutlass.min(c, n - 1)]
+            xs.append(cutlass.select_(c < n, v, Int32(-1)))
+        for r in cutlass.range_constexpr(self.rounds):
+            own[r * 32 + lane] = xs[r]
+        cute.arch.sync_warp()
 
     @cute.jit
-    def warp_counts(self, ids: cute.Tensor, cnt: cute.Tensor, chunk: Int32, warp: Int32, lane: Int32):
-        """This warp's copies counted per expert into its row of `cnt` (warps, E) in shared memory."""
+    def peers_of(self, x: Int32):
+        """(the lanes of x's expert, those below this lane) in a round."""
+        peers = cute.arch.match_sync(0xFFFFFFFF, x)
+        return peers, peers & cute.arch.lanemask_lt()
+
+    def rounds_smem(self, smem):
+        """Each warp's staged experts (`stage_rounds`): (warps, rounds x 32) Int32 in shared memory."""
+        return smem.allocate_tensor(Int32, cute.make_layout((self.warps, self.rounds * 32), stride=(self.rounds * 32, 1)),
+                                    byte_alignment=16)
+
+    @cute.jit
+    def warp_counts(self, ids: cute.Tensor, cnt: cute.Tensor, own: cute.Tensor, chunk: Int32, warp: Int32,
+                    lane: Int32):
+        """This warp's copies counted per expert into its row of `cnt` (warps, E) in shared memory; its copies'
+        experts staged in `own` (its row of `rounds_smem`) on the way."""
         n = extent(ids, 0)
+        self.stage_rounds(ids, own, chunk * self.chunk + warp * self.rounds * 32, lane, n)
         for e in cutlass.range(lane, self.e, 32, unroll=1):
             cnt[warp, e] = Int32(0)
         cute.arch.sync_warp()
-        first = chunk * self.chunk + warp * self.rounds * 32
         for r in cutlass.range(self.rounds, unroll=1):
-            c, x, peers, lower = self.round_of(ids, first + r * 32 + lane, n)
+            x = own[r * 32 + lane]
+            peers, lower = self.peers_of(x)
             if (x >= 0) & (lower == 0):  # the lowest lane of its expert's lanes
                 cnt[warp, x] = cnt[warp, x] + Int32(cute.arch.popc(peers))
             cute.arch.sync_warp()
@@ -325,7 +347,8 @@ class MoeLayouts:
         smem = cutlass.memory.SmemAllocator()
         cnt = smem.allocate_tensor(Int32, cute.make_layout((self.warps, self.e), stride=(self.e, 1)),
                                    byte_alignment=16)
-        self.warp_counts(ids, cnt, chunk, warp, lane)
+        staged = self.rounds_smem(smem)
+        self.warp_counts(ids, cnt, staged[warp, None], chunk, warp, lane)
         cute.arch.sync_threads()
         for e in cutlass.range(tidx, self.e, 32 * self.warps, unroll=1):
             total = Int32(0)
@@ -340,27 +363,28 @@ class MoeLayouts:
         tidx, _, _ = cute.arch.thread_idx()
         chunks = extent(chunk_counts, 0)
         smem = cutlass.memory.SmemAllocator()
-        tot = smem.allocate_tensor(Int32, cute.make_layout(self.scan_threads), byte_alignment=16)
+        tot = smem.allocate_tensor(Int32, cute.make_layout(cta_scan_slots(self.scan_threads)), byte_alignment=16)
+        running = Int32(0)
         if tidx < self.e:
-            running = Int32(0)
-            for c in cutlass.range(chunks, unroll=1):  # each chunk's base: the copies of the chunks before it
-                here = chunk_counts[c, tidx]
-                chunk_counts[c, tidx] = running
-                running = running + here
+            # each chunk's base: the copies of the chunks before it; SCAN_LOADS chunks' counts loaded before any base
+            # is stored (one memory round trip a batch, not a chunk)
+            for c0 in cutlass.range(0, chunks, SCAN_LOADS, unroll=1):
+                here = [chunk_counts[cutlass.min(c0 + u, chunks - 1), tidx] for u in range(SCAN_LOADS)]
+                for u in cutlass.range_constexpr(SCAN_LOADS):
+                    if c0 + u < chunks:
+                        chunk_counts[c0 + u, tidx] = running
+                        running = running + here[u]
             counts[tidx] = running
             masked_m[tidx] = cutlass.min(running, max_m)
-            tot[tidx] = running
-        cute.arch.sync_threads()
-        if tidx == 0:  # the experts' offsets and 128-aligned starts, in expert order
-            off = Int32(0)
-            start = Int32(0)
-            for e in cutlass.range(self.e, unroll=1):
-                offsets[e] = off
-                starts[e] = start
-                off = off + tot[e]
-                start = start + (tot[e] + 127) // 128 * 128
-            offsets[self.e] = off
-            starts[self.e] = start
+        # the experts' offsets and 128-aligned starts, in expert order (a CTA scan: a thread an expert)
+        off, total = cta_exclusive_sum(running, tot, self.scan_threads)
+        start, start_total = cta_exclusive_sum((running + 127) // 128 * 128, tot, self.scan_threads)
+        if tidx < self.e:
+            offsets[tidx] = off
+            starts[tidx] = start
+        if tidx == 0:
+            offsets[self.e] = total
+            starts[self.e] = start_total
 
     @cute.kernel
     def place_kernel(self, ids: cute.Tensor, chunk_base: cute.Tensor, starts: cute.Tensor, token_rows: cute.Tensor,
@@ -376,10 +400,12 @@ class MoeLayouts:
                                    byte_alignment=16)
         base = smem.allocate_tensor(Int32, cute.make_layout((self.warps, self.e), stride=(self.e, 1)),
                                     byte_alignment=16)
-        self.warp_counts(ids, cnt, chunk, warp, lane)
+        staged = self.rounds_smem(smem)
+        own = staged[warp, None]
+        self.warp_counts(ids, cnt, own, chunk, warp, lane)
         cute.arch.sync_threads()
         for e in cutlass.range(tidx, self.e, 32 * self.warps, unroll=1):
-            run = chunk_base[chunk, e]
+            run = chunk_base[chunk, e] + starts[e]  # the expert's first row of this chunk's copies
             for w in cutlass.range_constexpr(self.warps):
                 base[w, e] = run
                 run = run + cnt[w, e]
@@ -387,18 +413,19 @@ class MoeLayouts:
         drops = Int32(0)
         first = chunk * self.chunk + warp * self.rounds * 32
         for r in cutlass.range(self.rounds, unroll=1):
-            c, x, peers, lower = self.round_of(ids, first + r * 32 + lane, n)
-            xs = cutlass.max(x, 0)
-            rank = base[warp, xs] + Int32(cute.arch.popc(lower))
+            x = own[r * 32 + lane]
+            c = first + r * 32 + lane
+            peers, lower = self.peers_of(x)
+            xs_ = cutlass.max(x, 0)
+            row = base[warp, xs_] + Int32(cute.arch.popc(lower))
             cute.arch.sync_warp()
             if (x >= 0) & (lower == 0):
-                base[warp, xs] = base[warp, xs] + Int32(cute.arch.popc(peers))
+                base[warp, xs_] = base[warp, xs_] + Int32(cute.arch.popc(peers))
             cute.arch.sync_warp()
             if c < n:
-                row = Int32(-1)
                 slot = Int32(-1)
                 if x >= 0:
-                    row = starts[x] + rank
+                    rank = row - starts[x]
                     m_indices[row] = x
                     row_source[row] = c
                     if rank < max_m:
@@ -406,6 +433,8 @@ class MoeLayouts:
                         masked_source[slot] = c
                     else:
                         drops = drops + Int32(1)
+                else:
+                    row = Int32(-1)
                 token_rows[c] = row
                 token_slots[c] = slot
         if drops > 0:

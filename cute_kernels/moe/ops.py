@@ -26,6 +26,12 @@ from schedules.hardware import num_sms
 ROW_TORCH = (torch.bfloat16, torch.float16)
 MAX_TOP_K = 16
 MAX_CTAS_PER_SM = 16  # CTAs of 128 threads resident an SM; past that the CTAs loop over tokens
+# The quantizing dispatch writes its scales row-major (each row's H / 128 scales in whole sectors) into a scratch and
+# copies them to quantize_1x128's M-major layout afterwards, instead of storing them M-major directly: there a 32-byte
+# sector holds one K-block of 8 consecutive rows of an expert, written by 8 different tokens' CTAs, 4 bytes each.
+# perf/lab/moe_ab.py at T16384 E256 (H100): 779 us M-major, 491 row-major alone, 578 with the copy (torch's strided
+# copy of 29 MiB takes ~90 us of it); the bf16 dispatch 796.
+DISPATCH_ROW_MAJOR_SCALES = True
 
 
 def _check_rows(name, t, rows, weights=None):
@@ -164,7 +170,13 @@ def _dispatch_fp8_cuda(x, rows, num_rows: int):
         x = x.contiguous()
     if x.shape[1] % 128 or not _kernel_ok(x):
         return quantize_1x128(_dispatch_cuda(x, rows, num_rows))
-    _launch("dispatch", x, q, rows, placeholder(x.device, (1, rows.shape[1]), torch.float32), scales=s)
+    w = placeholder(x.device, (1, rows.shape[1]), torch.float32)
+    if DISPATCH_ROW_MAJOR_SCALES:
+        rm = torch.empty(s.shape, dtype=torch.float32, device=x.device)
+        _launch("dispatch", x, q, rows, w, scales=rm)
+        s.copy_(rm)
+    else:
+        _launch("dispatch", x, q, rows, w, scales=s)
     return q, s
 
 

@@ -34,6 +34,23 @@ def study(t, h, i, e, k):
     y = ck.fp8_gemm_grouped_contiguous(gq, sg, w2, s2, idx)
     sq = fp8_schedule("cooperative", 128, 128, cluster_m=1, cluster_n=2)
 
+    rows_t, n_rows = r.token_rows, r.m_indices.shape[0]
+    q_buf = torch.empty(n_rows, h, dtype=torch.float8_e4m3fn, device=x.device)
+    s_row = torch.empty(n_rows, h // 128, dtype=torch.float32, device=x.device)
+
+    def dispatch_rowmajor(to_m_major):
+        # the quantizing dispatch with its scales row-major (each row's scales in one run of sectors) instead of
+        # M-major (one sector of 8 rows a K-block: partial sectors written by 8 different tokens' CTAs)
+        from cute_kernels.torch_ops import placeholder
+        mo._launch("dispatch", x, q_buf, rows_t, placeholder(x.device, (1, k), torch.float32), scales=s_row)
+        return fo.tma_aligned_scales(s_row) if to_m_major else s_row
+
+    def dispatch_flag():
+        mo.DISPATCH_ROW_MAJOR_SCALES = True
+        out = ck.moe_dispatch(x, r, quantize="1x128")
+        mo.DISPATCH_ROW_MAJOR_SCALES = False
+        return out
+
     def layer(fused):
         def f():
             mo.FUSED_GLU = fused
@@ -52,6 +69,10 @@ def study(t, h, i, e, k):
         "swiglu_quantize": lambda: ck.swiglu_quantize(hh[:, :i], hh[:, i:]),
         "gemm2": lambda: fo._contiguous_cuda(gq, sg, w2, s2, idx),
         "dispatch (quantizing)": lambda: ck.moe_dispatch(x, r, quantize="1x128"),
+        "dispatch (row-major scales)": lambda: dispatch_rowmajor(False),
+        "dispatch (row-major scales + M-major copy)": lambda: dispatch_rowmajor(True),
+        "dispatch (bf16)": lambda: ck.moe_dispatch(x, r),
+        "dispatch op row-major": dispatch_flag,
         "combine": lambda: ck.moe_combine(y, r, r.topk_weights),
         "route": lambda: ck.moe_route(logits, k),
         "router gemm": lambda: ck.gemm(x, router.t(), out_dtype=torch.float32),

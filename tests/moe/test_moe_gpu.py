@@ -132,10 +132,15 @@ def test_route_captures_in_a_graph():
 
 @pytest.mark.parametrize("t,e,k,h", [(7, 16, 2, 7168), (300, 64, 8, 2048), (5, 8, 2, 2112 - 64)])
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
-def test_quantizing_dispatch_bitwise(t, e, k, h, layout):
+@pytest.mark.parametrize("row_major_scales", [False, True])
+def test_quantizing_dispatch_bitwise(t, e, k, h, layout, row_major_scales, monkeypatch):
     """The fused 1x128 quantization in the dispatch kernel: every named row's e4m3 values and scales are
-    quantize_1x128's bits on the same rows (H not a multiple of 128: the unfused path, same bits)."""
+    quantize_1x128's bits on the same rows (H not a multiple of 128: the unfused path, same bits), with the scales
+    stored M-major directly or row-major and then copied (`DISPATCH_ROW_MAJOR_SCALES`)."""
+    from cute_kernels.moe import ops as moe_ops
     from cute_kernels.quantize.ops import quantize_1x128
+
+    monkeypatch.setattr(moe_ops, "DISPATCH_ROW_MAJOR_SCALES", row_major_scales)
 
     r = _routing(t, e, k, max_m=max(1, t // 2))
     x = randn(t, h)
