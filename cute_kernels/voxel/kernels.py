@@ -46,7 +46,7 @@ from cute_kernels.voxel.sort import (
 )
 
 INT_MIN = -(2**31)
-FIXUP_UNROLL = 8  # the segmented reduction's fix-up: runs' partials loaded at once
+FIXUP_RUNS, FIXUP_REGS = 16, 64  # the segmented reduction's fix-up: runs' partials loaded at once (`fixup_batch`)
 KEY_LIMIT = 2**31 - 1
 REDUCES = ("sum", "mean", "max")
 
@@ -455,6 +455,7 @@ class ScatterVoxels:
         )
         self.reducer.run(
             feats,
+            keys,
             vals,
             state,
             p,
@@ -567,7 +568,7 @@ class ScatterVoxels:
 class SegmentReduce:
     """The segmented reduction of the sorted features (module doc). Work unit (run r, feature slice k): a group of
     `group` lanes, each `vec` consecutive features, walks positions [r run, (r + 1) run) of the valid ones in order,
-    `batch` positions' indices and feature vectors loaded ahead. A segment that starts and ends inside the run is
+    `batch` positions' indices, sorted keys and feature vectors loaded ahead (a segment ends where the key changes). A segment that starts and ends inside the run is
     written to out[segment]; the run's first segment, when it began before the run, leaves part_first[r]; its last,
     when it goes on past the run, part_last[r]. The fix-up kernel, for each run that holds the start of a segment going
     on past it, combines part_last[r] with part_first of the runs the segment covers, in order. max keeps (value,
@@ -583,11 +584,15 @@ class SegmentReduce:
         self.reduce, self.dtype, self.vec, self.group, self.run_len = reduce, dtype, vec, group, run
         self.threads, self.batch = threads, batch
         self.is_max = reduce == "max"
+        # the fix-up's runs loaded at once: up to FIXUP_RUNS, FIXUP_REGS registers of partials (max: half as many
+        # runs, their points' registers beside)
+        self.fixup_batch = max(1, min(FIXUP_RUNS, FIXUP_REGS // vec) // (2 if self.is_max else 1))
 
     @cute.jit
     def run(
         self,
         feats: cute.Tensor,
+        keys: cute.Tensor,
         vals: cute.Tensor,
         state: cute.Tensor,
         passes: Int32,
@@ -609,6 +614,7 @@ class SegmentReduce:
         ctas = cutlass.max(cutlass.min((units + per_cta - 1) // per_cta, max_ctas), 1)
         self.runs_kernel(
             feats,
+            keys,
             vals,
             state,
             passes,
@@ -723,6 +729,7 @@ class SegmentReduce:
     def runs_kernel(
         self,
         feats: cute.Tensor,
+        keys: cute.Tensor,
         vals: cute.Tensor,
         state: cute.Tensor,
         passes: Int32,
@@ -749,20 +756,28 @@ class SegmentReduce:
         acc = cute.make_rmem_tensor((self.vec,), Float32)
         arg = cute.make_rmem_tensor((self.vec,), Int32)
         rows = cute.make_rmem_tensor((self.batch,), Int32)
+        ks = cute.make_rmem_tensor((self.batch,), Int32)
         xs = cute.make_rmem_tensor((self.batch * self.vec,), Float32)
         for u in cutlass.range(bidx * per_cta + tidx // self.group, runs * chunks, gdim * per_cta, unroll=1):
             r, f0, active = self.unit_geometry(u, chunks, nf)
             fc = cutlass.min(f0, nf - self.vec)
             a = r * self.run_len
             b = cutlass.min(a + self.run_len, n_valid)
+            # Segment boundaries from the sorted keys (a new segment where the key changes), loaded with the batch, so
+            # no load inside the walk waits on another (seg_start read at each boundary did; the kernel's time did not
+            # move: 451 us at 2M points, H100). The run's first segment started here unless the key before the run
+            # is the same; the last one ends here unless the key after it is.
             seg = runseg[r]
-            head = seg_start[seg]
-            end = seg_start[seg + 1]
-            started = select(head == a, Int32(1), Int32(0))
+            cur = keys[fin, a]
+            before = keys[fin, cutlass.max(a - 1, 0)]
+            after = keys[fin, cutlass.min(b, n_valid - 1)]
+            started = select((a == 0) | (before != cur), Int32(1), Int32(0))
+            head = a
             self.reset(acc, arg)
             for p0 in cutlass.range(a, b, self.batch, unroll=1):
                 for j in cutlass.range_constexpr(self.batch):  # the batch's loads in flight first
                     rows[j] = vals[fin, cutlass.min(p0 + j, b - 1)]
+                    ks[j] = keys[fin, cutlass.min(p0 + j, b - 1)]
                 for j in cutlass.range_constexpr(self.batch):
                     if cutlass.const_expr(self.vec == 1):
                         xs[j] = feats[rows[j], fc].to(Float32)
@@ -773,7 +788,7 @@ class SegmentReduce:
                 for j in cutlass.range_constexpr(self.batch):
                     p = p0 + j
                     if p < b:
-                        if p == end:  # a new segment: the one before it ended at p
+                        if ks[j] != cur:  # a new segment: the one before it ended at p
                             self.flush(
                                 out,
                                 argout,
@@ -784,7 +799,7 @@ class SegmentReduce:
                                 acc,
                                 arg,
                                 seg,
-                                end - head,
+                                p - head,
                                 started,
                                 True,
                                 r,
@@ -793,8 +808,8 @@ class SegmentReduce:
                                 nf,
                             )
                             seg = seg + 1
-                            head = end
-                            end = seg_start[seg + 1]
+                            head = p
+                            cur = ks[j]
                             started = Int32(1)
                             self.reset(acc, arg)
                         for e in cutlass.range_constexpr(self.vec):
@@ -809,9 +824,9 @@ class SegmentReduce:
                 acc,
                 arg,
                 seg,
-                end - head,
+                b - head,
                 started,
-                end == b,
+                (b == n_valid) | (after != cur),
                 r,
                 f0,
                 active,
@@ -842,6 +857,8 @@ class SegmentReduce:
         per_cta = self.threads // self.group
         acc = cute.make_rmem_tensor((self.vec,), Float32)
         arg = cute.make_rmem_tensor((self.vec,), Int32)
+        pv = cute.make_rmem_tensor((self.fixup_batch * self.vec,), Float32)
+        pa = cute.make_rmem_tensor((self.fixup_batch * self.vec,), Int32)
         for u in cutlass.range(bidx * per_cta + tidx // self.group, runs * chunks, gdim * per_cta, unroll=1):
             r, f0, active = self.unit_geometry(u, chunks, nf)
             nxt = (r + 1) * self.run_len
@@ -854,12 +871,23 @@ class SegmentReduce:
                     for e in cutlass.range_constexpr(self.vec):
                         self.take(acc, arg, e, part_last[r, f0 + e], arg_last[r, f0 + e] if self.is_max else Int32(0))
                     # the runs a long segment covers (a dense voxel: thousands of points, hundreds of runs) in
-                    # order; unrolled so that FIXUP_UNROLL runs' partials are loaded before they are folded (one
-                    # L2 round trip a run made the fix-up 192 us of a 2M-point scatter's 873)
-                    for q in cutlass.range(r + 1, (end - 1) // self.run_len + 1, unroll=FIXUP_UNROLL):
-                        for e in cutlass.range_constexpr(self.vec):
-                            if cutlass.const_expr(self.is_max):
-                                self.take(acc, arg, e, part_first[q, f0 + e], arg_first[q, f0 + e])
-                            else:
-                                self.take(acc, arg, e, part_first[q, f0 + e], Int32(0))
+                    # order, `fixup_batch` runs' partials loaded into registers before any is folded (a plain loop, even
+                    # unrolled, left ptxas interleaving each load with its add: the fix-up took 190 us of a 2M-point
+                    # scatter's 870, batched 140, H100)
+                    q_end = (end - 1) // self.run_len + 1
+                    nb = self.fixup_batch
+                    for qb in cutlass.range(r + 1, q_end, nb, unroll=1):
+                        for j in cutlass.range_constexpr(nb):
+                            q = cutlass.min(qb + j, q_end - 1)
+                            for e in cutlass.range_constexpr(self.vec):
+                                pv[j * self.vec + e] = part_first[q, f0 + e]
+                                if cutlass.const_expr(self.is_max):
+                                    pa[j * self.vec + e] = arg_first[q, f0 + e]
+                        for j in cutlass.range_constexpr(nb):
+                            if qb + j < q_end:
+                                for e in cutlass.range_constexpr(self.vec):
+                                    if cutlass.const_expr(self.is_max):
+                                        self.take(acc, arg, e, pv[j * self.vec + e], pa[j * self.vec + e])
+                                    else:
+                                        self.take(acc, arg, e, pv[j * self.vec + e], Int32(0))
                     self.store_final(out, argout, acc, arg, seg, f0, end - head, nf)
