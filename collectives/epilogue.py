@@ -296,10 +296,11 @@ def store_partial(acc: cute.Tensor, tCcC: cute.Tensor, mW: cute.Tensor, m0, n0, 
 # to its peer (`st.async` into the peer's shared memory, completing on the peer's mbarrier); the row amax of the
 # 128 columns is two halves exchanged the same way. The outputs are then bit for bit what the unfused pair writes
 # (the bf16 GEMM output, then `swiglu_quantize`).
-def glu_quant_regs(tiled_mma: cute.TiledMma, tile_m: int, tile_n: int) -> tuple:
+def glu_quant_regs(tiled_mma: cute.TiledMma, tile_m: int, tile_n: int, exchanged: bool = True) -> tuple:
     """(low, high, slot, rows): the accumulator registers of output columns [0, tile_n / 2) (`low`, in register
     order), for each the register of the column tile_n / 2 to its right (`high`), and which of the thread's `rows`
-    rows each sits on (`slot`). Trace-time, from thread 0's coordinates (every thread holds the same pattern)."""
+    rows each sits on (`slot`). Trace-time, from thread 0's coordinates (every thread holds the same pattern).
+    `exchanged`: the pair's exchange is sized for this many registers (not "local", whose halves are gate and up)."""
     c = tiled_mma.get_slice(0).partition_C(cute.make_identity_tensor((tile_m, tile_n)))
     coords = [(int(c[i][0]), int(c[i][1])) for i in range(cute.size(c))]
     where = {xy: i for i, xy in enumerate(coords)}
@@ -308,7 +309,8 @@ def glu_quant_regs(tiled_mma: cute.TiledMma, tile_m: int, tile_n: int) -> tuple:
     high = [where[(coords[i][0], coords[i][1] + half)] for i in low]
     rows = sorted({coords[i][0] for i in low})
     assert sorted(low + high) == list(range(len(coords))), "the column halves do not cover the accumulator"
-    assert len(low) == 2 * GQ_XCH_WORDS, f"{len(low)} registers a half: the exchange is sized for {2 * GQ_XCH_WORDS}"
+    assert not exchanged or len(low) == 2 * GQ_XCH_WORDS, \
+        f"{len(low)} registers a half: the exchange is sized for {2 * GQ_XCH_WORDS}"
     return tuple(low), tuple(high), tuple(rows.index(coords[i][0]) for i in low), len(rows)
 
 
@@ -392,6 +394,35 @@ def glu_quant_store(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr
     av = cute.make_tensor(cute.recast_ptr(region + amax_off, dtype=Float32), cute.make_layout(GQ_TILE))
     full = [cute.arch.fmax(amax[s_], av[rows_local[s_]]) for s_ in range(nrows)]
     _glu_quant_write(y, full, regs, rows_local, half, lane, tCcC, mQ, mQS, m0, q_col0, s_col)
+
+
+@cute.jit
+def glu_quant_store_local(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr, tid, mQ: cute.Tensor,
+                          mQS: cute.Tensor, m0, q_col0, s_col):
+    """One 128 x 256 tile's epilogue under `Gemm(glu_quant=True, glu_exchange="local")`: the tile's columns [0, 128)
+    are a gate block and [128, 256) its up block, so a thread holds both of each product (`regs`' low / high: column
+    c and c + 128 of the same row). Both are rounded to bf16 first (the plain GEMM's output), the row amax is a quad's
+    butterfly over its 32 products a row, and the 128 output columns go to mQ from column `q_col0` with their rows'
+    scales in column `s_col` of mQS: `swiglu_quantize`'s arithmetic, no shared memory and no barrier."""
+    low, high, slot, nrows = regs
+    n = len(low)
+    y = cute.make_rmem_tensor((n,), Float32)
+    for p in cutlass.range_constexpr(n // 2):
+        g0, g1 = unpack_bf16x2(pack_bf16x2(acc[low[2 * p + 1]], acc[low[2 * p]]))
+        u0, u1 = unpack_bf16x2(pack_bf16x2(acc[high[2 * p + 1]], acc[high[2 * p]]))
+        y[2 * p] = silu_mul(g0, u0, True)
+        y[2 * p + 1] = silu_mul(g1, u1, True)
+    lane = tid % 32
+    amax = []
+    rows_local = []
+    for s_ in cutlass.range_constexpr(nrows):
+        mine = [k for k in range(n) if slot[k] == s_]
+        a = cute.math.absf(y[mine[0]])
+        for k in mine[1:]:
+            a = cute.arch.fmax(a, cute.math.absf(y[k]))
+        amax.append(warp_reduce(a, cute.arch.fmax, 4))  # the quad holding the row's columns
+        rows_local.append(tCcC[low[mine[0]]][0])
+    _glu_quant_write(y, amax, regs, rows_local, 0, lane, tCcC, mQ, mQS, m0, q_col0, s_col)
 
 
 @cute.jit

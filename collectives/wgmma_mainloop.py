@@ -363,6 +363,7 @@ def mma_k_tiles_promoted_halves(
     k_tiles,
     scales,
     to_acc: tuple,
+    sequential: cutlass.Constexpr[bool] = False,
 ):
     """`mma_k_tiles_promoted` with each K-block's WGMMAs cut into two column halves, committed as two
     groups, so the tensor cores always hold one half while the CUDA cores promote the other (the
@@ -379,10 +380,31 @@ def mma_k_tiles_promoted_halves(
     tCrA: `half_mma`'s A fragment (MMA, 1, MMA_K, stage); tCrB: one B fragment per half (the tile's
     columns [0, N/2) and [N/2, N)). `to_acc[h]`: for each element of half h, its index in `acc`
     (trace-time table, `half_index_map`). The FFMAs are the plain promotion's, in the same K order:
-    bitwise the same sums. Same ACCUMULATE setting and returned states as `mma_k_tiles_promoted`."""
+    bitwise the same sums. Same ACCUMULATE setting and returned states as `mma_k_tiles_promoted`.
+
+    `sequential` (the 128 x 256 tile: acc's 128 registers leave room for one half-width temporary, `halves` two views
+    of it): per K-block, half 0 issued, waited for and promoted, then half 1 the same; the other consumer
+    warpgroup's WGMMAs are what the tensor cores run during a promotion. Staged B scales are stored before the first
+    K-block."""
     acc.fill(0.0)
     t0, t1 = halves
-    if k_tiles > 0:
+    if cutlass.const_expr(sequential):
+        scales.store_row(scales.load_row())
+        for k in cutlass.range(k_tiles, unroll=1):
+            sb = scales.prefetch(k)
+            pipe.consumer_wait(read_state)
+            _issue_fresh(half_set, half_mma, t0, tCrA, tCrB[0], read_state.index)
+            s = scales.fetch(sb, read_state.index)
+            warpgroup.wait_group(0)
+            scales.promote_part(acc, t0, s, to_acc[0])
+            _issue_fresh(half_set, half_mma, t0, tCrA, tCrB[1], read_state.index)
+            s = scales.fetch(sb, read_state.index)  # (the products do not live across the issue)
+            warpgroup.wait_group(0)
+            pipe.consumer_release(release_state)
+            release_state.advance()
+            read_state.advance()
+            scales.promote_part(acc, t0, s, to_acc[1])
+    elif k_tiles > 0:
         row = scales.load_row()  # sb_smem: stage the tile's B-scale rows (None / no-op without it)
         pipe.consumer_wait(read_state)
         _issue_fresh(half_set, half_mma, t0, tCrA, tCrB[0], read_state.index)

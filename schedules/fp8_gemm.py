@@ -53,18 +53,23 @@ def acc_per_thread(s: GemmSchedule) -> int:
 
 
 # The SwiGLU + 1x128 quantization epilogue (`Gemm(glu_quant=True)`, `collectives.epilogue.glu_quant_store`): a 1x2
-# cluster's CTAs compute the gate and the up tile (128 x 128) of the same rows and swap halves through shared memory.
-GQ_TILE, GQ_THREADS = 128, 256  # the CTA tile and its two consumer warpgroups
+# cluster's CTAs compute the gate and the up tile (128 x 128) of the same rows and swap halves through shared memory;
+# or ("local") one CTA computes both as a 128 x 256 tile (a gate and an up column block), nothing swapped.
+GQ_TILE, GQ_THREADS = 128, 256  # the output tile (rows, and columns: one scale block) and the two consumer warpgroups
 GQ_XCH_WORDS = 16  # bf16x2 words a thread sends: half of its 64 accumulator registers, paired
 
 
-GLU_EXCHANGES = ("halves", "full")  # what the pair swaps: half the accumulator and then row amax halves, or all of it
+# what the pair swaps: half the accumulator and then row amax halves, or all of it; "local": no pair (one CTA holds
+# gate and up: 128 + 128 accumulator registers a thread, so its mainloop promotes in column halves, `promote_halves`)
+GLU_EXCHANGES = ("halves", "full", "local")
 
 
 def glu_quant_bytes(exchange: str = "halves") -> tuple[int, int]:
     """(offset of the row-amax slots, total bytes) of the exchange region, which takes the epilogue buffers' place:
     the peer's words [word / 4][thread][word % 4], then ("halves") GQ_TILE fp32 amax halves; "full": twice the
-    words, no amax slots."""
+    words, no amax slots; "local": none."""
+    if exchange == "local":
+        return 0, 0
     if exchange == "full":
         xch = 2 * GQ_XCH_WORDS * GQ_THREADS * 4
         return xch, xch
@@ -75,18 +80,29 @@ def glu_quant_bytes(exchange: str = "halves") -> tuple[int, int]:
 def glu_quant_error(s: GemmSchedule, blockwise: bool = True, grouping: str = "none", gated: bool = False,
                     promote_halves: bool = False, exchange: str = "halves") -> str | None:
     """Why schedule `s` cannot run the FP8 SwiGLU + 1x128 quantization epilogue (None when it can): the FP8 mode, no
-    grouping or the contiguous one, cooperative 128 x 128 tiles in 1x2 clusters (the pair: gate and up), one split,
-    the exchange region within the epilogue buffers' bytes."""
-    if not blockwise or grouping not in ("none", "contiguous") or gated or promote_halves:
+    grouping or the contiguous one, one split; cooperative 128 x 128 tiles in 1x2 clusters (the pair: gate and up)
+    with the exchange region within the epilogue buffers' bytes, or ("local") cooperative 128 x 256 tiles in 1x1
+    clusters promoting in column halves."""
+    if not blockwise or grouping not in ("none", "contiguous") or gated:
         return ("glu_quant is an epilogue of the FP8 block-scaled GEMM, dense or grouped contiguous, without another "
-                "gated epilogue or promote_halves")
+                "gated epilogue")
+    if exchange not in GLU_EXCHANGES:
+        return f"glu_exchange must be one of {GLU_EXCHANGES}, got {exchange!r}"
+    if s.split_k > 1 or s.k_interleave or s.wg_epilogue:
+        return "glu_quant needs split_k=1, no k_interleave and no wg_epilogue"
+    if exchange == "local":
+        if (s.kind, s.tile_m, s.tile_n, s.cluster_m, s.cluster_n) != ("cooperative", GQ_TILE, 2 * GQ_TILE, 1, 1):
+            return (f"glu_exchange='local' needs cooperative {GQ_TILE}x{2 * GQ_TILE} tiles (a gate and an up column "
+                    f"block a CTA) in 1x1 clusters, got {s.kind} {s.tile_m}x{s.tile_n} in {s.cluster_m}x{s.cluster_n}")
+        if not promote_halves:
+            return ("glu_exchange='local' needs promote_halves=True (128 accumulator registers a thread leave room "
+                    "for a half-width temporary only)")
+        return None
+    if promote_halves:
+        return "promote_halves is for glu_exchange='local' (the pair's 128 x 128 tiles promote whole K-blocks)"
     if (s.kind, s.tile_m, s.tile_n, s.cluster_m, s.cluster_n) != ("cooperative", GQ_TILE, GQ_TILE, 1, 2):
         return (f"glu_quant needs cooperative {GQ_TILE}x{GQ_TILE} tiles in 1x2 clusters (a gate and an up tile a "
                 f"cluster), got {s.kind} {s.tile_m}x{s.tile_n} in {s.cluster_m}x{s.cluster_n}")
-    if s.split_k > 1 or s.k_interleave or s.wg_epilogue:
-        return "glu_quant needs split_k=1, no k_interleave and no wg_epilogue"
-    if exchange not in GLU_EXCHANGES:
-        return f"glu_exchange must be one of {GLU_EXCHANGES}, got {exchange!r}"
     need = glu_quant_bytes(exchange)[1]
     if s.epi_bytes(2) < need:
         return (f"glu_quant's {exchange} exchange region ({need} bytes) takes the epilogue buffers' place: "
@@ -95,10 +111,23 @@ def glu_quant_error(s: GemmSchedule, blockwise: bool = True, grouping: str = "no
     return None
 
 
+# cooperative 128 x 256: acc 128 + one half-width temporary 64 a thread, with `promote_halves` only, its halves promoted
+# one after the other (`mma_k_tiles_promoted_halves(sequential=True)`; two temporaries would need 256 registers: the
+# overlapped halves spilled 216 B there)
+HALVES_TILE_N = 256
+
+
 def promoted_error(s: GemmSchedule) -> str | None:
-    """Why schedule `s` cannot run the promoted FP8 mainloop (None when it can)."""
+    """Why schedule `s` cannot run the promoted FP8 mainloop (None when it can). The 128 x `HALVES_TILE_N` tile passes
+    here and needs `promote_halves` besides (`halves_only_error`)."""
     if s.tile_k != SCALE_BLOCK:
         return f"tile_k must be {SCALE_BLOCK} (one scale block per stage), got {s.tile_k}"
+    if s.tile_n == HALVES_TILE_N:
+        if (s.kind, s.tile_m) != ("cooperative", 128) or s.split_k > 1 or s.k_interleave:
+            return (f"tile_n {HALVES_TILE_N} is built for the cooperative 128-row tile (one warpgroup's 64 rows x "
+                    f"{HALVES_TILE_N}: 128 + 64 registers with promote_halves), one split, got {s.kind} "
+                    f"{s.tile_m}x{s.tile_n}")
+        return None
     if s.tile_n in WIDE_TILE_N:
         if (s.kind, s.tile_m) not in (("cooperative", 128), ("pingpong", 64)):
             return (f"tile_n {s.tile_n} (a tile spanning two B-scale blocks) is built for the cooperative "
@@ -182,6 +211,15 @@ def sb_smem_error(s: GemmSchedule) -> str | None:
     need = smem_bytes(s, sb_smem=True)
     if need > SMEM_BYTES:
         return f"sb_smem=True: {s.stages} stages + the {sb_smem_bytes(s)}-byte scale row need {need} bytes > {SMEM_BYTES}"
+    return None
+
+
+def halves_only_error(s: GemmSchedule, promote_halves: bool) -> str | None:
+    """Why the FP8 mainloop cannot run schedule `s` with `promote_halves` as given: the 128 x `HALVES_TILE_N` tile
+    holds a whole-width temporary beside its accumulator only in halves."""
+    if s.tile_n == HALVES_TILE_N and not promote_halves:
+        return (f"tile_n {HALVES_TILE_N} needs promote_halves=True (2 x {acc_per_thread(s)} fp32 accumulators a "
+                f"thread otherwise)")
     return None
 
 

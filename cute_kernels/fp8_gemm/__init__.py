@@ -17,6 +17,7 @@ from schedules.fp8_gemm import (
     glu_quant_error,
     grouped_error,
     halves_error,
+    halves_only_error,
     kind_defaults,
     overlap_error,
     sb_smem_error,
@@ -76,6 +77,9 @@ class Fp8GemmSpec(KernelSpec):
             err = halves_error(s, p["promote_overlap"], p["wg_turns"])
             if err:
                 raise ValueError(err)
+        err = halves_only_error(s, p["promote_halves"])
+        if err:
+            raise ValueError(err)
         if s.k_interleave:
             if p["promote_overlap"] or p["sb_smem"] or p["wg_turns"] or p["promote_halves"]:
                 raise ValueError("k_interleave (two warpgroups on a tile's alternate K-blocks) runs the plain "
@@ -121,7 +125,7 @@ class Fp8GemmSpec(KernelSpec):
                                                    assumed_align=4)
             kernel = Gemm(ab, out, s, blockwise=True, grouping=p["grouping"], promote_overlap=p["promote_overlap"],
                           sb_smem=p["sb_smem"], wg_turns=p["wg_turns"], sb_ahead=p["sb_ahead"], glu_quant=True,
-                          glu_exchange=p["glu_exchange"])
+                          glu_exchange=p["glu_exchange"], promote_halves=p["promote_halves"])
             return kernel.fp8_glu, (a, b, q, sa, sb, qs, groups, cutlass.Int32(1), fake_stream())
         if p["grouping"] == "none":
             kernel = Gemm(ab, out, s, blockwise=True, promote_overlap=p["promote_overlap"], sb_smem=p["sb_smem"],
@@ -174,8 +178,9 @@ FP8_GEMM = Fp8GemmSpec(
         "out_dtype": Param("bf16", OUT_DTYPES, "signature", "output element type"),
         "schedule": Param("cooperative", KINDS, help="consumer warpgroups: split one tile, or alternate tiles"),
         "tile_m": Param(128, (64, 128), help="CTA tile rows (cooperative 128, ping-pong 64)"),
-        "tile_n": Param(128, (16, 32, 64, 128, 160, 192), help="CTA tile columns (a scale block or a 1/2-1/8 of one; 160 / 192: "
-                                                       "cooperative only, spanning two scale blocks)"),
+        "tile_n": Param(128, (16, 32, 64, 128, 160, 192, 256),
+                        help="CTA tile columns (a scale block or a 1/2-1/8 of one; 160 / 192: cooperative only, "
+                             "spanning two scale blocks; 256: cooperative with promote_halves)"),
         "cluster_m": Param(2, (1, 2), help="CTAs per cluster along M (share B by multicast)"),
         "cluster_n": Param(1, (1, 2), help="CTAs per cluster along N (share A by multicast)"),
         "stages": Param(0, tuple([0] + list(range(2, 17))), help="A/B/scale smem stages (0: as many as fit, at most "
@@ -204,10 +209,12 @@ FP8_GEMM = Fp8GemmSpec(
                                                            "second full temporary; default off)"),
         "glu_quant": Param(False, (False, True), help="the SwiGLU + 1x128 e4m3 quantization epilogue: B's row halves "
                                                       "are gate and up, a 1x2 cluster takes a gate and an up tile "
-                                                      "(cooperative 128x128) and writes (q, scales) of their product"),
-        "glu_exchange": Param("halves", ("halves", "full"), help="glu_quant: what the gate / up pair swaps: half "
-                                                                   "its accumulator, then row amax halves (two round "
-                                                                   "trips), or all of it (one; epi_stages 4)"),
+                                                      "(cooperative 128x128), or one CTA both (128x256, "
+                                                      "glu_exchange 'local'), and writes (q, scales) of the product"),
+        "glu_exchange": Param("halves", ("halves", "full", "local"),
+                              help="glu_quant: what the gate / up pair swaps: half its accumulator, then row amax "
+                                   "halves (two round trips), or all of it (one; epi_stages 4); 'local': no pair, "
+                                   "a 128x256 tile in a 1x1 cluster with promote_halves"),
         "sb_ahead": Param(False, (False, True), help="B scales read from global one K-block ahead (their L2 latency "
                                                      "off the promotion's path; also with promote_overlap; not with "
                                                      "sb_smem or promote_halves; default off)"),

@@ -364,7 +364,8 @@ def fp8_gemm_grouped_contiguous(a: torch.Tensor, sa: torch.Tensor, b: torch.Tens
 # The gate / up pair's exchange (`schedules.fp8_gemm.GLU_EXCHANGES`) and its ring: "halves" (two round trips) with 4
 # epilogue buffers, 5 stages. perf/lab/moe_ab.py (H100, us, T4096 E256 / T16384 E256 / T4096 E64): halves at 5
 # stages 3882 / 7775 / 1938, halves at 6 (3 buffers) 4168 / 9309 / 1937, full (one round trip, 5 stages) 3836 / 7930
-# / 1952; the plain wide-tile GEMM 4346 / 7181 / 1790 plus swiglu_quantize 224 / 569 / 141.
+# / 1952; the plain wide-tile GEMM 4346 / 7181 / 1790 plus swiglu_quantize 224 / 569 / 141. "local" (no pair: a
+# 128 x 256 tile a CTA, its halves promoted one after the other) is built and compile-checked, not yet timed.
 GLU_EXCHANGE_DEFAULT = "halves"
 
 
@@ -401,11 +402,14 @@ def _glu_contiguous_cuda(a, sa, b, sb, m_indices, schedule=None, exchange=None):
     a, b = _k_major(a), _k_major3(b)
     sa = tma_aligned_scales(sa)
     exchange = exchange or GLU_EXCHANGE_DEFAULT
-    sched = schedule or fp8_schedule("cooperative", GQ_TILE, GQ_TILE, cluster_m=1, cluster_n=2,
-                                     epi_stages=4)
+    local = exchange == "local"  # one CTA a gate + up column block pair (128 x 256), promoted in sequential halves
+    sched = schedule or (fp8_schedule("cooperative", GQ_TILE, 2 * GQ_TILE, cluster_m=1, cluster_n=1, epi_stages=2)
+                         if local else fp8_schedule("cooperative", GQ_TILE, GQ_TILE, cluster_m=1, cluster_n=2,
+                                                    epi_stages=4))
     fn, sms = _compiled(torch.bfloat16, sched, a.get_device(), grouping="contiguous", glu_quant=True,
-                        sb_smem=_sb_smem(sched, m, k, None), glu_exchange=exchange if exchange != "halves" else None)
-    max_clusters = launch_clusters(-(-m // GQ_TILE), n // GQ_TILE, 1, sched, sms, a.get_device())
+                        sb_smem=_sb_smem(sched, m, k, None), glu_exchange=exchange if exchange != "halves" else None,
+                        promote_halves=local)
+    max_clusters = launch_clusters(-(-m // GQ_TILE), n // sched.tile_n, 1, sched, sms, a.get_device())
     fn(_as3(a), _per_expert(b), _as3(q), _as3(sa), _per_expert(sb), qs, m_indices.contiguous(), max_clusters)
     return q, qs
 

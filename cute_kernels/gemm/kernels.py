@@ -52,7 +52,7 @@ from collectives.wgmma_mainloop import (
     mma_k_tiles_promoted_halves,
     mma_k_tiles_promoted_overlap,
 )
-from schedules.fp8_gemm import glu_quant_error
+from schedules.fp8_gemm import GQ_TILE, HALVES_TILE_N, glu_quant_error, halves_only_error
 from schedules.gemm import GemmSchedule
 from schedules.grid_stride import GridStride
 from schedules.hardware import SETMAXNREG_LAUNCH
@@ -104,6 +104,10 @@ class Gemm:
         # FP8: each K-block's WGMMAs in two column halves (two groups), one half promoted while the
         # other runs (`mma_k_tiles_promoted_halves`: the overlap in acc + one temporary's registers)
         self.promote_halves = promote_halves
+        # the 128 x 256 tile promotes its halves one after the other through one half-width temporary
+        self.halves_seq = promote_halves and schedule.tile_n == HALVES_TILE_N
+        if blockwise and halves_only_error(schedule, promote_halves):
+            raise ValueError(halves_only_error(schedule, promote_halves))
         if promote_halves and (not blockwise or promote_overlap or wg_turns or schedule.tile_n % 16
                                or schedule.split_k > 1):
             raise ValueError("promote_halves is an option of the FP8 block-scaled mode (blockwise=True), without "
@@ -122,6 +126,7 @@ class Gemm:
             raise ValueError(schedule.gated_error() or "the gated (swiglu) epilogue is not for the grouped modes")
         # FP8 SwiGLU + 1x128 quantization over a gate / up CTA pair (`glu_quant_error`, `collectives.epilogue`)
         self.glu_quant, self.glu_exchange = glu_quant, glu_exchange
+        self.glu_pair = glu_quant and glu_exchange != "local"  # a 1x2 cluster's gate / up CTAs swap through smem
         if glu_quant:
             err = glu_quant_error(schedule, blockwise, grouping, ops.gated, promote_halves, glu_exchange)
             if err:
@@ -219,9 +224,10 @@ class Gemm:
         """Host side of the entry points (runs while they are traced): layouts, TMA atoms, launch."""
         s = self.s
         if cutlass.const_expr(self.glu_quant):
-            # B's rows seen in gate / up pairs: N tile 2 j + h is rows [h I + 128 j, + 128) (h 0: gate, 1: up), and
-            # its scale block h I / 128 + j; a 1x2 cluster's two CTAs take the pair
-            tn = s.tile_n
+            # B's rows seen in gate / up pairs: N block 2 j + h is rows [h I + 128 j, + 128) (h 0: gate, 1: up), and
+            # its scale block h I / 128 + j; a 1x2 cluster's two CTAs take the pair, or ("local") one CTA's 256-column
+            # tile holds both
+            tn = GQ_TILE
             pairs = cute.size(b, mode=[0]) // (2 * tn)
             rs = b.stride[0]
             b = cute.make_tensor(b.iterator, cute.make_layout(
@@ -244,7 +250,7 @@ class Gemm:
         sA_layout = operand_smem_layout(a_major, self.ab_dtype, s.tile_m, s.tile_k, stages)
         sB_layout = operand_smem_layout(b_major, self.ab_dtype, s.tile_n, s.tile_k, stages)
         sC_layout = None
-        if cutlass.const_expr(not self.glu_quant):  # (glu_quant: its exchange region in the buffers' place)
+        if cutlass.const_expr(not self.glu_quant):  # (glu_quant: its exchange region in the buffers' place, or none)
             sC_layout = epi.smem_layout(d_major, self.out_dtype, s.epi_tile, epi_buffers)
         # `a_rows` (small M): A's box is the stage's first a_rows rows, a (a_rows, tile_k, stages * a_step) view of the
         # same ring (one swizzle atom along K: the short box's stage a_step * i is the first rows of stage i)
@@ -278,10 +284,10 @@ class Gemm:
             last: cute.struct.MemRange[Int32, 2]  # split_fixup's per-group "arrived last" (in the barrier pad)
             sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout)], 1024]
-            if cutlass.const_expr(self.glu_quant):  # the pair's exchange region (`glu_quant_bytes`), two mbarriers
+            if cutlass.const_expr(self.glu_pair):  # the pair's exchange region (`glu_quant_bytes`), two mbarriers
                 gq: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, s.epi_bytes(2)], 1024]
                 gq_bars: cute.struct.MemRange[cutlass.Int64, 2]
-            else:
+            elif cutlass.const_expr(not self.glu_quant):
                 sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(sC_layout)], 1024]
             if cutlass.const_expr(self.blockwise):  # the A scales' ring
                 sS: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sS_layout)], 128]
@@ -385,7 +391,7 @@ class Gemm:
         pipe = make_pipeline(st.bars.data_ptr(), cute.size(sA_layout, mode=[2]), tx_bytes,
                              (s.cluster_m, s.cluster_n), 4 * s.consumers_per_tile)
         gq_bars = None
-        if cutlass.const_expr(self.glu_quant):  # the pair's two exchanges (one arrival each, bytes from the peer)
+        if cutlass.const_expr(self.glu_pair):  # the pair's two exchanges (one arrival each, bytes from the peer)
             gq_bars = st.gq_bars.data_ptr()
             if warp == 0:
                 if tidx == 0:
@@ -516,10 +522,12 @@ class Gemm:
                     tCrB_h = tuple(half_mma.make_fragment_B(thr_h.partition_B(
                         cute.local_tile(sB, (hn, s.tile_k), (h, 0, None)))) for h in range(2))
                     c_half = thr_h.partition_C(cute.make_identity_tensor((s.tile_m, hn)))
-                    # one register array, the two halves views of it
-                    both = cute.make_rmem_tensor(cute.make_layout(2 * cute.size(c_half)), self.acc_dtype)
+                    # one register array, the two halves views of it (the sequential halves: both views one half)
+                    views = 1 if self.halves_seq else 2
+                    both = cute.make_rmem_tensor(cute.make_layout(views * cute.size(c_half)), self.acc_dtype)
                     hl = cute.make_layout(c_half.shape)
-                    halves = tuple(cute.make_tensor(both.iterator + h * cute.size(c_half), hl) for h in range(2))
+                    halves = tuple(cute.make_tensor(both.iterator + (h % views) * cute.size(c_half), hl)
+                                   for h in range(2))
                     to_acc = half_index_map(tiled_mma, half_mma, s.tile_m, s.tile_n)
                     halves_args = (half_mma, half_set, halves, tCrA_h, tCrB_h, to_acc)
                     accumulate_mode(half_mma)
@@ -573,7 +581,7 @@ class Gemm:
             counter = Int32(0)
             gq_regs = None
             if cutlass.const_expr(self.glu_quant):
-                gq_regs = epi.glu_quant_regs(tiled_mma, s.tile_m, s.tile_n)
+                gq_regs = epi.glu_quant_regs(tiled_mma, s.tile_m, s.tile_n, self.glu_pair)
             for i in cutlass.range(first, n_tiles, step, unroll=1):
                 # valid is False only for padding tiles of the contiguous grouping (cooperative only:
                 # the ping-pong turn-taking assumes every tile is computed).
@@ -649,7 +657,10 @@ class Gemm:
                             gD_tile = gD[(None, None, tm, tn, tl)]
                             if cutlass.const_expr(s.wg_epilogue):  # this warpgroup's rows of the tile
                                 gD_tile = cute.local_tile(gD_tile, (64, self.out_tile_n), (cwg, 0))
-                            if cutlass.const_expr(self.glu_quant):  # with the peer CTA: (q, scales) of the pair
+                            if cutlass.const_expr(self.glu_quant and not self.glu_pair):  # gate and up here
+                                epi.glu_quant_store_local(acc, tCcC, gq_regs, tid, mD[None, None, tl], mQS,
+                                                          tm * s.tile_m, tn * self.out_tile_n, tn)
+                            elif cutlass.const_expr(self.glu_quant):  # with the peer CTA: (q, scales) of the pair
                                 glu_store = epi.glu_quant_store if self.glu_exchange == "halves" else \
                                     epi.glu_quant_store_full
                                 glu_store(acc, tCcC, gq_regs, cta_n, 1 - cta_n, tid, st.gq.data_ptr(), gq_bars,
@@ -682,7 +693,7 @@ class Gemm:
         if cutlass.const_expr(self.promote_halves):
             half_mma, half_set, halves, tCrA_h, tCrB_h, to_acc = halves_args
             return mma_k_tiles_promoted_halves(half_mma, half_set, acc, halves, tCrA_h, tCrB_h, pipe, read, release,
-                                               k_count, scales, to_acc)
+                                               k_count, scales, to_acc, self.halves_seq)
         if cutlass.const_expr(self.promote_overlap):
             return mma_k_tiles_promoted_overlap(tiled_mma, acc, temp, temp2, tCrA, tCrB, pipe, read, release, k_count,
                                                 scales, self.sb_ahead)

@@ -1,6 +1,6 @@
 """The FP8 MoE layer's pieces timed in one interleaved run: the layer with and without the fused first GEMM
 (`fp8_gemm_grouped_contiguous_swiglu`), the fused GEMM under its schedules and both exchanges, the unfused GEMM (default wide tile and
-the fused one's 128 x 128 1x2) with `swiglu_quantize`, the second GEMM, the quantizing dispatch and the combine.
+the fused one's 128 x 128 1x2) with `swiglu_quantize`, the one-CTA variant ("local", 128 x 256), the second GEMM, the quantizing dispatch and the combine.
 
     python3 -m perf.lab.moe_ab [T H I E k ...]   (default: 4096 7168 2048 256 8 and 16384 ... 256 8, 4096 ... 64 8)
 """
@@ -64,6 +64,7 @@ def study(t, h, i, e, k):
         "gemm1 fused (5 stages)": lambda: fo._glu_contiguous_cuda(
             xq, sx, w13, s13, idx, fp8_schedule("cooperative", 128, 128, cluster_m=1, cluster_n=2, epi_stages=4)),
         "gemm1 fused full exchange": lambda: fo._glu_contiguous_cuda(xq, sx, w13, s13, idx, exchange="full"),
+        "gemm1 fused local 128x256": lambda: fo._glu_contiguous_cuda(xq, sx, w13, s13, idx, exchange="local"),
         "gemm1 (default tile)": lambda: fo._contiguous_cuda(xq, sx, w13, s13, idx),
         "gemm1 (128x128 1x2)": lambda: fo._contiguous_cuda(xq, sx, w13, s13, idx, None, sq),
         "swiglu_quantize": lambda: ck.swiglu_quantize(hh[:, :i], hh[:, i:]),

@@ -13,7 +13,7 @@ from cute_kernels.quantize.ops import (
     quantize_1x128_reference,
     quantize_128x128_reference,
 )
-from schedules.fp8_gemm import default_fp8_schedule, fp8_schedule, fp8_stages, promoted_error
+from schedules.fp8_gemm import default_fp8_schedule, fp8_schedule, fp8_stages, halves_only_error, promoted_error
 from schedules.gemm import SMEM_BYTES, GemmSchedule
 
 ISSUE_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
@@ -48,8 +48,12 @@ def test_small_grids_narrow_the_tile():
 
 
 def test_schedule_errors_name_the_problem():
-    with pytest.raises(ValueError, match="accumulators per thread"):
-        fp8_schedule("cooperative", 128, 256)
+    assert "accumulators per thread" in promoted_error(GemmSchedule(kind="pingpong", tile_m=128, tile_n=128,
+                                                                    tile_k=128))
+    with pytest.raises(ValueError, match="cooperative 128-row tile"):
+        fp8_schedule("pingpong", 64, 256)
+    wide = fp8_schedule("cooperative", 128, 256)  # a schedule; its mainloop must promote in (sequential) halves
+    assert "needs promote_halves" in halves_only_error(wide, False) and halves_only_error(wide, True) is None
     with pytest.raises(ValueError, match="divide 128"):
         fp8_schedule("cooperative", 128, 176)  # would span three scale blocks (192 / 160: wide tiles)
     assert "tile_k" in promoted_error(GemmSchedule(tile_k=64, tile_n=128))

@@ -1,7 +1,9 @@
 """CPU: the FP8 GEMM's SwiGLU + 1x128 quantization epilogue (`glu_quant`) compiles for sm_90a, dense and grouped
 contiguous, without spills and within the consumers' registers; its exchange is 16-byte `st.async` stores into the
-peer CTA (four a thread) and one fp32 amax half a row ("full": eight, no amax, a warp's arrival when it has read), its output two-byte global stores straight from registers (no staging, no CTA barrier) and fp32 scales; the
-schedule rules name what they refuse; the op's fake gives `quantize_1x128`'s layouts."""
+peer CTA (four a thread) and one fp32 amax half a row ("full": eight, no amax, a warp's arrival when it has read;
+"local": a 128 x 256 tile a CTA, nothing exchanged), its output two-byte global stores straight from registers (no
+staging, no CTA barrier) and fp32 scales; the schedule rules name what they refuse; the op's fake gives
+`quantize_1x128`'s layouts."""
 
 import pytest
 import torch
@@ -16,7 +18,10 @@ BASE = {"cluster_m": 1, "cluster_n": 2, "glu_quant": True, "epi_stages": 3}
 CONFIGS = {"contiguous": {**BASE, "grouping": "contiguous"}, "contiguous_sb_smem": {**BASE, "grouping": "contiguous",
                                                                                   "sb_smem": True},
            "dense": BASE, "contiguous_full": {**BASE, "grouping": "contiguous", "glu_exchange": "full",
-                                              "epi_stages": 4}}
+                                              "epi_stages": 4},
+           "contiguous_local": {"cluster_m": 1, "cluster_n": 1, "tile_n": 256, "glu_quant": True,
+                                "glu_exchange": "local", "promote_halves": True, "epi_stages": 2,
+                                "grouping": "contiguous"}}
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +36,17 @@ def test_exchange_in_ptx(artifacts, name):
     assert not report.spills, report.format()
     ptx = files["ptx"].read_text()
     full = CONFIGS[name].get("glu_exchange") == "full"
-    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32") == (8 if full else 4)
+    local = CONFIGS[name].get("glu_exchange") == "local"
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32") == (
+        0 if local else 8 if full else 4)
     # "halves": a thread's two rows' amax halves; "full": none, a warp's "read" arrival in the peer instead
-    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32") == (0 if full else 2)
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32") == (0 if full or local else 2)
     assert ("mbarrier.arrive.release.cluster.shared::cluster" in ptx) == full
-    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 16  # 32 outputs a thread
-    assert ptx.count("st.global.v2.b8") == 16  # 32 outputs a thread, a column pair a store
-    assert "bar.sync" not in ptx.split("st.async")[-1], "a CTA barrier after the exchange"
+    outputs = 64 if local else 32  # a thread's outputs ("local": 128 of a row's columns over its quad)
+    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == outputs // 2
+    assert ptx.count("st.global.v2.b8") == outputs // 2  # a column pair a store
+    if not local:
+        assert "bar.sync" not in ptx.split("st.async")[-1], "a CTA barrier after the exchange"
     assert "ld.local" not in ptx and "st.local" not in ptx
 
 
@@ -46,7 +55,7 @@ def test_sass_wgmma_and_registers(artifacts, name):
     report, files = artifacts[name]
     sass = sass_or_skip(report, files)
     ops = sass_instructions(sass)
-    assert {op for op, _ in ops if op.startswith("QGMMA")} == {"QGMMA.64x128x32.F32.E4M3.E4M3"}
+    assert {op for op, _ in ops if op.startswith("QGMMA")} == {"QGMMA.64x128x32.F32.E4M3.E4M3"}  # ("local": halves)
     assert_within_registers(report, sass, 232)
 
 
@@ -61,6 +70,13 @@ def test_schedule_rules():
     small = fp8_schedule("cooperative", 128, 128, cluster_m=1, cluster_n=2, epi_stages=2)
     assert "epilogue buffers" in glu_quant_error(small)
     assert glu_quant_bytes()[1] <= ok.epi_bytes(2)
+    wide = fp8_schedule("cooperative", 128, 256, cluster_m=1, cluster_n=1, epi_stages=2)
+    assert glu_quant_error(wide, exchange="local", promote_halves=True) is None
+    assert "promote_halves=True" in glu_quant_error(wide, exchange="local")
+    assert "128x256 tiles" in glu_quant_error(ok, exchange="local", promote_halves=True)
+    assert "for glu_exchange='local'" in glu_quant_error(ok, promote_halves=True)
+    with pytest.raises(ValueError, match="needs promote_halves"):
+        SPEC.resolve({"tile_n": 256, "cluster_m": 1})  # the plain promotion: 2 x 128 registers
     with pytest.raises(ValueError, match="glu_quant"):
         SPEC.resolve({"glu_quant": True})  # the default 2x1 cluster
 

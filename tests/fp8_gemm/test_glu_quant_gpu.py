@@ -1,8 +1,8 @@
 """GPU: `fp8_gemm_grouped_contiguous_swiglu` (the grouped FP8 GEMM with SwiGLU and the 1x128 e4m3 quantization in
 its epilogue, a gate and an up CTA a cluster) bit for bit against the two ops it fuses: the bf16 grouped GEMM, then
 `swiglu_quantize` of its halves. Every valid row compared (q as bytes, the scales exactly): experts with 0 rows,
-odd counts, whole padding blocks, one and several column pairs, K = 128, both exchanges ("halves", "full"), B
-scales staged in smem and read from global, the fallback where I is off the 128-column block; the MoE layer's output
+odd counts, whole padding blocks, one and several column pairs, K = 128, both exchanges ("halves", "full") and no
+exchange ("local": a 128 x 256 tile a CTA), B scales staged in smem and read from global, the fallback where I is off the 128-column block; the MoE layer's output
 unchanged by the fusion."""
 
 import pytest
@@ -42,7 +42,7 @@ def _same(got, want, idx):
     assert bad == 0, f"{bad} of {qb.numel()} e4m3 bytes differ"
 
 
-@pytest.mark.parametrize("exchange", ["halves", "full"])
+@pytest.mark.parametrize("exchange", ["halves", "full", "local"])
 @pytest.mark.parametrize("rows,i,k", [([256, 128], 128, 512), ([130, 0, 257, 64], 256, 1024),
                                       ([1024] * 2, 2048, 7168), ([1, 3, 500], 384, 384), ([700] * 3, 256, 128)])
 def test_bitwise_against_unfused(rows, i, k, exchange):
@@ -51,15 +51,16 @@ def test_bitwise_against_unfused(rows, i, k, exchange):
     _same(_glu_contiguous_cuda(a, sa, b, sb, idx, exchange=exchange), _unfused(a, sa, b, sb, idx), idx)
 
 
+@pytest.mark.parametrize("exchange", ["halves", "local"])
 @pytest.mark.parametrize("sb_smem", [False, True])
-def test_b_scales_staged_or_global(sb_smem, monkeypatch):
+def test_b_scales_staged_or_global(sb_smem, exchange, monkeypatch):
     import importlib
 
     ops = importlib.import_module("cute_kernels.fp8_gemm.ops")
 
     monkeypatch.setattr(ops, "GROUPED_SB_SMEM_DEFAULT", sb_smem)
     a, sa, b, sb, idx = _inputs([600, 300], 256, 2048, extra_padding_blocks=2, seed=1)
-    _same(_glu_contiguous_cuda(a, sa, b, sb, idx), _unfused(a, sa, b, sb, idx), idx)
+    _same(_glu_contiguous_cuda(a, sa, b, sb, idx, exchange=exchange), _unfused(a, sa, b, sb, idx), idx)
 
 
 def test_fallback_off_block():
