@@ -38,7 +38,10 @@ TURNS = "ours wg_turns"
 # while the other warpgroup's WGMMAs run, the promotion wait the cooperative tiles show in PC sampling hidden under the
 # other tile. Unmeasured.
 PINGPONG_WIDE = ("ours ping-pong 64x192", "ours ping-pong 64x160")
-OPTIONS = (HALVES, OVERLAP, SB_SMEM, NARROW, WIDE_DEEP, TURNS) + PINGPONG_WIDE  # large-M, each vs "ours"
+# Cooperative 128 x 256 (2x1 clusters), its halves promoted one after the other through one half-width temporary
+# (`promote_halves` there: 128 + 64 registers a thread): the other warpgroup's half under each promotion. Unmeasured.
+SEQ_HALVES = "ours 128x256 sequential halves"
+OPTIONS = (HALVES, OVERLAP, SB_SMEM, NARROW, WIDE_DEEP, TURNS) + PINGPONG_WIDE + (SEQ_HALVES,)  # large-M, vs "ours"
 # Small M, measured and settled (geomean over the 12 M <= 128 shapes): `sb_ahead` alone 1.008x, `promote_overlap` +
 # `sb_ahead` 1.091x (now the default there: `schedules.fp8_gemm.small_m_promotion`), split-K in one launch 0.540x, with
 # overlap + sb_ahead 0.607x.
@@ -126,6 +129,8 @@ def fp8_gemm(shapes=None, quick=False, ceilings=None):
             cols += [(OVERLAP, ov), (SB_SMEM, sbs), (HALVES, lambda: _fp8_gemm_cuda(a, sa, b, sb, promote_halves=True))]
             if default_fp8_schedule(m, n, k).kind == "cooperative":
                 cols.append((TURNS, lambda: _fp8_gemm_cuda(a, sa, b, sb, wg_turns=True)))
+            seq_s = fp8_schedule("cooperative", 128, 256, cluster_m=2)
+            cols.append((SEQ_HALVES, lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=seq_s, promote_halves=True)))
             for name, sched in ((NARROW, default_fp8_schedule(m, n, k, wide=False)),
                                 (WIDE_DEEP, _variant(wide_s, epi_stages=2)),
                                 *((nm, fp8_schedule("pingpong", 64, tn)) for nm, tn in zip(PINGPONG_WIDE, (192, 160)))):
