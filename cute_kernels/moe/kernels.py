@@ -267,9 +267,10 @@ class MoeLayouts:
     2. scan (one CTA, a thread an expert): each chunk's base per expert (a running sum over the chunks in order, the
        counts loaded `SCAN_LOADS` chunks at a time), the counts, masked_m, and by two CTA scans the offsets and the
        128-aligned starts of the contiguous layout (rows_used their total);
-    3. place: the counts again (the experts staged again), each warp's base (the warps before it), then the warps walk their rounds in order: a
-       copy's rank is chunk base + warp base + the warp's running count + its lanes of the same expert below it; it
-       lands in row start[e] + rank, and in masked slot e max_m + rank while rank < max_m (else dropped, counted).
+    3. place: the counts again (the experts staged again), each warp's base (the warps before it), then the warps
+       walk their rounds in order: a copy's rank is chunk base + warp base + the warp's running count + its lanes of
+       the same expert below it; it lands in row start[e] + rank, and in masked slot e max_m + rank while rank < max_m
+       (else dropped, counted).
     Rows and slots no copy takes keep the -1 they were filled with."""
 
     def __init__(self, experts: int, warps: int = 4, rounds: int = 8):
@@ -318,7 +319,8 @@ class MoeLayouts:
 
     def rounds_smem(self, smem):
         """Each warp's staged experts (`stage_rounds`): (warps, rounds x 32) Int32 in shared memory."""
-        return smem.allocate_tensor(Int32, cute.make_layout((self.warps, self.rounds * 32), stride=(self.rounds * 32, 1)),
+        width = self.rounds * 32
+        return smem.allocate_tensor(Int32, cute.make_layout((self.warps, width), stride=(width, 1)),
                                     byte_alignment=16)
 
     @cute.jit
