@@ -32,6 +32,10 @@ MAX_CTAS_PER_SM = 16  # CTAs of 128 threads resident an SM; past that the CTAs l
 # perf/lab/moe_ab.py at T16384 E256 (H100): 779 us M-major, 491 row-major alone, 578 with the copy (torch's strided
 # copy of 29 MiB takes ~90 us of it); the bf16 dispatch 796.
 DISPATCH_ROW_MAJOR_SCALES = True
+# How they reach the M-major layout: "torch" (a strided `copy_`) or "transpose" (`ck.transpose`'s kernel writing the
+# layout's storage, (H / 128, rows rounded up to 4) row-major); the second is built, not yet timed (moe_ab's
+# "dispatch op transpose copy")
+DISPATCH_SCALES_COPY = "torch"
 
 
 def _check_rows(name, t, rows, weights=None):
@@ -171,6 +175,13 @@ def _dispatch_fp8_cuda(x, rows, num_rows: int):
     if x.shape[1] % 128 or not _kernel_ok(x):
         return quantize_1x128(_dispatch_cuda(x, rows, num_rows))
     w = placeholder(x.device, (1, rows.shape[1]), torch.float32)
+    if DISPATCH_ROW_MAJOR_SCALES and DISPATCH_SCALES_COPY == "transpose":
+        from cute_kernels.transpose.ops import _transpose_cuda
+
+        m, mp = s.shape[0], s.stride(1)  # s: (rows, H / 128), strides (1, mp)
+        rm = torch.empty(mp, s.shape[1], dtype=torch.float32, device=x.device)
+        _launch("dispatch", x, q, rows, w, scales=rm[:m])
+        return q, _transpose_cuda(rm)[:, :m].t()
     if DISPATCH_ROW_MAJOR_SCALES:
         rm = torch.empty(s.shape, dtype=torch.float32, device=x.device)
         _launch("dispatch", x, q, rows, w, scales=rm)

@@ -51,6 +51,12 @@ def study(t, h, i, e, k):
         mo.DISPATCH_ROW_MAJOR_SCALES = False
         return out
 
+    def dispatch_transpose():
+        mo.DISPATCH_SCALES_COPY = "transpose"
+        out = ck.moe_dispatch(x, r, quantize="1x128")
+        mo.DISPATCH_SCALES_COPY = "torch"
+        return out
+
     def layer(fused):
         def f():
             mo.FUSED_GLU = fused
@@ -74,6 +80,7 @@ def study(t, h, i, e, k):
         "dispatch (row-major scales + M-major copy)": lambda: dispatch_rowmajor(True),
         "dispatch (bf16)": lambda: ck.moe_dispatch(x, r),
         "dispatch op row-major": dispatch_flag,
+        "dispatch op transpose copy": dispatch_transpose,
         "combine": lambda: ck.moe_combine(y, r, r.topk_weights),
         "route": lambda: ck.moe_route(logits, k),
         "router gemm": lambda: ck.gemm(x, router.t(), out_dtype=torch.float32),

@@ -132,15 +132,17 @@ def test_route_captures_in_a_graph():
 
 @pytest.mark.parametrize("t,e,k,h", [(7, 16, 2, 7168), (300, 64, 8, 2048), (5, 8, 2, 2112 - 64)])
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
-@pytest.mark.parametrize("row_major_scales", [False, True])
+@pytest.mark.parametrize("row_major_scales", [False, True, "transpose"])
 def test_quantizing_dispatch_bitwise(t, e, k, h, layout, row_major_scales, monkeypatch):
     """The fused 1x128 quantization in the dispatch kernel: every named row's e4m3 values and scales are
     quantize_1x128's bits on the same rows (H not a multiple of 128: the unfused path, same bits), with the scales
-    stored M-major directly or row-major and then copied (`DISPATCH_ROW_MAJOR_SCALES`)."""
+    stored M-major directly or row-major and then copied (`DISPATCH_ROW_MAJOR_SCALES`) by torch or by the transpose
+    kernel (`DISPATCH_SCALES_COPY`); the scales' strides are quantize_1x128's either way."""
     from cute_kernels.moe import ops as moe_ops
     from cute_kernels.quantize.ops import quantize_1x128
 
-    monkeypatch.setattr(moe_ops, "DISPATCH_ROW_MAJOR_SCALES", row_major_scales)
+    monkeypatch.setattr(moe_ops, "DISPATCH_ROW_MAJOR_SCALES", bool(row_major_scales))
+    monkeypatch.setattr(moe_ops, "DISPATCH_SCALES_COPY", "transpose" if row_major_scales == "transpose" else "torch")
 
     r = _routing(t, e, k, max_m=max(1, t // 2))
     x = randn(t, h)
@@ -149,6 +151,7 @@ def test_quantizing_dispatch_bitwise(t, e, k, h, layout, row_major_scales, monke
     wq, ws = quantize_1x128(R.dispatch(x, r, layout).reshape(-1, h))
     assert torch.equal(q.reshape(-1, h)[src].view(torch.uint8), wq[src].view(torch.uint8))
     assert torch.equal(s.reshape(-1, s.shape[-1])[src], ws[src])
+    assert s.reshape(-1, s.shape[-1]).stride() == ws.stride()
 
 
 @pytest.mark.parametrize("cfg", [dict(e=64, k=6), dict(e=256, k=8, scoring="sigmoid", n_groups=8, topk_groups=4,
