@@ -723,7 +723,9 @@ HADAMARD = HadamardSpec(
 @dataclass(frozen=True, eq=False)
 class FP8AttnQuantSpec(KernelSpec):
     def check(self, p):
-        tpr = p["head_dim"] // max(8, p["head_dim"] // 32)
+        from cute_kernels.attention.fp8_quant import row_geometry
+
+        _, _, tpr = row_geometry(p["head_dim"], dtypes.cutlass_of(p["dtype"]).width, p["elems"])
         rows = p["threads"] // tpr
         held = 128 // p["cluster"]
         if rows > held or held % rows:
@@ -745,7 +747,7 @@ class FP8AttnQuantSpec(KernelSpec):
         scales, amax = (fake_tensor(cutlass.Float32, tuple(index_sym(i64) for _ in range(3)),
                                     tuple(index_sym(i64) for _ in range(3)), 4) for _ in range(2))
         signs = fake_tensor(cutlass.Float32, (d,), (1,), 16)
-        kernel = AttnQuantFP8(dt, d, p["mode"], p["hadamard"], p["threads"], p["cluster"])
+        kernel = AttnQuantFP8(dt, d, p["mode"], p["hadamard"], p["threads"], p["cluster"], p["elems"])
         return kernel, (x, q, scales, amax, signs, fake_stream())
 
     def representative(self):
@@ -780,6 +782,8 @@ FP8_ATTN_QUANT = FP8AttnQuantSpec(
         "cluster": Param(1, (1, 2, 4), help="CTAs sharing a 128-row block, each holding 128 / cluster rows (fewer "
                          "registers a thread, so more CTAs an SM overlap their load and compute phases); the block's "
                          "amax folded over the cluster in distributed shared memory"),
+        "elems": Param(0, (0, 16, 32), help="elements a lane holds of a row (0: max(8, D / 32)); more put more of "
+                       "the rotation's butterfly stages in registers and fewer in shuffles"),
     },
 )
 

@@ -46,11 +46,16 @@ from collectives.vector_io import extent, row_vectors
 MODES = ("block", "amax", "head")
 
 
-def row_geometry(d: int, width: int) -> tuple[int, int, int]:
+def row_geometry(d: int, width: int, elems: int = 0) -> tuple[int, int, int]:
     """(vec, e, tpr) for head rows of d elements of a `width`-bit type: elements per 128-bit access, elements a
-    lane holds, lanes a row."""
+    lane holds (`elems`, or by default max(vec, d / 32): a row over up to a warp), lanes a row. More elements a lane
+    move butterfly stages from shuffles into registers (D 256: 16 a lane leaves 4 shuffle stages of 16 values a lane
+    where 8 left 5 of 8)."""
     vec = 128 // width
-    e = max(vec, d // 32)
+    e = elems or max(vec, d // 32)
+    if e % vec or d % e or d // e > 32 or (d // e) & (d // e - 1):
+        raise ValueError(f"{e} elements a lane: need a multiple of {vec} dividing D {d} into a power-of-two count "
+                         f"of at most 32 lanes")
     return vec, e, d // e
 
 
@@ -172,14 +177,15 @@ class AttnQuantFP8:
     scales (B, H, blocks) fp32 ("block": every entry written; "head": a (B, H, 1) view, entry 0 written by the
     block-0 CTA); amax (B, H, blocks) fp32 ("amax" writes it, "head" reads it); signs (D,) fp32."""
 
-    def __init__(self, dtype, d: int, mode: str, hadamard: bool, threads: int = 512, cluster: int = 1):
+    def __init__(self, dtype, d: int, mode: str, hadamard: bool, threads: int = 512, cluster: int = 1,
+                 elems: int = 0):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.dtype, self.d, self.mode, self.hadamard, self.threads = dtype, d, mode, hadamard, threads
         self.cluster = cluster  # CTAs sharing a 128-row block (its amax folded over the cluster in shared memory)
         if cluster not in (1, 2, 4):
             raise ValueError(f"fp8_attn_quant: cluster must be 1, 2 or 4, got {cluster}")
-        self.vec, self.e, self.tpr = row_geometry(d, dtype.width)
+        self.vec, self.e, self.tpr = row_geometry(d, dtype.width, elems)
         self.rows_per_pass = threads // self.tpr
         self.rows = BLOCK // cluster  # rows a CTA holds
         if threads % 32 or not 1 <= self.rows_per_pass <= self.rows or self.rows % self.rows_per_pass:

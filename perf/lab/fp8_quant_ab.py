@@ -15,7 +15,9 @@ from cute_kernels.bench import harness as H
 from perf.lab.fp8_attn_ab import parse
 
 SHAPES = ((4, 4096, 32, 128), (8, 4096, 16, 64), (2, 8192, 8, 256))
-DEFAULT = ({}, {"cluster": 2}, {"threads": 256, "cluster": 2}, {"threads": 256, "cluster": 4})
+DEFAULT = ({}, {"cluster": 2}, {"threads": 256, "cluster": 2}, {"threads": 256, "cluster": 4},
+           {"threads": 256, "cluster": 4, "elems": 16}, {"threads": 256, "cluster": 4, "elems": 32},
+           {"elems": 16})
 
 
 def main(argv):

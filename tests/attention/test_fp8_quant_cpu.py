@@ -280,6 +280,8 @@ COMPILE = [
     ("fp8_attn_quant", {"mode": "amax", "head_dim": 64}),
     ("fp8_attn_quant", {"mode": "head", "hadamard": False, "head_dim": 256, "dtype": "fp16"}),
     ("fp8_attn_quant", {"mode": "block", "head_dim": 256}),
+    ("fp8_attn_quant", {"head_dim": 256, "threads": 256, "cluster": 4, "elems": 16}),
+    ("fp8_attn_quant", {"head_dim": 256, "threads": 256, "cluster": 4, "elems": 32}),
 ]
 
 
@@ -296,7 +298,7 @@ def test_kernels_compile(case, tmp_path):
     ptx, text = report.ptx_census, files["ptx"].read_text()
     assert ptx["ld/st.local"] == 0 and ptx["ld.global.v4 (128-bit)"] > 0
     bits = {"bf16": 16, "fp16": 16, "fp32": 32}[p["dtype"]]
-    _, e, tpr = row_geometry(p["head_dim"], bits)
+    _, e, tpr = row_geometry(p["head_dim"], bits, p.get("elems", 0))
     stages = int(math.log2(tpr))
     if name == "hadamard":
         assert ptx["shfl.sync"] == p["unroll"] * e * stages  # one shuffle per held element per cross-lane stage
@@ -304,11 +306,14 @@ def test_kernels_compile(case, tmp_path):
         assert text.count("0f%08X" % torch.tensor(1 / math.sqrt(p["head_dim"])).view(torch.int32).item()) > 0
         return
     rows = p["threads"] // tpr
+    passes = 128 // p["cluster"] // rows
     if p["hadamard"]:
-        assert ptx["shfl.sync"] >= (128 // rows) * e * stages
+        assert ptx["shfl.sync"] >= passes * e * stages
     assert "bar.sync" in text  # the CTA-wide amax
     if p["mode"] != "amax":
         check_rounding(text)  # collectives.quantize's scale, reciprocal and e4m3 conversion
-        assert text.count("st.global.v2.b32") == 128 // rows  # one 8-byte e4m3 store per held row piece
+        # the held row pieces' e4m3 bytes: one 8-byte store a piece (e = 8), 16-byte ones from e = 16
+        store, count = ("st.global.v2.b32", 1) if e == 8 else ("st.global.v4.b32", e // 16)
+        assert text.count(store) == passes * count
     else:
         assert "cvt.rn.satfinite.e4m3x2.f32" not in text and "st.global.v2" not in text

@@ -177,11 +177,14 @@ def test_end_to_end_accuracy_on_the_kernels_operands():
 
 
 @pytest.mark.parametrize("mode", ["block", "amax"])
-@pytest.mark.parametrize("d,threads,cluster", [(256, 512, 2), (256, 256, 4), (128, 256, 2), (64, 512, 2)])
+@pytest.mark.parametrize("d,threads,cluster,elems", [(256, 512, 2, 0), (256, 256, 4, 0), (128, 256, 2, 0),
+                                                     (64, 512, 2, 0), (256, 256, 4, 16), (256, 256, 4, 32),
+                                                     (128, 512, 1, 16)])
 @pytest.mark.parametrize("s", [1, 129, 1000])
-def test_quantize_cluster_bitwise(mode, d, threads, cluster, s):
-    """`cluster` > 1 (a 128-row block over several CTAs, its amax folded in distributed shared memory) writes the same
-    bits as one CTA a block: e4m3 values and scales (block), block amaxes (amax)."""
+def test_quantize_cluster_bitwise(mode, d, threads, cluster, elems, s):
+    """`cluster` > 1 (a 128-row block over several CTAs, its amax folded in distributed shared memory) and `elems`
+    (more of a row a lane: butterfly stages in registers instead of shuffles) write the same bits as one CTA a block
+    at the default geometry: e4m3 values and scales (block), block amaxes (amax)."""
     from cute_kernels.attention import FP8_ATTN_QUANT
 
     x = randn(2, s, 3, d) * 3
@@ -189,11 +192,11 @@ def test_quantize_cluster_bitwise(mode, d, threads, cluster, s):
     signs = R.default_signs(d, "cuda")
     nb = (s + 127) // 128
     outs = []
-    for c, t in ((1, 512), (cluster, threads)):
+    for c, t, el in ((1, 512, 0), (cluster, threads, elems)):
         x8 = torch.full(x.shape, float("nan"), device="cuda").to(torch.float8_e4m3fn)
         sc = torch.full((2, 3, nb), float("nan"), device="cuda")
         FP8_ATTN_QUANT.compiled(dtype="bf16", head_dim=d, mode=mode, hadamard=True, index64=False, threads=t,
-                                cluster=c)(x, x8, sc, sc, signs)
+                                cluster=c, elems=el)(x, x8, sc, sc, signs)
         outs.append((x8, sc))
     _same(outs[0][1], outs[1][1])  # (asserts)
     if mode == "block":
