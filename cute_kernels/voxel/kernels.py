@@ -568,11 +568,12 @@ class ScatterVoxels:
 class SegmentReduce:
     """The segmented reduction of the sorted features (module doc). Work unit (run r, feature slice k): a group of
     `group` lanes, each `vec` consecutive features, walks positions [r run, (r + 1) run) of the valid ones in order,
-    `batch` positions' indices, sorted keys and feature vectors loaded ahead (a segment ends where the key changes). A segment that starts and ends inside the run is
-    written to out[segment]; the run's first segment, when it began before the run, leaves part_first[r]; its last,
-    when it goes on past the run, part_last[r]. The fix-up kernel, for each run that holds the start of a segment going
-    on past it, combines part_last[r] with part_first of the runs the segment covers, in order. max keeps (value,
-    point) with ties to the earlier point (the positions of a segment are in point order) and the first NaN."""
+    `batch` positions' indices, sorted keys and feature vectors loaded ahead (a segment ends where the key changes). A
+    segment that starts and ends inside the run is written to out[segment]; the run's first segment, when it began
+    before the run, leaves part_first[r]; its last, when it goes on past the run, part_last[r]. The fix-up kernel, for
+    each run that holds the start of a segment going on past it, combines part_last[r] with part_first of the runs the
+    segment covers, in order. max keeps (value, point) with ties to the earlier point (the positions of a segment are
+    in point order) and the first NaN."""
 
     def __init__(
         self, reduce: str, dtype, vec: int = 1, group: int = 32, run: int = 128, threads: int = 256, batch: int = 4
