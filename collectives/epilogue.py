@@ -345,6 +345,23 @@ def _glu_products(region, tid, own: cute.Tensor, gate_here) -> cute.Tensor:
 
 
 @cute.jit
+def _row_amax(y: cute.Tensor, regs: cutlass.Constexpr, tCcC: cute.Tensor):
+    """(each of the thread's rows' amax of the products `y` (in `low`'s register order) over the quad holding the
+    row's columns, the rows' tile coordinates)."""
+    low, _, slot, nrows = regs
+    amax = []
+    rows_local = []
+    for s_ in cutlass.range_constexpr(nrows):
+        mine = [k for k in range(len(low)) if slot[k] == s_]
+        a = cute.math.absf(y[mine[0]])
+        for k in mine[1:]:
+            a = cute.arch.fmax(a, cute.math.absf(y[k]))
+        amax.append(warp_reduce(a, cute.arch.fmax, 4))
+        rows_local.append(tCcC[low[mine[0]]][0])
+    return amax, rows_local
+
+
+@cute.jit
 def glu_quant_store(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr, half, peer, tid, region,
                     xbar, abar, phase, mQ: cute.Tensor, mQS: cute.Tensor, m0, q_col0, s_col):
     """One 128 x 128 tile's epilogue under `Gemm(glu_quant=True)`: this CTA (`half` 0: the gate tile, 1: the up tile)
@@ -354,7 +371,7 @@ def glu_quant_store(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr
     arrival each), `phase` their parity this tile. Every consumer thread (`tid` 0..255) calls it; the two mbarriers
     are the only synchronization (a peer writes tile i + 1's words into this CTA only after it has every row's amax
     half of tile i, each sent after its quad read the words of tile i)."""
-    low, high, slot, nrows = regs
+    low, high, _, nrows = regs
     n = len(low)
     amax_off, _ = glu_quant_bytes()
     gate_here = half == 0
@@ -377,19 +394,10 @@ def glu_quant_store(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Constexpr
     mbarrier_wait(xbar, phase)
     y = _glu_products(region, tid, own, gate_here)
     lane = tid % 32
-    amax = []
-    rows_local = []
-    for s_ in cutlass.range_constexpr(nrows):
-        mine = [k for k in range(n) if slot[k] == s_]
-        a = cute.math.absf(y[mine[0]])
-        for k in mine[1:]:
-            a = cute.arch.fmax(a, cute.math.absf(y[k]))
-        a = warp_reduce(a, cute.arch.fmax, 4)  # the quad holding the row's columns
-        r_loc = tCcC[low[mine[0]]][0]
-        if lane % 4 == 0:
-            st_async_f32(remote + amax_off + r_loc * 4, a, remote_a)
-        rows_local.append(r_loc)
-        amax.append(a)
+    amax, rows_local = _row_amax(y, regs, tCcC)
+    if lane % 4 == 0:
+        for s_ in cutlass.range_constexpr(nrows):
+            st_async_f32(remote + amax_off + rows_local[s_] * 4, amax[s_], remote_a)
     mbarrier_wait(abar, phase)
     av = cute.make_tensor(cute.recast_ptr(region + amax_off, dtype=Float32), cute.make_layout(GQ_TILE))
     full = [cute.arch.fmax(amax[s_], av[rows_local[s_]]) for s_ in range(nrows)]
@@ -404,7 +412,7 @@ def glu_quant_store_local(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Con
     c and c + 128 of the same row). Both are rounded to bf16 first (the plain GEMM's output), the row amax is a quad's
     butterfly over its 32 products a row, and the 128 output columns go to mQ from column `q_col0` with their rows'
     scales in column `s_col` of mQS: `swiglu_quantize`'s arithmetic, no shared memory and no barrier."""
-    low, high, slot, nrows = regs
+    low, high, _, _ = regs
     n = len(low)
     y = cute.make_rmem_tensor((n,), Float32)
     for p in cutlass.range_constexpr(n // 2):
@@ -412,17 +420,8 @@ def glu_quant_store_local(acc: cute.Tensor, tCcC: cute.Tensor, regs: cutlass.Con
         u0, u1 = unpack_bf16x2(pack_bf16x2(acc[high[2 * p + 1]], acc[high[2 * p]]))
         y[2 * p] = silu_mul(g0, u0, True)
         y[2 * p + 1] = silu_mul(g1, u1, True)
-    lane = tid % 32
-    amax = []
-    rows_local = []
-    for s_ in cutlass.range_constexpr(nrows):
-        mine = [k for k in range(n) if slot[k] == s_]
-        a = cute.math.absf(y[mine[0]])
-        for k in mine[1:]:
-            a = cute.arch.fmax(a, cute.math.absf(y[k]))
-        amax.append(warp_reduce(a, cute.arch.fmax, 4))  # the quad holding the row's columns
-        rows_local.append(tCcC[low[mine[0]]][0])
-    _glu_quant_write(y, amax, regs, rows_local, 0, lane, tCcC, mQ, mQS, m0, q_col0, s_col)
+    amax, rows_local = _row_amax(y, regs, tCcC)
+    _glu_quant_write(y, amax, regs, rows_local, 0, tid % 32, tCcC, mQ, mQS, m0, q_col0, s_col)
 
 
 @cute.jit
