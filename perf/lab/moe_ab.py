@@ -45,17 +45,18 @@ def study(t, h, i, e, k):
         mo._launch("dispatch", x, q_buf, rows_t, placeholder(x.device, (1, k), torch.float32), scales=s_row)
         return fo.tma_aligned_scales(s_row) if to_m_major else s_row
 
-    def dispatch_flag():
-        mo.DISPATCH_ROW_MAJOR_SCALES = True
-        out = ck.moe_dispatch(x, r, quantize="1x128")
-        mo.DISPATCH_ROW_MAJOR_SCALES = False
-        return out
-
-    def dispatch_transpose():
-        mo.DISPATCH_SCALES_COPY = "transpose"
-        out = ck.moe_dispatch(x, r, quantize="1x128")
-        mo.DISPATCH_SCALES_COPY = "torch"
-        return out
+    def dispatch_with(**flags):
+        # the quantizing dispatch op with `moe.ops` flags set for the call, their values restored after it
+        def f():
+            old = {k: getattr(mo, k) for k in flags}
+            for k, v in flags.items():
+                setattr(mo, k, v)
+            try:
+                return ck.moe_dispatch(x, r, quantize="1x128")
+            finally:
+                for k, v in old.items():
+                    setattr(mo, k, v)
+        return f
 
     def layer(fused):
         def f():
@@ -79,8 +80,8 @@ def study(t, h, i, e, k):
         "dispatch (row-major scales)": lambda: dispatch_rowmajor(False),
         "dispatch (row-major scales + M-major copy)": lambda: dispatch_rowmajor(True),
         "dispatch (bf16)": lambda: ck.moe_dispatch(x, r),
-        "dispatch op row-major": dispatch_flag,
-        "dispatch op transpose copy": dispatch_transpose,
+        "dispatch op M-major scales": dispatch_with(DISPATCH_ROW_MAJOR_SCALES=False),
+        "dispatch op transpose copy": dispatch_with(DISPATCH_SCALES_COPY="transpose"),
         "combine": lambda: ck.moe_combine(y, r, r.topk_weights),
         "route": lambda: ck.moe_route(logits, k),
         "router gemm": lambda: ck.gemm(x, router.t(), out_dtype=torch.float32),
