@@ -61,7 +61,9 @@ class FakeQuantSpec(KernelSpec):
         from cute_kernels.qat.kernels import FakeQuant
 
         dt = dtypes.cutlass_of(p["dtype"])
-        kernel = FakeQuant(dt, p["qtype"], p["zp"], p["mode"], p["mask"], p["gated"], p["index64"], self.schedule_of(p))
+        kernel = FakeQuant(
+            dt, p["qtype"], p["zp"], p["mode"], p["mask"], p["gated"], p["index64"], self.schedule_of(p), p["streaming"]
+        )
 
         def flat(t, align):
             return fake_tensor(t, (_sym(p),), (1,), align)
@@ -92,6 +94,8 @@ class FakeQuantSpec(KernelSpec):
             self.resolve({"qtype": "e4m3", "mode": "tensor", "dtype": "fp16"}),
             self.resolve({"mode": "element", "dtype": "fp32", "mask": False, "zp": "round"}),
             self.resolve({"mode": "tensor", "gated": True}),
+            self.resolve({"mode": "tensor", "gated": True, "streaming": True}),
+            self.resolve({"mode": "tensor", "gated": True, "streaming": True, "dtype": "fp32"}),
         ]
 
     def sweep(self):
@@ -141,6 +145,9 @@ FAKE_QUANT = FakeQuantSpec(
             ),
             "mask": Param(True, (True, False), "signature", "store the packed STE mask"),
             "gated": Param(False, (True, False), "signature", "an int64 fake_quant_on flag (0: y = x, mask all 1)"),
+            "streaming": Param(
+                False, (True, False), "signature", "y stored evict-first (st.global.cs): x stays in L2 for this pass"
+            ),
         }
     ),
 )
@@ -352,7 +359,121 @@ OBSERVE = ObserverSpec(
     params=_row_params({"symmetric": Param(False, (True, False), "signature", "symmetric qparams")}, OBSERVER_PLAN),
 )
 
-SPECS = (FAKE_QUANT, STE_BWD, LEARNABLE_BWD, OBSERVE)
+# The one-pass per-channel observer + fake-quant (`kernels.ObservedRows`): a row held in registers, planned by
+# `schedules.row_tiling.plan_held_rows` for rows of up to OBSERVED_ROW_MAX elements (one CTA a row, no cluster).
+# The row is staged in shared memory (cp.async: every byte in flight at once, and no register holds it across the
+# qparams' fp64 work; held in registers, 4096-element rows took 105-118 registers, 2 CTAs an SM).
+# Rows of up to 256 threads x 64 elements (a 512-thread CTA would get one CTA an SM at the register floor below);
+# longer rows take the two passes.
+OBSERVED_ROWS_PLAN = dict(target_elems=32, max_elems=64, min_threads=256, max_tpr=256, max_cluster=1, staging="smem")
+OBSERVED_ROW_MAX = 256 * 64
+
+
+def observed_rows_regs(vectors: int) -> int:
+    """The register floor (ptxas is asked for the CTAs per SM it allows) of `qat.observe_rows` with `vectors` held a
+    thread: the quantize pass and the qparams' fp64 work spilled 8-24 B at 64 and fit 80 up to 4 vectors (3 CTAs of
+    256 threads an SM); 6-8 vectors spilled 8 B at 80 (CPU compile)."""
+    return 72 if vectors <= 4 else 96
+
+
+def observed_rows_plan(n: int):
+    """The `schedules.row_tiling.HeldRowPlan` of `qat.observe_rows` for rows of n elements (ValueError past
+    OBSERVED_ROW_MAX)."""
+    from schedules.row_tiling import plan_held_rows
+
+    plan = plan_held_rows(n, MASK_VEC, **OBSERVED_ROWS_PLAN)
+    return plan_held_rows(n, MASK_VEC, **OBSERVED_ROWS_PLAN, staged_regs=observed_rows_regs(plan.tiling.unroll))
+
+
+@dataclass(frozen=True, eq=False)
+class ObservedRowsSpec(KernelSpec):
+    def check(self, p):
+        super().check(p)
+        if p["unroll"] * MASK_VEC > OBSERVED_ROWS_PLAN["max_elems"]:
+            raise ValueError(f"{self.name}: at most {OBSERVED_ROWS_PLAN['max_elems']} elements a thread held")
+
+    def dynamic_smem_bytes(self, p):
+        from collectives.reduce import group_smem_slots
+
+        staged = p["threads"] * p["unroll"] * 16 if p["staging"] == "smem" else 0  # a 16-byte slot a held vector
+        return staged + 4 * group_smem_slots(p["threads"], p["threads_per_row"], 4)
+
+    def build(self, p):
+        from cute_kernels.qat.kernels import ObservedRows
+
+        dt = dtypes.cutlass_of(p["dtype"])
+        f32, i32, i64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
+        kernel = ObservedRows(dt, p["symmetric"], p["mask"], p["index64"], self.schedule_of(p), p["staging"])
+
+        def rows():
+            return fake_tensor(dt, (_sym(p), _sym(p, MASK_VEC)), (_sym(p, MASK_VEC), 1), 16)
+
+        def vec1(t, align=4):
+            return fake_tensor(t, (_sym(p),), (1,), align)
+
+        args = (
+            rows(),
+            rows(),
+            vec1(cutlass.Uint8, 1),
+            vec1(i64, 8),
+            vec1(i64, 8),
+            vec1(f32),
+            vec1(f32),
+            vec1(f32),
+            vec1(i32),
+            f32(0.01),
+            i32(-128),
+            i32(127),
+            i32(1),
+            fake_stream(),
+        )
+        return kernel, args
+
+    def representative(self):
+        return [
+            self.resolve(),
+            self.resolve({"symmetric": False, "mask": False, "dtype": "fp16", "unroll": 8}),
+            self.resolve({"staging": "regs"}),
+        ]
+
+    def sweep(self):
+        return [
+            self.resolve(
+                {"dtype": d, "symmetric": s, "mask": m, "threads_per_row": t, "unroll": u, "index64": i, "staging": g}
+            )
+            for d, s, m, (t, u), i, g in itertools.product(
+                ("bf16", "fp16"),
+                (True, False),
+                (True, False),
+                ((32, 1), (128, 4), (256, 8)),
+                (False, True),
+                ("smem", "regs"),
+            )
+        ]
+
+
+OBSERVE_ROWS = ObservedRowsSpec(
+    name="qat.observe_rows",
+    family="qat",
+    lesson=17,
+    summary="the per-channel fused observer and fake-quant in one pass: each row held in registers, its min / max, "
+    "moving average and qparams, then y and the STE mask from the held row (x read once, not twice)",
+    ops=("fake_quant_observed",),
+    status="ready",
+    schedule=RowTiling,
+    params={
+        "dtype": Param("bf16", ("bf16", "fp16"), "signature", "x / y element type (16-bit: a vector is a mask byte)"),
+        "index64": Param(False, (True, False), "signature", "64-bit indexing (>= 2^31 elements)"),
+        "symmetric": Param(True, (True, False), "signature", "symmetric qparams"),
+        "mask": Param(True, (True, False), "signature", "store the packed STE mask"),
+        "threads": Param(256, (128, 256, 512, 1024), help="threads per CTA"),
+        "threads_per_row": Param(128, (1, 2, 4, 8, 16, 32, 64, 128, 256, 512), help="threads holding one row"),
+        "unroll": Param(4, (1, 2, 3, 4, 5, 6, 7, 8), help="8-element vectors a thread holds"),
+        "staging": Param("smem", ("smem", "regs"), help="where the row is held: shared memory (cp.async) or registers"),
+    },
+)
+
+SPECS = (FAKE_QUANT, STE_BWD, LEARNABLE_BWD, OBSERVE, OBSERVE_ROWS)
 
 
 def __getattr__(name):

@@ -31,11 +31,13 @@ from collectives.ptx import asm_f32
 from collectives.quantize import E4M3, E4M3_MAX, inverse
 from collectives.reduce import add_pairs, group_smem, warp_reduce
 from collectives.reduce import group_reduce as _group_reduce
+from collectives.rowwise import HeldRowKernel, RowReducer, RowSlice
 from collectives.split_counter import last_split
-from collectives.vector_io import as_vectors, extent
+from collectives.vector_io import as_vectors, extent, store_streaming, widen_again
 from collectives.vector_map import map_grid, thread_walk
+from cute_kernels.qat import observed_rows_regs
 from schedules.grid_stride import GridStride
-from schedules.row_tiling import RowTiling
+from schedules.row_tiling import HeldRowPlan, RowTiling
 from schedules.walks import SplitRowWalk, row_tile_grid, strided_fold
 
 MASK_VEC = 8  # elements of one map item = bits of one mask byte
@@ -124,12 +126,24 @@ class FakeQuant:
     int64 flag (the observer's fake_quant_on) of 0 passes x through with every bit set."""
 
     def __init__(
-        self, dtype, qtype: str, zp_rule: str, mode: str, mask: bool, gated: bool, index64: bool, schedule: GridStride
+        self,
+        dtype,
+        qtype: str,
+        zp_rule: str,
+        mode: str,
+        mask: bool,
+        gated: bool,
+        index64: bool,
+        schedule: GridStride,
+        streaming: bool = False,
     ):
         if qtype not in QTYPES or zp_rule not in ZP_RULES or mode not in MODES:
             raise ValueError(f"qtype / zp_rule / mode must be in {QTYPES} / {ZP_RULES} / {MODES}")
         self.dtype, self.qtype, self.zp_rule, self.mode = dtype, qtype, zp_rule, mode
         self.mask, self.gated, self.index64, self.schedule = mask, gated, index64, schedule
+        # y stored evict-first (`st.global.cs`): after the observer's reduce pass x is still in L2, and y's lines then
+        # leave it there for this pass's reads instead of evicting it
+        self.streaming = streaming
         self.vec = MASK_VEC
 
     @cute.jit
@@ -236,7 +250,10 @@ class FakeQuant:
             out = cute.make_rmem_tensor((vec,), Float32)
             for e in cutlass.range_constexpr(vec):
                 out[e] = cutlass.select_(on != 0, ys[e], v[e]) if cutlass.const_expr(self.gated) else ys[e]
-            yv[None, j].store(out.load().to(self.dtype))
+            if cutlass.const_expr(self.streaming):
+                store_streaming(yv[None, j], out.load().to(self.dtype))
+            else:
+                yv[None, j].store(out.load().to(self.dtype))
             if cutlass.const_expr(self.mask):
                 if cutlass.const_expr(self.gated):
                     bits = cutlass.select_(on != 0, bits, Int32(0xFF))
@@ -758,3 +775,151 @@ class Observer(_RowKernel):
         self._rows(x, splits, buf, fold, init, _min_max, finish, partial)
         if cutlass.const_expr(self.merge):
             self._merge(counter, slot, partial, extent(x, 0), extent(x, 0), splits, init, _min_max, finish)
+
+
+def _observed_pair(a, b):
+    """The row reduction of `ObservedRows`: (min, max) of the row's elements and the running (min, max) that only
+    the row's lane 0 loaded (the others contribute -inf / +inf: max / min keep it, NaN included)."""
+    return min_nan(a[0], b[0]), max_nan(a[1], b[1]), max_nan(a[2], b[2]), min_nan(a[3], b[3])
+
+
+class ObservedRows(HeldRowKernel):
+    """The per-channel fused observer and its fake-quant in ONE pass: rows (C, L) of 16-bit x (channel r = row r,
+    L % 8 == 0) held in registers (`collectives.rowwise`: a row group of `threads_per_row` threads, `unroll` 8-element
+    vectors each), the row's min / max reduced over its threads, the moving average and the qparams
+    (`choose_qparams`) computed by every thread of the row from the same values (lane 0 stores them), then the
+    fake-quant of the held row with them, y and the packed STE mask (a vector is a mask byte: byte r L / 8 + v).
+    Exactly the observer followed by the gated per-channel fake-quant (`Observer`, then `FakeQuant` "vector" with
+    int zero points): the same operations in the same order, so the same bits, with x read once instead of twice.
+    Only lane 0 of a row reads the running range and writes the state, after the reduction it took part in: no
+    thread reads what another writes."""
+
+    def __init__(self, dtype, symmetric: bool, mask: bool, index64: bool, tiling: RowTiling, staging: str = "smem"):
+        super().__init__(MASK_VEC, index64, HeldRowPlan(tiling, staging=staging))
+        if dtype.width != 16:
+            raise ValueError("ObservedRows holds 16-bit rows (an 8-element vector is one 16-byte load)")
+        self.dtype, self.symmetric, self.mask = dtype, symmetric, mask
+        self.staged_min_regs = observed_rows_regs(self.vpt)  # the staged plan's register floor
+        self.staged_rows = (dtype,)  # (`HeldRowKernel.grid` sizes the CTAs per SM of a staged plan by them)
+
+    @cute.jit
+    def __call__(
+        self,
+        x: cute.Tensor,
+        y: cute.Tensor,
+        m: cute.Tensor,
+        observer_on: cute.Tensor,
+        fake_quant_on: cute.Tensor,
+        running_min: cute.Tensor,
+        running_max: cute.Tensor,
+        scale: cute.Tensor,
+        zp: cute.Tensor,
+        averaging: Float32,
+        qmin: Int32,
+        qmax: Int32,
+        max_ctas: Int32,
+        stream,
+    ):
+        self.kernel(
+            x, y, m, observer_on, fake_quant_on, running_min, running_max, scale, zp, averaging, qmin, qmax
+        ).launch(**self.grid(extent(x, 0), max_ctas), stream=stream, use_pdl=pdl.LAUNCH)
+
+    @cute.kernel
+    def kernel(
+        self,
+        x: cute.Tensor,
+        y: cute.Tensor,
+        m: cute.Tensor,
+        observer_on: cute.Tensor,
+        fake_quant_on: cute.Tensor,
+        running_min: cute.Tensor,
+        running_max: cute.Tensor,
+        scale: cute.Tensor,
+        zp: cute.Tensor,
+        averaging: Float32,
+        qmin: Int32,
+        qmax: Int32,
+    ):
+        pdl.enter()
+        vec = self.vec
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        rows, n = extent(x, 0), extent(x, 1)
+        smem = cutlass.memory.SmemAllocator()
+        red = RowReducer.allocate(smem, self.threads, self.tpr, 1, (4,))
+        lane = tidx % self.tpr
+        sl = RowSlice(vec, self.tpr, self.vpt, lane, 0, n)
+        (buf,) = self.stage_buffers(smem, (x.element_type,), tidx // self.tpr)
+        observe = observer_on[0] == Int64(1)
+        quant = fake_quant_on[0] == Int64(1)  # new qparams (the observer's rule)
+        apply = fake_quant_on[0] != Int64(0)  # the fake-quant itself (FakeQuant's gate)
+        qmin_f, qmax_f = Float32(qmin), Float32(qmax)
+        inf = Float32(INF)
+        nv = n // vec
+        count, bidx, gdim = self.tile_count(rows, bidx, gdim)
+        for i in cutlass.range(count, unroll=1):
+            row = (bidx + i * gdim) * self.rows_per_cta + tidx // self.tpr
+            ok = row < rows
+            # the row, held in its 16-bit type: in registers, or (staging "smem") in shared memory by cp.async, every
+            # byte in flight at once and no register tied up across the qparams' fp64 work
+            held = sl.fetch(x[row, None], ok, 0.0, buf)
+            sl.arrive(self.staged)
+            vals = sl.read(held, ok, 0.0)
+            lo, hi = inf, -inf
+            for k in cutlass.range_constexpr(self.vpt):
+                f = vals[k].to(Float32)
+                vlo, vhi = f[0], f[0]
+                for e in cutlass.range_constexpr(1, vec):
+                    vlo, vhi = min_nan(vlo, f[e]), max_nan(vhi, f[e])
+                take = sl.valid(k)
+                lo = Float32(cutlass.select_(take, min_nan(lo, vlo), lo))
+                hi = Float32(cutlass.select_(take, max_nan(hi, vhi), hi))
+            old_lo, old_hi = -inf, inf  # (the reduction's identities for the running pair)
+            if ok and lane == 0:
+                old_lo = running_min[row]
+                old_hi = running_max[row]
+            cur_lo, cur_hi, run_lo, run_hi = red.reduce((lo, hi, old_lo, old_hi), _observed_pair, None, 0, Int32(i))
+            if observe:  # (the Observer's finish, in every thread of the row)
+                run_lo = Float32(
+                    cutlass.select_(
+                        (run_lo == inf) | (run_lo == -inf), cur_lo, cute.math.fma(averaging, cur_lo - run_lo, run_lo)
+                    )
+                )
+                run_hi = Float32(
+                    cutlass.select_(
+                        (run_hi == inf) | (run_hi == -inf), cur_hi, cute.math.fma(averaging, cur_hi - run_hi, run_hi)
+                    )
+                )
+            s, zi = Float32(1.0), Int32(0)
+            if quant:
+                s, zi = choose_qparams(run_lo, run_hi, qmin, qmax, self.symmetric)
+            elif apply & ok:  # a flag neither 0 nor 1: the stored qparams, which nothing rewrites then
+                s = scale[row]
+                zi = zp[row]
+            if ok and lane == 0:
+                rmin, rmax, st, zt = running_min, running_max, scale, zp
+                if observe:
+                    rmin[row] = run_lo
+                    rmax[row] = run_hi
+                if quant:
+                    st[row] = s
+                    zt[row] = zi
+            inv = inverse(s)
+            z = zero_point(zi, "int", qmin_f, qmax_f)
+            yrow = sl.vectors(y[row, None])
+            vals = sl.read(held, ok, 0.0)  # (staged: read again; registers: the same values)
+            for k in cutlass.range_constexpr(self.vpt):
+                # widened again by other instructions, so that the first pass's fp32 copy of the row is not what stays
+                # live across the reduction (`vector_io.widen_again`)
+                f = widen_again(vals[k])
+                v = [f[e] for e in range(vec)]
+                ys, bits = quantize_item(v, [s] * vec, [inv] * vec, [z] * vec, qmin_f, qmax_f, "int", False)
+                out = cute.make_rmem_tensor((vec,), Float32)
+                for e in cutlass.range_constexpr(vec):
+                    out[e] = cutlass.select_(apply, ys[e], v[e])
+                if ok and sl.valid(k):  # (stored vector by vector: no row of outputs held)
+                    sl.vector(yrow, k).store(out.load().to(self.dtype))
+                    if cutlass.const_expr(self.mask):
+                        m[row * nv + sl.index(k)] = Uint8(cutlass.select_(apply, bits, Int32(0xFF)))
+            red.end_tile()

@@ -34,9 +34,12 @@ from cute_kernels.qat import (
     LEARNABLE_PLAN,
     MASK_VEC,
     OBSERVE,
+    OBSERVE_ROWS,
+    OBSERVED_ROW_MAX,
     OBSERVER_PLAN,
     QAT_MAP,
     STE_BWD,
+    observed_rows_plan,
 )
 from cute_kernels.qat import reference as R
 from cute_kernels.torch_ops import (
@@ -161,6 +164,14 @@ def mask_numel(n: int) -> int:
     return -(-n // MASK_VEC)
 
 
+# The fake-quant pass of the two-pass fused observer (the gated kernel: only `fake_quant_observed` passes the flag)
+# stores y evict-first (`st.global.cs`), so that x, which the reduce pass has just read, stays in L2 for this pass's
+# reads instead of being evicted by y's lines; for x of at most STREAMING_MAX_BYTES (more than L2 holds cannot stay).
+# Off until timed on a GPU (`perf/lab/qat_linear_ab.py`).
+OBSERVED_STREAMING = False
+STREAMING_MAX_BYTES = 48 << 20
+
+
 def _launch_fake_quant(x, y, m, scale_t, zp_t, rule, flag, lay, qmin, qmax, qtype, s_arg=None, z_arg=None):
     """Run `qat.fake_quant` on flat x -> flat y (and m, the packed mask, unless None)."""
     dev = x.get_device()
@@ -183,6 +194,7 @@ def _launch_fake_quant(x, y, m, scale_t, zp_t, rule, flag, lay, qmin, qmax, qtyp
         mode=mode,
         mask=m is not None,
         gated=flag is not None,
+        streaming=flag is not None and OBSERVED_STREAMING and n * x.element_size() <= STREAMING_MAX_BYTES,
     )
     z_dt = torch.int32 if rule == "int" else torch.float32
     fn(
@@ -719,6 +731,122 @@ register_op(
 )
 
 
+# The per-channel fused observer of 16-bit rows in one pass (`qat.observe_rows`: x read once) where the row fits what a
+# CTA holds (staged in shared memory); False runs the two passes (`qat.observe`, then `qat.fake_quant`), as per-tensor
+# observation does. Off until checked and timed on a GPU (tests/qat/test_qat_gpu.py, `perf/lab/qat_linear_ab.py`).
+ONE_PASS_ROWS = False
+
+
+def _one_pass_rows(x: torch.Tensor, per_channel: bool) -> bool:
+    if not (ONE_PASS_ROWS and per_channel and x.dtype in (torch.bfloat16, torch.float16) and x.dim() >= 1):
+        return False
+    rows = x.shape[0]
+    length = x.numel() // rows if rows else 0
+    return length > 0 and length % MASK_VEC == 0 and length <= OBSERVED_ROW_MAX and x.numel() <= INDEX32_LIMIT
+
+
+def _obs_rows_fake(
+    x,
+    observer_on,
+    fake_quant_on,
+    running_min,
+    running_max,
+    scale,
+    zero_point,
+    averaging_const,
+    quant_min,
+    quant_max,
+    symmetric,
+    with_mask,
+):
+    _obs_check(x, observer_on, fake_quant_on, running_min, running_max, scale, zero_point, quant_min, quant_max, True)
+    return _fq_outputs(x, with_mask)
+
+
+def _obs_rows_cuda(
+    x,
+    observer_on,
+    fake_quant_on,
+    running_min,
+    running_max,
+    scale,
+    zero_point,
+    averaging_const,
+    quant_min,
+    quant_max,
+    symmetric,
+    with_mask,
+):
+    y, m = _obs_rows_fake(
+        x,
+        observer_on,
+        fake_quant_on,
+        running_min,
+        running_max,
+        scale,
+        zero_point,
+        averaging_const,
+        quant_min,
+        quant_max,
+        symmetric,
+        with_mask,
+    )
+    rows = x.shape[0]
+    length = x.numel() // rows
+    plan = observed_rows_plan(length)
+    fn = OBSERVE_ROWS.compiled(
+        plan.tiling,
+        dtype=dtypes.name_of(x.dtype),
+        symmetric=bool(symmetric),
+        mask=bool(with_mask),
+        staging=plan.staging,
+    )
+    fn(
+        _flat(x).view(rows, length),
+        y.view(rows, length),
+        m if with_mask else placeholder(x.device, (1,), torch.uint8),
+        observer_on,
+        fake_quant_on,
+        running_min,
+        running_max,
+        scale,
+        zero_point,
+        float(torch.tensor(averaging_const, dtype=torch.float32)),
+        int(quant_min),
+        int(quant_max),
+        plan.max_ctas(num_sms(x.get_device())),
+    )
+    return y, m
+
+
+register_op(
+    "cute_kernels::qat_observe_rows",
+    "(Tensor x, Tensor observer_on, Tensor fake_quant_on, Tensor(a!) running_min, Tensor(b!) running_max, "
+    "Tensor(c!) scale, Tensor(d!) zero_point, float averaging_const, int quant_min, int quant_max, bool symmetric, "
+    "bool with_mask) -> (Tensor, Tensor)",
+    _obs_rows_cuda,
+    _obs_rows_fake,
+)
+
+
+class _ObservedRows(torch.autograd.Function):
+    """`qat_observe_rows` (which updates the observer's state in place, so it cannot carry registered autograd)
+    differentiable in x by the STE: the mask it stores, then `fake_quant_backward`."""
+
+    @staticmethod
+    def forward(ctx, x, *args):
+        y, m = call("cute_kernels::qat_observe_rows", x.detach(), *args, True)
+        ctx.mark_non_differentiable(m)
+        ctx.save_for_backward(m)
+        ctx.n_args = len(args)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (m,) = ctx.saved_tensors
+        return (call("cute_kernels::fake_quant_backward", dy, m),) + (None,) * ctx.n_args
+
+
 def fake_quant_observed(
     x: torch.Tensor,
     observer_on: torch.Tensor,
@@ -740,6 +868,15 @@ def fake_quant_observed(
     the STE. Two passes: the observer's reduce and the fake-quant."""
     if per_row_fake_quant and ch_axis != 0:
         raise ValueError(f"per-channel fused observation is along axis 0 (as torch), got ch_axis={ch_axis}")
+    grad = _needs_mask(x)
+    if _one_pass_rows(x, per_row_fake_quant) and not (grad and torch.compiler.is_compiling()):
+        # (under torch.compile a differentiable x takes the two registered ops: autograd cannot be registered on an
+        # op that mutates its inputs, and the Function above is for eager mode)
+        state = (observer_on, fake_quant_on, running_min, running_max, scale, zero_point)
+        args = (*state, float(averaging_const), quant_min, quant_max, bool(symmetric_quant))
+        if grad:
+            return _ObservedRows.apply(x, *args)
+        return call("cute_kernels::qat_observe_rows", x, *args, False)[0]
     call(
         "cute_kernels::qat_observe",
         x.detach(),

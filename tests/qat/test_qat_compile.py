@@ -23,6 +23,13 @@ CASES = [
     ("qat.observe", {"symmetric": True, "merge": False, "threads_per_row": 64, "dtype": "fp32"}),
     ("qat.learnable_bwd", {"aligned": False, "threads_per_row": 8}),
     ("qat.observe", {"aligned": False, "threads_per_row": 8, "index64": True}),
+    ("qat.observe_rows", {}),
+    (
+        "qat.observe_rows",
+        {"symmetric": False, "mask": False, "dtype": "fp16", "threads": 512, "threads_per_row": 512, "unroll": 8},
+    ),
+    ("qat.observe_rows", {"threads_per_row": 16, "unroll": 3}),
+    ("qat.observe_rows", {"staging": "regs"}),
 ]
 
 
@@ -41,7 +48,10 @@ def test_compiles_with_its_instructions(case, tmp_path):
     census = report.ptx_census
     assert not report.spills, report.format()
     assert census["ld/st.local"] == 0 and ".local" not in ptx
-    assert (census["ld.global.v4 (128-bit)"] > 0) == p.get("aligned", True)  # rows of odd length: scalar accesses
+    if p.get("staging") == "smem":  # the held row's loads are 16-byte cp.async copies into shared memory
+        assert re.search(r"cp\.async\.cg\.shared\.global(\.L2::\w+)? \[[^\]]+\], \[[^\]]+\], 16", ptx)
+    else:
+        assert (census["ld.global.v4 (128-bit)"] > 0) == p.get("aligned", True)  # rows of odd length: scalar accesses
     assert not re.search(r"\b(div|rcp)\.rn\.f(32|64)\b", ptx), "IEEE division: a slow-path subroutine per call"
     assert "call" not in re.findall(r"^\s*(call)\b", ptx, re.M)
     assert "atom.global.add.f32" not in ptx and "red.global.add.f32" not in ptx  # deterministic: no float atomics
@@ -56,8 +66,13 @@ def test_compiles_with_its_instructions(case, tmp_path):
         assert ("st.global.b8" in ptx) == p["mask"]
     if name == "qat.ste_bwd":
         assert "ld.global.b8" in ptx and census["st.global.v4 (128-bit)"] > 0
-    if name in ("qat.learnable_bwd", "qat.observe"):
+    if name in ("qat.learnable_bwd", "qat.observe", "qat.observe_rows"):
         assert census["shfl.sync"] > 0
+    if name == "qat.observe_rows":  # the held row written back whole, its mask a byte a vector
+        assert census["st.global.v4 (128-bit)"] == p["unroll"] and ("st.global.b8" in ptx) == p["mask"]
+        assert "max.NaN.f32" in ptx and "min.NaN.f32" in ptx and "atom.global" not in ptx
+        assert "rcp.approx.ftz.f64" in ptx and ptx.count("cvt.rni.f32.f32") >= 8
+    if name in ("qat.learnable_bwd", "qat.observe"):
         assert ("atom.global.add.u32" in ptx) == p["merge"]  # the last-CTA count (collectives.split_counter)
     if name == "qat.learnable_bwd":
         assert (census["st.global.v4 (128-bit)"] > 0) == p["aligned"] and "cvt.rni.f32.f32" in ptx

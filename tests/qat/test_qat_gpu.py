@@ -322,7 +322,7 @@ def _state(c, warm=False):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("per_channel", [False, True])
 @pytest.mark.parametrize("symmetric", [False, True])
-@pytest.mark.parametrize("shape", [(3, 5), (64, 33), (1024, 4096), (16, 1 << 20)])
+@pytest.mark.parametrize("shape", [(3, 5), (64, 33), (1024, 4096), (300, 136), (8, 16384), (16, 1 << 20)])
 def test_observer_matches_torch(dtype, per_channel, symmetric, shape, monkeypatch):
     """Three steps of torch's fused observer + fake-quant (CUDA) against ours from the same state: the running
     range, scale and zero point, the output and the mask bit-identical; then the flags off. torch's op takes fp32 x
@@ -354,6 +354,36 @@ def test_observer_matches_torch(dtype, per_channel, symmetric, shape, monkeypatc
     _same(y, x)  # fake_quant_on = 0: x passes through
     for p, q in zip(ours, before):
         assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 8), (37, 8), (513, 1000), (96, 4096), (40, 11008), (2, 3, 16384 // 3 // 8 * 8)])
+@pytest.mark.parametrize("flags", [(1, 1), (0, 1), (1, 0), (1, 2)])
+def test_observer_one_pass_rows_matches_two_passes(dtype, shape, flags, monkeypatch):
+    """The one-pass per-channel kernel (`qat.observe_rows`) against the two passes it replaces (`ops.ONE_PASS_ROWS`
+    off): the state, y and the STE mask bit-identical from a warm state, for each pair of flags (a fake_quant_on of 2
+    applies the stored qparams without recomputing them, as torch's gate and the fake-quant's do); y poisoned."""
+    import cute_kernels as ck
+    from cute_kernels.qat import ops
+
+    poison_empty(monkeypatch)
+    c = shape[0]
+    obs = torch.tensor([flags[0]], dtype=torch.long, device="cuda")
+    fq = torch.tensor([flags[1]], dtype=torch.long, device="cuda")
+    ours, theirs = _state(c, True), _state(c, True)
+    for step in range(2):
+        x = _x(shape, dtype, seed=60 + step, spread=2 + step).requires_grad_()
+        outs = []
+        for one_pass, st in ((True, ours), (False, theirs)):
+            monkeypatch.setattr(ops, "ONE_PASS_ROWS", one_pass)
+            x.grad = None
+            y = ck.fake_quant_observed(x, obs, fq, *st, 0.01, -128, 127, 0, True, True)
+            y.backward(torch.ones_like(y))
+            outs.append((y.detach(), x.grad.clone()))
+        for name, p, q in zip(("running_min", "running_max", "scale", "zero_point"), ours, theirs):
+            assert torch.equal(p, q), name
+        _same(outs[0][0], outs[1][0])
+        _same(outs[0][1], outs[1][1], "dx = mask")
 
 
 # --- torch.compile, CUDA graphs, QATLinear ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ LOG = []
 
 def _fq(p):
     def run(x, y, m, scale, zp, flag, s_arg, z_arg, inner, channels, qmin, qmax, max_ctas):
-        LOG.append(("fq", p["mode"]))
+        LOG.append(("fq", p["mode"], p["streaming"]))
         assert x.dim() == 1 and x.is_contiguous() and x.data_ptr() % 16 == 0 and y.is_contiguous()
         assert zp.dtype == (torch.int32 if p["zp"] == "int" else torch.float32) and m.dtype == torch.uint8
         n = x.numel()
@@ -106,7 +106,30 @@ def _observe(p):
     return run
 
 
-_EMULATORS = {"qat.fake_quant": _fq, "qat.ste_bwd": _ste, "qat.learnable_bwd": _learn, "qat.observe": _observe}
+def _observe_rows(p):
+    def run(x, y, m, observer_on, fake_quant_on, rmin, rmax, scale, zp, averaging, qmin, qmax, max_ctas):
+        LOG.append(("observe_rows", p["mask"], p["symmetric"]))
+        rows, length = x.shape
+        assert x.is_contiguous() and x.data_ptr() % 16 == 0 and length % 8 == 0 and y.is_contiguous()
+        assert x.dtype in (torch.bfloat16, torch.float16) and p["unroll"] * 8 * p["threads_per_row"] >= length
+        assert rmin.numel() == rows and (not p["mask"] or m.numel() == rows * length // 8)
+        yr, mk = R.observe(
+            x, observer_on, fake_quant_on, rmin, rmax, scale, zp, averaging, qmin, qmax, True, p["symmetric"]
+        )
+        y.copy_(yr.to(y.dtype))
+        if p["mask"]:
+            m.copy_(R.pack_mask(mk))
+
+    return run
+
+
+_EMULATORS = {
+    "qat.fake_quant": _fq,
+    "qat.ste_bwd": _ste,
+    "qat.learnable_bwd": _learn,
+    "qat.observe": _observe,
+    "qat.observe_rows": _observe_rows,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -185,7 +208,7 @@ def test_scale_indexing_modes_chosen():
     ck.fake_quant(x, torch.ones(6), None, -8, 7, axis=2)  # inner 1: per element
     ck.fake_quant(x, 0.5, 0, -8, 7)
     ck.fake_quant(x, torch.ones(1), None, -8, 7)
-    assert [m for _, m in LOG] == ["vector", "element", "scalar", "tensor"]
+    assert [e[1] for e in LOG] == ["vector", "element", "scalar", "tensor"]
 
 
 def test_awkward_layouts():
@@ -266,3 +289,67 @@ def test_observer(per_channel, symmetric, shape):
             assert torch.equal(p, q)
         _same(y, ry)
     _same(ck.fake_quant_observed(x, off, off, *a, 0.01, qmin, qmax, 0, per_channel, symmetric), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(3, 8), (64, 40), (5, 2, 16), (4, 33), (7, 16392), (2, 16384)])
+@pytest.mark.parametrize("grad", [False, True])
+def test_observer_one_pass_rows(dtype, shape, grad, monkeypatch):
+    """Per-channel observation of 16-bit rows of whole 8-element vectors that a CTA's registers hold takes the one-pass
+    kernel (with the STE mask when x needs a gradient, differentiable through it); fp32, rows of odd length and rows
+    too long take the two passes. Either way the state and y are the reference's, and dx is dy * mask."""
+    monkeypatch.setattr(ops, "ONE_PASS_ROWS", True)
+    on = torch.tensor([1])
+    x = (torch.randn(*shape) * 3).to(dtype)
+    c = shape[0]
+    a = [torch.full((c,), math.inf), torch.full((c,), -math.inf), torch.ones(c), torch.zeros(c, dtype=torch.int32)]
+    b = [t.clone() for t in a]
+    one_pass = dtype != torch.float32 and (x.numel() // c) % 8 == 0 and x.numel() // c <= ops.OBSERVED_ROW_MAX
+    for step in range(2):
+        LOG.clear()
+        xr = (x + step).requires_grad_(grad)
+        y = ck.fake_quant_observed(xr, on, on, *a, 0.01, -128, 127, 0, True, True)
+        ry, rm = R.observe(x + step, on, on, *b, 0.01, -128, 127, per_channel=True, symmetric=True)
+        assert [e[0] for e in LOG if e[0].startswith("observe")] == ["observe_rows" if one_pass else "observe"]
+        if one_pass:
+            assert LOG[0][1] == grad  # the mask is stored only for a differentiable x
+        for p, q in zip(a, b):
+            assert torch.equal(p, q)
+        _same(y, ry.to(dtype))
+        if grad:
+            dy = torch.randn(shape).to(dtype)
+            y.backward(dy)
+            _same(xr.grad, (dy.float() * rm.float()).to(dtype))
+
+
+def test_observer_one_pass_rows_off(monkeypatch):
+    """`ops.ONE_PASS_ROWS = False` keeps the two passes; the flags off pass x through and keep the state."""
+    monkeypatch.setattr(ops, "ONE_PASS_ROWS", False)
+    on, off = torch.tensor([1]), torch.tensor([0])
+    x = torch.randn(16, 64).to(torch.bfloat16)
+    a = [torch.full((16,), math.inf), torch.full((16,), -math.inf), torch.ones(16), torch.zeros(16, dtype=torch.int32)]
+    ck.fake_quant_observed(x, on, on, *a, 0.01, -128, 127, 0, True, True)
+    assert ("observe", False, 1) in LOG and not any(e[0] == "observe_rows" for e in LOG)
+    monkeypatch.setattr(ops, "ONE_PASS_ROWS", True)
+    before = [t.clone() for t in a]
+    LOG.clear()
+    _same(ck.fake_quant_observed(x, off, off, *a, 0.01, -128, 127, 0, True, True), x)
+    assert LOG and LOG[0][0] == "observe_rows"
+    for p, q in zip(a, before):
+        assert torch.equal(p, q)
+
+
+def test_observed_fake_quant_streams_y(monkeypatch):
+    """The two-pass observer's fake-quant stores y evict-first (x stays in L2 between the passes) up to
+    STREAMING_MAX_BYTES; the plain fake-quant does not, nor does a tensor larger than L2 could keep."""
+    monkeypatch.setattr(ops, "OBSERVED_STREAMING", True)
+    on = torch.tensor([1])
+    st = [torch.full((1,), math.inf), torch.full((1,), -math.inf), torch.ones(1), torch.zeros(1, dtype=torch.int32)]
+    x = torch.randn(64, 64).to(torch.bfloat16)
+    ck.fake_quant_observed(x, on, on, *st, 0.01, 0, 255, 0)
+    ck.fake_quant(x, 0.1, 3, 0, 255)
+    assert [e for e in LOG if e[0] == "fq"] == [("fq", "tensor", True), ("fq", "scalar", False)]
+    LOG.clear()
+    monkeypatch.setattr(ops, "STREAMING_MAX_BYTES", x.numel() * 2 - 2)
+    ck.fake_quant_observed(x, on, on, *st, 0.01, 0, 255, 0)
+    assert [e for e in LOG if e[0] == "fq"] == [("fq", "tensor", False)]

@@ -1,0 +1,81 @@
+"""QATLinear's fake-quant overhead over its GEMM (4096^3 bf16, training mode) with the two byte savings on and off,
+and the two observed fake-quants alone, all columns in one interleaved run:
+
+- `ops.ONE_PASS_ROWS`: the weight's per-channel observer + fake-quant in one pass (`qat.observe_rows`: w read once);
+- `ops.OBSERVED_STREAMING`: the activation's per-tensor fake-quant pass stores y evict-first, so x, read by the
+  reduce pass just before, stays in L2 for it.
+
+    python3 -m perf.lab.qat_linear_ab [M K N]
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+from cute_kernels.bench import harness as H
+
+
+def _flags(ops, one_pass: bool, streaming: bool, fn):
+    def run():
+        saved = ops.ONE_PASS_ROWS, ops.OBSERVED_STREAMING
+        ops.ONE_PASS_ROWS, ops.OBSERVED_STREAMING = one_pass, streaming
+        try:
+            return fn()
+        finally:
+            ops.ONE_PASS_ROWS, ops.OBSERVED_STREAMING = saved
+
+    return run
+
+
+def main(m=4096, k=4096, n=4096):
+    import cute_kernels as ck
+    from cute_kernels.qat import QATLinear, ops
+
+    lin = QATLinear(k, n, bias=True, device="cuda", dtype=torch.bfloat16).train()
+    x = H.randn(m, k, dtype=torch.bfloat16, seed=5).requires_grad_()
+    w = lin.weight.detach()
+    on = torch.ones(1, dtype=torch.long, device="cuda")
+
+    def state(c):
+        f = dict(device="cuda", dtype=torch.float32)
+        return [
+            torch.full((c,), math.inf, **f),
+            torch.full((c,), -math.inf, **f),
+            torch.ones(c, **f),
+            torch.zeros(c, dtype=torch.int32, device="cuda"),
+        ]
+
+    sa, sw = state(1), state(n)
+    xd = x.detach().requires_grad_()  # (a leaf of its own: the mask is kept, as in training)
+    wd = w.clone().requires_grad_()
+    act = lambda: ck.fake_quant_observed(xd, on, on, *sa, 0.01, 0, 255, 0, False, False)  # noqa: E731
+    wgt = lambda: ck.fake_quant_observed(wd, on, on, *sw, 0.01, -128, 127, 0, True, True)  # noqa: E731
+    cols = {
+        "gemm": lambda: ck.gemm(x.detach(), w.t(), lin.bias.detach()),
+        "qat both": _flags(ops, True, True, lambda: lin(x)),
+        "qat one-pass only": _flags(ops, True, False, lambda: lin(x)),
+        "qat streaming only": _flags(ops, False, True, lambda: lin(x)),
+        "qat neither": _flags(ops, False, False, lambda: lin(x)),
+        "act observed streaming": _flags(ops, True, True, act),
+        "act observed plain": _flags(ops, True, False, act),
+        "weight observed one-pass": _flags(ops, True, True, wgt),
+        "weight observed two-pass": _flags(ops, False, True, wgt),
+    }
+    t = H.do_bench_interleaved(cols)
+    g = t["gemm"]["median_ms"]
+    copy_bw = H.copy_bandwidth()
+    print(f"QATLinear {m}x{k}x{n} bf16 ({torch.cuda.get_device_name()})")
+    print("| column | us | overhead over the GEMM |")
+    print("|---|---|---|")
+    for name, r in t.items():
+        us = 1e3 * r["median_ms"]
+        over = f"{100 * (r['median_ms'] / g - 1):.1f} %" if name.startswith("qat") else ""
+        print(f"| {name} | {us:.1f} | {over} |")
+    print(f"copy bandwidth {copy_bw:.2f} TB/s")
+
+
+if __name__ == "__main__":
+    main(*[int(a) for a in sys.argv[1:4]])
