@@ -46,6 +46,7 @@ ZP_RULES = ("int", "round", "half_up", "float")
 MODES = ("scalar", "tensor", "vector", "element")
 INF = float("inf")
 _MERGE_BAR = 1  # named barrier of the last CTA's hand-off (barrier 0 is the row reductions')
+_MERGE_BATCH = 8  # partials a lane of the last CTA loads at once
 
 
 # --- the per-element rules -------------------------------------------------------------------------------------------
@@ -416,11 +417,21 @@ class _RowKernel:
             for c in cutlass.range(warp, channels, threads // 32, unroll=1):
                 a = Float32(init[0])
                 b = Float32(init[1])
-                for k in cutlass.range(lane, items, 32, unroll=1):
-                    o = k // splits
-                    r = o * channels + c
-                    sp = k - o * splits
-                    a, b = op((a, b), (partial[r, sp, 0], partial[r, sp, 1]))
+                # _MERGE_BATCH partials a lane loaded into registers before any is folded: they are L2 round trips
+                # (a per-tensor reduction's one channel has ~33 a lane), which an unrolled loop still waited for one
+                # by one (ptxas put each load right before its fold); the fold order, hence the bits, is unchanged
+                pair = cute.make_rmem_tensor((2 * _MERGE_BATCH,), Float32)
+                for k0 in cutlass.range(lane, items, 32 * _MERGE_BATCH, unroll=1):
+                    for j in cutlass.range_constexpr(_MERGE_BATCH):
+                        k = cutlass.min(k0 + 32 * j, items - 1)
+                        o = k // splits
+                        r = o * channels + c
+                        sp = k - o * splits
+                        pair[2 * j] = partial[r, sp, 0]
+                        pair[2 * j + 1] = partial[r, sp, 1]
+                    for j in cutlass.range_constexpr(_MERGE_BATCH):
+                        if k0 + 32 * j < items:
+                            a, b = op((a, b), (pair[2 * j], pair[2 * j + 1]))
                 tot = warp_reduce((a, b), op)
                 if lane == 0:
                     finish(c, tot[0], tot[1])
