@@ -570,7 +570,7 @@ class LearnableBackward(_RowKernel):
                             for i in cutlass.range_constexpr(6):
                                 sums[i] = ts[i]
                             dxt[row, col] = d.to(self.dtype)
-            strided_fold(w.v_count, w.lane, tpr, tpr * unroll, unroll, load, step, Int32(0), tail_branch=False)
+            strided_fold(w.v_count, w.lane, tpr, tpr * unroll, unroll, load, step, Int32(0), tail_branch=True)
             for k in cutlass.range_constexpr(3):
                 acc[k] = sums[k] + sums[k + 3]
 
@@ -761,7 +761,7 @@ class Observer(_RowKernel):
                             v = x[row, w.nv * vec + t].to(Float32)
                             acc[0] = min_nan(acc[0], v)
                             acc[1] = max_nan(acc[1], v)
-            strided_fold(count, w.lane, tpr, tpr * unroll, unroll, load, step, Int32(0), tail_branch=False)
+            strided_fold(count, w.lane, tpr, tpr * unroll, unroll, load, step, Int32(0), tail_branch=True)
 
         def finish(r, cur_min, cur_max):
             rmin, rmax, st, zt = running_min, running_max, scale, zp  # (locals: the staged branches store into them)
