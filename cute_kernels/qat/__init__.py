@@ -359,38 +359,48 @@ OBSERVE = ObserverSpec(
     params=_row_params({"symmetric": Param(False, (True, False), "signature", "symmetric qparams")}, OBSERVER_PLAN),
 )
 
-# The one-pass per-channel observer + fake-quant (`kernels.ObservedRows`): a row held in registers, planned by
-# `schedules.row_tiling.plan_held_rows` for rows of up to OBSERVED_ROW_MAX elements (one CTA a row, no cluster).
-# The row is staged in shared memory (cp.async: every byte in flight at once, and no register holds it across the
-# qparams' fp64 work; held in registers, 4096-element rows took 105-118 registers, 2 CTAs an SM).
-# Rows of up to 256 threads x 64 elements (a 512-thread CTA would get one CTA an SM at the register floor below);
-# longer rows take the two passes.
-OBSERVED_ROWS_PLAN = dict(target_elems=32, max_elems=64, min_threads=256, max_tpr=256, max_cluster=1, staging="smem")
-OBSERVED_ROW_MAX = 256 * 64
+# The one-pass per-channel observer + fake-quant (`kernels.ObservedRows`): a row staged in shared memory (cp.async:
+# every byte in flight at once, and no register holds it across the qparams' fp64 work; held in registers,
+# 4096-element bf16 rows took 105-118 registers, 2 CTAs an SM), planned by `schedules.row_tiling.plan_held_rows`
+# with about 64 bytes a thread and at most 128 (256 threads a row: a 512-thread CTA would get one CTA an SM at the
+# register floor below), one CTA a row. Longer rows take the two passes.
+OBSERVED_ROWS_PLAN = dict(min_threads=256, max_tpr=256, max_cluster=1, staging="smem")
+OBSERVED_TARGET_BYTES, OBSERVED_MAX_BYTES = 64, 128
 
 
-def observed_rows_regs(vectors: int) -> int:
-    """The register floor (ptxas is asked for the CTAs per SM it allows) of `qat.observe_rows` with `vectors` held a
-    thread: the quantize pass and the qparams' fp64 work spilled 8-24 B at 64 and fit 80 up to 4 vectors (3 CTAs of
-    256 threads an SM); 6-8 vectors spilled 8 B at 80 (CPU compile)."""
-    return 72 if vectors <= 4 else 96
+def observed_row_max(element_bytes: int) -> int:
+    """The longest row (elements) `qat.observe_rows` holds."""
+    return OBSERVED_ROWS_PLAN["max_tpr"] * OBSERVED_MAX_BYTES // element_bytes
 
 
-def observed_rows_plan(n: int):
-    """The `schedules.row_tiling.HeldRowPlan` of `qat.observe_rows` for rows of n elements (ValueError past
-    OBSERVED_ROW_MAX)."""
+def observed_rows_regs(held_bytes: int) -> int:
+    """The register floor (ptxas is asked for the CTAs per SM it allows) of `qat.observe_rows` with `held_bytes` of
+    the row a thread: the quantize pass and the qparams' fp64 work spilled 8-24 B at 64 registers and fit 80 up to
+    64 bytes (3 CTAs of 256 threads an SM); 96-128 bytes spilled 8-16 B at 80 (CPU compile)."""
+    return 72 if held_bytes <= OBSERVED_TARGET_BYTES else 96
+
+
+def observed_rows_plan(n: int, element_bytes: int = 2):
+    """The `schedules.row_tiling.HeldRowPlan` of `qat.observe_rows` for rows of n elements of `element_bytes` (2 or
+    4); ValueError past `observed_row_max`."""
     from schedules.row_tiling import plan_held_rows
 
-    plan = plan_held_rows(n, MASK_VEC, **OBSERVED_ROWS_PLAN)
-    return plan_held_rows(n, MASK_VEC, **OBSERVED_ROWS_PLAN, staged_regs=observed_rows_regs(plan.tiling.unroll))
+    vec = 16 // element_bytes
+    sizes = dict(target_elems=OBSERVED_TARGET_BYTES // element_bytes, max_elems=OBSERVED_MAX_BYTES // element_bytes)
+    plan = plan_held_rows(n, vec, **OBSERVED_ROWS_PLAN, **sizes)
+    regs = observed_rows_regs(plan.tiling.unroll * 16)
+    return plan_held_rows(n, vec, **OBSERVED_ROWS_PLAN, **sizes, staged_regs=regs)
 
 
 @dataclass(frozen=True, eq=False)
 class ObservedRowsSpec(KernelSpec):
     def check(self, p):
         super().check(p)
-        if p["unroll"] * MASK_VEC > OBSERVED_ROWS_PLAN["max_elems"]:
-            raise ValueError(f"{self.name}: at most {OBSERVED_ROWS_PLAN['max_elems']} elements a thread held")
+        vec = dtypes.vec_of(p["dtype"], True)
+        if p["unroll"] * 16 > OBSERVED_MAX_BYTES:
+            raise ValueError(f"{self.name}: at most {OBSERVED_MAX_BYTES} bytes of the row a thread held")
+        if vec * p["threads_per_row"] < MASK_VEC:
+            raise ValueError(f"{self.name}: fp32 rows need threads_per_row >= 2 (a mask byte spans two lanes)")
 
     def dynamic_smem_bytes(self, p):
         from collectives.reduce import group_smem_slots
@@ -434,6 +444,7 @@ class ObservedRowsSpec(KernelSpec):
             self.resolve(),
             self.resolve({"symmetric": False, "mask": False, "dtype": "fp16", "unroll": 8}),
             self.resolve({"staging": "regs"}),
+            self.resolve({"dtype": "fp32", "unroll": 8}),
         ]
 
     def sweep(self):
@@ -442,7 +453,7 @@ class ObservedRowsSpec(KernelSpec):
                 {"dtype": d, "symmetric": s, "mask": m, "threads_per_row": t, "unroll": u, "index64": i, "staging": g}
             )
             for d, s, m, (t, u), i, g in itertools.product(
-                ("bf16", "fp16"),
+                dtypes.FLOAT_NAMES,
                 (True, False),
                 (True, False),
                 ((32, 1), (128, 4), (256, 8)),
@@ -462,7 +473,7 @@ OBSERVE_ROWS = ObservedRowsSpec(
     status="ready",
     schedule=RowTiling,
     params={
-        "dtype": Param("bf16", ("bf16", "fp16"), "signature", "x / y element type (16-bit: a vector is a mask byte)"),
+        "dtype": Param("bf16", dtypes.FLOAT_NAMES, "signature", "x / y element type"),
         "index64": Param(False, (True, False), "signature", "64-bit indexing (>= 2^31 elements)"),
         "symmetric": Param(True, (True, False), "signature", "symmetric qparams"),
         "mask": Param(True, (True, False), "signature", "store the packed STE mask"),

@@ -795,22 +795,28 @@ def _observed_pair(a, b):
 
 
 class ObservedRows(HeldRowKernel):
-    """The per-channel fused observer and its fake-quant in ONE pass: rows (C, L) of 16-bit x (channel r = row r,
-    L % 8 == 0) held in registers (`collectives.rowwise`: a row group of `threads_per_row` threads, `unroll` 8-element
-    vectors each), the row's min / max reduced over its threads, the moving average and the qparams
+    """The per-channel fused observer and its fake-quant in ONE pass: rows (C, L) of x (channel r = row r, L % 8 == 0)
+    held by a row group (`collectives.rowwise`: `threads_per_row` threads, `unroll` 16-byte vectors each, staged in
+    shared memory or in registers), the row's min / max reduced over its threads, the moving average and the qparams
     (`choose_qparams`) computed by every thread of the row from the same values (lane 0 stores them), then the
-    fake-quant of the held row with them, y and the packed STE mask (a vector is a mask byte: byte r L / 8 + v).
+    fake-quant of the held row with them, y and the packed STE mask. A mask byte is 8 elements: one 16-bit vector,
+    or two fp32 vectors, which lanes 2i and 2i + 1 of the row hold (same k), lane 2i storing their byte (so fp32 rows
+    need threads_per_row >= 2).
     Exactly the observer followed by the gated per-channel fake-quant (`Observer`, then `FakeQuant` "vector" with
     int zero points): the same operations in the same order, so the same bits, with x read once instead of twice.
     Only lane 0 of a row reads the running range and writes the state, after the reduction it took part in: no
     thread reads what another writes."""
 
     def __init__(self, dtype, symmetric: bool, mask: bool, index64: bool, tiling: RowTiling, staging: str = "smem"):
-        super().__init__(MASK_VEC, index64, HeldRowPlan(tiling, staging=staging))
-        if dtype.width != 16:
-            raise ValueError("ObservedRows holds 16-bit rows (an 8-element vector is one 16-byte load)")
+        vec = 128 // dtype.width
+        super().__init__(vec, index64, HeldRowPlan(tiling, staging=staging))
+        if vec * self.tpr < MASK_VEC:
+            raise ValueError(
+                f"ObservedRows: a mask byte's 8 elements span two lanes of the row at most (fp32 rows "
+                f"need threads_per_row >= 2), got threads_per_row {self.tpr} for {dtype}"
+            )
         self.dtype, self.symmetric, self.mask = dtype, symmetric, mask
-        self.staged_min_regs = observed_rows_regs(self.vpt)  # the staged plan's register floor
+        self.staged_min_regs = observed_rows_regs(self.vpt * 16)  # the staged plan's register floor
         self.staged_rows = (dtype,)  # (`HeldRowKernel.grid` sizes the CTAs per SM of a staged plan by them)
 
     @cute.jit
@@ -929,8 +935,14 @@ class ObservedRows(HeldRowKernel):
                 out = cute.make_rmem_tensor((vec,), Float32)
                 for e in cutlass.range_constexpr(vec):
                     out[e] = cutlass.select_(apply, ys[e], v[e])
+                bits = Int32(cutlass.select_(apply, bits, Int32((1 << vec) - 1)))
+                if cutlass.const_expr(vec < MASK_VEC):  # fp32: the odd lane's 4 bits join its even neighbour's
+                    bits = bits | (cute.arch.shuffle_sync_bfly(bits, offset=1) << vec)
                 if ok and sl.valid(k):  # (stored vector by vector: no row of outputs held)
                     sl.vector(yrow, k).store(out.load().to(self.dtype))
                     if cutlass.const_expr(self.mask):
-                        m[row * nv + sl.index(k)] = Uint8(cutlass.select_(apply, bits, Int32(0xFF)))
+                        if cutlass.const_expr(vec == MASK_VEC):
+                            m[row * nv + sl.index(k)] = Uint8(bits)
+                        elif lane % 2 == 0:
+                            m[(row * nv + sl.index(k)) // 2] = Uint8(bits)
             red.end_tile()

@@ -35,10 +35,10 @@ from cute_kernels.qat import (
     MASK_VEC,
     OBSERVE,
     OBSERVE_ROWS,
-    OBSERVED_ROW_MAX,
     OBSERVER_PLAN,
     QAT_MAP,
     STE_BWD,
+    observed_row_max,
     observed_rows_plan,
 )
 from cute_kernels.qat import reference as R
@@ -738,11 +738,13 @@ ONE_PASS_ROWS = False
 
 
 def _one_pass_rows(x: torch.Tensor, per_channel: bool) -> bool:
-    if not (ONE_PASS_ROWS and per_channel and x.dtype in (torch.bfloat16, torch.float16) and x.dim() >= 1):
+    if not (ONE_PASS_ROWS and per_channel and x.dim() >= 1):
         return False
     rows = x.shape[0]
     length = x.numel() // rows if rows else 0
-    return length > 0 and length % MASK_VEC == 0 and length <= OBSERVED_ROW_MAX and x.numel() <= INDEX32_LIMIT
+    shortest = 64 if x.dtype == torch.float32 else MASK_VEC  # fp32: a mask byte's two vectors on two lanes
+    longest = observed_row_max(x.element_size())
+    return shortest <= length <= longest and length % MASK_VEC == 0 and x.numel() <= INDEX32_LIMIT
 
 
 def _obs_rows_fake(
@@ -793,7 +795,7 @@ def _obs_rows_cuda(
     )
     rows = x.shape[0]
     length = x.numel() // rows
-    plan = observed_rows_plan(length)
+    plan = observed_rows_plan(length, x.element_size())
     fn = OBSERVE_ROWS.compiled(
         plan.tiling,
         dtype=dtypes.name_of(x.dtype),

@@ -30,6 +30,7 @@ CASES = [
     ),
     ("qat.observe_rows", {"threads_per_row": 16, "unroll": 3}),
     ("qat.observe_rows", {"staging": "regs"}),
+    ("qat.observe_rows", {"dtype": "fp32", "threads_per_row": 2, "unroll": 4}),
 ]
 
 

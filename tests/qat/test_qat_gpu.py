@@ -356,8 +356,10 @@ def test_observer_matches_torch(dtype, per_channel, symmetric, shape, monkeypatc
         assert torch.equal(p, q)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", [(1, 8), (37, 8), (513, 1000), (96, 4096), (40, 11008), (2, 3, 16384 // 3 // 8 * 8)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "shape", [(1, 8), (37, 64), (513, 1000), (96, 4096), (40, 11008), (2, 3, 16384 // 3 // 8 * 8), (5, 8192)]
+)
 @pytest.mark.parametrize("flags", [(1, 1), (0, 1), (1, 0), (1, 2)])
 def test_observer_one_pass_rows_matches_two_passes(dtype, shape, flags, monkeypatch):
     """The one-pass per-channel kernel (`qat.observe_rows`) against the two passes it replaces (`ops.ONE_PASS_ROWS`

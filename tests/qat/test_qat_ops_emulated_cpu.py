@@ -111,7 +111,8 @@ def _observe_rows(p):
         LOG.append(("observe_rows", p["mask"], p["symmetric"]))
         rows, length = x.shape
         assert x.is_contiguous() and x.data_ptr() % 16 == 0 and length % 8 == 0 and y.is_contiguous()
-        assert x.dtype in (torch.bfloat16, torch.float16) and p["unroll"] * 8 * p["threads_per_row"] >= length
+        vec = 16 // x.element_size()
+        assert p["unroll"] * vec * p["threads_per_row"] >= length and vec * p["threads_per_row"] >= 8
         assert rmin.numel() == rows and (not p["mask"] or m.numel() == rows * length // 8)
         yr, mk = R.observe(
             x, observer_on, fake_quant_on, rmin, rmax, scale, zp, averaging, qmin, qmax, True, p["symmetric"]
@@ -292,19 +293,21 @@ def test_observer(per_channel, symmetric, shape):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("shape", [(3, 8), (64, 40), (5, 2, 16), (4, 33), (7, 16392), (2, 16384)])
+@pytest.mark.parametrize("shape", [(3, 8), (64, 40), (5, 2, 32), (4, 33), (3, 8200), (7, 16392), (2, 16384)])
 @pytest.mark.parametrize("grad", [False, True])
 def test_observer_one_pass_rows(dtype, shape, grad, monkeypatch):
     """Per-channel observation of 16-bit rows of whole 8-element vectors that a CTA's registers hold takes the one-pass
-    kernel (with the STE mask when x needs a gradient, differentiable through it); fp32, rows of odd length and rows
-    too long take the two passes. Either way the state and y are the reference's, and dx is dy * mask."""
+    kernel (with the STE mask when x needs a gradient, differentiable through it), and so do fp32 rows of 64 to 8192;
+    rows of odd length, shorter or longer take the two passes. Either way the state and y are the reference's, and dx is dy * mask."""
     monkeypatch.setattr(ops, "ONE_PASS_ROWS", True)
     on = torch.tensor([1])
     x = (torch.randn(*shape) * 3).to(dtype)
     c = shape[0]
     a = [torch.full((c,), math.inf), torch.full((c,), -math.inf), torch.ones(c), torch.zeros(c, dtype=torch.int32)]
     b = [t.clone() for t in a]
-    one_pass = dtype != torch.float32 and (x.numel() // c) % 8 == 0 and x.numel() // c <= ops.OBSERVED_ROW_MAX
+    length = x.numel() // c
+    shortest = 64 if dtype == torch.float32 else 8
+    one_pass = length % 8 == 0 and shortest <= length <= ops.observed_row_max(x.element_size())
     for step in range(2):
         LOG.clear()
         xr = (x + step).requires_grad_(grad)
