@@ -878,8 +878,8 @@ class ObservedRows(HeldRowKernel):
         for i in cutlass.range(count, unroll=1):
             row = (bidx + i * gdim) * self.rows_per_cta + tidx // self.tpr
             ok = row < rows
-            # the row, held in its 16-bit type: in registers, or (staging "smem") in shared memory by cp.async, every
-            # byte in flight at once and no register tied up across the qparams' fp64 work
+            # the row, held in its own type: in registers, or (staging "smem") in shared memory by cp.async, every byte
+            # in flight at once and no register tied up across the qparams' fp64 work
             held = sl.fetch(x[row, None], ok, 0.0, buf)
             sl.arrive(self.staged)
             vals = sl.read(held, ok, 0.0)
