@@ -84,16 +84,3 @@ def widen_again(v):
         r[i] = els[i]
     return r.load()
 
-
-def store_streaming(dst: cute.Tensor, value) -> None:
-    """Store `value` (a TensorSSA of `dst`'s element type, one vector of the `as_vectors` view) into `dst` with
-    `st.global.cs` (cache streaming: the lines are allocated evict-first in L1 and L2), in 16-byte pieces. For an
-    output written once and not read back soon, so that it does not push out of L2 what the next pass reads again
-    (the fake-quant pass after its observer's reduce pass re-reads x)."""
-    n = cute.size(value.shape)
-    per = max(1, 128 // value.dtype.width)
-    r = cute.make_rmem_tensor((n,), value.dtype)
-    r.store(value)
-    for i in range(0, n, per):
-        piece = cute.make_tensor(r.iterator + i, cute.make_layout((min(per, n - i),))).load()
-        cute.arch.store((dst.iterator + i).align(min(16, per * value.dtype.width // 8)), piece, cop="cs")

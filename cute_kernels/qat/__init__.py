@@ -24,11 +24,12 @@ from schedules.row_tiling import RowTiling
 # 1.23x -> 1.37x; bf16 within 3 % of the best of the grid (the family's tuned 128 x 4 ran fp32 at 84-87 % of copy).
 QAT_MAP = GridStride(threads=256, unroll=1, ctas_per_sm=0, order="cta")
 MASK_VEC = 8  # (kernels.MASK_VEC, without importing the DSL)
-# `schedules.row_tiling.plan_rows` settings of the two row kernels (not yet tuned): the learnable backward holds two
-# vectors an item and ~25 fp32 operations an element (256 threads x 4 in flight: ~100 registers at 512 x 8); the
-# observer only reads (512 x 8, the row reductions' tuned shape).
+# `schedules.row_tiling.plan_rows` settings of the two row kernels: the learnable backward holds two vectors an item
+# and ~25 fp32 operations an element (256 threads x 4 in flight: ~100 registers at 512 x 8; not yet tuned); the
+# observer only reads: 256 x 4, 4 CTAs an SM (`perf/lab/qat_tune.py --observer`, H100: the best of the grid at
+# 4096x4096 and 4096x8192 in bf16 and fp32, 1-6 % ahead of 256 x 8 at 8 CTAs an SM)
 LEARNABLE_PLAN = dict(threads=256, unroll=4, ctas_per_sm=4)
-OBSERVER_PLAN = dict(threads=256, unroll=8, ctas_per_sm=8)
+OBSERVER_PLAN = dict(threads=256, unroll=4, ctas_per_sm=4)
 
 
 def _map_params(extra: dict) -> dict:
@@ -61,9 +62,7 @@ class FakeQuantSpec(KernelSpec):
         from cute_kernels.qat.kernels import FakeQuant
 
         dt = dtypes.cutlass_of(p["dtype"])
-        kernel = FakeQuant(
-            dt, p["qtype"], p["zp"], p["mode"], p["mask"], p["gated"], p["index64"], self.schedule_of(p), p["streaming"]
-        )
+        kernel = FakeQuant(dt, p["qtype"], p["zp"], p["mode"], p["mask"], p["gated"], p["index64"], self.schedule_of(p))
 
         def flat(t, align):
             return fake_tensor(t, (_sym(p),), (1,), align)
@@ -94,8 +93,6 @@ class FakeQuantSpec(KernelSpec):
             self.resolve({"qtype": "e4m3", "mode": "tensor", "dtype": "fp16"}),
             self.resolve({"mode": "element", "dtype": "fp32", "mask": False, "zp": "round"}),
             self.resolve({"mode": "tensor", "gated": True}),
-            self.resolve({"mode": "tensor", "gated": True, "streaming": True}),
-            self.resolve({"mode": "tensor", "gated": True, "streaming": True, "dtype": "fp32"}),
         ]
 
     def sweep(self):
@@ -145,9 +142,6 @@ FAKE_QUANT = FakeQuantSpec(
             ),
             "mask": Param(True, (True, False), "signature", "store the packed STE mask"),
             "gated": Param(False, (True, False), "signature", "an int64 fake_quant_on flag (0: y = x, mask all 1)"),
-            "streaming": Param(
-                False, (True, False), "signature", "y stored evict-first (st.global.cs): x stays in L2 for this pass"
-            ),
         }
     ),
 )

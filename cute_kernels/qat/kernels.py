@@ -33,7 +33,7 @@ from collectives.reduce import add_pairs, group_smem, warp_reduce
 from collectives.reduce import group_reduce as _group_reduce
 from collectives.rowwise import HeldRowKernel, RowReducer, RowSlice
 from collectives.split_counter import last_split
-from collectives.vector_io import as_vectors, extent, store_streaming, widen_again
+from collectives.vector_io import as_vectors, extent, widen_again
 from collectives.vector_map import map_grid, thread_walk
 from cute_kernels.qat import observed_rows_regs
 from schedules.grid_stride import GridStride
@@ -136,15 +136,11 @@ class FakeQuant:
         gated: bool,
         index64: bool,
         schedule: GridStride,
-        streaming: bool = False,
     ):
         if qtype not in QTYPES or zp_rule not in ZP_RULES or mode not in MODES:
             raise ValueError(f"qtype / zp_rule / mode must be in {QTYPES} / {ZP_RULES} / {MODES}")
         self.dtype, self.qtype, self.zp_rule, self.mode = dtype, qtype, zp_rule, mode
         self.mask, self.gated, self.index64, self.schedule = mask, gated, index64, schedule
-        # y stored evict-first (`st.global.cs`): after the observer's reduce pass x is still in L2, and y's lines then
-        # leave it there for this pass's reads instead of evicting it
-        self.streaming = streaming
         self.vec = MASK_VEC
 
     @cute.jit
@@ -251,10 +247,7 @@ class FakeQuant:
             out = cute.make_rmem_tensor((vec,), Float32)
             for e in cutlass.range_constexpr(vec):
                 out[e] = cutlass.select_(on != 0, ys[e], v[e]) if cutlass.const_expr(self.gated) else ys[e]
-            if cutlass.const_expr(self.streaming):
-                store_streaming(yv[None, j], out.load().to(self.dtype))
-            else:
-                yv[None, j].store(out.load().to(self.dtype))
+            yv[None, j].store(out.load().to(self.dtype))
             if cutlass.const_expr(self.mask):
                 if cutlass.const_expr(self.gated):
                     bits = cutlass.select_(on != 0, bits, Int32(0xFF))

@@ -21,7 +21,7 @@ LOG = []
 
 def _fq(p):
     def run(x, y, m, scale, zp, flag, s_arg, z_arg, inner, channels, qmin, qmax, max_ctas):
-        LOG.append(("fq", p["mode"], p["streaming"]))
+        LOG.append(("fq", p["mode"]))
         assert x.dim() == 1 and x.is_contiguous() and x.data_ptr() % 16 == 0 and y.is_contiguous()
         assert zp.dtype == (torch.int32 if p["zp"] == "int" else torch.float32) and m.dtype == torch.uint8
         n = x.numel()
@@ -209,7 +209,7 @@ def test_scale_indexing_modes_chosen():
     ck.fake_quant(x, torch.ones(6), None, -8, 7, axis=2)  # inner 1: per element
     ck.fake_quant(x, 0.5, 0, -8, 7)
     ck.fake_quant(x, torch.ones(1), None, -8, 7)
-    assert [e[1] for e in LOG] == ["vector", "element", "scalar", "tensor"]
+    assert [m for _, m in LOG] == ["vector", "element", "scalar", "tensor"]
 
 
 def test_awkward_layouts():
@@ -340,19 +340,3 @@ def test_observer_one_pass_rows_off(monkeypatch):
     assert LOG and LOG[0][0] == "observe_rows"
     for p, q in zip(a, before):
         assert torch.equal(p, q)
-
-
-def test_observed_fake_quant_streams_y(monkeypatch):
-    """The two-pass observer's fake-quant stores y evict-first (x stays in L2 between the passes) up to
-    STREAMING_MAX_BYTES; the plain fake-quant does not, nor does a tensor larger than L2 could keep."""
-    monkeypatch.setattr(ops, "OBSERVED_STREAMING", True)
-    on = torch.tensor([1])
-    st = [torch.full((1,), math.inf), torch.full((1,), -math.inf), torch.ones(1), torch.zeros(1, dtype=torch.int32)]
-    x = torch.randn(64, 64).to(torch.bfloat16)
-    ck.fake_quant_observed(x, on, on, *st, 0.01, 0, 255, 0)
-    ck.fake_quant(x, 0.1, 3, 0, 255)
-    assert [e for e in LOG if e[0] == "fq"] == [("fq", "tensor", True), ("fq", "scalar", False)]
-    LOG.clear()
-    monkeypatch.setattr(ops, "STREAMING_MAX_BYTES", x.numel() * 2 - 2)
-    ck.fake_quant_observed(x, on, on, *st, 0.01, 0, 255, 0)
-    assert [e for e in LOG if e[0] == "fq"] == [("fq", "tensor", False)]
