@@ -160,9 +160,7 @@ class ScatterSpec(KernelSpec):
         radix = 1 << p["digit_bits"]
         kernel = ScatterVoxels(p["reduce"], dt, _vec(p), p["group"], p["run"], p["digit_bits"], p["warps"], p["rounds"])
         coords3 = fake_tensor(cutlass.Int32, (_sym(), 3), (3, 1), 4)
-        vec = _vec(p)
-        # the (rows, features) outputs and partials in the features' vectors (argmax, the fp32 partials and their points)
-        i32_rows, f32_rows = _rows(cutlass.Int32, vec), _rows(cutlass.Float32, vec)
+        f32 = fake_tensor(cutlass.Float32, (_sym(), _sym()), (_sym(), 1), 4)
         args = (
             _rows(dt, _vec(p)),
             coords3,
@@ -177,13 +175,13 @@ class ScatterSpec(KernelSpec):
             _i32(None),
             _i32(None),
             _rows(dt, _vec(p)),
-            i32_rows,
+            _i32(None, None),
             fake_tensor(cutlass.Int32, (_sym(), 3), (3, 1), 4),
             _i32(None),
-            f32_rows,
-            f32_rows,
-            i32_rows,
-            i32_rows,
+            f32,
+            fake_tensor(cutlass.Float32, (_sym(), _sym()), (_sym(), 1), 4),
+            _i32(None, None),
+            _i32(None, None),
             cutlass.Int32(1),
             fake_stream(),
         )

@@ -673,47 +673,19 @@ class SegmentReduce:
         if cutlass.const_expr(self.vec == 1):
             out[seg, f0] = res[0]
         else:
-            self.vector(out, seg, f0, n_features).store(res.load())
+            as_vectors(out[seg, None], n_features, self.vec)[None, f0 // self.vec].store(res.load())
         if cutlass.const_expr(self.is_max):
-            self.store_lane(argout, seg, f0, n_features, arg)
-
-    def vector(self, t: cute.Tensor, r, f0, n_features):
-        """The lane's `vec` features (from f0) of row r of a (rows, n_features) matrix as one vector access (rows of
-        whole 16-byte aligned vectors of the features' type: fp32 partials of 16-bit features take two)."""
-        return as_vectors(t[r, None], n_features, self.vec)[None, f0 // self.vec]
-
-    @cute.jit
-    def store_lane(self, t: cute.Tensor, r, f0, n_features, vals: cute.Tensor):
-        """Store the lane's `vec` values `vals` (a register tensor) into row r of t from feature f0."""
-        if cutlass.const_expr(self.vec == 1):
-            t[r, f0] = vals[0]
-        else:
-            self.vector(t, r, f0, n_features).store(vals.load())
-
-    @cute.jit
-    def load_lane(self, t: cute.Tensor, r, f0, n_features, dst: cute.Tensor, at: int):
-        """Load the lane's `vec` values of row r of t (from feature f0) into dst[at:at + vec]."""
-        if cutlass.const_expr(self.vec == 1):
-            dst[at] = t[r, f0]
-        else:
-            v = self.vector(t, r, f0, n_features).load()
             for e in cutlass.range_constexpr(self.vec):
-                dst[at + e] = v[e]
+                argout[seg, f0 + e] = arg[e]
 
     @cute.jit
     def store_partial(
-        self,
-        part: cute.Tensor,
-        part_arg: cute.Tensor,
-        acc: cute.Tensor,
-        arg: cute.Tensor,
-        r: Int32,
-        f0: Int32,
-        n_features: Int32,
+        self, part: cute.Tensor, part_arg: cute.Tensor, acc: cute.Tensor, arg: cute.Tensor, r: Int32, f0: Int32
     ):
-        self.store_lane(part, r, f0, n_features, acc)
-        if cutlass.const_expr(self.is_max):
-            self.store_lane(part_arg, r, f0, n_features, arg)
+        for e in cutlass.range_constexpr(self.vec):
+            part[r, f0 + e] = acc[e]
+            if cutlass.const_expr(self.is_max):
+                part_arg[r, f0 + e] = arg[e]
 
     @cute.jit
     def flush(
@@ -741,9 +713,9 @@ class SegmentReduce:
             if (started != 0) & ended:
                 self.store_final(out, argout, acc, arg, seg, f0, count, n_features)
             elif started != 0:
-                self.store_partial(part_last, arg_last, acc, arg, r, f0, n_features)
+                self.store_partial(part_last, arg_last, acc, arg, r, f0)
             else:
-                self.store_partial(part_first, arg_first, acc, arg, r, f0, n_features)
+                self.store_partial(part_first, arg_first, acc, arg, r, f0)
 
     def unit_geometry(self, u, chunks, n_features):
         """(run, first feature of this lane, whether it has features) of work unit u."""
@@ -897,11 +869,8 @@ class SegmentReduce:
                 if (head < nxt) & (head >= r * self.run_len):  # it started in this run and goes on past it
                     end = seg_start[seg + 1]
                     self.reset(acc, arg)
-                    self.load_lane(part_last, r, f0, nf, pv, 0)
-                    if cutlass.const_expr(self.is_max):
-                        self.load_lane(arg_last, r, f0, nf, pa, 0)
                     for e in cutlass.range_constexpr(self.vec):
-                        self.take(acc, arg, e, pv[e], pa[e] if self.is_max else Int32(0))
+                        self.take(acc, arg, e, part_last[r, f0 + e], arg_last[r, f0 + e] if self.is_max else Int32(0))
                     # the runs a long segment covers (a dense voxel: thousands of points, hundreds of runs) in
                     # order, `fixup_batch` runs' partials loaded into registers before any is folded (a plain loop, even
                     # unrolled, left ptxas interleaving each load with its add: the fix-up took 190 us of a 2M-point
@@ -911,9 +880,10 @@ class SegmentReduce:
                     for qb in cutlass.range(r + 1, q_end, nb, unroll=1):
                         for j in cutlass.range_constexpr(nb):
                             q = cutlass.min(qb + j, q_end - 1)
-                            self.load_lane(part_first, q, f0, nf, pv, j * self.vec)
-                            if cutlass.const_expr(self.is_max):
-                                self.load_lane(arg_first, q, f0, nf, pa, j * self.vec)
+                            for e in cutlass.range_constexpr(self.vec):
+                                pv[j * self.vec + e] = part_first[q, f0 + e]
+                                if cutlass.const_expr(self.is_max):
+                                    pa[j * self.vec + e] = arg_first[q, f0 + e]
                         for j in cutlass.range_constexpr(nb):
                             if qb + j < q_end:
                                 for e in cutlass.range_constexpr(self.vec):

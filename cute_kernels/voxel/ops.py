@@ -261,8 +261,7 @@ def _scatter_cuda(features, coords, reduce: str):
     state, seg_start = new(8), new(n + 1)
     box = torch.full((6,), INT_MIN, dtype=i32, device=dev)
     part = new(runs, f, dtype=torch.float32), new(runs, f, dtype=torch.float32)
-    unused = placeholder(dev, (1, vec))  # (rows of whole vectors, as the kernel's vector accesses expect)
-    part_arg = (new(runs, f), new(runs, f)) if is_max else (unused,) * 2
+    part_arg = (new(runs, f), new(runs, f)) if is_max else (placeholder(dev, (1, 1)),) * 2
     fn = VOXEL_SCATTER.compiled(reduce=reduce, dtype=dtypes.name_of(features.dtype), aligned=vec > 1, group=group)
     fn(
         features,
@@ -278,7 +277,7 @@ def _scatter_cuda(features, coords, reduce: str):
         seg_start,
         new(runs),
         out,
-        arg if is_max else unused,
+        arg if is_max else placeholder(dev, (1, 1)),
         coords_out,
         p2v,
         *part,
