@@ -5,7 +5,8 @@ schedules, against torch's fused ops, all columns in one interleaved run per cas
     python3 -m perf.lab.qat_tune [--shapes 4096x8192,8192x8192] [--jobs 16] [--observer]
 
 `--observer`: the fused observer (reduce pass + quantize pass, per tensor) under a grid of reduce plans
-(`OBSERVER_PLAN`) instead.
+(`OBSERVER_PLAN`) instead. `--learnable`: the learnable backward per channel and per tensor under a grid of row plans
+(`LEARNABLE_PLAN`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from schedules.grid_stride import GridStride
 GRID = dict(threads=(128, 256), unroll=(1, 2, 4), ctas_per_sm=(0, 16), order=("cta",))
 # the observer's reduce pass (`OBSERVER_PLAN`, `schedules.row_tiling.plan_rows` settings)
 OBS_GRID = dict(threads=(256, 512), unroll=(4, 8), ctas_per_sm=(4, 8, 16))
+# the learnable backward's rows (`LEARNABLE_PLAN`): it holds x and dy a vector each and writes dx
+LEARN_GRID = dict(threads=(128, 256, 512), unroll=(2, 4, 8), ctas_per_sm=(2, 4, 8))
 
 
 def configs():
@@ -134,15 +137,76 @@ def observer_study(shapes, dtypes=(torch.float32, torch.bfloat16)):
     return "\n".join(lines)
 
 
+def learnable_study(shapes, dtypes=(torch.float32, torch.bfloat16)):
+    """The learnable backward (dx and the scale / zero-point sums), per channel (axis 0) and per tensor (fp32: torch's
+    per-tensor op takes fp32 only), under each row plan of LEARN_GRID, against torch's op and the current plan."""
+    from cute_kernels import dtypes as D
+
+    ops = importlib.import_module("cute_kernels.qat.ops")
+    C, A = torch.ops.cute_kernels, torch.ops.aten
+    saved = dict(ops.LEARNABLE_PLAN)
+    lines = ["| case | dtype | shape | torch us | default us | best us | best plan | best x torch | default x torch |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    try:
+        for dt, (r, c) in itertools.product(dtypes, shapes):
+            x, g = H.randn(r, c, dtype=dt, seed=1), H.randn(r, c, dtype=dt, seed=2)
+            s0 = float(x.float().abs().amax()) / 127
+            sc = torch.full((r,), s0, device="cuda") * (1 + torch.rand(r, device="cuda"))
+            zc = torch.zeros(r, device="cuda")
+            st, zt = torch.tensor([s0], device="cuda"), torch.tensor([0.3], device="cuda")
+            cases = {"learnable.bwd.channel": (
+                lambda: C.fake_quant_learnable_backward(g, x, sc, zc, -128, 127, 0, None, 1.0),
+                lambda: A._fake_quantize_learnable_per_channel_affine_backward(g, x, sc, zc, 0, -128, 127, 1.0))}
+            if dt == torch.float32:
+                cases["learnable.bwd.tensor"] = (
+                    lambda: C.fake_quant_learnable_backward(g, x, st, zt, -128, 127, None, None, 1.0),
+                    lambda: A._fake_quantize_learnable_per_tensor_affine_backward(g, x, st, zt, -128, 127, 1.0))
+            for case, (ours, ref) in cases.items():
+                fns = {}
+                try:
+                    ref()
+                    fns["torch"] = ref
+                except RuntimeError:  # (older torch: no bf16 learnable per-channel backward)
+                    pass
+                for t, u, cap in itertools.product(*LEARN_GRID.values()):
+                    plan = dict(threads=t, unroll=u, ctas_per_sm=cap)
+
+                    def run(plan=plan):
+                        ops.LEARNABLE_PLAN.clear()
+                        ops.LEARNABLE_PLAN.update(plan)
+                        return ours()
+                    run()
+                    fns[f"t{t}u{u}c{cap}"] = run
+
+                def default():
+                    ops.LEARNABLE_PLAN.clear()
+                    ops.LEARNABLE_PLAN.update(saved)
+                    return ours()
+                fns["default"] = default
+                res = {k: v["median_ms"] for k, v in H.do_bench_interleaved(fns, rep_ms=40, max_reps=200).items()}
+                t_ref, t_def = res.pop("torch", float("nan")), res.pop("default")
+                best = min(res, key=res.get)
+                lines.append(f"| {case} | {D.name_of(dt)} | {r}x{c} | {t_ref*1e3:.1f} | {t_def*1e3:.1f} | "
+                             f"{res[best]*1e3:.1f} | {best} | {t_ref/res[best]:.3f} | {t_ref/t_def:.3f} |")
+                H.progress(lines[-1])
+    finally:
+        ops.LEARNABLE_PLAN.clear()
+        ops.LEARNABLE_PLAN.update(saved)
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="4096x8192,8192x8192")
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--observer", action="store_true", help="the fused observer's reduce plans instead")
+    ap.add_argument("--learnable", action="store_true", help="the learnable backward's row plans instead")
     a = ap.parse_args(argv)
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
     if a.observer:
         print(observer_study(shapes))
+    elif a.learnable:
+        print(learnable_study(shapes))
     else:
         print(study(shapes, jobs=a.jobs))
     return 0
