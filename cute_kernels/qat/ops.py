@@ -829,7 +829,6 @@ class _ObservedRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, *args):
         y, m = call("cute_kernels::qat_observe_rows", x.detach(), *args, True)
-        ctx.mark_non_differentiable(m)
         ctx.save_for_backward(m)
         ctx.n_args = len(args)
         return y
@@ -858,7 +857,8 @@ def fake_quant_observed(
     """torch's `fused_moving_avg_obs_fake_quant`: the moving-average min / max observer (running_min / running_max,
     per tensor or per channel along axis 0) and its qparams (scale / zero_point, updated in place when
     fake_quant_on is 1), then the fake-quant with them (x itself where fake_quant_on is 0), differentiable in x by
-    the STE. Two passes: the observer's reduce and the fake-quant."""
+    the STE. Two passes, the observer's reduce and the fake-quant; per channel, for rows a CTA holds
+    (`_one_pass_rows`), one (`qat.observe_rows`): the same bits, x read once."""
     if per_row_fake_quant and ch_axis != 0:
         raise ValueError(f"per-channel fused observation is along axis 0 (as torch), got ch_axis={ch_axis}")
     grad = _needs_mask(x)
