@@ -461,8 +461,8 @@ OBSERVE_ROWS = ObservedRowsSpec(
     name="qat.observe_rows",
     family="qat",
     lesson=17,
-    summary="the per-channel fused observer and fake-quant in one pass: each row held in registers, its min / max, "
-    "moving average and qparams, then y and the STE mask from the held row (x read once, not twice)",
+    summary="the per-channel fused observer and fake-quant in one pass: each row staged in shared memory (or held in "
+    "registers), its min / max, moving average and qparams, then y and the STE mask from the held row (x read once)",
     ops=("fake_quant_observed",),
     status="ready",
     schedule=RowTiling,
@@ -473,7 +473,7 @@ OBSERVE_ROWS = ObservedRowsSpec(
         "mask": Param(True, (True, False), "signature", "store the packed STE mask"),
         "threads": Param(256, (128, 256, 512, 1024), help="threads per CTA"),
         "threads_per_row": Param(128, (1, 2, 4, 8, 16, 32, 64, 128, 256, 512), help="threads holding one row"),
-        "unroll": Param(4, (1, 2, 3, 4, 5, 6, 7, 8), help="8-element vectors a thread holds"),
+        "unroll": Param(4, (1, 2, 3, 4, 5, 6, 7, 8), help="16-byte vectors of the row a thread holds"),
         "staging": Param("smem", ("smem", "regs"), help="where the row is held: shared memory (cp.async) or registers"),
     },
 )
