@@ -127,15 +127,7 @@ class FakeQuant:
     int64 flag (the observer's fake_quant_on) of 0 passes x through with every bit set."""
 
     def __init__(
-        self,
-        dtype,
-        qtype: str,
-        zp_rule: str,
-        mode: str,
-        mask: bool,
-        gated: bool,
-        index64: bool,
-        schedule: GridStride,
+        self, dtype, qtype: str, zp_rule: str, mode: str, mask: bool, gated: bool, index64: bool, schedule: GridStride
     ):
         if qtype not in QTYPES or zp_rule not in ZP_RULES or mode not in MODES:
             raise ValueError(f"qtype / zp_rule / mode must be in {QTYPES} / {ZP_RULES} / {MODES}")
