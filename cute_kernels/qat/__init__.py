@@ -9,6 +9,7 @@ torch ops), `linear.py` (`QATLinear`), `bench.py` (the suite). `cute_kernels.qat
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -49,6 +50,11 @@ def _sym(p, div=1):
     return index_sym(p["index64"], div)
 
 
+def _flat(p, t, align=4):
+    """A fake flat (n,) tensor of element type t for the build of parameters p."""
+    return fake_tensor(t, (_sym(p),), (1,), align)
+
+
 @dataclass(frozen=True, eq=False)
 class FakeQuantSpec(KernelSpec):
     def check(self, p):
@@ -64,8 +70,7 @@ class FakeQuantSpec(KernelSpec):
         dt = dtypes.cutlass_of(p["dtype"])
         kernel = FakeQuant(dt, p["qtype"], p["zp"], p["mode"], p["mask"], p["gated"], p["index64"], self.schedule_of(p))
 
-        def flat(t, align):
-            return fake_tensor(t, (_sym(p),), (1,), align)
+        flat = functools.partial(_flat, p)
 
         zp_t = cutlass.Int32 if p["zp"] == "int" else cutlass.Float32
         args = (
@@ -222,8 +227,7 @@ class RowSpec(KernelSpec):
         def rows():
             return fake_tensor(dt, (_sym(p), _sym(p)), (_sym(p, vec), 1), align)
 
-        def vec1(t, align=4):
-            return fake_tensor(t, (_sym(p),), (1,), align)
+        vec1 = functools.partial(_flat, p)
 
         partial = fake_tensor(cutlass.Float32, (_sym(p), _sym(p), 2), (_sym(p, 2), 2, 1), 8)
         return vec, rows, vec1, partial
@@ -374,6 +378,7 @@ def observed_rows_regs(held_bytes: int) -> int:
     return 72 if held_bytes <= OBSERVED_TARGET_BYTES else 96
 
 
+@functools.lru_cache(maxsize=1024)
 def observed_rows_plan(n: int, element_bytes: int = 2):
     """The `schedules.row_tiling.HeldRowPlan` of `qat.observe_rows` for rows of n elements of `element_bytes` (2 or
     4); ValueError past `observed_row_max`."""
@@ -412,8 +417,7 @@ class ObservedRowsSpec(KernelSpec):
         def rows():
             return fake_tensor(dt, (_sym(p), _sym(p, MASK_VEC)), (_sym(p, MASK_VEC), 1), 16)
 
-        def vec1(t, align=4):
-            return fake_tensor(t, (_sym(p),), (1,), align)
+        vec1 = functools.partial(_flat, p)
 
         args = (
             rows(),
