@@ -85,113 +85,97 @@ def study(shapes, dtypes=(torch.float32, torch.bfloat16), jobs=16):
     return "\n".join(lines)
 
 
+HEADER = ["| case | dtype | shape | torch us | default us | best us | best plan | best x torch | default x torch |",
+          "|---|---|---|---|---|---|---|---|---|"]
+
+
+def plan_sweep(plan: dict, grid: dict, make_call, ref, case: str, dt, shape) -> str:
+    """One row of a plan study: `make_call()` (a fresh callable per column, e.g. with its own observer state) timed
+    with the module-level plan dict `plan` set to each point of `grid` (threads, unroll, ctas_per_sm) and to its
+    current value ("default"), beside torch's `ref` (None: no torch column), in one interleaved run; `plan` is left as
+    it was."""
+    from cute_kernels import dtypes as D
+
+    saved = dict(plan)
+
+    def with_plan(p, call):
+        def run():
+            plan.clear()
+            plan.update(p)
+            return call()
+        return run
+
+    fns = {"torch": ref} if ref is not None else {}
+    try:
+        for t, u, cap in itertools.product(*grid.values()):
+            fns[f"t{t}u{u}c{cap}"] = run = with_plan(dict(threads=t, unroll=u, ctas_per_sm=cap), make_call())
+            run()
+        fns["default"] = with_plan(saved, make_call())
+        res = {k: v["median_ms"] for k, v in H.do_bench_interleaved(fns, rep_ms=40, max_reps=200).items()}
+    finally:
+        plan.clear()
+        plan.update(saved)
+    t_ref, t_def = res.pop("torch", float("nan")), res.pop("default")
+    best = min(res, key=res.get)
+    line = (f"| {case} | {D.name_of(dt)} | {shape[0]}x{shape[1]} | {t_ref*1e3:.1f} | {t_def*1e3:.1f} | "
+            f"{res[best]*1e3:.1f} | {best} | {t_ref/res[best]:.3f} | {t_ref/t_def:.3f} |")
+    H.progress(line)
+    return line
+
+
 def observer_study(shapes, dtypes=(torch.float32, torch.bfloat16)):
     """The fused moving-average observer + fake-quant, per tensor (`fake_quant_observed`: a reduce pass, then the
     quantize pass), under each reduce plan of OBS_GRID, against torch's fused op (fp32 only) and the current plan."""
     import cute_kernels as ck
-    from cute_kernels import dtypes as D
 
     ops = importlib.import_module("cute_kernels.qat.ops")
-    saved = dict(ops.OBSERVER_PLAN)
     on = torch.ones(1, dtype=torch.long, device="cuda")
-    lines = ["| case | dtype | shape | torch us | default us | best us | best plan | best x torch | default x torch |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = list(HEADER)
 
     def state():
         return [torch.full((1,), float("inf"), device="cuda"), torch.full((1,), float("-inf"), device="cuda"),
                 torch.ones(1, device="cuda"), torch.zeros(1, dtype=torch.int32, device="cuda")]
 
-    try:
-        for dt, (r, c) in itertools.product(dtypes, shapes):
-            x = H.randn(r, c, dtype=dt, seed=1).requires_grad_()
-            fns = {}
-            if dt == torch.float32:
-                ts = state()
-                fns["torch"] = lambda: torch._fused_moving_avg_obs_fq_helper(x, on, on, *ts, 0.01, -128, 127, 0,
-                                                                             False, False)
-            for t, u, cap in itertools.product(*OBS_GRID.values()):
-                plan, st = dict(threads=t, unroll=u, ctas_per_sm=cap), state()
+    for dt, (r, c) in itertools.product(dtypes, shapes):
+        x = H.randn(r, c, dtype=dt, seed=1).requires_grad_()
+        ref = None
+        if dt == torch.float32:
+            ts = state()
+            ref = lambda: torch._fused_moving_avg_obs_fq_helper(x, on, on, *ts, 0.01, -128, 127, 0,  # noqa: E731
+                                                                False, False)
 
-                def run(plan=plan, st=st):
-                    ops.OBSERVER_PLAN.clear()
-                    ops.OBSERVER_PLAN.update(plan)
-                    return ck.fake_quant_observed(x, on, on, *st, 0.01, -128, 127, 0, False, False)
-                run()
-                fns[f"t{t}u{u}c{cap}"] = run
-            ds = state()
-
-            def default(st=ds):
-                ops.OBSERVER_PLAN.clear()
-                ops.OBSERVER_PLAN.update(saved)
-                return ck.fake_quant_observed(x, on, on, *st, 0.01, -128, 127, 0, False, False)
-            fns["default"] = default
-            res = {k: v["median_ms"] for k, v in H.do_bench_interleaved(fns, rep_ms=40, max_reps=200).items()}
-            t_ref, t_def = res.pop("torch", float("nan")), res.pop("default")
-            best = min(res, key=res.get)
-            lines.append(f"| observer.tensor | {D.name_of(dt)} | {r}x{c} | {t_ref*1e3:.1f} | {t_def*1e3:.1f} | "
-                         f"{res[best]*1e3:.1f} | {best} | {t_ref/res[best]:.3f} | {t_ref/t_def:.3f} |")
-            H.progress(lines[-1])
-    finally:
-        ops.OBSERVER_PLAN.clear()
-        ops.OBSERVER_PLAN.update(saved)
+        def make_call():  # each column observes with a state of its own
+            st = state()
+            return lambda: ck.fake_quant_observed(x, on, on, *st, 0.01, -128, 127, 0, False, False)
+        lines.append(plan_sweep(ops.OBSERVER_PLAN, OBS_GRID, make_call, ref, "observer.tensor", dt, (r, c)))
     return "\n".join(lines)
 
 
 def learnable_study(shapes, dtypes=(torch.float32, torch.bfloat16)):
     """The learnable backward (dx and the scale / zero-point sums), per channel (axis 0) and per tensor (fp32: torch's
     per-tensor op takes fp32 only), under each row plan of LEARN_GRID, against torch's op and the current plan."""
-    from cute_kernels import dtypes as D
-
     ops = importlib.import_module("cute_kernels.qat.ops")
     C, A = torch.ops.cute_kernels, torch.ops.aten
-    saved = dict(ops.LEARNABLE_PLAN)
-    lines = ["| case | dtype | shape | torch us | default us | best us | best plan | best x torch | default x torch |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    try:
-        for dt, (r, c) in itertools.product(dtypes, shapes):
-            x, g = H.randn(r, c, dtype=dt, seed=1), H.randn(r, c, dtype=dt, seed=2)
-            s0 = float(x.float().abs().amax()) / 127
-            sc = torch.full((r,), s0, device="cuda") * (1 + torch.rand(r, device="cuda"))
-            zc = torch.zeros(r, device="cuda")
-            st, zt = torch.tensor([s0], device="cuda"), torch.tensor([0.3], device="cuda")
-            cases = {"learnable.bwd.channel": (
-                lambda: C.fake_quant_learnable_backward(g, x, sc, zc, -128, 127, 0, None, 1.0),
-                lambda: A._fake_quantize_learnable_per_channel_affine_backward(g, x, sc, zc, 0, -128, 127, 1.0))}
-            if dt == torch.float32:
-                cases["learnable.bwd.tensor"] = (
-                    lambda: C.fake_quant_learnable_backward(g, x, st, zt, -128, 127, None, None, 1.0),
-                    lambda: A._fake_quantize_learnable_per_tensor_affine_backward(g, x, st, zt, -128, 127, 1.0))
-            for case, (ours, ref) in cases.items():
-                fns = {}
-                try:
-                    ref()
-                    fns["torch"] = ref
-                except RuntimeError:  # (older torch: no bf16 learnable per-channel backward)
-                    pass
-                for t, u, cap in itertools.product(*LEARN_GRID.values()):
-                    plan = dict(threads=t, unroll=u, ctas_per_sm=cap)
-
-                    def run(plan=plan):
-                        ops.LEARNABLE_PLAN.clear()
-                        ops.LEARNABLE_PLAN.update(plan)
-                        return ours()
-                    run()
-                    fns[f"t{t}u{u}c{cap}"] = run
-
-                def default():
-                    ops.LEARNABLE_PLAN.clear()
-                    ops.LEARNABLE_PLAN.update(saved)
-                    return ours()
-                fns["default"] = default
-                res = {k: v["median_ms"] for k, v in H.do_bench_interleaved(fns, rep_ms=40, max_reps=200).items()}
-                t_ref, t_def = res.pop("torch", float("nan")), res.pop("default")
-                best = min(res, key=res.get)
-                lines.append(f"| {case} | {D.name_of(dt)} | {r}x{c} | {t_ref*1e3:.1f} | {t_def*1e3:.1f} | "
-                             f"{res[best]*1e3:.1f} | {best} | {t_ref/res[best]:.3f} | {t_ref/t_def:.3f} |")
-                H.progress(lines[-1])
-    finally:
-        ops.LEARNABLE_PLAN.clear()
-        ops.LEARNABLE_PLAN.update(saved)
+    lines = list(HEADER)
+    for dt, (r, c) in itertools.product(dtypes, shapes):
+        x, g = H.randn(r, c, dtype=dt, seed=1), H.randn(r, c, dtype=dt, seed=2)
+        s0 = float(x.float().abs().amax()) / 127
+        sc = torch.full((r,), s0, device="cuda") * (1 + torch.rand(r, device="cuda"))
+        zc = torch.zeros(r, device="cuda")
+        st, zt = torch.tensor([s0], device="cuda"), torch.tensor([0.3], device="cuda")
+        cases = {"learnable.bwd.channel": (
+            lambda: C.fake_quant_learnable_backward(g, x, sc, zc, -128, 127, 0, None, 1.0),
+            lambda: A._fake_quantize_learnable_per_channel_affine_backward(g, x, sc, zc, 0, -128, 127, 1.0))}
+        if dt == torch.float32:
+            cases["learnable.bwd.tensor"] = (
+                lambda: C.fake_quant_learnable_backward(g, x, st, zt, -128, 127, None, None, 1.0),
+                lambda: A._fake_quantize_learnable_per_tensor_affine_backward(g, x, st, zt, -128, 127, 1.0))
+        for case, (ours, ref) in cases.items():
+            try:
+                ref()
+            except RuntimeError:  # (older torch: no bf16 learnable per-channel backward)
+                ref = None
+            lines.append(plan_sweep(ops.LEARNABLE_PLAN, LEARN_GRID, lambda ours=ours: ours, ref, case, dt, (r, c)))
     return "\n".join(lines)
 
 
