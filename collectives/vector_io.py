@@ -83,4 +83,3 @@ def widen_again(v):
     for i in range(len(els)):
         r[i] = els[i]
     return r.load()
-
