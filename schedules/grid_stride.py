@@ -9,6 +9,7 @@ in which every thread's items are in range run without predicates; only the last
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 ORDERS = ("grid", "cta")
@@ -21,12 +22,16 @@ class GridStride:
       covers G * threads * unroll contiguous items, each CTA a strided comb of them.
     - "cta": a CTA's pass covers `threads * unroll` contiguous items (its threads' items are
       `threads` apart), and the CTA then jumps a grid ahead: fewer DRAM pages open per CTA.
+    `reverse`: CTA b takes the items CTA G - 1 - b would. The hardware starts CTAs in block order, so
+    a one-pass grid then walks memory from the end down: the second pass of a two-pass op (a reduce,
+    then a map over the same tensor) meets first what the reduce read last, still in L2.
     """
 
     threads: int = 256
     unroll: int = 4
     ctas_per_sm: int = 8
     order: str = "grid"
+    reverse: bool = False
 
     def __post_init__(self):
         if self.threads % 32 or not 32 <= self.threads <= 1024:
@@ -37,7 +42,7 @@ class GridStride:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
 
     def __str__(self) -> str:
-        return f"t{self.threads}u{self.unroll}c{self.ctas_per_sm}{self.order[0]}"
+        return f"t{self.threads}u{self.unroll}c{self.ctas_per_sm}{self.order[0]}{'r' if self.reverse else ''}"
 
     def max_ctas(self, num_sms: int) -> int:
         """Upper bound on the grid: `ctas_per_sm` CTAs for every SM; 0 means no cap (one pass,
@@ -56,6 +61,8 @@ class GridStride:
         """(first item, stride between a pass's items, stride between passes) of one thread; works
         on host ints and on DSL integers alike."""
         t, u = self.threads, self.unroll
+        if self.reverse:
+            bidx = gdim - 1 - bidx
         if self.order == "cta":
             return bidx * (t * u) + tidx, t, gdim * (t * u)
         return bidx * t + tidx, gdim * t, gdim * (t * u)
@@ -116,5 +123,5 @@ def pick(op: str, tensor_bytes: int, num_sms: int = 132) -> GridStride:
     key = (op, unroll)
     small = _SMALL.get(key)
     if small is None:  # one object per variant: the op layer keys its cache by identity
-        small = _SMALL[key] = GridStride(s.threads, unroll, s.ctas_per_sm, s.order)
+        small = _SMALL[key] = dataclasses.replace(s, unroll=unroll)
     return small

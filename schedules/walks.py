@@ -283,6 +283,15 @@ class SplitRowWalk:
         return group * self.row_block
 
 
+def interleaved_split(split, splits, lane, threads_per_row: int, unroll: int):
+    """(first, pass_stride) of `strided_fold` over a whole row's vectors (stride `threads_per_row`) for `lane` of split
+    `split` of `splits` when the splits take the row's CTA passes (`threads_per_row * unroll` vectors) in turn instead
+    of a column chunk each (`SplitRowWalk.v_begin`): the grid then reads the row from its start up, as one CTA would.
+    Host ints or DSL integers."""
+    cta_pass = threads_per_row * unroll
+    return split * cta_pass + lane, splits * cta_pass
+
+
 def row_tile_grid(rows, max_ctas, tiling: RowTiling, row_block: int = 1):
     """CTAs along x for a row-tiling kernel: one per row tile (`rows_per_cta * row_block` rows), at
     most `max_ctas`, at least one."""

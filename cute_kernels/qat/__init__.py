@@ -9,6 +9,7 @@ torch ops), `linear.py` (`QATLinear`), `bench.py` (the suite). `cute_kernels.qat
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from dataclasses import dataclass
@@ -24,6 +25,10 @@ from schedules.row_tiling import RowTiling
 # item in flight, uncapped grid, CTA-contiguous. fp32 per-tensor forward 0.93x -> 1.09-1.10x torch, STE backward
 # 1.23x -> 1.37x; bf16 within 3 % of the best of the grid (the family's tuned 128 x 4 ran fp32 at 84-87 % of copy).
 QAT_MAP = GridStride(threads=256, unroll=1, ctas_per_sm=0, order="cta")
+# The fake-quant forward walks x from its end down (`GridStride.reverse`). The fused observer's reduce pass reads x
+# from the start up (`qat.observe`: its splits interleaved a CTA pass apart), so its last-read bytes are still in L2
+# when the quantize pass starts, and that pass meets them first; an ascending walk would meet the bytes evicted first.
+QAT_QUANTIZE_MAP = dataclasses.replace(QAT_MAP, reverse=True)
 MASK_VEC = 8  # (kernels.MASK_VEC, without importing the DSL)
 # `schedules.row_tiling.plan_rows` settings of the two row kernels: the learnable backward holds two vectors an item
 # and ~25 fp32 operations an element (256 threads x 4 in flight: ~100 registers at 512 x 8; not yet tuned); the
@@ -33,8 +38,7 @@ LEARNABLE_PLAN = dict(threads=256, unroll=4, ctas_per_sm=4)
 OBSERVER_PLAN = dict(threads=256, unroll=4, ctas_per_sm=4)
 
 
-def _map_params(extra: dict) -> dict:
-    t = QAT_MAP
+def _map_params(extra: dict, t: GridStride = QAT_MAP) -> dict:
     return {
         "dtype": Param("bf16", dtypes.FLOAT_NAMES, "signature", "x / y element type"),
         "index64": Param(False, (True, False), "signature", "64-bit indexing (>= 2^31 elements)"),
@@ -43,6 +47,7 @@ def _map_params(extra: dict) -> dict:
         "unroll": Param(t.unroll, (1, 2, 4, 8), help="8-element items in flight per thread"),
         "ctas_per_sm": Param(t.ctas_per_sm, (0, 1, 2, 4, 8, 16), help="grid cap: CTAs per SM (0: none)"),
         "order": Param(t.order, ("grid", "cta"), help="items of a pass: a grid apart, or CTA-contiguous"),
+        "reverse": Param(t.reverse, (True, False), help="CTA b takes CTA G-1-b's items (memory walked end first)"),
     }
 
 
@@ -147,7 +152,8 @@ FAKE_QUANT = FakeQuantSpec(
             ),
             "mask": Param(True, (True, False), "signature", "store the packed STE mask"),
             "gated": Param(False, (True, False), "signature", "an int64 fake_quant_on flag (0: y = x, mask all 1)"),
-        }
+        },
+        QAT_QUANTIZE_MAP,
     ),
 )
 

@@ -10,8 +10,9 @@ grid-stride (`schedules.grid_stride`, `schedules.walks.strided_fold`); an item's
 (bit k of byte b: element 8 b + k), so the mask costs 1/8 byte an element. The last CTA's thread 0 does the n % 8
 tail. Where the scale varies along an item (`mode` "element": inner % 8 != 0) each element walks its own index.
 
-The two reduction kernels read x as rows (R, L) = (outer C, inner), row r of channel r % C, split into column
-chunks when rows alone leave SMs idle (`schedules.row_tiling.plan_rows`); a row's threads reduce through
+The two reduction kernels read x as rows (R, L) = (outer C, inner), row r of channel r % C, split when rows alone
+leave SMs idle (`schedules.row_tiling.plan_rows`: column chunks for the learnable backward; for the observer, CTA
+passes dealt out in turn, so the grid reads a row from its start up); a row's threads reduce through
 `collectives.reduce`. With one split and one row per channel (`merge` False) the row's owner finishes the channel;
 otherwise every CTA stores its rows' partials and the last CTA to finish (`collectives.split_counter`) combines each
 channel's partials in a fixed order (a warp a channel): deterministic, no float atomics.
@@ -38,7 +39,7 @@ from collectives.vector_map import map_grid, thread_walk
 from cute_kernels.qat import observed_rows_regs
 from schedules.grid_stride import GridStride
 from schedules.row_tiling import HeldRowPlan, RowTiling
-from schedules.walks import SplitRowWalk, row_tile_grid, strided_fold
+from schedules.walks import SplitRowWalk, interleaved_split, row_tile_grid, strided_fold
 
 MASK_VEC = 8  # elements of one map item = bits of one mask byte
 QTYPES = ("int", "e4m3")
@@ -724,10 +725,16 @@ class Observer(_RowKernel):
 
         def fold(row, w, split, nsplit, acc):
             xv = as_vectors(x[row, None], n, vec)
-            count = cutlass.select_(observe, w.v_count, w.v_count * 0)  # observer off: nothing read
+            count = cutlass.select_(observe, w.nv, w.nv * 0)  # observer off: nothing read
+            # the splits interleaved a CTA pass apart (split s takes passes s, s + splits, ...; min / max are the
+            # same bits in any order): the grid reads the row from its start up, so the end, which the fake-quant
+            # pass reads first (`QAT_QUANTIZE_MAP`), is what the L2 holds when this kernel ends
+            first, pass_stride = interleaved_split(split, nsplit, w.lane, tpr, unroll)
+            if cutlass.const_expr(self.index64):
+                first, pass_stride = Int64(first), Int64(pass_stride)
 
             def load(j):
-                return xv[None, w.v_begin + j].load()
+                return xv[None, j].load()
 
             def step(a, j, v):
                 f = v.to(Float32)
@@ -746,7 +753,7 @@ class Observer(_RowKernel):
                             v = x[row, w.nv * vec + t].to(Float32)
                             acc[0] = min_nan(acc[0], v)
                             acc[1] = max_nan(acc[1], v)
-            strided_fold(count, w.lane, tpr, tpr * unroll, unroll, load, step, Int32(0), tail_branch=True)
+            strided_fold(count, first, tpr, pass_stride, unroll, load, step, Int32(0), tail_branch=True)
 
         def finish(r, cur_min, cur_max):
             rmin, rmax, st, zt = running_min, running_max, scale, zp  # (locals: the staged branches store into them)

@@ -37,6 +37,7 @@ from cute_kernels.qat import (
     OBSERVE_ROWS,
     OBSERVER_PLAN,
     QAT_MAP,
+    QAT_QUANTIZE_MAP,
     STE_BWD,
     observed_row_max,
     observed_rows_plan,
@@ -57,6 +58,9 @@ from schedules.row_tiling import plan_rows
 QUANT_LIMIT = 2**24  # quant_min / quant_max are exact in fp32 (the kernels compare in fp32)
 E4M3_RANGE = (-448, 448)
 _MIN_ROW = 64  # per-channel learnable rows shorter than this are gathered channel-first first (see `_rows_layout`)
+# The fake-quant forward walks x from its end down (`QAT_QUANTIZE_MAP`), meeting first what the observer's reduce pass
+# read last; False walks it from the start (`QAT_MAP`), for A/B runs (`perf/lab/qat_linear_ab.py`).
+QUANTIZE_DESCENDING = True
 
 
 # --- validation ------------------------------------------------------------------------------------------------------
@@ -177,8 +181,9 @@ def _launch_fake_quant(x, y, m, scale_t, zp_t, rule, flag, lay, qmin, qmax, qtyp
         mode = "vector" if lay.inner % MASK_VEC == 0 else "element"
     if qtype == "e4m3" or mode == "scalar":
         rule = "int"
+    walk = QAT_QUANTIZE_MAP if QUANTIZE_DESCENDING else QAT_MAP
     fn = FAKE_QUANT.compiled(
-        QAT_MAP,
+        walk,
         dtype=dtypes.name_of(x.dtype),
         index64=_wide(n, sms),
         qtype=qtype,
@@ -201,7 +206,7 @@ def _launch_fake_quant(x, y, m, scale_t, zp_t, rule, flag, lay, qmin, qmax, qtyp
         int(lay.channels) if mode in ("vector", "element") else 1,
         float(qmin),
         float(qmax),
-        QAT_MAP.max_ctas(sms),
+        walk.max_ctas(sms),
     )
 
 

@@ -1,6 +1,7 @@
 """QATLinear's fake-quant overhead over its GEMM (4096^3 bf16, training mode) with the weight's per-channel observer +
-fake-quant in one pass (`ops.ONE_PASS_ROWS`, `qat.observe_rows`: w read once) and in two, and the two observed
-fake-quants alone, all columns in one interleaved run.
+fake-quant in one pass (`ops.ONE_PASS_ROWS`, `qat.observe_rows`: w read once) and in two, with the quantize pass
+walking x from its end down (`ops.QUANTIZE_DESCENDING`: it meets what the observer's reduce pass left in L2 first)
+and from its start, and the two observed fake-quants alone, all columns in one interleaved run.
 
     python3 -m perf.lab.qat_linear_ab [M K N]
 
@@ -20,14 +21,18 @@ import torch
 from cute_kernels.bench import harness as H
 
 
-def _one_pass(ops, on: bool, fn):
+def _with(ops, fn, **flags):
+    """fn run with `qat.ops` flags set for the call, their values restored after it."""
+
     def run():
-        saved = ops.ONE_PASS_ROWS
-        ops.ONE_PASS_ROWS = on
+        saved = {k: getattr(ops, k) for k in flags}
+        for k, v in flags.items():
+            setattr(ops, k, v)
         try:
             return fn()
         finally:
-            ops.ONE_PASS_ROWS = saved
+            for k, v in saved.items():
+                setattr(ops, k, v)
 
     return run
 
@@ -57,11 +62,14 @@ def main(m=4096, k=4096, n=4096):
     wgt = lambda: ck.fake_quant_observed(wd, on, on, *sw, 0.01, -128, 127, 0, True, True)  # noqa: E731
     cols = {
         "gemm": lambda: ck.gemm(x.detach(), w.t(), lin.bias.detach()),
-        "qat one-pass": _one_pass(ops, True, lambda: lin(x)),
-        "qat two-pass": _one_pass(ops, False, lambda: lin(x)),
-        "act observed": act,
-        "weight observed one-pass": _one_pass(ops, True, wgt),
-        "weight observed two-pass": _one_pass(ops, False, wgt),
+        "qat one-pass": _with(ops, lambda: lin(x), ONE_PASS_ROWS=True, QUANTIZE_DESCENDING=True),
+        "qat one-pass ascending": _with(ops, lambda: lin(x), ONE_PASS_ROWS=True, QUANTIZE_DESCENDING=False),
+        "qat two-pass": _with(ops, lambda: lin(x), ONE_PASS_ROWS=False, QUANTIZE_DESCENDING=True),
+        "act observed": _with(ops, act, QUANTIZE_DESCENDING=True),
+        "act observed ascending": _with(ops, act, QUANTIZE_DESCENDING=False),
+        "weight observed one-pass": _with(ops, wgt, ONE_PASS_ROWS=True),
+        "weight observed two-pass": _with(ops, wgt, ONE_PASS_ROWS=False, QUANTIZE_DESCENDING=True),
+        "weight observed two-pass ascending": _with(ops, wgt, ONE_PASS_ROWS=False, QUANTIZE_DESCENDING=False),
     }
     t = H.do_bench_interleaved(cols)
     g = t["gemm"]["median_ms"]

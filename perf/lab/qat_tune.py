@@ -12,6 +12,7 @@ schedules, against torch's fused ops, all columns in one interleaved run per cas
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import itertools
 
@@ -51,7 +52,11 @@ def study(shapes, dtypes=(torch.float32, torch.bfloat16), jobs=16):
     C, A = torch.ops.cute_kernels, torch.ops.aten
     if jobs > 1:
         precompile(_items(tuple(D.name_of(d) for d in dtypes)), jobs)
-    saved = ops.QAT_MAP
+    saved = ops.QAT_MAP, ops.QAT_QUANTIZE_MAP
+
+    def use(s):  # the STE backward's walk and the fake-quant's (the same, from the end down)
+        ops.QAT_MAP, ops.QAT_QUANTIZE_MAP = s, dataclasses.replace(s, reverse=True)
+
     lines = ["| case | dtype | shape | torch us | default us | best us | best config | best x torch | default x torch |",
              "|---|---|---|---|---|---|---|---|---|"]
     try:
@@ -68,11 +73,11 @@ def study(shapes, dtypes=(torch.float32, torch.bfloat16), jobs=16):
                 fns = {"torch": ref}
                 for s in configs():
                     def run(s=s):
-                        ops.QAT_MAP = s
+                        use(s)
                         return ours()
                     run()
                     fns[str(s)] = run
-                ops.QAT_MAP = saved
+                ops.QAT_MAP, ops.QAT_QUANTIZE_MAP = saved
                 fns["default"] = ours
                 res = {k: v["median_ms"] for k, v in H.do_bench_interleaved(fns, rep_ms=40, max_reps=200).items()}
                 t_ref, t_def = res.pop("torch"), res.pop("default")
@@ -81,7 +86,7 @@ def study(shapes, dtypes=(torch.float32, torch.bfloat16), jobs=16):
                              f"{res[best]*1e3:.1f} | {best} | {t_ref/res[best]:.3f} | {t_ref/t_def:.3f} |")
                 H.progress(lines[-1])
     finally:
-        ops.QAT_MAP = saved
+        ops.QAT_MAP, ops.QAT_QUANTIZE_MAP = saved
     return "\n".join(lines)
 
 
