@@ -14,7 +14,6 @@ import torch
 
 from cute_kernels.bench import harness as H
 
-PEAK_BF16_TFLOPS = 989.4  # H100/H200 SXM dense bf16, by spec: the "% ceiling" column
 TOKENS, HIDDEN = 16384, 2048
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 SHAPES = [(TOKENS // s, s, HIDDEN // d, d) for d in (64, 128, 256) for s in SEQLENS]
@@ -77,6 +76,7 @@ def attention(shapes=None, quick=False, ceilings=None, causal=(False, True)):
 
     shapes = shapes or (QUICK if quick else SHAPES)
     peers = _peers()
+    peak = H.compute_ceiling("bf16")  # the rows' "% ceiling": torch.matmul at 8192^3 in this run
     rows, notes = [], []
     variant_names = []
     for shape in shapes:
@@ -101,7 +101,7 @@ def attention(shapes=None, quick=False, ceilings=None, causal=(False, True)):
             times = {n: r["median_ms"] for n, r in H.do_bench_interleaved(fns).items()}
             t = times.pop("ours")
             rows.append(H.Row("flash_attn" + (".causal" if c else ""), "bfloat16", f"{b}x{s}x{h}x{d}", nbytes, flops,
-                              t, times, "tflops", PEAK_BF16_TFLOPS))
+                              t, times, "tflops", peak.tflops))
     ref_names = list(peers) + variant_names
     checks = []
     for name in peers:
@@ -113,10 +113,10 @@ def attention(shapes=None, quick=False, ceilings=None, causal=(False, True)):
             checks.append({"target": f"{name} faster than ours (geomean of {len(have)}; decides the default)",
                            "measured": f"{geo:.3f}x (worst {1 / worst.ratio(name):.3f}x at {worst.case} {worst.shape})",
                            "ok": geo > 1.0})
-    extra = ""
+    extra = peak.line()
     if notes:
-        extra = "## Peer failures\n\n| peer | shape | error |\n|---|---|---|\n" + "\n".join(notes)
-    return rows, ref_names, checks, extra, {}
+        extra += "\n\n## Peer failures\n\n| peer | shape | error |\n|---|---|---|\n" + "\n".join(notes)
+    return rows, ref_names, checks, extra, peak.meta()
 
 
 BWD_SHAPES = [(TOKENS // s, s, HIDDEN // d, d) for d in (64, 128, 256) for s in (512, 2048, 8192, 16384)]
@@ -171,6 +171,7 @@ def attention_bwd(shapes=None, quick=False, ceilings=None, causal=(False, True))
 
     shapes = shapes or (BWD_QUICK if quick else BWD_SHAPES)
     peers = _bwd_peers()
+    peak = H.compute_ceiling("bf16")
     rows, notes, variant_names = [], [], []
     for b, s, h, d in shapes:
         q, k, v = (H.randn(b, s, h, d, seed=i).requires_grad_() for i in range(3))
@@ -208,7 +209,7 @@ def attention_bwd(shapes=None, quick=False, ceilings=None, causal=(False, True))
             times = {n: r["median_ms"] for n, r in H.do_bench_interleaved(fns).items()}
             t = times.pop("ours")
             rows.append(H.Row("flash_attn_bwd" + (".causal" if c else ""), "bfloat16", f"{b}x{s}x{h}x{d}", nbytes,
-                              flops, t, times, "tflops", PEAK_BF16_TFLOPS))
+                              flops, t, times, "tflops", peak.tflops))
             del graphs, fns
     ref_names = ["FA4", "SDPA cuDNN", "FA4 deterministic", "ours deterministic"] + variant_names
     checks = []
@@ -230,10 +231,10 @@ def attention_bwd(shapes=None, quick=False, ceilings=None, causal=(False, True))
                            / len(both))
             checks.append({"target": "ours deterministic >= 1.0x FA4 deterministic", "measured": f"geomean {geo:.3f}x",
                            "ok": geo >= 1.0})
-    extra = ""
+    extra = peak.line()
     if notes:
-        extra = "## Peer and variant failures\n\n| column | shape | error |\n|---|---|---|\n" + "\n".join(notes)
-    return rows, ref_names, checks, extra, {}
+        extra += "\n\n## Peer and variant failures\n\n| column | shape | error |\n|---|---|---|\n" + "\n".join(notes)
+    return rows, ref_names, checks, extra, peak.meta()
 
 
 # --- decode: split-KV over a contiguous or paged cache, and the many-way merge ------------------------------------
@@ -420,26 +421,6 @@ def attention_fp8_quant(shapes=None, quick=False, ceilings=None):
     return rows, [], checks, "", {}
 
 
-def _fp8_peak_and_clock():
-    """(TFLOP/s of a same-run torch._scaled_mm e4m3 8192^3, the SM clock in MHz read while it ran or None): the FP8
-    ceiling of the `attention_fp8` rows (the 700 W cap moves the clock under FP8 load)."""
-    n = 8192
-    a = H.randn(n, n, seed=31).to(torch.float8_e4m3fn)
-    b = H.randn(n, n, seed=32).to(torch.float8_e4m3fn)
-    one = torch.ones((), device="cuda")
-    fn = lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16)  # noqa: E731
-    ms = H.do_bench(fn)["median_ms"]
-    clock = None
-    try:
-        for _ in range(20):
-            fn()
-        clock = torch.cuda.clock_rate()  # MHz of the SM clock now (NVML), under the same load
-        torch.cuda.synchronize()
-    except Exception:  # noqa: BLE001  (no NVML: the clock is not reported)
-        pass
-    return 2 * n**3 / (ms * 1e-3) / 1e12, clock
-
-
 def attention_fp8(shapes=None, quick=False, ceilings=None, causal=(False, True)):
     """The FP8 forward (`ck.flash_attn_fp8`, block scales from `quantize_attention_fp8`) beside our bf16 forward and
     SDPA's cuDNN on the bf16 inputs, in interleaved rounds; TFLOP/s with the bf16 forward's FLOP count, % of a same-run
@@ -449,7 +430,7 @@ def attention_fp8(shapes=None, quick=False, ceilings=None, causal=(False, True))
 
     shapes = shapes or ([(2, 8192, 16, 128)] if quick else
                         [(TOKENS // s, s, HIDDEN // d, d) for d in (128, 256) for s in (2048, 4096, 8192, 16384)])
-    peak, clock = _fp8_peak_and_clock()
+    peak = H.compute_ceiling("fp8")
     rows, notes = [], []
     for b, s, h, d in shapes:
         q, k, v = (H.randn(b, s, h, d, seed=40 + i) for i in range(3))
@@ -467,7 +448,7 @@ def attention_fp8(shapes=None, quick=False, ceilings=None, causal=(False, True))
             times = {n: r["median_ms"] for n, r in H.do_bench_interleaved(fns).items()}
             t = times.pop("ours")
             rows.append(H.Row("flash_attn_fp8" + (".causal" if c else ""), "e4m3", f"{b}x{s}x{h}x{d}", 0, flops, t,
-                              times, "tflops", peak))
+                              times, "tflops", peak.tflops))
     checks = []
     for d, bar in ((128, 1000.0), (256, 1150.0)):
         for c in (False, True):
@@ -485,10 +466,10 @@ def attention_fp8(shapes=None, quick=False, ceilings=None, causal=(False, True))
         checks.append({"target": ">= 1.4x our bf16 forward at every cell from 2k",
                        "measured": f"min {w.ratio('ours bf16'):.2f}x ({w.case} {w.shape})",
                        "ok": w.ratio("ours bf16") >= 1.4})
-    extra = ""
+    extra = peak.line()
     if notes:
-        extra = "## Peer failures\n\n| peer | shape | error |\n|---|---|---|\n" + "\n".join(notes)
-    return rows, ["ours bf16", "SDPA cuDNN bf16"], checks, extra, {"fp8_peak_tflops": peak, "sm_clock_mhz": clock}
+        extra += "\n\n## Peer failures\n\n| peer | shape | error |\n|---|---|---|\n" + "\n".join(notes)
+    return rows, ["ours bf16", "SDPA cuDNN bf16"], checks, extra, peak.meta()
 
 
 SUITES = {"attention": attention, "attention_bwd": attention_bwd, "attention_decode": attention_decode,

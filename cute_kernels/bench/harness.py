@@ -10,7 +10,9 @@ integers) toggles fewer bits, runs at higher clocks and flatters a kernel.
 
 Ceilings: `copy_bandwidth` is a device-to-device copy of 1 GiB counting bytes read + written (the
 ceiling of memory-bound ops); `read_bandwidth` is the larger of that and torch.sum's read rate over
-1 GiB (the ceiling of reductions, which only read).
+1 GiB (the ceiling of reductions, which only read); `compute_ceiling` is torch's dense GEMM at 8192^3
+(bf16, or e4m3 through `_scaled_mm`) with the SM clock read under that load (the ceiling of
+compute-bound rows, and the tensor cores' peak at that clock beside it).
 """
 
 from __future__ import annotations
@@ -160,6 +162,74 @@ def read_bandwidth(nbytes: int = 1 << 30) -> float:
     x = randn(nbytes // 2, dtype=torch.bfloat16, seed=2)
     t = do_bench(lambda: torch.sum(x))["median_ms"]
     return nbytes / (t * 1e-3) / 1e12
+
+
+# Dense tensor-core FLOP a clock an SM on the H100 / H200 (SXM): 989.4 (bf16) and 1978.9 (e4m3) TFLOP/s by spec are
+# these at the 1830 MHz boost clock on 132 SMs. Under load the 700 W cap holds the clock lower (1.35-1.75 GHz).
+TENSOR_FLOP_PER_CLOCK = {"bf16": 4096, "fp8": 8192}
+MATMUL_CEILING_N = 8192
+
+
+@dataclass(frozen=True)
+class ComputeCeiling:
+    """A same-run compute ceiling: torch's dense GEMM at 8192^3 (`torch.matmul` bf16, or `torch._scaled_mm` e4m3 with
+    per-tensor scales), its TFLOP/s, the SM clock read while it ran (MHz; None without NVML) and the SM count."""
+
+    dtype: str
+    tflops: float
+    clock_mhz: float | None
+    sms: int
+
+    @property
+    def peak_at_clock(self) -> float | None:
+        """TFLOP/s of the tensor cores' dense peak at the measured clock (None without a clock)."""
+        if not self.clock_mhz:
+            return None
+        return self.sms * TENSOR_FLOP_PER_CLOCK[self.dtype] * self.clock_mhz * 1e6 / 1e12
+
+    def meta(self) -> dict:
+        """The suite metadata of the ceiling."""
+        out = {f"{self.dtype}_gemm_8192_tflops": round(self.tflops, 1), "sm_clock_mhz": self.clock_mhz}
+        if self.peak_at_clock:
+            out[f"{self.dtype}_peak_at_clock_tflops"] = round(self.peak_at_clock, 1)
+        return out
+
+    def line(self) -> str:
+        """One markdown line saying what the compute ceiling of a suite's rows is."""
+        what = "torch.matmul bf16" if self.dtype == "bf16" else "torch._scaled_mm e4m3 (per-tensor scales)"
+        s = f"Compute ceiling (the % ceiling column): {what} at {MATMUL_CEILING_N}^3 in this run, {self.tflops:.0f} TFLOP/s"
+        if self.peak_at_clock:
+            s += (f"; the SM clock read under that load {self.clock_mhz:.0f} MHz, where the dense {self.dtype} peak is "
+                  f"{self.peak_at_clock:.0f} TFLOP/s ({100 * self.tflops / self.peak_at_clock:.1f} % of it reached)")
+        return s + "."
+
+
+def compute_ceiling(dtype: str = "bf16") -> ComputeCeiling:
+    """Measure the compute ceiling of `dtype` ("bf16" or "fp8") in this run (`ComputeCeiling`). The clock
+    (`torch.cuda.clock_rate`: NVML's average over its last sample period, 1/6 to 1 s) is read 0.3 s into ~0.4 s of
+    back-to-back calls queued at once, so that period saw the GPU under this load only."""
+    if dtype not in TENSOR_FLOP_PER_CLOCK:
+        raise ValueError(f"dtype must be one of {tuple(TENSOR_FLOP_PER_CLOCK)}, got {dtype!r}")
+    n = MATMUL_CEILING_N
+    a, b = randn(n, n, seed=71), randn(n, n, seed=72)
+    if dtype == "fp8":
+        a, b = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+        one = torch.ones((), device="cuda")
+        fn = lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16)  # noqa: E731
+    else:
+        fn = lambda: a @ b  # noqa: E731
+    ms = do_bench(fn)["median_ms"]
+    clock = None
+    try:
+        for _ in range(max(20, math.ceil(400 / ms))):
+            fn()
+        time.sleep(0.3)
+        clock = float(torch.cuda.clock_rate())
+    except Exception:  # noqa: BLE001  (no NVML: no clock)
+        pass
+    torch.cuda.synchronize()
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return ComputeCeiling(dtype, 2 * n**3 / (ms * 1e-3) / 1e12, clock, sms)
 
 
 def host_overhead_us(fn: Callable[[], object], calls: int = 3000) -> float:

@@ -157,13 +157,6 @@ def _hf_layer(cfg, sd):
     return hf, LlamaRotaryEmbedding(hc).cuda()
 
 
-def matmul_tflops() -> float:
-    """torch.matmul bf16 at 8192^3 in this run: the compute ceiling."""
-    a, b = H.randn(8192, 8192, seed=1), H.randn(8192, 8192, seed=2)
-    ms = H.do_bench(lambda: a @ b)["median_ms"]
-    return 2 * 8192 ** 3 / (ms * 1e-3) / 1e12
-
-
 def llama_prefill(shapes=None, quick=False, ceilings=None):
     from cute_kernels.models.driver import random_state_dict
     from cute_kernels.models.llama import WEIGHTS, LlamaConfig, LlamaDecoderLayer
@@ -175,7 +168,7 @@ def llama_prefill(shapes=None, quick=False, ceilings=None):
     hf = _hf_layer(cfg, sd)
     del sd
     comp = torch.compile(hf[0]) if hf is not None else None  # one compiled layer (recompiled per shape)
-    peak = matmul_tflops()
+    peak = H.compute_ceiling("bf16")
     h, i, d = cfg.hidden, cfg.intermediate, cfg.head_dim
     lin = h * cfg.qkv_out + h * cfg.heads * d + 3 * h * i
     rows, checks = [], []
@@ -198,16 +191,16 @@ def llama_prefill(shapes=None, quick=False, ceilings=None):
         res = H.do_bench_interleaved(fns)
         refs = {k: v["median_ms"] for k, v in res.items() if k not in WEIGHTS}
         for w in WEIGHTS:
-            rows.append(H.Row("prefill", w, f"B{b} S{s}", nbytes, flops, res[w]["median_ms"], refs, "tflops", peak))
+            rows.append(H.Row("prefill", w, f"B{b} S{s}", nbytes, flops, res[w]["median_ms"], refs, "tflops",
+                              peak.tflops))
     if hf is not None:
         for w, goal in (("bf16", 1.0), ("fp8", 1.3)):
             r = min((r for r in rows if r.dtype == w), key=lambda r: r.ratio("HF torch.compile bf16"))
             checks.append({"target": f"{w} weights >= {goal}x torch.compile of the transformers layer (bf16)",
                            "measured": f"min {r.ratio('HF torch.compile bf16'):.2f}x ({r.shape})",
                            "ok": r.ratio("HF torch.compile bf16") >= goal})
-    extra = f"compute ceiling: torch.matmul bf16 8192^3 in this run, {peak:.0f} TFLOP/s"
-    extra += "\n\n" + _prefill_breakdown(layers["bf16"], *cases[0])
-    return rows, ["HF torch.compile bf16"], checks, extra, {}
+    extra = peak.line() + "\n\n" + _prefill_breakdown(layers["bf16"], *cases[0])
+    return rows, ["HF torch.compile bf16"], checks, extra, peak.meta()
 
 
 def _prefill_breakdown(layer, b: int, s: int, reps: int = 5) -> str:

@@ -125,7 +125,7 @@ def moe_layer(shapes=None, quick=False, ceilings=None):
                         [(4096, 7168, 2048, 256, 8), (16384, 7168, 2048, 256, 8), (4096, 7168, 2048, 64, 8),
                          (128, 7168, 2048, 256, 8)])
     rows, notes = [], []
-    peak = _fp8_peak()
+    peak = H.compute_ceiling("fp8")  # the layer rows' compute ceiling
     for t, h, i, e, k in shapes:
         w13, s13, w2, s2 = _experts(e, h, i)
         router = (H.randn(e, h, seed=4) * 0.05).bfloat16()
@@ -175,7 +175,7 @@ def moe_layer(shapes=None, quick=False, ceilings=None):
         flops = 6 * t * k * i * h
         refs = {n: v["median_ms"] for n, v in res.items() if n != "ours"}
         rows.append(H.Row("ck.moe", "e4m3", f"T{t} H{h} I{i} E{e} k{k}", 0, flops, res["ours"]["median_ms"], refs,
-                          "tflops", peak, note=layout))
+                          "tflops", peak.tflops, note=layout))
         fns.clear()  # (the bf16 copies of the weights go with the closures)
     checks = []
     big = [r for r in rows if int(r.shape.split(" ")[0][1:]) >= 4096]
@@ -197,23 +197,13 @@ def moe_layer(shapes=None, quick=False, ceilings=None):
                            "measured": f"min {w.ratio('torch._scaled_mm per expert'):.2f}x ({w.shape})",
                            "ok": w.ratio("torch._scaled_mm per expert") >= 3.0})
     refs = ["its two grouped GEMMs", "torch bf16 _grouped_mm", "torch._scaled_mm per expert"]
-    return rows, refs, checks, "\n".join(f"- {n}" for n in notes), {"fp8_peak_tflops_measured": peak}
+    return rows, refs, checks, "\n".join([peak.line()] + [f"- {n}" for n in notes]), peak.meta()
 
 
 def _deq(q, s):
     from cute_kernels.quantize.ops import dequantize_128x128
 
     return dequantize_128x128(q, s).bfloat16()
-
-
-def _fp8_peak() -> float:
-    """TFLOP/s of a same-run torch._scaled_mm (per-tensor e4m3) at 8192^3: the compute ceiling of the layer rows."""
-    n = 8192
-    a = H.randn(n, n, seed=7).to(torch.float8_e4m3fn)
-    b = H.randn(n, n, seed=8).to(torch.float8_e4m3fn)
-    one = torch.ones((), device="cuda")
-    ms = H.do_bench(lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16))["median_ms"]
-    return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
 SUITES = {"moe": moe, "moe_layer": moe_layer}
