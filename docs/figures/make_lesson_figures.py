@@ -1,7 +1,13 @@
-"""Draw the pictures of the pages of lessons 15-17 (CPU only).
+"""Draw the pictures of the pages of lessons 14-17 (CPU only).
 
     python3 docs/figures/make_lesson_figures.py            # writes docs/figures/flow_*.png
     python3 docs/figures/make_lesson_figures.py --out DIR  # somewhere else (the test does this)
+
+moe_routing_layouts: a small MoE's routing and the rows it builds, computed by `cute_kernels.moe.reference`: the
+top-k experts of each token (weights renormalized), the contiguous layout (each expert's copies in token order, its
+block padded to the 128-row tile), the masked layout (max_m slots an expert, copies past it dropped and counted),
+dispatch and combine as the two directions of one token-to-row map, and the order of the expert-parallel forward's
+work on the compute and NCCL streams with its chunks overlapped (`cute_kernels.moe.ep`; durations schematic).
 
 flow_sampler_timeline: the sampler's host and GPU lanes, eager against one graph replay. The kernel counts per
 step come from the code (the plain-torch twin's aten ops counted by a dispatch mode on CPU; ours from the network's
@@ -197,7 +203,150 @@ def qat_grid_ste(out: Path) -> Path:
     return save(fig, out, "qat_grid_ste.png", colors=64)
 
 
-FIGURES = [flow_sampler_timeline, voxel_grid_order, qat_grid_ste]
+def moe_routing_layouts(out: Path, tokens: int = 8, experts: int = 4, top_k: int = 2, max_m: int = 3) -> Path:
+    import torch
+
+    from cute_kernels.moe import reference as M
+
+    g = torch.Generator().manual_seed(1)  # (a draw whose experts get 2-5 copies: max_m = 3 drops some)
+    logits = torch.randn(tokens, experts, generator=g) * 1.5
+    r = M.route(logits, top_k, max_m=max_m)
+    scores = torch.softmax(logits, -1)
+    ids, w = r.topk_ids.tolist(), r.topk_weights.tolist()
+    cmap = plt.get_cmap("tab10")
+    tok_color = [cmap(t % 10) for t in range(tokens)]
+    fig = plt.figure(figsize=(13, 7.6))
+    gs = fig.add_gridspec(2, 3, height_ratios=[1.35, 1], width_ratios=[1, 1.25, 1])
+
+    # (a) routing: the scores, the top-k of each token outlined with its renormalized weight
+    ax = fig.add_subplot(gs[0, 0])
+    ax.imshow(scores.numpy(), cmap="Greys", vmin=0, vmax=1, aspect="auto")
+    for t in range(tokens):
+        for s in range(top_k):
+            e = ids[t][s]
+            ax.add_patch(Rectangle((e - 0.45, t - 0.45), 0.9, 0.9, fill=False, ec=tok_color[t], lw=2.2))
+            ax.text(e, t, f"{w[t][s]:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if scores[t, e] > 0.5 else "black")
+    ax.set_xticks(range(experts), [f"e{e}" for e in range(experts)])
+    ax.set_yticks(range(tokens), [f"t{t}" for t in range(tokens)])
+    ax.set_title(f"(a) routing: softmax scores, top-{top_k}\noutlined with their weights\n(renormalized to sum 1)",
+                 fontsize=8.5)
+
+    # (b) contiguous layout with dispatch / combine lines: the rows of `row_source` in order, each expert's block
+    # followed by its padding (drawn short: the block is padded to a whole 128-row tile)
+    ax = fig.add_subplot(gs[0, 1])
+    counts, src, mi = r.counts.tolist(), r.row_source.tolist(), r.m_indices.tolist()
+    xr, y, row_y, labels = 2.2, 0.0, {}, []
+    for e in range(experts):
+        top = y
+        for row, c in enumerate(src):
+            if c >= 0 and mi[row] == e:
+                t = c // top_k
+                row_y[c] = y
+                ax.add_patch(Rectangle((xr, y), 1.6, 0.9, color=tok_color[t], alpha=0.85, lw=0))
+                ax.text(xr + 0.8, y + 0.45, f"t{t}", ha="center", va="center", fontsize=7, color="white")
+                y += 1
+        ax.add_patch(Rectangle((xr, y), 1.6, 1.1, fill=False, hatch="///", ec="0.6", lw=0.6))
+        labels.append((e, (top + y + 1.1) / 2))
+        y += 1.6
+    total = y
+    for e, ly in labels:
+        ax.text(xr + 1.75, ly, f"e{e}: {counts[e]} rows, padded\nto 128 (m_indices -1)", va="center", fontsize=7)
+    for t in range(tokens):
+        ty = (t + 0.5) * total / tokens - 0.5
+        ax.add_patch(Rectangle((0, ty), 0.9, 0.9, color=tok_color[t], lw=0))
+        ax.text(0.45, ty + 0.45, f"t{t}", ha="center", va="center", fontsize=7, color="white")
+        for s in range(top_k):
+            ax.annotate("", xy=(xr, row_y[t * top_k + s] + 0.45), xytext=(0.9, ty + 0.45),
+                        arrowprops=dict(arrowstyle="-|>", color=tok_color[t], lw=0.8, alpha=0.8))
+    ax.set_xlim(-0.2, 6.2)
+    ax.set_ylim(total, -0.5)
+    ax.axis("off")
+    ax.set_title("(b) contiguous layout. dispatch: each token\ncopied to its k rows (arrows); combine: the arrows\n"
+                 "backwards, w-weighted, summed in slot order", fontsize=8.5)
+
+    # (c) masked layout: max_m slots an expert, the rest dropped and counted
+    ax = fig.add_subplot(gs[0, 2])
+    ms = r.masked_source.tolist()
+    for e in range(experts):
+        for i in range(max_m):
+            c = ms[e][i]
+            if c >= 0:
+                t = c // top_k
+                ax.add_patch(Rectangle((e, i), 0.92, 0.92, color=tok_color[t], lw=0))
+                ax.text(e + 0.46, i + 0.46, f"t{t}", ha="center", va="center", fontsize=7, color="white")
+            else:
+                ax.add_patch(Rectangle((e, i), 0.92, 0.92, fill=False, ec="0.7", lw=0.6))
+    dropped = {}  # expert -> the tokens of its copies past max_m, in token order
+    for t in range(tokens):
+        for s in range(top_k):
+            if r.token_slots[t, s] < 0:
+                dropped.setdefault(ids[t][s], []).append(t)
+    for e, ts in dropped.items():
+        for j, t in enumerate(ts):
+            ax.add_patch(Rectangle((e + 0.12, max_m + 0.25 + 0.6 * j), 0.68, 0.5, fill=False, hatch="xxx",
+                                   ec=tok_color[t], lw=0.8))
+            ax.text(e + 0.46, max_m + 0.5 + 0.6 * j, f"t{t}", ha="center", va="center", fontsize=6.5)
+    deepest = max((len(v) for v in dropped.values()), default=0)
+    ax.set_xlim(-0.1, experts)
+    ax.set_ylim(max_m + 0.4 + 0.6 * deepest, -0.1)
+    ax.set_xticks([e + 0.46 for e in range(experts)], [f"e{e}\nm={min(c, max_m)}" for e, c in enumerate(counts)],
+                  fontsize=7)
+    ax.set_yticks([i + 0.46 for i in range(max_m)], [f"slot {i}" for i in range(max_m)], fontsize=7)
+    for sp in ax.spines.values():
+        sp.set_visible(False)
+    ax.set_title(f"(c) masked layout (E, max_m = {max_m}) and masked_m;\n{int(r.dropped.item())} copies past "
+                 "capacity dropped (hatched)\nand counted", fontsize=8.5)
+
+    # (d) expert parallelism: the order of one forward's work, 3 chunks (`EPMoE.forward`)
+    ax = fig.add_subplot(gs[1, :])
+    chunks = 3
+    comp, comm = 1.4, 0.4
+    lanes = {"compute stream": comp, "NCCL stream": comm}
+    seg = []  # (lane, start, length, label, color)
+    t0 = 0.0
+    seg.append(("compute stream", t0, 1.0, "route", "#999999"))
+    seg.append(("NCCL stream", 1.0, 0.6, "counts a2a", "#c9a227"))
+    seg.append(("compute stream", 1.6, 0.25, "host\nsync", "#d05050"))
+    t = 1.85
+    send_end = {}
+    seg.append(("NCCL stream", t, 1.3, "rows c0", "#5f8dd9"))
+    send_end[0] = t + 1.3
+    comp_t = send_end[0]
+    back_t = 0.0
+    for c in range(chunks):
+        start = max(comp_t, send_end[c])
+        if c + 1 < chunks:
+            s0 = max(start, back_t)
+            seg.append(("NCCL stream", s0, 1.3, f"rows c{c + 1}", "#5f8dd9"))
+            send_end[c + 1] = s0 + 1.3
+            back_t = s0 + 1.3
+        seg.append(("compute stream", start, 0.5, f"layout\nc{c}", "#9fb7e6"))
+        seg.append(("compute stream", start + 0.5, 2.6, f"grouped GEMMs, chunk {c}", "#4caf7a"))
+        seg.append(("compute stream", start + 3.1, 0.5, f"partial\nc{c}", "#e8b08f"))
+        comp_t = start + 3.6
+        b0 = max(comp_t, back_t)
+        seg.append(("NCCL stream", b0, 1.0, f"partials c{c}", "#d98c5f"))
+        back_t = b0 + 1.0
+    seg.append(("compute stream", max(comp_t, back_t), 0.8, "add in\nrank order", "#999999"))
+    for lane, st, ln, label, col in seg:
+        ax.add_patch(Rectangle((st, lanes[lane]), ln * 0.97, 0.75, color=col, lw=0))
+        ax.text(st + ln / 2, lanes[lane] + 0.37, label, ha="center", va="center", fontsize=7 if ln > 0.5 else 6)
+    end = max(st + ln for _, st, ln, _, _ in seg)
+    ax.set_xlim(0, end * 1.01)
+    ax.set_ylim(0, 2.4)
+    ax.set_yticks([v + 0.37 for v in lanes.values()], list(lanes))
+    ax.set_xlabel("time (schematic): chunk c + 1's rows travel while chunk c's grouped GEMMs run, and chunk c's "
+                  "partials go back under chunk c + 1's")
+    ax.set_title("(d) expert parallelism (`cute_kernels.moe.ep.EPMoE`, chunks = 3): one host sync for every split "
+                 "size, then exchanges overlapped with the experts' work", fontsize=9)
+    for sp in ("top", "right"):
+        ax.spines[sp].set_visible(False)
+    fig.tight_layout()
+    return save(fig, out, "moe_routing_layouts.png", colors=64)
+
+
+FIGURES = [moe_routing_layouts, flow_sampler_timeline, voxel_grid_order, qat_grid_ste]
 
 
 def main(argv=None) -> list[Path]:

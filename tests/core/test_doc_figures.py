@@ -40,12 +40,12 @@ def test_pages_reference_figures():
 
 
 LESSONS = ROOT / "docs" / "figures" / "make_lesson_figures.py"
-LESSON_FIGURES = {"flow.md": ("flow_sampler_timeline.png",), "voxel.md": ("voxel_grid_order.png",),
-                  "qat.md": ("qat_grid_ste.png",)}
+LESSON_FIGURES = {"moe.md": ("moe_routing_layouts.png",), "flow.md": ("flow_sampler_timeline.png",),
+                  "voxel.md": ("voxel_grid_order.png",), "qat.md": ("qat_grid_ste.png",)}
 
 
 def test_lesson_figures_written(tmp_path):
-    """Lessons 15-17: the script writes each page's pictures, and each page shows them and names the script."""
+    """Lessons 14-17: the script writes each page's pictures, and each page shows them and names the script."""
     res = subprocess.run([sys.executable, str(LESSONS), "--out", str(tmp_path)], capture_output=True, text=True,
                          timeout=120, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
