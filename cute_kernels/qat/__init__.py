@@ -369,6 +369,10 @@ OBSERVE = ObserverSpec(
 # with about 64 bytes a thread and at most 128 (256 threads a row: a 512-thread CTA would get one CTA an SM at the
 # register floor below), one CTA a row. Longer rows take the two passes.
 OBSERVED_ROWS_PLAN = dict(min_threads=256, max_tpr=256, max_cluster=1, staging="smem")
+# The next row's copies in flight while a CTA finishes this one (`HeldRowPlan.prefetch`: two staging buffers); the
+# kernel walks ~10 rows a CTA at QATLinear's 4096 x 4096. Built and compile-checked; `ops.OBSERVE_ROWS_PREFETCH`
+# False is the single-buffer kernel (the A/B of `perf/lab/qat_linear_ab.py`).
+OBSERVED_ROWS_PREFETCH = True
 OBSERVED_TARGET_BYTES, OBSERVED_MAX_BYTES = 64, 128
 
 
@@ -385,16 +389,16 @@ def observed_rows_regs(held_bytes: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def observed_rows_plan(n: int, element_bytes: int = 2):
+def observed_rows_plan(n: int, element_bytes: int = 2, prefetch: bool = OBSERVED_ROWS_PREFETCH):
     """The `schedules.row_tiling.HeldRowPlan` of `qat.observe_rows` for rows of n elements of `element_bytes` (2 or
-    4); ValueError past `observed_row_max`."""
+    4), with or without `prefetch`; ValueError past `observed_row_max`."""
     from schedules.row_tiling import plan_held_rows
 
     vec = 16 // element_bytes
     sizes = dict(target_elems=OBSERVED_TARGET_BYTES // element_bytes, max_elems=OBSERVED_MAX_BYTES // element_bytes)
-    plan = plan_held_rows(n, vec, **OBSERVED_ROWS_PLAN, **sizes)
+    plan = plan_held_rows(n, vec, **OBSERVED_ROWS_PLAN, **sizes, prefetch=prefetch)
     regs = observed_rows_regs(plan.tiling.unroll * 16)
-    return plan_held_rows(n, vec, **OBSERVED_ROWS_PLAN, **sizes, staged_regs=regs)
+    return plan_held_rows(n, vec, **OBSERVED_ROWS_PLAN, **sizes, prefetch=prefetch, staged_regs=regs)
 
 
 @dataclass(frozen=True, eq=False)
@@ -410,7 +414,8 @@ class ObservedRowsSpec(KernelSpec):
     def dynamic_smem_bytes(self, p):
         from collectives.reduce import group_smem_slots
 
-        staged = p["threads"] * p["unroll"] * 16 if p["staging"] == "smem" else 0  # a 16-byte slot a held vector
+        # a 16-byte slot a held vector, two buffers with prefetch
+        staged = p["threads"] * p["unroll"] * 16 * (2 if p["prefetch"] else 1) if p["staging"] == "smem" else 0
         return staged + 4 * group_smem_slots(p["threads"], p["threads_per_row"], 4)
 
     def build(self, p):
@@ -418,7 +423,8 @@ class ObservedRowsSpec(KernelSpec):
 
         dt = dtypes.cutlass_of(p["dtype"])
         f32, i32, i64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
-        kernel = ObservedRows(dt, p["symmetric"], p["mask"], p["index64"], self.schedule_of(p), p["staging"])
+        kernel = ObservedRows(dt, p["symmetric"], p["mask"], p["index64"], self.schedule_of(p), p["staging"],
+                              p["prefetch"])
 
         def rows():
             return fake_tensor(dt, (_sym(p), _sym(p, MASK_VEC)), (_sym(p, MASK_VEC), 1), 16)
@@ -449,20 +455,23 @@ class ObservedRowsSpec(KernelSpec):
             self.resolve({"symmetric": False, "mask": False, "dtype": "fp16", "unroll": 8}),
             self.resolve({"staging": "regs"}),
             self.resolve({"dtype": "fp32", "unroll": 8}),
+            self.resolve({"prefetch": False}),
         ]
 
     def sweep(self):
         return [
             self.resolve(
-                {"dtype": d, "symmetric": s, "mask": m, "threads_per_row": t, "unroll": u, "index64": i, "staging": g}
+                {"dtype": d, "symmetric": s, "mask": m, "threads_per_row": t, "unroll": u, "index64": i, "staging": g,
+                 "prefetch": f}
             )
-            for d, s, m, (t, u), i, g in itertools.product(
+            for d, s, m, (t, u), i, g, f in itertools.product(
                 dtypes.FLOAT_NAMES,
                 (True, False),
                 (True, False),
                 ((32, 1), (128, 4), (256, 8)),
                 (False, True),
                 ("smem", "regs"),
+                (True, False),
             )
         ]
 
@@ -485,6 +494,7 @@ OBSERVE_ROWS = ObservedRowsSpec(
         "threads_per_row": Param(128, (1, 2, 4, 8, 16, 32, 64, 128, 256, 512), help="threads holding one row"),
         "unroll": Param(4, (1, 2, 3, 4, 5, 6, 7, 8), help="16-byte vectors of the row a thread holds"),
         "staging": Param("smem", ("smem", "regs"), help="where the row is held: shared memory (cp.async) or registers"),
+        "prefetch": Param(OBSERVED_ROWS_PREFETCH, (True, False), help="the next row's loads in flight under this one"),
     },
 )
 

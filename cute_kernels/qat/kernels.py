@@ -797,11 +797,18 @@ class ObservedRows(HeldRowKernel):
     Exactly the observer followed by the gated per-channel fake-quant (`Observer`, then `FakeQuant` "vector" with
     int zero points): the same operations in the same order, so the same bits, with x read once instead of twice.
     Only lane 0 of a row reads the running range and writes the state, after the reduction it took part in: no
-    thread reads what another writes."""
+    thread reads what another writes.
+    `prefetch` (`HeldRowPlan.prefetch`): a CTA walking several rows has the next row's copies in flight while it
+    reduces, computes the qparams of and quantizes this one (two staging buffers, cp.async groups), so the loads do not
+    stop at each row's reduction and fp64 qparams; each thread refills only the slots it read itself a row earlier.
+    The same operations per row: the same bits."""
 
-    def __init__(self, dtype, symmetric: bool, mask: bool, index64: bool, tiling: RowTiling, staging: str = "smem"):
+    pipelined = True
+
+    def __init__(self, dtype, symmetric: bool, mask: bool, index64: bool, tiling: RowTiling, staging: str = "smem",
+                 prefetch: bool = False):
         vec = 128 // dtype.width
-        super().__init__(vec, index64, HeldRowPlan(tiling, staging=staging))
+        super().__init__(vec, index64, HeldRowPlan(tiling, staging=staging, prefetch=prefetch))
         if vec * self.tpr < MASK_VEC:
             raise ValueError(
                 f"ObservedRows: a mask byte's 8 elements span two lanes of the row at most (fp32 rows "
@@ -859,7 +866,8 @@ class ObservedRows(HeldRowKernel):
         red = RowReducer.allocate(smem, self.threads, self.tpr, 1, (4,))
         lane = tidx % self.tpr
         sl = RowSlice(vec, self.tpr, self.vpt, lane, 0, n)
-        (buf,) = self.stage_buffers(smem, (x.element_type,), tidx // self.tpr)
+        group = tidx // self.tpr
+        (hold,) = self.holders(sl, smem, (x.element_type,), group)
         observe = observer_on[0] == Int64(1)
         quant = fake_quant_on[0] == Int64(1)  # new qparams (the observer's rule)
         apply = fake_quant_on[0] != Int64(0)  # the fake-quant itself (FakeQuant's gate)
@@ -867,13 +875,24 @@ class ObservedRows(HeldRowKernel):
         inf = Float32(INF)
         nv = n // vec
         count, bidx, gdim = self.tile_count(rows, bidx, gdim)
+        if cutlass.const_expr(self.prefetch):  # the first row's copies
+            row0 = bidx * self.rows_per_cta + group
+            self.fetch_rows(sl, [hold], [x[row0, None]], row0 < rows, 0.0, 0)
+            sl.commit(self.staged)
         for i in cutlass.range(count, unroll=1):
-            row = (bidx + i * gdim) * self.rows_per_cta + tidx // self.tpr
+            row = (bidx + i * gdim) * self.rows_per_cta + group
             ok = row < rows
             # the row, held in its own type: in registers, or (staging "smem") in shared memory by cp.async, every byte
             # in flight at once and no register tied up across the qparams' fp64 work
-            held = sl.fetch(x[row, None], ok, 0.0, buf)
-            sl.arrive(self.staged)
+            if cutlass.const_expr(self.prefetch):
+                parity = Int32(i % 2)
+                (held,) = self.held_rows(sl, [hold], parity)
+                nrow = row + gdim * self.rows_per_cta  # >= rows past this CTA's last row
+                self.fetch_rows(sl, [hold], [x[nrow, None]], nrow < rows, 0.0, 1 - parity)
+                sl.arrive(self.staged, 1)  # this row's group has landed, the next row's stays in flight
+            else:
+                held = sl.fetch(x[row, None], ok, 0.0, hold)
+                sl.arrive(self.staged)
             vals = sl.read(held, ok, 0.0)
             lo, hi = inf, -inf
             for k in cutlass.range_constexpr(self.vpt):

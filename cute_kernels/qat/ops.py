@@ -37,6 +37,7 @@ from cute_kernels.qat import (
     OBSERVE_ROWS,
     OBSERVER_PLAN,
     QAT_MAP,
+    OBSERVED_ROWS_PREFETCH,
     QAT_QUANTIZE_MAP,
     STE_BWD,
     observed_row_max,
@@ -61,6 +62,9 @@ _MIN_ROW = 64  # per-channel learnable rows shorter than this are gathered chann
 # The fake-quant forward walks x from its end down (`QAT_QUANTIZE_MAP`), meeting first what the observer's reduce pass
 # read last; False walks it from the start (`QAT_MAP`), for A/B runs (`perf/lab/qat_linear_ab.py`).
 QUANTIZE_DESCENDING = True
+# `qat.observe_rows` with the next row's copies in flight under this one (`OBSERVED_ROWS_PREFETCH`); False: the
+# single-buffer kernel, for A/B runs.
+OBSERVE_ROWS_PREFETCH = OBSERVED_ROWS_PREFETCH
 
 
 # --- validation ------------------------------------------------------------------------------------------------------
@@ -791,13 +795,14 @@ def _obs_rows_cuda(
     )
     rows = x.shape[0]
     length = x.numel() // rows
-    plan = observed_rows_plan(length, x.element_size())
+    plan = observed_rows_plan(length, x.element_size(), OBSERVE_ROWS_PREFETCH)
     fn = OBSERVE_ROWS.compiled(
         plan.tiling,
         dtype=dtypes.name_of(x.dtype),
         symmetric=bool(symmetric),
         mask=bool(with_mask),
         staging=plan.staging,
+        prefetch=plan.prefetch,
     )
     fn(
         _flat(x).view(rows, length),

@@ -1,7 +1,8 @@
 """QATLinear's fake-quant overhead over its GEMM (4096^3 bf16, training mode) with the weight's per-channel observer +
 fake-quant in one pass (`ops.ONE_PASS_ROWS`, `qat.observe_rows`: w read once) and in two, with the quantize pass
 walking x from its end down (`ops.QUANTIZE_DESCENDING`: it meets what the observer's reduce pass left in L2 first)
-and from its start, and the two observed fake-quants alone, all columns in one interleaved run.
+and from its start, the one-pass rows with and without the next row's copies in flight (`ops.OBSERVE_ROWS_PREFETCH`),
+and the two observed fake-quants alone, all columns in one interleaved run.
 
     python3 -m perf.lab.qat_linear_ab [M K N]
 
@@ -64,10 +65,12 @@ def main(m=4096, k=4096, n=4096):
         "gemm": lambda: ck.gemm(x.detach(), w.t(), lin.bias.detach()),
         "qat one-pass": _with(ops, lambda: lin(x), ONE_PASS_ROWS=True, QUANTIZE_DESCENDING=True),
         "qat one-pass ascending": _with(ops, lambda: lin(x), ONE_PASS_ROWS=True, QUANTIZE_DESCENDING=False),
+        "qat one-pass, rows single buffer": _with(ops, lambda: lin(x), ONE_PASS_ROWS=True, OBSERVE_ROWS_PREFETCH=False),
         "qat two-pass": _with(ops, lambda: lin(x), ONE_PASS_ROWS=False, QUANTIZE_DESCENDING=True),
         "act observed": _with(ops, act, QUANTIZE_DESCENDING=True),
         "act observed ascending": _with(ops, act, QUANTIZE_DESCENDING=False),
-        "weight observed one-pass": _with(ops, wgt, ONE_PASS_ROWS=True),
+        "weight observed one-pass": _with(ops, wgt, ONE_PASS_ROWS=True, OBSERVE_ROWS_PREFETCH=True),
+        "weight observed one-pass single buffer": _with(ops, wgt, ONE_PASS_ROWS=True, OBSERVE_ROWS_PREFETCH=False),
         "weight observed two-pass": _with(ops, wgt, ONE_PASS_ROWS=False, QUANTIZE_DESCENDING=True),
         "weight observed two-pass ascending": _with(ops, wgt, ONE_PASS_ROWS=False, QUANTIZE_DESCENDING=False),
     }

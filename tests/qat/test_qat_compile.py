@@ -30,6 +30,8 @@ CASES = [
     ),
     ("qat.observe_rows", {"threads_per_row": 16, "unroll": 3}),
     ("qat.observe_rows", {"staging": "regs"}),
+    ("qat.observe_rows", {"prefetch": False}),
+    ("qat.observe_rows", {"staging": "regs", "prefetch": False}),
     ("qat.observe_rows", {"dtype": "fp32", "threads_per_row": 2, "unroll": 4}),
 ]
 
@@ -73,6 +75,8 @@ def test_compiles_with_its_instructions(case, tmp_path):
         assert census["st.global.v4 (128-bit)"] == p["unroll"] and ("st.global.b8" in ptx) == p["mask"]
         assert "max.NaN.f32" in ptx and "min.NaN.f32" in ptx and "atom.global" not in ptx
         assert "rcp.approx.ftz.f64" in ptx and ptx.count("cvt.rni.f32.f32") >= 8
+        if p["staging"] == "smem":  # prefetch: each row waits for its own copies, the next row's left in flight
+            assert bool(re.search(r"cp\.async\.wait_group\s+1;", ptx)) == p["prefetch"]
     if name in ("qat.learnable_bwd", "qat.observe"):
         assert ("atom.global.add.u32" in ptx) == p["merge"]  # the last-CTA count (collectives.split_counter)
     if name == "qat.learnable_bwd":

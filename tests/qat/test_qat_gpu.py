@@ -358,17 +358,23 @@ def test_observer_matches_torch(dtype, per_channel, symmetric, shape, monkeypatc
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    "shape", [(1, 8), (37, 64), (513, 1000), (96, 4096), (40, 11008), (2, 3, 16384 // 3 // 8 * 8), (5, 8192)]
+    "shape",
+    [(1, 8), (37, 64), (513, 1000), (96, 4096), (40, 11008), (2, 3, 16384 // 3 // 8 * 8), (5, 8192),
+     # more row tiles than the capped grid has CTAs: each CTA walks several rows (the prefetch pipeline's steady state)
+     (1000, 4096), (3001, 1024)],
 )
 @pytest.mark.parametrize("flags", [(1, 1), (0, 1), (1, 0), (1, 2)])
-def test_observer_one_pass_rows_matches_two_passes(dtype, shape, flags, monkeypatch):
-    """The one-pass per-channel kernel (`qat.observe_rows`) against the two passes it replaces (`ops.ONE_PASS_ROWS`
-    off): the state, y and the STE mask bit-identical from a warm state, for each pair of flags (a fake_quant_on of 2
-    applies the stored qparams without recomputing them, as torch's gate and the fake-quant's do); y poisoned."""
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_observer_one_pass_rows_matches_two_passes(dtype, shape, flags, prefetch, monkeypatch):
+    """The one-pass per-channel kernel (`qat.observe_rows`, with and without the next row's copies in flight)
+    against the two passes it replaces (`ops.ONE_PASS_ROWS` off): the state, y and the STE mask bit-identical from a
+    warm state, for each pair of flags (a fake_quant_on of 2 applies the stored qparams without recomputing them, as
+    torch's gate and the fake-quant's do); y poisoned."""
     import cute_kernels as ck
     from cute_kernels.qat import ops
 
     poison_empty(monkeypatch)
+    monkeypatch.setattr(ops, "OBSERVE_ROWS_PREFETCH", prefetch)
     c = shape[0]
     obs = torch.tensor([flags[0]], dtype=torch.long, device="cuda")
     fq = torch.tensor([flags[1]], dtype=torch.long, device="cuda")
