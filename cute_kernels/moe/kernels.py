@@ -271,7 +271,9 @@ class MoeLayouts:
        walk their rounds in order: a copy's rank is chunk base + warp base + the warp's running count + its lanes of
        the same expert below it; it lands in row start[e] + rank, and in masked slot e max_m + rank while rank < max_m
        (else dropped, counted).
-    Rows and slots no copy takes keep the -1 they were filled with."""
+    Rows and slots no copy takes keep the -1 that step 1's CTAs fill every row and slot with first (grid-stride,
+    beside their counting; `dropped` zeroed too): step 3 starts after step 2, which starts after step 1 has ended
+    (each waits for its predecessor's end), so no fill lands after a placement, and the layouts need no memsets."""
 
     def __init__(self, experts: int, warps: int = 4, rounds: int = 8):
         if not 1 <= experts <= 1024:
@@ -286,11 +288,11 @@ class MoeLayouts:
                  row_source: cute.Tensor, masked_source: cute.Tensor, token_slots: cute.Tensor, dropped: cute.Tensor,
                  max_m: Int32, stream):
         """ids, token_rows, token_slots: (T k,) int32 (flat); chunk_counts (C, E); counts, masked_m (E,); offsets,
-        starts (E + 1,) (starts[E]: rows_used); m_indices, row_source (R,) and masked_source (E max_m,) filled with -1;
-        dropped (1,) zero. All int32."""
+        starts (E + 1,) (starts[E]: rows_used); m_indices, row_source (R,), masked_source (E max_m,) and dropped (1,)
+        as they come (the count kernel fills them with -1 and 0). All int32."""
         chunks = cutlass.max((extent(ids, 0) + self.chunk - 1) // self.chunk, 1)
-        self.count_kernel(ids, chunk_counts).launch(grid=[chunks, 1, 1], block=[32 * self.warps, 1, 1],
-                                                    stream=stream, use_pdl=pdl.LAUNCH)
+        self.count_kernel(ids, chunk_counts, m_indices, row_source, masked_source, dropped).launch(
+            grid=[chunks, 1, 1], block=[32 * self.warps, 1, 1], stream=stream, use_pdl=pdl.LAUNCH)
         self.scan_kernel(chunk_counts, counts, offsets, starts, masked_m, max_m).launch(
             grid=[1, 1, 1], block=[self.scan_threads, 1, 1], stream=stream, use_pdl=pdl.LAUNCH)
         self.place_kernel(ids, chunk_counts, starts, token_rows, m_indices, row_source, masked_source, token_slots,
@@ -341,11 +343,22 @@ class MoeLayouts:
             cute.arch.sync_warp()
 
     @cute.kernel
-    def count_kernel(self, ids: cute.Tensor, chunk_counts: cute.Tensor):
+    def count_kernel(self, ids: cute.Tensor, chunk_counts: cute.Tensor, m_indices: cute.Tensor,
+                     row_source: cute.Tensor, masked_source: cute.Tensor, dropped: cute.Tensor):
         pdl.enter()  # (launched as a programmatic dependent: collectives.pdl)
         tidx, _, _ = cute.arch.thread_idx()
         chunk, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
         warp, lane = tidx // 32, tidx % 32
+        # the fills the placement leaves where no copy lands (-1 rows and slots, no drops), grid-stride
+        step = gdim * 32 * self.warps
+        for i in cutlass.range(chunk * 32 * self.warps + tidx, extent(m_indices, 0), step, unroll=1):
+            m_indices[i] = Int32(-1)
+            row_source[i] = Int32(-1)
+        for i in cutlass.range(chunk * 32 * self.warps + tidx, extent(masked_source, 0), step, unroll=1):
+            masked_source[i] = Int32(-1)
+        if (chunk == 0) & (tidx == 0):
+            dropped[0] = Int32(0)
         smem = cutlass.memory.SmemAllocator()
         cnt = smem.allocate_tensor(Int32, cute.make_layout((self.warps, self.e), stride=(self.e, 1)),
                                    byte_alignment=16)

@@ -227,7 +227,8 @@ def _route_cuda(logits, top_k: int, scoring: str = "softmax", n_groups=None, top
         logits = logits.contiguous()
     ids = torch.empty(t, top_k, dtype=torch.int32, device=logits.device)
     w = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
-    b = bias.float().contiguous() if bias is not None else torch.zeros(e, dtype=torch.float32, device=logits.device)
+    # (without a bias the kernel reads none: a kept placeholder, no memset a call)
+    b = bias.float().contiguous() if bias is not None else placeholder(logits.device, (e,), torch.float32)
     fn = MOE_ROUTE.compiled(logits=dtypes.name_of(logits.dtype), experts=e, top_k=top_k, scoring=scoring,
                             groups=n_groups or 0, topk_groups=topk_groups or 1, bias=bias is not None,
                             renormalize=bool(renormalize))
@@ -262,15 +263,18 @@ def layouts(ids: torch.Tensor, weights: torch.Tensor, experts: int, max_m: int |
     counts, masked_m = (torch.empty(experts, dtype=i32, device=dev) for _ in range(2))
     offsets, starts = (torch.empty(experts + 1, dtype=i32, device=dev) for _ in range(2))
     token_rows, token_slots = (torch.empty(t, k, dtype=i32, device=dev) for _ in range(2))
-    m_indices, row_source = (torch.full((rows,), -1, dtype=i32, device=dev) for _ in range(2))
-    masked_source = torch.full((experts, mm), -1, dtype=i32, device=dev)
-    dropped = torch.zeros(1, dtype=i32, device=dev)
+    # (filled by the kernels: -1 rows and slots, no drops)
+    m_indices, row_source = (torch.empty(rows, dtype=i32, device=dev) for _ in range(2))
+    masked_source = torch.empty(experts, mm, dtype=i32, device=dev)
+    dropped = torch.empty(1, dtype=i32, device=dev)
     if t * k:
         kern(ids.view(-1), chunk_counts, counts, offsets, starts, masked_m, token_rows.view(-1), m_indices, row_source,
              masked_source.view(-1), token_slots.view(-1), dropped, mm)
     else:
-        for z in (counts, offsets, starts, masked_m):
+        for z in (counts, offsets, starts, masked_m, dropped):
             z.zero_()
+        for z in (m_indices, row_source, masked_source):
+            z.fill_(-1)
     return Routing(ids, weights.float(), counts, offsets, m_indices, row_source, token_rows, starts[-1:], masked_m,
                    masked_source, token_slots, dropped)
 

@@ -176,15 +176,25 @@ def test_route_kernel_against_reference(cfg):
 
 @pytest.mark.parametrize("t,e,k,max_m", [(1, 8, 1, 4), (7, 16, 2, None), (4096, 64, 8, 300), (65536, 256, 8, 2048),
                                          (5000, 40, 6, 10)])
-def test_layout_kernel_against_reference(t, e, k, max_m):
+def test_layout_kernel_against_reference(t, e, k, max_m, monkeypatch):
     """The `moe.layouts` kernels (`ops.layouts`) give the reference's layouts bit for bit: skewed routing, an expert
-    with none, copies routed nowhere (-1, as expert parallelism's), capacity drops."""
+    with none, copies routed nowhere (-1, as expert parallelism's), capacity drops. The outputs come from torch.empty
+    poisoned here (int32 too): the -1 rows and slots and the zero drop count are the kernels' own fills."""
     from cute_kernels.moe.ops import layouts
 
     r = _routing(t, e, k, max_m=max_m)
     ids = r.topk_ids.clone()
     ids[::7, 0] = -1  # some copies served elsewhere
     want = R.routing_of(ids, r.topk_weights, e, max_m)
+    real = torch.empty
+
+    def poisoned(*args, **kwargs):
+        x = real(*args, **kwargs)
+        if type(x) is torch.Tensor and x.dtype == torch.int32 and x.numel():
+            x.fill_(0x5A5A5A5A)
+        return x
+
+    monkeypatch.setattr(torch, "empty", poisoned)
     got = layouts(ids, r.topk_weights, e, max_m)
     for name, a, b in zip(want._fields, got, want):
         assert torch.equal(a.cpu(), b.cpu()), name
