@@ -108,6 +108,14 @@ class KMajorBytes:
             raise ValueError(f"unexpected smem layout {layout}")
         return KMajorBytes(w, 8 * rb, w * cb, sb if st > 1 else 8 * rb * w * cb, b)
 
+    def slice_step(self, q: int):
+        """(xor, add): the byte offset of (row, col + 32 q) is offset(row, col) ^ xor + add for col < 32 (q a Python
+        int). Within a W-byte atom row the step is an XOR of the slot bits (col's bits are below 32 and the swizzle's
+        XOR commutes with it: (rowpart + (col ^ x)) ^ 32 q' = rowpart + ((col + 32 q') ^ x) while 32 q' < W); past
+        it, whole column blocks of R W bytes (tiles wider than one atom row: V^T of 192 or 256 keys)."""
+        step = 32 * q
+        return step % self.width, (step // self.width) * self.rows * self.width
+
     def offset(self, row, col):
         """Byte offset of (row, col) in stage 0, swizzled. The swizzle XORs chunk bits 4.. with bits 7.. of the
         offset, which only row * W holds (col % W < W <= 128 and the column block's R W >= 8 W are clear of them)."""
@@ -151,11 +159,11 @@ def group_addresses(v: KMajorBytes, vt: KMajorBytes, g, c, dq_lo, j):
     return src, dst
 
 
-def slice_words(v: KMajorBytes, src, dst, q: int):
+def slice_words(v: KMajorBytes, vt: KMajorBytes, src, dst, q: int):
     """Key slice q's word addresses from `group_addresses`' (q a Python int): sources shifted by 32 rows, and each
-    destination byte offset XOR 32 q (slot byte 32 q + 16 j + 4 c stays inside the W-byte row, and the swizzle's XOR
-    commutes with it: (rowpart + (col ^ x)) ^ 32 q = rowpart + ((col + 32 q) ^ x) while 32 q < W)."""
-    return tuple(s + q * 8 * v.width for s in src), tuple((t ^ (32 * q)) >> 2 for t in dst)
+    destination byte offset stepped by 32 slot bytes q times (`KMajorBytes.slice_step`)."""
+    x, add = vt.slice_step(q)
+    return tuple(s + q * 8 * v.width for s in src), tuple(((t ^ x) + add) >> 2 for t in dst)
 
 
 @cute.jit
@@ -172,7 +180,7 @@ def transpose_v_stage(src: cute.Tensor, dst: cute.Tensor, stage: Int32, warp: In
     for g in cutlass.range(warp, d // 16, warps, unroll=1):
         src0, dst0 = group_addresses(v, vt, g, c, dq_lo, j)
         for q in cutlass.range_constexpr(tile_n // 32):
-            sw, dw = slice_words(v, src0, dst0, q)
+            sw, dw = slice_words(v, vt, src0, dst0, q)
             x = transpose_words(src[s0 + sw[0]], src[s0 + sw[1]], src[s0 + sw[2]], src[s0 + sw[3]])
             for e in cutlass.range_constexpr(4):
                 dst[t0 + dw[e]] = x[e]
@@ -196,9 +204,11 @@ def ldsm_lane_offsets(v: KMajorBytes, vt: KMajorBytes, g, lane):
     return v.offset(8 * i + r, 16 * g), vt.offset(16 * g + 2 * r + (i & 1), 16 * (i >> 1))
 
 
-def ldsm_slice(v: KMajorBytes, src, dst, q: int):
-    """Key slice q's offsets from `ldsm_lane_offsets`' (as `slice_words`: sources 32 rows on, destinations XOR 32 q)."""
-    return src + q * 32 * v.width, dst ^ (32 * q)
+def ldsm_slice(v: KMajorBytes, vt: KMajorBytes, src, dst, q: int):
+    """Key slice q's offsets from `ldsm_lane_offsets`' (as `slice_words`: sources 32 rows on, destinations stepped by
+    `KMajorBytes.slice_step`)."""
+    x, add = vt.slice_step(q)
+    return src + q * 32 * v.width, (dst ^ x) + add
 
 
 def ldsm_words(r0, r1, r2, r3, prmt=permute_bytes):
@@ -218,7 +228,7 @@ def transpose_v_stage_ldsm(v_base: Int32, vt_base: Int32, stage: Int32, warp: In
     for g in cutlass.range(warp, d // 16, warps, unroll=1):
         src, dst = ldsm_lane_offsets(v, vt, g, lane)
         for q in cutlass.range_constexpr(tile_n // 32):
-            a, b = ldsm_slice(v, src, dst, q)
+            a, b = ldsm_slice(v, vt, src, dst, q)
             w = ldsm_words(*ldmatrix_x4_trans(s0 + a))
             stmatrix_x4(t0 + b, *w)
 

@@ -98,8 +98,9 @@ class FlashAttnFwdFP8:
         self.block_scales = block_scales
         self.tile_n = tile_n or default_tile_n(head_dim)
         self.stages = stages or max_stages(head_dim, self.tile_n)
-        if SCALE_BLOCK % self.tile_n or self.tile_n % 32:
-            raise ValueError(f"tile_n must divide {SCALE_BLOCK} and be a multiple of 32, got {self.tile_n}")
+        if (block_scales and SCALE_BLOCK % self.tile_n) or self.tile_n % 32:
+            raise ValueError(f"tile_n must be a multiple of 32 (and divide {SCALE_BLOCK} with block scales), got "
+                             f"{self.tile_n}")
         if smem_bytes(head_dim, self.tile_n, self.stages) > SMEM_LIMIT:
             raise ValueError(f"D {head_dim}, tile_n {self.tile_n}, {self.stages} stages: "
                              f"{smem_bytes(head_dim, self.tile_n, self.stages)} B of smem")

@@ -39,7 +39,7 @@ def test_slot_key_is_a_permutation_of_each_32_key_slice():
                                                  24 + 2 * c, 25 + 2 * c]
 
 
-@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128)])
+@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128), (192, 128), (224, 128), (224, 64)])
 def test_p_permutation(tile_n, d):
     """Element i of `acc_a_view_fp8(acc)` is the accumulator value at (row, key); the P V WGMMA's A operand element i
     is (row, slot): same row, key = pi(slot), for every thread and element; the view has the operand's shape."""
@@ -105,7 +105,7 @@ class _VStage:
                 assert self.dst[o] == self.v[slot_key(k)][e], (e, k)
 
 
-@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128)])
+@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128), (192, 128), (224, 128), (224, 64)])
 def test_v_transpose(tile_n, d):
     """`transpose_v_stage`, replayed: its closed-form offsets (`KMajorBytes`) equal the DSL layouts' own swizzled
     byte offsets at every (row, column); the three warps' lanes in its loop order, with `group_addresses` /
@@ -131,14 +131,14 @@ def test_v_transpose(tile_n, d):
             for g in range(warp, d // 16, TRANSPOSE_WARPS):
                 src0, dst0 = group_addresses(vk, tk, g, c, dq_lo, j)
                 for q in range(tile_n // 32):
-                    sw, dw = slice_words(vk, src0, dst0, q)
+                    sw, dw = slice_words(vk, tk, src0, dst0, q)
                     x = transpose_words(*(load(w) for w in sw), prmt=_prmt)
                     for e in range(4):
                         st.store(4 * (stage * tk.stage_bytes // 4 + dw[e]), x[e])
     st.assert_transposed()
 
 
-@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128)])
+@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128), (192, 128), (224, 128), (224, 64)])
 def test_v_transpose_ldsm(tile_n, d):
     """`transpose_v_stage_ldsm`, replayed with models of ldmatrix.x4.trans and stmatrix.x4 (each lane's row address
     per matrix, each thread's registers as PTX defines them) and of prmt: every byte of a V^T stage written once,
@@ -156,7 +156,7 @@ def test_v_transpose_ldsm(tile_n, d):
         for g in range(warp, d // 16, TRANSPOSE_WARPS):
             for q in range(tile_n // 32):
                 # every lane's row address of the load (matrix lane // 8, row lane % 8) and of the store
-                addr = [ldsm_slice(vk, *ldsm_lane_offsets(vk, tk, g, lane), q) for lane in range(32)]
+                addr = [ldsm_slice(vk, tk, *ldsm_lane_offsets(vk, tk, g, lane), q) for lane in range(32)]
                 ld = [stage * vk.stage_bytes + a for a, _ in addr]
                 sto = [stage * tk.stage_bytes + b for _, b in addr]
                 assert all(a % 16 == 0 for a in ld + sto)

@@ -186,6 +186,24 @@ def test_configs(case, gran, config):
     _check(args, out, lse, lazy=config.get("lazy_rescale", fp8_default_lazy(d)) > 0, causal=causal, window=window)
 
 
+WIDE_CASES = [c for c in CASES if c[5] <= 128]
+
+
+@pytest.mark.parametrize("tile_n", [192, 224])
+@pytest.mark.parametrize("case", WIDE_CASES, ids=lambda c: "x".join(str(x) for x in c[:6]) + f"-c{int(c[6])}-w{c[7]}")
+def test_wide_key_blocks_per_head(case, tile_n):
+    """Per-head scales let a K/V block hold more keys than a 128-key scale block (FA3's FP8 tile at D 128 is 128 x
+    224): 192 and 224 keys, two stages, across lengths off the block, GQA, causal and windows: the same bound."""
+    from cute_kernels.attention.fp8_ops import _flash_attn_fp8_cuda
+
+    b, sq, sk, hq, hk, d, causal, window = case
+    args = _inputs(b, sq, sk, hq, hk, d, "head", seed=6)
+    left, right = window
+    out, lse = _flash_attn_fp8_cuda(*args, causal=causal, window_left=left, window_right=right,
+                                    config={"tile_n": tile_n, "stages": 2})
+    _check(args, out, lse, lazy=fp8_default_lazy(d) > 0, causal=causal, window=window)
+
+
 @pytest.mark.parametrize("mags", [(0.01, 1.0, 30.0, 0.3, 5.0), (1.0, 1.6, 0.7, 1.9, 1.1)], ids=["far", "near"])
 def test_lazy_rescale_v_units(mags):
     """Value blocks whose scales jump far apart (O's unit moves, corr carries it) or stay within 2x (folded into P's
