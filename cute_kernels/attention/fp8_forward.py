@@ -327,7 +327,7 @@ class FlashAttnFwdFP8:
         row0 = tile.m_block * TILE_M + cwg * 64
         n_count, n_max = tile.n_count, tile.n_max
         h, hk, b = tile.h, tile.hk, tile.b
-        per_block = SCALE_BLOCK // tile_n  # K/V blocks per scale block
+        per_block = max(1, SCALE_BLOCK // tile_n)  # K/V blocks per scale block (block scales; per-head: unused)
 
         # the tile's descale: q's (one 128-row block), k's with per-head scales; into the softmax's scales
         f = self.scale_at(mQs, tile.m_block, h, b)
