@@ -863,7 +863,7 @@ FLASH_ATTN_FP8 = FlashAttnFP8Spec(
         "softcap": Param(False, (True, False), "signature", "logit softcap: cap * tanh(scale * s / cap)"),
         "scales": Param("block", ("head", "block"), "signature", "q / k / v scales per head (B, H) or per 128-row "
                         "block (B, H, ceil(S / 128))"),
-        "tile_n": Param(0, (0, 32, 64, 128, 160, 192, 224, 256), help="keys per K/V block (0: 128, 64 at D = 256); "
+        "tile_n": Param(0, (0, 32, 64, 128, 160, 192, 224), help="keys per K/V block (0: 128, 64 at D = 256); "
                         "divides 128 with block scales (per-head scales: any multiple of 32)"),
         "stages": Param(0, (0, 1, 2, 3, 4), help="K / V / V^T smem stages (0: as many as fit, at most 4)"),
         "exp2_poly": Param(0, (0, 2, 3, 4, 8), help="every k-th column's exponential on the FMA pipe (a degree-3 "

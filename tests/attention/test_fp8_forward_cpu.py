@@ -39,7 +39,7 @@ def test_slot_key_is_a_permutation_of_each_32_key_slice():
                                                  24 + 2 * c, 25 + 2 * c]
 
 
-@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128), (192, 128), (224, 128), (224, 64)])
+@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128), (160, 128), (192, 128), (224, 128), (224, 64)])
 def test_p_permutation(tile_n, d):
     """Element i of `acc_a_view_fp8(acc)` is the accumulator value at (row, key); the P V WGMMA's A operand element i
     is (row, slot): same row, key = pi(slot), for every thread and element; the view has the operand's shape."""
@@ -105,7 +105,7 @@ class _VStage:
                 assert self.dst[o] == self.v[slot_key(k)][e], (e, k)
 
 
-@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128), (192, 128), (224, 128), (224, 64)])
+@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128), (160, 128), (192, 128), (224, 128), (224, 64)])
 def test_v_transpose(tile_n, d):
     """`transpose_v_stage`, replayed: its closed-form offsets (`KMajorBytes`) equal the DSL layouts' own swizzled
     byte offsets at every (row, column); the three warps' lanes in its loop order, with `group_addresses` /
@@ -138,7 +138,7 @@ def test_v_transpose(tile_n, d):
     st.assert_transposed()
 
 
-@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128), (192, 128), (224, 128), (224, 64)])
+@pytest.mark.parametrize("tile_n,d", [(128, 128), (64, 256), (128, 64), (32, 128), (160, 128), (192, 128), (224, 128), (224, 64)])
 def test_v_transpose_ldsm(tile_n, d):
     """`transpose_v_stage_ldsm`, replayed with models of ldmatrix.x4.trans and stmatrix.x4 (each lane's row address
     per matrix, each thread's registers as PTX defines them) and of prmt: every byte of a V^T stage written once,
