@@ -25,16 +25,19 @@ from schedules.row_tiling import RowTiling
 # item in flight, uncapped grid, CTA-contiguous. fp32 per-tensor forward 0.93x -> 1.09-1.10x torch, STE backward
 # 1.23x -> 1.37x; bf16 within 3 % of the best of the grid (the family's tuned 128 x 4 ran fp32 at 84-87 % of copy).
 QAT_MAP = GridStride(threads=256, unroll=1, ctas_per_sm=0, order="cta")
-# The fake-quant forward walks x from its end down (`GridStride.reverse`). The fused observer's reduce pass reads x
-# from the start up (`qat.observe`: its splits interleaved a CTA pass apart), so its last-read bytes are still in L2
-# when the quantize pass starts, and that pass meets them first; an ascending walk would meet the bytes evicted first.
+# The per-tensor fake-quant forward ("tensor" mode: the observed fake-quant's quantize pass) walks x from its end down
+# (`GridStride.reverse`). The fused observer's reduce pass reads x from the start up (`qat.observe`: its splits
+# interleaved a CTA pass apart), so its last-read bytes are still in L2 when the quantize pass starts, and that pass
+# meets them first (H100: QATLinear's activation 39.3 -> 38.1 us). Modes that load a scale per item keep the ascending
+# walk: descending, bf16 group-128 int4 at 4096x8192 went 48.2 -> 51.2 us (its scale loads are latency-bound).
 QAT_QUANTIZE_MAP = dataclasses.replace(QAT_MAP, reverse=True)
 MASK_VEC = 8  # (kernels.MASK_VEC, without importing the DSL)
 # `schedules.row_tiling.plan_rows` settings of the two row kernels: the learnable backward holds two vectors an item
-# and ~25 fp32 operations an element (256 threads x 4 in flight: ~100 registers at 512 x 8; not yet tuned); the
-# observer only reads: 256 x 4, 4 CTAs an SM (`perf/lab/qat_tune.py --observer`, H100: the best of the grid at
-# 4096x4096 and 4096x8192 in bf16 and fp32, 1-6 % ahead of 256 x 8 at 8 CTAs an SM)
-LEARNABLE_PLAN = dict(threads=256, unroll=4, ctas_per_sm=4)
+# and ~25 fp32 operations an element: 128 x 4, 4 CTAs an SM (`perf/lab/qat_tune.py --learnable`, H100: bf16 per
+# channel 4096x8192 73.4 -> 69.5 us against 256 x 4, the grid's best; fp32 within 0.3 % of its best); the observer only
+# reads: 256 x 4, 4 CTAs an SM (`--observer`, H100: the best of the grid at 4096x4096 and 4096x8192 in bf16 and
+# fp32, 1-6 % ahead of 256 x 8 at 8 CTAs an SM)
+LEARNABLE_PLAN = dict(threads=128, unroll=4, ctas_per_sm=4)
 OBSERVER_PLAN = dict(threads=256, unroll=4, ctas_per_sm=4)
 
 

@@ -59,8 +59,8 @@ from schedules.row_tiling import plan_rows
 QUANT_LIMIT = 2**24  # quant_min / quant_max are exact in fp32 (the kernels compare in fp32)
 E4M3_RANGE = (-448, 448)
 _MIN_ROW = 64  # per-channel learnable rows shorter than this are gathered channel-first first (see `_rows_layout`)
-# The fake-quant forward walks x from its end down (`QAT_QUANTIZE_MAP`), meeting first what the observer's reduce pass
-# read last; False walks it from the start (`QAT_MAP`), for A/B runs (`perf/lab/qat_linear_ab.py`).
+# The per-tensor fake-quant forward walks x from its end down (`QAT_QUANTIZE_MAP`), meeting first what the observer's
+# reduce pass read last; False walks it from the start (`QAT_MAP`), for A/B runs (`perf/lab/qat_linear_ab.py`).
 QUANTIZE_DESCENDING = True
 # `qat.observe_rows` with the next row's copies in flight under this one (`OBSERVED_ROWS_PREFETCH`); False: the
 # single-buffer kernel, for A/B runs.
@@ -185,7 +185,7 @@ def _launch_fake_quant(x, y, m, scale_t, zp_t, rule, flag, lay, qmin, qmax, qtyp
         mode = "vector" if lay.inner % MASK_VEC == 0 else "element"
     if qtype == "e4m3" or mode == "scalar":
         rule = "int"
-    walk = QAT_QUANTIZE_MAP if QUANTIZE_DESCENDING else QAT_MAP
+    walk = QAT_QUANTIZE_MAP if QUANTIZE_DESCENDING and mode == "tensor" else QAT_MAP
     fn = FAKE_QUANT.compiled(
         walk,
         dtype=dtypes.name_of(x.dtype),
