@@ -54,7 +54,8 @@ def study(shapes, dtypes=(torch.float32, torch.bfloat16), jobs=16):
         precompile(_items(tuple(D.name_of(d) for d in dtypes)), jobs)
     saved = ops.QAT_MAP, ops.QAT_QUANTIZE_MAP
 
-    def use(s):  # the STE backward's walk and the fake-quant's (the same, from the end down)
+    def use(s):  # the walk of the STE backward and of the fake-quant's ascending modes, and the per-tensor one's
+        # (the same, reversed: `QAT_QUANTIZE_MAP`)
         ops.QAT_MAP, ops.QAT_QUANTIZE_MAP = s, dataclasses.replace(s, reverse=True)
 
     lines = ["| case | dtype | shape | torch us | default us | best us | best config | best x torch | default x torch |",
