@@ -290,9 +290,10 @@ def smem_bytes(s: GemmSchedule, sb_smem: bool = False, out_bytes: int = 2, padde
 
 
 def fp8_stages(s: GemmSchedule, out_bytes: int = 2) -> int:
-    """A/B/A-scale stages that fit in shared memory beside the epilogue buffers (at most 8)."""
+    """A/B/A-scale stages that fit in shared memory beside the epilogue buffers (at most 8; even under
+    `k_interleave`)."""
     free = SMEM_BYTES - BARRIER_BYTES - s.epi_bytes(out_bytes)
-    return max(2, min(8, free // (s.stage_bytes(1) + scale_stage_bytes(s))))
+    return s.ring_stages(free // (s.stage_bytes(1) + scale_stage_bytes(s)))
 
 
 def kind_defaults(kind: str) -> dict:
@@ -331,7 +332,8 @@ def deep_fp8(s: GemmSchedule) -> GemmSchedule:
     """`s` with the deepest A/B/A-scale ring that fits (at most `schedules.gemm.DEEP_RING_STAGES`); `s` itself where
     that is no deeper. The bf16 GEMM's 64-row tiles on grids of one tile a CTA run such rings by default
     (`schedules.gemm.deepened`: 12 stages 1.06x at 64x4096x4096); the FP8 suite's "ours deep ring (small M)"
-    column times them on the narrow FP8 tiles (64x16: 10.25 KiB a stage, 16 fit; 64x64: 12)."""
+    column times them on the narrow FP8 tiles (64x16: 10.25 KiB a stage, 16 fit; 64x32: 14; 64x64: 10; even under
+    `k_interleave`, `GemmSchedule.ring_stages`)."""
     from schedules.gemm import deepest_ring
 
     return deepest_ring(s, s.stages, lambda c: smem_bytes(c) <= SMEM_BYTES)

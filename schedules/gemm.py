@@ -80,7 +80,12 @@ class GemmSchedule:
     # its partial to warpgroup 0 through its own (idle) half of the epilogue's shared memory, warpgroup 0 adds
     # it and stores the tile. For grids of at most a tile a CTA (small M), where the other ping-pong warpgroup
     # idles: two K-block chains in flight a tile instead of one. Not bitwise the one-warpgroup sum (two
-    # partial sums added at the end).
+    # partial sums added at the end). The ring needs an even number of stages: then stage s is always read by the
+    # same warpgroup (the one of K-block parity s), as a parity wait needs. With an odd count stage s alternates
+    # between the two, and nothing orders them: a warpgroup waiting on stage s's next fill could pass on the parity
+    # of the fill before it, which the other warpgroup has not yet seen complete (a TMA load landing late), read
+    # the stage early and release it twice; the CTA then exited with loads still in flight, and back-to-back
+    # launches failed (`perf/lab/fp8_deep_probe.py`: 11 stages at 64x7168x16384, an unspecified launch failure).
     k_interleave: bool = False
     # Small M (one row of tiles, M <= a_rows < tile_m): A's TMA box covers only the first `a_rows` rows of the tile
     # (8, 16 or 32; 0: the whole tile). A box reaching past M is boundary-checked, which runs slower (the "A padded
@@ -119,6 +124,9 @@ class GemmSchedule:
             raise ValueError("k_interleave is an option of the ping-pong schedule at tile_m 64, tile_n <= 64, without "
                              "split-K (warpgroup 1's partial, 64 x tile_n fp32, goes through its half of the epilogue "
                              "buffers)")
+        if self.k_interleave and self.stages % 2:
+            raise ValueError(f"k_interleave needs an even number of stages (each stage read by one warpgroup), got "
+                             f"{self.stages}")
         if self.a_rows and (self.a_rows not in (8, 16, 32) or self.a_rows >= self.tile_m
                             or self.a_rows % (8 * self.cluster_n)):
             raise ValueError(f"a_rows must be 0 or 8, 16, 32 below tile_m and a multiple of 8 x cluster_n (each CTA "
@@ -187,7 +195,13 @@ class GemmSchedule:
         if self.stages:
             return self.stages
         free = SMEM_BYTES - BARRIER_BYTES - self.epi_bytes(out_bytes)
-        return max(2, min(8, free // self.stage_bytes(ab_bytes)))
+        return self.ring_stages(free // self.stage_bytes(ab_bytes))
+
+    def ring_stages(self, fit: int, cap: int = 8) -> int:
+        """The automatic ring depth from the `fit` stages shared memory holds: at most `cap`, at least 2, even under
+        `k_interleave`."""
+        n = max(2, min(cap, fit))
+        return n - n % 2 if self.k_interleave else n
 
     def smem_bytes(self, ab_bytes: int, out_bytes: int) -> int:
         return self.num_stages(ab_bytes, out_bytes) * self.stage_bytes(ab_bytes) + self.epi_bytes(out_bytes) + BARRIER_BYTES
@@ -582,7 +596,10 @@ def deepest_ring(s: GemmSchedule, stages: int, fits) -> GemmSchedule:
     """`s` with the most A/B stages past `stages` (up to DEEP_RING_STAGES) for which `fits(schedule)` holds (the
     bf16 GEMM's `GemmSchedule.fits`, the FP8 GEMM's shared-memory count: `schedules.fp8_gemm.deep_fp8`); `s` itself
     where none does."""
-    deep = [c for c in (dataclasses.replace(s, stages=st) for st in range(stages + 1, DEEP_RING_STAGES + 1)) if fits(c)]
+    step = 2 if s.k_interleave else 1  # (an even ring under k_interleave)
+    first = stages + 1 + (stages + 1) % step
+    deep = [c for c in (dataclasses.replace(s, stages=st) for st in range(first, DEEP_RING_STAGES + 1, step))
+            if fits(c)]
     return deep[-1] if deep else s
 
 

@@ -3,60 +3,109 @@ failure poisons the CUDA context), checked against the default op (bitwise where
 DeepGEMM's calc_diff), outputs poisoned with NaN first.
 
     python3 -m perf.lab.fp8_deep_probe [MxNxK ...]     (default: the fp8_gemm suite's small-M shapes)
-    python3 -m perf.lab.fp8_deep_probe --one MxNxK VARIANT
-VARIANT: deep (deep_fp8 of the default), default, stages=S (the default with S stages), nointer (no k_interleave).
+    python3 -m perf.lab.fp8_deep_probe [--times T] [MxNxK ...] [VARIANT ...]   (each T times back to back)
+    python3 -m perf.lab.fp8_deep_probe --one MxNxK VARIANT [T]
+    python3 -m perf.lab.fp8_deep_probe --repeat MxNxK   (columns queued back to back: which sequence fails)
+VARIANT: comma-separated changes to the default schedule: deep (deep_fp8), stages=S, nointer (no k_interleave).
 """
 
 import dataclasses
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 SHAPES = ("64x7168x16384", "64x2112x7168", "64x4096x7168", "32x7168x16384", "16x7168x16384")
 VARIANTS = ("default", "deep", "stages=9", "stages=10", "stages=11", "stages=12")
 
 
-def one(shape: str, variant: str) -> None:
+def schedule_of(m: int, n: int, k: int, variant: str):
+    """The default schedule of (m, n, k) changed by `variant`'s comma-separated modifiers, in order."""
+    from schedules.fp8_gemm import deep_fp8, default_fp8_schedule, fp8_schedule
+
+    s = default_fp8_schedule(m, n, k)
+    for mod in variant.split(","):
+        if mod == "default":
+            continue
+        if mod == "deep":
+            s = deep_fp8(s)
+        elif mod.startswith("stages="):
+            s = dataclasses.replace(s, stages=int(mod[7:]))
+        elif mod == "nointer":
+            s = dataclasses.replace(fp8_schedule(s.kind, s.tile_m, s.tile_n, cluster_m=s.cluster_m,
+                                                 cluster_n=s.cluster_n), stages=s.stages)
+        else:
+            raise SystemExit(f"unknown variant {mod}")
+    return s
+
+
+def one(shape: str, variant: str, times: int = 1) -> None:
     import torch
 
     import cute_kernels as ck
-    from cute_kernels.fp8_gemm.ops import _fp8_gemm_cuda
     from cute_kernels.bench import harness as H
-    from schedules.fp8_gemm import deep_fp8, default_fp8_schedule, fp8_schedule, smem_bytes
+    from cute_kernels.fp8_gemm.ops import _fp8_gemm_cuda
+    from schedules.fp8_gemm import smem_bytes
 
     m, n, k = map(int, shape.split("x"))
-    d = default_fp8_schedule(m, n, k)
-    if variant == "default":
-        s = d
-    elif variant == "deep":
-        s = deep_fp8(d)
-    elif variant.startswith("stages="):
-        s = dataclasses.replace(d, stages=int(variant[7:]))
-    elif variant == "nointer":
-        s = fp8_schedule(d.kind, d.tile_m, d.tile_n, cluster_m=d.cluster_m, cluster_n=d.cluster_n)
-    else:
-        raise SystemExit(f"unknown variant {variant}")
+    s = schedule_of(m, n, k, variant)
     x, w = H.randn(m, k, seed=1), H.randn(n, k, seed=2)
     a, sa = ck.quantize_1x128(x)
     b, sb = ck.quantize_128x128(w)
     ref = ck.fp8_gemm(a, sa, b, sb)
     torch.cuda.synchronize()
-    out = _fp8_gemm_cuda(a, sa, b, sb, schedule=s)
+    for _ in range(times):  # queued back to back, as a benchmark's warm-up rounds
+        out = _fp8_gemm_cuda(a, sa, b, sb, schedule=s)
     torch.cuda.synchronize()
     nan = int(out.isnan().sum())
     x64, y64 = out.double(), ref.double()
     diff = float(1 - 2 * (x64 * y64).sum() / (x64 * x64 + y64 * y64).sum())
-    print(f"{shape} {variant}: stages {s.stages} smem {smem_bytes(s)} k_interleave {s.k_interleave} a_rows {s.a_rows}"
+    print(f"{shape} {variant} x{times}: stages {s.stages} smem {smem_bytes(s)} k_interleave {s.k_interleave} a_rows {s.a_rows}"
           f" -> nan {nan}, bitwise {torch.equal(out, ref)}, calc_diff {diff:.2e}", flush=True)
+
+
+def repeat(shape: str) -> None:
+    """The suite's small-M columns queued back to back without synchronizing (as its warm-up rounds do): each alone
+    200 times, then each followed by the deep ring, synchronizing and reporting after every stage."""
+    import torch
+
+    import cute_kernels as ck
+    from cute_kernels.bench import harness as H
+    from cute_kernels.fp8_gemm.ops import _fp8_gemm_cuda
+    from schedules.fp8_gemm import deep_fp8, default_fp8_schedule, fp8_schedule
+
+    m, n, k = map(int, shape.split("x"))
+    x, w = H.randn(m, k, seed=1), H.randn(n, k, seed=2)
+    a, sa = ck.quantize_1x128(x)
+    b, sb = ck.quantize_128x128(w)
+    d = default_fp8_schedule(m, n, k)
+    cols = {"default": lambda: ck.fp8_gemm(a, sa, b, sb),
+            "deep": lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=deep_fp8(d)),
+            "plain": lambda: _fp8_gemm_cuda(a, sa, b, sb, promote_overlap=False, sb_ahead=False),
+            "nointer": lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=fp8_schedule(d.kind, d.tile_m, d.tile_n,
+                                                                                 cluster_m=d.cluster_m)),
+            "ahead": lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=d, sb_ahead=True),
+            "flush": H._flush_l2}
+    for f in cols.values():
+        f()
+    torch.cuda.synchronize()
+    stages = [[nm] * 200 for nm in cols] + [[nm, "deep"] * 100 for nm in cols if nm != "deep"]
+    for seq in stages:
+        print(f"{'+'.join(dict.fromkeys(seq))} x{len(seq)} ...", end=" ", flush=True)
+        for nm in seq:
+            cols[nm]()
+        torch.cuda.synchronize()
+        print("ok", flush=True)
 
 
 def main(argv):
     if argv[:1] == ["--one"]:
-        return one(argv[1], argv[2])
+        return one(argv[1], argv[2], int(argv[3]) if len(argv) > 3 else 1)
+    if argv[:1] == ["--repeat"]:
+        return repeat(argv[1])
     def run(case):
         shape, v = case
         try:
-            r = subprocess.run([sys.executable, "-m", "perf.lab.fp8_deep_probe", "--one", shape, v],
+            r = subprocess.run([sys.executable, "-m", "perf.lab.fp8_deep_probe", "--one", shape, v, str(times)],
                                capture_output=True, text=True, timeout=300)
         except subprocess.TimeoutExpired:
             return f"{shape} {v}: timed out"
@@ -64,7 +113,11 @@ def main(argv):
         ok = [ln for ln in lines if ln.startswith(shape)]
         return ok[-1] if ok else f"{shape} {v}: rc {r.returncode}: " + " | ".join(lines[-3:])[-400:]
 
-    cases = [(shape, v) for shape in (argv or SHAPES) for v in VARIANTS]
+    times = 1
+    if argv[:1] == ["--times"]:
+        times, argv = int(argv[1]), argv[2:]
+    variants = [a for a in argv if "x" not in a] or VARIANTS
+    cases = [(shape, v) for shape in ([a for a in argv if "x" in a] or SHAPES) for v in variants]
     with ThreadPoolExecutor(8) as pool:  # compiles are CPU-bound; the GEMMs are tiny
         for line in pool.map(run, cases):
             print(line, flush=True)
