@@ -80,12 +80,13 @@ class GemmSchedule:
     # its partial to warpgroup 0 through its own (idle) half of the epilogue's shared memory, warpgroup 0 adds
     # it and stores the tile. For grids of at most a tile a CTA (small M), where the other ping-pong warpgroup
     # idles: two K-block chains in flight a tile instead of one. Not bitwise the one-warpgroup sum (two
-    # partial sums added at the end). The ring needs an even number of stages: then stage s is always read by the
-    # same warpgroup (the one of K-block parity s), as a parity wait needs. With an odd count stage s alternates
-    # between the two, and nothing orders them: a warpgroup waiting on stage s's next fill could pass on the parity
-    # of the fill before it, which the other warpgroup has not yet seen complete (a TMA load landing late), read
-    # the stage early and release it twice; the CTA then exited with loads still in flight, and back-to-back
-    # launches failed (`perf/lab/fp8_deep_probe.py`: 11 stages at 64x7168x16384, an unspecified launch failure).
+    # partial sums added at the end). Warpgroup w reads the ring positions of parity w, and the ring needs an even
+    # number of stages: then stage s always belongs to warpgroup s % 2, on every tile, as a parity wait needs. With
+    # an odd count stage s alternates between the two, and nothing orders them: a warpgroup waiting on stage s's
+    # next fill could pass on the parity of the fill before it, which the other warpgroup has not yet seen complete
+    # (a TMA load landing late), read the stage early and release it twice; the CTA then exited with loads still in
+    # flight, and back-to-back launches failed (`perf/lab/fp8_deep_probe.py`: 11 stages at 64x7168x16384, an
+    # unspecified launch failure).
     k_interleave: bool = False
     # Small M (one row of tiles, M <= a_rows < tile_m): A's TMA box covers only the first `a_rows` rows of the tile
     # (8, 16 or 32; 0: the whole tile). A box reaching past M is boundary-checked, which runs slower (the "A padded

@@ -587,13 +587,17 @@ class Gemm:
                 # the ping-pong turn-taking assumes every tile is computed).
                 tm, tn, tl, te, valid = walk.tile(i, cta_m, cta_n, s, self.grouping, groups, experts)
                 if cutlass.const_expr(s.k_interleave):
-                    # both warpgroups on this tile: warpgroup w reads the ring at kbase + w, + 2, ... (no turns)
-                    read = _ring_state(stages, kbase + cwg)
-                    release = _ring_state(stages, kbase + cwg)
-                    mine = (k_tiles + 1 - cwg) // 2  # warpgroup 0 takes the odd K-block of an odd count
+                    # both warpgroups on this tile, no turns: warpgroup w reads the ring positions of parity w (from
+                    # kbase + k0, every other one), so with the even ring (`GemmSchedule.k_interleave`) each stage
+                    # belongs to one warpgroup on every tile, odd K-block counts included (kbase then changes parity
+                    # from tile to tile, and warpgroup 1 may start the next tile before warpgroup 0 ends this one)
+                    k0 = (cwg - kbase) & 1  # this warpgroup's first K-block of the tile
+                    read = _ring_state(stages, kbase + k0)
+                    release = _ring_state(stages, kbase + k0)
+                    mine = (k_tiles - k0 + 1) // 2  # the odd K-block of an odd count: whoever owns its parity
                     if cutlass.const_expr(self.blockwise):
                         scales = block_scales.BlockScales.create(tCcC, slots, sS, mSB, tn * s.tile_n, te, None, tid,
-                                                                 None, cwg)
+                                                                 None, k0)
                         if cutlass.const_expr(self.sb_ahead):  # read-aheads past the tile's last K-block: clamped
                             scales = dataclasses.replace(scales, k_last=cute.size(mSB, mode=[1]) - 1)
                     else:

@@ -53,13 +53,15 @@ def test_refusals():
     assert s.exchange_fits(2) and str(s).count("_ki") == 1
 
 
-@pytest.mark.parametrize("stages", [2, 3, 4, 7, 8])
+@pytest.mark.parametrize("stages", [2, 4, 8, 10, 16])
 def test_ring_positions_cover_every_stage_once(stages):
     """The kernel's bookkeeping, modelled: at tile t (ring base kbase = sum of the earlier tiles' K-blocks)
-    warpgroup w reads positions kbase + w, + 2, ... ((K + 1 - w) // 2 of them), its state built from the
-    position (`gemm._ring_state`: stage pos mod stages, phase pos div stages mod 2). Every position the
-    producer fills is read by exactly one warpgroup, each warpgroup's in order, and the built state equals
-    the one a consumer stepping one stage at a time from 0 would hold there."""
+    warpgroup w reads the positions of parity w, kbase + k0, + 2, ... (k0 = (w - kbase) & 1; (K - k0 + 1) // 2 of
+    them), its state built from the position (`gemm._ring_state`: stage pos mod stages, phase pos div stages mod 2).
+    Every position the producer fills is read by exactly one warpgroup, each warpgroup's in order, the built state
+    equals the one a consumer stepping one stage at a time from 0 would hold there, and (the ring being even) every
+    stage belongs to one warpgroup across all tiles, odd K-block counts included: each of its parity waits follows
+    its own previous read of that stage, one phase back."""
     def stepped(pos):  # PipelineState.advance() pos times from the consumer's start (index 0, phase 0)
         index = phase = 0
         for _ in range(pos):
@@ -68,15 +70,17 @@ def test_ring_positions_cover_every_stage_once(stages):
                 index, phase = 0, phase ^ 1
         return index, phase
 
-    for ks in ([1], [2], [3, 1, 4], [9, 9], [56, 7, 1, 2]):
-        kbase, seen = 0, []
+    for ks in ([1], [2], [3, 1, 4], [9, 9], [56, 7, 1, 2], [7, 7, 7, 7]):
+        kbase, seen, owner = 0, [], {}
         for k in ks:
             for w in (0, 1):
-                mine = (k + 1 - w) // 2
-                pos = [kbase + w + 2 * j for j in range(mine)]
+                k0 = (w - kbase) & 1
+                mine = (k - k0 + 1) // 2
+                pos = [kbase + k0 + 2 * j for j in range(mine)]
                 assert all(p < kbase + k for p in pos)
                 for p in pos:
                     assert (p % stages, (p // stages) % 2) == stepped(p)
+                    assert owner.setdefault(p % stages, w) == w, (p, w)
                 seen += pos
             kbase += k
         assert sorted(seen) == list(range(kbase))

@@ -127,6 +127,24 @@ def test_fp8_deep_ring_back_to_back(m, n, k):
     assert out.equal(ref)
 
 
+@pytest.mark.parametrize("stages", [8, 10])
+def test_fp8_odd_k_blocks_many_tiles(stages):
+    """Several tiles a CTA with an odd K-block count (K = 896: 7 blocks), so the ring base changes parity from tile to
+    tile and warpgroup 1 may start a tile before warpgroup 0 ends the last: each warpgroup keeps the ring positions of
+    its own parity (its stages on every tile). 100 launches back to back, every element checked, the same bits at
+    both depths (the same K-blocks to the same warpgroups)."""
+    m, n, k = 1024, 2048, 896
+    a, sa, b, sb = _fp8_inputs(m, n, k)
+    s = dataclasses.replace(fp8_schedule("pingpong", 64, 64, cluster_m=2, k_interleave=True), stages=stages)
+    ref = _fp8_gemm_cuda(a, sa, b, sb, schedule=fp8_schedule("pingpong", 64, 64, cluster_m=2, k_interleave=True))
+    _poison_allocator(m * n * 4 * 8)
+    for _ in range(100):
+        out = _fp8_gemm_cuda(a, sa, b, sb, schedule=s)
+    torch.cuda.synchronize()
+    assert out.equal(ref)
+    _fp8_check(out, a, sa, b, sb)
+
+
 @pytest.mark.parametrize("tile_n,ki", [(16, True), (64, True), (128, False)])
 def test_fp8_small_m_c1x2_bitwise(tile_n, ki):
     """M = 64 on 1x2 clusters (A multicast to two N-tiles; the suite's "ours c1x2 (small M)" column, which runs
