@@ -166,17 +166,20 @@ def moe_layer(shapes=None, quick=False, ceilings=None):
         }
         if layout == "contiguous":  # the other choice of `ops.FUSED_GLU`: the plain first GEMM, then swiglu_quantize
             fns[UNFUSED] = _with_fused_glu(not mo.FUSED_GLU, lambda: ck.moe(x, router, w13, s13, w2, s2, k))
-        # a per-expert loop of torch._scaled_mm with the same block scales (each expert's rows of the contiguous
-        # layout; the host reads the counts once, outside the timing)
+        # a per-expert loop of torch._scaled_mm with the same block scales (the host reads the counts once, outside
+        # the timing) over each expert's rows of the contiguous layout, padding included: cuBLASLt's blockwise FP8
+        # GEMM has no algorithm for most row counts (CUBLAS_STATUS_NOT_SUPPORTED at the exact counts), while the
+        # 128-row multiples are the M it runs in the fp8_gemm suite
         counts = torch.bincount(r.topk_ids.flatten().long(), minlength=e).tolist()
         starts, pos = [], 0
         for c in counts:
             starts.append(pos)
             pos += -(-c // 128) * 128
+
         def loop():
             for ex, c in enumerate(counts):
                 if c:
-                    a = slice(starts[ex], starts[ex] + c)
+                    a = slice(starts[ex], starts[ex] + -(-c // 128) * 128)
                     h1 = torch._scaled_mm(xq[a], w13[ex].t(), sx[a].t().contiguous().t(), s13[ex].t(),
                                           out_dtype=torch.bfloat16)
                     q2, sq2 = quantize_1x128(torch.nn.functional.silu(h1[:, :i]) * h1[:, i:])
