@@ -32,3 +32,15 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tmp_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("ck_cache")
+
+
+@pytest.fixture(autouse=True)
+def _seeded_cpu_generator(request):
+    """Each test draws its CPU random data from a seed of its own id: random inputs, the same on every run, so a
+    test that fails for some draws fails every time (or never) instead of one CI run in a hundred. The CUDA
+    generators stay unseeded (the GPU tests' fresh inputs)."""
+    import zlib
+
+    import torch
+
+    torch.random.default_generator.manual_seed(zlib.crc32(request.node.nodeid.encode()))
