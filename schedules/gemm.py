@@ -541,7 +541,7 @@ def interleaved(s: GemmSchedule, m: int, n: int, num_sms: int = 132, batch: int 
     if (not K_INTERLEAVE_DEFAULT[family] or s.kind != "pingpong" or s.tile_m != 64 or s.tile_n > 64
             or s.split_k > 1 or s.k_interleave or s.a_rows or not on_one_wave(s, m, n, num_sms, batch)):
         return s
-    return dataclasses.replace(s, k_interleave=True)
+    return dataclasses.replace(s, k_interleave=True, stages=s.stages - s.stages % 2)  # (an even ring: one stage less)
 
 
 # Small grids: a 64x64 ping-pong tile whose grid leaves most SMs idle is narrowed (64 -> 32 (-> 16) columns) while the
