@@ -18,7 +18,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 SHAPES = ("64x7168x16384", "64x2112x7168", "64x4096x7168", "32x7168x16384", "16x7168x16384")
-VARIANTS = ("default", "deep", "stages=9", "stages=10", "stages=11", "stages=12")
+VARIANTS = ("default", "deep", "stages=10", "stages=12", "nointer,stages=11")
 
 
 def allow_odd_rings() -> None:
