@@ -1,6 +1,6 @@
 """Which FP8 GEMM schedules fail to launch or compute wrong: each (shape, schedule) in its own process (a launch
 failure poisons the CUDA context), checked against the default op (bitwise where the K order is the same, else
-DeepGEMM's calc_diff), outputs poisoned with NaN first.
+DeepGEMM's calc_diff) and for NaNs.
 
     python3 -m perf.lab.fp8_deep_probe [MxNxK ...]     (default: the fp8_gemm suite's small-M shapes)
     python3 -m perf.lab.fp8_deep_probe [--times T] [MxNxK ...] [VARIANT ...]   (each T times back to back)
@@ -68,6 +68,7 @@ def one(shape: str, variant: str, times: int = 1) -> None:
 
     import cute_kernels as ck
     from cute_kernels.bench import harness as H
+    from cute_kernels.fp8_gemm.bench import _diff as calc_diff
     from cute_kernels.fp8_gemm.ops import _fp8_gemm_cuda
     from schedules.fp8_gemm import smem_bytes
 
@@ -85,8 +86,7 @@ def one(shape: str, variant: str, times: int = 1) -> None:
             bad += not torch.equal(out, ref)
     torch.cuda.synchronize()
     nan = int(out.isnan().sum())
-    x64, y64 = out.double(), ref.double()
-    diff = float(1 - 2 * (x64 * y64).sum() / (x64 * x64 + y64 * y64).sum())
+    diff = calc_diff(out, ref)
     print(f"{shape} {variant} x{times}: stages {s.stages} smem {smem_bytes(s)} k_interleave {s.k_interleave} a_rows {s.a_rows}"
           f" -> nan {nan}, bitwise {torch.equal(out, ref)}, calc_diff {diff:.2e}"
           + (f", launches not bitwise the default {bad}" if sync else ""), flush=True)
@@ -100,18 +100,16 @@ def repeat(shape: str) -> None:
     import cute_kernels as ck
     from cute_kernels.bench import harness as H
     from cute_kernels.fp8_gemm.ops import _fp8_gemm_cuda
-    from schedules.fp8_gemm import deep_fp8, default_fp8_schedule, fp8_schedule
 
     m, n, k = map(int, shape.split("x"))
     x, w = H.randn(m, k, seed=1), H.randn(n, k, seed=2)
     a, sa = ck.quantize_1x128(x)
     b, sb = ck.quantize_128x128(w)
-    d = default_fp8_schedule(m, n, k)
+    d, deep, nointer = (schedule_of(m, n, k, v) for v in ("default", "deep", "nointer"))
     cols = {"default": lambda: ck.fp8_gemm(a, sa, b, sb),
-            "deep": lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=deep_fp8(d)),
+            "deep": lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=deep),
             "plain": lambda: _fp8_gemm_cuda(a, sa, b, sb, promote_overlap=False, sb_ahead=False),
-            "nointer": lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=fp8_schedule(d.kind, d.tile_m, d.tile_n,
-                                                                                 cluster_m=d.cluster_m)),
+            "nointer": lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=nointer),
             "ahead": lambda: _fp8_gemm_cuda(a, sa, b, sb, schedule=d, sb_ahead=True),
             "flush": H._flush_l2}
     for f in cols.values():
